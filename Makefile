@@ -1,0 +1,60 @@
+# kubeclip: `make test` is exactly what CI runs (.ci/run calls it).
+
+GO            ?= go
+BIN           := $(CURDIR)/bin
+CACHE         ?= $(or $(KUBECLIP_CACHE),$(HOME)/.cache/kubeclip)
+CLUSTER       := bash hack/cluster/cluster.sh
+GOLANGCI_LINT_VERSION := v2.15.0
+GOLANGCI_LINT := $(CACHE)/tools/golangci-lint-$(GOLANGCI_LINT_VERSION)
+# Tests talk to a real nats-server and a real Kubernetes cluster; several run the worker binaries.
+TEST_FLAGS    ?= -race -count=1 -timeout 45m
+
+.PHONY: all build test unit vet fmt-check lint cluster-up cluster-down cluster-status images demo bench clean
+
+all: build
+
+build:
+	$(GO) build -o $(BIN)/ ./cmd/...
+
+vet:
+	$(GO) vet ./...
+
+fmt-check:
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
+
+# test: vet, gofmt, then every test (unit, embedded NATS, the local cluster, end to end) with -race.
+test: vet fmt-check cluster-up
+	KUBECLIP_BIN=$(BIN) $(GO) test $(TEST_FLAGS) ./...
+
+# unit: the tests that need neither a cluster nor the worker binaries (quick feedback while editing).
+unit:
+	$(GO) test -race -count=1 ./pkg/... ./internal/...
+
+lint: $(GOLANGCI_LINT)
+	$(GOLANGCI_LINT) run ./...
+
+$(GOLANGCI_LINT):
+	@mkdir -p $(dir $@)
+	GOBIN=$(CACHE)/tools/tmp $(GO) install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION)
+	mv $(CACHE)/tools/tmp/golangci-lint $@
+
+cluster-up:
+	$(CLUSTER) up
+
+cluster-down:
+	$(CLUSTER) down
+
+cluster-status:
+	$(CLUSTER) status
+
+images:
+	$(CLUSTER) images
+
+demo: build cluster-up
+	$(BIN)/kubeclip demo --kubeconfig "$$($(CLUSTER) kubeconfig)"
+
+bench: build cluster-up
+	$(GO) run ./tests/bench --kubeconfig "$$($(CLUSTER) kubeconfig)"
+
+clean:
+	rm -rf $(BIN)

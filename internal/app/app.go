@@ -1,0 +1,114 @@
+// Package app holds the process wiring the kubeclip binaries share: common settings, the
+// logger, the NATS connection and the mapping of errors to exit codes.
+package app
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/rs/zerolog"
+
+	"github.com/kubeclip/kubeclip/internal/config"
+)
+
+// Common are the settings every worker has.
+type Common struct {
+	NATSURL         string
+	SubjectPrefix   string
+	Kubeconfig      string
+	KubeQPS         float64
+	KubeBurst       int
+	LogLevel        string
+	ShutdownTimeout time.Duration
+}
+
+// Bind registers the common settings on s.
+func (c *Common) Bind(s *config.Set) {
+	s.String(&c.NATSURL, "nats-url", "KUBECLIP_NATS_URL", nats.DefaultURL, "NATS server URL (comma-separated for a cluster)")
+	s.String(&c.SubjectPrefix, "subject-prefix", "KUBECLIP_SUBJECT_PREFIX", "paperclip", "first token of the lease and run subjects")
+	s.String(&c.Kubeconfig, "kubeconfig", "KUBECLIP_KUBECONFIG", "", "kubeconfig file; empty uses the in-cluster config, then $KUBECONFIG")
+	// client-go's default of 5 QPS would throttle a dispatcher creating a Job and a Secret per
+	// acquisition well below the 50 acquisitions/s we aim for.
+	s.Float(&c.KubeQPS, "kube-qps", "KUBECLIP_KUBE_QPS", 100, "client-side rate limit for Kubernetes API requests per second")
+	s.Int(&c.KubeBurst, "kube-burst", "KUBECLIP_KUBE_BURST", 200, "client-side burst for Kubernetes API requests")
+	s.String(&c.LogLevel, "log-level", "KUBECLIP_LOG_LEVEL", "info", "log level: debug, info, warn or error")
+	s.Duration(&c.ShutdownTimeout, "shutdown-timeout", "KUBECLIP_SHUTDOWN_TIMEOUT", 20*time.Second, "how long in-flight work may take to finish after SIGTERM")
+}
+
+// Validate checks the common settings; errors name the flag and its environment variable.
+func (c *Common) Validate(s *config.Set) error {
+	var errs []error
+	if strings.TrimSpace(c.NATSURL) == "" {
+		errs = append(errs, fmt.Errorf("%s must not be empty", s.Names("nats-url")))
+	}
+	if c.KubeQPS <= 0 {
+		errs = append(errs, fmt.Errorf("%s must be > 0", s.Names("kube-qps")))
+	}
+	if c.KubeBurst <= 0 {
+		errs = append(errs, fmt.Errorf("%s must be > 0", s.Names("kube-burst")))
+	}
+	if _, err := zerolog.ParseLevel(c.LogLevel); err != nil || c.LogLevel == "" {
+		errs = append(errs, fmt.Errorf("%s: unknown level %q", s.Names("log-level"), c.LogLevel))
+	}
+	if c.ShutdownTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("%s must be > 0", s.Names("shutdown-timeout")))
+	}
+	return errors.Join(errs...)
+}
+
+// NewLogger returns a JSON logger for component writing to w.
+func NewLogger(w io.Writer, level, component string) zerolog.Logger {
+	lvl, err := zerolog.ParseLevel(level)
+	if err != nil || level == "" {
+		lvl = zerolog.InfoLevel
+	}
+	return zerolog.New(w).Level(lvl).With().Timestamp().Str("component", component).Logger()
+}
+
+// ConnectNATS connects to url and keeps reconnecting for the life of the process, so a NATS
+// restart pauses the worker instead of killing it.
+func ConnectNATS(url, name string, log zerolog.Logger, extra ...nats.Option) (*nats.Conn, error) {
+	opts := []nats.Option{
+		nats.Name(name),
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(250 * time.Millisecond),
+		nats.RetryOnFailedConnect(true),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			log.Warn().Err(err).Msg("disconnected from NATS")
+		}),
+		nats.ReconnectHandler(func(nc *nats.Conn) {
+			log.Info().Str("url", nc.ConnectedUrlRedacted()).Msg("reconnected to NATS")
+		}),
+	}
+	nc, err := nats.Connect(url, append(opts, extra...)...)
+	if err != nil {
+		return nil, fmt.Errorf("connecting to NATS: %w", err)
+	}
+	return nc, nil
+}
+
+// UsageError marks a configuration error: the process exits 2.
+type UsageError struct{ Err error }
+
+func (e *UsageError) Error() string { return e.Err.Error() }
+func (e *UsageError) Unwrap() error { return e.Err }
+
+// ExitCode maps the error returned by a binary's run function to its exit status:
+// 0 for success, --help and cancellation, 2 for configuration errors, 1 otherwise.
+func ExitCode(err error) int {
+	var usage *UsageError
+	switch {
+	case err == nil, errors.Is(err, flag.ErrHelp), errors.Is(err, context.Canceled):
+		return 0
+	case errors.As(err, &usage):
+		return 2
+	default:
+		return 1
+	}
+}

@@ -1,0 +1,580 @@
+package runwatch
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/kubeclip/kubeclip/pkg/events"
+	"github.com/kubeclip/kubeclip/pkg/k8s"
+	"github.com/kubeclip/kubeclip/pkg/streamjson"
+)
+
+// tracker follows one run: it publishes the run's status changes, runs its log follower and
+// publishes its result once the run is over and its last log line is out.
+//
+// Its state starts from what the run stream already holds, so a watcher that restarts (or takes
+// over) resumes the log after the last published chunk and never publishes a second result.
+type tracker struct {
+	w         *Watcher
+	stream    jetstream.Stream
+	namespace string
+	companyID string
+	runID     string
+	log       zerolog.Logger
+
+	wakeCh chan struct{}
+
+	// Owned by the run goroutine.
+	loaded     bool
+	done       bool
+	seenJob    bool
+	lastPhase  events.Phase
+	lastReason string
+	follow     *follower
+	verdict    *verdict
+	recheck    *time.Timer
+
+	// Shared with the follower.
+	logs *logState
+}
+
+// verdict is a run's end as decided from its Job and pod.
+type verdict struct {
+	outcome  events.Outcome
+	reason   string
+	message  string
+	exitCode *int
+}
+
+func newTracker(w *Watcher, stream jetstream.Stream, namespace, companyID, runID string) *tracker {
+	return &tracker{
+		w:         w,
+		stream:    stream,
+		namespace: namespace,
+		companyID: companyID,
+		runID:     runID,
+		log:       w.log.With().Str(events.LogKeyRunID, runID).Str(events.LogKeyTenant, companyID).Logger(),
+		wakeCh:    make(chan struct{}, 1),
+	}
+}
+
+// poke asks the run goroutine to look at the run again; it never blocks.
+func (t *tracker) poke() {
+	select {
+	case t.wakeCh <- struct{}{}:
+	default:
+	}
+}
+
+func (t *tracker) run(ctx context.Context) {
+	defer func() {
+		if t.recheck != nil {
+			t.recheck.Stop()
+		}
+		if t.follow != nil {
+			t.follow.stopAndWait()
+		}
+	}()
+	backoff := 100 * time.Millisecond
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.wakeCh:
+		}
+		err := t.step(ctx)
+		switch {
+		case err == nil:
+			backoff = 100 * time.Millisecond
+		case ctx.Err() != nil:
+			return
+		default:
+			// Publishing failed (NATS unreachable) or the stream could not be read: try again
+			// with a growing pause; the Kubernetes state is still in the informer cache.
+			t.log.Warn().Err(err).Dur("retry_in", backoff).Msg("tracking run failed; retrying")
+			time.AfterFunc(backoff, t.poke)
+			backoff = min(2*backoff, 5*time.Second)
+		}
+		if t.done {
+			job, pod := t.w.objects(t.runID)
+			if job == nil && pod == nil {
+				t.w.forget(t.runID)
+				return
+			}
+		}
+	}
+}
+
+// step looks at the run's current Job and pod and publishes whatever changed.
+func (t *tracker) step(ctx context.Context) error {
+	if !t.loaded {
+		if err := t.load(ctx); err != nil {
+			return err
+		}
+		t.loaded = true
+	}
+	if t.done {
+		return nil
+	}
+	job, pod := t.w.objects(t.runID)
+	if job != nil {
+		t.seenJob = true
+	}
+	if job == nil && pod == nil && !t.seenJob {
+		return nil // a pod's event raced ahead of the informer's view of the Job
+	}
+
+	if t.verdict == nil {
+		phase, reason, message, v := t.decide(job, pod)
+		if err := t.publishStatus(ctx, phase, reason, message, pod); err != nil {
+			return err
+		}
+		t.verdict = v
+	}
+
+	if t.follow != nil && t.verdict == nil && t.follow.finished() {
+		// The follower gave up while the run goes on (a publish failed, the API server went
+		// away): publish what it read, then follow again from the cursor.
+		t.log.Warn().Err(t.follow.err()).Msg("log follower stopped early; restarting it")
+		if err := t.logs.flush(); err != nil {
+			return err
+		}
+		t.follow = nil
+	}
+	if t.follow == nil && pod != nil && containerStarted(pod, t.w.opts.Container) {
+		t.logs.setPod(pod.Name, t.w.opts.Container)
+		t.follow = startFollower(ctx, t, pod.Name)
+	}
+
+	if t.verdict == nil {
+		return nil
+	}
+	// The run is over: let the follower read the rest of the log, then publish the result.
+	if t.follow != nil {
+		t.follow.stop()
+		if !t.follow.finished() {
+			return nil // the follower pokes when it is done
+		}
+		if err := t.follow.err(); err != nil && !errors.Is(err, context.Canceled) {
+			t.log.Warn().Err(err).Msg("log follower ended with an error; publishing the result with the lines read")
+		}
+	}
+	if err := t.logs.flush(); err != nil {
+		return err
+	}
+	if err := t.publishResult(ctx); err != nil {
+		return err
+	}
+	t.done = true
+	t.logs = nil // a finished run keeps no log state while its Job waits for its TTL
+	return nil
+}
+
+// decide returns the phase to report and, once the run is over, its verdict.
+func (t *tracker) decide(job *batchv1.Job, pod *corev1.Pod) (events.Phase, string, string, *verdict) {
+	opts := t.w.opts
+	pv := k8s.ClassifyPod(pod, opts.Container, k8s.ClassifyOptions{Now: opts.Now(), UnschedulableGrace: opts.UnschedulableGrace})
+	if pv.RecheckAfter > 0 {
+		if t.recheck != nil {
+			t.recheck.Stop()
+		}
+		t.recheck = time.AfterFunc(pv.RecheckAfter, t.poke)
+	}
+	exit := func() *int {
+		if pv.ExitCode == nil {
+			return nil
+		}
+		c := int(*pv.ExitCode)
+		return &c
+	}
+
+	switch {
+	case job == nil || job.DeletionTimestamp != nil:
+		// Released or destroyed before it ended (a Job that had ended was decided earlier).
+		if pv.Terminal && pod != nil && pod.DeletionTimestamp == nil {
+			break // it ended on its own just before the delete: report how
+		}
+		return events.PhaseFailed, k8s.ReasonJobDeleted, "the run's Job was deleted before the run ended",
+			&verdict{outcome: events.OutcomeCancelled, reason: k8s.ReasonJobDeleted, message: "the run was released before it ended", exitCode: exit()}
+	default:
+		if jv := k8s.ClassifyJob(job); jv.Terminal {
+			// Authoritative for a Job: a deadline deletes the pod, which alone looks cancelled.
+			reason, message := jv.Reason, jv.Message
+			if pv.Terminal && jv.Outcome == k8s.OutcomeFailed && pv.Reason != "" {
+				reason, message = pv.Reason, pv.Message // the pod knows why (OOMKilled, exit code)
+			}
+			return events.Phase(jv.Phase), reason, message,
+				&verdict{outcome: events.Outcome(jv.Outcome), reason: reason, message: message, exitCode: exit()}
+		}
+		if pod != nil && pod.DeletionTimestamp != nil && !podEndedBeforeDeletion(pod, opts.Container) {
+			// The Job controller deleted the pod (deadline): wait for the Job's condition.
+			return events.Phase(pv.Phase), pv.Reason, pv.Message, nil
+		}
+	}
+	if !pv.Terminal {
+		return events.Phase(pv.Phase), pv.Reason, pv.Message, nil
+	}
+	return events.Phase(pv.Phase), pv.Reason, pv.Message,
+		&verdict{outcome: events.Outcome(pv.Outcome), reason: pv.Reason, message: pv.Message, exitCode: exit()}
+}
+
+// load reads what was already published for the run: its result (then there is nothing to do),
+// its last status, and its last log chunk (where the log resumes).
+func (t *tracker) load(ctx context.Context) error {
+	s := t.w.opts.Subjects
+	resultSubj, err := s.Run(t.companyID, t.runID, events.KindResult)
+	if err != nil {
+		t.log.Warn().Err(err).Msg("ignoring a run whose ids cannot be subject tokens")
+		t.done = true
+		return nil
+	}
+	if _, err := t.stream.GetLastMsgForSubject(ctx, resultSubj); err == nil {
+		t.done = true
+		return nil
+	} else if !errors.Is(err, jetstream.ErrMsgNotFound) {
+		return fmt.Errorf("reading the published result: %w", err)
+	}
+
+	statusSubj, _ := s.Run(t.companyID, t.runID, events.KindStatus)
+	if msg, err := t.stream.GetLastMsgForSubject(ctx, statusSubj); err == nil {
+		var st events.RunStatusEvent
+		if json.Unmarshal(msg.Data, &st) == nil {
+			t.lastPhase, t.lastReason = st.Phase, st.Reason
+		}
+	} else if !errors.Is(err, jetstream.ErrMsgNotFound) {
+		return fmt.Errorf("reading the last published status: %w", err)
+	}
+
+	t.logs = newLogState(ctx, t, t.w.opts.FlushInterval)
+	logSubj, _ := s.Run(t.companyID, t.runID, events.KindLog)
+	msg, err := t.stream.GetLastMsgForSubject(ctx, logSubj)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("reading the last published log chunk: %w", err)
+	}
+	var last events.RunLogEvent
+	if err := json.Unmarshal(msg.Data, &last); err != nil {
+		return fmt.Errorf("decoding the last published log chunk: %w", err)
+	}
+	if err := t.logs.resume(ctx, last); err != nil {
+		return err
+	}
+	t.log.Info().Uint64("seq", last.Seq).Msg("resuming run after its last published log chunk")
+	return nil
+}
+
+func (t *tracker) publishStatus(ctx context.Context, phase events.Phase, reason, message string, pod *corev1.Pod) error {
+	if phase == t.lastPhase && reason == t.lastReason {
+		return nil
+	}
+	ev := events.RunStatusEvent{RunID: t.runID, CompanyID: t.companyID, Phase: phase, Reason: reason, Message: message}
+	if pod != nil {
+		ev.PodName = pod.Name
+	}
+	if _, err := t.w.publisher.Publish(ctx, ev); err != nil {
+		return err
+	}
+	t.lastPhase, t.lastReason = phase, reason
+	t.log.Debug().Str("phase", string(phase)).Str("reason", reason).Msg("published status")
+	return nil
+}
+
+func (t *tracker) publishResult(ctx context.Context) error {
+	v := t.verdict
+	ev := events.RunResultEvent{
+		RunID: t.runID, CompanyID: t.companyID,
+		Outcome: v.outcome, ExitCode: v.exitCode, Reason: v.reason, Message: v.message,
+		Agent: t.logs.agentResult(),
+	}
+	if _, err := t.w.publisher.Publish(ctx, ev); err != nil {
+		return err
+	}
+	t.log.Info().Str("outcome", string(v.outcome)).Str("reason", v.reason).Msg("published result")
+	return nil
+}
+
+// containerStarted reports whether the container has run, so its log can be read.
+func containerStarted(pod *corev1.Pod, container string) bool {
+	for _, st := range pod.Status.ContainerStatuses {
+		if st.Name == container {
+			return st.State.Running != nil || st.State.Terminated != nil || st.LastTerminationState.Terminated != nil
+		}
+	}
+	return false
+}
+
+// podEndedBeforeDeletion reports whether the container had terminated before the pod was
+// deleted, so the pod's own verdict stands.
+func podEndedBeforeDeletion(pod *corev1.Pod, container string) bool {
+	for _, st := range pod.Status.ContainerStatuses {
+		if st.Name == container && st.State.Terminated != nil && pod.DeletionTimestamp != nil {
+			return st.State.Terminated.FinishedAt.Before(pod.DeletionTimestamp)
+		}
+	}
+	return false
+}
+
+// follower runs k8s.FollowLogs for one pod in its own goroutine.
+type follower struct {
+	cancel  context.CancelFunc
+	stopped chan struct{}
+	mu      sync.Mutex
+	stopReq bool
+	doneCh  chan struct{}
+	lastErr error
+}
+
+func startFollower(ctx context.Context, t *tracker, pod string) *follower {
+	fctx, cancel := context.WithCancel(ctx)
+	f := &follower{cancel: cancel, stopped: make(chan struct{}), doneCh: make(chan struct{})}
+	opts := t.w.opts
+	go func() {
+		defer close(f.doneCh)
+		defer t.poke()
+		logs := t.logs
+		cur, err := k8s.FollowLogs(fctx, opts.Clientset, t.namespace, pod, opts.Container, logs.cursor(), logs.add, k8s.FollowOptions{Logger: t.log})
+		if errors.Is(err, context.Canceled) && ctx.Err() == nil && f.stopRequested() {
+			// The run is over and the follow stream was cut short rather than waiting for the
+			// kubelet to notice the exit: read the tail once, without following.
+			done := func(context.Context) (bool, error) { return true, nil }
+			_, err = k8s.FollowLogs(ctx, opts.Clientset, t.namespace, pod, opts.Container, cur, logs.add, k8s.FollowOptions{Logger: t.log, IsDone: done})
+		}
+		f.mu.Lock()
+		f.lastErr = err
+		f.mu.Unlock()
+	}()
+	return f
+}
+
+func (f *follower) stop() {
+	f.mu.Lock()
+	already := f.stopReq
+	f.stopReq = true
+	f.mu.Unlock()
+	if !already {
+		f.cancel()
+	}
+}
+
+func (f *follower) stopRequested() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.stopReq
+}
+
+func (f *follower) stopAndWait() {
+	f.cancel()
+	<-f.doneCh
+}
+
+func (f *follower) finished() bool {
+	select {
+	case <-f.doneCh:
+		return true
+	default:
+		return false
+	}
+}
+
+func (f *follower) err() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.lastErr
+}
+
+// logState numbers, batches and publishes a run's log lines and feeds them to the agent parser.
+type logState struct {
+	// ctx is the watcher's: chunks flushed by the timer outlive any one follow stream.
+	ctx      context.Context //nolint:containedctx // see above
+	t        *tracker
+	interval time.Duration
+
+	mu        sync.Mutex
+	seq       uint64
+	cur       k8s.Cursor
+	pod       string
+	container string
+	pending   []events.LogLine
+	size      int
+	timer     *time.Timer
+	parser    streamjson.Parser
+	failed    error
+}
+
+// maxChunkBytes keeps a log event under the contract's 64 KiB, with room for the envelope.
+const maxChunkBytes = 60 << 10
+
+func newLogState(ctx context.Context, t *tracker, interval time.Duration) *logState {
+	return &logState{ctx: ctx, t: t, interval: interval}
+}
+
+func (l *logState) setPod(pod, container string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.pod, l.container = pod, container
+}
+
+func (l *logState) cursor() k8s.Cursor {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.cur
+}
+
+// resume continues after the last published chunk: its seq, its last line's timestamp and how
+// many of its lines carry that timestamp. The parser is fed the run's whole published log.
+func (l *logState) resume(ctx context.Context, last events.RunLogEvent) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.seq = last.Seq
+	if n := len(last.Lines); n > 0 {
+		ts := last.Lines[n-1].TS
+		t, err := time.Parse(time.RFC3339Nano, ts)
+		if err != nil {
+			return fmt.Errorf("parsing the timestamp of the last published line: %w", err)
+		}
+		count := 0
+		for _, line := range last.Lines {
+			if line.TS == ts {
+				count++
+			}
+		}
+		l.cur = k8s.Cursor{Time: t, Count: count}
+	}
+	return l.replayParser(ctx)
+}
+
+// replayParser feeds the parser every line already published for the run.
+func (l *logState) replayParser(ctx context.Context) error {
+	t := l.t
+	subj, _ := t.w.opts.Subjects.Run(t.companyID, t.runID, events.KindLog)
+	cons, err := t.stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{FilterSubjects: []string{subj}})
+	if err != nil {
+		return fmt.Errorf("replaying the published log: %w", err)
+	}
+	for {
+		batch, err := cons.FetchNoWait(256)
+		if err != nil {
+			return fmt.Errorf("replaying the published log: %w", err)
+		}
+		n := 0
+		for msg := range batch.Messages() {
+			n++
+			var ev events.RunLogEvent
+			if json.Unmarshal(msg.Data(), &ev) != nil {
+				continue
+			}
+			l.feed(ev.Lines)
+			if ev.Seq >= l.seq {
+				return nil
+			}
+		}
+		if err := batch.Error(); err != nil {
+			return fmt.Errorf("replaying the published log: %w", err)
+		}
+		if n == 0 {
+			return nil
+		}
+	}
+}
+
+func (l *logState) feed(lines []events.LogLine) {
+	var partial []byte
+	for _, line := range lines {
+		if line.Partial {
+			partial = append(partial, line.Text...)
+			continue
+		}
+		if partial != nil {
+			l.parser.Feed(append(partial, line.Text...))
+			partial = nil
+			continue
+		}
+		l.parser.Feed([]byte(line.Text))
+	}
+}
+
+// add queues a line; a full chunk is published at once, a partial one after the flush interval.
+func (l *logState) add(line k8s.Line) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.failed != nil {
+		return l.failed
+	}
+	ll := events.LogLine{TS: line.TimeRaw, Text: line.Text}
+	if ll.TS == "" {
+		ll.TS = line.Time.UTC().Format(time.RFC3339Nano)
+	}
+	size := len(ll.TS) + len(ll.Text) + 32
+	if l.size+size > maxChunkBytes && len(l.pending) > 0 {
+		if err := l.publishLocked(); err != nil {
+			return err
+		}
+	}
+	l.pending = append(l.pending, ll)
+	l.size += size
+	if line.Time.Equal(l.cur.Time) {
+		l.cur.Count++
+	} else if line.Time.After(l.cur.Time) {
+		l.cur = k8s.Cursor{Time: line.Time, Count: 1}
+	}
+	if l.timer == nil {
+		l.timer = time.AfterFunc(l.interval, func() {
+			l.mu.Lock()
+			defer l.mu.Unlock()
+			l.timer = nil
+			if err := l.publishLocked(); err != nil && l.failed == nil {
+				l.failed = err
+			}
+		})
+	}
+	return nil
+}
+
+// flush publishes what is pending.
+func (l *logState) flush() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.timer != nil {
+		l.timer.Stop()
+		l.timer = nil
+	}
+	if err := l.publishLocked(); err != nil {
+		return err
+	}
+	l.failed = nil // what failed to go out before has now been published
+	return nil
+}
+
+func (l *logState) publishLocked() error {
+	if len(l.pending) == 0 {
+		return nil
+	}
+	ev := events.RunLogEvent{
+		RunID: l.t.runID, CompanyID: l.t.companyID,
+		Seq: l.seq + 1, Pod: l.pod, Container: l.container, Lines: l.pending,
+	}
+	if _, err := l.t.w.publisher.Publish(l.ctx, ev); err != nil {
+		return err
+	}
+	l.seq++
+	l.feed(l.pending)
+	l.pending, l.size = nil, 0
+	return nil
+}
+
+func (l *logState) agentResult() *events.AgentResult {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.parser.Result()
+}

@@ -1,0 +1,250 @@
+// Package runwatch follows kubeclip's runs in the cluster and publishes what they do as run
+// events: status transitions, live log chunks and exactly one result per run.
+//
+// It is watch-driven: one shared informer over Jobs and one over Pods, both filtered to the
+// objects kubeclip manages, wake a goroutine per live run. Nothing polls.
+package runwatch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/kubeclip/kubeclip/pkg/events"
+	"github.com/kubeclip/kubeclip/pkg/policy"
+)
+
+// runIndex indexes Jobs and Pods by their run id label.
+const runIndex = "run-id"
+
+// Defaults of Options.
+const (
+	// DefaultContainer is the container the agent runs in (pkg/policy renders it so).
+	DefaultContainer = "agent"
+	// DefaultFlushInterval is how long a log line may wait for company before its chunk is
+	// published. Lines that arrive together share a chunk; a lone line waits at most this long.
+	DefaultFlushInterval = 5 * time.Millisecond
+	// DefaultUnschedulableGrace lets a transient Unschedulable (capacity freed a moment later)
+	// pass before the run fails.
+	DefaultUnschedulableGrace = 5 * time.Second
+)
+
+// Options configures a Watcher.
+type Options struct {
+	// Clientset reads the cluster; required.
+	Clientset kubernetes.Interface
+	// JetStream publishes the events and reads back what was already published; required.
+	JetStream jetstream.JetStream
+	// Subjects carries the subject prefix.
+	Subjects events.Subjects
+	// Logger receives the watcher's records.
+	Logger zerolog.Logger
+	// Now is the clock; defaults to time.Now.
+	Now func() time.Time
+	// Container is the agent's container name; defaults to DefaultContainer.
+	Container string
+	// FlushInterval bounds how long a log line waits before it is published.
+	FlushInterval time.Duration
+	// UnschedulableGrace is how long a pod may stay unschedulable before its run fails.
+	UnschedulableGrace time.Duration
+}
+
+func (o Options) withDefaults() (Options, error) {
+	if o.Clientset == nil {
+		return o, errors.New("runwatch: Options.Clientset is required")
+	}
+	if o.JetStream == nil {
+		return o, errors.New("runwatch: Options.JetStream is required")
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	if o.Container == "" {
+		o.Container = DefaultContainer
+	}
+	if o.FlushInterval <= 0 {
+		o.FlushInterval = DefaultFlushInterval
+	}
+	if o.UnschedulableGrace < 0 {
+		return o, errors.New("runwatch: Options.UnschedulableGrace must not be negative")
+	}
+	return o, nil
+}
+
+// Watcher publishes the run events of every run kubeclip manages in the cluster.
+type Watcher struct {
+	opts      Options
+	log       zerolog.Logger
+	publisher *events.Publisher
+
+	jobs, pods cache.Indexer
+
+	mu       sync.Mutex
+	trackers map[string]*tracker
+	wg       sync.WaitGroup
+}
+
+// New validates opts and returns a Watcher; Run starts it.
+func New(opts Options) (*Watcher, error) {
+	opts, err := opts.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	pub, err := events.NewPublisher(events.PublisherOptions{JS: opts.JetStream, Subjects: opts.Subjects, Now: opts.Now})
+	if err != nil {
+		return nil, err
+	}
+	return &Watcher{
+		opts:      opts,
+		log:       opts.Logger,
+		publisher: pub,
+		trackers:  map[string]*tracker{},
+	}, nil
+}
+
+// Run watches until ctx is done. Runs in flight when it returns are picked up again, from the
+// last published log chunk, by the next watcher to start.
+func (w *Watcher) Run(ctx context.Context) error {
+	stream, err := w.opts.JetStream.Stream(ctx, w.opts.Subjects.RunStream())
+	if err != nil {
+		return fmt.Errorf("looking up stream %s: %w", w.opts.Subjects.RunStream(), err)
+	}
+	factory := informers.NewSharedInformerFactoryWithOptions(w.opts.Clientset, 0,
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.LabelSelector = policy.LabelManagedBy + "=" + policy.ManagedBy
+		}),
+		informers.WithTransform(stripManagedFields),
+	)
+	jobInf := factory.Batch().V1().Jobs().Informer()
+	podInf := factory.Core().V1().Pods().Informer()
+	for _, inf := range []cache.SharedIndexInformer{jobInf, podInf} {
+		if err := inf.AddIndexers(cache.Indexers{runIndex: indexByRun}); err != nil {
+			return fmt.Errorf("adding run index: %w", err)
+		}
+		if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+			AddFunc:    func(obj any) { w.wake(ctx, stream, obj) },
+			UpdateFunc: func(_, obj any) { w.wake(ctx, stream, obj) },
+			DeleteFunc: func(obj any) { w.wake(ctx, stream, obj) },
+		}); err != nil {
+			return fmt.Errorf("adding event handler: %w", err)
+		}
+	}
+	w.jobs, w.pods = jobInf.GetIndexer(), podInf.GetIndexer()
+
+	factory.Start(ctx.Done())
+	for typ, ok := range factory.WaitForCacheSync(ctx.Done()) {
+		if !ok {
+			factory.Shutdown()
+			return fmt.Errorf("syncing the %v informer: %w", typ, context.Cause(ctx))
+		}
+	}
+	w.log.Info().Msg("watching runs")
+	<-ctx.Done()
+	factory.Shutdown()
+	w.wg.Wait()
+	return nil
+}
+
+// wake hands an informer event to the run's tracker, starting one for a run seen first.
+func (w *Watcher) wake(ctx context.Context, stream jetstream.Stream, obj any) {
+	if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = d.Obj
+	}
+	m, err := metaOf(obj)
+	if err != nil {
+		return
+	}
+	runID := m.GetLabels()[policy.LabelRunID]
+	companyID := m.GetLabels()[policy.LabelCompanyID]
+	if runID == "" || companyID == "" {
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if ctx.Err() != nil {
+		return
+	}
+	t, ok := w.trackers[runID]
+	if !ok {
+		t = newTracker(w, stream, m.GetNamespace(), companyID, runID)
+		w.trackers[runID] = t
+		w.wg.Add(1)
+		go func() {
+			defer w.wg.Done()
+			t.run(ctx)
+		}()
+	}
+	t.poke()
+}
+
+// forget drops a finished run's tracker once neither its Job nor its pods are left, so the map
+// does not grow with every run ever seen.
+func (w *Watcher) forget(runID string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	delete(w.trackers, runID)
+}
+
+// objects returns the run's Job (nil once deleted) and its newest pod (nil before it exists).
+func (w *Watcher) objects(runID string) (*batchv1.Job, *corev1.Pod) {
+	var job *batchv1.Job
+	if objs, err := w.jobs.ByIndex(runIndex, runID); err == nil {
+		for _, o := range objs {
+			if j, ok := o.(*batchv1.Job); ok {
+				job = j
+			}
+		}
+	}
+	var pod *corev1.Pod
+	if objs, err := w.pods.ByIndex(runIndex, runID); err == nil {
+		for _, o := range objs {
+			p, ok := o.(*corev1.Pod)
+			if !ok {
+				continue
+			}
+			if pod == nil || p.CreationTimestamp.After(pod.CreationTimestamp.Time) {
+				pod = p
+			}
+		}
+	}
+	return job, pod
+}
+
+func indexByRun(obj any) ([]string, error) {
+	m, err := metaOf(obj)
+	if err != nil {
+		return nil, nil //nolint:nilerr // objects without metadata are not indexed
+	}
+	if id := m.GetLabels()[policy.LabelRunID]; id != "" {
+		return []string{id}, nil
+	}
+	return nil, nil
+}
+
+func metaOf(obj any) (metav1.Object, error) {
+	m, ok := obj.(metav1.Object)
+	if !ok {
+		return nil, fmt.Errorf("%T has no object metadata", obj)
+	}
+	return m, nil
+}
+
+// stripManagedFields drops managedFields from cached objects: the watcher never reads them and
+// they are often the largest part of an object.
+func stripManagedFields(obj any) (any, error) {
+	if m, ok := obj.(metav1.Object); ok {
+		m.SetManagedFields(nil)
+	}
+	return obj, nil
+}
