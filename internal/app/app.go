@@ -26,6 +26,8 @@ type Common struct {
 	KubeBurst       int
 	LogLevel        string
 	ShutdownTimeout time.Duration
+	// DefaultLogLevel, when set before Bind, replaces "info" as --log-level's default.
+	DefaultLogLevel string
 }
 
 // Bind registers the common settings on s.
@@ -37,7 +39,11 @@ func (c *Common) Bind(s *config.Set) {
 	// acquisition well below the 50 acquisitions/s we aim for.
 	s.Float(&c.KubeQPS, "kube-qps", "KUBECLIP_KUBE_QPS", 100, "client-side rate limit for Kubernetes API requests per second")
 	s.Int(&c.KubeBurst, "kube-burst", "KUBECLIP_KUBE_BURST", 200, "client-side burst for Kubernetes API requests")
-	s.String(&c.LogLevel, "log-level", "KUBECLIP_LOG_LEVEL", "info", "log level: debug, info, warn or error")
+	level := c.DefaultLogLevel
+	if level == "" {
+		level = "info"
+	}
+	s.String(&c.LogLevel, "log-level", "KUBECLIP_LOG_LEVEL", level, "log level: debug, info, warn or error")
 	s.Duration(&c.ShutdownTimeout, "shutdown-timeout", "KUBECLIP_SHUTDOWN_TIMEOUT", 20*time.Second, "how long in-flight work may take to finish after SIGTERM")
 }
 
@@ -110,5 +116,31 @@ func ExitCode(err error) int {
 		return 2
 	default:
 		return 1
+	}
+}
+
+// Usage maps a flag parse error: --help is not an error, anything else is a UsageError.
+func Usage(err error) error {
+	if errors.Is(err, flag.ErrHelp) {
+		return err
+	}
+	return &UsageError{Err: err}
+}
+
+// Drain drains the NATS connection last, after the workers stopped, so published events and
+// acks in flight reach the server.
+func Drain(nc *nats.Conn, log zerolog.Logger) {
+	closed := make(chan struct{})
+	nc.SetClosedHandler(func(*nats.Conn) { close(closed) })
+	if err := nc.Drain(); err != nil {
+		log.Warn().Err(err).Msg("draining the NATS connection failed")
+		nc.Close()
+		return
+	}
+	select {
+	case <-closed:
+	case <-time.After(10 * time.Second):
+		log.Warn().Msg("NATS connection did not drain in 10s; closing it")
+		nc.Close()
 	}
 }

@@ -151,7 +151,9 @@ func (t *tracker) step(ctx context.Context) error {
 		t.follow = nil
 	}
 	if t.follow == nil && pod != nil && containerStarted(pod, t.w.opts.Container) {
-		t.logs.setPod(pod.Name, t.w.opts.Container)
+		if err := t.logs.setPod(pod.Name, t.w.opts.Container); err != nil {
+			return err
+		}
 		t.follow = startFollower(ctx, t, pod.Name)
 	}
 
@@ -394,35 +396,50 @@ func (f *follower) err() error {
 }
 
 // logState numbers, batches and publishes a run's log lines and feeds them to the agent parser.
+// The follower adds lines; a timer publishes a partial chunk once its first line has waited
+// the flush interval; the tracker flushes before it publishes the result.
 type logState struct {
 	// ctx is the watcher's: chunks flushed by the timer outlive any one follow stream.
 	ctx      context.Context //nolint:containedctx // see above
 	t        *tracker
 	interval time.Duration
 
-	mu        sync.Mutex
-	seq       uint64
-	cur       k8s.Cursor
-	pod       string
-	container string
-	pending   []events.LogLine
-	size      int
-	timer     *time.Timer
-	parser    streamjson.Parser
-	failed    error
+	mu      sync.Mutex
+	seq     *events.Sequence
+	cur     k8s.Cursor
+	batcher *events.LogBatcher
+	// outbox holds sealed chunks not yet published, in seq order. Their seq numbers are taken,
+	// so they are retried (idempotently, by message id) before anything newer goes out.
+	outbox []events.RunLogEvent
+	timer  *time.Timer
+	parser streamjson.Parser
 }
 
-// maxChunkBytes keeps a log event under the contract's 64 KiB, with room for the envelope.
-const maxChunkBytes = 60 << 10
+// maxOutbox bounds the chunks kept while NATS is unreachable; past it the follower stops and
+// resumes from its cursor later.
+const maxOutbox = 64
+
+var errOutboxFull = errors.New("log chunks are not being published")
 
 func newLogState(ctx context.Context, t *tracker, interval time.Duration) *logState {
-	return &logState{ctx: ctx, t: t, interval: interval}
+	return &logState{ctx: ctx, t: t, interval: interval, seq: events.NewSequence(0)}
 }
 
-func (l *logState) setPod(pod, container string) {
+// setPod starts batching for the pod's container; lines of a previous pod were flushed.
+func (l *logState) setPod(pod, container string) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.pod, l.container = pod, container
+	b, err := events.NewLogBatcher(events.LogBatcherOptions{
+		RunID: l.t.runID, CompanyID: l.t.companyID, Pod: pod, Container: container,
+		Seq: l.seq, Now: l.t.w.opts.Now,
+		// The timer below decides when a partial chunk goes out.
+		FlushInterval: l.interval,
+	})
+	if err != nil {
+		return err
+	}
+	l.batcher = b
+	return nil
 }
 
 func (l *logState) cursor() k8s.Cursor {
@@ -432,11 +449,12 @@ func (l *logState) cursor() k8s.Cursor {
 }
 
 // resume continues after the last published chunk: its seq, its last line's timestamp and how
-// many of its lines carry that timestamp. The parser is fed the run's whole published log.
+// many whole lines of it carry that timestamp (pieces of a split line count once). The parser
+// is fed the run's whole published log.
 func (l *logState) resume(ctx context.Context, last events.RunLogEvent) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.seq = last.Seq
+	l.seq = events.NewSequence(last.Seq)
 	if n := len(last.Lines); n > 0 {
 		ts := last.Lines[n-1].TS
 		t, err := time.Parse(time.RFC3339Nano, ts)
@@ -445,17 +463,17 @@ func (l *logState) resume(ctx context.Context, last events.RunLogEvent) error {
 		}
 		count := 0
 		for _, line := range last.Lines {
-			if line.TS == ts {
+			if line.TS == ts && !line.Partial {
 				count++
 			}
 		}
 		l.cur = k8s.Cursor{Time: t, Count: count}
 	}
-	return l.replayParser(ctx)
+	return l.replayParser(ctx, last.Seq)
 }
 
-// replayParser feeds the parser every line already published for the run.
-func (l *logState) replayParser(ctx context.Context) error {
+// replayParser feeds the parser every line already published for the run, up to seq last.
+func (l *logState) replayParser(ctx context.Context, last uint64) error {
 	t := l.t
 	subj, _ := t.w.opts.Subjects.Run(t.companyID, t.runID, events.KindLog)
 	cons, err := t.stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{FilterSubjects: []string{subj}})
@@ -475,7 +493,7 @@ func (l *logState) replayParser(ctx context.Context) error {
 				continue
 			}
 			l.feed(ev.Lines)
-			if ev.Seq >= l.seq {
+			if ev.Seq >= last {
 				return nil
 			}
 		}
@@ -488,6 +506,7 @@ func (l *logState) replayParser(ctx context.Context) error {
 	}
 }
 
+// feed hands complete lines to the agent parser, joining the pieces of a split line.
 func (l *logState) feed(lines []events.LogLine) {
 	var partial []byte
 	for _, line := range lines {
@@ -504,44 +523,42 @@ func (l *logState) feed(lines []events.LogLine) {
 	}
 }
 
-// add queues a line; a full chunk is published at once, a partial one after the flush interval.
+// add takes a line from the follower. Full chunks go out at once; a partial one when the flush
+// timer fires. A line is delivered (the cursor moves past it) once it is in a chunk.
 func (l *logState) add(line k8s.Line) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.failed != nil {
-		return l.failed
-	}
-	ll := events.LogLine{TS: line.TimeRaw, Text: line.Text}
-	if ll.TS == "" {
-		ll.TS = line.Time.UTC().Format(time.RFC3339Nano)
-	}
-	size := len(ll.TS) + len(ll.Text) + 32
-	if l.size+size > maxChunkBytes && len(l.pending) > 0 {
-		if err := l.publishLocked(); err != nil {
-			return err
+	if len(l.outbox) >= maxOutbox {
+		if err := l.publishOutboxLocked(); err != nil {
+			return fmt.Errorf("%w: %w", errOutboxFull, err)
 		}
 	}
-	l.pending = append(l.pending, ll)
-	l.size += size
+	ts := line.TimeRaw
+	if ts == "" {
+		ts = line.Time.UTC().Format(time.RFC3339Nano)
+	}
+	l.outbox = append(l.outbox, l.batcher.Add(events.LogLine{TS: ts, Text: line.Text})...)
 	if line.Time.Equal(l.cur.Time) {
 		l.cur.Count++
 	} else if line.Time.After(l.cur.Time) {
 		l.cur = k8s.Cursor{Time: line.Time, Count: 1}
 	}
-	if l.timer == nil {
+	if len(l.outbox) > 0 {
+		// A failure here leaves the chunks in the outbox for the next attempt.
+		_ = l.publishOutboxLocked()
+	}
+	if l.timer == nil && l.batcher.Pending() > 0 {
 		l.timer = time.AfterFunc(l.interval, func() {
 			l.mu.Lock()
 			defer l.mu.Unlock()
 			l.timer = nil
-			if err := l.publishLocked(); err != nil && l.failed == nil {
-				l.failed = err
-			}
+			_ = l.flushLocked()
 		})
 	}
 	return nil
 }
 
-// flush publishes what is pending.
+// flush publishes everything pending.
 func (l *logState) flush() error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -549,27 +566,28 @@ func (l *logState) flush() error {
 		l.timer.Stop()
 		l.timer = nil
 	}
-	if err := l.publishLocked(); err != nil {
-		return err
-	}
-	l.failed = nil // what failed to go out before has now been published
-	return nil
+	return l.flushLocked()
 }
 
-func (l *logState) publishLocked() error {
-	if len(l.pending) == 0 {
-		return nil
+func (l *logState) flushLocked() error {
+	if l.batcher != nil {
+		if ev, ok := l.batcher.Flush(); ok {
+			l.outbox = append(l.outbox, ev)
+		}
 	}
-	ev := events.RunLogEvent{
-		RunID: l.t.runID, CompanyID: l.t.companyID,
-		Seq: l.seq + 1, Pod: l.pod, Container: l.container, Lines: l.pending,
+	return l.publishOutboxLocked()
+}
+
+func (l *logState) publishOutboxLocked() error {
+	for len(l.outbox) > 0 {
+		ev := l.outbox[0]
+		if _, err := l.t.w.publisher.Publish(l.ctx, ev); err != nil {
+			return err
+		}
+		l.feed(ev.Lines)
+		l.outbox = l.outbox[1:]
 	}
-	if _, err := l.t.w.publisher.Publish(l.ctx, ev); err != nil {
-		return err
-	}
-	l.seq++
-	l.feed(l.pending)
-	l.pending, l.size = nil, 0
+	l.outbox = nil
 	return nil
 }
 

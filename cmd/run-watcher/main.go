@@ -1,0 +1,89 @@
+// Command run-watcher follows kubeclip's runs in the cluster and publishes their status
+// changes, live log chunks and results as run events.
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/kubeclip/kubeclip/internal/app"
+	"github.com/kubeclip/kubeclip/internal/config"
+	"github.com/kubeclip/kubeclip/pkg/runwatch"
+)
+
+const summary = "run-watcher publishes the status, live logs and result of every kubeclip run."
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	err := run(ctx, os.Args[1:], os.LookupEnv, os.Stdout, os.Stderr)
+	if code := app.ExitCode(err); code != 0 {
+		fmt.Fprintln(os.Stderr, "run-watcher:", err)
+		os.Exit(code)
+	}
+}
+
+type settings struct {
+	app.Common
+	Streams            app.Streams
+	FlushInterval      time.Duration
+	UnschedulableGrace time.Duration
+}
+
+func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout, stderr io.Writer) error {
+	var s settings
+	fs := config.New("run-watcher", lookupEnv)
+	s.Common.Bind(fs)
+	s.Streams.Bind(fs)
+	fs.Duration(&s.FlushInterval, "log-flush-interval", "KUBECLIP_LOG_FLUSH_INTERVAL", runwatch.DefaultFlushInterval, "longest a log line waits before its chunk is published")
+	fs.Duration(&s.UnschedulableGrace, "unschedulable-grace", "KUBECLIP_UNSCHEDULABLE_GRACE", runwatch.DefaultUnschedulableGrace, "how long a pod may stay unschedulable before its run fails")
+	if err := fs.Parse(args); err != nil {
+		fs.Usage(stdout, summary)
+		return app.Usage(err)
+	}
+	if err := s.Validate(fs); err != nil {
+		return &app.UsageError{Err: err}
+	}
+
+	log := app.NewLogger(stderr, s.LogLevel, "run-watcher")
+	kube, err := s.Kubernetes("run-watcher")
+	if err != nil {
+		return err
+	}
+	subjects, err := s.Subjects()
+	if err != nil {
+		return &app.UsageError{Err: err}
+	}
+	nc, js, err := s.JetStream(ctx, "run-watcher", s.Streams, log)
+	if err != nil {
+		return err
+	}
+	defer app.Drain(nc, log)
+
+	w, err := runwatch.New(runwatch.Options{
+		Clientset: kube.Clientset, JetStream: js, Subjects: subjects, Logger: log,
+		FlushInterval: s.FlushInterval, UnschedulableGrace: s.UnschedulableGrace,
+	})
+	if err != nil {
+		return err
+	}
+	return w.Run(ctx)
+}
+
+func (s *settings) Validate(fs *config.Set) error {
+	if err := s.Common.Validate(fs); err != nil {
+		return err
+	}
+	if s.FlushInterval <= 0 {
+		return fmt.Errorf("%s must be > 0", fs.Names("log-flush-interval"))
+	}
+	if s.UnschedulableGrace < 0 {
+		return fmt.Errorf("%s must not be negative", fs.Names("unschedulable-grace"))
+	}
+	return nil
+}

@@ -1,0 +1,89 @@
+// Command tenant-worker consumes Paperclip's acquire requests, provisions each company's tenant
+// namespace with server-side apply, and hands the lease to the dispatcher.
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/kubeclip/kubeclip/internal/app"
+	"github.com/kubeclip/kubeclip/internal/config"
+	"github.com/kubeclip/kubeclip/pkg/tenant"
+)
+
+const summary = "tenant-worker provisions a company's tenant namespace for each acquire request and hands the lease to the dispatcher."
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	err := run(ctx, os.Args[1:], os.LookupEnv, os.Stdout, os.Stderr)
+	if code := app.ExitCode(err); code != 0 {
+		fmt.Fprintln(os.Stderr, "tenant-worker:", err)
+		os.Exit(code)
+	}
+}
+
+type settings struct {
+	app.Common
+	Streams     app.Streams
+	Resync      time.Duration
+	Concurrency int
+}
+
+func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout, stderr io.Writer) error {
+	var s settings
+	fs := config.New("tenant-worker", lookupEnv)
+	s.Common.Bind(fs)
+	s.Streams.Bind(fs)
+	fs.Duration(&s.Resync, "tenant-resync", "KUBECLIP_TENANT_RESYNC", tenant.DefaultResync, "re-apply an unchanged tenant after this long, repairing drift")
+	fs.Int(&s.Concurrency, "concurrency", "KUBECLIP_CONCURRENCY", 8, "acquire requests handled at once")
+	if err := fs.Parse(args); err != nil {
+		fs.Usage(stdout, summary)
+		return app.Usage(err)
+	}
+	if err := s.Validate(fs); err != nil {
+		return &app.UsageError{Err: err}
+	}
+
+	log := app.NewLogger(stderr, s.LogLevel, "tenant-worker")
+	kube, err := s.Kubernetes("tenant-worker")
+	if err != nil {
+		return err
+	}
+	subjects, err := s.Subjects()
+	if err != nil {
+		return &app.UsageError{Err: err}
+	}
+	nc, js, err := s.JetStream(ctx, "tenant-worker", s.Streams, log)
+	if err != nil {
+		return err
+	}
+	defer app.Drain(nc, log)
+
+	w, err := tenant.New(tenant.Options{
+		Clientset: kube.Clientset, Applier: kube.Applier, JetStream: js, Subjects: subjects,
+		Logger: log, Resync: s.Resync, Concurrency: s.Concurrency, DrainTimeout: s.ShutdownTimeout,
+	})
+	if err != nil {
+		return err
+	}
+	return w.Run(ctx)
+}
+
+func (s *settings) Validate(fs *config.Set) error {
+	if err := s.Common.Validate(fs); err != nil {
+		return err
+	}
+	if s.Resync <= 0 {
+		return fmt.Errorf("%s must be > 0", fs.Names("tenant-resync"))
+	}
+	if s.Concurrency <= 0 {
+		return fmt.Errorf("%s must be > 0", fs.Names("concurrency"))
+	}
+	return nil
+}

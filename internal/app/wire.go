@@ -1,0 +1,101 @@
+package app
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+
+	"github.com/kubeclip/kubeclip/internal/config"
+	"github.com/kubeclip/kubeclip/pkg/events"
+	"github.com/kubeclip/kubeclip/pkg/k8s"
+)
+
+// Streams are the JetStream settings every worker applies on start (idempotently, so whichever
+// starts first creates the streams).
+type Streams struct {
+	Replicas       int
+	LeaseRetention time.Duration
+	RunRetention   time.Duration
+}
+
+// Bind registers the stream settings on s.
+func (st *Streams) Bind(s *config.Set) {
+	s.Int(&st.Replicas, "stream-replicas", "KUBECLIP_STREAM_REPLICAS", events.DefaultReplicas, "replicas of every stream and KV bucket (1 in development, 3 on a 3-node NATS cluster)")
+	s.Duration(&st.LeaseRetention, "lease-retention", "KUBECLIP_LEASE_RETENTION", events.DefaultLeaseMaxAge, "how long lease requests are kept")
+	s.Duration(&st.RunRetention, "run-retention", "KUBECLIP_RUN_RETENTION", events.DefaultRunMaxAge, "how long run events (logs included) are kept")
+}
+
+// Options returns the events.Options for prefix.
+func (st Streams) Options(prefix string) events.Options {
+	return events.Options{Prefix: prefix, Replicas: st.Replicas, LeaseMaxAge: st.LeaseRetention, RunMaxAge: st.RunRetention}
+}
+
+// Kube is a worker's Kubernetes clients.
+type Kube struct {
+	Config    *rest.Config
+	Clientset kubernetes.Interface
+	Dynamic   dynamic.Interface
+	Applier   *k8s.Applier
+}
+
+// Kubernetes builds the clients of component from the common settings.
+func (c *Common) Kubernetes(component string) (*Kube, error) {
+	cfg, err := k8s.RESTConfig(c.Kubeconfig, float32(c.KubeQPS), c.KubeBurst)
+	if err != nil {
+		return nil, err
+	}
+	cfg = k8s.ForComponent(cfg, component)
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("building Kubernetes clientset: %w", err)
+	}
+	dyn, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("building Kubernetes dynamic client: %w", err)
+	}
+	applier, err := k8s.NewApplier(k8s.ApplierOptions{Dynamic: dyn, Mapper: k8s.NewRESTMapper(cs.Discovery())})
+	if err != nil {
+		return nil, err
+	}
+	return &Kube{Config: cfg, Clientset: cs, Dynamic: dyn, Applier: applier}, nil
+}
+
+// JetStream connects to NATS and makes sure the streams and buckets exist. The caller drains
+// the connection last.
+func (c *Common) JetStream(ctx context.Context, component string, st Streams, log zerolog.Logger) (*nats.Conn, jetstream.JetStream, error) {
+	nc, err := ConnectNATS(c.NATSURL, "kubeclip-"+component, log)
+	if err != nil {
+		return nil, nil, err
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		return nil, nil, fmt.Errorf("opening JetStream: %w", err)
+	}
+	// RetryOnFailedConnect lets a worker start before NATS; wait for it here, bounded by ctx.
+	for !nc.IsConnected() {
+		select {
+		case <-ctx.Done():
+			nc.Close()
+			return nil, nil, ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	if err := events.EnsureStreams(ctx, js, st.Options(c.SubjectPrefix)); err != nil {
+		nc.Close()
+		return nil, nil, err
+	}
+	return nc, js, nil
+}
+
+// Subjects returns the subjects of the configured prefix.
+func (c *Common) Subjects() (events.Subjects, error) {
+	return events.NewSubjects(c.SubjectPrefix)
+}

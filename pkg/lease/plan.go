@@ -1,0 +1,150 @@
+// Package lease turns an acquire request into a plan: the validated provider config, the run's
+// adapter, image, tenant namespace, egress grant and deadline. Both the tenant-worker and the
+// dispatcher derive the plan from the same request, so they can never disagree, and every
+// refusal is an events.TerminalError carrying the failed-event code and the offending field.
+package lease
+
+import (
+	"errors"
+	"strings"
+	"time"
+
+	"github.com/kubeclip/kubeclip/pkg/events"
+	"github.com/kubeclip/kubeclip/pkg/policy"
+)
+
+// Plan is everything an acquire decides before anything is created.
+type Plan struct {
+	Request     events.AcquireRequest
+	Config      policy.Config
+	AdapterType string
+	Adapter     policy.AdapterDefaults
+	Image       string
+	Namespace   string
+	Grant       policy.EgressGrant
+	// Deadline bounds the lease when the request asked for an expiry; nil otherwise.
+	Deadline *policy.LeaseDeadline
+}
+
+// New validates req and derives its plan. now bounds a requested expiry.
+func New(req events.AcquireRequest, now time.Time) (Plan, error) {
+	if err := req.Validate(); err != nil {
+		return Plan{}, err
+	}
+	cfg, err := policy.ParseConfig(req.Config)
+	if err != nil {
+		return Plan{}, fieldError(events.CodeInvalidConfig, "config.", err)
+	}
+	adapterType, err := policy.ResolveRunAdapterType(req.AdapterType, cfg)
+	if err != nil {
+		return Plan{}, adapterError(err)
+	}
+	adapter, err := cfg.Adapter(adapterType)
+	if err != nil {
+		return Plan{}, adapterError(err)
+	}
+	image, err := policy.ResolveImage("", adapter, cfg)
+	if err != nil {
+		return Plan{}, events.Terminal(events.CodeImageNotAllowed, "config.imageAllowList", err)
+	}
+	ns, err := policy.TenantNamespace(cfg, req.CompanyID)
+	if err != nil {
+		return Plan{}, namespaceError(err)
+	}
+	grant, err := policy.ParseEgressGrant(req.ExecutionWorkspaceSettings)
+	if err != nil {
+		return Plan{}, fieldError(events.CodeInvalidRequest, "", err)
+	}
+	deadline, err := policy.ComputeBoundedLeaseDeadline(req.RequestedExpiresAt, now)
+	if err != nil {
+		return Plan{}, events.Terminal(events.CodeInvalidRequest, "requestedExpiresAt", err)
+	}
+	p := Plan{
+		Request: req, Config: cfg, AdapterType: adapterType, Adapter: adapter,
+		Image: image, Namespace: ns, Grant: grant, Deadline: deadline,
+	}
+	// The ids become label values on every object of the run: refuse them now, not halfway.
+	if err := p.RunSpec("pc-validation").Validate(); err != nil {
+		return Plan{}, fieldError(events.CodeInvalidRequest, "", err)
+	}
+	return p, nil
+}
+
+// Tenant renders the tenant objects the plan's run needs. The egress allow-list covers the
+// config's default adapter as well as the run's, so a per-run adapter override adds to the
+// tenant's policy instead of making it flap between adapters.
+func (p Plan) Tenant() (policy.Tenant, error) {
+	adapters := []policy.AdapterDefaults{p.Adapter}
+	if p.Config.AdapterType != p.AdapterType {
+		if def, err := p.Config.Adapter(p.Config.AdapterType); err == nil {
+			adapters = append([]policy.AdapterDefaults{def}, adapters...)
+		}
+	}
+	t, err := policy.RenderTenant(p.Config, p.Request.CompanyID, adapters...)
+	if err != nil {
+		return policy.Tenant{}, fieldError(events.CodeInvalidConfig, "config.", err)
+	}
+	return t, nil
+}
+
+// RunSpec is the spec of the run's workload under the given name.
+func (p Plan) RunSpec(workloadName string) policy.RunSpec {
+	spec := policy.RunSpec{
+		RunID:        p.Request.RunID,
+		CompanyID:    p.Request.CompanyID,
+		AgentID:      p.Request.AgentID,
+		IssueID:      p.Request.IssueID,
+		AdapterType:  p.AdapterType,
+		Namespace:    p.Namespace,
+		WorkloadName: workloadName,
+		Image:        p.Image,
+		Config:       p.Config,
+	}
+	if p.Deadline != nil {
+		secs := p.Deadline.ActiveDeadlineSeconds
+		spec.ActiveDeadlineSeconds = &secs
+	}
+	return spec
+}
+
+// ExpiresAt is the lease's hard stop, when it has one.
+func (p Plan) ExpiresAt() *time.Time {
+	if p.Deadline == nil {
+		return nil
+	}
+	t := p.Deadline.HardStopAt
+	return &t
+}
+
+// fieldError turns a policy validation error into a TerminalError whose field is the first
+// failing field, prefixed to say where in the request it sits ("config.").
+func fieldError(code events.Code, prefix string, err error) error {
+	var ve *policy.ValidationError
+	if !errors.As(err, &ve) || len(ve.Errors) == 0 {
+		return events.Terminal(code, strings.TrimSuffix(prefix, "."), err)
+	}
+	parts := make([]string, len(ve.Errors))
+	for i, fe := range ve.Errors {
+		parts[i] = prefix + fe.Field + ": " + fe.Message
+	}
+	// The field goes in front of the message by itself; keep the first one out of the list.
+	first := prefix + ve.Errors[0].Field
+	msg := strings.TrimPrefix(strings.Join(parts, "; "), first+": ")
+	return events.Terminal(code, first, errors.New(msg))
+}
+
+func adapterError(err error) error {
+	if errors.Is(err, policy.ErrUnknownAdapter) {
+		return events.Terminal(events.CodeUnknownAdapter, "adapterType", err)
+	}
+	return fieldError(events.CodeInvalidConfig, "config.", err)
+}
+
+// namespaceError names the request field a bad tenant namespace comes from.
+func namespaceError(err error) error {
+	var ve *policy.ValidationError
+	if errors.As(err, &ve) && len(ve.Errors) > 0 && ve.Errors[0].Field == "companyId" {
+		return fieldError(events.CodeInvalidRequest, "", err)
+	}
+	return fieldError(events.CodeInvalidConfig, "config.", err)
+}

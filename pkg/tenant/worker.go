@@ -1,0 +1,218 @@
+// Package tenant is the tenant-worker: it consumes acquire requests, provisions the company's
+// tenant (namespace, RBAC, quota, limits, network policies) with server-side apply, and hands
+// the lease to the dispatcher.
+package tenant
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/kubeclip/kubeclip/pkg/events"
+	"github.com/kubeclip/kubeclip/pkg/k8s"
+	"github.com/kubeclip/kubeclip/pkg/lease"
+	"github.com/kubeclip/kubeclip/pkg/policy"
+)
+
+// DefaultResync is how often an unchanged tenant is applied again anyway, which is how drift
+// (someone editing or deleting a tenant object) gets repaired without applying on every acquire.
+const DefaultResync = 10 * time.Minute
+
+// Options configures a Worker.
+type Options struct {
+	// Clientset watches tenant namespaces; required.
+	Clientset kubernetes.Interface
+	// Applier server-side applies tenant objects; required.
+	Applier *k8s.Applier
+	// JetStream consumes acquires and publishes dispatch requests; required.
+	JetStream jetstream.JetStream
+	// Subjects carries the subject prefix.
+	Subjects events.Subjects
+	// Logger receives the worker's records.
+	Logger zerolog.Logger
+	// Now is the clock; defaults to time.Now.
+	Now func() time.Time
+	// Resync bounds how long an applied tenant is trusted unchanged (default DefaultResync).
+	Resync time.Duration
+	// Concurrency is the number of acquires handled at once (events.DefaultConcurrency when 0).
+	Concurrency int
+	// DrainTimeout bounds shutdown (events.DefaultDrainTimeout when 0).
+	DrainTimeout time.Duration
+}
+
+// Worker is the tenant-worker.
+type Worker struct {
+	opts      Options
+	log       zerolog.Logger
+	publisher *events.Publisher
+	tenants   jetstream.KeyValue
+	// namespaces lists the managed namespaces that exist, from an informer: a tenant whose
+	// namespace was deleted is applied again at once, whatever its record says.
+	namespaces cache.Indexer
+}
+
+// record is what KUBECLIP_TENANTS holds per namespace.
+type record struct {
+	Hash      string    `json:"hash"`
+	AppliedAt time.Time `json:"appliedAt"`
+}
+
+// New validates opts and returns a Worker; Run starts it.
+func New(opts Options) (*Worker, error) {
+	switch {
+	case opts.Clientset == nil:
+		return nil, errors.New("tenant: Options.Clientset is required")
+	case opts.Applier == nil:
+		return nil, errors.New("tenant: Options.Applier is required")
+	case opts.JetStream == nil:
+		return nil, errors.New("tenant: Options.JetStream is required")
+	case opts.Resync < 0:
+		return nil, errors.New("tenant: Options.Resync must not be negative")
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	if opts.Resync == 0 {
+		opts.Resync = DefaultResync
+	}
+	pub, err := events.NewPublisher(events.PublisherOptions{JS: opts.JetStream, Subjects: opts.Subjects, Now: opts.Now})
+	if err != nil {
+		return nil, err
+	}
+	return &Worker{opts: opts, log: opts.Logger, publisher: pub}, nil
+}
+
+// Run consumes acquire requests until ctx is done, then drains.
+func (w *Worker) Run(ctx context.Context) error {
+	js := w.opts.JetStream
+	kv, err := js.KeyValue(ctx, events.TenantBucket)
+	if err != nil {
+		return fmt.Errorf("opening KV bucket %s: %w", events.TenantBucket, err)
+	}
+	w.tenants = kv
+	cons, err := js.CreateOrUpdateConsumer(ctx, w.opts.Subjects.LeaseStream(), events.TenantWorkerConsumerConfig(w.opts.Subjects))
+	if err != nil {
+		return fmt.Errorf("creating consumer %s: %w", events.TenantWorkerConsumer, err)
+	}
+
+	factory := informers.NewSharedInformerFactoryWithOptions(w.opts.Clientset, 0,
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.LabelSelector = policy.LabelManagedBy + "=" + policy.ManagedBy
+		}))
+	nsInf := factory.Core().V1().Namespaces().Informer()
+	w.namespaces = nsInf.GetIndexer()
+	factory.Start(ctx.Done())
+	defer factory.Shutdown()
+	if !cache.WaitForCacheSync(ctx.Done(), nsInf.HasSynced) {
+		return fmt.Errorf("syncing the namespace informer: %w", context.Cause(ctx))
+	}
+
+	w.log.Info().Msg("consuming acquire requests")
+	return events.Consume(ctx, cons, w.handle, events.ConsumeOptions{
+		Logger:       w.log,
+		Concurrency:  w.opts.Concurrency,
+		DrainTimeout: w.opts.DrainTimeout,
+		OnTerminal:   w.reportFailure,
+	})
+}
+
+// handle provisions the acquire's tenant and hands the lease to the dispatcher.
+func (w *Worker) handle(ctx context.Context, m jetstream.Msg) error {
+	req, err := w.opts.Subjects.DecodeAcquire(m.Subject(), m.Data())
+	if err != nil {
+		return err
+	}
+	log := w.log.With().Str(events.LogKeyRunID, req.RunID).Str(events.LogKeyTenant, req.CompanyID).Logger()
+	plan, err := lease.New(req, w.opts.Now())
+	if err != nil {
+		return err
+	}
+	if err := w.ensureTenant(ctx, log, plan); err != nil {
+		return err
+	}
+	if _, err := w.publisher.Publish(ctx, events.DispatchRequest{AcquireRequest: req, Namespace: plan.Namespace}); err != nil {
+		return fmt.Errorf("handing the lease to the dispatcher: %w", err)
+	}
+	log.Debug().Str(events.LogKeyNamespace, plan.Namespace).Msg("lease handed to the dispatcher")
+	return nil
+}
+
+// ensureTenant applies the tenant unless the same objects were applied recently and the
+// namespace still exists. Concurrent acquires for one company may both apply: server-side apply
+// of the same objects by the same field manager is idempotent, so that costs a round trip, not
+// a conflict.
+func (w *Worker) ensureTenant(ctx context.Context, log zerolog.Logger, plan lease.Plan) error {
+	tenant, err := plan.Tenant()
+	if err != nil {
+		return err
+	}
+	hash := tenant.Hash()
+	ns := plan.Namespace
+	if w.applied(ctx, ns, hash) {
+		return nil
+	}
+
+	objs, err := tenant.Objects()
+	if err != nil {
+		return events.Terminal(events.CodeInternal, "", fmt.Errorf("rendering tenant %s: %w", ns, err))
+	}
+	start := w.opts.Now()
+	if err := w.opts.Applier.Apply(ctx, objs...); err != nil {
+		return classify(err)
+	}
+	for _, stale := range tenant.Stale() {
+		if err := w.opts.Applier.Delete(ctx, stale.GVK, stale.Namespace, stale.Name); err != nil {
+			return classify(err)
+		}
+	}
+	rec, err := json.Marshal(record{Hash: hash, AppliedAt: w.opts.Now().UTC()})
+	if err != nil {
+		return fmt.Errorf("encoding tenant record: %w", err)
+	}
+	if _, err := w.tenants.Put(ctx, ns, rec); err != nil {
+		// The tenant is applied; losing the record only costs a re-apply next time.
+		log.Warn().Err(err).Str(events.LogKeyNamespace, ns).Msg("recording the applied tenant failed")
+	}
+	log.Info().Str(events.LogKeyNamespace, ns).Dur("took", w.opts.Now().Sub(start)).Msg("tenant applied")
+	return nil
+}
+
+// applied reports whether the tenant with this hash was applied within the resync period and
+// its namespace exists.
+func (w *Worker) applied(ctx context.Context, ns, hash string) bool {
+	if _, ok, _ := w.namespaces.GetByKey(ns); !ok {
+		return false
+	}
+	entry, err := w.tenants.Get(ctx, ns)
+	if err != nil {
+		return false
+	}
+	var rec record
+	if json.Unmarshal(entry.Value(), &rec) != nil {
+		return false
+	}
+	return rec.Hash == hash && w.opts.Now().Sub(rec.AppliedAt) < w.opts.Resync
+}
+
+// reportFailure publishes the run's failed event for an acquire that will not be retried.
+func (w *Worker) reportFailure(ctx context.Context, m jetstream.Msg, te *events.TerminalError) error {
+	return events.PublishFailure(ctx, w.publisher, w.log, m, te)
+}
+
+// classify sorts a Kubernetes error: a request the API server refuses outright fails the
+// acquire; anything else (network, 5xx, conflicts, throttling) is retried.
+func classify(err error) error {
+	if k8s.IsPermanent(err) {
+		return events.Terminal(events.CodeInternal, "", err)
+	}
+	return err
+}
