@@ -1,0 +1,193 @@
+package policy
+
+import (
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/util/intstr"
+)
+
+// Names of the tenant's network policies.
+const (
+	DenyAllPolicyName     = "paperclip-deny-all"
+	EgressAllowPolicyName = "paperclip-egress-allow"
+	EgressFQDNPolicyName  = "paperclip-egress-fqdn"
+)
+
+// The Paperclip server's callback port, which agents reach.
+const paperclipServerPort = 3100
+
+// publicIPv4Except is what the public-IPv4 fallback rule carves out of 0.0.0.0/0
+// (network-policy.ts, exactly): this-network, private, CGNAT, loopback, link-local (cloud
+// metadata) and multicast.
+var publicIPv4Except = []string{
+	"0.0.0.0/8", "10.0.0.0/8", "100.64.0.0/10", "127.0.0.0/8",
+	"169.254.0.0/16", "172.16.0.0/12", "192.168.0.0/16", "224.0.0.0/4",
+}
+
+// egressInput is buildNetworkPolicyManifests' and buildCiliumNetworkPolicyManifest's input.
+type egressInput struct {
+	namespace   string
+	name        string
+	selector    map[string]string
+	fqdns       []string
+	cidrs       []string
+	includeBase bool // the DNS and Paperclip-server rules
+	serverNS    string
+	serverPods  map[string]string
+	owner       *metav1.OwnerReference
+}
+
+func managedByLabels() map[string]string {
+	return map[string]string{LabelManagedBy: ManagedBy}
+}
+
+func denyAllPolicy(namespace string) *networkingv1.NetworkPolicy {
+	return &networkingv1.NetworkPolicy{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "networking.k8s.io/v1", Kind: "NetworkPolicy"},
+		ObjectMeta: metav1.ObjectMeta{Name: DenyAllPolicyName, Namespace: namespace, Labels: managedByLabels()},
+		Spec: networkingv1.NetworkPolicySpec{
+			PodSelector: metav1.LabelSelector{},
+			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress, networkingv1.PolicyTypeEgress},
+		},
+	}
+}
+
+func port(proto corev1.Protocol, n int32) networkingv1.NetworkPolicyPort {
+	p := intstr.FromInt32(n)
+	return networkingv1.NetworkPolicyPort{Protocol: &proto, Port: &p}
+}
+
+// egressNetworkPolicy renders the standard-mode egress allow policy. Kubernetes NetworkPolicy
+// cannot name FQDNs, so when FQDNs are wanted and no CIDR is given it allows public IPv4 on
+// TCP 443 and 80 (the fallback upstream added when standard mode blocked LLM APIs, paperclip#5790).
+// CIDR rules are not port-scoped.
+func egressNetworkPolicy(in egressInput) *networkingv1.NetworkPolicy {
+	var rules []networkingv1.NetworkPolicyEgressRule
+	if in.includeBase {
+		rules = append(rules,
+			networkingv1.NetworkPolicyEgressRule{
+				To: []networkingv1.NetworkPolicyPeer{{
+					NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"kubernetes.io/metadata.name": "kube-system"}},
+					PodSelector:       &metav1.LabelSelector{MatchLabels: map[string]string{"k8s-app": "kube-dns"}},
+				}},
+				Ports: []networkingv1.NetworkPolicyPort{port(corev1.ProtocolUDP, 53), port(corev1.ProtocolTCP, 53)},
+			},
+			networkingv1.NetworkPolicyEgressRule{
+				To: []networkingv1.NetworkPolicyPeer{{
+					NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"kubernetes.io/metadata.name": in.serverNS}},
+					PodSelector:       &metav1.LabelSelector{MatchLabels: cloneMap(in.serverPods)},
+				}},
+				Ports: []networkingv1.NetworkPolicyPort{port(corev1.ProtocolTCP, paperclipServerPort)},
+			},
+		)
+	}
+	for _, cidr := range in.cidrs {
+		rules = append(rules, networkingv1.NetworkPolicyEgressRule{
+			To: []networkingv1.NetworkPolicyPeer{{IPBlock: &networkingv1.IPBlock{CIDR: cidr}}},
+		})
+	}
+	if len(in.cidrs) == 0 && len(in.fqdns) > 0 {
+		rules = append(rules, networkingv1.NetworkPolicyEgressRule{
+			To: []networkingv1.NetworkPolicyPeer{{IPBlock: &networkingv1.IPBlock{
+				CIDR: "0.0.0.0/0", Except: append([]string(nil), publicIPv4Except...),
+			}}},
+			Ports: []networkingv1.NetworkPolicyPort{port(corev1.ProtocolTCP, 443), port(corev1.ProtocolTCP, 80)},
+		})
+	}
+	np := &networkingv1.NetworkPolicy{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "networking.k8s.io/v1", Kind: "NetworkPolicy"},
+		ObjectMeta: metav1.ObjectMeta{Name: in.name, Namespace: in.namespace, Labels: managedByLabels()},
+		Spec: networkingv1.NetworkPolicySpec{
+			PodSelector: metav1.LabelSelector{MatchLabels: cloneMap(in.selector)},
+			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeEgress},
+			Egress:      rules,
+		},
+	}
+	if in.owner != nil {
+		np.OwnerReferences = []metav1.OwnerReference{*in.owner}
+	}
+	return np
+}
+
+// ciliumPolicy renders the cilium-mode egress policy (cilium.io/v2 CiliumNetworkPolicy):
+// kube-dns with DNS inspection, the FQDNs on TCP 443, the Paperclip server on TCP 3100, and
+// the CIDRs (any port), in that order.
+//
+// Deviation: a "*.example.com" FQDN is rendered as toFQDNs matchPattern; upstream put every
+// FQDN in matchName, whose schema rejects '*'.
+func ciliumPolicy(in egressInput) *unstructured.Unstructured {
+	var egress []any
+	if in.includeBase {
+		egress = append(egress, map[string]any{
+			"toEndpoints": []any{map[string]any{"matchLabels": map[string]any{
+				"k8s:io.kubernetes.pod.namespace": "kube-system",
+				"k8s-app":                         "kube-dns",
+			}}},
+			"toPorts": []any{map[string]any{
+				"ports": []any{
+					map[string]any{"port": "53", "protocol": "UDP"},
+					map[string]any{"port": "53", "protocol": "TCP"},
+				},
+				"rules": map[string]any{"dns": []any{map[string]any{"matchPattern": "*"}}},
+			}},
+		})
+	}
+	if len(in.fqdns) > 0 {
+		fqdns := make([]any, 0, len(in.fqdns))
+		for _, f := range in.fqdns {
+			if strings.HasPrefix(f, "*.") {
+				fqdns = append(fqdns, map[string]any{"matchPattern": f})
+			} else {
+				fqdns = append(fqdns, map[string]any{"matchName": f})
+			}
+		}
+		egress = append(egress, map[string]any{
+			"toFQDNs": fqdns,
+			"toPorts": []any{map[string]any{"ports": []any{map[string]any{"port": "443", "protocol": "TCP"}}}},
+		})
+	}
+	if in.includeBase {
+		server := stringMapToAny(in.serverPods)
+		server["k8s:io.kubernetes.pod.namespace"] = in.serverNS
+		egress = append(egress, map[string]any{
+			"toEndpoints": []any{map[string]any{"matchLabels": server}},
+			"toPorts":     []any{map[string]any{"ports": []any{map[string]any{"port": "3100", "protocol": "TCP"}}}},
+		})
+	}
+	if len(in.cidrs) > 0 {
+		set := make([]any, 0, len(in.cidrs))
+		for _, c := range in.cidrs {
+			set = append(set, map[string]any{"cidr": c})
+		}
+		egress = append(egress, map[string]any{"toCIDRSet": set})
+	}
+	u := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": CiliumNetworkPolicyGVK.GroupVersion().String(),
+		"kind":       CiliumNetworkPolicyGVK.Kind,
+		"metadata": map[string]any{
+			"name":      in.name,
+			"namespace": in.namespace,
+			"labels":    stringMapToAny(managedByLabels()),
+		},
+		"spec": map[string]any{
+			"endpointSelector": map[string]any{"matchLabels": stringMapToAny(in.selector)},
+			"egress":           egress,
+		},
+	}}
+	if in.owner != nil {
+		u.SetOwnerReferences([]metav1.OwnerReference{*in.owner})
+	}
+	return u
+}
+
+func cloneMap(m map[string]string) map[string]string {
+	out := make(map[string]string, len(m))
+	for k, v := range m {
+		out[k] = v
+	}
+	return out
+}

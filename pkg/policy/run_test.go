@@ -1,0 +1,213 @@
+package policy_test
+
+import (
+	"bytes"
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/kubeclip/kubeclip/pkg/policy"
+)
+
+const (
+	testRunID    = "7c9e6679-7425-40de-944b-e07fc1f90ae7"
+	testAgentID  = "a1b2c3d4-0000-4000-8000-00000000a9e7"
+	testWorkload = "pc-01j9zxkq3v4w5x6y7z8a9b0c1d"
+	testUID      = "0b6f1c52-3c1d-4f8e-9d2a-6a7b8c9d0e1f"
+)
+
+func testRunSpec(cfg policy.Config) policy.RunSpec {
+	return policy.RunSpec{
+		RunID:        testRunID,
+		CompanyID:    testCompanyID,
+		AgentID:      testAgentID,
+		AdapterType:  "claude_local",
+		Namespace:    "paperclip-" + testCompanyID,
+		WorkloadName: testWorkload,
+		Image:        "ghcr.io/paperclipai/agent-runtime-claude:v1",
+		Config:       cfg,
+	}
+}
+
+func overrideSpec(t *testing.T) policy.RunSpec {
+	t.Helper()
+	cfg := mustConfig(t, `{
+		"runtimeClassName": "gvisor",
+		"imagePullSecrets": ["regcred", "mirror-cred"],
+		"defaultResources": {"limits": {"cpu": "1"}, "requests": {"memory": "1Gi"}},
+		"jobTtlSecondsAfterFinished": 0,
+		"podActivityDeadlineSec": 7200}`)
+	spec := testRunSpec(cfg)
+	spec.IssueID = "PAP-123"
+	spec.AdapterType = "codex_local"
+	spec.Image = "kubeclip.local/agent-stub:dev"
+	spec.ImagePullPolicy = corev1.PullNever
+	deadline := int64(900)
+	spec.ActiveDeadlineSeconds = &deadline
+	return spec
+}
+
+func TestRenderJobGolden(t *testing.T) {
+	spec := testRunSpec(policy.DefaultConfig())
+	if err := spec.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	job := policy.RenderJob(spec)
+	checkGoldenUnstructured(t, "run/job-defaults.yaml", job)
+
+	over := overrideSpec(t)
+	if err := over.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	job = policy.RenderJob(over)
+	checkGoldenUnstructured(t, "run/job-overrides.yaml", job)
+
+	// The override's partial limits keep the default memory limit (the TS builder dropped it).
+	c := job.Spec.Template.Spec.Containers[0]
+	if got := c.Resources.Limits.Memory().String() + " " + c.Resources.Limits.Cpu().String() + " " + c.Resources.Requests.Memory().String() + " " + c.Resources.Requests.Cpu().String(); got != "4Gi 1 1Gi 250m" {
+		t.Errorf("resources = %s, want 4Gi 1 1Gi 250m", got)
+	}
+	if got := *job.Spec.ActiveDeadlineSeconds; got != 900 {
+		t.Errorf("activeDeadlineSeconds = %d, want the RunSpec override 900", got)
+	}
+}
+
+func TestRenderSandboxGolden(t *testing.T) {
+	spec := testRunSpec(policy.DefaultConfig())
+	tests := []struct {
+		apiVersion, golden, wantAPIVersion string
+	}{
+		{"", "run/sandbox-v1beta1.yaml", "agents.x-k8s.io/v1beta1"},
+		{"agents.x-k8s.io/v1beta1", "run/sandbox-v1beta1.yaml", "agents.x-k8s.io/v1beta1"},
+		{"v1beta1", "run/sandbox-v1beta1.yaml", "agents.x-k8s.io/v1beta1"},
+		{"agents.x-k8s.io/v1alpha1", "run/sandbox-v1alpha1.yaml", "agents.x-k8s.io/v1alpha1"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.apiVersion, func(t *testing.T) {
+			sb := policy.RenderSandbox(spec, tc.apiVersion)
+			if sb.GetAPIVersion() != tc.wantAPIVersion || sb.GetKind() != "Sandbox" {
+				t.Fatalf("rendered %s %s", sb.GetAPIVersion(), sb.GetKind())
+			}
+			checkGolden(t, tc.golden, sb.Object)
+		})
+	}
+	if got := policy.SandboxGVR("").String(); got != "agents.x-k8s.io/v1beta1, Resource=sandboxes" {
+		t.Errorf("SandboxGVR = %s", got)
+	}
+}
+
+// The Sandbox pod template is the Job's, except restartPolicy and command.
+func TestSandboxPodTemplateMatchesJob(t *testing.T) {
+	spec := overrideSpec(t)
+	jobTmpl, err := policy.ToUnstructured(&corev1.PodTemplate{TypeMeta: typeMeta("v1", "PodTemplate"), Template: policy.RenderJob(spec).Spec.Template})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := jobTmpl.Object["template"].(map[string]any)
+	podSpec := want["spec"].(map[string]any)
+	podSpec["restartPolicy"] = "Always"
+	podSpec["activeDeadlineSeconds"] = int64(900) // the bounded-lease override reaches the Sandbox pod
+	podSpec["containers"].([]any)[0].(map[string]any)["command"] = []any{"/usr/bin/tini", "--", "/bin/sh", "-c", "sleep infinity"}
+
+	sb := policy.RenderSandbox(spec, "")
+	got := sb.Object["spec"].(map[string]any)["podTemplate"]
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("Sandbox pod template differs from the Job's (-want +got):\n%s", diff)
+	}
+	if _, ok := sb.Object["spec"].(map[string]any)["replicas"]; ok {
+		t.Errorf("Sandbox has spec.replicas")
+	}
+}
+
+// Every field the Sandbox sets exists in the agent-sandbox CRD schema of its version (so the
+// API server prunes nothing), with the right type, and required fields are present. The CRD is
+// agent-sandbox v0.5.6's, as the test cluster installs it.
+func TestSandboxMatchesCRDSchema(t *testing.T) {
+	schemas := loadCRDSchemas(t, "agents.x-k8s.io_sandboxes.yaml")
+	for _, spec := range []policy.RunSpec{testRunSpec(policy.DefaultConfig()), overrideSpec(t)} {
+		for _, version := range []string{"v1beta1", "v1alpha1"} {
+			t.Run(version, func(t *testing.T) {
+				schema, ok := schemas[version]
+				if !ok {
+					t.Fatalf("CRD has no version %s", version)
+				}
+				sb := policy.RenderSandbox(spec, "agents.x-k8s.io/"+version)
+				var problems []string
+				checkSchema("", sb.Object, schema, &problems)
+				if len(problems) > 0 {
+					t.Errorf("Sandbox %s does not match the CRD schema:\n%s", version, strings.Join(problems, "\n"))
+				}
+			})
+		}
+	}
+	// The walker itself must catch an unknown field.
+	bad := policy.RenderSandbox(testRunSpec(policy.DefaultConfig()), "")
+	bad.Object["spec"].(map[string]any)["replicas"] = int64(1)
+	var problems []string
+	checkSchema("", bad.Object, schemas["v1beta1"], &problems)
+	if !slices.Contains(problems, ".spec.replicas: not in the schema") {
+		t.Errorf("schema walker missed spec.replicas in v1beta1: %v", problems)
+	}
+}
+
+func TestRenderSecret(t *testing.T) {
+	spec := testRunSpec(policy.DefaultConfig())
+	owner := policy.OwnerReference("batch/v1", "Job", testWorkload, testUID)
+	env := map[string]string{"ANTHROPIC_API_KEY": "sk-ant-test", "MODE": "fast"}
+	for k, v := range policy.EgressGrantEnv(policy.EgressGrant{AllowFqdns: []string{"github.com"}, AllowCidrs: []string{"10.0.0.0/8", "192.168.0.0/16"}}) {
+		env[k] = v
+	}
+	sec, err := policy.RenderSecret(spec, owner, strings.Repeat("ab", 32), env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkGoldenUnstructured(t, "run/secret.yaml", sec)
+
+	tests := []struct {
+		name    string
+		owner   string
+		token   string
+		env     map[string]string
+		wantIs  error
+		wantMsg string
+	}{
+		{name: "reserved key", owner: testUID, token: "t", env: map[string]string{"BOOTSTRAP_TOKEN": "sekrit"}, wantIs: policy.ErrReservedEnvKey,
+			wantMsg: "rendering run secret: adapterEnv must not contain BOOTSTRAP_TOKEN (reserved key): reserved env key"},
+		{name: "no owner uid", owner: "", token: "t", wantMsg: "rendering run secret: the owner reference needs the workload's uid"},
+		{name: "no token", owner: testUID, token: "", wantMsg: "rendering run secret: empty bootstrap token"},
+		{name: "bad key", owner: testUID, token: "t", env: map[string]string{"A B": "sekrit"}, wantMsg: `rendering run secret: key "A B" is not a valid Secret key`},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			o := policy.OwnerReference("batch/v1", "Job", testWorkload, "")
+			o.UID = typesUID(tc.owner)
+			_, err := policy.RenderSecret(spec, o, tc.token, tc.env)
+			if err == nil || err.Error() != tc.wantMsg {
+				t.Fatalf("error = %v, want %q", err, tc.wantMsg)
+			}
+			if tc.wantIs != nil && !errors.Is(err, tc.wantIs) {
+				t.Errorf("errors.Is(%v, %v) = false", err, tc.wantIs)
+			}
+			if strings.Contains(err.Error(), "sekrit") {
+				t.Errorf("error echoes a secret value")
+			}
+		})
+	}
+}
+
+func TestNewBootstrapToken(t *testing.T) {
+	tok, err := policy.NewBootstrapToken(bytes.NewReader(bytes.Repeat([]byte{0xab}, 40)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tok != strings.Repeat("ab", 32) {
+		t.Errorf("token = %q, want 32 bytes hex-encoded", tok)
+	}
+	if _, err := policy.NewBootstrapToken(bytes.NewReader(make([]byte, 31))); err == nil {
+		t.Errorf("a short random source did not fail")
+	}
+}

@@ -1,0 +1,217 @@
+package policy
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"slices"
+
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+)
+
+// Names of a tenant's objects (tenant-orchestrator.ts, plugin.ts).
+const (
+	TenantServiceAccount = "paperclip-tenant-sa"
+	TenantRole           = "paperclip-tenant-role"
+	TenantRoleBinding    = "paperclip-tenant-rb"
+	TenantResourceQuota  = "paperclip-quota"
+	TenantLimitRange     = "paperclip-limits"
+)
+
+// Tenant is everything a company's namespace holds before its first run. Exactly one of
+// EgressAllow (standard mode) and EgressFQDN (cilium mode) is set.
+//
+// Upstream creates these once and never updates them ("frozen at first provisioning");
+// kubeclip server-side applies them, and uses Hash to skip an unchanged tenant and Stale to
+// delete the other egress mode's policy after a mode switch.
+type Tenant struct {
+	Namespace      *corev1.Namespace
+	ServiceAccount *corev1.ServiceAccount
+	Role           *rbacv1.Role
+	RoleBinding    *rbacv1.RoleBinding
+	ResourceQuota  *corev1.ResourceQuota
+	LimitRange     *corev1.LimitRange
+	DenyAll        *networkingv1.NetworkPolicy
+	EgressAllow    *networkingv1.NetworkPolicy
+	EgressFQDN     *unstructured.Unstructured
+}
+
+// RenderTenant renders a company's tenant objects (tenant-orchestrator.ts, with managed-by
+// "kubeclip" and that label on every object). The egress allow-list is the FQDNs of the given
+// adapters followed by the config's egressAllowFqdns, and the config's egressAllowCidrs.
+// Deviation: duplicate FQDNs are dropped (upstream concatenated the lists).
+//
+// Upstream passes the FQDNs of the acquiring run's adapter only. With server-side apply that
+// would make a tenant's policy flap between adapters, so pass every adapter the tenant may run
+// (at least the config's default adapter); the variadic form lets callers pass one.
+func RenderTenant(cfg Config, companyID string, adapters ...AdapterDefaults) (Tenant, error) {
+	if err := cfg.Validate(); err != nil {
+		return Tenant{}, err
+	}
+	ns, err := TenantNamespace(cfg, companyID)
+	if err != nil {
+		return Tenant{}, err
+	}
+	var fqdns []string
+	for _, a := range adapters {
+		fqdns = appendUnique(fqdns, a.AllowFqdns...)
+	}
+	fqdns = appendUnique(fqdns, cfg.EgressAllowFqdns...)
+
+	t := Tenant{
+		Namespace: &corev1.Namespace{
+			TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Namespace"},
+			ObjectMeta: metav1.ObjectMeta{Name: ns, Labels: map[string]string{
+				LabelCompanyID:  companyID,
+				LabelManagedBy:  ManagedBy,
+				labelPSSEnforce: pssRestricted,
+				labelPSSAudit:   pssRestricted,
+				labelPSSWarn:    pssRestricted,
+			}},
+		},
+		ServiceAccount: &corev1.ServiceAccount{
+			TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "ServiceAccount"},
+			ObjectMeta: metav1.ObjectMeta{
+				Name: TenantServiceAccount, Namespace: ns, Labels: managedByLabels(),
+				Annotations: nilIfEmpty(cfg.ServiceAccountAnnotations),
+			},
+		},
+		Role: &rbacv1.Role{
+			TypeMeta:   metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "Role"},
+			ObjectMeta: metav1.ObjectMeta{Name: TenantRole, Namespace: ns, Labels: managedByLabels()},
+			Rules:      []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"pods/log"}, Verbs: []string{"get"}}},
+		},
+		RoleBinding: &rbacv1.RoleBinding{
+			TypeMeta:   metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "RoleBinding"},
+			ObjectMeta: metav1.ObjectMeta{Name: TenantRoleBinding, Namespace: ns, Labels: managedByLabels()},
+			RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "Role", Name: TenantRole},
+			Subjects:   []rbacv1.Subject{{Kind: "ServiceAccount", Name: TenantServiceAccount, Namespace: ns}},
+		},
+		ResourceQuota: &corev1.ResourceQuota{
+			TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "ResourceQuota"},
+			ObjectMeta: metav1.ObjectMeta{Name: TenantResourceQuota, Namespace: ns, Labels: managedByLabels()},
+			Spec: corev1.ResourceQuotaSpec{Hard: corev1.ResourceList{
+				corev1.ResourcePods:           resource.MustParse("20"),
+				corev1.ResourceRequestsCPU:    resource.MustParse("10"),
+				corev1.ResourceRequestsMemory: resource.MustParse("20Gi"),
+				corev1.ResourceLimitsCPU:      resource.MustParse("20"),
+				corev1.ResourceLimitsMemory:   resource.MustParse("40Gi"),
+			}},
+		},
+		LimitRange: &corev1.LimitRange{
+			TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "LimitRange"},
+			ObjectMeta: metav1.ObjectMeta{Name: TenantLimitRange, Namespace: ns, Labels: managedByLabels()},
+			Spec: corev1.LimitRangeSpec{Limits: []corev1.LimitRangeItem{{
+				Type:           corev1.LimitTypeContainer,
+				Max:            cpuMem(limitRangeMax),
+				Min:            cpuMem(limitRangeMin),
+				Default:        cpuMem(limitRangeDef),
+				DefaultRequest: cpuMem(limitRangeDefRq),
+			}}},
+		},
+		DenyAll: denyAllPolicy(ns),
+	}
+	in := egressInput{
+		namespace:   ns,
+		selector:    map[string]string{LabelRole: RoleAgent},
+		fqdns:       fqdns,
+		cidrs:       slices.Clone(cfg.EgressAllowCidrs),
+		includeBase: true,
+		serverNS:    cfg.PaperclipServerNamespace,
+		serverPods:  cfg.PaperclipServerPodLabels,
+	}
+	if cfg.EgressMode == EgressCilium {
+		in.name = EgressFQDNPolicyName
+		t.EgressFQDN = ciliumPolicy(in)
+	} else {
+		in.name = EgressAllowPolicyName
+		t.EgressAllow = egressNetworkPolicy(in)
+	}
+	return t, nil
+}
+
+// Objects returns the tenant's objects in apply order (Namespace, ServiceAccount, Role,
+// RoleBinding, ResourceQuota, LimitRange, deny-all, egress policy), with apiVersion and kind
+// set, ready for server-side apply. They are copies.
+func (t Tenant) Objects() ([]*unstructured.Unstructured, error) {
+	typed := []runtime.Object{t.Namespace, t.ServiceAccount, t.Role, t.RoleBinding, t.ResourceQuota, t.LimitRange, t.DenyAll}
+	if t.EgressAllow != nil {
+		typed = append(typed, t.EgressAllow)
+	}
+	out := make([]*unstructured.Unstructured, 0, len(typed)+1)
+	for _, o := range typed {
+		u, err := toUnstructured(o)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, u)
+	}
+	if t.EgressFQDN != nil {
+		out = append(out, t.EgressFQDN.DeepCopy())
+	}
+	return out, nil
+}
+
+// Hash is the hex sha256 of the canonical JSON of Objects (keys sorted, objects in apply
+// order). A tenant whose hash matches the last applied one need not be applied again. If the
+// objects cannot be encoded it returns "", which matches no recorded hash, so the caller
+// re-applies and meets the error from Objects.
+func (t Tenant) Hash() string {
+	objs, err := t.Objects()
+	if err != nil {
+		return ""
+	}
+	h := sha256.New()
+	for _, o := range objs {
+		data, err := json.Marshal(o.Object) // encoding/json sorts map keys
+		if err != nil {
+			return ""
+		}
+		h.Write(data)
+		h.Write([]byte{'\n'})
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// Stale names the egress policy of the other egress mode, which a tenant that switched mode
+// must delete (upstream left it in place). NotFound, and a missing Cilium CRD when deleting the
+// CiliumNetworkPolicy, both mean there is nothing to delete.
+func (t Tenant) Stale() []ObjectRef {
+	if t.Namespace == nil {
+		return nil
+	}
+	ns := t.Namespace.Name
+	if t.EgressFQDN != nil {
+		return []ObjectRef{{GVK: NetworkPolicyGVK, GVR: NetworkPolicyGVR, Namespace: ns, Name: EgressAllowPolicyName}}
+	}
+	return []ObjectRef{{GVK: CiliumNetworkPolicyGVK, GVR: CiliumNetworkPolicyGVR, Namespace: ns, Name: EgressFQDNPolicyName}}
+}
+
+func cpuMem(r ResourceList) corev1.ResourceList {
+	return corev1.ResourceList{
+		corev1.ResourceCPU:    resource.MustParse(r.CPU),
+		corev1.ResourceMemory: resource.MustParse(r.Memory),
+	}
+}
+
+func nilIfEmpty(m map[string]string) map[string]string {
+	if len(m) == 0 {
+		return nil
+	}
+	return cloneMap(m)
+}
+
+func appendUnique(dst []string, vals ...string) []string {
+	for _, v := range vals {
+		if !slices.Contains(dst, v) {
+			dst = append(dst, v)
+		}
+	}
+	return dst
+}
