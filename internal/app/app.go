@@ -86,7 +86,9 @@ func ConnectNATS(url, name string, log zerolog.Logger, extra ...nats.Option) (*n
 		nats.ReconnectWait(250 * time.Millisecond),
 		nats.RetryOnFailedConnect(true),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
-			log.Warn().Err(err).Msg("disconnected from NATS")
+			if err != nil { // nil: we closed it ourselves
+				log.Warn().Err(err).Msg("disconnected from NATS")
+			}
 		}),
 		nats.ReconnectHandler(func(nc *nats.Conn) {
 			log.Info().Str("url", nc.ConnectedUrlRedacted()).Msg("reconnected to NATS")

@@ -64,6 +64,8 @@ func newTracker(w *Watcher, stream jetstream.Stream, namespace, companyID, runID
 		runID:     runID,
 		log:       w.log.With().Str(events.LogKeyRunID, runID).Str(events.LogKeyTenant, companyID).Logger(),
 		wakeCh:    make(chan struct{}, 1),
+		// The created event already says Pending: a status event starts with the first change.
+		lastPhase: events.PhasePending,
 	}
 }
 
@@ -184,7 +186,9 @@ func (t *tracker) step(ctx context.Context) error {
 // decide returns the phase to report and, once the run is over, its verdict.
 func (t *tracker) decide(job *batchv1.Job, pod *corev1.Pod) (events.Phase, string, string, *verdict) {
 	opts := t.w.opts
-	pv := k8s.ClassifyPod(pod, opts.Container, k8s.ClassifyOptions{Now: opts.Now(), UnschedulableGrace: opts.UnschedulableGrace})
+	pv := k8s.ClassifyPod(pod, opts.Container, k8s.ClassifyOptions{
+		Now: opts.Now(), UnschedulableGrace: opts.UnschedulableGrace, StartErrorGrace: opts.StartErrorGrace,
+	})
 	if pv.RecheckAfter > 0 {
 		if t.recheck != nil {
 			t.recheck.Stop()

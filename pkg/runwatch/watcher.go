@@ -38,6 +38,11 @@ const (
 	// DefaultUnschedulableGrace lets a transient Unschedulable (capacity freed a moment later)
 	// pass before the run fails.
 	DefaultUnschedulableGrace = 5 * time.Second
+	// DefaultStartErrorGrace lets start errors that clear by themselves pass: right after a pod
+	// is bound, the kubelet may report CreateContainerConfigError ("failed to sync secret
+	// cache") until the node authorizer lets it read the run's Secret. An image that cannot be
+	// pulled still fails the run seconds after the pod starts, not at its deadline.
+	DefaultStartErrorGrace = 10 * time.Second
 )
 
 // Options configures a Watcher.
@@ -58,6 +63,9 @@ type Options struct {
 	FlushInterval time.Duration
 	// UnschedulableGrace is how long a pod may stay unschedulable before its run fails.
 	UnschedulableGrace time.Duration
+	// StartErrorGrace is how long a pod may report a start error (image pull, container config)
+	// before its run fails. Zero means DefaultStartErrorGrace; negative fails at once.
+	StartErrorGrace time.Duration
 }
 
 func (o Options) withDefaults() (Options, error) {
@@ -78,6 +86,12 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if o.UnschedulableGrace < 0 {
 		return o, errors.New("runwatch: Options.UnschedulableGrace must not be negative")
+	}
+	switch {
+	case o.StartErrorGrace == 0:
+		o.StartErrorGrace = DefaultStartErrorGrace
+	case o.StartErrorGrace < 0:
+		o.StartErrorGrace = 0
 	}
 	return o, nil
 }

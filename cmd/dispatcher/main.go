@@ -1,0 +1,110 @@
+// Command dispatcher creates each run's workload (a Job or an agent-sandbox Sandbox) and its
+// per-run Secret, keeps one active run per agent, and carries out release and destroy requests.
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/kubeclip/kubeclip/internal/app"
+	"github.com/kubeclip/kubeclip/internal/config"
+	"github.com/kubeclip/kubeclip/pkg/dispatch"
+)
+
+const summary = "dispatcher creates each run's Job (or Sandbox) and Secret, one run per agent at a time, and releases them."
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	err := run(ctx, os.Args[1:], os.LookupEnv, os.Stdout, os.Stderr)
+	if code := app.ExitCode(err); code != 0 {
+		fmt.Fprintln(os.Stderr, "dispatcher:", err)
+		os.Exit(code)
+	}
+}
+
+type settings struct {
+	app.Common
+	Streams          app.Streams
+	AdapterSecret    string
+	AgentBusyTimeout time.Duration
+	ReleaseTimeout   time.Duration
+	Concurrency      int
+}
+
+func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout, stderr io.Writer) error {
+	var s settings
+	fs := config.New("dispatcher", lookupEnv)
+	s.Common.Bind(fs)
+	s.Streams.Bind(fs)
+	fs.String(&s.AdapterSecret, "adapter-secret", "KUBECLIP_ADAPTER_SECRET", "", "namespace/name of an optional Secret holding adapter API keys (ANTHROPIC_API_KEY, ...); keys also come from this process's environment")
+	fs.Duration(&s.AgentBusyTimeout, "agent-busy-timeout", "KUBECLIP_AGENT_BUSY_TIMEOUT", dispatch.DefaultAgentBusyTimeout, "how long an acquire waits for its agent's previous run before failing with agent_busy")
+	fs.Duration(&s.ReleaseTimeout, "release-timeout", "KUBECLIP_RELEASE_TIMEOUT", dispatch.DefaultReleaseTimeout, "bound on deleting a run's workload and waiting for its pod to go")
+	fs.Int(&s.Concurrency, "concurrency", "KUBECLIP_CONCURRENCY", 16, "requests handled at once per consumer")
+	if err := fs.Parse(args); err != nil {
+		fs.Usage(stdout, summary)
+		return app.Usage(err)
+	}
+	secretRef, err := s.Validate(fs)
+	if err != nil {
+		return &app.UsageError{Err: err}
+	}
+
+	log := app.NewLogger(stderr, s.LogLevel, "dispatcher")
+	kube, err := s.Kubernetes("dispatcher")
+	if err != nil {
+		return err
+	}
+	subjects, err := s.Subjects()
+	if err != nil {
+		return &app.UsageError{Err: err}
+	}
+	nc, js, err := s.JetStream(ctx, "dispatcher", s.Streams, log)
+	if err != nil {
+		return err
+	}
+	defer app.Drain(nc, log)
+
+	d, err := dispatch.New(dispatch.Options{
+		Clientset: kube.Clientset, Dynamic: kube.Dynamic, Applier: kube.Applier,
+		JetStream: js, Subjects: subjects, Logger: log,
+		LookupEnv: lookupEnv, AdapterSecret: secretRef,
+		AgentBusyTimeout: s.AgentBusyTimeout, ReleaseTimeout: s.ReleaseTimeout,
+		Concurrency: s.Concurrency, DrainTimeout: s.ShutdownTimeout,
+	})
+	if err != nil {
+		return err
+	}
+	return d.Run(ctx)
+}
+
+func (s *settings) Validate(fs *config.Set) (types.NamespacedName, error) {
+	if err := s.Common.Validate(fs); err != nil {
+		return types.NamespacedName{}, err
+	}
+	if s.AgentBusyTimeout <= 0 {
+		return types.NamespacedName{}, fmt.Errorf("%s must be > 0", fs.Names("agent-busy-timeout"))
+	}
+	if s.ReleaseTimeout <= 0 {
+		return types.NamespacedName{}, fmt.Errorf("%s must be > 0", fs.Names("release-timeout"))
+	}
+	if s.Concurrency <= 0 {
+		return types.NamespacedName{}, fmt.Errorf("%s must be > 0", fs.Names("concurrency"))
+	}
+	if s.AdapterSecret == "" {
+		return types.NamespacedName{}, nil
+	}
+	ns, name, ok := strings.Cut(s.AdapterSecret, "/")
+	if !ok || ns == "" || name == "" {
+		return types.NamespacedName{}, fmt.Errorf("%s must be namespace/name, got %q", fs.Names("adapter-secret"), s.AdapterSecret)
+	}
+	return types.NamespacedName{Namespace: ns, Name: name}, nil
+}

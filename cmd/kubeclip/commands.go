@@ -1,0 +1,243 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/oklog/ulid/v2"
+
+	"github.com/kubeclip/kubeclip/internal/app"
+	"github.com/kubeclip/kubeclip/internal/config"
+	"github.com/kubeclip/kubeclip/pkg/events"
+)
+
+// client are the settings every command that talks to NATS has.
+type client struct {
+	NATSURL string
+	Prefix  string
+}
+
+func (c *client) bind(fs *config.Set) {
+	fs.String(&c.NATSURL, "nats-url", "KUBECLIP_NATS_URL", nats.DefaultURL, "NATS server URL")
+	fs.String(&c.Prefix, "subject-prefix", "KUBECLIP_SUBJECT_PREFIX", events.DefaultPrefix, "first token of the lease and run subjects")
+}
+
+func (c *client) connect() (*nats.Conn, jetstream.JetStream, events.Subjects, error) {
+	s, err := events.NewSubjects(c.Prefix)
+	if err != nil {
+		return nil, nil, events.Subjects{}, &app.UsageError{Err: err}
+	}
+	nc, err := nats.Connect(c.NATSURL, nats.Name("kubeclip-cli"))
+	if err != nil {
+		return nil, nil, events.Subjects{}, fmt.Errorf("connecting to NATS at %s: %w", c.NATSURL, err)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		return nil, nil, events.Subjects{}, err
+	}
+	return nc, js, s, nil
+}
+
+// parse parses a command's flags, printing its usage for --help or a bad flag.
+func parse(fs *config.Set, args []string, stdout io.Writer, summary string) error {
+	if err := fs.Parse(args); err != nil {
+		fs.Usage(stdout, summary)
+		return app.Usage(err)
+	}
+	return nil
+}
+
+func runAcquire(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout io.Writer) error {
+	var c client
+	var req events.AcquireRequest
+	var configPath string
+	var follow bool
+	fs := config.New("kubeclip acquire", lookupEnv)
+	c.bind(fs)
+	fs.String(&req.CompanyID, "company", "KUBECLIP_COMPANY", "", "company id (required)")
+	fs.String(&req.AgentID, "agent", "KUBECLIP_AGENT", "", "agent id (required)")
+	fs.String(&req.RunID, "run", "KUBECLIP_RUN", "", "run id; empty generates one")
+	fs.String(&req.EnvironmentID, "environment", "KUBECLIP_ENVIRONMENT", "local", "Paperclip environment id")
+	fs.String(&req.AdapterType, "adapter-type", "KUBECLIP_ADAPTER_TYPE", "", "per-run adapter type; empty uses the config's")
+	fs.String(&req.IssueID, "issue", "KUBECLIP_ISSUE", "", "issue id")
+	fs.String(&configPath, "config", "KUBECLIP_PROVIDER_CONFIG", "", `provider config JSON file ("-" for stdin); empty means {"backend":"job"}`)
+	fs.Bool(&follow, "follow", "KUBECLIP_FOLLOW", false, "follow the run's events until its result")
+	if err := parse(fs, args, stdout, "acquire publishes a lease request for a run."); err != nil {
+		return err
+	}
+	if req.CompanyID == "" || req.AgentID == "" {
+		return &app.UsageError{Err: errors.New("--company and --agent are required")}
+	}
+	if req.RunID == "" {
+		req.RunID = strings.ToLower(ulid.Make().String())
+	}
+	raw, err := readConfig(configPath)
+	if err != nil {
+		return &app.UsageError{Err: err}
+	}
+	req.Config = raw
+
+	nc, js, s, err := c.connect()
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	if err := publishAcquire(ctx, js, s, req); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "acquire published: company %s, run %s\n", req.CompanyID, req.RunID)
+	if !follow {
+		return nil
+	}
+	return followRun(ctx, js, s, req.CompanyID, req.RunID, events.FollowOptions{}, true, stdout)
+}
+
+func publishAcquire(ctx context.Context, js jetstream.JetStream, s events.Subjects, req events.AcquireRequest) error {
+	pub, err := events.NewPublisher(events.PublisherOptions{JS: js, Subjects: s})
+	if err != nil {
+		return err
+	}
+	if _, err := pub.Publish(ctx, req); err != nil {
+		return fmt.Errorf("publishing acquire: %w", err)
+	}
+	return nil
+}
+
+func readConfig(path string) (json.RawMessage, error) {
+	var data []byte
+	var err error
+	switch path {
+	case "":
+		return json.RawMessage(`{"backend":"job"}`), nil
+	case "-":
+		data, err = io.ReadAll(os.Stdin)
+	default:
+		data, err = os.ReadFile(path)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading provider config: %w", err)
+	}
+	if !json.Valid(data) {
+		return nil, fmt.Errorf("provider config %s is not valid JSON", path)
+	}
+	return data, nil
+}
+
+func runRelease(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout io.Writer) error {
+	var c client
+	var req events.ReleaseRequest
+	fs := config.New("kubeclip release", lookupEnv)
+	c.bind(fs)
+	fs.String(&req.CompanyID, "company", "KUBECLIP_COMPANY", "", "company id (required)")
+	fs.String(&req.RunID, "run", "KUBECLIP_RUN", "", "run id (required)")
+	fs.String(&req.ProviderLeaseID, "lease", "KUBECLIP_LEASE", "", "providerLeaseId from the created event (required)")
+	fs.Bool(&req.Destroy, "destroy", "KUBECLIP_DESTROY", false, "destroy (also delete the run's Secret) instead of release")
+	fs.Bool(&req.CancelActiveWork, "cancel", "KUBECLIP_CANCEL", true, "cancel active work")
+	if err := parse(fs, args, stdout, "release publishes a release (or destroy) request for a run's lease."); err != nil {
+		return err
+	}
+	if req.CompanyID == "" || req.RunID == "" || req.ProviderLeaseID == "" {
+		return &app.UsageError{Err: errors.New("--company, --run and --lease are required")}
+	}
+	nc, js, s, err := c.connect()
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	pub, err := events.NewPublisher(events.PublisherOptions{JS: js, Subjects: s})
+	if err != nil {
+		return err
+	}
+	if _, err := pub.Publish(ctx, req); err != nil {
+		return fmt.Errorf("publishing release: %w", err)
+	}
+	fmt.Fprintf(stdout, "%s published for run %s\n", req.Kind(), req.RunID)
+	return nil
+}
+
+func runFollow(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout io.Writer) error {
+	var c client
+	var companyID, runID string
+	var fromSeq int
+	var since time.Duration
+	var noLive bool
+	fs := config.New("kubeclip follow", lookupEnv)
+	c.bind(fs)
+	fs.String(&companyID, "company", "KUBECLIP_COMPANY", "", "company id (required)")
+	fs.String(&runID, "run", "KUBECLIP_RUN", "", "run id (required)")
+	fs.Int(&fromSeq, "from-seq", "KUBECLIP_FROM_SEQ", 0, "start at this run-stream sequence")
+	fs.Duration(&since, "since", "KUBECLIP_SINCE", 0, "start with events stored this long ago")
+	fs.Bool(&noLive, "no-live", "KUBECLIP_NO_LIVE", false, "print the history and stop instead of waiting for the result")
+	if err := parse(fs, args, stdout, "follow prints a run's events: its history, then live until its result."); err != nil {
+		return err
+	}
+	if companyID == "" || runID == "" {
+		return &app.UsageError{Err: errors.New("--company and --run are required")}
+	}
+	nc, js, s, err := c.connect()
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	opts := events.FollowOptions{StartSeq: uint64(max(fromSeq, 0))}
+	if since > 0 {
+		opts.StartTime = time.Now().Add(-since)
+	}
+	if noLive {
+		return replayRun(ctx, js, s, companyID, runID, opts, stdout)
+	}
+	return followRun(ctx, js, s, companyID, runID, opts, true, stdout)
+}
+
+// followRun prints a run's events until its result (and, with waitReleased, its released
+// event when one is coming), or until ctx ends.
+func followRun(ctx context.Context, js jetstream.JetStream, s events.Subjects, companyID, runID string, opts events.FollowOptions, stopAtResult bool, w io.Writer) error {
+	p := printer{w: w}
+	return events.Follow(ctx, js, s, companyID, runID, opts, func(r events.Received) error {
+		p.print(r)
+		switch r.Event.(type) {
+		case events.RunResultEvent, events.RunFailedEvent, events.RunReleasedEvent:
+			if stopAtResult {
+				return events.ErrStopFollowing
+			}
+		}
+		return nil
+	})
+}
+
+// replayRun prints what the stream holds for a run and returns.
+func replayRun(ctx context.Context, js jetstream.JetStream, s events.Subjects, companyID, runID string, opts events.FollowOptions, w io.Writer) error {
+	filter, err := s.RunFilter(companyID, runID)
+	if err != nil {
+		return err
+	}
+	stream, err := js.Stream(ctx, s.RunStream())
+	if err != nil {
+		return err
+	}
+	info, err := stream.Info(ctx, jetstream.WithSubjectFilter(filter))
+	if err != nil {
+		return err
+	}
+	if len(info.State.Subjects) == 0 {
+		fmt.Fprintf(w, "no events for run %s\n", runID)
+		return nil
+	}
+	p := printer{w: w}
+	return events.Follow(ctx, js, s, companyID, runID, opts, func(r events.Received) error {
+		p.print(r)
+		if r.Pending == 0 {
+			return events.ErrStopFollowing
+		}
+		return nil
+	})
+}

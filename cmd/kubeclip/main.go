@@ -1,0 +1,60 @@
+// Command kubeclip is the operator's and developer's CLI: it publishes lease requests, follows
+// a run's events in a readable form, and runs the whole pipeline locally (demo).
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/kubeclip/kubeclip/internal/app"
+	"github.com/kubeclip/kubeclip/internal/config"
+)
+
+const usage = `kubeclip publishes Paperclip lease requests and follows run events.
+
+Usage:
+  kubeclip acquire  --company ID --agent ID [--run ID] [--config FILE] [--follow]
+  kubeclip release  --company ID --run ID --lease NAME [--destroy]
+  kubeclip follow   --company ID --run ID [--from-seq N | --since DURATION] [--no-live]
+  kubeclip demo     [--kubeconfig FILE]
+
+Run "kubeclip <command> --help" for a command's flags.
+`
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	err := run(ctx, os.Args[1:], os.LookupEnv, os.Stdout, os.Stderr)
+	if code := app.ExitCode(err); code != 0 {
+		fmt.Fprintln(os.Stderr, "kubeclip:", err)
+		os.Exit(code)
+	}
+}
+
+func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout, stderr io.Writer) error {
+	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		fmt.Fprint(stdout, usage)
+		if len(args) == 0 {
+			return &app.UsageError{Err: fmt.Errorf("no command given")}
+		}
+		return nil
+	}
+	cmd, rest := args[0], args[1:]
+	switch cmd {
+	case "acquire":
+		return runAcquire(ctx, rest, lookupEnv, stdout)
+	case "release":
+		return runRelease(ctx, rest, lookupEnv, stdout)
+	case "follow":
+		return runFollow(ctx, rest, lookupEnv, stdout)
+	case "demo":
+		return runDemo(ctx, rest, lookupEnv, stdout, stderr)
+	default:
+		fmt.Fprint(stderr, usage)
+		return &app.UsageError{Err: fmt.Errorf("unknown command %q", cmd)}
+	}
+}

@@ -1,0 +1,81 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/kubeclip/kubeclip/pkg/events"
+)
+
+// printer writes run events for a person to read.
+type printer struct {
+	w io.Writer
+}
+
+func (p printer) print(r events.Received) {
+	switch ev := r.Event.(type) {
+	case events.RunCreatedEvent:
+		p.line("created", "lease %s: %s %s/%s (Secret %s)", ev.ProviderLeaseID, ev.Backend, ev.Namespace, ev.WorkloadName, ev.SecretName)
+	case events.RunStatusEvent:
+		detail := ""
+		if ev.Reason != "" {
+			detail = " " + ev.Reason
+		}
+		if ev.Message != "" {
+			detail += ": " + ev.Message
+		}
+		pod := ""
+		if ev.PodName != "" {
+			pod = " (pod " + ev.PodName + ")"
+		}
+		p.line("status", "%s%s%s", ev.Phase, detail, pod)
+	case events.RunLogEvent:
+		for _, l := range ev.Lines {
+			ts := l.TS
+			if t, err := time.Parse(time.RFC3339Nano, l.TS); err == nil {
+				ts = t.Format("15:04:05.000")
+			}
+			p.line(fmt.Sprintf("log %d", ev.Seq), "%s  %s", ts, l.Text)
+		}
+	case events.RunResultEvent:
+		exit := ""
+		if ev.ExitCode != nil {
+			exit = fmt.Sprintf(" exit=%d", *ev.ExitCode)
+		}
+		reason := ""
+		if ev.Reason != "" {
+			reason = " reason=" + ev.Reason
+		}
+		p.line("result", "%s%s%s", ev.Outcome, exit, reason)
+		if a := ev.Agent; a != nil {
+			parts := []string{"session=" + a.SessionID, "model=" + a.Model}
+			if a.Usage != nil {
+				parts = append(parts, fmt.Sprintf("tokens in/out/cached=%d/%d/%d", a.Usage.InputTokens, a.Usage.OutputTokens, a.Usage.CachedInputTokens))
+			}
+			if a.CostUSD != nil {
+				parts = append(parts, fmt.Sprintf("cost=$%.4f", *a.CostUSD))
+			}
+			if a.IsError {
+				parts = append(parts, "isError=true errorCode="+a.ErrorCode)
+			}
+			p.line("agent", "%s", strings.Join(parts, " "))
+			if a.Summary != "" {
+				p.line("summary", "%s", a.Summary)
+			}
+		}
+	case events.RunReleasedEvent:
+		p.line("released", "lease %s %s", ev.ProviderLeaseID, ev.State)
+	case events.RunFailedEvent:
+		field := ""
+		if ev.Field != "" {
+			field = " field=" + ev.Field
+		}
+		p.line("failed", "%s%s: %s", ev.Code, field, ev.Message)
+	}
+}
+
+func (p printer) line(tag, format string, args ...any) {
+	fmt.Fprintf(p.w, "%-9s %s\n", "["+tag+"]", fmt.Sprintf(format, args...))
+}

@@ -1,0 +1,73 @@
+package dispatch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+
+	"github.com/kubeclip/kubeclip/pkg/events"
+)
+
+// agentGuardMargin is added to a run's deadline for its guard's TTL: the guard outlives the
+// run's own deadline, so it never lapses under a live run, yet a dispatcher that died without
+// freeing it blocks the agent for a bounded time only.
+const agentGuardMargin = 5 * time.Minute
+
+// agentGuard keeps one active run per agent in KUBECLIP_AGENTS: the key is the agent, the value
+// the run holding it. Create is compare-and-set across every dispatcher replica, and the
+// per-key TTL frees an agent whose holder never got to free it.
+type agentGuard struct {
+	kv jetstream.KeyValue
+}
+
+// agentKey is the guard's key. Company and agent ids are label values ([A-Za-z0-9._-], alnum at
+// both ends), which are valid KV key characters.
+func agentKey(companyID, agentID string) string { return companyID + "/" + agentID }
+
+// take makes runID the agent's holder if nobody holds it, and returns the holder.
+func (g agentGuard) take(ctx context.Context, companyID, agentID, runID string, ttl time.Duration) (string, error) {
+	key := agentKey(companyID, agentID)
+	for range 3 {
+		_, err := g.kv.Create(ctx, key, []byte(runID), jetstream.KeyTTL(ttl))
+		if err == nil {
+			return runID, nil
+		}
+		if !errors.Is(err, jetstream.ErrKeyExists) {
+			return "", fmt.Errorf("taking the guard of agent %s: %w", agentID, err)
+		}
+		entry, err := g.kv.Get(ctx, key)
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			continue // freed between the two calls: try again
+		}
+		if err != nil {
+			return "", fmt.Errorf("reading the guard of agent %s: %w", agentID, err)
+		}
+		return string(entry.Value()), nil
+	}
+	return "", fmt.Errorf("taking the guard of agent %s: it keeps changing hands", agentID)
+}
+
+// free releases the agent if runID holds it. Errors are logged: the TTL frees it anyway.
+func (g agentGuard) free(ctx context.Context, log zerolog.Logger, companyID, agentID, runID string) {
+	if agentID == "" {
+		return
+	}
+	key := agentKey(companyID, agentID)
+	entry, err := g.kv.Get(ctx, key)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return
+	}
+	if err == nil && string(entry.Value()) != runID {
+		return // another run holds it now
+	}
+	if err == nil {
+		err = g.kv.Delete(ctx, key, jetstream.LastRevision(entry.Revision()))
+	}
+	if err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+		log.Warn().Err(err).Str(events.LogKeyRunID, runID).Msg("freeing the agent guard failed; its TTL will")
+	}
+}

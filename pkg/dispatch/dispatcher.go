@@ -1,0 +1,441 @@
+// Package dispatch is the dispatcher: it turns dispatch requests into a run's workload (a Job,
+// or an agent-sandbox Sandbox) and its per-run Secret, keeps one active run per agent, and
+// carries out release and destroy requests.
+package dispatch
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/oklog/ulid/v2"
+	"github.com/rs/zerolog"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/kubeclip/kubeclip/pkg/events"
+	"github.com/kubeclip/kubeclip/pkg/k8s"
+	"github.com/kubeclip/kubeclip/pkg/lease"
+	"github.com/kubeclip/kubeclip/pkg/policy"
+)
+
+// Defaults of Options.
+const (
+	// DefaultAgentBusyTimeout is how long an acquire for a busy agent waits in the queue before
+	// it fails with agent_busy.
+	DefaultAgentBusyTimeout = 5 * time.Minute
+	// DefaultAgentBusyRetry is how often a waiting acquire looks again whether its agent is free.
+	DefaultAgentBusyRetry = time.Second
+	// DefaultReleaseTimeout bounds a release: deleting the workload and waiting for its pod.
+	DefaultReleaseTimeout = 2 * time.Minute
+	// adapterSecretTTL is how long the adapter key Secret is cached: key rotation shows up
+	// within a minute without a GET per acquire.
+	adapterSecretTTL = 30 * time.Second
+)
+
+// Options configures a Dispatcher.
+type Options struct {
+	// Clientset creates Jobs, Secrets and pods; required.
+	Clientset kubernetes.Interface
+	// Dynamic creates Sandbox CRs and scoped egress policies; required.
+	Dynamic dynamic.Interface
+	// Applier applies scoped egress policies; required.
+	Applier *k8s.Applier
+	// JetStream consumes the requests and publishes the events; required.
+	JetStream jetstream.JetStream
+	// Subjects carries the subject prefix.
+	Subjects events.Subjects
+	// Logger receives the dispatcher's records.
+	Logger zerolog.Logger
+	// Now is the clock; defaults to time.Now.
+	Now func() time.Time
+	// NewID mints workload ids; defaults to ulid.Make (monotonic, safe for concurrent use).
+	NewID func() ulid.ULID
+	// Random feeds bootstrap tokens; defaults to crypto/rand.
+	Random io.Reader
+	// LookupEnv finds adapter API keys in the dispatcher's environment (os.LookupEnv from main);
+	// nil finds none.
+	LookupEnv func(string) (string, bool)
+	// AdapterSecret, when set, is a Secret whose keys are adapter API keys; they win over
+	// LookupEnv. It is read with the dispatcher's own credentials, never taken from an event.
+	AdapterSecret types.NamespacedName
+	// AgentBusyTimeout bounds how long an acquire waits for its agent's previous run.
+	AgentBusyTimeout time.Duration
+	// AgentBusyRetry is how often a waiting acquire checks its agent again.
+	AgentBusyRetry time.Duration
+	// ReleaseTimeout bounds one release or destroy.
+	ReleaseTimeout time.Duration
+	// Concurrency is the number of requests handled at once per consumer.
+	Concurrency int
+	// DrainTimeout bounds shutdown.
+	DrainTimeout time.Duration
+}
+
+func (o Options) withDefaults() (Options, error) {
+	switch {
+	case o.Clientset == nil:
+		return o, errors.New("dispatch: Options.Clientset is required")
+	case o.Dynamic == nil:
+		return o, errors.New("dispatch: Options.Dynamic is required")
+	case o.Applier == nil:
+		return o, errors.New("dispatch: Options.Applier is required")
+	case o.JetStream == nil:
+		return o, errors.New("dispatch: Options.JetStream is required")
+	case o.AgentBusyTimeout < 0, o.AgentBusyRetry < 0, o.ReleaseTimeout < 0:
+		return o, errors.New("dispatch: Options durations must not be negative")
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	if o.NewID == nil {
+		o.NewID = ulid.Make
+	}
+	if o.Random == nil {
+		o.Random = rand.Reader
+	}
+	if o.LookupEnv == nil {
+		o.LookupEnv = func(string) (string, bool) { return "", false }
+	}
+	if o.AgentBusyTimeout == 0 {
+		o.AgentBusyTimeout = DefaultAgentBusyTimeout
+	}
+	if o.AgentBusyRetry == 0 {
+		o.AgentBusyRetry = DefaultAgentBusyRetry
+	}
+	if o.ReleaseTimeout == 0 {
+		o.ReleaseTimeout = DefaultReleaseTimeout
+	}
+	return o, nil
+}
+
+// Dispatcher is the dispatcher worker.
+type Dispatcher struct {
+	opts      Options
+	log       zerolog.Logger
+	publisher *events.Publisher
+	records   lease.Records
+	agents    agentGuard
+
+	secretMu      sync.Mutex
+	secretValues  map[string]string
+	secretFetched time.Time
+}
+
+// New validates opts and returns a Dispatcher; Run starts it.
+func New(opts Options) (*Dispatcher, error) {
+	opts, err := opts.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	pub, err := events.NewPublisher(events.PublisherOptions{JS: opts.JetStream, Subjects: opts.Subjects, Now: opts.Now})
+	if err != nil {
+		return nil, err
+	}
+	return &Dispatcher{opts: opts, log: opts.Logger, publisher: pub}, nil
+}
+
+// Run consumes dispatch, release/destroy and result messages until ctx is done, then drains.
+func (d *Dispatcher) Run(ctx context.Context) error {
+	js := d.opts.JetStream
+	leases, err := js.KeyValue(ctx, events.LeaseBucket)
+	if err != nil {
+		return fmt.Errorf("opening KV bucket %s: %w", events.LeaseBucket, err)
+	}
+	agents, err := js.KeyValue(ctx, events.AgentBucket)
+	if err != nil {
+		return fmt.Errorf("opening KV bucket %s: %w", events.AgentBucket, err)
+	}
+	d.records = lease.Records{KV: leases}
+	d.agents = agentGuard{kv: agents}
+
+	type consumer struct {
+		stream     string
+		cfg        jetstream.ConsumerConfig
+		handle     events.Handler
+		onTerminal events.TerminalFunc
+	}
+	s := d.opts.Subjects
+	dispatchCfg := events.DispatcherConsumerConfig()
+	// An acquire for a busy agent is deferred every AgentBusyRetry until AgentBusyTimeout; every
+	// deferral is a delivery, so the consumer allows that many on top of the usual attempts.
+	dispatchCfg.MaxDeliver = events.ConsumerMaxDeliver + int(d.opts.AgentBusyTimeout/d.opts.AgentBusyRetry) + 1
+	consumers := []consumer{
+		{events.WorkStream, dispatchCfg, d.handleDispatch, d.reportFailure},
+		{s.LeaseStream(), events.DispatcherEndConsumerConfig(s), d.handleRelease, d.reportFailure},
+		// A result that cannot be handled has nobody to report to: it already ended its run.
+		{s.RunStream(), events.DispatcherResultConsumerConfig(s), d.handleResult, nil},
+	}
+	errs := make(chan error, len(consumers))
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	for _, c := range consumers {
+		cons, err := js.CreateOrUpdateConsumer(ctx, c.stream, c.cfg)
+		if err != nil {
+			return fmt.Errorf("creating consumer %s: %w", c.cfg.Durable, err)
+		}
+		go func() {
+			errs <- events.Consume(runCtx, cons, c.handle, events.ConsumeOptions{
+				Logger:       d.log,
+				Concurrency:  d.opts.Concurrency,
+				DrainTimeout: d.opts.DrainTimeout,
+				MaxAttempts:  events.ConsumerMaxDeliver,
+				OnTerminal:   c.onTerminal,
+			})
+		}()
+	}
+	d.log.Info().Msg("consuming dispatch, release and result messages")
+	var first error
+	for range consumers {
+		if err := <-errs; err != nil && first == nil {
+			first = err
+			cancel() // one consumer failing stops the others: the process restarts whole
+		}
+	}
+	return first
+}
+
+// handleDispatch creates the run's workload and Secret and publishes `created`.
+func (d *Dispatcher) handleDispatch(ctx context.Context, m jetstream.Msg) error {
+	req, err := events.DecodeDispatch(m.Subject(), m.Data())
+	if err != nil {
+		return err
+	}
+	log := d.log.With().Str(events.LogKeyRunID, req.RunID).Str(events.LogKeyTenant, req.CompanyID).Logger()
+	plan, err := lease.New(req.AcquireRequest, d.opts.Now())
+	if err != nil {
+		return err
+	}
+	if plan.Namespace != req.Namespace {
+		return events.Terminalf(events.CodeInternal, "namespace", "the tenant-worker chose namespace %s, the dispatcher %s", req.Namespace, plan.Namespace)
+	}
+
+	// A run that was released while its acquire waited must not start afterwards.
+	if rec, _, err := d.records.Get(ctx, req.RunID); err == nil && rec.State.Ended() {
+		log.Info().Msg("lease already released; dropping its acquire")
+		return nil
+	} else if err != nil && !errors.Is(err, lease.ErrNotFound) {
+		return err
+	}
+
+	if err := d.holdAgent(ctx, m, plan); err != nil {
+		return err
+	}
+	created, err := d.create(ctx, log, plan)
+	if err != nil {
+		var te *events.TerminalError
+		if errors.As(err, &te) {
+			// Nothing of the run exists: let the agent's next run start.
+			d.agents.free(ctx, log, plan.Request.CompanyID, plan.Request.AgentID, plan.Request.RunID)
+		}
+		return err
+	}
+	if _, err := d.publisher.Publish(ctx, created); err != nil {
+		return fmt.Errorf("publishing created: %w", err)
+	}
+	log.Info().Str(events.LogKeyNamespace, created.Namespace).Str("workload", created.WorkloadName).Msg("run created")
+	return nil
+}
+
+// holdAgent takes the agent's guard for this run, or defers the message while another run of
+// the agent is active, failing it with agent_busy once it has waited AgentBusyTimeout.
+func (d *Dispatcher) holdAgent(ctx context.Context, m jetstream.Msg, plan lease.Plan) error {
+	req := plan.Request
+	ttl := time.Duration(plan.Config.PodActivityDeadlineSec)*time.Second + agentGuardMargin
+	if plan.Deadline != nil {
+		ttl = time.Duration(plan.Deadline.ActiveDeadlineSeconds)*time.Second + agentGuardMargin
+	}
+	holder, err := d.agents.take(ctx, req.CompanyID, req.AgentID, req.RunID, ttl)
+	if err != nil {
+		return err
+	}
+	if holder == req.RunID {
+		return nil
+	}
+	waited := d.opts.Now().Sub(publishedAt(m, d.opts.Now()))
+	if waited >= d.opts.AgentBusyTimeout {
+		return events.Terminalf(events.CodeAgentBusy, "agentId",
+			"agent %s is still running run %s after %s; one run per agent at a time", req.AgentID, holder, waited.Round(time.Second))
+	}
+	return events.Defer(events.CodeAgentBusy, d.opts.AgentBusyRetry,
+		fmt.Errorf("agent %s is busy with run %s", req.AgentID, holder))
+}
+
+// create makes the run's workload and Secret, idempotently, and returns the created event.
+func (d *Dispatcher) create(ctx context.Context, log zerolog.Logger, plan lease.Plan) (events.RunCreatedEvent, error) {
+	req := plan.Request
+	name := policy.WorkloadName(d.opts.NewID())
+	rec, rev, err := d.records.Create(ctx, lease.Record{
+		RunID: req.RunID, CompanyID: req.CompanyID, AgentID: req.AgentID,
+		Namespace: plan.Namespace, WorkloadName: name, SecretName: policy.SecretName(name),
+		Backend: string(plan.Config.Backend), State: lease.StateDispatching,
+		CreatedAt: d.opts.Now().UTC(), ExpiresAt: plan.ExpiresAt(),
+	})
+	if err != nil {
+		return events.RunCreatedEvent{}, err
+	}
+	spec := plan.RunSpec(rec.WorkloadName)
+	secret, err := d.renderSecret(ctx, plan, spec)
+	if err != nil {
+		return events.RunCreatedEvent{}, err
+	}
+
+	var run k8s.CreatedRun
+	var ownerAPIVersion, ownerKind string
+	switch policy.Backend(rec.Backend) {
+	case policy.BackendJob:
+		ownerAPIVersion, ownerKind = "batch/v1", "Job"
+		run, err = k8s.CreateJobRun(ctx, d.opts.Clientset, secret, policy.RenderJob(spec))
+	default:
+		sandbox := policy.RenderSandbox(spec, "")
+		ownerAPIVersion, ownerKind = sandbox.GetAPIVersion(), sandbox.GetKind()
+		if err := d.sandboxServed(); err != nil {
+			return events.RunCreatedEvent{}, err
+		}
+		run, err = k8s.CreateWorkloadRun(ctx, d.opts.Clientset, d.opts.Dynamic, policy.SandboxGVR(""), secret, sandbox)
+	}
+	if err != nil {
+		return events.RunCreatedEvent{}, classifyCreate(err)
+	}
+
+	if !plan.Grant.Empty() {
+		owner := policy.OwnerReference(ownerAPIVersion, ownerKind, rec.WorkloadName, run.JobUID)
+		obj, err := policy.RenderScopedEgress(spec, plan.Grant, owner)
+		if err != nil {
+			return events.RunCreatedEvent{}, events.Terminal(events.CodeInternal, "executionWorkspaceSettings.networkEgress", err)
+		}
+		if err := d.opts.Applier.Apply(ctx, obj); err != nil {
+			return events.RunCreatedEvent{}, classifyCreate(err)
+		}
+	}
+
+	if rec.State == lease.StateDispatching {
+		rec.State = lease.StateCreated
+		if _, err := d.records.Update(ctx, rec, rev); err != nil {
+			// The run exists and a redelivery would find it; the state is informational.
+			log.Warn().Err(err).Msg("recording the created lease failed")
+		}
+	}
+	if run.Existed {
+		log.Info().Msg("workload already existed; republishing created")
+	}
+	return events.RunCreatedEvent{
+		RunID: req.RunID, CompanyID: req.CompanyID,
+		ProviderLeaseID: rec.WorkloadName, Namespace: rec.Namespace,
+		WorkloadName: rec.WorkloadName, SecretName: rec.SecretName, Backend: rec.Backend,
+		Phase: events.PhasePending, ExpiresAt: rec.ExpiresAt,
+	}, nil
+}
+
+// renderSecret renders the run's Secret: bootstrap token, adapter API keys from the dispatcher's
+// own environment or its adapter Secret, the adapter's default env and the egress grant env.
+// The owner reference is set by k8s.CreateJobRun once the workload has a UID.
+func (d *Dispatcher) renderSecret(ctx context.Context, plan lease.Plan, spec policy.RunSpec) (*corev1.Secret, error) {
+	lookup, err := d.adapterKeys(ctx)
+	if err != nil {
+		return nil, err
+	}
+	env := policy.BuildAdapterEnv(plan.Adapter, lookup)
+	for k, v := range policy.EgressGrantEnv(plan.Grant) {
+		env[k] = v
+	}
+	token, err := policy.NewBootstrapToken(d.opts.Random)
+	if err != nil {
+		return nil, err
+	}
+	placeholder := policy.OwnerReference("batch/v1", "Job", spec.WorkloadName, "set-on-create")
+	secret, err := policy.RenderSecret(spec, placeholder, token, env)
+	if err != nil {
+		return nil, events.Terminal(events.CodeInvalidConfig, "config.adapters", err)
+	}
+	return secret, nil
+}
+
+// adapterKeys returns the lookup for adapter API keys: the adapter Secret's keys first, then
+// the dispatcher's environment.
+func (d *Dispatcher) adapterKeys(ctx context.Context) (func(string) (string, bool), error) {
+	if d.opts.AdapterSecret.Name == "" {
+		return d.opts.LookupEnv, nil
+	}
+	d.secretMu.Lock()
+	defer d.secretMu.Unlock()
+	if d.secretValues == nil || d.opts.Now().Sub(d.secretFetched) > adapterSecretTTL {
+		ref := d.opts.AdapterSecret
+		s, err := d.opts.Clientset.CoreV1().Secrets(ref.Namespace).Get(ctx, ref.Name, metav1.GetOptions{})
+		switch {
+		case apierrors.IsNotFound(err):
+			// Optional: a missing Secret means no keys from it, not a stuck dispatcher.
+			d.secretValues = map[string]string{}
+		case err != nil:
+			return nil, fmt.Errorf("reading adapter Secret %s: %w", ref, err)
+		default:
+			values := make(map[string]string, len(s.Data))
+			for k, v := range s.Data {
+				values[k] = string(v)
+			}
+			d.secretValues = values
+		}
+		d.secretFetched = d.opts.Now()
+	}
+	values := d.secretValues
+	return func(k string) (string, bool) {
+		if v, ok := values[k]; ok && v != "" {
+			return v, true
+		}
+		return d.opts.LookupEnv(k)
+	}, nil
+}
+
+// reportFailure publishes the run's failed event for a request that will not be retried.
+func (d *Dispatcher) reportFailure(ctx context.Context, m jetstream.Msg, te *events.TerminalError) error {
+	return events.PublishFailure(ctx, d.publisher, d.log, m, te)
+}
+
+// sandboxServed fails the run with backend_unavailable when the cluster does not serve the
+// Sandbox API (the agent-sandbox controller is not installed). Discovery is cached by client-go
+// per process; a NotFound from the create itself would not say whether the namespace or the
+// resource type is missing.
+func (d *Dispatcher) sandboxServed() error {
+	gv := policy.SandboxGVR("").GroupVersion().String()
+	_, err := d.opts.Clientset.Discovery().ServerResourcesForGroupVersion(gv)
+	switch {
+	case err == nil:
+		return nil
+	case apierrors.IsNotFound(err):
+		return events.Terminalf(events.CodeBackendUnavailable, "config.backend",
+			"backend %q needs the agent-sandbox controller (%s), which this cluster does not serve; install it or set backend to %q",
+			policy.BackendSandboxCR, gv, policy.BackendJob)
+	default:
+		return fmt.Errorf("discovering %s: %w", gv, err)
+	}
+}
+
+// classifyCreate maps a failed create to the message's fate: refused for good → terminal;
+// anything else is retried.
+func classifyCreate(err error) error {
+	switch {
+	case errors.Is(err, k8s.ErrRunConflict):
+		return events.Terminal(events.CodeInternal, "", err)
+	case k8s.IsPermanent(err):
+		return events.Terminal(events.CodeInternal, "", err)
+	}
+	return err
+}
+
+// publishedAt is when the message was first published (the stream's timestamp), so the wait
+// for a busy agent counts from the acquire, not from this delivery.
+func publishedAt(m jetstream.Msg, fallback time.Time) time.Time {
+	md, err := m.Metadata()
+	if err != nil {
+		return fallback
+	}
+	return md.Timestamp
+}

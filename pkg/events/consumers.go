@@ -1,0 +1,100 @@
+package events
+
+import (
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Durable consumer names.
+const (
+	TenantWorkerConsumer     = "tenant-worker"
+	DispatcherConsumer       = "dispatcher"
+	DispatcherEndConsumer    = "dispatcher-release"
+	DispatcherResultConsumer = "dispatcher-result"
+)
+
+// Settings shared by every worker consumer. TestConsumerConfigs pins each one.
+const (
+	// ConsumerAckWait is how long the server waits for an ack before redelivering. It only
+	// matters when a worker dies or hangs: Consume sends InProgress every AckWait/3 while a
+	// handler runs, so long Kubernetes calls never hit it, and 30 s (the server default) keeps
+	// a crashed worker's messages from waiting long for another replica.
+	ConsumerAckWait = 30 * time.Second
+
+	// ConsumerMaxDeliver bounds deliveries of one message. With Consume's backoff (1 s doubling,
+	// capped at 30 s) eight deliveries retry for about 1.5 minutes, long enough to ride out an
+	// API server restart or a leader election, short enough that Paperclip hears `failed`
+	// (code internal, or the RetryableError's code) while the run still matters.
+	ConsumerMaxDeliver = 8
+
+	// ConsumerMaxAckPending caps messages delivered but not yet acked across all replicas of a
+	// worker. Consume only pulls what its free handler slots can start, so in steady state this
+	// is replicas × Concurrency; the cap stops a misconfigured fleet from starting hundreds of
+	// runs against the API server at once.
+	ConsumerMaxAckPending = 256
+)
+
+// ConsumerBackOff is the redelivery schedule after ack timeouts (a dead or hung worker): 30 s,
+// then 1, 2 and 4 minutes. Its first step equals ConsumerAckWait because the server uses it as
+// the first delivery's ack deadline. It never applies to Nak: a handler's retryable error is
+// redelivered on Consume's own schedule via NakWithDelay. Increasing steps keep a message that
+// crashes its worker (an OOM on a huge payload) from crash-looping the fleet.
+func ConsumerBackOff() []time.Duration {
+	return []time.Duration{ConsumerAckWait, time.Minute, 2 * time.Minute, 4 * time.Minute}
+}
+
+// TenantWorkerConsumerConfig is the tenant-worker's durable consumer on the lease stream: every
+// company's acquire requests.
+func TenantWorkerConsumerConfig(s Subjects) jetstream.ConsumerConfig {
+	cfg := workerConsumer(TenantWorkerConsumer, "kubeclip tenant-worker: acquire requests")
+	cfg.FilterSubject = s.LeaseFilter(LeaseAcquire)
+	return cfg
+}
+
+// DispatcherConsumerConfig is the dispatcher's durable consumer on the work queue. A work-queue
+// stream allows one consumer per subject, so every dispatcher replica shares this one.
+func DispatcherConsumerConfig() jetstream.ConsumerConfig {
+	cfg := workerConsumer(DispatcherConsumer, "kubeclip dispatcher: dispatch requests")
+	cfg.FilterSubject = DispatchAll()
+	return cfg
+}
+
+// DispatcherEndConsumerConfig is the dispatcher's durable consumer on the lease stream for
+// release and destroy requests.
+func DispatcherEndConsumerConfig(s Subjects) jetstream.ConsumerConfig {
+	cfg := workerConsumer(DispatcherEndConsumer, "kubeclip dispatcher: release and destroy requests")
+	cfg.FilterSubjects = []string{s.LeaseFilter(LeaseRelease), s.LeaseFilter(LeaseDestroy)}
+	return cfg
+}
+
+// DispatcherResultConsumerConfig is the dispatcher's durable consumer on the run stream for
+// result events, which free the run's agent guard and clean up after runs that never started.
+func DispatcherResultConsumerConfig(s Subjects) jetstream.ConsumerConfig {
+	cfg := workerConsumer(DispatcherResultConsumer, "kubeclip dispatcher: run results")
+	cfg.FilterSubject = s.RunKindFilter(KindResult)
+	// Only results from now on: the dispatcher creates this consumer before it dispatches
+	// anything, so every run it holds a guard for ends after the consumer exists, and replaying
+	// 14 days of results on first start would be wasted work (guards expire by TTL anyway).
+	cfg.DeliverPolicy = jetstream.DeliverNewPolicy
+	return cfg
+}
+
+func workerConsumer(name, description string) jetstream.ConsumerConfig {
+	return jetstream.ConsumerConfig{
+		Durable:     name,
+		Description: description,
+		// Deliver everything the stream holds. A request published before the worker first
+		// started must not be lost; a replay of old requests (a recreated consumer) is safe
+		// because handlers are idempotent against the lease records, which outlive the lease
+		// stream (Options.LeaseRecordTTL ≥ LeaseMaxAge).
+		DeliverPolicy: jetstream.DeliverAllPolicy,
+		// Explicit acks: only Consume's classifier acks, after the work is done.
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       ConsumerAckWait,
+		BackOff:       ConsumerBackOff(),
+		MaxDeliver:    ConsumerMaxDeliver,
+		MaxAckPending: ConsumerMaxAckPending,
+		ReplayPolicy:  jetstream.ReplayInstantPolicy,
+	}
+}

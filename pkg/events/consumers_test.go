@@ -1,0 +1,108 @@
+package events_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/kubeclip/kubeclip/internal/natstest"
+	"github.com/kubeclip/kubeclip/pkg/events"
+)
+
+// TestConsumerConfigs pins every worker consumer setting; the reasons are in consumers.go.
+func TestConsumerConfigs(t *testing.T) {
+	var s events.Subjects
+	common := jetstream.ConsumerConfig{
+		DeliverPolicy: jetstream.DeliverAllPolicy,
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       30 * time.Second,
+		BackOff:       []time.Duration{30 * time.Second, time.Minute, 2 * time.Minute, 4 * time.Minute},
+		MaxDeliver:    8,
+		MaxAckPending: 256,
+		ReplayPolicy:  jetstream.ReplayInstantPolicy,
+	}
+	tests := []struct {
+		name string
+		got  jetstream.ConsumerConfig
+		want func(c jetstream.ConsumerConfig) jetstream.ConsumerConfig
+	}{
+		{"tenant-worker", events.TenantWorkerConsumerConfig(s), func(c jetstream.ConsumerConfig) jetstream.ConsumerConfig {
+			c.Durable, c.Description, c.FilterSubject = "tenant-worker", "kubeclip tenant-worker: acquire requests", "paperclip.lease.*.acquire"
+			return c
+		}},
+		{"dispatcher", events.DispatcherConsumerConfig(), func(c jetstream.ConsumerConfig) jetstream.ConsumerConfig {
+			c.Durable, c.Description, c.FilterSubject = "dispatcher", "kubeclip dispatcher: dispatch requests", "kubeclip.dispatch.>"
+			return c
+		}},
+		{"dispatcher-release", events.DispatcherEndConsumerConfig(s), func(c jetstream.ConsumerConfig) jetstream.ConsumerConfig {
+			c.Durable, c.Description = "dispatcher-release", "kubeclip dispatcher: release and destroy requests"
+			c.FilterSubjects = []string{"paperclip.lease.*.release", "paperclip.lease.*.destroy"}
+			return c
+		}},
+		{"dispatcher-result", events.DispatcherResultConsumerConfig(s), func(c jetstream.ConsumerConfig) jetstream.ConsumerConfig {
+			c.Durable, c.Description, c.FilterSubject = "dispatcher-result", "kubeclip dispatcher: run results", "paperclip.run.*.*.result"
+			c.DeliverPolicy = jetstream.DeliverNewPolicy
+			return c
+		}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if diff := cmp.Diff(tc.want(common), tc.got); diff != "" {
+				t.Errorf("(-want +got):\n%s", diff)
+			}
+		})
+	}
+	// The retry budget the docs promise: Consume's backoff over MaxDeliver-1 naks.
+	var budget time.Duration
+	for attempt := uint64(1); attempt < events.ConsumerMaxDeliver; attempt++ {
+		budget += events.DefaultBackoff(attempt)
+	}
+	if budget != 91*time.Second {
+		t.Errorf("retry budget = %s, want 1m31s", budget)
+	}
+}
+
+// TestConsumerConfigsAreAccepted creates every consumer on a real server, which checks, among
+// others, that BackOff fits MaxDeliver and that the work queue accepts the dispatcher.
+func TestConsumerConfigsAreAccepted(t *testing.T) {
+	_, _, js := natstest.Start(t)
+	ctx := t.Context()
+	if err := events.EnsureStreams(ctx, js, events.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	var s events.Subjects
+	for stream, cfg := range map[string][]jetstream.ConsumerConfig{
+		s.LeaseStream():   {events.TenantWorkerConsumerConfig(s), events.DispatcherEndConsumerConfig(s)},
+		events.WorkStream: {events.DispatcherConsumerConfig()},
+		s.RunStream():     {events.DispatcherResultConsumerConfig(s)},
+	} {
+		for _, c := range cfg {
+			for range 2 { // idempotent
+				cons, err := js.CreateOrUpdateConsumer(ctx, stream, c)
+				if err != nil {
+					t.Fatalf("creating consumer %s on %s: %v", c.Durable, stream, err)
+				}
+				got := cons.CachedInfo().Config
+				if got.AckWait != c.AckWait || got.MaxDeliver != c.MaxDeliver || !cmp.Equal(got.BackOff, c.BackOff) {
+					t.Errorf("consumer %s stored as %+v", c.Durable, got)
+				}
+			}
+		}
+	}
+}
+
+func TestBackoff(t *testing.T) {
+	var got []time.Duration
+	for attempt := uint64(1); attempt <= 8; attempt++ {
+		got = append(got, events.DefaultBackoff(attempt))
+	}
+	want := []time.Duration{time.Second, 2 * time.Second, 4 * time.Second, 8 * time.Second, 16 * time.Second, 30 * time.Second, 30 * time.Second, 30 * time.Second}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("(-want +got):\n%s", diff)
+	}
+	if d := events.ExponentialBackoff(time.Millisecond, time.Hour)(1000); d != time.Hour {
+		t.Errorf("a large attempt must not overflow: got %s", d)
+	}
+}

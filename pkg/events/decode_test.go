@@ -1,0 +1,215 @@
+package events_test
+
+import (
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/kubeclip/kubeclip/pkg/events"
+)
+
+const acquireSubject = "paperclip.lease.c1.acquire"
+
+func validAcquire() map[string]any {
+	return map[string]any{
+		"runId":         "r1",
+		"companyId":     "c1",
+		"environmentId": "env-1",
+		"agentId":       "agent-1",
+		"config":        map[string]any{"inCluster": true},
+	}
+}
+
+func encode(t *testing.T, v any) []byte {
+	t.Helper()
+	data, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return data
+}
+
+func TestDecodeAcquire(t *testing.T) {
+	with := func(k string, v any) []byte {
+		m := validAcquire()
+		if v == nil {
+			delete(m, k)
+		} else {
+			m[k] = v
+		}
+		return encode(t, m)
+	}
+	tests := []struct {
+		name      string
+		subject   string
+		data      []byte
+		wantField string // "" with wantMsg "" means success
+		wantMsg   string
+	}{
+		{name: "valid", data: encode(t, validAcquire())},
+		{name: "unknown fields are tolerated", data: with("futureField", map[string]any{"x": 1})},
+		{name: "optional fields", data: encode(t, map[string]any{
+			"runId": "r1", "companyId": "c1", "environmentId": "e", "agentId": "a", "config": map[string]any{},
+			"issueId": "i", "adapterType": "claude_local", "executionWorkspaceSettings": map[string]any{"mode": "shared"},
+			"requestedExpiresAt": "2026-08-24T12:00:00Z",
+		})},
+		{name: "malformed JSON", data: []byte(`{"runId": "r1",`), wantMsg: "not valid JSON"},
+		{name: "not an object", data: []byte(`[1,2]`), wantMsg: "must be a JSON object"},
+		{name: "empty payload", data: nil, wantMsg: "payload is empty"},
+		{name: "oversized payload", data: []byte(`{"x":"` + strings.Repeat("a", events.DefaultMaxMsgSize) + `"}`), wantMsg: "more than the 1048576-byte limit"},
+		{name: "runId wrong type", data: with("runId", 42), wantField: "runId", wantMsg: "must be a string, not number"},
+		{name: "runId missing", data: with("runId", nil), wantField: "runId", wantMsg: "must not be empty"},
+		{name: "runId with a dot", data: with("runId", "r.1"), wantField: "runId", wantMsg: "'.'"},
+		{name: "companyId missing", data: with("companyId", nil), wantField: "companyId", wantMsg: "must not be empty"},
+		{name: "companyId differs from subject", data: with("companyId", "c2"), wantField: "companyId", wantMsg: `subject names company "c1"`},
+		{name: "environmentId missing", data: with("environmentId", nil), wantField: "environmentId", wantMsg: "must not be empty"},
+		{name: "agentId missing", data: with("agentId", nil), wantField: "agentId", wantMsg: "must not be empty"},
+		{name: "agentId wrong type", data: with("agentId", true), wantField: "agentId", wantMsg: "must be a string, not bool"},
+		{name: "config missing", data: with("config", nil), wantField: "config", wantMsg: "is required"},
+		{name: "config null", data: []byte(`{"runId":"r1","companyId":"c1","environmentId":"e","agentId":"a","config":null}`), wantField: "config", wantMsg: "is required"},
+		{name: "config not an object", data: with("config", []any{1}), wantField: "config", wantMsg: "must be a JSON object"},
+		{name: "config a string", data: with("config", "{}"), wantField: "config", wantMsg: "must be a JSON object"},
+		{name: "workspace settings not an object", data: with("executionWorkspaceSettings", "x"), wantField: "executionWorkspaceSettings", wantMsg: "must be a JSON object"},
+		{name: "requestedExpiresAt not RFC 3339", data: with("requestedExpiresAt", "tomorrow"), wantField: "requestedExpiresAt", wantMsg: "RFC 3339"},
+		{name: "requestedExpiresAt wrong type", data: with("requestedExpiresAt", 17), wantField: "requestedExpiresAt", wantMsg: "must be a string"},
+		{name: "release subject", subject: "paperclip.lease.c1.release", data: encode(t, validAcquire()), wantMsg: "not an acquire"},
+		{name: "foreign subject", subject: "other.lease.c1.acquire", data: encode(t, validAcquire()), wantMsg: "unknown subject"},
+	}
+	var s events.Subjects
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			subject := tc.subject
+			if subject == "" {
+				subject = acquireSubject
+			}
+			req, err := s.DecodeAcquire(subject, tc.data)
+			if tc.wantField == "" && tc.wantMsg == "" {
+				if err != nil {
+					t.Fatalf("DecodeAcquire: %v", err)
+				}
+				if req.RunID != "r1" || req.CompanyID != "c1" {
+					t.Errorf("decoded ids (%q, %q)", req.RunID, req.CompanyID)
+				}
+				return
+			}
+			te, ok := events.AsTerminal(err)
+			if !ok {
+				t.Fatalf("got %v, want a TerminalError", err)
+			}
+			if te.Code != events.CodeInvalidRequest {
+				t.Errorf("code = %q, want invalid_request", te.Code)
+			}
+			if te.Field != tc.wantField {
+				t.Errorf("field = %q, want %q (error: %v)", te.Field, tc.wantField, err)
+			}
+			if !strings.Contains(err.Error(), tc.wantMsg) {
+				t.Errorf("message %q does not contain %q", err, tc.wantMsg)
+			}
+			if tc.wantField != "" && !strings.HasPrefix(err.Error(), tc.wantField+": ") {
+				t.Errorf("message %q does not start with the field name", err)
+			}
+		})
+	}
+}
+
+func TestAcquireExpiresAt(t *testing.T) {
+	r := events.AcquireRequest{RequestedExpiresAt: "2026-08-24T12:00:00+02:00"}
+	got, ok := r.ExpiresAt()
+	if want := time.Date(2026, 8, 24, 10, 0, 0, 0, time.UTC); !ok || !got.Equal(want) {
+		t.Errorf("ExpiresAt = %v, %v", got, ok)
+	}
+	if _, ok := (events.AcquireRequest{}).ExpiresAt(); ok {
+		t.Errorf("ExpiresAt of an empty value should not be ok")
+	}
+}
+
+func TestDecodeRelease(t *testing.T) {
+	var s events.Subjects
+	data := []byte(`{"runId":"r1","companyId":"c1","providerLeaseId":"pc-01j9","cancelActiveWork":true}`)
+	got, err := s.DecodeRelease("paperclip.lease.c1.destroy", data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := events.ReleaseRequest{RunID: "r1", CompanyID: "c1", ProviderLeaseID: "pc-01j9", CancelActiveWork: true, Destroy: true}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("(-want +got):\n%s", diff)
+	}
+	got, err = s.DecodeRelease("paperclip.lease.c1.release", data)
+	if err != nil || got.Destroy || got.Kind() != events.LeaseRelease {
+		t.Errorf("release: got %+v, %v", got, err)
+	}
+	_, err = s.DecodeRelease("paperclip.lease.c1.release", []byte(`{"runId":"r1","companyId":"c1"}`))
+	if te, ok := events.AsTerminal(err); !ok || te.Field != "providerLeaseId" {
+		t.Errorf("missing providerLeaseId: got %v", err)
+	}
+	_, err = s.DecodeRelease("paperclip.lease.c1.acquire", data)
+	if _, ok := events.AsTerminal(err); !ok {
+		t.Errorf("acquire subject: got %v, want a TerminalError", err)
+	}
+}
+
+func TestDecodeDispatch(t *testing.T) {
+	m := validAcquire()
+	m["namespace"] = "paperclip-c1"
+	got, err := events.DecodeDispatch("kubeclip.dispatch.c1.r1", encode(t, m))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Namespace != "paperclip-c1" || got.RunID != "r1" || string(got.Config) != `{"inCluster":true}` {
+		t.Errorf("decoded %+v", got)
+	}
+	_, err = events.DecodeDispatch("kubeclip.dispatch.c1.r2", encode(t, m))
+	if te, ok := events.AsTerminal(err); !ok || te.Field != "runId" {
+		t.Errorf("run mismatch: got %v", err)
+	}
+	m["namespace"] = "Paperclip_C1"
+	_, err = events.DecodeDispatch("kubeclip.dispatch.c1.r1", encode(t, m))
+	if te, ok := events.AsTerminal(err); !ok || te.Field != "namespace" {
+		t.Errorf("bad namespace: got %v", err)
+	}
+}
+
+func TestDecodeRunEvent(t *testing.T) {
+	var s events.Subjects
+	ev, err := s.DecodeRunEvent("paperclip.run.c1.r1.status",
+		[]byte(`{"runId":"r1","companyId":"c1","at":"2026-08-24T10:30:00Z","phase":"Running","podName":"p"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, ok := ev.(events.RunStatusEvent)
+	if !ok || st.Phase != events.PhaseRunning || st.PodName != "p" {
+		t.Errorf("decoded %#v", ev)
+	}
+	_, err = s.DecodeRunEvent("paperclip.run.c1.r2.status", []byte(`{"runId":"r1","companyId":"c1","phase":"Running"}`))
+	if te, ok := events.AsTerminal(err); !ok || te.Field != "runId" {
+		t.Errorf("run mismatch: got %v", err)
+	}
+}
+
+func TestTerminalErrors(t *testing.T) {
+	base := errors.New("boom")
+	err := events.Terminal("no_such_code", "x", base)
+	te, ok := events.AsTerminal(err)
+	if !ok || te.Code != events.CodeInternal || !errors.Is(err, base) || err.Error() != "x: boom" {
+		t.Errorf("Terminal with an unknown code: %#v", te)
+	}
+	wrapped := errors.Join(errors.New("context"), events.InvalidConfig("config.egressMode", "must be cilium or standard"))
+	te, ok = events.AsTerminal(wrapped)
+	if !ok || te.Code != events.CodeInvalidConfig || te.Field != "config.egressMode" {
+		t.Errorf("AsTerminal through a wrapper: %#v", te)
+	}
+	if _, ok := events.AsTerminal(base); ok {
+		t.Errorf("a plain error is not terminal")
+	}
+	failed := events.NewRunFailed("c1", "r1", wrapped)
+	if failed.Code != events.CodeInvalidConfig || failed.Field != "config.egressMode" || !strings.Contains(failed.Message, "config.egressMode: must be cilium or standard") {
+		t.Errorf("NewRunFailed = %+v", failed)
+	}
+	if f := events.NewRunFailed("c1", "r1", base); f.Code != events.CodeInternal || f.Message != "boom" {
+		t.Errorf("NewRunFailed(plain) = %+v", f)
+	}
+}

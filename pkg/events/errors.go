@@ -1,0 +1,137 @@
+package events
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Code is the machine-readable reason of a `failed` event.
+type Code string
+
+// The codes a `failed` event can carry.
+const (
+	CodeInvalidConfig      Code = "invalid_config"
+	CodeInvalidRequest     Code = "invalid_request"
+	CodeUnknownAdapter     Code = "unknown_adapter"
+	CodeImageNotAllowed    Code = "image_not_allowed"
+	CodeQuotaExceeded      Code = "quota_exceeded"
+	CodeAgentBusy          Code = "agent_busy"
+	CodeBackendUnavailable Code = "backend_unavailable"
+	CodeInternal           Code = "internal"
+)
+
+// Codes lists every Code, in the order docs/events.md documents them.
+func Codes() []Code {
+	return []Code{
+		CodeInvalidConfig, CodeInvalidRequest, CodeUnknownAdapter, CodeImageNotAllowed,
+		CodeQuotaExceeded, CodeAgentBusy, CodeBackendUnavailable, CodeInternal,
+	}
+}
+
+// Valid reports whether c is one of the documented codes.
+func (c Code) Valid() bool {
+	for _, k := range Codes() {
+		if c == k {
+			return true
+		}
+	}
+	return false
+}
+
+// TerminalError is an error that must not be retried: redelivering the message would fail the
+// same way. Consume terms the message and hands the error to ConsumeOptions.OnTerminal, which
+// publishes the run's `failed` event with Code and Field. Find it with errors.As.
+//
+// Its message goes into the `failed` event verbatim, so it must name the offending field and
+// must never contain a secret value.
+type TerminalError struct {
+	Code  Code
+	Field string // the offending payload field (JSON name), e.g. "config.egressAllowCidrs[0]"; may be empty
+	Err   error
+}
+
+func (e *TerminalError) Error() string {
+	msg := "terminal error"
+	if e.Err != nil {
+		msg = e.Err.Error()
+	}
+	if e.Field != "" {
+		return e.Field + ": " + msg
+	}
+	return msg
+}
+
+func (e *TerminalError) Unwrap() error { return e.Err }
+
+// Terminal wraps err as a TerminalError. An unknown code becomes CodeInternal so a `failed`
+// event never carries a code the contract does not list.
+func Terminal(code Code, field string, err error) error {
+	if !code.Valid() {
+		code = CodeInternal
+	}
+	return &TerminalError{Code: code, Field: field, Err: err}
+}
+
+// Terminalf is Terminal with a formatted message.
+func Terminalf(code Code, field, format string, args ...any) error {
+	return Terminal(code, field, fmt.Errorf(format, args...))
+}
+
+// InvalidRequest reports a malformed or inconsistent payload.
+func InvalidRequest(field, format string, args ...any) error {
+	return Terminalf(CodeInvalidRequest, field, format, args...)
+}
+
+// InvalidConfig reports a provider config that pkg/policy rejected.
+func InvalidConfig(field, format string, args ...any) error {
+	return Terminalf(CodeInvalidConfig, field, format, args...)
+}
+
+// AsTerminal finds a TerminalError in err's chain.
+func AsTerminal(err error) (*TerminalError, bool) {
+	var te *TerminalError
+	if errors.As(err, &te) {
+		return te, true
+	}
+	return nil, false
+}
+
+// RetryableError marks an error as worth retrying and refines how: Code is what the run's
+// `failed` event carries if the retries run out (instead of CodeInternal), e.g.
+// CodeBackendUnavailable when the Kubernetes API kept refusing connections; After, when set,
+// replaces the backoff before the next delivery. Any error that is not a TerminalError is
+// retried; this type only refines it.
+type RetryableError struct {
+	Code  Code
+	After time.Duration
+	Err   error
+}
+
+func (e *RetryableError) Error() string {
+	if e.Err == nil {
+		return "retryable error"
+	}
+	return e.Err.Error()
+}
+
+func (e *RetryableError) Unwrap() error { return e.Err }
+
+// Retryable wraps err as a RetryableError with the code to fail with once retries run out.
+func Retryable(code Code, err error) error {
+	if !code.Valid() {
+		code = CodeInternal
+	}
+	return &RetryableError{Code: code, Err: err}
+}
+
+// Defer asks for the message again after exactly delay, for work that has to wait rather than
+// failed (an agent busy with its previous run). Every redelivery counts against the consumer's
+// MaxDeliver like any retry, so the wait is bounded by about MaxDeliver × delay; when it runs
+// out, the run fails with code.
+func Defer(code Code, delay time.Duration, err error) error {
+	if !code.Valid() {
+		code = CodeInternal
+	}
+	return &RetryableError{Code: code, After: delay, Err: err}
+}

@@ -1,0 +1,77 @@
+package events
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"reflect"
+)
+
+// DefaultMaxMsgSize is the largest payload kubeclip accepts or publishes: 1 MiB, NATS's default
+// max_payload. A lease request is a few KiB; a log event at most MaxLogEventBytes.
+const DefaultMaxMsgSize = 1 << 20
+
+// marshal encodes a payload without HTML escaping: log text full of '<' and '&' stays readable
+// and compact, and the log batcher's size accounting matches what is published byte for byte.
+func marshal(v any) ([]byte, error) {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		return nil, err
+	}
+	return bytes.TrimSuffix(buf.Bytes(), []byte("\n")), nil
+}
+
+// decode unmarshals a payload, rejecting an oversized, empty or malformed one with a
+// TerminalError that names the field. Unknown fields are tolerated so Paperclip can add fields
+// without breaking older kubeclip releases.
+func decode(data []byte, v any) error {
+	if len(data) > DefaultMaxMsgSize {
+		return InvalidRequest("", "payload is %d bytes, more than the %d-byte limit", len(data), DefaultMaxMsgSize)
+	}
+	if len(bytes.TrimSpace(data)) == 0 {
+		return InvalidRequest("", "payload is empty")
+	}
+	err := json.Unmarshal(data, v)
+	if err == nil {
+		return nil
+	}
+	var syntaxErr *json.SyntaxError
+	var typeErr *json.UnmarshalTypeError
+	switch {
+	case errors.As(err, &syntaxErr):
+		return InvalidRequest("", "payload is not valid JSON (at byte %d): %v", syntaxErr.Offset, syntaxErr)
+	case errors.As(err, &typeErr):
+		if typeErr.Field == "" {
+			return InvalidRequest("", "payload must be a JSON object, not %s", typeErr.Value)
+		}
+		return InvalidRequest(typeErr.Field, "must be %s, not %s", jsonTypeName(typeErr.Type), typeErr.Value)
+	default:
+		return InvalidRequest("", "decoding payload: %v", err)
+	}
+}
+
+func jsonTypeName(t reflect.Type) string {
+	if t == nil {
+		return "a JSON value"
+	}
+	switch t.Kind() {
+	case reflect.String:
+		return "a string"
+	case reflect.Bool:
+		return "a boolean"
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64,
+		reflect.Float32, reflect.Float64:
+		return "a number"
+	case reflect.Slice, reflect.Array:
+		return "an array"
+	case reflect.Struct, reflect.Map:
+		return "an object"
+	case reflect.Pointer:
+		return jsonTypeName(t.Elem())
+	}
+	return fmt.Sprintf("a %s", t.Kind())
+}

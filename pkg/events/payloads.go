@@ -1,0 +1,568 @@
+package events
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"time"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/kubeclip/kubeclip/pkg/streamjson"
+)
+
+// maxIDLen bounds free-form ids (environment, agent, issue, provider lease) in payloads.
+const maxIDLen = 256
+
+// Event is a message of the contract: a lease request, a run event or a dispatch request.
+// The set is closed; Publisher.Publish accepts exactly the types of this package.
+type Event interface {
+	// Type is the CloudEvents type, e.g. io.paperclip.run.log.v1.
+	Type() string
+	// IDs returns the company and run the event belongs to.
+	IDs() (companyID, runID string)
+	// address returns the subject, the message id and (logs only) the CloudEvents sequence.
+	address(s Subjects) (address, error)
+	// stamp returns the event with its time set to now when it has none.
+	stamp(now time.Time) Event
+	// eventTime is the time the event reports (zero for requests, which carry none).
+	eventTime() time.Time
+}
+
+type address struct {
+	subject string
+	msgID   string
+	stream  string
+	seq     uint64 // CloudEvents sequence extension; 0 = none
+}
+
+// Phase is a run's Kubernetes pod phase as reported in created and status events.
+type Phase string
+
+// Run phases.
+const (
+	PhasePending   Phase = "Pending"
+	PhaseRunning   Phase = "Running"
+	PhaseSucceeded Phase = "Succeeded"
+	PhaseFailed    Phase = "Failed"
+)
+
+func (p Phase) valid() bool {
+	return p == PhasePending || p == PhaseRunning || p == PhaseSucceeded || p == PhaseFailed
+}
+
+// Outcome is how a run ended.
+type Outcome string
+
+// Run outcomes.
+const (
+	OutcomeSucceeded Outcome = "succeeded"
+	OutcomeFailed    Outcome = "failed"
+	OutcomeTimedOut  Outcome = "timed_out"
+	OutcomeCancelled Outcome = "cancelled"
+)
+
+func (o Outcome) valid() bool {
+	return o == OutcomeSucceeded || o == OutcomeFailed || o == OutcomeTimedOut || o == OutcomeCancelled
+}
+
+// ReleaseState is what became of a run's workload after release or destroy.
+type ReleaseState string
+
+// Release states.
+const (
+	ReleaseStopped   ReleaseState = "stopped"
+	ReleaseDestroyed ReleaseState = "destroyed"
+)
+
+// Backends a run can use.
+const (
+	BackendJob       = "job"
+	BackendSandboxCR = "sandbox-cr"
+)
+
+// Well-known result and status reasons, from the pod and Job status. Others may appear.
+const (
+	ReasonOOMKilled                  = "OOMKilled"
+	ReasonDeadlineExceeded           = "DeadlineExceeded"
+	ReasonImagePullBackOff           = "ImagePullBackOff"
+	ReasonErrImageNeverPull          = "ErrImageNeverPull"
+	ReasonUnschedulable              = "Unschedulable"
+	ReasonCreateContainerConfigError = "CreateContainerConfigError"
+	ReasonEvicted                    = "Evicted"
+)
+
+// AgentResult is the parsed Claude Code stream-json summary carried by a result event.
+type AgentResult = streamjson.Result
+
+// AgentUsage is the token accounting inside AgentResult.
+type AgentUsage = streamjson.Usage
+
+// ---- lease requests (Paperclip → kubeclip, stream <PREFIX>_LEASES) ----
+
+// AcquireRequest asks for a run's workload: <prefix>.lease.<companyId>.acquire.
+type AcquireRequest struct {
+	RunID         string `json:"runId"`
+	CompanyID     string `json:"companyId"`
+	EnvironmentID string `json:"environmentId"`
+	AgentID       string `json:"agentId"`
+	IssueID       string `json:"issueId,omitempty"`
+	AdapterType   string `json:"adapterType,omitempty"`
+	// ExecutionWorkspaceSettings is passed through as the raw JSON object Paperclip sent.
+	ExecutionWorkspaceSettings json.RawMessage `json:"executionWorkspaceSettings,omitempty"`
+	// RequestedExpiresAt is an RFC 3339 time; see ExpiresAt.
+	RequestedExpiresAt string `json:"requestedExpiresAt,omitempty"`
+	// Config is the provider config object, validated by pkg/policy.
+	Config json.RawMessage `json:"config"`
+}
+
+// Validate checks the request and returns a TerminalError (CodeInvalidRequest) naming the first
+// offending field, in field order. The config's content is pkg/policy's business; here it only
+// has to be a JSON object.
+func (r AcquireRequest) Validate() error {
+	if err := validateIDs(r.CompanyID, r.RunID); err != nil {
+		return err
+	}
+	if err := validateID("environmentId", r.EnvironmentID); err != nil {
+		return err
+	}
+	if err := validateID("agentId", r.AgentID); err != nil {
+		return err
+	}
+	if r.IssueID != "" {
+		if err := validateID("issueId", r.IssueID); err != nil {
+			return err
+		}
+	}
+	if r.AdapterType != "" {
+		if err := validateID("adapterType", r.AdapterType); err != nil {
+			return err
+		}
+	}
+	if len(r.ExecutionWorkspaceSettings) > 0 && !isJSONNull(r.ExecutionWorkspaceSettings) && !isJSONObject(r.ExecutionWorkspaceSettings) {
+		return InvalidRequest("executionWorkspaceSettings", "must be a JSON object")
+	}
+	if r.RequestedExpiresAt != "" {
+		if _, err := time.Parse(time.RFC3339, r.RequestedExpiresAt); err != nil {
+			return InvalidRequest("requestedExpiresAt", "must be an RFC 3339 time, got %q", truncate(r.RequestedExpiresAt, 64))
+		}
+	}
+	if len(r.Config) == 0 || isJSONNull(r.Config) {
+		return InvalidRequest("config", "is required")
+	}
+	if !isJSONObject(r.Config) {
+		return InvalidRequest("config", "must be a JSON object")
+	}
+	return nil
+}
+
+// ExpiresAt parses RequestedExpiresAt; ok is false when it is absent or invalid.
+func (r AcquireRequest) ExpiresAt() (t time.Time, ok bool) {
+	if r.RequestedExpiresAt == "" {
+		return time.Time{}, false
+	}
+	t, err := time.Parse(time.RFC3339, r.RequestedExpiresAt)
+	return t, err == nil
+}
+
+// Type implements Event.
+func (AcquireRequest) Type() string { return "io.paperclip.lease.acquire.v1" }
+
+// IDs implements Event.
+func (r AcquireRequest) IDs() (string, string) { return r.CompanyID, r.RunID }
+
+func (r AcquireRequest) address(s Subjects) (address, error) {
+	if err := r.Validate(); err != nil {
+		return address{}, err
+	}
+	subj, err := s.Lease(r.CompanyID, LeaseAcquire)
+	return address{subject: subj, msgID: r.RunID + ".acquire", stream: s.LeaseStream()}, err
+}
+
+func (r AcquireRequest) stamp(time.Time) Event { return r }
+func (AcquireRequest) eventTime() time.Time    { return time.Time{} }
+
+// ReleaseRequest stops (release) or deletes (destroy) a run's workload:
+// <prefix>.lease.<companyId>.release and <prefix>.lease.<companyId>.destroy share this payload.
+type ReleaseRequest struct {
+	RunID            string `json:"runId"`
+	CompanyID        string `json:"companyId"`
+	ProviderLeaseID  string `json:"providerLeaseId"`
+	CancelActiveWork bool   `json:"cancelActiveWork,omitempty"`
+	// Destroy selects the .destroy subject. It is not part of the payload: the decoder sets it
+	// from the subject.
+	Destroy bool `json:"-"`
+}
+
+// Validate checks the request like AcquireRequest.Validate.
+func (r ReleaseRequest) Validate() error {
+	if err := validateIDs(r.CompanyID, r.RunID); err != nil {
+		return err
+	}
+	return validateID("providerLeaseId", r.ProviderLeaseID)
+}
+
+// Kind returns LeaseRelease or LeaseDestroy.
+func (r ReleaseRequest) Kind() LeaseKind {
+	if r.Destroy {
+		return LeaseDestroy
+	}
+	return LeaseRelease
+}
+
+// Type implements Event.
+func (r ReleaseRequest) Type() string { return "io.paperclip.lease." + string(r.Kind()) + ".v1" }
+
+// IDs implements Event.
+func (r ReleaseRequest) IDs() (string, string) { return r.CompanyID, r.RunID }
+
+func (r ReleaseRequest) address(s Subjects) (address, error) {
+	if err := r.Validate(); err != nil {
+		return address{}, err
+	}
+	subj, err := s.Lease(r.CompanyID, r.Kind())
+	return address{subject: subj, msgID: r.RunID + "." + string(r.Kind()), stream: s.LeaseStream()}, err
+}
+
+func (r ReleaseRequest) stamp(time.Time) Event { return r }
+func (ReleaseRequest) eventTime() time.Time    { return time.Time{} }
+
+// ---- dispatch (tenant-worker → dispatcher, stream KUBECLIP_WORK) ----
+
+// DispatchRequest is a validated acquire whose tenant namespace has been applied:
+// kubeclip.dispatch.<companyId>.<runId>. The acquire's fields are inlined.
+type DispatchRequest struct {
+	AcquireRequest
+	// Namespace is the tenant namespace the run goes into.
+	Namespace string `json:"namespace"`
+}
+
+// Validate checks the embedded acquire and the namespace (a DNS-1123 label).
+func (r DispatchRequest) Validate() error {
+	if err := r.AcquireRequest.Validate(); err != nil {
+		return err
+	}
+	if !isDNSLabel(r.Namespace) {
+		return InvalidRequest("namespace", "must be a DNS-1123 label (lowercase alphanumerics and '-', at most 63), got %q", truncate(r.Namespace, 64))
+	}
+	return nil
+}
+
+// Type implements Event.
+func (DispatchRequest) Type() string { return "io.kubeclip.dispatch.v1" }
+
+// IDs implements Event.
+func (r DispatchRequest) IDs() (string, string) { return r.CompanyID, r.RunID }
+
+func (r DispatchRequest) address(Subjects) (address, error) {
+	if err := r.Validate(); err != nil {
+		return address{}, err
+	}
+	subj, err := DispatchSubject(r.CompanyID, r.RunID)
+	return address{subject: subj, msgID: r.RunID + ".dispatch", stream: WorkStream}, err
+}
+
+func (r DispatchRequest) stamp(time.Time) Event { return r }
+func (DispatchRequest) eventTime() time.Time    { return time.Time{} }
+
+// ---- run events (kubeclip → Paperclip, stream <PREFIX>_RUNS) ----
+
+// RunCreatedEvent reports that a run's workload exists: <prefix>.run.<c>.<r>.created.
+type RunCreatedEvent struct {
+	RunID           string     `json:"runId"`
+	CompanyID       string     `json:"companyId"`
+	At              time.Time  `json:"at"`
+	ProviderLeaseID string     `json:"providerLeaseId"`
+	Namespace       string     `json:"namespace"`
+	WorkloadName    string     `json:"workloadName"`
+	SecretName      string     `json:"secretName"`
+	Backend         string     `json:"backend"`
+	PodName         string     `json:"podName,omitempty"`
+	Phase           Phase      `json:"phase"`
+	ExpiresAt       *time.Time `json:"expiresAt,omitempty"`
+}
+
+// Type implements Event.
+func (RunCreatedEvent) Type() string { return runType(KindCreated) }
+
+// IDs implements Event.
+func (e RunCreatedEvent) IDs() (string, string) { return e.CompanyID, e.RunID }
+
+func (e RunCreatedEvent) address(s Subjects) (address, error) {
+	if !e.Phase.valid() {
+		return address{}, InvalidRequest("phase", "must be one of Pending, Running, Succeeded, Failed, got %q", e.Phase)
+	}
+	return runAddress(s, e.CompanyID, e.RunID, KindCreated, e.RunID+".created", 0)
+}
+
+func (e RunCreatedEvent) stamp(now time.Time) Event { e.At = stampTime(e.At, now); return e }
+func (e RunCreatedEvent) eventTime() time.Time      { return e.At }
+
+// RunStatusEvent reports a phase change: <prefix>.run.<c>.<r>.status.
+type RunStatusEvent struct {
+	RunID     string    `json:"runId"`
+	CompanyID string    `json:"companyId"`
+	At        time.Time `json:"at"`
+	Phase     Phase     `json:"phase"`
+	Reason    string    `json:"reason,omitempty"`
+	Message   string    `json:"message,omitempty"`
+	PodName   string    `json:"podName,omitempty"`
+}
+
+// Type implements Event.
+func (RunStatusEvent) Type() string { return runType(KindStatus) }
+
+// IDs implements Event.
+func (e RunStatusEvent) IDs() (string, string) { return e.CompanyID, e.RunID }
+
+// address: the message id is <runId>.status.<phase>, plus .<reason> when there is one, so a
+// Pending run that starts failing to pull its image is reported although its phase did not
+// change, while a republished status is deduplicated.
+func (e RunStatusEvent) address(s Subjects) (address, error) {
+	if !e.Phase.valid() {
+		return address{}, InvalidRequest("phase", "must be one of Pending, Running, Succeeded, Failed, got %q", e.Phase)
+	}
+	id := e.RunID + ".status." + string(e.Phase)
+	if e.Reason != "" {
+		id += "." + idSafe(e.Reason)
+	}
+	return runAddress(s, e.CompanyID, e.RunID, KindStatus, id, 0)
+}
+
+func (e RunStatusEvent) stamp(now time.Time) Event { e.At = stampTime(e.At, now); return e }
+func (e RunStatusEvent) eventTime() time.Time      { return e.At }
+
+// LogLine is one line of container output.
+type LogLine struct {
+	// TS is the Kubernetes log timestamp, RFC 3339 with nanoseconds, as the kubelet wrote it.
+	TS string `json:"ts"`
+	// Text is the line without its timestamp and newline. A Job's log is stdout and stderr
+	// combined; Kubernetes does not say which stream a line came from.
+	Text string `json:"text"`
+	// Partial marks every piece but the last of a line longer than one event can carry: the
+	// pieces share TS and are consecutive; concatenate Text up to and including the first
+	// piece without Partial.
+	Partial bool `json:"partial,omitempty"`
+}
+
+// RunLogEvent carries a batch of log lines: <prefix>.run.<c>.<r>.log. Seq counts a run's log
+// events from 1 without gaps; build them with a LogBatcher so the 64 KiB bound holds.
+type RunLogEvent struct {
+	RunID     string    `json:"runId"`
+	CompanyID string    `json:"companyId"`
+	At        time.Time `json:"at"`
+	Seq       uint64    `json:"seq"`
+	Pod       string    `json:"pod"`
+	Container string    `json:"container"`
+	Lines     []LogLine `json:"lines"`
+}
+
+// Type implements Event.
+func (RunLogEvent) Type() string { return runType(KindLog) }
+
+// IDs implements Event.
+func (e RunLogEvent) IDs() (string, string) { return e.CompanyID, e.RunID }
+
+func (e RunLogEvent) address(s Subjects) (address, error) {
+	if e.Seq == 0 {
+		return address{}, InvalidRequest("seq", "must be at least 1")
+	}
+	return runAddress(s, e.CompanyID, e.RunID, KindLog, fmt.Sprintf("%s.log.%d", e.RunID, e.Seq), e.Seq)
+}
+
+func (e RunLogEvent) stamp(now time.Time) Event {
+	e.At = stampTime(e.At, now)
+	if e.Lines == nil {
+		e.Lines = []LogLine{}
+	}
+	return e
+}
+func (e RunLogEvent) eventTime() time.Time { return e.At }
+
+// RunResultEvent reports how a run ended, exactly once per run: <prefix>.run.<c>.<r>.result.
+type RunResultEvent struct {
+	RunID     string       `json:"runId"`
+	CompanyID string       `json:"companyId"`
+	At        time.Time    `json:"at"`
+	Outcome   Outcome      `json:"outcome"`
+	ExitCode  *int         `json:"exitCode,omitempty"`
+	Reason    string       `json:"reason,omitempty"`
+	Message   string       `json:"message,omitempty"`
+	Agent     *AgentResult `json:"agent,omitempty"`
+}
+
+// Type implements Event.
+func (RunResultEvent) Type() string { return runType(KindResult) }
+
+// IDs implements Event.
+func (e RunResultEvent) IDs() (string, string) { return e.CompanyID, e.RunID }
+
+func (e RunResultEvent) address(s Subjects) (address, error) {
+	if !e.Outcome.valid() {
+		return address{}, InvalidRequest("outcome", "must be one of succeeded, failed, timed_out, cancelled, got %q", e.Outcome)
+	}
+	return runAddress(s, e.CompanyID, e.RunID, KindResult, e.RunID+".result", 0)
+}
+
+func (e RunResultEvent) stamp(now time.Time) Event { e.At = stampTime(e.At, now); return e }
+func (e RunResultEvent) eventTime() time.Time      { return e.At }
+
+// RunReleasedEvent confirms a release or destroy: <prefix>.run.<c>.<r>.released.
+type RunReleasedEvent struct {
+	RunID           string       `json:"runId"`
+	CompanyID       string       `json:"companyId"`
+	At              time.Time    `json:"at"`
+	ProviderLeaseID string       `json:"providerLeaseId"`
+	State           ReleaseState `json:"state"`
+}
+
+// Type implements Event.
+func (RunReleasedEvent) Type() string { return runType(KindReleased) }
+
+// IDs implements Event.
+func (e RunReleasedEvent) IDs() (string, string) { return e.CompanyID, e.RunID }
+
+func (e RunReleasedEvent) address(s Subjects) (address, error) {
+	if e.State != ReleaseStopped && e.State != ReleaseDestroyed {
+		return address{}, InvalidRequest("state", "must be stopped or destroyed, got %q", e.State)
+	}
+	return runAddress(s, e.CompanyID, e.RunID, KindReleased, e.RunID+".released", 0)
+}
+
+func (e RunReleasedEvent) stamp(now time.Time) Event { e.At = stampTime(e.At, now); return e }
+func (e RunReleasedEvent) eventTime() time.Time      { return e.At }
+
+// RunFailedEvent reports that a request could not be carried out: <prefix>.run.<c>.<r>.failed.
+type RunFailedEvent struct {
+	RunID     string    `json:"runId"`
+	CompanyID string    `json:"companyId"`
+	At        time.Time `json:"at"`
+	Code      Code      `json:"code"`
+	// Message explains the failure and names the offending field; it never holds a secret.
+	Message string `json:"message"`
+	Field   string `json:"field,omitempty"`
+}
+
+// NewRunFailed builds the failed event for err: a TerminalError's code and field, else
+// CodeInternal.
+func NewRunFailed(companyID, runID string, err error) RunFailedEvent {
+	ev := RunFailedEvent{RunID: runID, CompanyID: companyID, Code: CodeInternal}
+	if err == nil {
+		ev.Message = "unknown failure"
+		return ev
+	}
+	ev.Message = err.Error()
+	if te, ok := AsTerminal(err); ok {
+		ev.Code, ev.Field = te.Code, te.Field
+	}
+	return ev
+}
+
+// Type implements Event.
+func (RunFailedEvent) Type() string { return runType(KindFailed) }
+
+// IDs implements Event.
+func (e RunFailedEvent) IDs() (string, string) { return e.CompanyID, e.RunID }
+
+func (e RunFailedEvent) address(s Subjects) (address, error) {
+	if !e.Code.Valid() {
+		return address{}, InvalidRequest("code", "must be a documented failure code, got %q", e.Code)
+	}
+	return runAddress(s, e.CompanyID, e.RunID, KindFailed, e.RunID+".failed", 0)
+}
+
+func (e RunFailedEvent) stamp(now time.Time) Event { e.At = stampTime(e.At, now); return e }
+func (e RunFailedEvent) eventTime() time.Time      { return e.At }
+
+// Compile-time checks that every payload is an Event.
+var (
+	_ Event = AcquireRequest{}
+	_ Event = ReleaseRequest{}
+	_ Event = DispatchRequest{}
+	_ Event = RunCreatedEvent{}
+	_ Event = RunStatusEvent{}
+	_ Event = RunLogEvent{}
+	_ Event = RunResultEvent{}
+	_ Event = RunReleasedEvent{}
+	_ Event = RunFailedEvent{}
+)
+
+func runType(k RunKind) string { return "io.paperclip.run." + string(k) + ".v1" }
+
+func runAddress(s Subjects, companyID, runID string, kind RunKind, msgID string, seq uint64) (address, error) {
+	subj, err := s.Run(companyID, runID, kind)
+	if err != nil {
+		return address{}, err
+	}
+	return address{subject: subj, msgID: msgID, stream: s.RunStream(), seq: seq}, nil
+}
+
+func stampTime(t, now time.Time) time.Time {
+	if t.IsZero() {
+		return now.UTC()
+	}
+	return t
+}
+
+// validateID checks a free-form id: non-empty, bounded, no control characters.
+func validateID(field, v string) error {
+	switch {
+	case v == "":
+		return InvalidRequest(field, "must not be empty")
+	case len(v) > maxIDLen:
+		return InvalidRequest(field, "must be at most %d bytes, got %d", maxIDLen, len(v))
+	case !utf8.ValidString(v):
+		return InvalidRequest(field, "must be valid UTF-8")
+	}
+	for _, r := range v {
+		if unicode.IsControl(r) {
+			return InvalidRequest(field, "must not contain control characters")
+		}
+	}
+	return nil
+}
+
+func isJSONObject(raw json.RawMessage) bool {
+	raw = bytes.TrimSpace(raw)
+	return len(raw) > 0 && raw[0] == '{' && json.Valid(raw)
+}
+
+func isJSONNull(raw json.RawMessage) bool {
+	return bytes.Equal(bytes.TrimSpace(raw), []byte("null"))
+}
+
+func isDNSLabel(s string) bool {
+	if len(s) == 0 || len(s) > 63 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		alnum := c >= 'a' && c <= 'z' || c >= '0' && c <= '9'
+		if !alnum && (c != '-' || i == 0 || i == len(s)-1) {
+			return false
+		}
+	}
+	return true
+}
+
+// idSafe maps a free-form string (a Kubernetes reason) to message-id-safe characters.
+func idSafe(s string) string {
+	b := []byte(truncate(s, 64))
+	for i, c := range b {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
+			b[i] = '_'
+		}
+	}
+	return string(b)
+}
+
+// truncate keeps error messages that quote client input short.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n] + "…"
+}

@@ -1,0 +1,365 @@
+package events
+
+import (
+	"context"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Stream and bucket defaults. Each is explained where Options documents its field.
+const (
+	DefaultLeaseMaxAge    = 7 * 24 * time.Hour
+	DefaultRunMaxAge      = 14 * 24 * time.Hour
+	DefaultWorkMaxAge     = 24 * time.Hour
+	DefaultDuplicates     = 10 * time.Minute
+	DefaultLeaseRecordTTL = DefaultRunMaxAge
+	DefaultReplicas       = 1
+
+	// agentGuardMarkerTTL is how long the marker of an agent guard that expired stays in the
+	// bucket: long enough for a watcher to see the guard went away, short enough not to pile up.
+	agentGuardMarkerTTL = 5 * time.Minute
+	// maxAgentGuardBytes bounds a guard's value, the run id holding the agent.
+	maxAgentGuardBytes = 1 << 10
+
+	// leaseRecordHistory keeps a run's last few lease-record revisions for debugging; compare-
+	// and-set only needs the latest.
+	leaseRecordHistory = 5
+	// maxLeaseRecordBytes and maxTenantRecordBytes bound KV values: a lease record (namespace,
+	// workload, agent, state) and a tenant record (config hash) are a few hundred bytes, so a
+	// bigger value is a bug, and the server says so at write time.
+	maxLeaseRecordBytes  = 64 << 10
+	maxTenantRecordBytes = 4 << 10
+)
+
+// Options configures the streams and KV buckets EnsureStreams creates. The zero value of every
+// field means its default.
+type Options struct {
+	// Prefix is the subject prefix (default "paperclip"); stream names derive from it.
+	Prefix string
+
+	// Replicas of every stream and bucket (default 1). 1 fits the single-node embedded server
+	// and small clusters; use 3 on a 3-node JetStream cluster so a node loss loses no requests.
+	Replicas int
+
+	// Storage of every stream and bucket (default file). Lease requests, run events and lease
+	// records must survive a server restart: a lost acquire is a run that never starts, a lost
+	// result is a run Paperclip waits on forever.
+	Storage jetstream.StorageType
+
+	// LeaseMaxAge is how long lease requests are kept (default 7 days). The lease stream is an
+	// audit log of what Paperclip asked for; a week covers incident review, and it must not
+	// outlive LeaseRecordTTL (see there).
+	LeaseMaxAge time.Duration
+
+	// RunMaxAge is how long run events are kept (default 14 days, Armada's event retention):
+	// Paperclip and operators can replay any run of the last two weeks, logs included.
+	RunMaxAge time.Duration
+
+	// WorkMaxAge bounds dispatch requests left in the work queue (default 24 hours). Handled ones
+	// are deleted on ack; only a request whose last delivery timed out stays. A day-old dispatch
+	// belongs to a lease Paperclip has long given up on, so it is dropped rather than run late.
+	WorkMaxAge time.Duration
+
+	// Duplicates is the de-duplication window of every stream (default 10 minutes). It has to
+	// cover the longest a publisher can retry the same event: the consumers retry a failed
+	// message for about 1.5 minutes (MaxDeliver × backoff) and a restarted run-watcher replays
+	// recent events, so 10 minutes leaves margin while keeping the server's id table small
+	// (one entry per message published in the window).
+	Duplicates time.Duration
+
+	// MaxMsgSize bounds every message of the lease, run and work streams (default 1 MiB, NATS's
+	// default max_payload). Log events are at most 64 KiB and requests a few KiB, so anything
+	// near the bound is a bug or abuse and the server rejects it at publish time.
+	MaxMsgSize int32
+
+	// LeaseRecordTTL is how long a run's lease record lives after its last update (default 14
+	// days). It must be at least LeaseMaxAge: while an acquire can still be redelivered from
+	// the lease stream (say, to a recreated consumer), its lease record must still be there so
+	// the redelivery reuses the run's workload instead of creating a second one.
+	LeaseRecordTTL time.Duration
+}
+
+func (o Options) withDefaults() Options {
+	if o.Prefix == "" {
+		o.Prefix = DefaultPrefix
+	}
+	if o.Replicas == 0 {
+		o.Replicas = DefaultReplicas
+	}
+	if o.LeaseMaxAge == 0 {
+		o.LeaseMaxAge = DefaultLeaseMaxAge
+	}
+	if o.RunMaxAge == 0 {
+		o.RunMaxAge = DefaultRunMaxAge
+	}
+	if o.WorkMaxAge == 0 {
+		o.WorkMaxAge = DefaultWorkMaxAge
+	}
+	if o.Duplicates == 0 {
+		o.Duplicates = DefaultDuplicates
+	}
+	if o.MaxMsgSize == 0 {
+		o.MaxMsgSize = DefaultMaxMsgSize
+	}
+	if o.LeaseRecordTTL == 0 {
+		o.LeaseRecordTTL = DefaultLeaseRecordTTL
+	}
+	return o
+}
+
+// Validate reports the first invalid setting, after defaults are applied.
+func (o Options) Validate() error {
+	o = o.withDefaults()
+	if _, err := NewSubjects(o.Prefix); err != nil {
+		return err
+	}
+	var errs []error
+	if o.Replicas < 1 || o.Replicas > 5 {
+		errs = append(errs, fmt.Errorf("replicas must be between 1 and 5, got %d", o.Replicas))
+	}
+	if o.Storage != jetstream.FileStorage && o.Storage != jetstream.MemoryStorage {
+		errs = append(errs, fmt.Errorf("storage must be file or memory, got %v", o.Storage))
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{
+		{"lease max age", o.LeaseMaxAge}, {"run max age", o.RunMaxAge}, {"work max age", o.WorkMaxAge},
+		{"duplicate window", o.Duplicates}, {"lease record TTL", o.LeaseRecordTTL},
+	} {
+		if d.v < 0 {
+			errs = append(errs, fmt.Errorf("%s must be positive, got %s", d.name, d.v))
+		}
+	}
+	for _, age := range []struct {
+		name string
+		v    time.Duration
+	}{{"lease max age", o.LeaseMaxAge}, {"run max age", o.RunMaxAge}, {"work max age", o.WorkMaxAge}} {
+		// The server refuses a duplicate window longer than the stream's max age.
+		if o.Duplicates > age.v {
+			errs = append(errs, fmt.Errorf("duplicate window %s must not exceed the %s %s", o.Duplicates, age.name, age.v))
+		}
+	}
+	if o.LeaseRecordTTL < o.LeaseMaxAge {
+		errs = append(errs, fmt.Errorf("lease record TTL %s must be at least the lease max age %s, or a redelivered acquire could start a run twice", o.LeaseRecordTTL, o.LeaseMaxAge))
+	}
+	if o.MaxMsgSize < 64<<10 {
+		errs = append(errs, fmt.Errorf("max message size must be at least 64 KiB (one log event), got %d", o.MaxMsgSize))
+	}
+	return errors.Join(errs...)
+}
+
+// subjects uses the prefix as given: Validate reports a bad one, and the server refuses the
+// stream names it would produce.
+func (o Options) subjects() Subjects { return Subjects{prefix: o.Prefix} }
+
+// LeaseStreamConfig is the lease request stream, e.g. PAPERCLIP_LEASES on paperclip.lease.>.
+func (o Options) LeaseStreamConfig() jetstream.StreamConfig {
+	o = o.withDefaults()
+	s := o.subjects()
+	return jetstream.StreamConfig{
+		Name:        s.LeaseStream(),
+		Description: "Paperclip lease requests (acquire, release, destroy); see docs/events.md",
+		Subjects:    []string{s.LeaseAll()},
+		// Limits, not work-queue: two consumers read it (the tenant-worker takes acquires, the
+		// dispatcher takes release and destroy) and operators replay it, so acked requests
+		// must stay until they age out.
+		Retention: jetstream.LimitsPolicy,
+		Discard:   jetstream.DiscardOld,
+		MaxAge:    o.LeaseMaxAge,
+		// Age is the only bound; counts and bytes are left unlimited so a burst is never
+		// dropped before it is handled.
+		MaxMsgs:           -1,
+		MaxBytes:          -1,
+		MaxMsgsPerSubject: -1,
+		MaxConsumers:      -1,
+		MaxMsgSize:        o.MaxMsgSize,
+		Duplicates:        o.Duplicates,
+		Storage:           o.Storage,
+		Replicas:          o.Replicas,
+	}
+}
+
+// RunStreamConfig is the run event stream, e.g. PAPERCLIP_RUNS on paperclip.run.>.
+func (o Options) RunStreamConfig() jetstream.StreamConfig {
+	o = o.withDefaults()
+	s := o.subjects()
+	return jetstream.StreamConfig{
+		Name:        s.RunStream(),
+		Description: "kubeclip run events (created, status, log, result, released, failed); see docs/events.md",
+		Subjects:    []string{s.RunAll()},
+		// Limits: every reader (Paperclip, the CLI, dashboards) replays a run's history with
+		// its own ordered or durable consumer.
+		Retention:         jetstream.LimitsPolicy,
+		Discard:           jetstream.DiscardOld,
+		MaxAge:            o.RunMaxAge,
+		MaxMsgs:           -1,
+		MaxBytes:          -1,
+		MaxMsgsPerSubject: -1,
+		MaxConsumers:      -1,
+		MaxMsgSize:        o.MaxMsgSize,
+		Duplicates:        o.Duplicates,
+		Storage:           o.Storage,
+		Replicas:          o.Replicas,
+		// Direct gets let a restarted run-watcher read a run's last log event (LastLogSeq) from
+		// any replica without a consumer.
+		AllowDirect: true,
+	}
+}
+
+// WorkStreamConfig is KUBECLIP_WORK on kubeclip.dispatch.>.
+func (o Options) WorkStreamConfig() jetstream.StreamConfig {
+	o = o.withDefaults()
+	return jetstream.StreamConfig{
+		Name:        WorkStream,
+		Description: "kubeclip dispatch requests (tenant-worker → dispatcher)",
+		Subjects:    []string{DispatchAll()},
+		// Work queue: each dispatch is done once by one dispatcher, then deleted.
+		Retention:         jetstream.WorkQueuePolicy,
+		Discard:           jetstream.DiscardOld,
+		MaxAge:            o.WorkMaxAge,
+		MaxMsgs:           -1,
+		MaxBytes:          -1,
+		MaxMsgsPerSubject: -1,
+		MaxConsumers:      -1,
+		MaxMsgSize:        o.MaxMsgSize,
+		// A redelivered acquire makes the tenant-worker publish the same dispatch again; the
+		// window drops the copy.
+		Duplicates: o.Duplicates,
+		Storage:    o.Storage,
+		Replicas:   o.Replicas,
+	}
+}
+
+// LeaseBucketConfig is the KUBECLIP_LEASES KV bucket: lease records keyed by LeaseKey(runId),
+// created with compare-and-set so a redelivered acquire reuses the run's workload name.
+func (o Options) LeaseBucketConfig() jetstream.KeyValueConfig {
+	o = o.withDefaults()
+	return jetstream.KeyValueConfig{
+		Bucket:       LeaseBucket,
+		Description:  "kubeclip lease records, keyed by run id",
+		History:      leaseRecordHistory,
+		TTL:          o.LeaseRecordTTL,
+		MaxValueSize: maxLeaseRecordBytes,
+		Storage:      o.Storage,
+		Replicas:     o.Replicas,
+	}
+}
+
+// TenantBucketConfig is the KUBECLIP_TENANTS KV bucket: the hash of the tenant config last
+// applied, keyed by namespace, so the tenant-worker skips the server-side apply when nothing
+// changed. No TTL: a tenant lives as long as its namespace, and a lost entry only costs one
+// re-apply.
+func (o Options) TenantBucketConfig() jetstream.KeyValueConfig {
+	o = o.withDefaults()
+	return jetstream.KeyValueConfig{
+		Bucket:       TenantBucket,
+		Description:  "kubeclip applied tenant config hash, keyed by namespace",
+		History:      1,
+		MaxValueSize: maxTenantRecordBytes,
+		Storage:      o.Storage,
+		Replicas:     o.Replicas,
+	}
+}
+
+// AgentBucketConfig is the KUBECLIP_AGENTS KV bucket: one key per agent whose value is the run
+// holding it, so the dispatcher keeps one active run per agent across replicas (created with
+// compare-and-set). Keys carry their own TTL (jetstream.KeyTTL, the run's deadline plus a
+// margin) so a guard whose holder died is freed; the bucket has none of its own.
+func (o Options) AgentBucketConfig() jetstream.KeyValueConfig {
+	o = o.withDefaults()
+	return jetstream.KeyValueConfig{
+		Bucket:         AgentBucket,
+		Description:    "kubeclip agent guards: the run holding each agent",
+		History:        1,
+		MaxValueSize:   maxAgentGuardBytes,
+		LimitMarkerTTL: agentGuardMarkerTTL, // enables per-key TTLs
+		Storage:        o.Storage,
+		Replicas:       o.Replicas,
+	}
+}
+
+// StreamManager is the part of jetstream.JetStream EnsureStreams needs.
+type StreamManager interface {
+	CreateOrUpdateStream(ctx context.Context, cfg jetstream.StreamConfig) (jetstream.Stream, error)
+	CreateOrUpdateKeyValue(ctx context.Context, cfg jetstream.KeyValueConfig) (jetstream.KeyValue, error)
+}
+
+var _ StreamManager = (jetstream.JetStream)(nil)
+
+// EnsureStreams creates the lease, run and work streams and the lease, tenant and agent buckets, or
+// updates them to opts. It is idempotent: every binary calls it at start-up.
+func EnsureStreams(ctx context.Context, js StreamManager, opts Options) error {
+	if err := opts.Validate(); err != nil {
+		return fmt.Errorf("stream options: %w", err)
+	}
+	for _, cfg := range []jetstream.StreamConfig{opts.LeaseStreamConfig(), opts.RunStreamConfig(), opts.WorkStreamConfig()} {
+		if _, err := js.CreateOrUpdateStream(ctx, cfg); err != nil {
+			return fmt.Errorf("creating or updating stream %s: %w", cfg.Name, err)
+		}
+	}
+	for _, cfg := range []jetstream.KeyValueConfig{opts.LeaseBucketConfig(), opts.TenantBucketConfig(), opts.AgentBucketConfig()} {
+		if _, err := js.CreateOrUpdateKeyValue(ctx, cfg); err != nil {
+			return fmt.Errorf("creating or updating KV bucket %s: %w", cfg.Bucket, err)
+		}
+	}
+	return nil
+}
+
+// leaseKeyEncoded prefixes run ids that are not valid KV keys as they are.
+const leaseKeyEncoded = "_b64_"
+
+// LeaseKey is the KUBECLIP_LEASES key of a run. A run id that is a valid KV key (UUIDs are) is
+// its own key; any other valid subject token is base64url-encoded behind "_b64_", so the
+// mapping is injective.
+func LeaseKey(runID string) string {
+	if isKVKey(runID) && !strings.HasPrefix(runID, leaseKeyEncoded) {
+		return runID
+	}
+	return leaseKeyEncoded + base64.RawURLEncoding.EncodeToString([]byte(runID))
+}
+
+// isKVKey mirrors the KV key rule: [-/_=.a-zA-Z0-9]+, not starting or ending with '.'.
+func isKVKey(k string) bool {
+	if k == "" || k[0] == '.' || k[len(k)-1] == '.' {
+		return false
+	}
+	for i := 0; i < len(k); i++ {
+		c := k[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '/' || c == '_' || c == '=' || c == '.') {
+			return false
+		}
+	}
+	return true
+}
+
+// LastLogSeq returns the seq of a run's last log event in the run stream, 0 when it has none.
+// A restarted run-watcher continues from it (NewSequence(last)) so seq keeps counting without
+// gaps or repeats.
+func LastLogSeq(ctx context.Context, stream jetstream.Stream, s Subjects, companyID, runID string) (uint64, error) {
+	subj, err := s.Run(companyID, runID, KindLog)
+	if err != nil {
+		return 0, err
+	}
+	msg, err := stream.GetLastMsgForSubject(ctx, subj)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("reading last log event of run %s: %w", runID, err)
+	}
+	ev, err := s.DecodeRunEvent(msg.Subject, msg.Data)
+	if err != nil {
+		return 0, fmt.Errorf("decoding last log event of run %s: %w", runID, err)
+	}
+	logEv, ok := ev.(RunLogEvent)
+	if !ok {
+		return 0, fmt.Errorf("last log event of run %s decoded as %T", runID, ev)
+	}
+	return logEv.Seq, nil
+}

@@ -1,0 +1,209 @@
+package events_test
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/kubeclip/kubeclip/internal/natstest"
+	"github.com/kubeclip/kubeclip/pkg/events"
+)
+
+func TestEnsureStreamsIsIdempotentAndApplied(t *testing.T) {
+	_, _, js := natstest.Start(t)
+	ctx := t.Context()
+	for i := range 2 {
+		if err := events.EnsureStreams(ctx, js, events.Options{}); err != nil {
+			t.Fatalf("EnsureStreams call %d: %v", i+1, err)
+		}
+	}
+
+	type streamWant struct {
+		subjects   []string
+		retention  jetstream.RetentionPolicy
+		maxAge     time.Duration
+		duplicates time.Duration
+		maxMsgSize int32
+		storage    jetstream.StorageType
+		replicas   int
+		direct     bool
+	}
+	wants := map[string]streamWant{
+		"PAPERCLIP_LEASES": {[]string{"paperclip.lease.>"}, jetstream.LimitsPolicy, 7 * 24 * time.Hour, 10 * time.Minute, 1 << 20, jetstream.FileStorage, 1, false},
+		"PAPERCLIP_RUNS":   {[]string{"paperclip.run.>"}, jetstream.LimitsPolicy, 14 * 24 * time.Hour, 10 * time.Minute, 1 << 20, jetstream.FileStorage, 1, true},
+		"KUBECLIP_WORK":    {[]string{"kubeclip.dispatch.>"}, jetstream.WorkQueuePolicy, 24 * time.Hour, 10 * time.Minute, 1 << 20, jetstream.FileStorage, 1, false},
+	}
+	for name, want := range wants {
+		st, err := js.Stream(ctx, name)
+		if err != nil {
+			t.Fatalf("stream %s: %v", name, err)
+		}
+		info, err := st.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := info.Config
+		got := streamWant{c.Subjects, c.Retention, c.MaxAge, c.Duplicates, c.MaxMsgSize, c.Storage, c.Replicas, c.AllowDirect}
+		if diff := cmp.Diff(want, got, cmp.AllowUnexported(streamWant{})); diff != "" {
+			t.Errorf("stream %s (-want +got):\n%s", name, diff)
+		}
+	}
+
+	leases, err := js.KeyValue(ctx, events.LeaseBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ls, err := leases.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ls.TTL() != 14*24*time.Hour || ls.History() != 5 || ls.BackingStore() != "JetStream" {
+		t.Errorf("lease bucket: ttl %s history %d", ls.TTL(), ls.History())
+	}
+	tenants, err := js.KeyValue(ctx, events.TenantBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts, err := tenants.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ts.TTL() != 0 || ts.History() != 1 {
+		t.Errorf("tenant bucket: ttl %s history %d", ts.TTL(), ts.History())
+	}
+
+	agents, err := js.KeyValue(ctx, events.AgentBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Agent guards carry their own TTL, which the bucket must allow.
+	if _, err := agents.Create(ctx, "c1/agent-1", []byte("r1"), jetstream.KeyTTL(time.Minute)); err != nil {
+		t.Errorf("creating an agent guard with a TTL: %v", err)
+	}
+	if _, err := agents.Create(ctx, "c1/agent-1", []byte("r2"), jetstream.KeyTTL(time.Minute)); !errors.Is(err, jetstream.ErrKeyExists) {
+		t.Errorf("a second guard for the same agent: got %v, want ErrKeyExists", err)
+	}
+
+	// A changed setting is applied on the next call.
+	if err := events.EnsureStreams(ctx, js, events.Options{RunMaxAge: 30 * 24 * time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	st, err := js.Stream(ctx, "PAPERCLIP_RUNS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := st.CachedInfo().Config.MaxAge; got != 30*24*time.Hour {
+		t.Errorf("updated run max age = %s, want 720h", got)
+	}
+}
+
+func TestEnsureStreamsWithPrefix(t *testing.T) {
+	_, _, js := natstest.Start(t)
+	ctx := t.Context()
+	if err := events.EnsureStreams(ctx, js, events.Options{Prefix: "acme", Storage: jetstream.MemoryStorage}); err != nil {
+		t.Fatal(err)
+	}
+	st, err := js.Stream(ctx, "ACME_RUNS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := st.CachedInfo().Config; c.Subjects[0] != "acme.run.>" || c.Storage != jetstream.MemoryStorage {
+		t.Errorf("ACME_RUNS config: %+v", c)
+	}
+}
+
+func TestOptionsValidate(t *testing.T) {
+	tests := []struct {
+		name    string
+		opts    events.Options
+		wantErr string
+	}{
+		{name: "defaults", opts: events.Options{}},
+		{name: "bad prefix", opts: events.Options{Prefix: "a.b"}, wantErr: "subject prefix"},
+		{name: "replicas", opts: events.Options{Replicas: 7}, wantErr: "replicas"},
+		{name: "negative age", opts: events.Options{RunMaxAge: -time.Hour}, wantErr: "run max age must be positive"},
+		{name: "window longer than work age", opts: events.Options{WorkMaxAge: time.Minute}, wantErr: "must not exceed the work max age"},
+		{name: "lease records shorter than requests", opts: events.Options{LeaseMaxAge: 30 * 24 * time.Hour}, wantErr: "lease record TTL"},
+		{name: "tiny messages", opts: events.Options{MaxMsgSize: 1024}, wantErr: "max message size"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			err := tc.opts.Validate()
+			if tc.wantErr == "" {
+				if err != nil {
+					t.Fatalf("Validate: %v", err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Errorf("Validate = %v, want an error containing %q", err, tc.wantErr)
+			}
+		})
+	}
+}
+
+func TestLeaseKey(t *testing.T) {
+	tests := []struct{ runID, want string }{
+		{"3f0e9a4c-8a61-4a1e-9d0b-6f3b2c1d0e9f", "3f0e9a4c-8a61-4a1e-9d0b-6f3b2c1d0e9f"},
+		{"run_1=ok", "run_1=ok"},
+		{"run:1", "_b64_cnVuOjE"},
+		{"société", "_b64_c29jacOpdMOp"},
+		{"_b64_x", "_b64_X2I2NF94"}, // an id that looks encoded is encoded too, so keys never collide
+	}
+	for _, tc := range tests {
+		if got := events.LeaseKey(tc.runID); got != tc.want {
+			t.Errorf("LeaseKey(%q) = %q, want %q", tc.runID, got, tc.want)
+		}
+	}
+}
+
+func TestLeaseKeysAreUsableInTheBucket(t *testing.T) {
+	_, _, js := natstest.Start(t)
+	ctx := t.Context()
+	if err := events.EnsureStreams(ctx, js, events.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	kv, err := js.KeyValue(ctx, events.LeaseBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"r1", "run:1", "société", `r%"1`, "a/b"} {
+		if _, err := kv.Create(ctx, events.LeaseKey(id), []byte("{}")); err != nil {
+			t.Errorf("creating the lease record of %q: %v", id, err)
+		}
+	}
+}
+
+func TestLastLogSeq(t *testing.T) {
+	_, _, js := natstest.Start(t)
+	ctx := t.Context()
+	if err := events.EnsureStreams(ctx, js, events.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	var s events.Subjects
+	stream, err := js.Stream(ctx, s.RunStream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := events.LastLogSeq(ctx, stream, s, "c1", "r1")
+	if err != nil || got != 0 {
+		t.Fatalf("LastLogSeq of a run without logs = %d, %v; want 0", got, err)
+	}
+	p := newPublisher(t, js)
+	for seq := uint64(1); seq <= 3; seq++ {
+		if _, err := p.Publish(ctx, events.RunLogEvent{RunID: "r1", CompanyID: "c1", Seq: seq, Pod: "p", Container: "c"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := p.Publish(ctx, events.RunLogEvent{RunID: "r2", CompanyID: "c1", Seq: 9}); err != nil {
+		t.Fatal(err)
+	}
+	got, err = events.LastLogSeq(ctx, stream, s, "c1", "r1")
+	if err != nil || got != 3 {
+		t.Errorf("LastLogSeq = %d, %v; want 3", got, err)
+	}
+}

@@ -1,0 +1,428 @@
+package k8s
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+)
+
+// LabelRunID carries the Paperclip run id on a run's workload and Secret. Two requests for the
+// same object name are the same run only if this label matches.
+const LabelRunID = "paperclip.io/run-id"
+
+// ErrRunConflict means an object with the run's name already exists and belongs to another run
+// (its LabelRunID differs). Retrying cannot fix it.
+var ErrRunConflict = errors.New("object belongs to another run")
+
+// CreatedRun is the outcome of a successful CreateJobRun or CreateWorkloadRun.
+type CreatedRun struct {
+	// JobUID is the UID of the workload (the Job, or the Sandbox CR for CreateWorkloadRun).
+	JobUID types.UID
+	// Existed is true when the workload was already there for this run id (a redelivered or
+	// duplicated request): nothing new was started.
+	Existed bool
+}
+
+// CreateJobRun creates a run's Secret and Job so that a redelivered or duplicated request never
+// starts a second workload and bad input leaves nothing behind:
+//
+//  1. Create the Secret without an owner. AlreadyExists is fine when its LabelRunID matches,
+//     ErrRunConflict otherwise.
+//  2. Create the Job. AlreadyExists is fine (Existed) when its LabelRunID matches, ErrRunConflict
+//     otherwise. If the create fails for good (Invalid, Forbidden (which includes an exceeded
+//     ResourceQuota), BadRequest, ...), the Secret is deleted and the error returned.
+//  3. Merge-patch the Secret's ownerReferences to the Job (controller, blockOwnerDeletion), so the
+//     garbage collector removes the Secret with the Job. The patch replaces the whole list, so it
+//     is idempotent.
+//
+// The Secret comes first because the pod's envFrom secretRef is not optional: a Job created first
+// (as the TypeScript provider did) makes the kubelet report CreateContainerConfigError until the
+// Secret appears, which the run classifier must treat as an early failure.
+//
+// secret and job must be in the same namespace and both carry LabelRunID with the same value.
+// Neither argument is modified. A retryable error (network, 5xx, 429, Conflict) may leave the
+// Secret without an owner; calling again with the same input completes the run.
+func CreateJobRun(ctx context.Context, cs kubernetes.Interface, secret *corev1.Secret, job *batchv1.Job) (CreatedRun, error) {
+	if job == nil {
+		return CreatedRun{}, fmt.Errorf("creating run: nil Job: %w", ErrInvalidObject)
+	}
+	return createRun(ctx, cs, secret, &jobWorkload{cs: cs, job: job})
+}
+
+// CreateWorkloadRun is CreateJobRun for a workload given as an unstructured object (the
+// agent-sandbox Sandbox CR), created through dyn at gvr. The Secret's owner reference takes
+// obj's apiVersion and kind.
+func CreateWorkloadRun(ctx context.Context, cs kubernetes.Interface, dyn dynamic.Interface, gvr schema.GroupVersionResource, secret *corev1.Secret, obj *unstructured.Unstructured) (CreatedRun, error) {
+	if obj == nil || dyn == nil {
+		return CreatedRun{}, fmt.Errorf("creating run: nil workload or dynamic client: %w", ErrInvalidObject)
+	}
+	return createRun(ctx, cs, secret, &unstructuredWorkload{dyn: dyn, gvr: gvr, obj: obj})
+}
+
+// workload is the part of a run that creates pods: a Job or a Sandbox CR.
+type workload interface {
+	meta() metav1.Object
+	apiVersionKind() (apiVersion, kind string)
+	create(ctx context.Context) (types.UID, error)
+	get(ctx context.Context) (metav1.Object, error)
+}
+
+func createRun(ctx context.Context, cs kubernetes.Interface, secret *corev1.Secret, w workload) (CreatedRun, error) {
+	wm := w.meta()
+	_, kind := w.apiVersionKind()
+	ns, name := wm.GetNamespace(), wm.GetName()
+	if err := validateRunInput(secret, w); err != nil {
+		return CreatedRun{}, fmt.Errorf("creating run %s: %w", objRef(kind, ns, name), err)
+	}
+	runID := wm.GetLabels()[LabelRunID]
+
+	// 1. Secret, without owner.
+	sec := secret.DeepCopy()
+	sec.OwnerReferences = nil
+	sec.ResourceVersion = ""
+	secrets := cs.CoreV1().Secrets(ns)
+	createdSecret, err := secrets.Create(ctx, sec, metav1.CreateOptions{FieldManager: DefaultFieldManager})
+	secretCreated := err == nil
+	switch {
+	case err == nil:
+	case apierrors.IsAlreadyExists(err):
+		createdSecret, err = secrets.Get(ctx, sec.Name, metav1.GetOptions{})
+		if err != nil {
+			return CreatedRun{}, fmt.Errorf("reading existing Secret %s/%s: %w", ns, sec.Name, err)
+		}
+		if got := createdSecret.Labels[LabelRunID]; got != runID {
+			return CreatedRun{}, fmt.Errorf("creating Secret %s/%s: exists with %s=%q: %w", ns, sec.Name, LabelRunID, got, ErrRunConflict)
+		}
+	default:
+		return CreatedRun{}, fmt.Errorf("creating Secret %s/%s: %w", ns, sec.Name, err)
+	}
+	secretUID := createdSecret.UID
+
+	// 2. Workload.
+	var run CreatedRun
+	uid, err := w.create(ctx)
+	switch {
+	case err == nil:
+		run.JobUID = uid
+	case apierrors.IsAlreadyExists(err):
+		existing, gerr := w.get(ctx)
+		if gerr != nil {
+			return CreatedRun{}, fmt.Errorf("reading existing %s: %w", objRef(kind, ns, name), gerr)
+		}
+		if got := existing.GetLabels()[LabelRunID]; got != runID {
+			cerr := fmt.Errorf("creating %s: exists with %s=%q: %w", objRef(kind, ns, name), LabelRunID, got, ErrRunConflict)
+			if secretCreated {
+				return CreatedRun{}, errors.Join(cerr, deleteSecretUID(ctx, secrets, sec.Name, secretUID))
+			}
+			return CreatedRun{}, cerr
+		}
+		run = CreatedRun{JobUID: existing.GetUID(), Existed: true}
+	case isPermanentCreateError(err):
+		// Nothing will ever own the Secret: remove it, whoever created it (it carries our run id).
+		cerr := fmt.Errorf("creating %s: %w", objRef(kind, ns, name), err)
+		return CreatedRun{}, errors.Join(cerr, deleteSecretUID(ctx, secrets, sec.Name, secretUID))
+	default:
+		return CreatedRun{}, fmt.Errorf("creating %s: %w", objRef(kind, ns, name), err)
+	}
+
+	// 3. Owner reference on the Secret.
+	apiVersion, _ := w.apiVersionKind()
+	patch, err := ownerPatch(apiVersion, kind, name, run.JobUID)
+	if err != nil {
+		return CreatedRun{}, err
+	}
+	if _, err := secrets.Patch(ctx, sec.Name, types.MergePatchType, patch, metav1.PatchOptions{FieldManager: DefaultFieldManager}); err != nil {
+		return CreatedRun{}, fmt.Errorf("setting owner of Secret %s/%s to %s: %w", ns, sec.Name, objRef(kind, ns, name), err)
+	}
+	return run, nil
+}
+
+func validateRunInput(secret *corev1.Secret, w workload) error {
+	wm := w.meta()
+	if secret == nil {
+		return fmt.Errorf("nil Secret: %w", ErrInvalidObject)
+	}
+	if wm.GetName() == "" || wm.GetNamespace() == "" || secret.Name == "" {
+		return fmt.Errorf("workload and Secret need a name and a namespace: %w", ErrInvalidObject)
+	}
+	if secret.Namespace != wm.GetNamespace() {
+		return fmt.Errorf("the Secret's namespace %q differs from the workload's %q: %w", secret.Namespace, wm.GetNamespace(), ErrInvalidObject)
+	}
+	runID := wm.GetLabels()[LabelRunID]
+	if runID == "" {
+		return fmt.Errorf("workload has no %s label: %w", LabelRunID, ErrInvalidObject)
+	}
+	if got := secret.Labels[LabelRunID]; got != runID {
+		return fmt.Errorf("the Secret's %s=%q differs from the workload's %q: %w", LabelRunID, got, runID, ErrInvalidObject)
+	}
+	return nil
+}
+
+// isPermanentCreateError reports whether a create failed in a way a retry cannot fix, so the
+// pieces already created must be removed.
+func isPermanentCreateError(err error) bool {
+	return apierrors.IsInvalid(err) || apierrors.IsForbidden(err) || apierrors.IsBadRequest(err) ||
+		apierrors.IsNotFound(err) || apierrors.IsMethodNotSupported(err) ||
+		apierrors.IsRequestEntityTooLargeError(err) || apierrors.IsUnsupportedMediaType(err) ||
+		apierrors.IsNotAcceptable(err)
+}
+
+func ownerPatch(apiVersion, kind, name string, uid types.UID) ([]byte, error) {
+	yes := true
+	p := map[string]any{"metadata": map[string]any{"ownerReferences": []metav1.OwnerReference{{
+		APIVersion: apiVersion, Kind: kind, Name: name, UID: uid,
+		Controller: &yes, BlockOwnerDeletion: &yes,
+	}}}}
+	b, err := json.Marshal(p)
+	if err != nil {
+		return nil, fmt.Errorf("encoding owner patch: %w", err)
+	}
+	return b, nil
+}
+
+type secretDeleter interface {
+	Delete(ctx context.Context, name string, opts metav1.DeleteOptions) error
+}
+
+// deleteSecretUID deletes the Secret only if it is still the incarnation we saw.
+func deleteSecretUID(ctx context.Context, secrets secretDeleter, name string, uid types.UID) error {
+	opts := metav1.DeleteOptions{}
+	if uid != "" {
+		opts.Preconditions = &metav1.Preconditions{UID: &uid}
+	}
+	err := secrets.Delete(ctx, name, opts)
+	if err == nil || apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
+		return nil
+	}
+	return fmt.Errorf("cleaning up Secret %s: %w", name, err)
+}
+
+type jobWorkload struct {
+	cs  kubernetes.Interface
+	job *batchv1.Job
+}
+
+func (w *jobWorkload) meta() metav1.Object              { return w.job }
+func (w *jobWorkload) apiVersionKind() (string, string) { return "batch/v1", "Job" }
+func (w *jobWorkload) get(ctx context.Context) (metav1.Object, error) {
+	return w.cs.BatchV1().Jobs(w.job.Namespace).Get(ctx, w.job.Name, metav1.GetOptions{})
+}
+
+func (w *jobWorkload) create(ctx context.Context) (types.UID, error) {
+	j := w.job.DeepCopy()
+	j.ResourceVersion = ""
+	got, err := w.cs.BatchV1().Jobs(j.Namespace).Create(ctx, j, metav1.CreateOptions{FieldManager: DefaultFieldManager})
+	if err != nil {
+		return "", err
+	}
+	return got.UID, nil
+}
+
+type unstructuredWorkload struct {
+	dyn dynamic.Interface
+	gvr schema.GroupVersionResource
+	obj *unstructured.Unstructured
+}
+
+func (w *unstructuredWorkload) meta() metav1.Object { return w.obj }
+func (w *unstructuredWorkload) apiVersionKind() (string, string) {
+	return w.obj.GetAPIVersion(), w.obj.GetKind()
+}
+
+func (w *unstructuredWorkload) get(ctx context.Context) (metav1.Object, error) {
+	return w.dyn.Resource(w.gvr).Namespace(w.obj.GetNamespace()).Get(ctx, w.obj.GetName(), metav1.GetOptions{})
+}
+
+func (w *unstructuredWorkload) create(ctx context.Context) (types.UID, error) {
+	o := w.obj.DeepCopy()
+	o.SetResourceVersion("")
+	got, err := w.dyn.Resource(w.gvr).Namespace(o.GetNamespace()).Create(ctx, o, metav1.CreateOptions{FieldManager: DefaultFieldManager})
+	if err != nil {
+		return "", err
+	}
+	return got.GetUID(), nil
+}
+
+// DefaultPodGracePeriod is the grace period DeleteRun gives a run's pods. The agent gets SIGTERM
+// (forwarded by tini) and this long to flush its last stream-json lines before SIGKILL; it is
+// short because a release waits for it, and an agent has nothing to save beyond its log.
+const DefaultPodGracePeriod = 5 * time.Second
+
+// RunDeleteOptions tunes DeleteRun and DeleteWorkloadRun.
+type RunDeleteOptions struct {
+	// Propagation of the workload's deletion. Default Background: the workload disappears at once
+	// and the run's pods are deleted directly (and waited for) by DeleteRun itself.
+	Propagation metav1.DeletionPropagation
+	// PodGracePeriod is the pods' termination grace period. Zero means DefaultPodGracePeriod;
+	// anything below a second is raised to one second, because a zero grace period is a force
+	// delete: the pod object vanishes while its containers may still run, and waiting for it
+	// would prove nothing.
+	PodGracePeriod time.Duration
+}
+
+func (o RunDeleteOptions) withDefaults() RunDeleteOptions {
+	if o.Propagation == "" {
+		o.Propagation = metav1.DeletePropagationBackground
+	}
+	if o.PodGracePeriod == 0 {
+		o.PodGracePeriod = DefaultPodGracePeriod
+	}
+	if o.PodGracePeriod < time.Second {
+		o.PodGracePeriod = time.Second
+	}
+	return o
+}
+
+// DeleteRun deletes a run's Job and its pods and returns once no pod of the Job exists any
+// more, that is once the kubelet has confirmed its containers stopped. A missing Job or pod is
+// not an error, so DeleteRun is idempotent.
+//
+// Pods are selected by the batch.kubernetes.io/job-name label the Job controller sets. They are
+// deleted directly rather than left to the garbage collector, which would use the pod's own
+// (longer) terminationGracePeriodSeconds and start only after it notices the Job is gone.
+// Waiting uses a List then a Watch from the list's resourceVersion; a pod that appears meanwhile
+// (a create the Job controller had in flight) is deleted too.
+//
+// The `released` event must only be published after DeleteRun returned nil: until then the
+// agent may still be running and holding the tenant's quota. The wait is bounded by ctx only (a
+// pod on a dead node stays Terminating until the node is removed); give ctx a deadline.
+func DeleteRun(ctx context.Context, cs kubernetes.Interface, namespace, jobName string, opts RunDeleteOptions) error {
+	opts = opts.withDefaults()
+	prop := opts.Propagation
+	err := cs.BatchV1().Jobs(namespace).Delete(ctx, jobName, metav1.DeleteOptions{PropagationPolicy: &prop})
+	if err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("deleting Job %s/%s: %w", namespace, jobName, err)
+	}
+	sel := labels.Set{batchv1.JobNameLabel: jobName}.String()
+	if err := deletePodsAndWait(ctx, cs, namespace, metav1.ListOptions{LabelSelector: sel}, opts.PodGracePeriod); err != nil {
+		return fmt.Errorf("deleting pods of Job %s/%s: %w", namespace, jobName, err)
+	}
+	return nil
+}
+
+// DeleteWorkloadRun is DeleteRun for a workload created through dyn at gvr (a Sandbox CR). pods
+// selects the workload's pods: agent-sandbox names the pod after the Sandbox, so
+// metav1.ListOptions{FieldSelector: "metadata.name=<name>"} is the usual choice.
+func DeleteWorkloadRun(ctx context.Context, cs kubernetes.Interface, dyn dynamic.Interface, gvr schema.GroupVersionResource, namespace, name string, pods metav1.ListOptions, opts RunDeleteOptions) error {
+	opts = opts.withDefaults()
+	prop := opts.Propagation
+	err := dyn.Resource(gvr).Namespace(namespace).Delete(ctx, name, metav1.DeleteOptions{PropagationPolicy: &prop})
+	if err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("deleting %s %s/%s: %w", gvr.Resource, namespace, name, err)
+	}
+	if pods.LabelSelector == "" && pods.FieldSelector == "" {
+		return fmt.Errorf("deleting pods of %s %s/%s: empty pod selector: %w", gvr.Resource, namespace, name, ErrInvalidObject)
+	}
+	if err := deletePodsAndWait(ctx, cs, namespace, pods, opts.PodGracePeriod); err != nil {
+		return fmt.Errorf("deleting pods of %s %s/%s: %w", gvr.Resource, namespace, name, err)
+	}
+	return nil
+}
+
+// DeleteSecret deletes a run's Secret; NotFound is success. A Secret owned by its Job goes with
+// it anyway; this is for a destroy that must not depend on the garbage collector.
+func DeleteSecret(ctx context.Context, cs kubernetes.Interface, namespace, name string) error {
+	err := cs.CoreV1().Secrets(namespace).Delete(ctx, name, metav1.DeleteOptions{})
+	if err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("deleting Secret %s/%s: %w", namespace, name, err)
+	}
+	return nil
+}
+
+// deletePodsAndWait deletes every pod sel matches and returns when none is left.
+func deletePodsAndWait(ctx context.Context, cs kubernetes.Interface, namespace string, sel metav1.ListOptions, grace time.Duration) error {
+	pods := cs.CoreV1().Pods(namespace)
+	graceSec := int64(grace / time.Second)
+	deletePod := func(p *corev1.Pod) error {
+		if p.DeletionTimestamp != nil && p.DeletionGracePeriodSeconds != nil && *p.DeletionGracePeriodSeconds <= graceSec {
+			return nil // already going at least as fast
+		}
+		uid := p.UID
+		err := pods.Delete(ctx, p.Name, metav1.DeleteOptions{
+			GracePeriodSeconds: &graceSec,
+			Preconditions:      &metav1.Preconditions{UID: &uid},
+		})
+		if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+			return fmt.Errorf("deleting pod %s: %w", p.Name, err)
+		}
+		return nil
+	}
+	for {
+		list, err := pods.List(ctx, sel)
+		if err != nil {
+			return fmt.Errorf("listing pods: %w", err)
+		}
+		left := make(map[types.UID]bool, len(list.Items))
+		for i := range list.Items {
+			if err := deletePod(&list.Items[i]); err != nil {
+				return err
+			}
+			left[list.Items[i].UID] = true
+		}
+		if len(left) == 0 {
+			return nil
+		}
+		wopts := sel
+		wopts.ResourceVersion = list.ResourceVersion
+		wopts.AllowWatchBookmarks = true
+		w, err := pods.Watch(ctx, wopts)
+		if err != nil {
+			if ctx.Err() != nil {
+				return fmt.Errorf("waiting for %d pod(s) to go: %w", len(left), ctx.Err())
+			}
+			continue // e.g. 410 Gone: list again
+		}
+		done, err := drainPodWatch(ctx, w, left, deletePod)
+		w.Stop()
+		if err != nil || done {
+			return err
+		}
+		// The watch ended (server timeout, 410 Gone, connection reset): list again.
+	}
+}
+
+// drainPodWatch consumes w until no pod in left remains (true), the watch ends (false) or ctx
+// is done.
+func drainPodWatch(ctx context.Context, w watch.Interface, left map[types.UID]bool, deletePod func(*corev1.Pod) error) (bool, error) {
+	for {
+		select {
+		case <-ctx.Done():
+			return false, fmt.Errorf("waiting for %d pod(s) to go: %w", len(left), ctx.Err())
+		case ev, ok := <-w.ResultChan():
+			if !ok {
+				return false, nil
+			}
+			p, isPod := ev.Object.(*corev1.Pod)
+			switch {
+			case ev.Type == watch.Error:
+				return false, nil
+			case !isPod:
+				continue
+			case ev.Type == watch.Deleted:
+				delete(left, p.UID)
+			case ev.Type == watch.Added || ev.Type == watch.Modified:
+				left[p.UID] = true
+				if err := deletePod(p); err != nil {
+					return false, err
+				}
+			}
+			if len(left) == 0 {
+				return true, nil
+			}
+		}
+	}
+}
