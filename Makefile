@@ -23,7 +23,7 @@ fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 
 # test: vet, gofmt, then every test (unit, embedded NATS, the local cluster, end to end) with -race.
-test: vet fmt-check cluster-up
+test: vet fmt-check build cluster-up
 	KUBECLIP_BIN=$(BIN) $(GO) test $(TEST_FLAGS) ./...
 
 # unit: the tests that need neither a cluster nor the worker binaries (quick feedback while editing).

@@ -241,8 +241,7 @@ func TestConsumeRecoversPanics(t *testing.T) {
 		attempts = append(attempts, attempt(m))
 		mu.Unlock()
 		if attempt(m) == 1 {
-			var cfg map[string]string
-			cfg["boom"] = "assignment to entry in nil map"
+			panic("handler bug on the first delivery")
 		}
 		return nil
 	}, events.ConsumeOptions{Logger: testLogger(t), Backoff: func(uint64) time.Duration { return 10 * time.Millisecond }})

@@ -9,7 +9,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// ErrStopFollowing, returned by a Follow callback, ends Follow without an error.
+// ErrStopFollowing is returned by a Follow callback to end Follow without an error.
 var ErrStopFollowing = errors.New("stop following")
 
 // OrderedConsumerMaker is the part of jetstream.JetStream Follow needs.

@@ -225,14 +225,14 @@ func TestDocExamples(t *testing.T) {
 			if err := json.Unmarshal(body, &ids); err != nil {
 				t.Fatal(err)
 			}
-			switch {
-			case name == "lease-acquire":
+			switch name {
+			case "lease-acquire":
 				subj, _ := s.Lease(ids.CompanyID, events.LeaseAcquire)
 				_, err = s.DecodeAcquire(subj, body)
-			case name == "lease-release":
+			case "lease-release":
 				subj, _ := s.Lease(ids.CompanyID, events.LeaseDestroy)
 				_, err = s.DecodeRelease(subj, body)
-			case name == "kubeclip-dispatch":
+			case "kubeclip-dispatch":
 				subj, _ := events.DispatchSubject(ids.CompanyID, ids.RunID)
 				_, err = events.DecodeDispatch(subj, body)
 			default:

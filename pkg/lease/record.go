@@ -50,7 +50,7 @@ type Records struct {
 	KV jetstream.KeyValue
 }
 
-// ErrNotFound: the run has no lease record.
+// ErrNotFound is returned when the run has no lease record.
 var ErrNotFound = errors.New("no lease record")
 
 // Get returns the run's record and its revision.

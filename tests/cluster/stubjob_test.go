@@ -117,11 +117,11 @@ func runJob(ctx context.Context, t *testing.T, cs kubernetes.Interface, ns strin
 	}
 	selector := fields.OneTermEqualSelector("metadata.name", job.Name).String()
 	lw := &cache.ListWatch{
-		ListFunc: func(o metav1.ListOptions) (runtime.Object, error) {
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
 			o.FieldSelector = selector
 			return jobs.List(ctx, o)
 		},
-		WatchFunc: func(o metav1.ListOptions) (watch.Interface, error) {
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
 			o.FieldSelector = selector
 			return jobs.Watch(ctx, o)
 		},

@@ -35,6 +35,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"runtime"
 	"strconv"
 	"syscall"
 	"time"
@@ -315,6 +316,7 @@ func exhaustMemory() {
 			b[i] = 1
 		}
 		hold = append(hold, b)
+		runtime.KeepAlive(hold) // keep every chunk reachable: freed memory would not count
 	}
 }
 
