@@ -59,6 +59,11 @@ func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout,
 	}
 
 	log := app.NewLogger(stderr, s.LogLevel, "dispatcher")
+	ops, err := s.StartOps(ctx, log)
+	if err != nil {
+		return err
+	}
+	defer ops.Close(log)
 	kube, err := s.Kubernetes("dispatcher")
 	if err != nil {
 		return err
@@ -72,6 +77,7 @@ func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout,
 		return err
 	}
 	defer app.Drain(nc, log)
+	ops.Ready(nc, kube)
 
 	d, err := dispatch.New(dispatch.Options{
 		Clientset: kube.Clientset, Dynamic: kube.Dynamic, Applier: kube.Applier,
@@ -79,6 +85,7 @@ func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout,
 		LookupEnv: lookupEnv, AdapterSecret: secretRef,
 		AgentBusyTimeout: s.AgentBusyTimeout, ReleaseTimeout: s.ReleaseTimeout,
 		Concurrency: s.Concurrency, DrainTimeout: s.ShutdownTimeout,
+		Observer: ops.Metrics,
 	})
 	if err != nil {
 		return err

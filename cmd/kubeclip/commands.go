@@ -23,11 +23,13 @@ import (
 type client struct {
 	NATSURL string
 	Prefix  string
+	NATS    app.NATSAuth
 }
 
 func (c *client) bind(fs *config.Set) {
 	fs.String(&c.NATSURL, "nats-url", "KUBECLIP_NATS_URL", nats.DefaultURL, "NATS server URL")
 	fs.String(&c.Prefix, "subject-prefix", "KUBECLIP_SUBJECT_PREFIX", events.DefaultPrefix, "first token of the lease and run subjects")
+	c.NATS.Bind(fs)
 }
 
 func (c *client) connect() (*nats.Conn, jetstream.JetStream, events.Subjects, error) {
@@ -35,7 +37,11 @@ func (c *client) connect() (*nats.Conn, jetstream.JetStream, events.Subjects, er
 	if err != nil {
 		return nil, nil, events.Subjects{}, &app.UsageError{Err: err}
 	}
-	nc, err := nats.Connect(c.NATSURL, nats.Name("kubeclip-cli"))
+	auth, err := c.NATS.Options()
+	if err != nil {
+		return nil, nil, events.Subjects{}, &app.UsageError{Err: err}
+	}
+	nc, err := nats.Connect(c.NATSURL, append(auth, nats.Name("kubeclip-cli"))...)
 	if err != nil {
 		return nil, nil, events.Subjects{}, fmt.Errorf("connecting to NATS at %s: %w", c.NATSURL, err)
 	}

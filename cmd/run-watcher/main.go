@@ -33,6 +33,9 @@ type settings struct {
 	Streams            app.Streams
 	FlushInterval      time.Duration
 	UnschedulableGrace time.Duration
+	StartErrorGrace    time.Duration
+	ReplicaID          string
+	OwnershipTTL       time.Duration
 }
 
 func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout, stderr io.Writer) error {
@@ -42,6 +45,9 @@ func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout,
 	s.Streams.Bind(fs)
 	fs.Duration(&s.FlushInterval, "log-flush-interval", "KUBECLIP_LOG_FLUSH_INTERVAL", runwatch.DefaultFlushInterval, "longest a log line waits before its chunk is published")
 	fs.Duration(&s.UnschedulableGrace, "unschedulable-grace", "KUBECLIP_UNSCHEDULABLE_GRACE", runwatch.DefaultUnschedulableGrace, "how long a pod may stay unschedulable before its run fails")
+	fs.Duration(&s.StartErrorGrace, "start-error-grace", "KUBECLIP_START_ERROR_GRACE", runwatch.DefaultStartErrorGrace, "how long a pod may report an image-pull or container-config error before its run fails")
+	fs.String(&s.ReplicaID, "replica-id", "KUBECLIP_REPLICA_ID", "", "this replica's name in the run ownership bucket (set it to the pod name); empty: host name plus a random suffix")
+	fs.Duration(&s.OwnershipTTL, "ownership-ttl", "KUBECLIP_OWNERSHIP_TTL", runwatch.DefaultOwnershipTTL, "how long a run stays with a replica that stopped renewing it; bounds takeover after a crash (same on every replica)")
 	if err := fs.Parse(args); err != nil {
 		fs.Usage(stdout, summary)
 		return app.Usage(err)
@@ -51,6 +57,11 @@ func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout,
 	}
 
 	log := app.NewLogger(stderr, s.LogLevel, "run-watcher")
+	ops, err := s.StartOps(ctx, log)
+	if err != nil {
+		return err
+	}
+	defer ops.Close(log)
 	kube, err := s.Kubernetes("run-watcher")
 	if err != nil {
 		return err
@@ -64,10 +75,13 @@ func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout,
 		return err
 	}
 	defer app.Drain(nc, log)
+	ops.Ready(nc, kube)
 
 	w, err := runwatch.New(runwatch.Options{
 		Clientset: kube.Clientset, JetStream: js, Subjects: subjects, Logger: log,
-		FlushInterval: s.FlushInterval, UnschedulableGrace: s.UnschedulableGrace,
+		FlushInterval: s.FlushInterval, UnschedulableGrace: s.UnschedulableGrace, StartErrorGrace: s.StartErrorGrace,
+		ReplicaID: s.ReplicaID, OwnershipTTL: s.OwnershipTTL, StreamReplicas: s.Streams.Replicas,
+		Observer: ops.Metrics,
 	})
 	if err != nil {
 		return err
@@ -84,6 +98,12 @@ func (s *settings) Validate(fs *config.Set) error {
 	}
 	if s.UnschedulableGrace < 0 {
 		return fmt.Errorf("%s must not be negative", fs.Names("unschedulable-grace"))
+	}
+	if s.StartErrorGrace < 0 {
+		return fmt.Errorf("%s must not be negative", fs.Names("start-error-grace"))
+	}
+	if s.OwnershipTTL < time.Second {
+		return fmt.Errorf("%s must be at least 1s", fs.Names("ownership-ttl"))
 	}
 	return nil
 }

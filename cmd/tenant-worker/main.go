@@ -51,6 +51,11 @@ func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout,
 	}
 
 	log := app.NewLogger(stderr, s.LogLevel, "tenant-worker")
+	ops, err := s.StartOps(ctx, log)
+	if err != nil {
+		return err
+	}
+	defer ops.Close(log)
 	kube, err := s.Kubernetes("tenant-worker")
 	if err != nil {
 		return err
@@ -64,10 +69,12 @@ func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout,
 		return err
 	}
 	defer app.Drain(nc, log)
+	ops.Ready(nc, kube)
 
 	w, err := tenant.New(tenant.Options{
 		Clientset: kube.Clientset, Applier: kube.Applier, JetStream: js, Subjects: subjects,
 		Logger: log, Resync: s.Resync, Concurrency: s.Concurrency, DrainTimeout: s.ShutdownTimeout,
+		Observer: ops.Metrics,
 	})
 	if err != nil {
 		return err

@@ -26,6 +26,10 @@ type Common struct {
 	KubeBurst       int
 	LogLevel        string
 	ShutdownTimeout time.Duration
+	// NATS holds the NATS authentication and TLS settings.
+	NATS NATSAuth
+	// OpsAddr is where /healthz, /readyz and /metrics are served; empty turns them off.
+	OpsAddr string
 	// DefaultLogLevel, when set before Bind, replaces "info" as --log-level's default.
 	DefaultLogLevel string
 }
@@ -45,6 +49,10 @@ func (c *Common) Bind(s *config.Set) {
 	}
 	s.String(&c.LogLevel, "log-level", "KUBECLIP_LOG_LEVEL", level, "log level: debug, info, warn or error")
 	s.Duration(&c.ShutdownTimeout, "shutdown-timeout", "KUBECLIP_SHUTDOWN_TIMEOUT", 20*time.Second, "how long in-flight work may take to finish after SIGTERM")
+	c.NATS.Bind(s)
+	// Off by default: several workers (or replicas in tests) on one host would fight over one
+	// port. The manifests and the compose file set it.
+	s.String(&c.OpsAddr, "ops-addr", "KUBECLIP_OPS_ADDR", "", "listen address of /healthz, /readyz and /metrics, such as :8080; empty: not served")
 }
 
 // Validate checks the common settings; errors name the flag and its environment variable.
@@ -64,6 +72,9 @@ func (c *Common) Validate(s *config.Set) error {
 	}
 	if c.ShutdownTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("%s must be > 0", s.Names("shutdown-timeout")))
+	}
+	if err := c.NATS.Validate(s); err != nil {
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }

@@ -70,7 +70,11 @@ func (c *Common) Kubernetes(component string) (*Kube, error) {
 // JetStream connects to NATS and makes sure the streams and buckets exist. The caller drains
 // the connection last.
 func (c *Common) JetStream(ctx context.Context, component string, st Streams, log zerolog.Logger) (*nats.Conn, jetstream.JetStream, error) {
-	nc, err := ConnectNATS(c.NATSURL, "kubeclip-"+component, log)
+	auth, err := c.NATS.Options()
+	if err != nil {
+		return nil, nil, err
+	}
+	nc, err := ConnectNATS(c.NATSURL, "kubeclip-"+component, log, auth...)
 	if err != nil {
 		return nil, nil, err
 	}

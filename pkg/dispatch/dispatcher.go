@@ -78,6 +78,8 @@ type Options struct {
 	Concurrency int
 	// DrainTimeout bounds shutdown.
 	DrainTimeout time.Duration
+	// Observer is told about consumed and published messages (metrics); nil means none.
+	Observer events.Observer
 }
 
 func (o Options) withDefaults() (Options, error) {
@@ -136,7 +138,7 @@ func New(opts Options) (*Dispatcher, error) {
 	if err != nil {
 		return nil, err
 	}
-	pub, err := events.NewPublisher(events.PublisherOptions{JS: opts.JetStream, Subjects: opts.Subjects, Now: opts.Now})
+	pub, err := events.NewPublisher(events.PublisherOptions{JS: opts.JetStream, Subjects: opts.Subjects, Now: opts.Now, Observer: opts.Observer})
 	if err != nil {
 		return nil, err
 	}
@@ -189,6 +191,7 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 				DrainTimeout: d.opts.DrainTimeout,
 				MaxAttempts:  events.ConsumerMaxDeliver,
 				OnTerminal:   c.onTerminal,
+				Observer:     d.opts.Observer,
 			})
 		}()
 	}

@@ -77,6 +77,8 @@ type ConsumeOptions struct {
 	// consumer's MaxDeliver). Deferrals (Defer) are bounded by MaxDeliver alone, so a consumer
 	// can allow a long wait without retrying real failures as often.
 	MaxAttempts int
+	// Observer is told the fate of every settled message (metrics); nil means none.
+	Observer ConsumeObserver
 }
 
 func (o ConsumeOptions) withDefaults(cfg jetstream.ConsumerConfig) (ConsumeOptions, error) {
@@ -182,6 +184,7 @@ func Consume(ctx context.Context, cons jetstream.Consumer, h Handler, opts Consu
 		handler:    h,
 		opts:       opts,
 		maxDeliver: cfg.MaxDeliver,
+		name:       info.Name,
 		log:        opts.Logger.With().Str(LogKeyStream, info.Stream).Str(LogKeyConsumer, info.Name).Logger(),
 		inflight:   make(map[*delivery]struct{}),
 	}
@@ -193,6 +196,7 @@ type consumeLoop struct {
 	handler    Handler
 	opts       ConsumeOptions
 	maxDeliver int
+	name       string
 	log        zerolog.Logger
 
 	mu       sync.Mutex
@@ -207,6 +211,8 @@ type delivery struct {
 
 	settled       sync.Once
 	stopKeepAlive func()
+	// started is when the handler started (zero if it never did); for the Observer.
+	started time.Time
 }
 
 func (l *consumeLoop) run(ctx context.Context) error {
@@ -343,8 +349,9 @@ func (l *consumeLoop) handle(ctx, workCtx context.Context, d *delivery) {
 	d.stopKeepAlive = keepAlive(d.m, l.opts.KeepAliveInterval, func(err error) {
 		d.log.Warn().Err(err).Msg("extending the ack deadline failed; the message may be redelivered while it is handled")
 	})
-	// Registered after stopKeepAlive is set: the mutex orders that write before
-	// abandonInFlight's settle reads it.
+	d.started = time.Now()
+	// Registered after stopKeepAlive and started are set: the mutex orders those writes before
+	// abandonInFlight's settle reads them.
 	l.mu.Lock()
 	l.inflight[d] = struct{}{}
 	l.mu.Unlock()
@@ -395,6 +402,7 @@ const (
 type decision struct {
 	action   action
 	delay    time.Duration // actionNak only; 0 means immediate redelivery
+	deferred bool          // actionNak only: the handler asked to wait, nothing failed
 	terminal *TerminalError
 }
 
@@ -428,7 +436,7 @@ func classify(err error, attempt uint64, maxAttempts, maxDeliver int, backoff fu
 	}
 	switch {
 	case retryable && re.After > 0:
-		return decision{action: actionNak, delay: re.After}
+		return decision{action: actionNak, delay: re.After, deferred: true}
 	case stopping:
 		return decision{action: actionNak}
 	}
@@ -441,6 +449,9 @@ func (l *consumeLoop) settle(ctx context.Context, d *delivery, err error) {
 	d.settled.Do(func() {
 		d.stopKeepAlive()
 		dec := classify(err, d.attempt, l.opts.MaxAttempts, l.maxDeliver, l.opts.Backoff, ctx.Err() != nil)
+		if l.opts.Observer != nil {
+			defer l.observe(d, dec, ctx.Err() != nil)
+		}
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.opts.SettleTimeout)
 		defer cancel()
 		switch dec.action {
@@ -469,6 +480,21 @@ func (l *consumeLoop) settle(ctx context.Context, d *delivery, err error) {
 			l.terminate(sctx, d, dec.terminal)
 		}
 	})
+}
+
+// observe reports a settled delivery to the Observer.
+func (l *consumeLoop) observe(d *delivery, dec decision, stopping bool) {
+	s := Settlement{
+		Consumer: l.name, Subject: d.m.Subject(), Attempt: d.attempt,
+		Fate: fateOf(dec, stopping && dec.action == actionNak && dec.delay == 0),
+	}
+	if !d.started.IsZero() {
+		s.HandlerDuration = time.Since(d.started)
+	}
+	if dec.terminal != nil {
+		s.Code = dec.terminal.Code
+	}
+	l.opts.Observer.MessageSettled(s)
 }
 
 func (l *consumeLoop) terminate(ctx context.Context, d *delivery, te *TerminalError) {

@@ -11,7 +11,7 @@ import (
 
 // EventPublisher is the part of Publisher PublishFailure needs.
 type EventPublisher interface {
-	Publish(ctx context.Context, ev Event) (*jetstream.PubAck, error)
+	Publish(ctx context.Context, ev Event, opts ...jetstream.PublishOpt) (*jetstream.PubAck, error)
 }
 
 var _ EventPublisher = (*Publisher)(nil)

@@ -25,6 +25,8 @@ type PublisherOptions struct {
 	Subjects Subjects
 	// Now stamps events that carry no time and sets ce-time; defaults to time.Now.
 	Now func() time.Time
+	// Observer is told about every Publish call (metrics); nil means none.
+	Observer PublishObserver
 }
 
 // Publisher publishes contract events with their subject, message id and CloudEvents headers.
@@ -33,6 +35,7 @@ type Publisher struct {
 	js       JetStreamPublisher
 	subjects Subjects
 	now      func() time.Time
+	observer PublishObserver
 }
 
 // NewPublisher validates opts and returns a Publisher.
@@ -43,7 +46,7 @@ func NewPublisher(opts PublisherOptions) (*Publisher, error) {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	return &Publisher{js: opts.JS, subjects: opts.Subjects, now: opts.Now}, nil
+	return &Publisher{js: opts.JS, subjects: opts.Subjects, now: opts.Now, observer: opts.Observer}, nil
 }
 
 // Msg builds the NATS message for ev without publishing it: subject, JSON body, Nats-Msg-Id
@@ -84,17 +87,35 @@ func (p *Publisher) build(ev Event) (*nats.Msg, address, error) {
 // Publish publishes ev and waits for the stream's acknowledgement. The message id makes a
 // republished event a no-op inside the stream's duplicate window (PubAck.Duplicate reports it),
 // and the expected-stream check refuses to store an event in a stream other than the contract's.
-func (p *Publisher) Publish(ctx context.Context, ev Event) (*jetstream.PubAck, error) {
+//
+// opts add publish expectations, such as jetstream.WithExpectLastSequencePerSubject, which the
+// run-watcher uses to fence a run's log against a second writer.
+func (p *Publisher) Publish(ctx context.Context, ev Event, opts ...jetstream.PublishOpt) (ack *jetstream.PubAck, err error) {
+	if p.observer != nil {
+		defer p.observe(ev, time.Now(), &ack, &err)
+	}
 	msg, addr, err := p.build(ev)
 	if err != nil {
 		return nil, err
 	}
-	ack, err := p.js.PublishMsg(ctx, msg,
-		jetstream.WithMsgID(addr.msgID),
-		jetstream.WithExpectStream(addr.stream),
-	)
+	opts = append([]jetstream.PublishOpt{jetstream.WithMsgID(addr.msgID), jetstream.WithExpectStream(addr.stream)}, opts...)
+	ack, err = p.js.PublishMsg(ctx, msg, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("publishing %s: %w", msg.Subject, err)
 	}
 	return ack, nil
+}
+
+// observe reports a finished Publish to the observer.
+func (p *Publisher) observe(ev Event, start time.Time, ack **jetstream.PubAck, err *error) {
+	pub := Publication{Event: ev, Err: *err, Duration: time.Since(start)}
+	if ev != nil {
+		if addr, aerr := ev.address(p.subjects); aerr == nil {
+			pub.Subject = addr.subject
+		}
+	}
+	if *ack != nil {
+		pub.Duplicate = (*ack).Duplicate
+	}
+	p.observer.EventPublished(pub)
 }

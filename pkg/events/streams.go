@@ -324,6 +324,16 @@ func LeaseKey(runID string) string {
 	return leaseKeyEncoded + base64.RawURLEncoding.EncodeToString([]byte(runID))
 }
 
+// RunIDFromLeaseKey inverts LeaseKey.
+func RunIDFromLeaseKey(key string) string {
+	if rest, ok := strings.CutPrefix(key, leaseKeyEncoded); ok {
+		if b, err := base64.RawURLEncoding.DecodeString(rest); err == nil {
+			return string(b)
+		}
+	}
+	return key
+}
+
 // isKVKey mirrors the KV key rule: [-/_=.a-zA-Z0-9]+, not starting or ending with '.'.
 func isKVKey(k string) bool {
 	if k == "" || k[0] == '.' || k[len(k)-1] == '.' {

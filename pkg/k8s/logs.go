@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"io"
 	"time"
 	"unicode/utf8"
@@ -16,18 +17,130 @@ import (
 	"k8s.io/client-go/kubernetes"
 )
 
-// Cursor is a position in a container's log: the Kubernetes timestamp of the last line delivered
-// and how many delivered lines carried exactly that timestamp. The zero Cursor is the start.
+// ReorderWindow is how far out of timestamp order a line may reach the log. The kubelet stamps
+// stdout and stderr lines separately, so the log file can hold a line a little older than the one
+// before it; a Cursor remembers the lines of this last stretch exactly.
+const ReorderWindow = 2 * time.Second
+
+// Cursor is a position in a container's log: the highest Kubernetes timestamp delivered, and
+// which lines (timestamp and text) were delivered within ReorderWindow of it. The zero Cursor is
+// the start of the log.
 //
-// Resuming from a Cursor neither repeats nor drops lines, including several lines sharing one
-// timestamp, because the kubelet replays every line at or after SinceTime in file order.
-// Time is the highest timestamp delivered, not the last one: the kubelet stamps stdout and stderr
-// separately, so one can be a few microseconds behind the other. A line that is older than an
-// already delivered line and was not yet read when the stream broke is therefore lost; that needs
-// a break inside that microsecond window.
+// Resuming from a Cursor neither repeats nor drops a line: the kubelet replays every line from
+// SinceTime (whole seconds, reaching back past the window), lines older than the window were
+// delivered, and of the newer ones exactly those the Cursor counts are skipped, however many
+// share a timestamp and in whatever order stdout and stderr interleaved.
 type Cursor struct {
-	Time  time.Time
-	Count int
+	// Time is the highest timestamp delivered.
+	Time time.Time
+	// recent counts the delivered lines with timestamps in [Time-ReorderWindow, Time].
+	recent map[lineKey]int
+	added  int
+}
+
+// lineKey identifies a line by its timestamp and text.
+type lineKey struct {
+	ts  int64
+	sum uint64
+}
+
+func keyOf(ts time.Time, text string) lineKey {
+	h := fnv.New64a()
+	_, _ = h.Write([]byte(text))
+	return lineKey{ts: ts.UnixNano(), sum: h.Sum64()}
+}
+
+// Add records l as delivered. FollowLogs does it for every line it emits; use it to rebuild a
+// Cursor from lines delivered earlier (the run-watcher replays its published log).
+func (c *Cursor) Add(l Line) {
+	if c.recent == nil {
+		c.recent = map[lineKey]int{}
+	}
+	c.recent[keyOf(l.Time, l.Text)]++
+	if l.Time.After(c.Time) {
+		c.Time = l.Time
+	}
+	// Forget what fell out of the window now and then, so memory follows the window.
+	if c.added++; c.added%256 == 0 {
+		floor := c.Time.Add(-ReorderWindow).UnixNano()
+		for k := range c.recent {
+			if k.ts < floor {
+				delete(c.recent, k)
+			}
+		}
+	}
+}
+
+// Clone returns a copy that does not share state with c.
+func (c Cursor) Clone() Cursor {
+	out := Cursor{Time: c.Time, added: c.added}
+	if c.recent != nil {
+		out.recent = make(map[lineKey]int, len(c.recent))
+		for k, v := range c.recent {
+			out.recent[k] = v
+		}
+	}
+	return out
+}
+
+// Equal reports whether two cursors cover the same lines (used by go-cmp in tests).
+func (c Cursor) Equal(o Cursor) bool {
+	if !c.Time.Equal(o.Time) {
+		return false
+	}
+	floor := c.Time.Add(-ReorderWindow).UnixNano()
+	count := func(m map[lineKey]int) map[lineKey]int {
+		out := map[lineKey]int{}
+		for k, v := range m {
+			if k.ts >= floor && v > 0 {
+				out[k] = v
+			}
+		}
+		return out
+	}
+	a, b := count(c.recent), count(o.recent)
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if b[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+// skipper decides, for one stream that resumes at a Cursor, which lines were delivered before.
+type skipper struct {
+	floor  time.Time       // lines before it were delivered
+	budget map[lineKey]int // how many more times each recent line may be skipped
+}
+
+func (c Cursor) skipper() skipper {
+	if c.Time.IsZero() {
+		return skipper{}
+	}
+	sk := skipper{floor: c.Time.Add(-ReorderWindow), budget: make(map[lineKey]int, len(c.recent))}
+	for k, v := range c.recent {
+		sk.budget[k] = v
+	}
+	return sk
+}
+
+// delivered reports (and counts) a line the resumed cursor already covers.
+func (s *skipper) delivered(ts time.Time, text string) bool {
+	if s.floor.IsZero() {
+		return false
+	}
+	if ts.Before(s.floor) {
+		return true
+	}
+	k := keyOf(ts, text)
+	if s.budget[k] > 0 {
+		s.budget[k]--
+		return true
+	}
+	return false
 }
 
 // Line is one log line of a container.
@@ -91,9 +204,9 @@ func (o FollowOptions) withDefaults() FollowOptions {
 // line. It returns early with ctx's error, or with emit's error (emit errors abort and are
 // returned as is).
 //
-// It reads with Follow and Timestamps, from SinceTime = from.Time truncated to the second (the
-// API takes RFC 3339 without fractions, so the kubelet replays the whole second) and drops what
-// the cursor says was delivered. When a stream ends (container exit, kubelet idle timeout, a
+// It reads with Follow and Timestamps, from SinceTime = the start of from's reorder window
+// rounded down to the second (the API takes RFC 3339 without fractions), and drops what the
+// cursor says was delivered. When a stream ends (container exit, kubelet idle timeout, a
 // broken connection) it asks IsDone; while the container runs it reconnects from the cursor,
 // the first time at once and then after a doubling backoff (reset by any delivered line). Once
 // the container has terminated it reads the log once more without Follow, to catch lines the
@@ -195,13 +308,13 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 	}
 }
 
-// sinceTime is the SinceTime of a request resuming at c: the API is second-granular, so the
-// second the cursor is in.
+// sinceTime is the SinceTime of a request resuming at c: the start of the reorder window,
+// rounded down to the second because the API is second-granular.
 func sinceTime(c Cursor) *metav1.Time {
 	if c.Time.IsZero() {
 		return nil
 	}
-	t := metav1.NewTime(c.Time.Truncate(time.Second))
+	t := metav1.NewTime(c.Time.Add(-ReorderWindow).Truncate(time.Second))
 	return &t
 }
 
@@ -238,7 +351,7 @@ type logDecoder struct {
 }
 
 func newLogDecoder(from Cursor, maxLine int) *logDecoder {
-	return &logDecoder{cur: from, maxLine: maxLine}
+	return &logDecoder{cur: from.Clone(), maxLine: maxLine}
 }
 
 // decode reads one stream that starts at or before d.cur's second and emits each line the cursor
@@ -250,7 +363,7 @@ func newLogDecoder(from Cursor, maxLine int) *logDecoder {
 // line yields the same pieces and the cursor's count skips the ones already delivered.
 func (d *logDecoder) decode(r io.Reader, final bool, emit func(Line) error) error {
 	br := bufio.NewReaderSize(r, 64<<10)
-	st := decodeState{lastTime: d.cur.Time}
+	st := decodeState{lastTime: d.cur.Time, skip: d.cur.skipper()}
 	for {
 		frag, err := br.ReadSlice('\n')
 		complete := err == nil
@@ -286,9 +399,8 @@ func (d *logDecoder) decode(r io.Reader, final bool, emit func(Line) error) erro
 
 // decodeState is the per-stream part of decoding.
 type decodeState struct {
-	// seenAtCursor counts lines with the cursor's exact timestamp seen in this stream; the first
-	// d.cur.Count of them were delivered before.
-	seenAtCursor int
+	// skip knows which lines of this stream were delivered before it started.
+	skip skipper
 	// lastTime is what a line without a timestamp inherits: the previous line's.
 	lastTime time.Time
 	// inLine is set once the current line's timestamp is parsed and some of it emitted.
@@ -329,26 +441,16 @@ func (d *logDecoder) flush(st *decodeState, complete bool, emit func(Line) error
 
 // deliver emits one piece unless the cursor says it was delivered already.
 func (d *logDecoder) deliver(st *decodeState, text string, emit func(Line) error) error {
-	var next Cursor
-	switch {
-	case st.ts.Before(d.cur.Time):
+	if st.skip.delivered(st.ts, text) {
 		return nil
-	case st.ts.Equal(d.cur.Time):
-		st.seenAtCursor++
-		if st.seenAtCursor <= d.cur.Count {
-			return nil
-		}
-		next = Cursor{Time: d.cur.Time, Count: d.cur.Count + 1}
-	default:
-		next = Cursor{Time: st.ts, Count: 1}
-		st.seenAtCursor = 1
 	}
 	// The cursor moves only past lines emit accepted, so resuming after an emit error retries
 	// the line that failed.
-	if err := emit(Line{Time: st.ts, TimeRaw: st.raw, Text: text}); err != nil {
+	line := Line{Time: st.ts, TimeRaw: st.raw, Text: text}
+	if err := emit(line); err != nil {
 		return &emitError{err: err}
 	}
-	d.cur = next
+	d.cur.Add(line)
 	d.delivered++
 	return nil
 }

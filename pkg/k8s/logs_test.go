@@ -44,9 +44,23 @@ type errReader struct{ err error }
 
 func (r errReader) Read([]byte) (int, error) { return 0, r.err }
 
-// replay is the kubelet's answer to a request resuming at c: every line at or after c's second.
+// cursorOf is the cursor after the given kubelet lines were delivered.
+func cursorOf(lines ...string) Cursor {
+	var c Cursor
+	for _, l := range lines {
+		i := strings.IndexByte(l, ' ')
+		ts, err := time.Parse(time.RFC3339Nano, l[:i])
+		if err != nil {
+			panic(err)
+		}
+		c.Add(Line{Time: ts, Text: strings.TrimSuffix(l[i+1:], "\n")})
+	}
+	return c
+}
+
+// replay is the kubelet's answer to a request resuming at c: every line from SinceTime on.
 func replay(c Cursor, lines ...string) string {
-	since := c.Time.Truncate(time.Second)
+	since := sinceTime(c).Time
 	var b strings.Builder
 	for _, l := range lines {
 		ts, err := time.Parse(time.RFC3339Nano, l[:strings.IndexByte(l, ' ')])
@@ -76,7 +90,7 @@ func TestLogDecoder(t *testing.T) {
 		maxLine   int
 		streams   []stream
 		wantTexts []string
-		wantCur   Cursor
+		wantTime  time.Time
 		// wantPerStream, when set, is how many lines each stream delivered.
 		wantPerStream []int
 	}{
@@ -84,16 +98,16 @@ func TestLogDecoder(t *testing.T) {
 			name:      "one stream",
 			streams:   []stream{{data: a + b + c}},
 			wantTexts: []string{"a", "b", "c"},
-			wantCur:   Cursor{at(1, 300), 1},
+			wantTime:  at(1, 300),
 		},
 		{
 			name: "same-second lines across a reconnect",
 			streams: []stream{
 				{data: a + b + c[:10], err: errCut},
-				{data: replay(Cursor{at(1, 200), 1}, a, b, c, d)},
+				{data: replay(cursorOf(a, b), a, b, c, d)},
 			},
 			wantTexts:     []string{"a", "b", "c", "d"},
-			wantCur:       Cursor{at(2, 0), 1},
+			wantTime:      at(2, 0),
 			wantPerStream: []int{2, 2},
 		},
 		{
@@ -103,15 +117,15 @@ func TestLogDecoder(t *testing.T) {
 				{data: same1 + same2 + same3},
 			},
 			wantTexts: []string{"s1", "s2", "s3"},
-			wantCur:   Cursor{at(3, 5), 3},
+			wantTime:  at(3, 5),
 		},
 		{
 			name:      "resume from a cursor given by the caller",
-			from:      Cursor{at(3, 5), 2},
-			streams:   []stream{{data: replay(Cursor{at(3, 5), 2}, a, same1, same2, same3, long)}},
+			from:      cursorOf(a, same1, same2),
+			streams:   []stream{{data: replay(cursorOf(a, same1, same2), a, same1, same2, same3, long)}},
 			maxLine:   1 << 20,
 			wantTexts: []string{"s3", strings.Repeat("x", 25)},
-			wantCur:   Cursor{at(4, 0), 1},
+			wantTime:  at(4, 0),
 		},
 		{
 			name: "partial final line of a follow stream is held back",
@@ -119,7 +133,7 @@ func TestLogDecoder(t *testing.T) {
 				{data: a + strings.TrimSuffix(b, "\n")},
 			},
 			wantTexts: []string{"a"},
-			wantCur:   Cursor{at(1, 100), 1},
+			wantTime:  at(1, 100),
 		},
 		{
 			name: "partial final line of the final read is delivered",
@@ -128,7 +142,7 @@ func TestLogDecoder(t *testing.T) {
 				{data: a + strings.TrimSuffix(b, "\n"), final: true},
 			},
 			wantTexts: []string{"a", "b"},
-			wantCur:   Cursor{at(1, 200), 1},
+			wantTime:  at(1, 200),
 		},
 		{
 			name: "a cut final read holds back its partial line",
@@ -136,14 +150,14 @@ func TestLogDecoder(t *testing.T) {
 				{data: a + b[:20], err: errCut, final: true},
 			},
 			wantTexts: []string{"a"},
-			wantCur:   Cursor{at(1, 100), 1},
+			wantTime:  at(1, 100),
 		},
 		{
 			name:      "long line split into pieces",
 			maxLine:   10,
 			streams:   []stream{{data: long + kl(at(5, 0), "e")}},
 			wantTexts: []string{"xxxxxxxxxx", "xxxxxxxxxx", "xxxxx", "e"},
-			wantCur:   Cursor{at(5, 0), 1},
+			wantTime:  at(5, 0),
 		},
 		{
 			name:    "long line cut mid-way resumes at the next piece",
@@ -153,7 +167,7 @@ func TestLogDecoder(t *testing.T) {
 				{data: long + kl(at(5, 0), "e")},
 			},
 			wantTexts: []string{"xxxxxxxxxx", "xxxxxxxxxx", "xxxxx", "e"},
-			wantCur:   Cursor{at(5, 0), 1},
+			wantTime:  at(5, 0),
 		},
 		{
 			// The first stream gets past the 64 KiB read buffer, so some pieces go out before
@@ -165,7 +179,7 @@ func TestLogDecoder(t *testing.T) {
 				{data: huge + kl(at(9, 0), "e")},
 			},
 			wantTexts:     append(hugePieces, "e"),
-			wantCur:       Cursor{at(9, 0), 1},
+			wantTime:      at(9, 0),
 			wantPerStream: []int{6, 10},
 		},
 		{
@@ -173,39 +187,55 @@ func TestLogDecoder(t *testing.T) {
 			maxLine:   25,
 			streams:   []stream{{data: long}},
 			wantTexts: []string{strings.Repeat("x", 25)},
-			wantCur:   Cursor{at(4, 0), 1},
+			wantTime:  at(4, 0),
 		},
 		{
 			name:      "line longer than the read buffer",
 			maxLine:   1 << 20,
 			streams:   []stream{{data: kl(at(1, 0), strings.Repeat("y", 200_000)) + d}},
 			wantTexts: []string{strings.Repeat("y", 200_000), "d"},
-			wantCur:   Cursor{at(2, 0), 1},
+			wantTime:  at(2, 0),
 		},
 		{
 			name:      "empty line",
 			streams:   []stream{{data: kl(at(1, 0), "") + d}},
 			wantTexts: []string{"", "d"},
-			wantCur:   Cursor{at(2, 0), 1},
+			wantTime:  at(2, 0),
 		},
 		{
 			name:      "line without timestamp takes the previous one",
 			streams:   []stream{{data: a + "no timestamp here\n" + d}},
 			wantTexts: []string{"a", "no timestamp here", "d"},
-			wantCur:   Cursor{at(2, 0), 1},
+			wantTime:  at(2, 0),
 		},
 		{
 			name:      "stderr line a little older than a delivered stdout line",
-			from:      Cursor{at(5, 0), 1},
+			from:      cursorOf(kl(at(5, 0), "out")),
 			streams:   []stream{{data: kl(at(5, 0), "out") + kl(at(4, 999_999_000), "err") + kl(at(6, 0), "next")}},
-			wantTexts: []string{"next"},
-			wantCur:   Cursor{at(6, 0), 1},
+			wantTexts: []string{"err", "next"},
+			wantTime:  at(6, 0),
+		},
+		{
+			name: "stderr line older than a stdout line, across a reconnect",
+			streams: []stream{
+				{data: kl(at(5, 0), "out"), err: errCut},
+				{data: kl(at(5, 0), "out") + kl(at(4, 999_999_000), "err") + kl(at(6, 0), "next")},
+			},
+			wantTexts: []string{"out", "err", "next"},
+			wantTime:  at(6, 0),
+		},
+		{
+			name:      "lines older than the reorder window were delivered",
+			from:      cursorOf(kl(at(9, 0), "late")),
+			streams:   []stream{{data: kl(at(6, 0), "old") + kl(at(7, 500), "recent") + kl(at(9, 0), "late")}},
+			wantTexts: []string{"recent"},
+			wantTime:  at(9, 0),
 		},
 		{
 			name:      "windows line ending kept as text",
 			streams:   []stream{{data: strings.TrimSuffix(a, "\n") + "\r\n"}},
 			wantTexts: []string{"a\r"},
-			wantCur:   Cursor{at(1, 100), 1},
+			wantTime:  at(1, 100),
 		},
 	}
 	for _, tc := range tests {
@@ -236,8 +266,21 @@ func TestLogDecoder(t *testing.T) {
 			if diff := cmp.Diff(tc.wantTexts, got); diff != "" {
 				t.Errorf("delivered lines (-want +got):\n%s", diff)
 			}
-			if diff := cmp.Diff(tc.wantCur, dec.cur); diff != "" {
-				t.Errorf("cursor (-want +got):\n%s", diff)
+			if !dec.cur.Time.Equal(tc.wantTime) {
+				t.Errorf("cursor time = %v, want %v", dec.cur.Time, tc.wantTime)
+			}
+			// Resuming from the final cursor, a replay of the last stream delivers nothing.
+			last := tc.streams[len(tc.streams)-1]
+			if last.err == nil {
+				again := newLogDecoder(dec.cur, maxLine)
+				var more []string
+				_ = again.decode(strings.NewReader(last.data), last.final, func(l Line) error {
+					more = append(more, l.Text)
+					return nil
+				})
+				if len(more) != 0 {
+					t.Errorf("resuming from the final cursor delivered %q again", more)
+				}
 			}
 		})
 	}
@@ -279,7 +322,7 @@ func TestLogDecoderEmitErrorKeepsLine(t *testing.T) {
 	if !errors.As(err, &ee) || !errors.Is(err, errFull) {
 		t.Fatalf("decode error = %v, want the emit error", err)
 	}
-	if diff := cmp.Diff(Cursor{at(1, 0), 1}, dec.cur); diff != "" {
+	if diff := cmp.Diff(cursorOf(kl(at(1, 0), "a")), dec.cur); diff != "" {
 		t.Fatalf("cursor after failed emit (-want +got):\n%s", diff)
 	}
 	// A new decoder from that cursor retries "b".
@@ -321,9 +364,9 @@ func TestSinceTime(t *testing.T) {
 	if got := sinceTime(Cursor{}); got != nil {
 		t.Errorf("sinceTime(zero) = %v, want nil (whole log)", got)
 	}
-	got := sinceTime(Cursor{Time: at(7, 999_999_999), Count: 3})
-	if !got.Time.Equal(at(7, 0)) {
-		t.Errorf("sinceTime = %v, want %v (truncated to the second)", got.Time, at(7, 0))
+	got := sinceTime(cursorOf(kl(at(7, 999_999_999), "x")))
+	if !got.Time.Equal(at(5, 0)) {
+		t.Errorf("sinceTime = %v, want %v (the reorder window's start, truncated to the second)", got.Time, at(5, 0))
 	}
 }
 

@@ -6,12 +6,14 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kubeclip/kubeclip/pkg/events"
 	"github.com/kubeclip/kubeclip/pkg/k8s"
@@ -32,8 +34,13 @@ type tracker struct {
 	log       zerolog.Logger
 
 	wakeCh chan struct{}
+	// ownerEvents counts changes of the run's ownership key seen by the watcher; a replica
+	// that lost the race for the run waits until it moves before claiming again.
+	ownerEvents atomic.Uint64
 
 	// Owned by the run goroutine.
+	blocked    bool   // another replica owns the run
+	blockedAt  uint64 // ownerEvents when the claim was lost
 	loaded     bool
 	done       bool
 	seenJob    bool
@@ -78,6 +85,8 @@ func (t *tracker) poke() {
 }
 
 func (t *tracker) run(ctx context.Context) {
+	inFlightEnded := t.w.runStarted()
+	defer inFlightEnded()
 	defer func() {
 		if t.recheck != nil {
 			t.recheck.Stop()
@@ -107,6 +116,7 @@ func (t *tracker) run(ctx context.Context) {
 			backoff = min(2*backoff, 5*time.Second)
 		}
 		if t.done {
+			inFlightEnded()
 			job, pod := t.w.objects(t.runID)
 			if job == nil && pod == nil {
 				t.w.forget(t.runID)
@@ -116,8 +126,98 @@ func (t *tracker) run(ctx context.Context) {
 	}
 }
 
+// ownerChanged is called by the watcher when the run's ownership key changed (expired, was
+// released): the run may be free to take.
+func (t *tracker) ownerChanged() {
+	t.ownerEvents.Add(1)
+	t.poke()
+}
+
+// own makes sure this replica owns the run before it acts on it. It returns false when another
+// replica owns it, or when the run already has its result.
+func (t *tracker) own(ctx context.Context) (bool, error) {
+	owners := t.w.owners
+	if owners.owns(t.runID) {
+		return true, nil
+	}
+	if t.loaded {
+		t.reset("ownership of the run was lost")
+	}
+	gen := t.ownerEvents.Load()
+	if t.blocked && gen == t.blockedAt {
+		return false, nil // nothing changed since another replica won it
+	}
+	finished, err := t.resultPublished(ctx)
+	if err != nil {
+		return false, err
+	}
+	if finished {
+		t.done = true
+		return false, nil
+	}
+	ok, err := owners.claim(ctx, t.runID)
+	if err != nil {
+		return false, err
+	}
+	t.blocked, t.blockedAt = !ok, gen
+	if ok {
+		t.log.Debug().Str("replica", owners.id).Msg("owning run")
+	}
+	return ok, nil
+}
+
+// reset forgets everything learnt about the run, so it is loaded again from the stream by
+// whichever replica owns it next.
+func (t *tracker) reset(why string) {
+	t.log.Info().Msg(why + "; dropping the run's state")
+	if t.follow != nil {
+		t.follow.stopAndWait()
+		t.follow = nil
+	}
+	if t.recheck != nil {
+		t.recheck.Stop()
+		t.recheck = nil
+	}
+	if t.logs != nil {
+		t.logs.stop()
+	}
+	t.loaded, t.logs, t.verdict = false, nil, nil
+	t.lastPhase, t.lastReason = events.PhasePending, ""
+}
+
+// fenced handles a log publish refused because another replica wrote the run's log: this
+// replica gives the run up and, if the run is free again, reloads it from the stream.
+func (t *tracker) fenced(ctx context.Context) {
+	t.w.owners.release(ctx, t.runID)
+	t.reset("another replica wrote this run's log")
+	t.poke()
+}
+
+// resultPublished reports whether the run's result is already in the stream.
+func (t *tracker) resultPublished(ctx context.Context) (bool, error) {
+	subj, err := t.w.opts.Subjects.Run(t.companyID, t.runID, events.KindResult)
+	if err != nil {
+		return true, nil //nolint:nilerr // a run whose ids cannot be subject tokens is never followed
+	}
+	_, err = t.stream.GetLastMsgForSubject(ctx, subj)
+	switch {
+	case err == nil:
+		return true, nil
+	case errors.Is(err, jetstream.ErrMsgNotFound):
+		return false, nil
+	default:
+		return false, fmt.Errorf("reading the published result: %w", err)
+	}
+}
+
 // step looks at the run's current Job and pod and publishes whatever changed.
 func (t *tracker) step(ctx context.Context) error {
+	if t.done {
+		return nil
+	}
+	if ok, err := t.own(ctx); !ok || err != nil {
+		return err
+	}
 	if !t.loaded {
 		if err := t.load(ctx); err != nil {
 			return err
@@ -143,11 +243,15 @@ func (t *tracker) step(ctx context.Context) error {
 		t.verdict = v
 	}
 
+	if t.follow != nil && t.follow.finished() && errors.Is(t.follow.err(), errFenced) {
+		t.fenced(ctx)
+		return nil
+	}
 	if t.follow != nil && t.verdict == nil && t.follow.finished() {
 		// The follower gave up while the run goes on (a publish failed, the API server went
 		// away): publish what it read, then follow again from the cursor.
 		t.log.Warn().Err(t.follow.err()).Msg("log follower stopped early; restarting it")
-		if err := t.logs.flush(); err != nil {
+		if err := t.flush(ctx); err != nil {
 			return err
 		}
 		t.follow = nil
@@ -172,14 +276,19 @@ func (t *tracker) step(ctx context.Context) error {
 			t.log.Warn().Err(err).Msg("log follower ended with an error; publishing the result with the lines read")
 		}
 	}
-	if err := t.logs.flush(); err != nil {
+	if err := t.flush(ctx); err != nil {
 		return err
+	}
+	if t.logs == nil {
+		return nil // fenced while flushing
 	}
 	if err := t.publishResult(ctx); err != nil {
 		return err
 	}
 	t.done = true
+	t.logs.stop()
 	t.logs = nil // a finished run keeps no log state while its Job waits for its TTL
+	t.w.owners.release(ctx, t.runID)
 	return nil
 }
 
@@ -203,53 +312,67 @@ func (t *tracker) decide(job *batchv1.Job, pod *corev1.Pod) (events.Phase, strin
 		return &c
 	}
 
-	switch {
-	case job == nil || job.DeletionTimestamp != nil:
-		// Released or destroyed before it ended (a Job that had ended was decided earlier).
-		if pv.Terminal && pod != nil && pod.DeletionTimestamp == nil {
-			break // it ended on its own just before the delete: report how
+	podVerdict := func() (events.Phase, string, string, *verdict) {
+		if !pv.Terminal {
+			return events.Phase(pv.Phase), pv.Reason, pv.Message, nil
 		}
-		return events.PhaseFailed, k8s.ReasonJobDeleted, "the run's Job was deleted before the run ended",
-			&verdict{outcome: events.OutcomeCancelled, reason: k8s.ReasonJobDeleted, message: "the run was released before it ended", exitCode: exit()}
-	default:
+		return events.Phase(pv.Phase), pv.Reason, pv.Message,
+			&verdict{outcome: events.Outcome(pv.Outcome), reason: pv.Reason, message: pv.Message, exitCode: exit()}
+	}
+	cancelled := func() (events.Phase, string, string, *verdict) {
+		const msg = "the Job was deleted before the run finished" // as k8s.ClassifyJob says it
+		return events.PhaseFailed, k8s.ReasonJobDeleted, msg,
+			&verdict{outcome: events.OutcomeCancelled, reason: k8s.ReasonJobDeleted, message: msg, exitCode: exit()}
+	}
+
+	switch {
+	case job != nil:
+		// A Job's own verdict comes first and is authoritative: a deadline deletes the pod,
+		// which alone would look cancelled, and a Job being deleted after it ended still
+		// ended the way its conditions say.
 		if jv := k8s.ClassifyJob(job); jv.Terminal {
-			// Authoritative for a Job: a deadline deletes the pod, which alone looks cancelled.
 			reason, message := jv.Reason, jv.Message
-			if pv.Terminal && jv.Outcome == k8s.OutcomeFailed && pv.Reason != "" {
+			if pv.Terminal && jv.Outcome == k8s.OutcomeFailed && pv.Reason != "" && pv.Reason != k8s.ReasonPodDeleted {
 				reason, message = pv.Reason, pv.Message // the pod knows why (OOMKilled, exit code)
 			}
 			return events.Phase(jv.Phase), reason, message,
 				&verdict{outcome: events.Outcome(jv.Outcome), reason: reason, message: message, exitCode: exit()}
 		}
-		if pod != nil && pod.DeletionTimestamp != nil && !podEndedBeforeDeletion(pod, opts.Container) {
-			// The Job controller deleted the pod (deadline): wait for the Job's condition.
+		if job.DeletionTimestamp != nil {
+			return cancelled() // released or destroyed before it ended
+		}
+		if pod != nil && pod.DeletionTimestamp != nil {
+			// Someone deleted the pod of a live Job (its deadline, an eviction): the Job's
+			// next condition says how the run ended.
 			return events.Phase(pv.Phase), pv.Reason, pv.Message, nil
 		}
-	}
-	if !pv.Terminal {
+		return podVerdict()
+	case t.seenJob:
+		// The Job is gone before it ended: released or destroyed, unless its pod had ended on
+		// its own just before.
+		if pv.Terminal && pod != nil && pod.DeletionTimestamp == nil {
+			return podVerdict()
+		}
+		return cancelled()
+	case pod != nil && ownedByJob(pod):
+		// The pod's event came before the informer saw its Job: wait for the Job.
 		return events.Phase(pv.Phase), pv.Reason, pv.Message, nil
+	default:
+		// A run without a Job (a Sandbox's pod): the pod decides.
+		return podVerdict()
 	}
-	return events.Phase(pv.Phase), pv.Reason, pv.Message,
-		&verdict{outcome: events.Outcome(pv.Outcome), reason: pv.Reason, message: pv.Message, exitCode: exit()}
 }
 
-// load reads what was already published for the run: its result (then there is nothing to do),
-// its last status, and its last log chunk (where the log resumes).
+// ownedByJob reports whether a Job controls pod.
+func ownedByJob(pod *corev1.Pod) bool {
+	ref := metav1.GetControllerOf(pod)
+	return ref != nil && ref.Kind == "Job"
+}
+
+// load reads what was already published for the run (own checked it has no result yet): its
+// last status, and its last log chunk, where the log resumes.
 func (t *tracker) load(ctx context.Context) error {
 	s := t.w.opts.Subjects
-	resultSubj, err := s.Run(t.companyID, t.runID, events.KindResult)
-	if err != nil {
-		t.log.Warn().Err(err).Msg("ignoring a run whose ids cannot be subject tokens")
-		t.done = true
-		return nil
-	}
-	if _, err := t.stream.GetLastMsgForSubject(ctx, resultSubj); err == nil {
-		t.done = true
-		return nil
-	} else if !errors.Is(err, jetstream.ErrMsgNotFound) {
-		return fmt.Errorf("reading the published result: %w", err)
-	}
-
 	statusSubj, _ := s.Run(t.companyID, t.runID, events.KindStatus)
 	if msg, err := t.stream.GetLastMsgForSubject(ctx, statusSubj); err == nil {
 		var st events.RunStatusEvent
@@ -273,7 +396,7 @@ func (t *tracker) load(ctx context.Context) error {
 	if err := json.Unmarshal(msg.Data, &last); err != nil {
 		return fmt.Errorf("decoding the last published log chunk: %w", err)
 	}
-	if err := t.logs.resume(ctx, last); err != nil {
+	if err := t.logs.resume(ctx, last, msg.Sequence); err != nil {
 		return err
 	}
 	t.log.Info().Uint64("seq", last.Seq).Msg("resuming run after its last published log chunk")
@@ -296,6 +419,19 @@ func (t *tracker) publishStatus(ctx context.Context, phase events.Phase, reason,
 	return nil
 }
 
+// flush publishes the pending log lines; a fenced publish gives the run up.
+func (t *tracker) flush(ctx context.Context) error {
+	err := t.logs.flush()
+	if errors.Is(err, errFenced) {
+		t.fenced(ctx)
+		return nil
+	}
+	return err
+}
+
+// publishResult publishes the run's one result. The stream enforces "one": the publish expects
+// no earlier message on the result subject, so a second result (another replica's, or this
+// one's after the duplicate window) is refused, and that refusal means the run is done.
 func (t *tracker) publishResult(ctx context.Context) error {
 	v := t.verdict
 	ev := events.RunResultEvent{
@@ -303,7 +439,12 @@ func (t *tracker) publishResult(ctx context.Context) error {
 		Outcome: v.outcome, ExitCode: v.exitCode, Reason: v.reason, Message: v.message,
 		Agent: t.logs.agentResult(),
 	}
-	if _, err := t.w.publisher.Publish(ctx, ev); err != nil {
+	_, err := t.w.publisher.Publish(ctx, ev, jetstream.WithExpectLastSequencePerSubject(0))
+	if isWrongLastSequence(err) {
+		t.log.Info().Msg("the run's result was already published")
+		return nil
+	}
+	if err != nil {
 		return err
 	}
 	t.log.Info().Str("outcome", string(v.outcome)).Str("reason", v.reason).Msg("published result")
@@ -315,17 +456,6 @@ func containerStarted(pod *corev1.Pod, container string) bool {
 	for _, st := range pod.Status.ContainerStatuses {
 		if st.Name == container {
 			return st.State.Running != nil || st.State.Terminated != nil || st.LastTerminationState.Terminated != nil
-		}
-	}
-	return false
-}
-
-// podEndedBeforeDeletion reports whether the container had terminated before the pod was
-// deleted, so the pod's own verdict stands.
-func podEndedBeforeDeletion(pod *corev1.Pod, container string) bool {
-	for _, st := range pod.Status.ContainerStatuses {
-		if st.Name == container && st.State.Terminated != nil && pod.DeletionTimestamp != nil {
-			return st.State.Terminated.FinishedAt.Before(pod.DeletionTimestamp)
 		}
 	}
 	return false
@@ -408,15 +538,23 @@ type logState struct {
 	t        *tracker
 	interval time.Duration
 
-	mu      sync.Mutex
-	seq     *events.Sequence
-	cur     k8s.Cursor
-	batcher *events.LogBatcher
+	mu  sync.Mutex
+	seq *events.Sequence
+	// lastStreamSeq is the stream sequence of the run's last log event. Every publish expects
+	// it, so a second writer of the same run's log (a replica that lost the run without
+	// noticing) is refused by the stream instead of interleaving its chunks.
+	lastStreamSeq uint64
+	stopped       bool
+	cur           k8s.Cursor
+	batcher       *events.LogBatcher
 	// outbox holds sealed chunks not yet published, in seq order. Their seq numbers are taken,
 	// so they are retried (idempotently, by message id) before anything newer goes out.
 	outbox []events.RunLogEvent
 	timer  *time.Timer
 	parser streamjson.Parser
+	// feedPiece and rememberPiece hold the pieces of a split line until its last piece, which
+	// may come in a later chunk.
+	feedPiece, rememberPiece []byte
 }
 
 // maxOutbox bounds the chunks kept while NATS is unreachable; past it the follower stops and
@@ -424,6 +562,9 @@ type logState struct {
 const maxOutbox = 64
 
 var errOutboxFull = errors.New("log chunks are not being published")
+
+// errFenced: the stream refused a log chunk because another replica wrote the run's log.
+var errFenced = errors.New("another replica wrote this run's log")
 
 func newLogState(ctx context.Context, t *tracker, interval time.Duration) *logState {
 	return &logState{ctx: ctx, t: t, interval: interval, seq: events.NewSequence(0)}
@@ -449,35 +590,23 @@ func (l *logState) setPod(pod, container string) error {
 func (l *logState) cursor() k8s.Cursor {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.cur
+	return l.cur.Clone()
 }
 
-// resume continues after the last published chunk: its seq, its last line's timestamp and how
-// many whole lines of it carry that timestamp (pieces of a split line count once). The parser
-// is fed the run's whole published log.
-func (l *logState) resume(ctx context.Context, last events.RunLogEvent) error {
+// resume continues after the last published chunk: the next seq follows it, and the run's
+// whole published log is replayed into the cursor (where the container log resumes) and the
+// agent parser.
+func (l *logState) resume(ctx context.Context, last events.RunLogEvent, streamSeq uint64) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.seq = events.NewSequence(last.Seq)
-	if n := len(last.Lines); n > 0 {
-		ts := last.Lines[n-1].TS
-		t, err := time.Parse(time.RFC3339Nano, ts)
-		if err != nil {
-			return fmt.Errorf("parsing the timestamp of the last published line: %w", err)
-		}
-		count := 0
-		for _, line := range last.Lines {
-			if line.TS == ts && !line.Partial {
-				count++
-			}
-		}
-		l.cur = k8s.Cursor{Time: t, Count: count}
-	}
-	return l.replayParser(ctx, last.Seq)
+	l.lastStreamSeq = streamSeq
+	return l.replay(ctx, last.Seq)
 }
 
-// replayParser feeds the parser every line already published for the run, up to seq last.
-func (l *logState) replayParser(ctx context.Context, last uint64) error {
+// replay feeds every line already published for the run, up to seq last, to the cursor and the
+// parser.
+func (l *logState) replay(ctx context.Context, last uint64) error {
 	t := l.t
 	subj, _ := t.w.opts.Subjects.Run(t.companyID, t.runID, events.KindLog)
 	cons, err := t.stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{FilterSubjects: []string{subj}})
@@ -497,6 +626,9 @@ func (l *logState) replayParser(ctx context.Context, last uint64) error {
 				continue
 			}
 			l.feed(ev.Lines)
+			if err := l.remember(ev.Lines); err != nil {
+				return err
+			}
 			if ev.Seq >= last {
 				return nil
 			}
@@ -510,17 +642,35 @@ func (l *logState) replayParser(ctx context.Context, last uint64) error {
 	}
 }
 
-// feed hands complete lines to the agent parser, joining the pieces of a split line.
+// remember adds published lines to the cursor, joining the pieces the batcher split a line
+// into, so the cursor sees the lines as the container log has them.
+func (l *logState) remember(lines []events.LogLine) error {
+	for _, line := range lines {
+		l.rememberPiece = append(l.rememberPiece, line.Text...)
+		if line.Partial {
+			continue // the rest of the line is in this chunk or the next
+		}
+		ts, err := time.Parse(time.RFC3339Nano, line.TS)
+		if err != nil {
+			return fmt.Errorf("parsing the timestamp of a published line: %w", err)
+		}
+		l.cur.Add(k8s.Line{Time: ts, TimeRaw: line.TS, Text: string(l.rememberPiece)})
+		l.rememberPiece = l.rememberPiece[:0]
+	}
+	return nil
+}
+
+// feed hands complete lines to the agent parser, joining the pieces of a split line, which may
+// span chunks.
 func (l *logState) feed(lines []events.LogLine) {
-	var partial []byte
 	for _, line := range lines {
 		if line.Partial {
-			partial = append(partial, line.Text...)
+			l.feedPiece = append(l.feedPiece, line.Text...)
 			continue
 		}
-		if partial != nil {
-			l.parser.Feed(append(partial, line.Text...))
-			partial = nil
+		if len(l.feedPiece) > 0 {
+			l.parser.Feed(append(l.feedPiece, line.Text...))
+			l.feedPiece = l.feedPiece[:0]
 			continue
 		}
 		l.parser.Feed([]byte(line.Text))
@@ -532,6 +682,9 @@ func (l *logState) feed(lines []events.LogLine) {
 func (l *logState) add(line k8s.Line) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if l.stopped {
+		return errFenced
+	}
 	if len(l.outbox) >= maxOutbox {
 		if err := l.publishOutboxLocked(); err != nil {
 			return fmt.Errorf("%w: %w", errOutboxFull, err)
@@ -542,14 +695,13 @@ func (l *logState) add(line k8s.Line) error {
 		ts = line.Time.UTC().Format(time.RFC3339Nano)
 	}
 	l.outbox = append(l.outbox, l.batcher.Add(events.LogLine{TS: ts, Text: line.Text})...)
-	if line.Time.Equal(l.cur.Time) {
-		l.cur.Count++
-	} else if line.Time.After(l.cur.Time) {
-		l.cur = k8s.Cursor{Time: line.Time, Count: 1}
-	}
+	l.cur.Add(line)
 	if len(l.outbox) > 0 {
-		// A failure here leaves the chunks in the outbox for the next attempt.
-		_ = l.publishOutboxLocked()
+		// A failure here leaves the chunks in the outbox for the next attempt, except a
+		// fenced one, which ends this follower.
+		if err := l.publishOutboxLocked(); errors.Is(err, errFenced) {
+			return err
+		}
 	}
 	if l.timer == nil && l.batcher.Pending() > 0 {
 		l.timer = time.AfterFunc(l.interval, func() {
@@ -573,7 +725,21 @@ func (l *logState) flush() error {
 	return l.flushLocked()
 }
 
+// stop ends the flush timer; nothing is published after it.
+func (l *logState) stop() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.stopped = true
+	if l.timer != nil {
+		l.timer.Stop()
+		l.timer = nil
+	}
+}
+
 func (l *logState) flushLocked() error {
+	if l.stopped {
+		return errFenced
+	}
 	if l.batcher != nil {
 		if ev, ok := l.batcher.Flush(); ok {
 			l.outbox = append(l.outbox, ev)
@@ -585,14 +751,62 @@ func (l *logState) flushLocked() error {
 func (l *logState) publishOutboxLocked() error {
 	for len(l.outbox) > 0 {
 		ev := l.outbox[0]
-		if _, err := l.t.w.publisher.Publish(l.ctx, ev); err != nil {
+		ack, err := l.t.w.publisher.Publish(l.ctx, ev, jetstream.WithExpectLastSequencePerSubject(l.lastStreamSeq))
+		if isWrongLastSequence(err) {
+			return fmt.Errorf("publishing log chunk %d: %w", ev.Seq, errFenced)
+		}
+		if err != nil {
 			return err
 		}
+		if ack.Duplicate {
+			// The stream already had this seq: our own retry (same lines) or another
+			// replica's chunk (different lines), which means we no longer own the log.
+			same, err := l.storedMatches(ack.Sequence, ev)
+			if err != nil {
+				return err
+			}
+			if !same {
+				return fmt.Errorf("log chunk %d was written by another replica: %w", ev.Seq, errFenced)
+			}
+		}
+		l.lastStreamSeq = ack.Sequence
 		l.feed(ev.Lines)
 		l.outbox = l.outbox[1:]
 	}
 	l.outbox = nil
 	return nil
+}
+
+// storedMatches reports whether the stream's message at seq carries ev's lines.
+func (l *logState) storedMatches(seq uint64, ev events.RunLogEvent) (bool, error) {
+	msg, err := l.t.stream.GetMsg(l.ctx, seq)
+	if err != nil {
+		return false, fmt.Errorf("reading back log chunk %d: %w", ev.Seq, err)
+	}
+	var stored events.RunLogEvent
+	if err := json.Unmarshal(msg.Data, &stored); err != nil {
+		return false, fmt.Errorf("decoding log chunk %d: %w", ev.Seq, err)
+	}
+	if stored.Seq != ev.Seq || len(stored.Lines) != len(ev.Lines) {
+		return false, nil
+	}
+	for i := range ev.Lines {
+		if stored.Lines[i] != ev.Lines[i] {
+			return false, nil
+		}
+	}
+	return true, nil
+}
+
+// isWrongLastSequence reports the stream refusing a publish whose expected last sequence did
+// not match (codes 10071, and 10164 on replicated streams).
+func isWrongLastSequence(err error) bool {
+	var apiErr *jetstream.APIError
+	if !errors.As(err, &apiErr) {
+		return false
+	}
+	return apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
+		apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant
 }
 
 func (l *logState) agentResult() *events.AgentResult {

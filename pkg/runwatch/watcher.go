@@ -9,10 +9,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/oklog/ulid/v2"
 	"github.com/rs/zerolog"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -66,6 +69,16 @@ type Options struct {
 	// StartErrorGrace is how long a pod may report a start error (image pull, container config)
 	// before its run fails. Zero means DefaultStartErrorGrace; negative fails at once.
 	StartErrorGrace time.Duration
+	// ReplicaID names this replica in the ownership bucket; it must differ between replicas.
+	// Defaults to the host name plus a random suffix.
+	ReplicaID string
+	// OwnershipTTL is how long a run stays owned by a replica that stopped renewing it, which
+	// bounds takeover after a crash (default DefaultOwnershipTTL). Every replica must agree.
+	OwnershipTTL time.Duration
+	// StreamReplicas is the replica count of the ownership bucket (default 1).
+	StreamReplicas int
+	// Observer is told about published events and runs in flight (metrics); nil means none.
+	Observer Observer
 }
 
 func (o Options) withDefaults() (Options, error) {
@@ -83,6 +96,16 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if o.FlushInterval <= 0 {
 		o.FlushInterval = DefaultFlushInterval
+	}
+	if o.OwnershipTTL == 0 {
+		o.OwnershipTTL = DefaultOwnershipTTL
+	}
+	if o.OwnershipTTL < time.Second {
+		return o, errors.New("runwatch: Options.OwnershipTTL must be at least 1s")
+	}
+	if o.ReplicaID == "" {
+		host, _ := os.Hostname()
+		o.ReplicaID = fmt.Sprintf("%s-%s", host, strings.ToLower(ulid.Make().String()[20:]))
 	}
 	if o.UnschedulableGrace < 0 {
 		return o, errors.New("runwatch: Options.UnschedulableGrace must not be negative")
@@ -103,6 +126,7 @@ type Watcher struct {
 	publisher *events.Publisher
 
 	jobs, pods cache.Indexer
+	owners     *owners
 
 	mu       sync.Mutex
 	trackers map[string]*tracker
@@ -115,7 +139,11 @@ func New(opts Options) (*Watcher, error) {
 	if err != nil {
 		return nil, err
 	}
-	pub, err := events.NewPublisher(events.PublisherOptions{JS: opts.JetStream, Subjects: opts.Subjects, Now: opts.Now})
+	var pubObs events.PublishObserver
+	if opts.Observer != nil {
+		pubObs = opts.Observer
+	}
+	pub, err := events.NewPublisher(events.PublisherOptions{JS: opts.JetStream, Subjects: opts.Subjects, Now: opts.Now, Observer: pubObs})
 	if err != nil {
 		return nil, err
 	}
@@ -134,6 +162,11 @@ func (w *Watcher) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("looking up stream %s: %w", w.opts.Subjects.RunStream(), err)
 	}
+	kv, err := w.opts.JetStream.CreateOrUpdateKeyValue(ctx, OwnershipBucketConfig(w.opts.OwnershipTTL, w.opts.StreamReplicas))
+	if err != nil {
+		return fmt.Errorf("opening KV bucket %s: %w", OwnershipBucket, err)
+	}
+	w.owners = newOwners(kv, w.opts.ReplicaID, w.opts.OwnershipTTL, w.log)
 	factory := informers.NewSharedInformerFactoryWithOptions(w.opts.Clientset, 0,
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 			o.LabelSelector = policy.LabelManagedBy + "=" + policy.ManagedBy
@@ -163,11 +196,93 @@ func (w *Watcher) Run(ctx context.Context) error {
 			return fmt.Errorf("syncing the %v informer: %w", typ, context.Cause(ctx))
 		}
 	}
-	w.log.Info().Msg("watching runs")
+	var loops sync.WaitGroup
+	loops.Add(2)
+	go func() { defer loops.Done(); w.renewOwnership(ctx) }()
+	go func() { defer loops.Done(); w.watchOwnership(ctx, kv) }()
+	w.log.Info().Str("replica", w.opts.ReplicaID).Msg("watching runs")
 	<-ctx.Done()
 	factory.Shutdown()
 	w.wg.Wait()
+	loops.Wait()
+	// Hand the runs over now rather than after the ownership TTL.
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	w.owners.releaseAll(rctx)
 	return nil
+}
+
+// renewOwnership renews the owned runs every third of the ownership TTL and hands the runs it
+// lost back to their trackers, which drop their state.
+func (w *Watcher) renewOwnership(ctx context.Context) {
+	tick := time.NewTicker(w.opts.OwnershipTTL / 3)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		for _, runID := range w.owners.renewAll(ctx) {
+			w.log.Warn().Str(events.LogKeyRunID, runID).Msg("lost ownership of a run")
+			w.pokeRun(runID)
+		}
+	}
+}
+
+// watchOwnership wakes a run's tracker when its ownership key expires or is released, so a
+// replica takes over a run whose owner died. The watch restarts after NATS comes back; every
+// tracker is then woken in case it missed a change.
+func (w *Watcher) watchOwnership(ctx context.Context, kv jetstream.KeyValue) {
+	for ctx.Err() == nil {
+		kw, err := kv.WatchAll(ctx, jetstream.UpdatesOnly())
+		if err != nil {
+			w.log.Warn().Err(err).Msg("watching run ownership failed; retrying")
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(time.Second):
+			}
+			continue
+		}
+		w.pokeAll()
+		for entry := range kw.Updates() {
+			if entry == nil {
+				continue
+			}
+			if op := entry.Operation(); op == jetstream.KeyValueDelete || op == jetstream.KeyValuePurge {
+				w.ownerChanged(events.RunIDFromLeaseKey(entry.Key()))
+			}
+		}
+		_ = kw.Stop()
+	}
+}
+
+// ownerChanged tells a run's tracker that its ownership key changed.
+func (w *Watcher) ownerChanged(runID string) {
+	w.mu.Lock()
+	t := w.trackers[runID]
+	w.mu.Unlock()
+	if t != nil {
+		t.ownerChanged()
+	}
+}
+
+func (w *Watcher) pokeRun(runID string) {
+	w.mu.Lock()
+	t := w.trackers[runID]
+	w.mu.Unlock()
+	if t != nil {
+		t.poke()
+	}
+}
+
+func (w *Watcher) pokeAll() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, t := range w.trackers {
+		t.ownerChanged()
+	}
 }
 
 // wake hands an informer event to the run's tracker, starting one for a run seen first.

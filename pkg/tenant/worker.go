@@ -47,6 +47,8 @@ type Options struct {
 	Concurrency int
 	// DrainTimeout bounds shutdown (events.DefaultDrainTimeout when 0).
 	DrainTimeout time.Duration
+	// Observer is told about consumed and published messages (metrics); nil means none.
+	Observer events.Observer
 }
 
 // Worker is the tenant-worker.
@@ -84,7 +86,7 @@ func New(opts Options) (*Worker, error) {
 	if opts.Resync == 0 {
 		opts.Resync = DefaultResync
 	}
-	pub, err := events.NewPublisher(events.PublisherOptions{JS: opts.JetStream, Subjects: opts.Subjects, Now: opts.Now})
+	pub, err := events.NewPublisher(events.PublisherOptions{JS: opts.JetStream, Subjects: opts.Subjects, Now: opts.Now, Observer: opts.Observer})
 	if err != nil {
 		return nil, err
 	}
@@ -122,6 +124,7 @@ func (w *Worker) Run(ctx context.Context) error {
 		Concurrency:  w.opts.Concurrency,
 		DrainTimeout: w.opts.DrainTimeout,
 		OnTerminal:   w.reportFailure,
+		Observer:     w.opts.Observer,
 	})
 }
 

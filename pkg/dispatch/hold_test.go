@@ -1,0 +1,158 @@
+package dispatch
+
+import (
+	"encoding/json"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/kubeclip/kubeclip/pkg/events"
+	"github.com/kubeclip/kubeclip/pkg/lease"
+)
+
+// deliveredMsg publishes one message to a scratch stream and returns it as a consumer delivers
+// it, so it carries real metadata (the stream's timestamp holdAgent measures the wait from).
+func deliveredMsg(t *testing.T, js jetstream.JetStream) (jetstream.Msg, time.Time) {
+	t.Helper()
+	ctx := t.Context()
+	stream, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "SCRATCH", Subjects: []string{"scratch.>"}})
+	if err != nil {
+		t.Fatalf("creating stream: %v", err)
+	}
+	if _, err := js.Publish(ctx, "scratch.acquire", []byte("{}")); err != nil {
+		t.Fatalf("publishing: %v", err)
+	}
+	cons, err := stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{})
+	if err != nil {
+		t.Fatalf("creating consumer: %v", err)
+	}
+	m, err := cons.Next(jetstream.FetchMaxWait(5 * time.Second))
+	if err != nil {
+		t.Fatalf("fetching: %v", err)
+	}
+	md, err := m.Metadata()
+	if err != nil {
+		t.Fatalf("reading metadata: %v", err)
+	}
+	return m, md.Timestamp
+}
+
+// guardTTL reads the per-key TTL the guard of the agent was written with.
+func guardTTL(t *testing.T, js jetstream.JetStream, companyID, agentID string) string {
+	t.Helper()
+	stream, err := js.Stream(t.Context(), "KV_"+events.AgentBucket)
+	if err != nil {
+		t.Fatalf("looking up the agent bucket's stream: %v", err)
+	}
+	msg, err := stream.GetLastMsgForSubject(t.Context(), "$KV."+events.AgentBucket+"."+agentKey(companyID, agentID))
+	if err != nil {
+		t.Fatalf("reading the guard: %v", err)
+	}
+	return msg.Header.Get(jetstream.MsgTTLHeader)
+}
+
+func TestHoldAgent(t *testing.T) {
+	g, js := newAgentGuard(t)
+	m, published := deliveredMsg(t, js)
+	const busyTimeout, busyRetry = 5 * time.Minute, 2 * time.Second
+
+	tests := []struct {
+		name       string
+		agentID    string
+		heldBy     string        // "" when the agent is free
+		waited     time.Duration // since the acquire was published
+		expiresIn  time.Duration // requestedExpiresAt - published; 0 for none
+		wantErr    func(t *testing.T, err error)
+		wantHolder string
+		wantTTL    string // of the guard, when this run took it
+	}{
+		{
+			name: "free agent: the run takes it for the config's deadline plus margin", agentID: "free-1",
+			wantHolder: "run-1", wantTTL: "1h5m0s", // podActivityDeadlineSec 3600 + 5m
+		},
+		{
+			name: "free agent, bounded lease: the guard lasts the lease plus margin", agentID: "free-2",
+			expiresIn: 30 * time.Minute, wantHolder: "run-1", wantTTL: "35m0s",
+		},
+		{
+			name: "the run already holds it", agentID: "own", heldBy: "run-1",
+			waited: time.Hour, wantHolder: "run-1",
+		},
+		{
+			name: "busy agent within the wait: deferred by the retry interval", agentID: "busy-1", heldBy: "run-0",
+			waited: time.Minute, wantHolder: "run-0",
+			wantErr: func(t *testing.T, err error) {
+				if _, ok := events.AsTerminal(err); ok {
+					t.Fatalf("error %v is terminal, want a deferral", err)
+				}
+				var re *events.RetryableError
+				if !errors.As(err, &re) {
+					t.Fatalf("error %v (%T) is not a RetryableError", err, err)
+				}
+				if diff := cmp.Diff(events.RetryableError{Code: events.CodeAgentBusy, After: busyRetry}, events.RetryableError{Code: re.Code, After: re.After}); diff != "" {
+					t.Errorf("deferral (-want +got):\n%s", diff)
+				}
+			},
+		},
+		{
+			name: "busy agent past the wait: agent_busy", agentID: "busy-2", heldBy: "run-0",
+			waited: busyTimeout, wantHolder: "run-0",
+			wantErr: func(t *testing.T, err error) {
+				te, ok := events.AsTerminal(err)
+				if !ok {
+					t.Fatalf("error %v (%T) is not terminal", err, err)
+				}
+				if diff := cmp.Diff([2]string{string(events.CodeAgentBusy), "agentId"}, [2]string{string(te.Code), te.Field}); diff != "" {
+					t.Errorf("(code, field) (-want +got):\n%s", diff)
+				}
+			},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.heldBy != "" {
+				if _, err := g.take(t.Context(), "acme", tc.agentID, tc.heldBy, time.Hour); err != nil {
+					t.Fatalf("taking the guard for %s: %v", tc.heldBy, err)
+				}
+			}
+			req := events.AcquireRequest{
+				RunID: "run-1", CompanyID: "acme", EnvironmentID: "env-1", AgentID: tc.agentID,
+				Config: json.RawMessage(`{"backend":"job"}`),
+			}
+			if tc.expiresIn > 0 {
+				req.RequestedExpiresAt = published.Add(tc.expiresIn).Format(time.RFC3339Nano)
+			}
+			plan, err := lease.New(req, published)
+			if err != nil {
+				t.Fatalf("lease.New() error: %v", err)
+			}
+			d := &Dispatcher{
+				opts: Options{
+					Now:              func() time.Time { return published.Add(tc.waited) },
+					AgentBusyTimeout: busyTimeout,
+					AgentBusyRetry:   busyRetry,
+				},
+				agents: g,
+			}
+
+			err = d.holdAgent(t.Context(), m, plan)
+			switch {
+			case tc.wantErr != nil:
+				tc.wantErr(t, err)
+			case err != nil:
+				t.Fatalf("holdAgent() error: %v", err)
+			}
+			if diff := cmp.Diff(tc.wantHolder, holder(t, g, "acme", tc.agentID)); diff != "" {
+				t.Errorf("guard holder (-want +got):\n%s", diff)
+			}
+			if tc.wantTTL != "" {
+				if diff := cmp.Diff(tc.wantTTL, guardTTL(t, js, "acme", tc.agentID)); diff != "" {
+					t.Errorf("guard TTL (-want +got):\n%s", diff)
+				}
+			}
+		})
+	}
+}

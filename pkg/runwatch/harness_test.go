@@ -1,0 +1,104 @@
+package runwatch
+
+import (
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/kubeclip/kubeclip/internal/natstest"
+	"github.com/kubeclip/kubeclip/pkg/events"
+)
+
+const (
+	testNamespace = "paperclip-acme"
+	testCompany   = "acme"
+)
+
+// harness is a Watcher wired to a real JetStream server, without informers or a cluster.
+type harness struct {
+	js     jetstream.JetStream
+	stream jetstream.Stream
+	w      *Watcher
+}
+
+func newHarness(t *testing.T) *harness {
+	t.Helper()
+	_, _, js := natstest.Start(t)
+	if err := events.EnsureStreams(t.Context(), js, events.Options{}); err != nil {
+		t.Fatalf("creating streams: %v", err)
+	}
+	stream, err := js.Stream(t.Context(), events.Subjects{}.RunStream())
+	if err != nil {
+		t.Fatalf("looking up the run stream: %v", err)
+	}
+	pub, err := events.NewPublisher(events.PublisherOptions{JS: js, Now: clock})
+	if err != nil {
+		t.Fatalf("creating publisher: %v", err)
+	}
+	w := &Watcher{
+		opts: Options{
+			JetStream: js, Now: clock, Container: agentContainer,
+			// Chunks go out when a test flushes, not when a timer says.
+			FlushInterval: time.Hour,
+		},
+		log:       testLogger(t),
+		publisher: pub,
+		trackers:  map[string]*tracker{},
+	}
+	return &harness{js: js, stream: stream, w: w}
+}
+
+// tracker returns a tracker of runID with fresh log state.
+func (h *harness) tracker(t *testing.T, runID string) *tracker {
+	t.Helper()
+	tr := newTracker(h.w, h.stream, testNamespace, testCompany, runID)
+	tr.logs = newLogState(t.Context(), tr, h.w.opts.FlushInterval)
+	return tr
+}
+
+// publish publishes ev and returns its stream sequence.
+func (h *harness) publish(t *testing.T, ev events.Event) uint64 {
+	t.Helper()
+	ack, err := h.w.publisher.Publish(t.Context(), ev)
+	if err != nil {
+		t.Fatalf("publishing %T: %v", ev, err)
+	}
+	return ack.Sequence
+}
+
+// runEvents reads every event of kind the stream holds for runID, in order.
+func runEvents[E any](t *testing.T, h *harness, runID string, kind events.RunKind) []E {
+	t.Helper()
+	subj, err := events.Subjects{}.Run(testCompany, runID, kind)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cons, err := h.stream.OrderedConsumer(t.Context(), jetstream.OrderedConsumerConfig{FilterSubjects: []string{subj}})
+	if err != nil {
+		t.Fatalf("creating consumer: %v", err)
+	}
+	var out []E
+	for {
+		batch, err := cons.FetchNoWait(100)
+		if err != nil {
+			t.Fatalf("fetching: %v", err)
+		}
+		n := 0
+		for msg := range batch.Messages() {
+			n++
+			var ev E
+			if err := json.Unmarshal(msg.Data(), &ev); err != nil {
+				t.Fatalf("decoding %s: %v", msg.Subject(), err)
+			}
+			out = append(out, ev)
+		}
+		if err := batch.Error(); err != nil {
+			t.Fatalf("fetching: %v", err)
+		}
+		if n == 0 {
+			return out
+		}
+	}
+}

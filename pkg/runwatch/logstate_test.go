@@ -1,0 +1,257 @@
+package runwatch
+
+import (
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/kubeclip/kubeclip/pkg/events"
+	"github.com/kubeclip/kubeclip/pkg/k8s"
+)
+
+const (
+	ts0 = "2026-08-24T10:29:00.000000001Z"
+	ts1 = "2026-08-24T10:29:01.000000001Z"
+	ts2 = "2026-08-24T10:29:02.000000002Z"
+
+	initLine = `{"type":"system","subtype":"init","session_id":"sess-1","model":"claude-test"}`
+)
+
+func mustTime(t *testing.T, s string) time.Time {
+	t.Helper()
+	ts, err := time.Parse(time.RFC3339Nano, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ts
+}
+
+// cursorOf is the cursor after delivering lines, as FollowLogs would build it.
+func cursorOf(t *testing.T, lines ...events.LogLine) k8s.Cursor {
+	t.Helper()
+	var c k8s.Cursor
+	for _, l := range lines {
+		c.Add(k8s.Line{Time: mustTime(t, l.TS), TimeRaw: l.TS, Text: l.Text})
+	}
+	return c
+}
+
+func logEvent(runID string, seq uint64, lines ...events.LogLine) events.RunLogEvent {
+	return events.RunLogEvent{RunID: runID, CompanyID: testCompany, Seq: seq, Pod: "pc-x-abcde", Container: agentContainer, Lines: lines}
+}
+
+func line(ts, text string) events.LogLine { return events.LogLine{TS: ts, Text: text} }
+func partialLine(ts, text string) events.LogLine {
+	return events.LogLine{TS: ts, Text: text, Partial: true}
+}
+
+func TestLogStateResume(t *testing.T) {
+	h := newHarness(t)
+	tests := []struct {
+		name        string
+		published   [][]events.LogLine // the lines of each published log event, seq 1..
+		wantLines   []events.LogLine   // the whole lines the cursor must cover
+		wantSession string
+		wantModel   string
+		wantSummary string
+	}{
+		{
+			name: "several whole lines share the last timestamp, one of them split",
+			published: [][]events.LogLine{
+				{line(ts0, initLine)},
+				{
+					line(ts1, "plain"),
+					line(ts2, "a"),
+					partialLine(ts2, `{"type":"result","subtype":"success",`),
+					line(ts2, `"is_error":false,"result":"all done","session_id":"sess-1"}`),
+					line(ts2, "b"),
+				},
+			},
+			wantLines: []events.LogLine{
+				line(ts0, initLine), line(ts1, "plain"), line(ts2, "a"),
+				line(ts2, `{"type":"result","subtype":"success","is_error":false,"result":"all done","session_id":"sess-1"}`),
+				line(ts2, "b"),
+			},
+			wantSession: "sess-1", wantModel: "claude-test", wantSummary: "all done",
+		},
+		{
+			name:        "the last timestamp appears once",
+			published:   [][]events.LogLine{{line(ts0, initLine), line(ts1, "x"), line(ts2, "y")}},
+			wantLines:   []events.LogLine{line(ts0, initLine), line(ts1, "x"), line(ts2, "y")},
+			wantSession: "sess-1", wantModel: "claude-test",
+		},
+		{
+			name: "a line of the other stream lags between lines of the last timestamp",
+			published: [][]events.LogLine{
+				{line(ts0, initLine)},
+				{line(ts2, "stdout 1"), line(ts1, "stderr"), line(ts2, "stdout 2")},
+			},
+			wantLines:   []events.LogLine{line(ts0, initLine), line(ts2, "stdout 1"), line(ts1, "stderr"), line(ts2, "stdout 2")},
+			wantSession: "sess-1", wantModel: "claude-test",
+		},
+		{
+			name: "the last chunk ends inside a split line: it is not delivered yet",
+			published: [][]events.LogLine{
+				{line(ts0, initLine), line(ts1, "x"), partialLine(ts2, `{"type":"res`)},
+			},
+			wantLines:   []events.LogLine{line(ts0, initLine), line(ts1, "x")},
+			wantSession: "sess-1", wantModel: "claude-test",
+		},
+	}
+	for i, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			runID := "run-resume-" + string(rune('a'+i))
+			var last events.RunLogEvent
+			var lastStreamSeq uint64
+			for j, lines := range tc.published {
+				last = logEvent(runID, uint64(j+1), lines...)
+				lastStreamSeq = h.publish(t, last)
+			}
+			// Another run's log in between must not reach this run's parser.
+			h.publish(t, logEvent("run-other", 1, line(ts0, `{"type":"system","subtype":"init","session_id":"other"}`)))
+
+			tr := h.tracker(t, runID)
+			l := tr.logs
+			if err := l.resume(t.Context(), last, lastStreamSeq); err != nil {
+				t.Fatalf("resume() error: %v", err)
+			}
+			if diff := cmp.Diff(cursorOf(t, tc.wantLines...), l.cursor()); diff != "" {
+				t.Errorf("cursor (-want +got):\n%s", diff)
+			}
+			if got := l.seq.Last(); got != last.Seq {
+				t.Errorf("sequence continues after %d, want %d", got, last.Seq)
+			}
+			res := l.agentResult()
+			got := [3]string{res.SessionID, res.Model, res.Summary}
+			if diff := cmp.Diff([3]string{tc.wantSession, tc.wantModel, tc.wantSummary}, got); diff != "" {
+				t.Errorf("parser (session, model, summary) after replay (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+// TestLogStateResumeWithoutLines: an event without lines leaves the cursor at the start.
+func TestLogStateResumeWithoutLines(t *testing.T) {
+	h := newHarness(t)
+	tr := h.tracker(t, "run-empty")
+	if err := tr.logs.resume(t.Context(), logEvent("run-empty", 4), 0); err != nil {
+		t.Fatalf("resume() error: %v", err)
+	}
+	if diff := cmp.Diff(k8s.Cursor{}, tr.logs.cursor()); diff != "" {
+		t.Errorf("cursor (-want +got):\n%s", diff)
+	}
+	if got := tr.logs.seq.Last(); got != 4 {
+		t.Errorf("sequence continues after %d, want 4", got)
+	}
+}
+
+func kline(t *testing.T, ts, text string) k8s.Line {
+	return k8s.Line{Time: mustTime(t, ts), TimeRaw: ts, Text: text}
+}
+
+func TestLogStateAddFlushPublishesInOrder(t *testing.T) {
+	h := newHarness(t)
+	const runID = "run-batch"
+	tr := h.tracker(t, runID)
+	l := tr.logs
+	if err := l.setPod("pc-x-abcde", agentContainer); err != nil {
+		t.Fatalf("setPod() error: %v", err)
+	}
+	add := func(lines ...k8s.Line) {
+		t.Helper()
+		for _, ln := range lines {
+			if err := l.add(ln); err != nil {
+				t.Fatalf("add(%q) error: %v", ln.Text, err)
+			}
+		}
+	}
+
+	add(kline(t, ts0, initLine), kline(t, ts1, "one"), kline(t, ts1, "two"))
+	if got := runEvents[events.RunLogEvent](t, h, runID, events.KindLog); len(got) != 0 {
+		t.Fatalf("%d log events published before the flush, want 0", len(got))
+	}
+	if err := l.flush(); err != nil {
+		t.Fatalf("flush() error: %v", err)
+	}
+	add(kline(t, ts2, "three"))
+	if err := l.flush(); err != nil {
+		t.Fatalf("second flush() error: %v", err)
+	}
+	if err := l.flush(); err != nil {
+		t.Fatalf("flush() with nothing pending: %v", err)
+	}
+
+	want := []events.RunLogEvent{
+		logEvent(runID, 1, line(ts0, initLine), line(ts1, "one"), line(ts1, "two")),
+		logEvent(runID, 2, line(ts2, "three")),
+	}
+	got := runEvents[events.RunLogEvent](t, h, runID, events.KindLog)
+	if diff := cmp.Diff(want, got, cmpopts.IgnoreFields(events.RunLogEvent{}, "At")); diff != "" {
+		t.Errorf("published log events (-want +got):\n%s", diff)
+	}
+	wantCursor := cursorOf(t, line(ts0, initLine), line(ts1, "one"), line(ts1, "two"), line(ts2, "three"))
+	if diff := cmp.Diff(wantCursor, l.cursor()); diff != "" {
+		t.Errorf("cursor (-want +got):\n%s", diff)
+	}
+	if got := l.agentResult().SessionID; got != "sess-1" {
+		t.Errorf("parser session %q, want sess-1 (published lines feed the parser)", got)
+	}
+}
+
+// TestLogStateRetriesItsOutbox makes the run stream refuse new messages (a limit with
+// DiscardNew, on the real server) so a chunk fails to publish, then lets it accept them again:
+// the chunk keeps its seq and goes out before anything newer.
+func TestLogStateRetriesItsOutbox(t *testing.T) {
+	h := newHarness(t)
+	const runID = "run-outbox"
+	tr := h.tracker(t, runID)
+	l := tr.logs
+	if err := l.setPod("pc-x-abcde", agentContainer); err != nil {
+		t.Fatalf("setPod() error: %v", err)
+	}
+	if err := l.add(kline(t, ts0, "first")); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.flush(); err != nil {
+		t.Fatalf("flush() error: %v", err)
+	}
+
+	cfg := events.Options{}.RunStreamConfig()
+	full := cfg
+	full.MaxMsgs, full.Discard = 1, jetstream.DiscardNew
+	if _, err := h.js.UpdateStream(t.Context(), full); err != nil {
+		t.Fatalf("limiting the run stream: %v", err)
+	}
+	if err := l.add(kline(t, ts1, "second")); err != nil {
+		t.Fatalf("add() error: %v", err)
+	}
+	if err := l.flush(); err == nil {
+		t.Fatal("flush() to a stream that refuses messages succeeded")
+	}
+	if err := l.add(kline(t, ts1, "third")); err != nil {
+		t.Fatalf("add() while the outbox holds a chunk: %v", err)
+	}
+
+	if _, err := h.js.UpdateStream(t.Context(), cfg); err != nil {
+		t.Fatalf("restoring the run stream: %v", err)
+	}
+	if err := l.add(kline(t, ts2, "fourth")); err != nil {
+		t.Fatalf("add() error: %v", err)
+	}
+	if err := l.flush(); err != nil {
+		t.Fatalf("flush() after the stream recovered: %v", err)
+	}
+
+	want := []events.RunLogEvent{
+		logEvent(runID, 1, line(ts0, "first")),
+		logEvent(runID, 2, line(ts1, "second")),
+		logEvent(runID, 3, line(ts1, "third"), line(ts2, "fourth")),
+	}
+	got := runEvents[events.RunLogEvent](t, h, runID, events.KindLog)
+	if diff := cmp.Diff(want, got, cmpopts.IgnoreFields(events.RunLogEvent{}, "At")); diff != "" {
+		t.Errorf("published log events (-want +got):\n%s", diff)
+	}
+}

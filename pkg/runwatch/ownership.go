@@ -1,0 +1,161 @@
+package runwatch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+
+	"github.com/kubeclip/kubeclip/pkg/events"
+)
+
+// OwnershipBucket holds which run-watcher replica follows which run: key LeaseKey(runId), value
+// the replica's id. The bucket's TTL is the ownership timeout: an owner renews its keys every
+// third of it, so a key whose owner died ages out and the server leaves a marker that wakes the
+// other replicas, one of which takes the run over.
+const OwnershipBucket = "KUBECLIP_WATCH"
+
+// DefaultOwnershipTTL is how long a run stays with a replica that stopped renewing. Takeover
+// after a crash takes about this long plus the server's expiry check; a shorter TTL means
+// faster takeover and more renewals (one KV update per owned run per TTL/3).
+const DefaultOwnershipTTL = 6 * time.Second
+
+// ownershipMarkerTTL keeps the expiry markers just long enough for every watcher to see them.
+const ownershipMarkerTTL = time.Minute
+
+// OwnershipBucketConfig is the KUBECLIP_WATCH bucket for the given ownership timeout. Only the
+// run-watcher creates it, because the TTL is its setting; every replica must use the same.
+func OwnershipBucketConfig(ttl time.Duration, replicas int) jetstream.KeyValueConfig {
+	if replicas <= 0 {
+		replicas = 1
+	}
+	return jetstream.KeyValueConfig{
+		Bucket:      OwnershipBucket,
+		Description: "kubeclip run-watcher ownership of live runs, keyed by run id",
+		History:     1,
+		// A write resets a key's age, so TTL is the time since the owner's last renewal.
+		TTL:            ttl,
+		LimitMarkerTTL: ownershipMarkerTTL,
+		MaxValueSize:   256,
+		Storage:        jetstream.FileStorage,
+		Replicas:       replicas,
+	}
+}
+
+// owners tracks the runs this replica owns and keeps their keys alive.
+type owners struct {
+	kv  jetstream.KeyValue
+	id  string
+	ttl time.Duration
+	log zerolog.Logger
+
+	mu    sync.Mutex
+	owned map[string]uint64 // run id → revision of our key
+}
+
+func newOwners(kv jetstream.KeyValue, id string, ttl time.Duration, log zerolog.Logger) *owners {
+	return &owners{kv: kv, id: id, ttl: ttl, log: log, owned: map[string]uint64{}}
+}
+
+// owns reports whether this replica holds runID.
+func (o *owners) owns(runID string) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	_, ok := o.owned[runID]
+	return ok
+}
+
+// claim makes this replica the owner of runID if nobody else is. It returns false, with no
+// error, when another replica owns it.
+func (o *owners) claim(ctx context.Context, runID string) (bool, error) {
+	if o.owns(runID) {
+		return true, nil
+	}
+	key := events.LeaseKey(runID)
+	rev, err := o.kv.Create(ctx, key, []byte(o.id))
+	if errors.Is(err, jetstream.ErrKeyExists) {
+		entry, gerr := o.kv.Get(ctx, key)
+		if gerr != nil || string(entry.Value()) != o.id {
+			return false, nil
+		}
+		// Our own key from before a restart of this replica's run loop: take it back.
+		rev = entry.Revision()
+	} else if err != nil {
+		return false, fmt.Errorf("claiming run %s: %w", runID, err)
+	}
+	o.mu.Lock()
+	o.owned[runID] = rev
+	o.mu.Unlock()
+	return true, nil
+}
+
+// release gives runID up, so another replica can take it at once.
+func (o *owners) release(ctx context.Context, runID string) {
+	o.mu.Lock()
+	rev, ok := o.owned[runID]
+	delete(o.owned, runID)
+	o.mu.Unlock()
+	if !ok {
+		return
+	}
+	err := o.kv.Delete(ctx, events.LeaseKey(runID), jetstream.LastRevision(rev))
+	if err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) && !errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+		o.log.Warn().Err(err).Str(events.LogKeyRunID, runID).Msg("releasing run ownership failed; it expires on its own")
+	}
+}
+
+// drop forgets runID without touching its key: ownership was lost to another replica.
+func (o *owners) drop(runID string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	delete(o.owned, runID)
+}
+
+// renewAll renews every owned key once and returns the runs whose ownership was lost.
+func (o *owners) renewAll(ctx context.Context) []string {
+	o.mu.Lock()
+	runs := make(map[string]uint64, len(o.owned))
+	for r, rev := range o.owned {
+		runs[r] = rev
+	}
+	o.mu.Unlock()
+	var lost []string
+	for runID, rev := range runs {
+		next, err := o.kv.Update(ctx, events.LeaseKey(runID), []byte(o.id), rev)
+		o.mu.Lock()
+		_, still := o.owned[runID]
+		switch {
+		case !still:
+			// released while we renewed
+		case err == nil:
+			o.owned[runID] = next
+		case errors.Is(err, jetstream.ErrKeyRevisionMismatch), errors.Is(err, jetstream.ErrKeyNotFound):
+			// Our key expired (we were too slow) and maybe another replica took the run.
+			delete(o.owned, runID)
+			lost = append(lost, runID)
+		default:
+			// NATS unreachable: keep trying; if it stays away, the key expires and we lose
+			// the run when we are back (the revision check above).
+			o.log.Warn().Err(err).Str(events.LogKeyRunID, runID).Msg("renewing run ownership failed")
+		}
+		o.mu.Unlock()
+	}
+	return lost
+}
+
+// releaseAll gives every owned run up (graceful shutdown), so takeover is immediate.
+func (o *owners) releaseAll(ctx context.Context) {
+	o.mu.Lock()
+	runs := make([]string, 0, len(o.owned))
+	for r := range o.owned {
+		runs = append(runs, r)
+	}
+	o.mu.Unlock()
+	for _, r := range runs {
+		o.release(ctx, r)
+	}
+}

@@ -1,0 +1,62 @@
+package runwatch
+
+import (
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/kubeclip/kubeclip/pkg/events"
+)
+
+// TestTrackerStepWaitsForTheJob: a pod whose Job the informer has not delivered yet (and never
+// did) publishes nothing: no status and, above all, no cancelled result.
+func TestTrackerStepWaitsForTheJob(t *testing.T) {
+	h := newHarness(t)
+	_, pods := withInformerCaches(t, h)
+	const runID = "run-no-job"
+	tr := newTracker(h.w, h.stream, testNamespace, testCompany, runID)
+
+	if err := tr.step(t.Context()); err != nil {
+		t.Fatalf("step() error: %v", err)
+	}
+	p := pod(corev1.PodPending, waiting("ContainerCreating"))
+	p.Labels = runLabels(runID)
+	yes := true
+	p.OwnerReferences = []metav1.OwnerReference{{APIVersion: "batch/v1", Kind: "Job", Name: "pc-run", UID: "job-uid", Controller: &yes}}
+	if err := pods.Add(p); err != nil {
+		t.Fatal(err)
+	}
+	if err := tr.step(t.Context()); err != nil {
+		t.Fatalf("step() error: %v", err)
+	}
+	if tr.done || tr.verdict != nil {
+		t.Errorf("done %v, verdict %+v; want neither before the Job was seen", tr.done, tr.verdict)
+	}
+	for _, kind := range []events.RunKind{events.KindStatus, events.KindResult} {
+		if got := runEvents[events.RunStatusEvent](t, h, runID, kind); len(got) != 0 {
+			t.Errorf("%d %s events published, want 0", len(got), kind)
+		}
+	}
+}
+
+// TestTrackerStepPodWithoutJob: a run whose pod no Job controls (a Sandbox's) is decided by its
+// pod alone; it is not taken for a released Job.
+func TestTrackerStepPodWithoutJob(t *testing.T) {
+	h := newHarness(t)
+	_, pods := withInformerCaches(t, h)
+	const runID = "run-sandbox"
+	tr := newTracker(h.w, h.stream, testNamespace, testCompany, runID)
+	p := pod(corev1.PodPending, waiting("ErrImageNeverPull"))
+	p.Labels = runLabels(runID)
+	if err := pods.Add(p); err != nil {
+		t.Fatal(err)
+	}
+	if err := tr.step(t.Context()); err != nil {
+		t.Fatalf("step() error: %v", err)
+	}
+	got := runEvents[events.RunResultEvent](t, h, runID, events.KindResult)
+	if len(got) != 1 || got[0].Outcome != events.OutcomeFailed || got[0].Reason != "ErrImageNeverPull" {
+		t.Errorf("result events = %+v, want one failed with ErrImageNeverPull", got)
+	}
+}

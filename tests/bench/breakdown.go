@@ -1,0 +1,105 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/kubeclip/kubeclip/pkg/events"
+)
+
+// breakdownRow is a diagnostic: where a phase's time went (a pipeline stage, or one kind of
+// Kubernetes request made by a worker). Latencies in milliseconds.
+type breakdownRow struct {
+	Phase string   `json:"phase"`
+	What  string   `json:"what"`
+	N     int      `json:"n"`
+	P50   *float64 `json:"p50"`
+	P99   *float64 `json:"p99"`
+	// Total is the sum of the durations: what the phase spent on it, comparable across rows
+	// where percentiles are not (the p50 of a sum is not the sum of the p50s).
+	Total  *float64 `json:"total,omitempty"`
+	Errors int      `json:"errors,omitempty"`
+}
+
+func stageRow(phase, what string, s samples) breakdownRow {
+	return breakdownRow{Phase: phase, What: what, N: len(s.d), P50: s.p50(), P99: s.p99(), Total: s.total(), Errors: s.errs}
+}
+
+// acquireStages splits runs' acquire → created into the tenant-worker's part (acquire
+// published → dispatch request seen), the dispatch request's wait in the work queue (→ the
+// dispatcher's handler reads the lease record), the handler (→ its publish of created
+// returned) and the delivery of created to the bench.
+func (b *bench) acquireStages(phase string, runs []string) []breakdownRow {
+	var tenant, queued, handler, delivery samples
+	for _, id := range runs {
+		ev := b.events.snapshot(id)
+		start, ok := b.published[id]
+		read, readOK := b.stats.marked(markLeaseRead, events.LeaseKey(id))
+		published, pubOK := b.stats.marked(markCreatedPublished, id)
+		if !ok || !readOK || !pubOK || ev.dispatched.IsZero() || ev.created.IsZero() {
+			continue
+		}
+		tenant.add(ev.dispatched.Sub(start), nil)
+		queued.add(read.Sub(ev.dispatched), nil)
+		handler.add(published.Sub(read), nil)
+		delivery.add(ev.created.Sub(published), nil)
+	}
+	return []breakdownRow{
+		stageRow(phase, "stage tenant-worker: acquire published → dispatch request seen", tenant),
+		stageRow(phase, "stage work queue: dispatch request seen → dispatcher handler starts", queued),
+		stageRow(phase, "stage dispatcher handler: start → created published", handler),
+		stageRow(phase, "stage delivery: created published → received by the bench", delivery),
+	}
+}
+
+// minCPUWindow is the shortest phase whose CPU use is reported: shorter ones are mostly the
+// clock's granularity.
+const minCPUWindow = 2 * time.Second
+
+// cpuUsage is a reading of the node's and this process's CPU time.
+type cpuUsage struct {
+	at          time.Time
+	busy, total uint64 // jiffies over all CPUs, /proc/stat
+	process     time.Duration
+}
+
+// readCPU reads /proc/stat and this process's rusage; on a system without them it returns
+// the zero value and the phase's note says nothing about CPU.
+func readCPU() cpuUsage {
+	u := cpuUsage{at: time.Now()}
+	var ru syscall.Rusage
+	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) == nil {
+		u.process = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	}
+	data, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return u
+	}
+	line, _, _ := strings.Cut(string(data), "\n")
+	fields := strings.Fields(line)
+	for i, f := range fields[1:] {
+		n, err := strconv.ParseUint(f, 10, 64)
+		if err != nil {
+			continue
+		}
+		u.total += n
+		if i != 3 && i != 4 { // idle, iowait
+			u.busy += n
+		}
+	}
+	return u
+}
+
+// cpuNote describes the CPU use between two readings.
+func cpuNote(phase string, from, to cpuUsage) string {
+	if to.total <= from.total {
+		return ""
+	}
+	node := 100 * float64(to.busy-from.busy) / float64(to.total-from.total)
+	proc := 100 * (to.process - from.process).Seconds() / to.at.Sub(from.at).Seconds()
+	return fmt.Sprintf("%s: node CPU %.0f%% busy (all cores); the bench process (NATS server, workers, bench) used %.0f%% of one core", phase, node, proc)
+}

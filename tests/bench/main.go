@@ -1,0 +1,61 @@
+// Command bench measures kubeclip's pipeline against the local cluster and reports, side by
+// side from the same run, the raw Kubernetes primitive each measurement rides on:
+//
+//	(a) acquire published → `created` received, warm tenant   vs  create Secret + Job
+//	(b) acquire published → `created` received, cold tenant   vs  SSA tenant + create Secret + Job
+//	(c) pod's container terminated (own pod informer) → `result` received
+//	(d) log line read by an own GetLogs follow stream → the line's `log` event received
+//	(e) sustained acquisitions/s, publish N at once → last `created`  vs  N concurrent raw creates
+//
+// The pipeline is the real one, in process: an embedded JetStream server and the tenant-worker,
+// dispatcher and run-watcher, each with its own NATS connection and Kubernetes client (so its
+// own client-side rate limit) and the binaries' default settings. Times are the bench's receive
+// times (monotonic clock); the run events are read with one JetStream ordered consumer, as a
+// Paperclip consumer would. Every namespace it creates starts with "kcbench-" and carries the
+// label bench.kubeclip.io/session; all are deleted at the end.
+//
+// Run it with `make bench` (go run ./tests/bench --kubeconfig PATH); the table goes to stdout
+// and, as JSON, to --out (default ./bench-results.json).
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/kubeclip/kubeclip/internal/app"
+	"github.com/kubeclip/kubeclip/internal/config"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	err := run(ctx, os.Args[1:], os.LookupEnv, os.Stdout, os.Stderr)
+	if code := app.ExitCode(err); code != 0 {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(code)
+	}
+}
+
+func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout, stderr io.Writer) error {
+	s, err := parseSettings(args, lookupEnv, stdout)
+	if err != nil {
+		return err
+	}
+	b, err := newBench(ctx, s, stderr)
+	if err != nil {
+		return err
+	}
+	report, runErr := b.measure(ctx)
+	closeErr := b.close(ctx)
+	if report != nil {
+		if err := report.write(stdout, s.out); err != nil {
+			return errors.Join(runErr, closeErr, err)
+		}
+	}
+	return errors.Join(runErr, closeErr)
+}

@@ -1,0 +1,396 @@
+package deploy_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	dto "github.com/prometheus/client_model/go"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+
+	"github.com/kubeclip/kubeclip/internal/clustertest"
+	"github.com/kubeclip/kubeclip/internal/leasetest"
+)
+
+// workers are the Deployments of the overlay, before the test's name suffix.
+var workers = []string{"tenant-worker", "dispatcher", "run-watcher"}
+
+// volumeRoot holds the hostPath volumes the test provides for NATS: the local cluster has no
+// storage provisioner.
+const volumeRoot = "/var/lib/kubeclip/test-volumes"
+
+// TestDevOverlayRunsALeaseInCluster deploys the dev overlay with images built here, then runs a
+// lease end to end through the workers running in the cluster under their own ServiceAccounts,
+// and checks that every worker's /metrics counted it.
+func TestDevOverlayRunsALeaseInCluster(t *testing.T) {
+	t.Parallel()
+	c := newCluster(t)
+	importImages(t)
+	id := shortID()
+	ns := "kubeclip-e2e-" + id
+	suffix := "-" + id
+
+	// 1. NATS first: the workers are pointed at its pod IP (no cluster DNS, no kube-proxy here).
+	base := render(t, rendering{overlay: "dev", namespace: ns, suffix: suffix})
+	c.deleteAtEnd(t, ns, base)
+	providePV(t, c, ns, "data-nats"+suffix+"-0", id)
+	ctx := t.Context()
+	for _, o := range base {
+		if isNATS(o) {
+			if err := c.apply(ctx, t, o, false); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	natsPod := waitPodReady(t, c, ns, "app.kubernetes.io/name=nats", 3*time.Minute)
+	natsURL := fmt.Sprintf("nats://%s:4222", natsPod.Status.PodIP)
+
+	// 2. Everything, with the NATS URL merged into kubeclip-config.
+	objs := render(t, rendering{overlay: "dev", namespace: ns, suffix: suffix, config: map[string]string{"KUBECLIP_NATS_URL": natsURL}})
+	c.deleteAtEnd(t, "", objs)
+	for _, o := range objs {
+		if err := c.apply(ctx, t, o, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if w := c.warn.take(); len(w) > 0 {
+		t.Errorf("the API server warned: %v", w)
+	}
+	pods := map[string]*corev1.Pod{}
+	for _, w := range workers {
+		waitAvailable(t, c, ns, w+suffix)
+		pods[w] = waitPodReady(t, c, ns, "app.kubernetes.io/name="+w, time.Minute)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			dumpPods(t, c, ns)
+		}
+	})
+
+	// The kubelet reached /readyz (the pods are Ready); so does anyone on the pod network.
+	for w, p := range pods {
+		body := get(t, opsURL(p, "/readyz"))
+		if body != "ok nats\nok kubernetes\n" {
+			t.Errorf("%s /readyz = %q", w, body)
+		}
+	}
+	before := scrapeAll(t, pods)
+
+	// 3. A lease, end to end, through the in-cluster workers.
+	nc, err := nats.Connect(natsURL, nats.Name(t.Name()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stopSampling := sampleResources(t, pods)
+	leases := 1
+	if n, err := strconv.Atoi(os.Getenv("KUBECLIP_DEPLOY_LEASES")); err == nil && n > 1 {
+		leases = n // a load run, to measure the workers (README, Deploy)
+	}
+	cs := clustertest.Clientset(t)
+	t.Run("leases", func(t *testing.T) {
+		for i := range leases {
+			t.Run(fmt.Sprint(i), func(t *testing.T) {
+				t.Parallel()
+				res := leasetest.Run(t, js, cs)
+				t.Logf("lease %s: %d log events, result %s, released %s", res.Created.ProviderLeaseID, len(res.Logs), res.Result.Outcome, res.Released.State)
+			})
+		}
+	})
+	stopSampling()
+	if t.Failed() {
+		return
+	}
+
+	// 4. The metrics moved.
+	var after map[string]map[string]*dto.MetricFamily
+	eventually(t, 30*time.Second, "metrics reflecting the lease", func() error {
+		after = scrapeAll(t, pods)
+		return checkMetrics(before, after)
+	})
+	reportResources(t, after)
+}
+
+// checkMetrics compares two scrapes of every worker: each must have counted its part of one
+// lease.
+func checkMetrics(before, after map[string]map[string]*dto.MetricFamily) error {
+	type want struct {
+		worker, family string
+		labels         map[string]string
+		minDelta       float64
+	}
+	wants := []want{
+		{"tenant-worker", "kubeclip_messages_consumed_total", map[string]string{"consumer": "tenant-worker", "subject": "paperclip.lease.*.acquire", "fate": "acked"}, 1},
+		{"tenant-worker", "kubeclip_handler_duration_seconds", map[string]string{"consumer": "tenant-worker"}, 1},
+		{"tenant-worker", "kubeclip_events_published_total", map[string]string{"subject": "kubeclip.dispatch.*.*", "outcome": "stored"}, 1},
+		{"dispatcher", "kubeclip_messages_consumed_total", map[string]string{"consumer": "dispatcher", "fate": "acked"}, 1},
+		{"dispatcher", "kubeclip_messages_consumed_total", map[string]string{"consumer": "dispatcher-release", "fate": "acked"}, 1},
+		{"dispatcher", "kubeclip_events_published_total", map[string]string{"subject": "paperclip.run.*.*.created", "outcome": "stored"}, 1},
+		{"dispatcher", "kubeclip_events_published_total", map[string]string{"subject": "paperclip.run.*.*.released", "outcome": "stored"}, 1},
+		{"run-watcher", "kubeclip_events_published_total", map[string]string{"subject": "paperclip.run.*.*.log", "outcome": "stored"}, 1},
+		{"run-watcher", "kubeclip_events_published_total", map[string]string{"subject": "paperclip.run.*.*.result", "outcome": "stored"}, 1},
+		{"run-watcher", "kubeclip_log_lines_total", nil, leasetest.StubLines},
+		{"run-watcher", "kubeclip_log_bytes_total", nil, 50 * leasetest.StubLines},
+	}
+	var problems []string
+	for _, w := range wants {
+		d := sum(after[w.worker], w.family, w.labels) - sum(before[w.worker], w.family, w.labels)
+		if d < w.minDelta {
+			problems = append(problems, fmt.Sprintf("%s %s%v grew by %v, want at least %v", w.worker, w.family, w.labels, d, w.minDelta))
+		}
+	}
+	if n := sum(after["run-watcher"], "kubeclip_runs_in_flight", nil); n != 0 {
+		problems = append(problems, fmt.Sprintf("run-watcher kubeclip_runs_in_flight = %v after the run ended, want 0", n))
+	}
+	if len(problems) > 0 {
+		return fmt.Errorf("%s", strings.Join(problems, "; "))
+	}
+	return nil
+}
+
+// reportResources logs each worker's memory and CPU after the run: the numbers the
+// Deployments' requests and limits are based on (README, Deploy).
+func reportResources(t *testing.T, fams map[string]map[string]*dto.MetricFamily) {
+	for _, w := range workers {
+		rss := sum(fams[w], "process_resident_memory_bytes", nil)
+		cpu := sum(fams[w], "process_cpu_seconds_total", nil)
+		heap := sum(fams[w], "go_memstats_heap_inuse_bytes", nil)
+		t.Logf("%s: RSS %.1f MiB, heap in use %.1f MiB, CPU %.2f s since start", w, rss/(1<<20), heap/(1<<20), cpu)
+	}
+}
+
+func isNATS(o *unstructured.Unstructured) bool {
+	switch o.GetKind() {
+	case "Namespace":
+		return true
+	case "ConfigMap":
+		return strings.HasPrefix(o.GetName(), "nats-config")
+	}
+	return o.GetLabels()["app.kubernetes.io/name"] == "nats"
+}
+
+// importImages builds the production images from this checkout and imports them into the
+// local cluster's containerd.
+func importImages(t *testing.T) {
+	t.Helper()
+	if p := os.Getenv(clustertest.KubeconfigEnv); p != "" {
+		t.Fatalf("%s is set: this test imports its images into the local cluster's containerd; load bin/images/*.tar (make images-prod) into that cluster's nodes and unset it, or run against the local cluster", clustertest.KubeconfigEnv)
+	}
+	cmd := exec.Command("bash", filepath.Join(root, "hack/images/images.sh"), "import")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("hack/images/images.sh import: %v\n%s", err, out)
+	}
+}
+
+// providePV creates a hostPath PersistentVolume bound in advance to the claim, writable by the
+// images' non-root user (fsGroup does not apply to hostPath volumes). A cluster with a storage
+// provisioner does not need this.
+func providePV(t *testing.T, c *cluster, ns, claim, id string) {
+	t.Helper()
+	dir := filepath.Join(volumeRoot, id)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(dir, 65532, 65532); err != nil {
+		t.Fatal(err)
+	}
+	name := "kubeclip-e2e-" + id
+	hostPathType := corev1.HostPathDirectory
+	pv := &corev1.PersistentVolume{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"app.kubernetes.io/part-of": "kubeclip-test"}},
+		Spec: corev1.PersistentVolumeSpec{
+			Capacity:                      corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("10Gi")},
+			AccessModes:                   []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+			PersistentVolumeReclaimPolicy: corev1.PersistentVolumeReclaimDelete,
+			ClaimRef:                      &corev1.ObjectReference{Namespace: ns, Name: claim},
+			PersistentVolumeSource: corev1.PersistentVolumeSource{
+				HostPath: &corev1.HostPathVolumeSource{Path: dir, Type: &hostPathType},
+			},
+		},
+	}
+	// Delete reclaims need a recycler plugin this cluster lacks; Retain, then delete ourselves.
+	pv.Spec.PersistentVolumeReclaimPolicy = corev1.PersistentVolumeReclaimRetain
+	if _, err := c.cs.CoreV1().PersistentVolumes().Create(t.Context(), pv, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := c.cs.CoreV1().PersistentVolumes().Delete(ctx, name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			t.Errorf("deleting PV %s: %v", name, err)
+		}
+		_ = os.RemoveAll(dir)
+	})
+}
+
+func waitAvailable(t *testing.T, c *cluster, ns, name string) {
+	t.Helper()
+	eventually(t, 3*time.Minute, "Deployment "+name+" available", func() error {
+		d, err := c.cs.AppsV1().Deployments(ns).Get(t.Context(), name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		for _, cond := range d.Status.Conditions {
+			if cond.Type == appsv1.DeploymentAvailable && cond.Status == corev1.ConditionTrue && d.Status.ReadyReplicas == *d.Spec.Replicas {
+				return nil
+			}
+		}
+		return fmt.Errorf("status %+v", d.Status)
+	})
+}
+
+func waitPodReady(t *testing.T, c *cluster, ns, selector string, timeout time.Duration) *corev1.Pod {
+	t.Helper()
+	var ready *corev1.Pod
+	eventually(t, timeout, "a Ready pod "+selector, func() error {
+		list, err := c.cs.CoreV1().Pods(ns).List(t.Context(), metav1.ListOptions{LabelSelector: selector})
+		if err != nil {
+			return err
+		}
+		for i := range list.Items {
+			p := &list.Items[i]
+			for _, cond := range p.Status.Conditions {
+				if cond.Type == corev1.PodReady && cond.Status == corev1.ConditionTrue && p.DeletionTimestamp == nil {
+					ready = p
+					return nil
+				}
+			}
+		}
+		return fmt.Errorf("%d pods, none Ready: %s", len(list.Items), podSummary(list.Items))
+	})
+	return ready
+}
+
+func podSummary(pods []corev1.Pod) string {
+	var b strings.Builder
+	for _, p := range pods {
+		fmt.Fprintf(&b, "[%s %s", p.Name, p.Status.Phase)
+		for _, cs := range p.Status.ContainerStatuses {
+			if cs.State.Waiting != nil {
+				fmt.Fprintf(&b, " %s: %s", cs.State.Waiting.Reason, cs.State.Waiting.Message)
+			}
+			fmt.Fprintf(&b, " restarts=%d", cs.RestartCount)
+		}
+		for _, cond := range p.Status.Conditions {
+			if cond.Status != corev1.ConditionTrue && cond.Message != "" {
+				fmt.Fprintf(&b, " %s: %s", cond.Type, cond.Message)
+			}
+		}
+		b.WriteString("] ")
+	}
+	return b.String()
+}
+
+// dumpPods logs every pod's status and the end of its log, for a failed run.
+func dumpPods(t *testing.T, c *cluster, ns string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	list, err := c.cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Logf("listing pods: %v", err)
+		return
+	}
+	t.Logf("pods: %s", podSummary(list.Items))
+	tail := int64(40)
+	for _, p := range list.Items {
+		data, err := c.cs.CoreV1().Pods(ns).GetLogs(p.Name, &corev1.PodLogOptions{TailLines: &tail}).DoRaw(ctx)
+		t.Logf("---- %s (err %v) ----\n%s", p.Name, err, data)
+	}
+}
+
+func opsURL(p *corev1.Pod, path string) string {
+	return fmt.Sprintf("http://%s:8080%s", p.Status.PodIP, path)
+}
+
+func get(t *testing.T, url string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return string(body)
+}
+
+func scrapeAll(t *testing.T, pods map[string]*corev1.Pod) map[string]map[string]*dto.MetricFamily {
+	t.Helper()
+	out := map[string]map[string]*dto.MetricFamily{}
+	for w, p := range pods {
+		fams, err := scrape(t.Context(), opsURL(p, "/metrics"))
+		if err != nil {
+			t.Fatalf("scraping %s: %v", w, err)
+		}
+		out[w] = fams
+	}
+	return out
+}
+
+// sampleResources polls each worker's process metrics every second until stop is called, then
+// logs the peak resident memory and the peak CPU use over one-second windows: the numbers
+// behind the Deployments' requests and limits.
+func sampleResources(t *testing.T, pods map[string]*corev1.Pod) (stop func()) {
+	type peak struct{ rss, cpu, lastCPU float64 }
+	peaks := map[string]*peak{}
+	done := make(chan struct{})
+	finished := make(chan struct{})
+	go func() {
+		defer close(finished)
+		tick := time.NewTicker(time.Second)
+		defer tick.Stop()
+		for {
+			for w, p := range pods {
+				fams, err := scrape(context.Background(), opsURL(p, "/metrics"))
+				if err != nil {
+					continue
+				}
+				pk := peaks[w]
+				cpu := sum(fams, "process_cpu_seconds_total", nil)
+				if pk == nil {
+					pk = &peak{lastCPU: cpu}
+					peaks[w] = pk
+				}
+				pk.rss = max(pk.rss, sum(fams, "process_resident_memory_bytes", nil))
+				pk.cpu = max(pk.cpu, cpu-pk.lastCPU)
+				pk.lastCPU = cpu
+			}
+			select {
+			case <-done:
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+	return func() {
+		close(done)
+		<-finished
+		for _, w := range workers {
+			if pk := peaks[w]; pk != nil {
+				t.Logf("%s: peak RSS %.1f MiB, peak CPU %.0f millicores (1s windows)", w, pk.rss/(1<<20), pk.cpu*1000)
+			}
+		}
+	}
+}

@@ -1,0 +1,368 @@
+// Package deploy_test proves deploy/kustomize on the local cluster: the production overlay
+// passes the API server's server-side dry-run, the dev overlay runs kubeclip inside the cluster
+// (images built here and imported into containerd) and carries a lease end to end, each worker's
+// RBAC allows what its code does and denies the rest, and the workers' /metrics move.
+//
+// Networking on the local cluster: there is no kube-proxy and no cluster DNS, so the workers
+// cannot reach NATS through its Service name. The test deploys NATS first, then points the
+// workers at the NATS pod's IP with a kubeclip-config merge in its own kustomization (the only
+// change to the dev overlay), and reaches NATS and the workers' ops port from this host through
+// the pod network bridge. Pods reach the API server through the kubernetes Service IP, which
+// the cluster harness DNATs to the apiserver.
+package deploy_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/oklog/ulid/v2"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/client-go/discovery/cached/memory"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/restmapper"
+
+	"github.com/kubeclip/kubeclip/internal/clustertest"
+)
+
+// root is the repository root, seen from this package.
+const root = "../.."
+
+// fieldManager owns what the tests apply.
+const fieldManager = "kubeclip-deploy-test"
+
+// kubectl returns the path of kubectl: $KUBECTL, then PATH, then the one the cluster harness
+// builds. kustomize is kubectl's (kubectl kustomize).
+func kubectl(t *testing.T) string {
+	t.Helper()
+	if p := os.Getenv("KUBECTL"); p != "" {
+		return p
+	}
+	if p, err := exec.LookPath("kubectl"); err == nil {
+		return p
+	}
+	gomod, err := os.ReadFile(filepath.Join(root, "hack/k8s/go.mod"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`k8s\.io/kubernetes (v[0-9][^\s]*)`).FindSubmatch(gomod)
+	if m == nil {
+		t.Fatal("no k8s.io/kubernetes version in hack/k8s/go.mod")
+	}
+	cache := os.Getenv("KUBECLIP_CACHE")
+	if cache == "" {
+		home, _ := os.UserHomeDir()
+		cache = filepath.Join(home, ".cache/kubeclip")
+	}
+	p := filepath.Join(cache, "k8s", string(m[1]), "bin/kubectl")
+	if _, err := os.Stat(p); err != nil {
+		t.Fatalf("kubectl not found (%v): `make cluster-up` builds it, or put kubectl on PATH or in $KUBECTL", err)
+	}
+	return p
+}
+
+// shortID is a lower-case random suffix for names this test run owns.
+func shortID() string { return strings.ToLower(ulid.Make().String()[18:]) }
+
+// rendering is an overlay placed in a namespace of the test's own, with a name suffix (so that
+// cluster-scoped objects do not clash with another run's) and kubeclip-config additions.
+type rendering struct {
+	overlay   string // directory under deploy/kustomize/overlays
+	namespace string
+	suffix    string
+	config    map[string]string
+}
+
+// render runs kubectl kustomize on a kustomization that wraps the overlay. The namespace
+// transformer is configured to move the ClusterRoleBindings' ServiceAccount subjects too
+// (by default kustomize only moves subjects in the "default" namespace).
+func render(t *testing.T, r rendering) []*unstructured.Unstructured {
+	t.Helper()
+	dir := t.TempDir()
+	abs, err := filepath.Abs(filepath.Join(root, "deploy/kustomize/overlays", r.overlay))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rel, err := filepath.Rel(dir, abs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - %s\n", rel)
+	if r.suffix != "" {
+		fmt.Fprintf(&b, "nameSuffix: %s\n", r.suffix)
+	}
+	if r.namespace != "" {
+		fmt.Fprintf(&b, `transformers:
+  - |-
+    apiVersion: builtin
+    kind: NamespaceTransformer
+    metadata:
+      name: test-namespace
+      namespace: %s
+    setRoleBindingSubjects: allServiceAccounts
+    unsetOnly: false
+`, r.namespace)
+	}
+	if len(r.config) > 0 {
+		b.WriteString("configMapGenerator:\n  - name: kubeclip-config\n    behavior: merge\n    literals:\n")
+		for k, v := range r.config {
+			fmt.Fprintf(&b, "      - %s=%s\n", k, v)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(b.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command(kubectl(t), "kustomize", dir).Output()
+	if err != nil {
+		var stderr []byte
+		if ee, ok := err.(*exec.ExitError); ok { //nolint:errorlint // exec returns it unwrapped
+			stderr = ee.Stderr
+		}
+		t.Fatalf("kubectl kustomize %s: %v\n%s", r.overlay, err, stderr)
+	}
+	objs := decodeObjects(t, out)
+	if r.namespace != "" {
+		// The inline transformer leaves the Namespace object's own name alone.
+		for _, o := range objs {
+			if o.GetKind() == "Namespace" {
+				o.SetName(r.namespace)
+			}
+		}
+	}
+	return objs
+}
+
+func decodeObjects(t *testing.T, data []byte) []*unstructured.Unstructured {
+	t.Helper()
+	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(data), 4096)
+	var objs []*unstructured.Unstructured
+	for {
+		var o map[string]any
+		if err := dec.Decode(&o); err == io.EOF {
+			break
+		} else if err != nil {
+			t.Fatalf("decoding rendered objects: %v", err)
+		}
+		if o == nil {
+			continue
+		}
+		objs = append(objs, &unstructured.Unstructured{Object: o})
+	}
+	return objs
+}
+
+// cluster is the admin's view of the local cluster.
+type cluster struct {
+	cfg    *rest.Config
+	cs     kubernetes.Interface
+	dyn    dynamic.Interface
+	mapper meta.RESTMapper
+	warn   *warnings
+}
+
+// warnings collects the API server's warnings (Pod Security "would violate", deprecations).
+type warnings struct {
+	mu   sync.Mutex
+	list []string
+}
+
+func (w *warnings) HandleWarningHeader(_ int, _ string, text string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.list = append(w.list, text)
+}
+
+func (w *warnings) take() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	out := w.list
+	w.list = nil
+	return out
+}
+
+func newCluster(t *testing.T) *cluster {
+	t.Helper()
+	cfg := clustertest.Config(t)
+	c := &cluster{cfg: cfg, warn: &warnings{}}
+	cfg = rest.CopyConfig(cfg)
+	cfg.WarningHandler = c.warn
+	var err error
+	if c.cs, err = kubernetes.NewForConfig(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if c.dyn, err = dynamic.NewForConfig(cfg); err != nil {
+		t.Fatal(err)
+	}
+	c.mapper = restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(c.cs.Discovery()))
+	return c
+}
+
+func (c *cluster) resource(t *testing.T, obj *unstructured.Unstructured) dynamic.ResourceInterface {
+	t.Helper()
+	gvk := obj.GroupVersionKind()
+	m, err := c.mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
+	if err != nil {
+		t.Fatalf("mapping %s: %v", gvk, err)
+	}
+	if m.Scope.Name() == meta.RESTScopeNameNamespace {
+		return c.dyn.Resource(m.Resource).Namespace(obj.GetNamespace())
+	}
+	return c.dyn.Resource(m.Resource)
+}
+
+// apply server-side applies obj with strict field validation.
+func (c *cluster) apply(ctx context.Context, t *testing.T, obj *unstructured.Unstructured, dryRun bool) error {
+	t.Helper()
+	data, err := obj.MarshalJSON()
+	if err != nil {
+		t.Fatal(err)
+	}
+	force := true
+	opts := metav1.PatchOptions{FieldManager: fieldManager, Force: &force, FieldValidation: "Strict"}
+	if dryRun {
+		opts.DryRun = []string{metav1.DryRunAll}
+	}
+	_, err = c.resource(t, obj).Patch(ctx, obj.GetName(), types.ApplyPatchType, data, opts)
+	if err != nil {
+		return fmt.Errorf("applying %s %s/%s: %w", obj.GetKind(), obj.GetNamespace(), obj.GetName(), err)
+	}
+	return nil
+}
+
+// deleteAtEnd deletes cluster-scoped objects and the namespace (waiting until it is gone) when
+// the test ends, pass or fail.
+func (c *cluster) deleteAtEnd(t *testing.T, namespace string, objs []*unstructured.Unstructured) {
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		for _, o := range objs {
+			if o.GetNamespace() != "" || o.GetKind() == "Namespace" {
+				continue
+			}
+			if err := c.resource(t, o).Delete(ctx, o.GetName(), metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+				t.Errorf("deleting %s %s: %v", o.GetKind(), o.GetName(), err)
+			}
+		}
+		if namespace == "" {
+			return
+		}
+		c.deleteNamespace(ctx, t, namespace)
+	})
+}
+
+// deleteNamespace deletes ns and waits until it is gone.
+func (c *cluster) deleteNamespace(ctx context.Context, t *testing.T, ns string) {
+	err := c.cs.CoreV1().Namespaces().Delete(ctx, ns, metav1.DeleteOptions{})
+	if apierrors.IsNotFound(err) {
+		return
+	}
+	if err != nil {
+		t.Errorf("deleting namespace %s: %v", ns, err)
+		return
+	}
+	for ctx.Err() == nil {
+		if _, err := c.cs.CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{}); apierrors.IsNotFound(err) {
+			return
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	t.Errorf("namespace %s still there after cleanup", ns)
+}
+
+// eventually polls cond every 250ms until it returns nil or timeout passes.
+func eventually(t *testing.T, timeout time.Duration, what string, cond func() error) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	var err error
+	for {
+		if err = cond(); err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within %s: %v", what, timeout, err)
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+}
+
+// scrape reads a worker's /metrics.
+func scrape(ctx context.Context, url string) (map[string]*dto.MetricFamily, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("GET %s: %s", url, resp.Status)
+	}
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	return p.TextToMetricFamilies(resp.Body)
+}
+
+// sum adds the values (counter, gauge, or histogram sample count) of family name whose labels
+// include every label in match.
+func sum(fams map[string]*dto.MetricFamily, name string, match map[string]string) float64 {
+	f := fams[name]
+	if f == nil {
+		return 0
+	}
+	var total float64
+metrics:
+	for _, m := range f.GetMetric() {
+		labels := map[string]string{}
+		for _, l := range m.GetLabel() {
+			labels[l.GetName()] = l.GetValue()
+		}
+		for k, v := range match {
+			if labels[k] != v {
+				continue metrics
+			}
+		}
+		switch {
+		case m.Counter != nil:
+			total += m.GetCounter().GetValue()
+		case m.Gauge != nil:
+			total += m.GetGauge().GetValue()
+		case m.Histogram != nil:
+			total += float64(m.GetHistogram().GetSampleCount())
+		}
+	}
+	return total
+}
+
+// unstructuredInt reads a number decoded from YAML (a float64 or an int64).
+func unstructuredInt(o *unstructured.Unstructured, fields ...string) int64 {
+	v, _, _ := unstructured.NestedFieldNoCopy(o.Object, fields...)
+	switch n := v.(type) {
+	case int64:
+		return n
+	case float64:
+		return int64(n)
+	}
+	return -1
+}

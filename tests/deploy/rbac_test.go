@@ -1,0 +1,198 @@
+package deploy_test
+
+import (
+	"fmt"
+	"testing"
+
+	authorizationv1 "k8s.io/api/authorization/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+)
+
+// access is one request a worker's ServiceAccount makes, or must not be able to make.
+type access struct {
+	verb, group, resource, subresource, namespace string
+}
+
+func (a access) String() string {
+	r := a.resource
+	if a.group != "" {
+		r += "." + a.group
+	}
+	if a.subresource != "" {
+		r += "/" + a.subresource
+	}
+	ns := a.namespace
+	if ns == "" {
+		ns = "(cluster)"
+	}
+	return fmt.Sprintf("%s %s in %s", a.verb, r, ns)
+}
+
+// tenantNS stands for any tenant namespace: the workers' rules are cluster-wide because tenant
+// namespaces are created on demand.
+const tenantNS = "paperclip-some-tenant"
+
+// TestRBACAllowsWhatTheCodeDoesAndNothingElse applies the overlay's RBAC and asks the API server
+// (SubjectAccessReview, as the ServiceAccounts) about every request each worker's code makes and
+// about representative requests it must not be able to make.
+func TestRBACAllowsWhatTheCodeDoesAndNothingElse(t *testing.T) {
+	t.Parallel()
+	c := newCluster(t)
+	id := shortID()
+	ns := "kubeclip-rbac-" + id
+	objs := render(t, rendering{overlay: "dev", namespace: ns, suffix: "-" + id})
+	c.deleteAtEnd(t, ns, objs)
+	for _, o := range objs {
+		switch o.GetKind() {
+		case "Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding":
+			if err := c.apply(t.Context(), t, o, false); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+
+	tests := []struct {
+		worker  string
+		allowed []access
+		denied  []access
+	}{
+		{
+			worker: "tenant-worker",
+			allowed: []access{
+				{"create", "", "namespaces", "", ""}, {"patch", "", "namespaces", "", ""},
+				{"list", "", "namespaces", "", ""}, {"watch", "", "namespaces", "", ""},
+				{"patch", "", "serviceaccounts", "", tenantNS}, {"create", "", "resourcequotas", "", tenantNS},
+				{"patch", "", "limitranges", "", tenantNS}, {"create", "rbac.authorization.k8s.io", "roles", "", tenantNS},
+				{"patch", "rbac.authorization.k8s.io", "rolebindings", "", tenantNS},
+				{"patch", "networking.k8s.io", "networkpolicies", "", tenantNS},
+				{"delete", "networking.k8s.io", "networkpolicies", "", tenantNS},
+				{"patch", "cilium.io", "ciliumnetworkpolicies", "", tenantNS},
+				{"delete", "cilium.io", "ciliumnetworkpolicies", "", tenantNS},
+			},
+			denied: []access{
+				{"get", "", "secrets", "", "kube-system"}, // the representative denial
+				{"list", "", "secrets", "", tenantNS},
+				{"delete", "", "namespaces", "", ""},
+				{"create", "", "pods", "", tenantNS},
+				{"create", "batch", "jobs", "", tenantNS},
+				{"escalate", "rbac.authorization.k8s.io", "roles", "", tenantNS},
+				{"bind", "rbac.authorization.k8s.io", "roles", "", tenantNS},
+				{"create", "rbac.authorization.k8s.io", "clusterroles", "", ""},
+				{"get", "", "pods", "", tenantNS},
+			},
+		},
+		{
+			worker: "dispatcher",
+			allowed: []access{
+				{"create", "", "secrets", "", tenantNS}, {"get", "", "secrets", "", tenantNS},
+				{"patch", "", "secrets", "", tenantNS}, {"delete", "", "secrets", "", tenantNS},
+				{"create", "batch", "jobs", "", tenantNS}, {"get", "batch", "jobs", "", tenantNS},
+				{"delete", "batch", "jobs", "", tenantNS},
+				{"create", "agents.x-k8s.io", "sandboxes", "", tenantNS}, {"delete", "agents.x-k8s.io", "sandboxes", "", tenantNS},
+				{"list", "", "pods", "", tenantNS}, {"watch", "", "pods", "", tenantNS}, {"delete", "", "pods", "", tenantNS},
+				{"create", "networking.k8s.io", "networkpolicies", "", tenantNS},
+				{"patch", "cilium.io", "ciliumnetworkpolicies", "", tenantNS},
+			},
+			denied: []access{
+				{"create", "", "namespaces", "", ""}, // the representative denial
+				{"list", "", "secrets", "", tenantNS},
+				{"watch", "", "secrets", "", tenantNS},
+				{"create", "", "pods", "", tenantNS},
+				{"get", "", "pods", "log", tenantNS},
+				{"create", "", "pods", "exec", tenantNS},
+				{"update", "batch", "jobs", "", tenantNS},
+				{"create", "rbac.authorization.k8s.io", "rolebindings", "", tenantNS},
+				{"delete", "networking.k8s.io", "networkpolicies", "", tenantNS},
+			},
+		},
+		{
+			worker: "run-watcher",
+			allowed: []access{
+				{"list", "batch", "jobs", "", ""}, {"watch", "batch", "jobs", "", ""},
+				{"list", "", "pods", "", ""}, {"watch", "", "pods", "", ""},
+				{"get", "", "pods", "log", tenantNS},
+			},
+			denied: []access{
+				{"create", "batch", "jobs", "", tenantNS}, // the representative denial
+				{"delete", "batch", "jobs", "", tenantNS},
+				{"delete", "", "pods", "", tenantNS},
+				{"get", "", "secrets", "", tenantNS},
+				{"create", "", "pods", "exec", tenantNS},
+				{"patch", "", "pods", "", tenantNS},
+			},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.worker, func(t *testing.T) {
+			user := fmt.Sprintf("system:serviceaccount:%s:%s-%s", ns, tc.worker, id)
+			for _, a := range tc.allowed {
+				if ok, reason := c.canI(t, user, ns, a); !ok {
+					t.Errorf("%s cannot %s, which its code does (%s)", tc.worker, a, reason)
+				}
+			}
+			for _, a := range tc.denied {
+				if ok, reason := c.canI(t, user, ns, a); ok {
+					t.Errorf("%s can %s, which it must not (%s)", tc.worker, a, reason)
+				}
+			}
+		})
+	}
+
+	// The escalation check for real: as the tenant-worker, a tenant Role with get pods/log (what
+	// pkg/policy renders) is accepted; a Role granting more than the worker holds is refused.
+	t.Run("tenant-worker cannot escalate", func(t *testing.T) {
+		tenant := "kubeclip-rbac-tenant-" + id
+		c.deleteAtEnd(t, tenant, nil)
+		as := c.impersonate(t, fmt.Sprintf("system:serviceaccount:%s:tenant-worker-%s", ns, id), ns)
+		ctx := t.Context()
+		if _, err := as.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: tenant}}, metav1.CreateOptions{}); err != nil {
+			t.Fatalf("creating a tenant namespace as the tenant-worker: %v", err)
+		}
+		role := func(name string, rule rbacv1.PolicyRule) *rbacv1.Role {
+			return &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: tenant}, Rules: []rbacv1.PolicyRule{rule}}
+		}
+		if _, err := as.RbacV1().Roles(tenant).Create(ctx, role("logs", rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"pods/log"}, Verbs: []string{"get"}}), metav1.CreateOptions{}); err != nil {
+			t.Errorf("creating the tenant Role (get pods/log) as the tenant-worker: %v", err)
+		}
+		_, err := as.RbacV1().Roles(tenant).Create(ctx, role("secrets", rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"secrets"}, Verbs: []string{"get"}}), metav1.CreateOptions{})
+		if !apierrors.IsForbidden(err) {
+			t.Errorf("creating a Role granting get secrets as the tenant-worker: %v, want Forbidden (escalation)", err)
+		}
+	})
+}
+
+func (c *cluster) canI(t *testing.T, user, saNamespace string, a access) (bool, string) {
+	t.Helper()
+	sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
+		User:   user,
+		Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + saNamespace, "system:authenticated"},
+		ResourceAttributes: &authorizationv1.ResourceAttributes{
+			Verb: a.verb, Group: a.group, Resource: a.resource, Subresource: a.subresource, Namespace: a.namespace,
+		},
+	}}
+	got, err := c.cs.AuthorizationV1().SubjectAccessReviews().Create(t.Context(), sar, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("SubjectAccessReview %s: %v", a, err)
+	}
+	return got.Status.Allowed, got.Status.Reason
+}
+
+// impersonate returns a clientset acting as the ServiceAccount user.
+func (c *cluster) impersonate(t *testing.T, user, saNamespace string) kubernetes.Interface {
+	t.Helper()
+	cfg := rest.CopyConfig(c.cfg)
+	cfg.Impersonate = rest.ImpersonationConfig{
+		UserName: user,
+		Groups:   []string{"system:serviceaccounts", "system:serviceaccounts:" + saNamespace, "system:authenticated"},
+	}
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cs
+}
