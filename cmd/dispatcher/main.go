@@ -38,6 +38,8 @@ type settings struct {
 	AgentBusyTimeout time.Duration
 	ReleaseTimeout   time.Duration
 	Concurrency      int
+	OrphanPolicy     string
+	Reconcile        time.Duration
 }
 
 func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout, stderr io.Writer) error {
@@ -49,6 +51,8 @@ func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout,
 	fs.Duration(&s.AgentBusyTimeout, "agent-busy-timeout", "KUBECLIP_AGENT_BUSY_TIMEOUT", dispatch.DefaultAgentBusyTimeout, "how long an acquire waits for its agent's previous run before failing with agent_busy")
 	fs.Duration(&s.ReleaseTimeout, "release-timeout", "KUBECLIP_RELEASE_TIMEOUT", dispatch.DefaultReleaseTimeout, "bound on deleting a run's workload and waiting for its pod to go")
 	fs.Int(&s.Concurrency, "concurrency", "KUBECLIP_CONCURRENCY", 16, "requests handled at once per consumer")
+	fs.String(&s.OrphanPolicy, "orphan-policy", "KUBECLIP_ORPHAN_POLICY", string(dispatch.OrphanDelete), "what to do with a Job that has no live lease: delete, or report (log only)")
+	fs.Duration(&s.Reconcile, "reconcile-interval", "KUBECLIP_RECONCILE_INTERVAL", dispatch.DefaultReconcileInterval, "how often orphaned workloads are looked for (also at start)")
 	if err := fs.Parse(args); err != nil {
 		fs.Usage(stdout, summary)
 		return app.Usage(err)
@@ -85,6 +89,7 @@ func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout,
 		LookupEnv: lookupEnv, AdapterSecret: secretRef,
 		AgentBusyTimeout: s.AgentBusyTimeout, ReleaseTimeout: s.ReleaseTimeout,
 		Concurrency: s.Concurrency, DrainTimeout: s.ShutdownTimeout,
+		OrphanPolicy: dispatch.OrphanPolicy(s.OrphanPolicy), ReconcileInterval: s.Reconcile,
 		Observer: ops.Metrics,
 	})
 	if err != nil {
@@ -105,6 +110,12 @@ func (s *settings) Validate(fs *config.Set) (types.NamespacedName, error) {
 	}
 	if s.Concurrency <= 0 {
 		return types.NamespacedName{}, fmt.Errorf("%s must be > 0", fs.Names("concurrency"))
+	}
+	if !dispatch.OrphanPolicy(s.OrphanPolicy).Valid() {
+		return types.NamespacedName{}, fmt.Errorf("%s must be delete or report, got %q", fs.Names("orphan-policy"), s.OrphanPolicy)
+	}
+	if s.Reconcile <= 0 {
+		return types.NamespacedName{}, fmt.Errorf("%s must be > 0", fs.Names("reconcile-interval"))
 	}
 	if s.AdapterSecret == "" {
 		return types.NamespacedName{}, nil

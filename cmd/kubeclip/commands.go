@@ -8,7 +8,6 @@ import (
 	"io"
 	"os"
 	"strings"
-	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -104,7 +103,7 @@ func runAcquire(ctx context.Context, args []string, lookupEnv config.LookupEnv, 
 	if !follow {
 		return nil
 	}
-	return followRun(ctx, js, s, req.CompanyID, req.RunID, events.FollowOptions{}, true, stdout)
+	return followUntilResult(ctx, js, s, req.CompanyID, req.RunID, printer{w: stdout})
 }
 
 func publishAcquire(ctx context.Context, js jetstream.JetStream, s events.Subjects, req events.AcquireRequest) error {
@@ -168,82 +167,4 @@ func runRelease(ctx context.Context, args []string, lookupEnv config.LookupEnv, 
 	}
 	fmt.Fprintf(stdout, "%s published for run %s\n", req.Kind(), req.RunID)
 	return nil
-}
-
-func runFollow(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout io.Writer) error {
-	var c client
-	var companyID, runID string
-	var fromSeq int
-	var since time.Duration
-	var noLive bool
-	fs := config.New("kubeclip follow", lookupEnv)
-	c.bind(fs)
-	fs.String(&companyID, "company", "KUBECLIP_COMPANY", "", "company id (required)")
-	fs.String(&runID, "run", "KUBECLIP_RUN", "", "run id (required)")
-	fs.Int(&fromSeq, "from-seq", "KUBECLIP_FROM_SEQ", 0, "start at this run-stream sequence")
-	fs.Duration(&since, "since", "KUBECLIP_SINCE", 0, "start with events stored this long ago")
-	fs.Bool(&noLive, "no-live", "KUBECLIP_NO_LIVE", false, "print the history and stop instead of waiting for the result")
-	if err := parse(fs, args, stdout, "follow prints a run's events: its history, then live until its result."); err != nil {
-		return err
-	}
-	if companyID == "" || runID == "" {
-		return &app.UsageError{Err: errors.New("--company and --run are required")}
-	}
-	nc, js, s, err := c.connect()
-	if err != nil {
-		return err
-	}
-	defer nc.Close()
-	opts := events.FollowOptions{StartSeq: uint64(max(fromSeq, 0))}
-	if since > 0 {
-		opts.StartTime = time.Now().Add(-since)
-	}
-	if noLive {
-		return replayRun(ctx, js, s, companyID, runID, opts, stdout)
-	}
-	return followRun(ctx, js, s, companyID, runID, opts, true, stdout)
-}
-
-// followRun prints a run's events until its result (and, with waitReleased, its released
-// event when one is coming), or until ctx ends.
-func followRun(ctx context.Context, js jetstream.JetStream, s events.Subjects, companyID, runID string, opts events.FollowOptions, stopAtResult bool, w io.Writer) error {
-	p := printer{w: w}
-	return events.Follow(ctx, js, s, companyID, runID, opts, func(r events.Received) error {
-		p.print(r)
-		switch r.Event.(type) {
-		case events.RunResultEvent, events.RunFailedEvent, events.RunReleasedEvent:
-			if stopAtResult {
-				return events.ErrStopFollowing
-			}
-		}
-		return nil
-	})
-}
-
-// replayRun prints what the stream holds for a run and returns.
-func replayRun(ctx context.Context, js jetstream.JetStream, s events.Subjects, companyID, runID string, opts events.FollowOptions, w io.Writer) error {
-	filter, err := s.RunFilter(companyID, runID)
-	if err != nil {
-		return err
-	}
-	stream, err := js.Stream(ctx, s.RunStream())
-	if err != nil {
-		return err
-	}
-	info, err := stream.Info(ctx, jetstream.WithSubjectFilter(filter))
-	if err != nil {
-		return err
-	}
-	if len(info.State.Subjects) == 0 {
-		fmt.Fprintf(w, "no events for run %s\n", runID)
-		return nil
-	}
-	p := printer{w: w}
-	return events.Follow(ctx, js, s, companyID, runID, opts, func(r events.Received) error {
-		p.print(r)
-		if r.Pending == 0 {
-			return events.ErrStopFollowing
-		}
-		return nil
-	})
 }

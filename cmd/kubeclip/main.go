@@ -19,7 +19,7 @@ const usage = `kubeclip publishes Paperclip lease requests and follows run event
 Usage:
   kubeclip acquire  --company ID --agent ID [--run ID] [--config FILE] [--follow]
   kubeclip release  --company ID --run ID --lease NAME [--destroy]
-  kubeclip follow   --company ID --run ID [--from-seq N | --since DURATION] [--no-live]
+  kubeclip runs     replay|follow <runId> [--from-seq N | --since DURATION]
   kubeclip demo     [--kubeconfig FILE]
 
 Run "kubeclip <command> --help" for a command's flags.
@@ -51,6 +51,8 @@ func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout,
 		return runRelease(ctx, rest, lookupEnv, stdout)
 	case "follow":
 		return runFollow(ctx, rest, lookupEnv, stdout)
+	case "runs":
+		return runRuns(ctx, rest, lookupEnv, stdout)
 	case "demo":
 		return runDemo(ctx, rest, lookupEnv, stdout, stderr)
 	default:

@@ -36,6 +36,7 @@ type settings struct {
 	StartErrorGrace    time.Duration
 	ReplicaID          string
 	OwnershipTTL       time.Duration
+	Reconcile          time.Duration
 }
 
 func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout, stderr io.Writer) error {
@@ -47,6 +48,7 @@ func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout,
 	fs.Duration(&s.UnschedulableGrace, "unschedulable-grace", "KUBECLIP_UNSCHEDULABLE_GRACE", runwatch.DefaultUnschedulableGrace, "how long a pod may stay unschedulable before its run fails")
 	fs.Duration(&s.StartErrorGrace, "start-error-grace", "KUBECLIP_START_ERROR_GRACE", runwatch.DefaultStartErrorGrace, "how long a pod may report an image-pull or container-config error before its run fails")
 	fs.String(&s.ReplicaID, "replica-id", "KUBECLIP_REPLICA_ID", "", "this replica's name in the run ownership bucket (set it to the pod name); empty: host name plus a random suffix")
+	fs.Duration(&s.Reconcile, "reconcile-interval", "KUBECLIP_RECONCILE_INTERVAL", runwatch.DefaultReconcileInterval, "how often runs whose workload vanished unobserved get a result (also at start)")
 	fs.Duration(&s.OwnershipTTL, "ownership-ttl", "KUBECLIP_OWNERSHIP_TTL", runwatch.DefaultOwnershipTTL, "how long a run stays with a replica that stopped renewing it; bounds takeover after a crash (same on every replica)")
 	if err := fs.Parse(args); err != nil {
 		fs.Usage(stdout, summary)
@@ -81,7 +83,8 @@ func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout,
 		Clientset: kube.Clientset, JetStream: js, Subjects: subjects, Logger: log,
 		FlushInterval: s.FlushInterval, UnschedulableGrace: s.UnschedulableGrace, StartErrorGrace: s.StartErrorGrace,
 		ReplicaID: s.ReplicaID, OwnershipTTL: s.OwnershipTTL, StreamReplicas: s.Streams.Replicas,
-		Observer: ops.Metrics,
+		ReconcileInterval: s.Reconcile,
+		Observer:          ops.Metrics,
 	})
 	if err != nil {
 		return err

@@ -78,6 +78,11 @@ type Options struct {
 	Concurrency int
 	// DrainTimeout bounds shutdown.
 	DrainTimeout time.Duration
+	// OrphanPolicy says what to do with a workload that has no live lease (default delete).
+	OrphanPolicy OrphanPolicy
+	// ReconcileInterval is how often orphaned workloads are looked for (default
+	// DefaultReconcileInterval).
+	ReconcileInterval time.Duration
 	// Observer is told about consumed and published messages (metrics); nil means none.
 	Observer events.Observer
 }
@@ -115,6 +120,15 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if o.ReleaseTimeout == 0 {
 		o.ReleaseTimeout = DefaultReleaseTimeout
+	}
+	if o.OrphanPolicy == "" {
+		o.OrphanPolicy = OrphanDelete
+	}
+	if !o.OrphanPolicy.Valid() {
+		return o, fmt.Errorf("dispatch: unknown orphan policy %q (delete or report)", o.OrphanPolicy)
+	}
+	if o.ReconcileInterval <= 0 {
+		o.ReconcileInterval = DefaultReconcileInterval
 	}
 	return o, nil
 }
@@ -195,6 +209,15 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 			})
 		}()
 	}
+	reconciled := make(chan struct{})
+	go func() {
+		defer close(reconciled)
+		d.reconcileLoop(runCtx)
+	}()
+	defer func() {
+		cancel()
+		<-reconciled
+	}()
 	d.log.Info().Msg("consuming dispatch, release and result messages")
 	var first error
 	for range consumers {

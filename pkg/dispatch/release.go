@@ -103,7 +103,7 @@ func (d *Dispatcher) handleResult(ctx context.Context, m jetstream.Msg) error {
 		return nil
 	}
 	log := d.log.With().Str(events.LogKeyRunID, res.RunID).Str(events.LogKeyTenant, res.CompanyID).Logger()
-	rec, _, err := d.records.Get(ctx, res.RunID)
+	rec, rev, err := d.records.Get(ctx, res.RunID)
 	if errors.Is(err, lease.ErrNotFound) {
 		return nil
 	}
@@ -120,5 +120,12 @@ func (d *Dispatcher) handleResult(ctx context.Context, m jetstream.Msg) error {
 		}
 	}
 	d.agents.free(ctx, log, res.CompanyID, rec.AgentID, res.RunID)
+	if rec.State == lease.StateCreated || rec.State == lease.StateDispatching {
+		// Reconciliation skips finished leases; a lost update only costs it one check.
+		rec.State = lease.StateFinished
+		if _, err := d.records.Update(ctx, rec, rev); err != nil {
+			log.Debug().Err(err).Msg("marking the lease finished failed")
+		}
+	}
 	return nil
 }

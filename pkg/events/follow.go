@@ -45,9 +45,17 @@ type Received struct {
 
 // Follow delivers a run's events, its history first and then live, to fn in stream order, with
 // an ordered consumer (nothing to clean up, nothing acked). It returns nil when fn returns
-// ErrStopFollowing, fn's other errors as they are, and ctx.Err() when ctx ends.
+// ErrStopFollowing, fn's other errors as they are, and ctx.Err() when ctx ends. An empty
+// companyID follows the run whatever company it belongs to.
+//
+// A Paperclip consumer that restarts rebuilds its view of a run by following it from the start,
+// or from the StreamSeq after the last event it applied: events are applied idempotently, log
+// chunks come in seq order and the result comes once.
 func Follow(ctx context.Context, js OrderedConsumerMaker, s Subjects, companyID, runID string, opts FollowOptions, fn func(Received) error) error {
 	filter, err := s.RunFilter(companyID, runID)
+	if companyID == "" {
+		filter, err = s.AnyCompanyRunFilter(runID)
+	}
 	if err != nil {
 		return err
 	}

@@ -195,6 +195,15 @@ func (s Subjects) RunFilter(companyID, runID string) (string, error) {
 	return s.Prefix() + ".run." + companyID + "." + runID + ".*", nil
 }
 
+// AnyCompanyRunFilter matches every event of one run whatever its company:
+// <prefix>.run.*.<runId>.*; for a reader that knows only the run id.
+func (s Subjects) AnyCompanyRunFilter(runID string) (string, error) {
+	if err := ValidateToken("runId", runID); err != nil {
+		return "", err
+	}
+	return s.Prefix() + ".run.*." + runID + ".*", nil
+}
+
 // CompanyRunFilter matches every run event of one company: <prefix>.run.<companyId>.>.
 func (s Subjects) CompanyRunFilter(companyID string) (string, error) {
 	if err := ValidateToken("companyId", companyID); err != nil {

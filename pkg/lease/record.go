@@ -21,6 +21,9 @@ const (
 	StateDispatching State = "dispatching"
 	// StateCreated: the workload exists and `created` was published.
 	StateCreated State = "created"
+	// StateFinished: the run's result was published; the workload may linger until its TTL
+	// or a release.
+	StateFinished State = "finished"
 	// StateReleased and StateDestroyed: the workload is gone and `released` was published.
 	StateReleased  State = "released"
 	StateDestroyed State = "destroyed"

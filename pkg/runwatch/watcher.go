@@ -77,6 +77,9 @@ type Options struct {
 	OwnershipTTL time.Duration
 	// StreamReplicas is the replica count of the ownership bucket (default 1).
 	StreamReplicas int
+	// ReconcileInterval is how often runs whose workload vanished unobserved get a result
+	// (default DefaultReconcileInterval); the first pass runs at start.
+	ReconcileInterval time.Duration
 	// Observer is told about published events and runs in flight (metrics); nil means none.
 	Observer Observer
 }
@@ -96,6 +99,9 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if o.FlushInterval <= 0 {
 		o.FlushInterval = DefaultFlushInterval
+	}
+	if o.ReconcileInterval <= 0 {
+		o.ReconcileInterval = DefaultReconcileInterval
 	}
 	if o.OwnershipTTL == 0 {
 		o.OwnershipTTL = DefaultOwnershipTTL
@@ -167,6 +173,10 @@ func (w *Watcher) Run(ctx context.Context) error {
 		return fmt.Errorf("opening KV bucket %s: %w", OwnershipBucket, err)
 	}
 	w.owners = newOwners(kv, w.opts.ReplicaID, w.opts.OwnershipTTL, w.log)
+	leases, err := w.opts.JetStream.KeyValue(ctx, events.LeaseBucket)
+	if err != nil {
+		return fmt.Errorf("opening KV bucket %s: %w", events.LeaseBucket, err)
+	}
 	factory := informers.NewSharedInformerFactoryWithOptions(w.opts.Clientset, 0,
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 			o.LabelSelector = policy.LabelManagedBy + "=" + policy.ManagedBy
@@ -197,9 +207,10 @@ func (w *Watcher) Run(ctx context.Context) error {
 		}
 	}
 	var loops sync.WaitGroup
-	loops.Add(2)
+	loops.Add(3)
 	go func() { defer loops.Done(); w.renewOwnership(ctx) }()
 	go func() { defer loops.Done(); w.watchOwnership(ctx, kv) }()
+	go func() { defer loops.Done(); w.reconcileLoop(ctx, leases, stream) }()
 	w.log.Info().Str("replica", w.opts.ReplicaID).Msg("watching runs")
 	<-ctx.Done()
 	factory.Shutdown()

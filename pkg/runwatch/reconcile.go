@@ -1,0 +1,100 @@
+package runwatch
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/kubeclip/kubeclip/pkg/events"
+	"github.com/kubeclip/kubeclip/pkg/lease"
+)
+
+// DefaultReconcileInterval is how often the watcher looks for runs whose workload disappeared
+// while no watcher followed them (all replicas down while a Job was deleted, say).
+const DefaultReconcileInterval = 5 * time.Minute
+
+// reconcileGrace skips leases younger than this: their workload may still be on its way into
+// the informer cache.
+const reconcileGrace = time.Minute
+
+// ReasonWorkloadLost is the result reason of a run whose workload vanished unobserved.
+const ReasonWorkloadLost = "WorkloadLost"
+
+// reconcileLoop runs reconcile at start and then every interval.
+func (w *Watcher) reconcileLoop(ctx context.Context, leases jetstream.KeyValue, stream jetstream.Stream) {
+	tick := time.NewTicker(w.opts.ReconcileInterval)
+	defer tick.Stop()
+	for {
+		w.reconcile(ctx, leases, stream)
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+// reconcile gives a result to every created lease whose run has neither Job nor pod any more
+// and no result yet, so Paperclip never waits forever on a run nobody can follow.
+func (w *Watcher) reconcile(ctx context.Context, leases jetstream.KeyValue, stream jetstream.Stream) {
+	lister, err := leases.ListKeys(ctx)
+	if errors.Is(err, jetstream.ErrNoKeysFound) {
+		return
+	}
+	if err != nil {
+		w.log.Warn().Err(err).Msg("reconcile: listing leases failed")
+		return
+	}
+	defer func() { _ = lister.Stop() }()
+	records := lease.Records{KV: leases}
+	lost := 0
+	for key := range lister.Keys() {
+		runID := events.RunIDFromLeaseKey(key)
+		rec, _, err := records.Get(ctx, runID)
+		if err != nil || rec.State != lease.StateCreated || w.opts.Now().Sub(rec.CreatedAt) < reconcileGrace {
+			continue
+		}
+		if job, pod := w.objects(runID); job != nil || pod != nil {
+			continue // followed by its tracker
+		}
+		if w.reportLost(ctx, stream, rec) {
+			lost++
+		}
+	}
+	if lost > 0 {
+		w.log.Warn().Int("runs", lost).Msg("reconcile: published results for runs whose workload was lost")
+	}
+}
+
+// reportLost publishes the result of a run whose workload is gone, with whatever its published
+// log says about the agent. It reports whether it published one.
+func (w *Watcher) reportLost(ctx context.Context, stream jetstream.Stream, rec lease.Record) bool {
+	t := newTracker(w, stream, rec.Namespace, rec.CompanyID, rec.RunID)
+	defer func() {
+		if t.logs != nil {
+			t.logs.stop()
+		}
+		w.owners.release(context.WithoutCancel(ctx), rec.RunID)
+	}()
+	owned, err := t.own(ctx)
+	if err != nil || !owned {
+		return false // finished, owned by another replica, or NATS trouble: next pass
+	}
+	if err := t.load(ctx); err != nil {
+		t.log.Warn().Err(err).Msg("reconcile: reading the run's history failed")
+		return false
+	}
+	const msg = "the run's workload disappeared while no watcher followed it"
+	t.verdict = &verdict{outcome: events.OutcomeFailed, reason: ReasonWorkloadLost, message: msg}
+	if err := t.publishStatus(ctx, events.PhaseFailed, ReasonWorkloadLost, msg, nil); err != nil {
+		t.log.Warn().Err(err).Msg("reconcile: publishing status failed")
+		return false
+	}
+	if err := t.publishResult(ctx); err != nil {
+		t.log.Warn().Err(err).Msg("reconcile: publishing result failed")
+		return false
+	}
+	return true
+}
