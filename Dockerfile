@@ -18,7 +18,8 @@ RUN --mount=type=cache,target=/root/go/pkg/mod go mod download
 COPY . .
 RUN --mount=type=cache,target=/root/go/pkg/mod --mount=type=cache,target=/root/.cache/go-build \
     CGO_ENABLED=0 go build -trimpath -ldflags='-s -w' -o /out/ \
-      ./cmd/tenant-worker ./cmd/dispatcher ./cmd/run-watcher ./cmd/kubeclip github.com/nats-io/nats-server/v2
+      ./cmd/tenant-worker ./cmd/dispatcher ./cmd/run-watcher ./cmd/kubeclip github.com/nats-io/nats-server/v2 && \
+    mkdir -p /out/data
 
 FROM scratch AS base
 COPY --from=build /etc/ssl/certs/ca-certificates.crt /etc/ssl/certs/ca-certificates.crt
@@ -42,4 +43,6 @@ ENTRYPOINT ["/usr/local/bin/kubeclip"]
 
 FROM base AS nats
 COPY --from=build /out/nats-server /usr/local/bin/nats-server
+# JetStream's store, writable by the non-root user (a named volume mounted here inherits it).
+COPY --from=build --chown=65532:65532 /out/data /data
 ENTRYPOINT ["/usr/local/bin/nats-server"]

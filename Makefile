@@ -9,7 +9,8 @@ GOLANGCI_LINT := $(CACHE)/tools/golangci-lint-$(GOLANGCI_LINT_VERSION)
 # Tests talk to a real nats-server and a real Kubernetes cluster; several run the worker binaries.
 TEST_FLAGS    ?= -race -count=1 -timeout 45m
 
-.PHONY: all build test unit vet fmt-check lint cluster-up cluster-down cluster-status images demo bench clean
+.PHONY: all build test unit vet fmt-check lint cluster-up cluster-down cluster-status images demo bench clean \
+	images-prod images-import deploy-dev undeploy-dev compose-up compose-down
 
 all: build
 
@@ -49,6 +50,31 @@ cluster-status:
 
 images:
 	$(CLUSTER) images
+
+# images-prod: the production images (FROM scratch, static, non-root) as docker-save tarballs in
+# bin/images, built from Go sources with no Docker; images-import loads them into the local cluster.
+images-prod:
+	bash hack/images/images.sh build
+
+images-import:
+	bash hack/images/images.sh import
+
+# deploy-dev: the dev overlay on the cluster of KUBECONFIG (needs cluster DNS, a storage
+# provisioner and the images on the nodes; tests/deploy shows the local cluster's way).
+deploy-dev:
+	kubectl apply --server-side -k deploy/kustomize/overlays/dev
+
+undeploy-dev:
+	kubectl delete --ignore-not-found -k deploy/kustomize/overlays/dev
+
+# compose-up: the local stack (docker-compose.yaml) against KUBECLIP_COMPOSE_KUBECONFIG, with
+# images loaded into Docker from local builds.
+compose-up:
+	bash hack/images/images.sh load
+	docker compose up -d
+
+compose-down:
+	docker compose down
 
 demo: build cluster-up
 	$(BIN)/kubeclip demo --kubeconfig "$$($(CLUSTER) kubeconfig)"

@@ -701,6 +701,30 @@ crd_established() {
   [[ $(kubectl_admin get crd "$1" -o 'jsonpath={.status.conditions[?(@.type=="Established")].status}') == True ]]
 }
 
+# apply_test_crds installs the CRDs the tests render objects for and waits until they serve.
+apply_test_crds() {
+  # Server-side apply: the Sandbox CRD is larger than the last-applied annotation allows.
+  kubectl_admin apply --server-side --force-conflicts -f "$ROOT/hack/cluster/crds/" >/dev/null
+  local crd
+  for crd in "${CRD_NAMES[@]}"; do
+    await kube-apiserver 60 "CRD $crd Established" crd_established "$crd"
+  done
+}
+
+# cluster_healthy: every daemon of ours runs, the binaries are the pinned ones, and the API
+# server and the node answer.
+cluster_healthy() {
+  local name
+  k8s_binaries_cached || return 1
+  [[ -f $ADMIN_KUBECONFIG ]] || return 1
+  for name in etcd containerd kube-apiserver kube-controller-manager kube-scheduler kubelet; do
+    daemon_alive "$name" || return 1
+  done
+  detect_node
+  timeout 5 "$BIN/kubectl" --kubeconfig "$ADMIN_KUBECONFIG" get --raw /readyz >/dev/null 2>&1 || return 1
+  node_ready >/dev/null 2>&1
+}
+
 # ---------------------------------------------------------------------------------------------
 # Subcommands
 
@@ -715,6 +739,18 @@ cmd_up() {
   fi
   [[ $EUID -eq 0 ]] || die "up needs root (it runs containerd and the kubelet)"
   UP_START=$(now_ms)
+
+  # A healthy cluster from an earlier `up` is reused: the test images and CRDs are refreshed,
+  # nothing is restarted (a dev loop of `make test` should not cost a restart each time, and
+  # other sessions' tests keep running). KUBECLIP_CLUSTER_FRESH=1 forces a clean restart.
+  if [[ -z ${KUBECLIP_CLUSTER_FRESH:-} ]] && cluster_healthy; then
+    log "reusing the running cluster (KUBECLIP_CLUSTER_FRESH=1 restarts it)"
+    detect_node
+    cmd_images
+    apply_test_crds
+    log "cluster ready in $((($(now_ms) - UP_START) / 1000)).$(((($(now_ms) - UP_START) % 1000) / 100)) s; kubeconfig: $ADMIN_KUBECONFIG"
+    return 0
+  fi
 
   phase "packages"
   ensure_packages
@@ -760,14 +796,7 @@ cmd_up() {
   await kube-controller-manager 60 "the default ServiceAccount" default_sa_exists
 
   phase "test CRDs"
-  # Server-side apply: the Sandbox CRD is larger than the last-applied annotation allows.
-  # (The Cilium schema uses format idn-hostname, which the apiserver does not know and warns about.)
-  kubectl_admin apply --server-side --force-conflicts -f "$ROOT/hack/cluster/crds/" 2>&1 >/dev/null |
-    { grep -v 'unrecognized format "idn-hostname"' || true; } >&2
-  local crd
-  for crd in "${CRD_NAMES[@]}"; do
-    await kube-apiserver 60 "CRD $crd Established" crd_established "$crd"
-  done
+  apply_test_crds
   phase "" # closes the last phase
   log "cluster up in $((($(now_ms) - UP_START) / 1000)).$(((($(now_ms) - UP_START) % 1000) / 100)) s; kubeconfig: $ADMIN_KUBECONFIG"
 }

@@ -31,7 +31,7 @@ log() { printf '%s [images] %s\n' "$(date +%T)" "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
 
 build() {
-  mkdir -p "$OUT/bin"
+  mkdir -p "$OUT/bin" "$OUT/data" # data: Dockerfile.local's empty /data
   # One lock per output dir: two test packages building at once must not interleave.
   exec 8>"$OUT/.lock"
   flock 8
@@ -48,8 +48,10 @@ build() {
     "$OUT/bin/mkimage" --tag "$REPO/$b:$TAG" --out "$OUT/$b.tar" --user "$UID_GID" \
       --entrypoint "/usr/local/bin/$b" "$OUT/bin/$b:/usr/local/bin/$b" "${extra[@]}"
   done
+  # /data: JetStream's store, owned by the non-root user so that a Docker named volume mounted
+  # there starts writable (in Kubernetes, fsGroup does that for the PersistentVolume).
   "$OUT/bin/mkimage" --tag "$REPO/nats:$TAG" --out "$OUT/nats.tar" --user "$UID_GID" \
-    --entrypoint /usr/local/bin/nats-server "$OUT/bin/nats-server:/usr/local/bin/nats-server" "${extra[@]}"
+    --dir "/data:${UID_GID}:0700" --entrypoint /usr/local/bin/nats-server "$OUT/bin/nats-server:/usr/local/bin/nats-server" "${extra[@]}"
   flock -u 8
   log "built $(tags | tr '\n' ' ')in $OUT"
 }

@@ -5,7 +5,7 @@
 // `ctr images import`. Usage:
 //
 //	mkimage --tag kubeclip.local/pause:dev --out pause.tar --entrypoint /pause [--user 65532] \
-//	    [--env K=V]... ./bin/pause:/pause ...
+//	    [--env K=V]... [--dir /data:65532:65532:0700]... ./bin/pause:/pause ...
 //
 // Every file is owned by root with mode 0755; its parent directories are added to the layer. The
 // tarball is reproducible: the same inputs give the same image id, so re-importing an unchanged
@@ -27,6 +27,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -55,6 +56,15 @@ type Image struct {
 	User       string   // numeric uid[:gid], empty for root
 	Env        []string // K=V; PATH is added when missing
 	Files      []File
+	Dirs       []Dir // empty directories with an owner, such as a non-root user's data dir
+}
+
+// Dir is an empty directory in the image owned by UID:GID with Mode. A volume mounted there
+// starts with that owner (Docker copies it into a new named volume).
+type Dir struct {
+	Path     string
+	UID, GID int
+	Mode     int64
 }
 
 // File is one host file copied into the image.
@@ -73,12 +83,13 @@ func run(args []string, stderr io.Writer) error {
 	fs.SetOutput(stderr)
 	var img Image
 	var out, entrypoint string
-	var env stringList
+	var env, dirs stringList
 	fs.StringVar(&img.Tag, "tag", "", "image reference `name:tag` (required)")
 	fs.StringVar(&out, "out", "", "tarball to write (required)")
 	fs.StringVar(&entrypoint, "entrypoint", "", "absolute `path` of the entrypoint inside the image (required)")
 	fs.StringVar(&img.User, "user", "", "numeric `uid[:gid]` the image runs as (default root)")
 	fs.Var(&env, "env", "environment variable `K=V` (repeatable)")
+	fs.Var(&dirs, "dir", "empty directory `/path:uid:gid:mode` (octal mode, repeatable)")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: mkimage --tag name:tag --out file.tar --entrypoint /path [--user uid] [--env K=V]... src:dst ...")
 		fs.PrintDefaults()
@@ -93,6 +104,13 @@ func run(args []string, stderr io.Writer) error {
 		img.Entrypoint = []string{entrypoint}
 	}
 	img.Env = env
+	for _, d := range dirs {
+		dir, err := parseDir(d)
+		if err != nil {
+			return err
+		}
+		img.Dirs = append(img.Dirs, dir)
+	}
 	for _, a := range fs.Args() {
 		src, dst, ok := strings.Cut(a, ":")
 		if !ok || src == "" || dst == "" {
@@ -101,6 +119,23 @@ func run(args []string, stderr io.Writer) error {
 		img.Files = append(img.Files, File{Src: src, Dst: dst})
 	}
 	return writeAtomically(out, func(w io.Writer) error { return Write(w, img) })
+}
+
+// parseDir parses /path:uid:gid:mode.
+func parseDir(s string) (Dir, error) {
+	parts := strings.Split(s, ":")
+	if len(parts) != 4 || !path.IsAbs(parts[0]) || path.Clean(parts[0]) != parts[0] || parts[0] == "/" {
+		return Dir{}, fmt.Errorf("--dir %q: want /path:uid:gid:mode", s)
+	}
+	d := Dir{Path: parts[0]}
+	var err1, err2, err3 error
+	d.UID, err1 = strconv.Atoi(parts[1])
+	d.GID, err2 = strconv.Atoi(parts[2])
+	d.Mode, err3 = strconv.ParseInt(parts[3], 8, 32)
+	if err := errors.Join(err1, err2, err3); err != nil || d.UID < 0 || d.GID < 0 {
+		return Dir{}, fmt.Errorf("--dir %q: want numeric uid, gid and an octal mode", s)
+	}
+	return d, nil
 }
 
 // writeAtomically writes to a temporary file beside path and renames it into place, so a reader
@@ -167,7 +202,7 @@ func Write(w io.Writer, img Image) error {
 	if err := img.validate(); err != nil {
 		return err
 	}
-	layer, err := buildLayer(img.Files)
+	layer, err := buildLayer(img.Files, img.Dirs)
 	if err != nil {
 		return err
 	}
@@ -275,10 +310,17 @@ func imageConfig(img Image, diffID string) configFile {
 
 // buildLayer returns an uncompressed layer tar holding files and every parent directory, sorted
 // so that a directory always comes before what it contains.
-func buildLayer(files []File) ([]byte, error) {
+func buildLayer(files []File, owned []Dir) ([]byte, error) {
 	dirs := map[string]bool{}
 	for _, f := range files {
 		for d := path.Dir(f.Dst); d != "/"; d = path.Dir(d) {
+			dirs[d] = true
+		}
+	}
+	ownedBy := map[string]Dir{}
+	for _, o := range owned {
+		ownedBy[o.Path] = o
+		for d := o.Path; d != "/"; d = path.Dir(d) {
 			dirs[d] = true
 		}
 	}
@@ -291,7 +333,11 @@ func buildLayer(files []File) ([]byte, error) {
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
 	for _, d := range entries {
-		if err := tw.WriteHeader(dirHeader(strings.TrimPrefix(d, "/") + "/")); err != nil {
+		hdr := dirHeader(strings.TrimPrefix(d, "/") + "/")
+		if o, ok := ownedBy[d]; ok {
+			hdr.Uid, hdr.Gid, hdr.Mode = o.UID, o.GID, o.Mode
+		}
+		if err := tw.WriteHeader(hdr); err != nil {
 			return nil, fmt.Errorf("writing layer directory %s: %w", d, err)
 		}
 	}

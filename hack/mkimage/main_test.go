@@ -193,3 +193,55 @@ func sha256Hex(b []byte) string {
 	s := sha256.Sum256(b)
 	return hex.EncodeToString(s[:])
 }
+
+func TestDirsGetTheirOwner(t *testing.T) {
+	bin := writeFile(t, "nats-server", "#!nats")
+	out := filepath.Join(t.TempDir(), "img.tar")
+	err := run([]string{
+		"--tag", "kubeclip.local/nats:dev", "--out", out, "--entrypoint", "/usr/local/bin/nats-server",
+		"--user", "65532:65532", "--dir", "/data:65532:65532:0700", "--dir", "/var/run/nats:65532:65532:0755",
+		bin + ":/usr/local/bin/nats-server",
+	}, io.Discard)
+	if err != nil {
+		t.Fatalf("run: %v", err)
+	}
+	f, err := os.Open(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	_, outer := readTar(t, f)
+	var manifest []manifestEntry
+	if err := json.Unmarshal(outer["manifest.json"], &manifest); err != nil {
+		t.Fatal(err)
+	}
+	hdrs, _ := readTar(t, bytes.NewReader(outer[manifest[0].Layers[0]]))
+	type entry struct {
+		Name     string
+		Mode     int64
+		UID, GID int
+	}
+	var got []entry
+	for _, h := range hdrs {
+		if h.Typeflag == tar.TypeDir {
+			got = append(got, entry{h.Name, h.Mode, h.Uid, h.Gid})
+		}
+	}
+	want := []entry{
+		{"data/", 0o700, 65532, 65532},
+		{"usr/", 0o755, 0, 0},
+		{"usr/local/", 0o755, 0, 0},
+		{"usr/local/bin/", 0o755, 0, 0},
+		{"var/", 0o755, 0, 0},
+		{"var/run/", 0o755, 0, 0},
+		{"var/run/nats/", 0o755, 65532, 65532},
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("directories (-want +got):\n%s", diff)
+	}
+	for _, bad := range []string{"data:1:1:0700", "/data:x:1:0700", "/data:1:1:9", "/data:1:1"} {
+		if err := run([]string{"--tag", "a:b", "--out", out, "--entrypoint", "/x", "--dir", bad, bin + ":/x"}, io.Discard); err == nil {
+			t.Errorf("--dir %q accepted", bad)
+		}
+	}
+}

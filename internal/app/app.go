@@ -39,10 +39,12 @@ func (c *Common) Bind(s *config.Set) {
 	s.String(&c.NATSURL, "nats-url", "KUBECLIP_NATS_URL", nats.DefaultURL, "NATS server URL (comma-separated for a cluster)")
 	s.String(&c.SubjectPrefix, "subject-prefix", "KUBECLIP_SUBJECT_PREFIX", "paperclip", "first token of the lease and run subjects")
 	s.String(&c.Kubeconfig, "kubeconfig", "KUBECLIP_KUBECONFIG", "", "kubeconfig file; empty uses the in-cluster config, then $KUBECONFIG")
-	// client-go's default of 5 QPS would throttle a dispatcher creating a Job and a Secret per
-	// acquisition well below the 50 acquisitions/s we aim for.
-	s.Float(&c.KubeQPS, "kube-qps", "KUBECLIP_KUBE_QPS", 100, "client-side rate limit for Kubernetes API requests per second")
-	s.Int(&c.KubeBurst, "kube-burst", "KUBECLIP_KUBE_BURST", 200, "client-side burst for Kubernetes API requests")
+	// client-go's default of 5 QPS would throttle a dispatcher far below the 50 acquisitions/s
+	// we aim for: each acquisition costs three writes (Secret, Job, the Secret's owner), so 50/s
+	// needs 150 QPS with bursts on top. The API server's priority and fairness is the real
+	// protection; this limit only stops a runaway loop.
+	s.Float(&c.KubeQPS, "kube-qps", "KUBECLIP_KUBE_QPS", 300, "client-side rate limit for Kubernetes API requests per second")
+	s.Int(&c.KubeBurst, "kube-burst", "KUBECLIP_KUBE_BURST", 600, "client-side burst for Kubernetes API requests")
 	level := c.DefaultLogLevel
 	if level == "" {
 		level = "info"

@@ -255,7 +255,7 @@ func (d *Dispatcher) handleDispatch(ctx context.Context, m jetstream.Msg) error 
 	if err := d.holdAgent(ctx, m, plan); err != nil {
 		return err
 	}
-	created, err := d.create(ctx, log, plan)
+	created, finish, err := d.create(ctx, log, plan)
 	if err != nil {
 		var te *events.TerminalError
 		if errors.As(err, &te) {
@@ -266,6 +266,11 @@ func (d *Dispatcher) handleDispatch(ctx context.Context, m jetstream.Msg) error 
 	}
 	if _, err := d.publisher.Publish(ctx, created); err != nil {
 		return fmt.Errorf("publishing created: %w", err)
+	}
+	// Bookkeeping that need not delay `created`; a failure is retried through the whole
+	// (idempotent) handler.
+	if err := finish(ctx); err != nil {
+		return err
 	}
 	log.Info().Str(events.LogKeyNamespace, created.Namespace).Str("workload", created.WorkloadName).Msg("run created")
 	return nil
@@ -295,8 +300,9 @@ func (d *Dispatcher) holdAgent(ctx context.Context, m jetstream.Msg, plan lease.
 		fmt.Errorf("agent %s is busy with run %s", req.AgentID, holder))
 }
 
-// create makes the run's workload and Secret, idempotently, and returns the created event.
-func (d *Dispatcher) create(ctx context.Context, log zerolog.Logger, plan lease.Plan) (events.RunCreatedEvent, error) {
+// create makes the run's workload and Secret, idempotently, and returns the created event and
+// the bookkeeping to do once it is published: the Secret's owner and the lease's state.
+func (d *Dispatcher) create(ctx context.Context, log zerolog.Logger, plan lease.Plan) (events.RunCreatedEvent, func(context.Context) error, error) {
 	req := plan.Request
 	name := policy.WorkloadName(d.opts.NewID())
 	rec, rev, err := d.records.Create(ctx, lease.Record{
@@ -306,12 +312,12 @@ func (d *Dispatcher) create(ctx context.Context, log zerolog.Logger, plan lease.
 		CreatedAt: d.opts.Now().UTC(), ExpiresAt: plan.ExpiresAt(),
 	})
 	if err != nil {
-		return events.RunCreatedEvent{}, err
+		return events.RunCreatedEvent{}, nil, err
 	}
 	spec := plan.RunSpec(rec.WorkloadName)
 	secret, err := d.renderSecret(ctx, plan, spec)
 	if err != nil {
-		return events.RunCreatedEvent{}, err
+		return events.RunCreatedEvent{}, nil, err
 	}
 
 	var run k8s.CreatedRun
@@ -319,51 +325,61 @@ func (d *Dispatcher) create(ctx context.Context, log zerolog.Logger, plan lease.
 	switch policy.Backend(rec.Backend) {
 	case policy.BackendJob:
 		ownerAPIVersion, ownerKind = "batch/v1", "Job"
-		run, err = k8s.CreateJobRun(ctx, d.opts.Clientset, secret, policy.RenderJob(spec))
+		// The Secret's owner is set after `created` goes out (see handleDispatch): the pod
+		// starts without it, and Paperclip hears one API round trip sooner.
+		run, err = k8s.StartJobRun(ctx, d.opts.Clientset, secret, policy.RenderJob(spec))
 	default:
 		sandbox := policy.RenderSandbox(spec, "")
 		ownerAPIVersion, ownerKind = sandbox.GetAPIVersion(), sandbox.GetKind()
 		if err := d.sandboxServed(); err != nil {
-			return events.RunCreatedEvent{}, err
+			return events.RunCreatedEvent{}, nil, err
 		}
 		run, err = k8s.CreateWorkloadRun(ctx, d.opts.Clientset, d.opts.Dynamic, policy.SandboxGVR(""), secret, sandbox)
 	}
 	if err != nil {
-		return events.RunCreatedEvent{}, classifyCreate(err)
+		return events.RunCreatedEvent{}, nil, classifyCreate(err)
 	}
 
 	if !plan.Grant.Empty() {
 		owner := policy.OwnerReference(ownerAPIVersion, ownerKind, rec.WorkloadName, run.JobUID)
 		obj, err := policy.RenderScopedEgress(spec, plan.Grant, owner)
 		if err != nil {
-			return events.RunCreatedEvent{}, events.Terminal(events.CodeInternal, "executionWorkspaceSettings.networkEgress", err)
+			return events.RunCreatedEvent{}, nil, events.Terminal(events.CodeInternal, "executionWorkspaceSettings.networkEgress", err)
 		}
 		if err := d.opts.Applier.Apply(ctx, obj); err != nil {
-			return events.RunCreatedEvent{}, classifyCreate(err)
+			return events.RunCreatedEvent{}, nil, classifyCreate(err)
 		}
 	}
 
-	if rec.State == lease.StateDispatching {
-		rec.State = lease.StateCreated
-		if _, err := d.records.Update(ctx, rec, rev); err != nil {
-			// The run exists and a redelivery would find it; the state is informational.
-			log.Warn().Err(err).Msg("recording the created lease failed")
-		}
-	}
 	if run.Existed {
 		log.Info().Msg("workload already existed; republishing created")
+	}
+	finish := func(ctx context.Context) error {
+		if policy.Backend(rec.Backend) == policy.BackendJob {
+			if err := run.AdoptSecret(ctx, d.opts.Clientset); err != nil {
+				return err
+			}
+		}
+		if rec.State == lease.StateDispatching {
+			rec.State = lease.StateCreated
+			if _, err := d.records.Update(ctx, rec, rev); err != nil {
+				// The run exists and a redelivery would find it; the state is informational.
+				log.Warn().Err(err).Msg("recording the created lease failed")
+			}
+		}
+		return nil
 	}
 	return events.RunCreatedEvent{
 		RunID: req.RunID, CompanyID: req.CompanyID,
 		ProviderLeaseID: rec.WorkloadName, Namespace: rec.Namespace,
 		WorkloadName: rec.WorkloadName, SecretName: rec.SecretName, Backend: rec.Backend,
 		Phase: events.PhasePending, ExpiresAt: rec.ExpiresAt,
-	}, nil
+	}, finish, nil
 }
 
 // renderSecret renders the run's Secret: bootstrap token, adapter API keys from the dispatcher's
 // own environment or its adapter Secret, the adapter's default env and the egress grant env.
-// The owner reference is set by k8s.CreateJobRun once the workload has a UID.
+// The owner reference is set by CreatedRun.AdoptSecret once the workload has a UID.
 func (d *Dispatcher) renderSecret(ctx context.Context, plan lease.Plan, spec policy.RunSpec) (*corev1.Secret, error) {
 	lookup, err := d.adapterKeys(ctx)
 	if err != nil {

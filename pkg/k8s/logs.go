@@ -221,22 +221,7 @@ func FollowLogs(ctx context.Context, cs kubernetes.Interface, ns, pod, container
 		isDone = func(ctx context.Context) (bool, error) { return podContainerDone(ctx, cs, ns, pod, container) }
 	}
 	d := newLogDecoder(from, opts.MaxLineBytes)
-	read := func(follow bool) error {
-		req := cs.CoreV1().Pods(ns).GetLogs(pod, &corev1.PodLogOptions{
-			Container:  container,
-			Follow:     follow,
-			Timestamps: true,
-			SinceTime:  sinceTime(d.cur),
-		})
-		rc, err := req.Stream(ctx)
-		if err != nil {
-			return fmt.Errorf("opening log stream: %w", err)
-		}
-		defer rc.Close()
-		// A non-follow read ends at the real end of the log, so its unterminated last line is
-		// complete; a follow stream may be cut in the middle of one.
-		return d.decode(rc, !follow, emit)
-	}
+	read := func(follow bool) error { return d.read(ctx, cs, ns, pod, container, follow, emit) }
 
 	failures := 0
 	for {
@@ -279,6 +264,40 @@ func FollowLogs(ctx context.Context, cs kubernetes.Interface, ns, pod, container
 			return d.cur, err
 		}
 	}
+}
+
+// ReadLogs reads a terminated container's log from the cursor once, without following, and
+// returns the cursor after the last line. The run-watcher uses it for the tail of a run whose
+// end it learnt from the pod's status: one request, instead of waiting up to a second for the
+// kubelet to end the follow stream.
+func ReadLogs(ctx context.Context, cs kubernetes.Interface, ns, pod, container string, from Cursor, emit func(Line) error) (Cursor, error) {
+	d := newLogDecoder(from, DefaultMaxLineBytes)
+	err := d.read(ctx, cs, ns, pod, container, false, emit)
+	if emitErr := (*emitError)(nil); errors.As(err, &emitErr) {
+		return d.cur, emitErr.err
+	}
+	if err != nil {
+		return d.cur, fmt.Errorf("reading logs of %s/%s[%s]: %w", ns, pod, container, err)
+	}
+	return d.cur, nil
+}
+
+// read requests the log from the decoder's cursor and decodes it.
+func (d *logDecoder) read(ctx context.Context, cs kubernetes.Interface, ns, pod, container string, follow bool, emit func(Line) error) error {
+	req := cs.CoreV1().Pods(ns).GetLogs(pod, &corev1.PodLogOptions{
+		Container:  container,
+		Follow:     follow,
+		Timestamps: true,
+		SinceTime:  sinceTime(d.cur),
+	})
+	rc, err := req.Stream(ctx)
+	if err != nil {
+		return fmt.Errorf("opening log stream: %w", err)
+	}
+	defer rc.Close()
+	// A non-follow read ends at the real end of the log, so its unterminated last line is
+	// complete; a follow stream may be cut in the middle of one.
+	return d.decode(rc, !follow, emit)
 }
 
 // reconnectBackoff is the wait before the n-th consecutive reconnect: none for the first, then

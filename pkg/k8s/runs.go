@@ -28,13 +28,32 @@ const LabelRunID = "paperclip.io/run-id"
 // (its LabelRunID differs). Retrying cannot fix it.
 var ErrRunConflict = errors.New("object belongs to another run")
 
-// CreatedRun is the outcome of a successful CreateJobRun or CreateWorkloadRun.
+// CreatedRun is the outcome of a successful CreateJobRun or CreateWorkloadRun (or their Start
+// halves).
 type CreatedRun struct {
 	// JobUID is the UID of the workload (the Job, or the Sandbox CR for CreateWorkloadRun).
 	JobUID types.UID
 	// Existed is true when the workload was already there for this run id (a redelivered or
 	// duplicated request): nothing new was started.
 	Existed bool
+
+	// What AdoptSecret needs.
+	namespace, secretName, apiVersion, kind, name string
+}
+
+// AdoptSecret makes the run's workload the owner of its Secret (controller,
+// blockOwnerDeletion), so the garbage collector removes the Secret with the workload. The
+// merge patch replaces the whole ownerReferences list, so it is idempotent.
+func (r CreatedRun) AdoptSecret(ctx context.Context, cs kubernetes.Interface) error {
+	patch, err := ownerPatch(r.apiVersion, r.kind, r.name, r.JobUID)
+	if err != nil {
+		return err
+	}
+	_, err = cs.CoreV1().Secrets(r.namespace).Patch(ctx, r.secretName, types.MergePatchType, patch, metav1.PatchOptions{FieldManager: DefaultFieldManager})
+	if err != nil {
+		return fmt.Errorf("setting owner of Secret %s/%s to %s: %w", r.namespace, r.secretName, objRef(r.kind, r.namespace, r.name), err)
+	}
+	return nil
 }
 
 // CreateJobRun creates a run's Secret and Job so that a redelivered or duplicated request never
@@ -57,6 +76,18 @@ type CreatedRun struct {
 // Neither argument is modified. A retryable error (network, 5xx, 429, Conflict) may leave the
 // Secret without an owner; calling again with the same input completes the run.
 func CreateJobRun(ctx context.Context, cs kubernetes.Interface, secret *corev1.Secret, job *batchv1.Job) (CreatedRun, error) {
+	run, err := StartJobRun(ctx, cs, secret, job)
+	if err != nil {
+		return CreatedRun{}, err
+	}
+	return run, run.AdoptSecret(ctx, cs)
+}
+
+// StartJobRun is steps 1 and 2 of CreateJobRun: the run's pod can start once it returns. The
+// caller finishes with AdoptSecret, after reporting the run created if it is in a hurry; a
+// crash in between leaves a Secret without owner that a second StartJobRun plus AdoptSecret
+// (a redelivered request) completes.
+func StartJobRun(ctx context.Context, cs kubernetes.Interface, secret *corev1.Secret, job *batchv1.Job) (CreatedRun, error) {
 	if job == nil {
 		return CreatedRun{}, fmt.Errorf("creating run: nil Job: %w", ErrInvalidObject)
 	}
@@ -70,7 +101,11 @@ func CreateWorkloadRun(ctx context.Context, cs kubernetes.Interface, dyn dynamic
 	if obj == nil || dyn == nil {
 		return CreatedRun{}, fmt.Errorf("creating run: nil workload or dynamic client: %w", ErrInvalidObject)
 	}
-	return createRun(ctx, cs, secret, &unstructuredWorkload{dyn: dyn, gvr: gvr, obj: obj})
+	run, err := createRun(ctx, cs, secret, &unstructuredWorkload{dyn: dyn, gvr: gvr, obj: obj})
+	if err != nil {
+		return CreatedRun{}, err
+	}
+	return run, run.AdoptSecret(ctx, cs)
 }
 
 // workload is the part of a run that creates pods: a Job or a Sandbox CR.
@@ -139,15 +174,9 @@ func createRun(ctx context.Context, cs kubernetes.Interface, secret *corev1.Secr
 		return CreatedRun{}, fmt.Errorf("creating %s: %w", objRef(kind, ns, name), err)
 	}
 
-	// 3. Owner reference on the Secret.
-	apiVersion, _ := w.apiVersionKind()
-	patch, err := ownerPatch(apiVersion, kind, name, run.JobUID)
-	if err != nil {
-		return CreatedRun{}, err
-	}
-	if _, err := secrets.Patch(ctx, sec.Name, types.MergePatchType, patch, metav1.PatchOptions{FieldManager: DefaultFieldManager}); err != nil {
-		return CreatedRun{}, fmt.Errorf("setting owner of Secret %s/%s to %s: %w", ns, sec.Name, objRef(kind, ns, name), err)
-	}
+	// 3. Owner reference on the Secret: AdoptSecret.
+	run.namespace, run.secretName, run.name = ns, sec.Name, name
+	run.apiVersion, run.kind = w.apiVersionKind()
 	return run, nil
 }
 

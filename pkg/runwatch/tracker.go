@@ -483,8 +483,7 @@ func startFollower(ctx context.Context, t *tracker, pod string) *follower {
 		if errors.Is(err, context.Canceled) && ctx.Err() == nil && f.stopRequested() {
 			// The run is over and the follow stream was cut short rather than waiting for the
 			// kubelet to notice the exit: read the tail once, without following.
-			done := func(context.Context) (bool, error) { return true, nil }
-			_, err = k8s.FollowLogs(ctx, opts.Clientset, t.namespace, pod, opts.Container, cur, logs.add, k8s.FollowOptions{Logger: t.log, IsDone: done})
+			_, err = k8s.ReadLogs(ctx, opts.Clientset, t.namespace, pod, opts.Container, cur, logs.add)
 		}
 		f.mu.Lock()
 		f.lastErr = err

@@ -8,11 +8,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
@@ -66,6 +68,8 @@ type Worker struct {
 type record struct {
 	Hash      string    `json:"hash"`
 	AppliedAt time.Time `json:"appliedAt"`
+	// EgressMode is the mode applied, so a later switch knows to delete the other policy.
+	EgressMode string `json:"egressMode,omitempty"`
 }
 
 // New validates opts and returns a Worker; Run starts it.
@@ -163,21 +167,28 @@ func (w *Worker) ensureTenant(ctx context.Context, log zerolog.Logger, plan leas
 	if w.applied(ctx, ns, hash) {
 		return nil
 	}
+	prev, hasPrev := w.record(ctx, ns)
+	_, nsExisted, _ := w.namespaces.GetByKey(ns)
 
 	objs, err := tenant.Objects()
 	if err != nil {
 		return events.Terminal(events.CodeInternal, "", fmt.Errorf("rendering tenant %s: %w", ns, err))
 	}
 	start := w.opts.Now()
-	if err := w.opts.Applier.Apply(ctx, objs...); err != nil {
+	if err := w.apply(ctx, objs); err != nil {
 		return classify(err)
 	}
-	for _, stale := range tenant.Stale() {
-		if err := w.opts.Applier.Delete(ctx, stale.GVK, stale.Namespace, stale.Name); err != nil {
-			return classify(err)
+	// The other egress mode's policy exists only if the tenant was applied in that mode before,
+	// or if its history is unknown (a namespace older than its record).
+	mode := string(plan.Config.EgressMode)
+	if nsExisted && (!hasPrev || prev.EgressMode != mode) {
+		for _, stale := range tenant.Stale() {
+			if err := w.opts.Applier.Delete(ctx, stale.GVK, stale.Namespace, stale.Name); err != nil {
+				return classify(err)
+			}
 		}
 	}
-	rec, err := json.Marshal(record{Hash: hash, AppliedAt: w.opts.Now().UTC()})
+	rec, err := json.Marshal(record{Hash: hash, AppliedAt: w.opts.Now().UTC(), EgressMode: mode})
 	if err != nil {
 		return fmt.Errorf("encoding tenant record: %w", err)
 	}
@@ -189,21 +200,49 @@ func (w *Worker) ensureTenant(ctx context.Context, log zerolog.Logger, plan leas
 	return nil
 }
 
+// apply applies the Namespace first, since everything else lives in it, then the other objects
+// at once: they do not depend on each other, and a cold tenant's first run waits for them.
+func (w *Worker) apply(ctx context.Context, objs []*unstructured.Unstructured) error {
+	if len(objs) == 0 {
+		return nil
+	}
+	if err := w.opts.Applier.Apply(ctx, objs[0]); err != nil {
+		return err
+	}
+	errs := make([]error, len(objs)-1)
+	var wg sync.WaitGroup
+	for i, obj := range objs[1:] {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = w.opts.Applier.Apply(ctx, obj)
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
 // applied reports whether the tenant with this hash was applied within the resync period and
 // its namespace exists.
 func (w *Worker) applied(ctx context.Context, ns, hash string) bool {
 	if _, ok, _ := w.namespaces.GetByKey(ns); !ok {
 		return false
 	}
+	rec, ok := w.record(ctx, ns)
+	return ok && rec.Hash == hash && w.opts.Now().Sub(rec.AppliedAt) < w.opts.Resync
+}
+
+// record returns what KUBECLIP_TENANTS says was last applied to ns.
+func (w *Worker) record(ctx context.Context, ns string) (record, bool) {
 	entry, err := w.tenants.Get(ctx, ns)
 	if err != nil {
-		return false
+		return record{}, false
 	}
 	var rec record
 	if json.Unmarshal(entry.Value(), &rec) != nil {
-		return false
+		return record{}, false
 	}
-	return rec.Hash == hash && w.opts.Now().Sub(rec.AppliedAt) < w.opts.Resync
+	return rec, true
 }
 
 // reportFailure publishes the run's failed event for an acquire that will not be retried.

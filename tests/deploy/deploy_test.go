@@ -2,6 +2,7 @@ package deploy_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -128,6 +129,13 @@ func TestDevOverlayRunsALeaseInCluster(t *testing.T) {
 		return checkMetrics(before, after)
 	})
 	reportResources(t, after)
+	var varz struct {
+		Mem int64   `json:"mem"`
+		CPU float64 `json:"cpu"`
+	}
+	if err := json.Unmarshal([]byte(get(t, fmt.Sprintf("http://%s:8222/varz", natsPod.Status.PodIP))), &varz); err == nil {
+		t.Logf("nats: RSS %.1f MiB, CPU %.1f%% (nats-server's /varz)", float64(varz.Mem)/(1<<20), varz.CPU)
+	}
 }
 
 // checkMetrics compares two scrapes of every worker: each must have counted its part of one

@@ -1,0 +1,288 @@
+// Package pipelinetest runs the whole kubeclip pipeline for the end-to-end and failover suites:
+// the real worker binaries as processes (any number of replicas of each, stopped with SIGTERM
+// or killed with SIGKILL), an embedded JetStream server that can be stopped and restarted on the
+// same port and store, and the local cluster through internal/clustertest. Tests drive runs the
+// way Paperclip does: they publish lease requests and read the run events back.
+//
+// A suite calls Main from its TestMain; tests use the Env it returns.
+package pipelinetest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/goleak"
+
+	"github.com/kubeclip/kubeclip/internal/clustertest"
+	"github.com/kubeclip/kubeclip/pkg/events"
+	"github.com/kubeclip/kubeclip/pkg/runwatch"
+)
+
+// The worker binaries.
+const (
+	TenantWorker = "tenant-worker"
+	Dispatcher   = "dispatcher"
+	RunWatcher   = "run-watcher"
+	// CLI is the kubeclip command-line tool (not a worker).
+	CLI = "kubeclip"
+)
+
+// Kinds lists the worker binaries in the order they are started.
+var Kinds = []string{TenantWorker, Dispatcher, RunWatcher}
+
+// Options shapes the pipeline a suite runs.
+type Options struct {
+	// Name prefixes the temporary directory and messages ("e2e", "failover").
+	Name string
+	// Replicas is how many processes of each worker run (default 1).
+	Replicas int
+	// AgentBusyTimeout is the dispatchers' --agent-busy-timeout (0: the binary's default).
+	AgentBusyTimeout time.Duration
+	// OwnershipTTL is the run-watchers' --ownership-ttl (0: the binary's default).
+	OwnershipTTL time.Duration
+	// Args adds flags per worker kind.
+	Args map[string][]string
+	// ClusterLock takes the cluster capacity lock shared (see LockCluster) for the whole suite.
+	ClusterLock bool
+}
+
+// Env is a running pipeline: JetStream, the workers, and a client connection.
+type Env struct {
+	opts       Options
+	Bin        string
+	Dir        string
+	LogDir     string
+	Kubeconfig string
+	NATS       *NATS
+	NC         *nats.Conn
+	JS         jetstream.JetStream
+	Subjects   events.Subjects
+
+	workers workerSet
+}
+
+// Main sets the pipeline up, runs the suite's tests, tears everything down and returns the exit
+// code for os.Exit. The worker logs are printed when a test failed or a worker did not shut
+// down cleanly. Goroutines the suite leaked (goleak) fail it too.
+func Main(m *testing.M, opts Options, env **Env) int {
+	if opts.ClusterLock {
+		unlock, err := LockCluster(false)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "%s: %v\n", opts.Name, err)
+			return 1
+		}
+		defer unlock()
+	}
+	e, err := Setup(opts)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "%s: %v\n", opts.Name, err)
+		if e != nil {
+			e.DumpLogs()
+			e.teardown()
+		}
+		return 1
+	}
+	*env = e
+	code := m.Run()
+	if err := e.Close(); err != nil {
+		fmt.Fprintf(os.Stderr, "%s: %v\n", opts.Name, err)
+		code = 1
+	}
+	if code != 0 {
+		e.DumpLogs()
+	}
+	_ = os.RemoveAll(e.Dir)
+	if err := goleak.Find(LeakOptions()...); err != nil {
+		fmt.Fprintf(os.Stderr, "%s: leaked goroutines: %v\n", opts.Name, err)
+		code = 1
+	}
+	return code
+}
+
+// LeakOptions are the goroutines a suite may leave behind: client-go's idle keep-alive
+// connections to the API server and klog's flush daemon, both process-wide by design.
+func LeakOptions() []goleak.Option {
+	return []goleak.Option{
+		goleak.IgnoreTopFunction("net/http.(*persistConn).readLoop"),
+		goleak.IgnoreTopFunction("net/http.(*persistConn).writeLoop"),
+		goleak.IgnoreTopFunction("k8s.io/klog/v2.(*flushDaemon).run.func1"),
+		goleak.IgnoreAnyFunction("k8s.io/apimachinery/pkg/watch.(*Broadcaster).loop"),
+	}
+}
+
+// Setup starts JetStream and opts.Replicas processes of each worker. On error the returned Env
+// (possibly nil) holds whatever was started, for DumpLogs.
+func Setup(opts Options) (*Env, error) {
+	if opts.Name == "" {
+		opts.Name = "pipeline"
+	}
+	if opts.Replicas <= 0 {
+		opts.Replicas = 1
+	}
+	bin, err := Binaries()
+	if err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "kubeclip-"+opts.Name+"-")
+	if err != nil {
+		return nil, err
+	}
+	e := &Env{opts: opts, Bin: bin, Dir: dir, LogDir: filepath.Join(dir, "logs"), Kubeconfig: clustertest.Kubeconfig()}
+	if err := os.MkdirAll(e.LogDir, 0o755); err != nil {
+		return e, err
+	}
+	e.Subjects, _ = events.NewSubjects("")
+	e.NATS, err = StartNATS(filepath.Join(dir, "nats"))
+	if err != nil {
+		return e, err
+	}
+	// The test's own connection outlives a NATS restart, like the workers' do.
+	e.NC, err = nats.Connect(e.NATS.URL(), nats.Name("kubeclip-"+opts.Name), nats.MaxReconnects(-1),
+		nats.ReconnectWait(100*time.Millisecond), nats.RetryOnFailedConnect(true))
+	if err != nil {
+		return e, fmt.Errorf("connecting to %s: %w", e.NATS.URL(), err)
+	}
+	e.JS, err = jetstream.New(e.NC)
+	if err != nil {
+		return e, err
+	}
+	for _, kind := range Kinds {
+		for range opts.Replicas {
+			if _, err := e.StartWorker(kind); err != nil {
+				return e, err
+			}
+		}
+	}
+	// The streams exist once a worker started; wait for them so a test can publish at once.
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for {
+		_, err := e.JS.Stream(ctx, events.WorkStream)
+		if err == nil {
+			_, err = e.JS.KeyValue(ctx, runwatch.OwnershipBucket)
+		}
+		if err == nil {
+			return e, nil
+		}
+		select {
+		case <-ctx.Done():
+			return e, fmt.Errorf("the workers did not create the streams and buckets: %w", err)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// Close stops every live worker with SIGTERM and expects a clean exit, then closes the
+// connection and stops JetStream.
+func (e *Env) Close() error {
+	err := e.StopAll()
+	e.teardown()
+	return err
+}
+
+func (e *Env) teardown() {
+	for _, w := range e.workers.live() {
+		_ = w.Kill()
+	}
+	if e.NC != nil {
+		e.NC.Close()
+	}
+	if e.NATS != nil {
+		e.NATS.Stop()
+	}
+}
+
+// DumpLogs prints the last lines of every worker's log to stderr.
+func (e *Env) DumpLogs() {
+	if e == nil || e.LogDir == "" {
+		return
+	}
+	entries, _ := os.ReadDir(e.LogDir)
+	for _, ent := range entries {
+		data, _ := os.ReadFile(filepath.Join(e.LogDir, ent.Name()))
+		lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
+		if len(lines) > 80 {
+			lines = lines[len(lines)-80:]
+		}
+		fmt.Fprintf(os.Stderr, "---- last lines of %s ----\n%s\n", ent.Name(), strings.Join(lines, "\n"))
+	}
+}
+
+// Binaries returns the directory holding the worker binaries: $KUBECLIP_BIN when it has them
+// (make test builds them first), else a fresh build into a temporary directory.
+func Binaries() (string, error) {
+	if dir := os.Getenv("KUBECLIP_BIN"); dir != "" {
+		if _, err := os.Stat(filepath.Join(dir, RunWatcher)); err == nil {
+			return dir, nil
+		}
+	}
+	dir, err := os.MkdirTemp("", "kubeclip-bin-")
+	if err != nil {
+		return "", err
+	}
+	root, err := moduleRoot()
+	if err != nil {
+		return "", err
+	}
+	cmd := exec.Command("go", "build", "-o", dir+"/", "./cmd/...")
+	cmd.Dir = root
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	if err := cmd.Run(); err != nil {
+		return "", fmt.Errorf("building the binaries: %w", err)
+	}
+	return dir, nil
+}
+
+// moduleRoot finds the directory of go.mod from the working directory up.
+func moduleRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", errors.New("no go.mod above the working directory")
+		}
+		dir = parent
+	}
+}
+
+// LockCluster takes the cluster capacity lock, a file lock every suite on this machine that
+// runs agent pods through this package shares. The single node has room for about 19 agent
+// pods (100m CPU each, the tenant LimitRange's minimum, on 2 CPUs); a test that fills it takes
+// the lock exclusively, so no other suite's pods sit unschedulable meanwhile (their
+// run-watchers would fail them after the 5 s unschedulable grace), and every other suite holds
+// it shared. The lock is released by the returned function, or when the process dies.
+func LockCluster(exclusive bool) (func(), error) {
+	path := filepath.Join(os.TempDir(), "kubeclip-cluster-capacity.lock")
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o666)
+	if err != nil {
+		return nil, fmt.Errorf("opening the cluster lock %s: %w", path, err)
+	}
+	how := syscall.LOCK_SH
+	if exclusive {
+		how = syscall.LOCK_EX
+	}
+	if err := syscall.Flock(int(f.Fd()), how); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("locking %s: %w", path, err)
+	}
+	return func() {
+		_ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
+		f.Close()
+	}, nil
+}
