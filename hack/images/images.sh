@@ -32,6 +32,8 @@ die() { log "ERROR: $*"; exit 1; }
 
 build() {
   mkdir -p "$OUT/bin" "$OUT/data" # data: Dockerfile.local's empty /data
+  # $OUT is also Dockerfile.local's build context: keep the tarballs out of it.
+  printf '*.tar\nbin/mkimage\n' >"$OUT/.dockerignore"
   # One lock per output dir: two test packages building at once must not interleave.
   exec 8>"$OUT/.lock"
   flock 8

@@ -37,6 +37,10 @@ const (
 	CLI = "kubeclip"
 )
 
+// KeepLogsEnv, when set, keeps the suite's directory (worker logs, JetStream store) after a
+// passing run too; a failing run always keeps it.
+const KeepLogsEnv = "KUBECLIP_KEEP_LOGS"
+
 // Kinds lists the worker binaries in the order they are started.
 var Kinds = []string{TenantWorker, Dispatcher, RunWatcher}
 
@@ -101,7 +105,11 @@ func Main(m *testing.M, opts Options, env **Env) int {
 	if code != 0 {
 		e.DumpLogs()
 	}
-	_ = os.RemoveAll(e.Dir)
+	if code != 0 || os.Getenv(KeepLogsEnv) != "" {
+		fmt.Fprintf(os.Stderr, "%s: worker logs kept in %s\n", opts.Name, e.LogDir)
+	} else {
+		_ = os.RemoveAll(e.Dir)
+	}
 	if err := goleak.Find(LeakOptions()...); err != nil {
 		fmt.Fprintf(os.Stderr, "%s: leaked goroutines: %v\n", opts.Name, err)
 		code = 1
@@ -109,14 +117,15 @@ func Main(m *testing.M, opts Options, env **Env) int {
 	return code
 }
 
-// LeakOptions are the goroutines a suite may leave behind: client-go's idle keep-alive
-// connections to the API server and klog's flush daemon, both process-wide by design.
+// LeakOptions are the goroutines a suite may leave behind: the reader of client-go's pooled
+// HTTP/2 connection to the API server (process-wide, shared by every clientset, idle until
+// the process exits) and klog's flush daemon.
 func LeakOptions() []goleak.Option {
 	return []goleak.Option{
-		goleak.IgnoreTopFunction("net/http.(*persistConn).readLoop"),
-		goleak.IgnoreTopFunction("net/http.(*persistConn).writeLoop"),
+		goleak.IgnoreAnyFunction("golang.org/x/net/http2.(*ClientConn).readLoop"),
+		goleak.IgnoreAnyFunction("net/http.(*persistConn).readLoop"),
+		goleak.IgnoreAnyFunction("net/http.(*persistConn).writeLoop"),
 		goleak.IgnoreTopFunction("k8s.io/klog/v2.(*flushDaemon).run.func1"),
-		goleak.IgnoreAnyFunction("k8s.io/apimachinery/pkg/watch.(*Broadcaster).loop"),
 	}
 }
 

@@ -13,6 +13,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/informers"
@@ -251,9 +252,12 @@ func (w *Worker) reportFailure(ctx context.Context, m jetstream.Msg, te *events.
 }
 
 // classify sorts a Kubernetes error: a request the API server refuses outright fails the
-// acquire; anything else (network, 5xx, conflicts, throttling) is retried.
+// acquire; anything else (network, 5xx, conflicts, throttling) is retried. NotFound is retried
+// too: the tenant's objects are applied after its Namespace, so a NotFound can only be the API
+// server's caches catching up, such as the RBAC check of a RoleBinding not yet seeing the Role
+// applied a moment before.
 func classify(err error) error {
-	if k8s.IsPermanent(err) {
+	if k8s.IsPermanent(err) && !apierrors.IsNotFound(err) {
 		return events.Terminal(events.CodeInternal, "", err)
 	}
 	return err

@@ -14,6 +14,7 @@ package deploy_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -159,7 +160,7 @@ func decodeObjects(t *testing.T, data []byte) []*unstructured.Unstructured {
 	var objs []*unstructured.Unstructured
 	for {
 		var o map[string]any
-		if err := dec.Decode(&o); err == io.EOF {
+		if err := dec.Decode(&o); errors.Is(err, io.EOF) {
 			break
 		} else if err != nil {
 			t.Fatalf("decoding rendered objects: %v", err)

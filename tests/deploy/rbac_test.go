@@ -11,11 +11,14 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+
+	"github.com/kubeclip/kubeclip/pkg/policy"
 )
 
 // access is one request a worker's ServiceAccount makes, or must not be able to make.
 type access struct {
 	verb, group, resource, subresource, namespace string
+	name                                          string // optional
 }
 
 func (a access) String() string {
@@ -29,6 +32,9 @@ func (a access) String() string {
 	ns := a.namespace
 	if ns == "" {
 		ns = "(cluster)"
+	}
+	if a.name != "" {
+		r += " " + a.name
 	}
 	return fmt.Sprintf("%s %s in %s", a.verb, r, ns)
 }
@@ -64,66 +70,68 @@ func TestRBACAllowsWhatTheCodeDoesAndNothingElse(t *testing.T) {
 		{
 			worker: "tenant-worker",
 			allowed: []access{
-				{"create", "", "namespaces", "", ""}, {"patch", "", "namespaces", "", ""},
-				{"list", "", "namespaces", "", ""}, {"watch", "", "namespaces", "", ""},
-				{"patch", "", "serviceaccounts", "", tenantNS}, {"create", "", "resourcequotas", "", tenantNS},
-				{"patch", "", "limitranges", "", tenantNS}, {"create", "rbac.authorization.k8s.io", "roles", "", tenantNS},
-				{"patch", "rbac.authorization.k8s.io", "rolebindings", "", tenantNS},
-				{"patch", "networking.k8s.io", "networkpolicies", "", tenantNS},
-				{"delete", "networking.k8s.io", "networkpolicies", "", tenantNS},
-				{"patch", "cilium.io", "ciliumnetworkpolicies", "", tenantNS},
-				{"delete", "cilium.io", "ciliumnetworkpolicies", "", tenantNS},
+				{"create", "", "namespaces", "", "", ""}, {"patch", "", "namespaces", "", "", ""},
+				{"list", "", "namespaces", "", "", ""}, {"watch", "", "namespaces", "", "", ""},
+				{"patch", "", "serviceaccounts", "", tenantNS, ""}, {"create", "", "resourcequotas", "", tenantNS, ""},
+				{"patch", "", "limitranges", "", tenantNS, ""}, {"create", "rbac.authorization.k8s.io", "roles", "", tenantNS, ""},
+				{"patch", "rbac.authorization.k8s.io", "rolebindings", "", tenantNS, ""},
+				{"patch", "networking.k8s.io", "networkpolicies", "", tenantNS, ""},
+				{"delete", "networking.k8s.io", "networkpolicies", "", tenantNS, ""},
+				{"patch", "cilium.io", "ciliumnetworkpolicies", "", tenantNS, ""},
+				{"delete", "cilium.io", "ciliumnetworkpolicies", "", tenantNS, ""},
+				{"bind", "rbac.authorization.k8s.io", "roles", "", tenantNS, policy.TenantRole},
 			},
 			denied: []access{
-				{"get", "", "secrets", "", "kube-system"}, // the representative denial
-				{"list", "", "secrets", "", tenantNS},
-				{"delete", "", "namespaces", "", ""},
-				{"create", "", "pods", "", tenantNS},
-				{"create", "batch", "jobs", "", tenantNS},
-				{"escalate", "rbac.authorization.k8s.io", "roles", "", tenantNS},
-				{"bind", "rbac.authorization.k8s.io", "roles", "", tenantNS},
-				{"create", "rbac.authorization.k8s.io", "clusterroles", "", ""},
-				{"get", "", "pods", "", tenantNS},
+				{"get", "", "secrets", "", "kube-system", ""}, // the representative denial
+				{"list", "", "secrets", "", tenantNS, ""},
+				{"delete", "", "namespaces", "", "", ""},
+				{"create", "", "pods", "", tenantNS, ""},
+				{"create", "batch", "jobs", "", tenantNS, ""},
+				{"escalate", "rbac.authorization.k8s.io", "roles", "", tenantNS, ""},
+				{"bind", "rbac.authorization.k8s.io", "roles", "", tenantNS, "admin"},
+				{"bind", "rbac.authorization.k8s.io", "clusterroles", "", "", "cluster-admin"},
+				{"create", "rbac.authorization.k8s.io", "clusterroles", "", "", ""},
+				{"get", "", "pods", "", tenantNS, ""},
 			},
 		},
 		{
 			worker: "dispatcher",
 			allowed: []access{
-				{"create", "", "secrets", "", tenantNS}, {"get", "", "secrets", "", tenantNS},
-				{"patch", "", "secrets", "", tenantNS}, {"delete", "", "secrets", "", tenantNS},
-				{"create", "batch", "jobs", "", tenantNS}, {"get", "batch", "jobs", "", tenantNS},
-				{"delete", "batch", "jobs", "", tenantNS},
-				{"create", "agents.x-k8s.io", "sandboxes", "", tenantNS}, {"delete", "agents.x-k8s.io", "sandboxes", "", tenantNS},
-				{"list", "", "pods", "", tenantNS}, {"watch", "", "pods", "", tenantNS}, {"delete", "", "pods", "", tenantNS},
-				{"create", "networking.k8s.io", "networkpolicies", "", tenantNS},
-				{"patch", "cilium.io", "ciliumnetworkpolicies", "", tenantNS},
+				{"create", "", "secrets", "", tenantNS, ""}, {"get", "", "secrets", "", tenantNS, ""},
+				{"patch", "", "secrets", "", tenantNS, ""}, {"delete", "", "secrets", "", tenantNS, ""},
+				{"create", "batch", "jobs", "", tenantNS, ""}, {"get", "batch", "jobs", "", tenantNS, ""},
+				{"delete", "batch", "jobs", "", tenantNS, ""},
+				{"create", "agents.x-k8s.io", "sandboxes", "", tenantNS, ""}, {"delete", "agents.x-k8s.io", "sandboxes", "", tenantNS, ""},
+				{"list", "", "pods", "", tenantNS, ""}, {"watch", "", "pods", "", tenantNS, ""}, {"delete", "", "pods", "", tenantNS, ""},
+				{"create", "networking.k8s.io", "networkpolicies", "", tenantNS, ""},
+				{"patch", "cilium.io", "ciliumnetworkpolicies", "", tenantNS, ""},
 			},
 			denied: []access{
-				{"create", "", "namespaces", "", ""}, // the representative denial
-				{"list", "", "secrets", "", tenantNS},
-				{"watch", "", "secrets", "", tenantNS},
-				{"create", "", "pods", "", tenantNS},
-				{"get", "", "pods", "log", tenantNS},
-				{"create", "", "pods", "exec", tenantNS},
-				{"update", "batch", "jobs", "", tenantNS},
-				{"create", "rbac.authorization.k8s.io", "rolebindings", "", tenantNS},
-				{"delete", "networking.k8s.io", "networkpolicies", "", tenantNS},
+				{"create", "", "namespaces", "", "", ""}, // the representative denial
+				{"list", "", "secrets", "", tenantNS, ""},
+				{"watch", "", "secrets", "", tenantNS, ""},
+				{"create", "", "pods", "", tenantNS, ""},
+				{"get", "", "pods", "log", tenantNS, ""},
+				{"create", "", "pods", "exec", tenantNS, ""},
+				{"update", "batch", "jobs", "", tenantNS, ""},
+				{"create", "rbac.authorization.k8s.io", "rolebindings", "", tenantNS, ""},
+				{"delete", "networking.k8s.io", "networkpolicies", "", tenantNS, ""},
 			},
 		},
 		{
 			worker: "run-watcher",
 			allowed: []access{
-				{"list", "batch", "jobs", "", ""}, {"watch", "batch", "jobs", "", ""},
-				{"list", "", "pods", "", ""}, {"watch", "", "pods", "", ""},
-				{"get", "", "pods", "log", tenantNS},
+				{"list", "batch", "jobs", "", "", ""}, {"watch", "batch", "jobs", "", "", ""},
+				{"list", "", "pods", "", "", ""}, {"watch", "", "pods", "", "", ""},
+				{"get", "", "pods", "log", tenantNS, ""},
 			},
 			denied: []access{
-				{"create", "batch", "jobs", "", tenantNS}, // the representative denial
-				{"delete", "batch", "jobs", "", tenantNS},
-				{"delete", "", "pods", "", tenantNS},
-				{"get", "", "secrets", "", tenantNS},
-				{"create", "", "pods", "exec", tenantNS},
-				{"patch", "", "pods", "", tenantNS},
+				{"create", "batch", "jobs", "", tenantNS, ""}, // the representative denial
+				{"delete", "batch", "jobs", "", tenantNS, ""},
+				{"delete", "", "pods", "", tenantNS, ""},
+				{"get", "", "secrets", "", tenantNS, ""},
+				{"create", "", "pods", "exec", tenantNS, ""},
+				{"patch", "", "pods", "", tenantNS, ""},
 			},
 		},
 	}
@@ -172,7 +180,7 @@ func (c *cluster) canI(t *testing.T, user, saNamespace string, a access) (bool, 
 		User:   user,
 		Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + saNamespace, "system:authenticated"},
 		ResourceAttributes: &authorizationv1.ResourceAttributes{
-			Verb: a.verb, Group: a.group, Resource: a.resource, Subresource: a.subresource, Namespace: a.namespace,
+			Verb: a.verb, Group: a.group, Resource: a.resource, Subresource: a.subresource, Namespace: a.namespace, Name: a.name,
 		},
 	}}
 	got, err := c.cs.AuthorizationV1().SubjectAccessReviews().Create(t.Context(), sar, metav1.CreateOptions{})

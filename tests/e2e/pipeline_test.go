@@ -14,6 +14,7 @@ import (
 	"k8s.io/client-go/dynamic"
 
 	"github.com/kubeclip/kubeclip/internal/clustertest"
+	pt "github.com/kubeclip/kubeclip/internal/pipelinetest"
 	"github.com/kubeclip/kubeclip/pkg/events"
 	"github.com/kubeclip/kubeclip/pkg/policy"
 )
@@ -24,28 +25,28 @@ const runTimeout = 90 * time.Second
 func TestHappyPathStreamsEveryLineThenTheResult(t *testing.T) {
 	t.Parallel()
 	cs := clustertest.Clientset(t)
-	company := newID("co")
-	cleanupTenant(t, cs, company)
+	company := pt.NewID("co")
+	pt.CleanupTenant(t, cs, company)
 
 	const lines = 60
-	r := acquire(t, company, newID("agent"), stubConfig(map[string]string{
+	r := env.Acquire(t, company, pt.NewID("agent"), pt.StubConfig(map[string]string{
 		"STUB_LINES": fmt.Sprint(lines), "STUB_BURST": "6", "STUB_INTERVAL": "30ms",
 		"STUB_STDERR": "stub: hello on stderr", "STUB_SESSION_ID": "sess-e2e", "STUB_MODEL": "claude-e2e",
 		"STUB_COST_USD": "0.25", "STUB_INPUT_TOKENS": "1234", "STUB_OUTPUT_TOKENS": "567", "STUB_CACHED_TOKENS": "89",
 	}))
 
-	created := waitKind[events.RunCreatedEvent](r, runTimeout)
+	created := pt.WaitKind[events.RunCreatedEvent](r, runTimeout)
 	if created.Backend != "job" || !strings.HasPrefix(created.WorkloadName, "pc-") || len(created.WorkloadName) != 29 {
 		t.Errorf("created = %+v, want a job backend and a pc-<ulid> workload", created)
 	}
 	if created.ProviderLeaseID != created.WorkloadName || created.SecretName != created.WorkloadName+"-env" {
 		t.Errorf("created = %+v: lease id and Secret name must derive from the workload name", created)
 	}
-	if want := namespaceOf(t, company); created.Namespace != want {
+	if want := pt.NamespaceOf(t, company); created.Namespace != want {
 		t.Errorf("namespace = %s, want %s", created.Namespace, want)
 	}
 
-	res := waitKind[events.RunResultEvent](r, runTimeout)
+	res := pt.WaitKind[events.RunResultEvent](r, runTimeout)
 	if res.Outcome != events.OutcomeSucceeded || res.ExitCode == nil || *res.ExitCode != 0 {
 		t.Fatalf("result = %+v, want succeeded with exit 0", res)
 	}
@@ -61,12 +62,12 @@ func TestHappyPathStreamsEveryLineThenTheResult(t *testing.T) {
 	}
 
 	// Every line, in order, exactly once; the result comes after the last log chunk.
-	logs := all[events.RunLogEvent](r)
+	logs := pt.All[events.RunLogEvent](r)
 	var want []string
 	for i := 1; i <= lines; i++ {
 		want = append(want, fmt.Sprintf("stub line %d", i))
 	}
-	if diff := cmp.Diff(want, stubLines(logs)); diff != "" {
+	if diff := cmp.Diff(want, pt.StubLines(logs)); diff != "" {
 		t.Errorf("stub lines (-want +got):\n%s", diff)
 	}
 	for i, ev := range logs {
@@ -85,9 +86,9 @@ func TestHappyPathStreamsEveryLineThenTheResult(t *testing.T) {
 	if !containsLine(logs, "stub: hello on stderr") {
 		t.Error("the stderr line is missing from the log")
 	}
-	assertResultLast(t, r)
+	r.AssertResultLast(t)
 
-	statuses := all[events.RunStatusEvent](r)
+	statuses := pt.All[events.RunStatusEvent](r)
 	var phases []events.Phase
 	for _, s := range statuses {
 		phases = append(phases, s.Phase)
@@ -100,31 +101,31 @@ func TestHappyPathStreamsEveryLineThenTheResult(t *testing.T) {
 func TestAgentExitCodeIsReported(t *testing.T) {
 	t.Parallel()
 	cs := clustertest.Clientset(t)
-	company := newID("co")
-	cleanupTenant(t, cs, company)
-	r := acquire(t, company, newID("agent"), stubConfig(map[string]string{"STUB_LINES": "2", "STUB_EXIT_CODE": "3", "STUB_IS_ERROR": "true"}))
-	res := waitKind[events.RunResultEvent](r, runTimeout)
+	company := pt.NewID("co")
+	pt.CleanupTenant(t, cs, company)
+	r := env.Acquire(t, company, pt.NewID("agent"), pt.StubConfig(map[string]string{"STUB_LINES": "2", "STUB_EXIT_CODE": "3", "STUB_IS_ERROR": "true"}))
+	res := pt.WaitKind[events.RunResultEvent](r, runTimeout)
 	if res.Outcome != events.OutcomeFailed || res.ExitCode == nil || *res.ExitCode != 3 {
 		t.Fatalf("result = %+v, want failed with exit code 3", res)
 	}
 	if res.Agent == nil || !res.Agent.IsError {
 		t.Errorf("agent = %+v, want isError from the stub's result line", res.Agent)
 	}
-	assertResultLast(t, r)
+	r.AssertResultLast(t)
 }
 
 func TestActivityDeadlineTimesOut(t *testing.T) {
 	t.Parallel()
 	cs := clustertest.Clientset(t)
-	company := newID("co")
-	cleanupTenant(t, cs, company)
-	r := acquire(t, company, newID("agent"), stubConfig(map[string]string{"STUB_LINES": "1", "STUB_SLEEP": "5m"},
+	company := pt.NewID("co")
+	pt.CleanupTenant(t, cs, company)
+	r := env.Acquire(t, company, pt.NewID("agent"), pt.StubConfig(map[string]string{"STUB_LINES": "1", "STUB_SLEEP": "5m"},
 		func(c map[string]any) { c["podActivityDeadlineSec"] = 4 }))
-	res := waitKind[events.RunResultEvent](r, runTimeout)
+	res := pt.WaitKind[events.RunResultEvent](r, runTimeout)
 	if res.Outcome != events.OutcomeTimedOut || res.Reason != events.ReasonDeadlineExceeded {
 		t.Fatalf("result = %+v, want timed_out with reason DeadlineExceeded", res)
 	}
-	if got := stubLines(all[events.RunLogEvent](r)); !cmp.Equal(got, []string{"stub line 1"}) {
+	if got := pt.StubLines(pt.All[events.RunLogEvent](r)); !cmp.Equal(got, []string{"stub line 1"}) {
 		t.Errorf("lines before the deadline = %v", got)
 	}
 }
@@ -132,13 +133,13 @@ func TestActivityDeadlineTimesOut(t *testing.T) {
 func TestOOMKilled(t *testing.T) {
 	t.Parallel()
 	cs := clustertest.Clientset(t)
-	company := newID("co")
-	cleanupTenant(t, cs, company)
-	r := acquire(t, company, newID("agent"), stubConfig(map[string]string{"STUB_LINES": "1", "STUB_OOM": "true"},
+	company := pt.NewID("co")
+	pt.CleanupTenant(t, cs, company)
+	r := env.Acquire(t, company, pt.NewID("agent"), pt.StubConfig(map[string]string{"STUB_LINES": "1", "STUB_OOM": "true"},
 		func(c map[string]any) {
 			c["defaultResources"] = map[string]any{"limits": map[string]string{"memory": "128Mi"}, "requests": map[string]string{"memory": "128Mi"}}
 		}))
-	res := waitKind[events.RunResultEvent](r, runTimeout)
+	res := pt.WaitKind[events.RunResultEvent](r, runTimeout)
 	if res.Outcome != events.OutcomeFailed || res.Reason != events.ReasonOOMKilled || res.ExitCode == nil || *res.ExitCode != 137 {
 		t.Fatalf("result = %+v, want failed, OOMKilled, exit 137", res)
 	}
@@ -147,13 +148,13 @@ func TestOOMKilled(t *testing.T) {
 func TestMissingImageFailsFast(t *testing.T) {
 	t.Parallel()
 	cs := clustertest.Clientset(t)
-	company := newID("co")
-	cleanupTenant(t, cs, company)
+	company := pt.NewID("co")
+	pt.CleanupTenant(t, cs, company)
 	start := time.Now()
-	r := acquire(t, company, newID("agent"), stubConfig(nil, func(c map[string]any) {
+	r := env.Acquire(t, company, pt.NewID("agent"), pt.StubConfig(nil, func(c map[string]any) {
 		c["adapters"].([]any)[0].(map[string]any)["runtimeImage"] = "kubeclip.local/no-such-image:dev"
 	}))
-	res := waitKind[events.RunResultEvent](r, runTimeout)
+	res := pt.WaitKind[events.RunResultEvent](r, runTimeout)
 	took := time.Since(start)
 	switch {
 	case res.Outcome != events.OutcomeFailed:
@@ -164,8 +165,8 @@ func TestMissingImageFailsFast(t *testing.T) {
 		t.Errorf("took %s; an image that cannot be pulled must fail long before the 120 s deadline", took)
 	}
 	// The dispatcher deletes a Job that failed before it ran, so it stops holding quota.
-	created := waitKind[events.RunCreatedEvent](r, time.Second)
-	eventually(t, 30*time.Second, "the failed Job to be deleted", func() bool {
+	created := pt.WaitKind[events.RunCreatedEvent](r, time.Second)
+	pt.Eventually(t, 30*time.Second, "the failed Job to be deleted", func() bool {
 		_, err := cs.BatchV1().Jobs(created.Namespace).Get(context.Background(), created.WorkloadName, metav1.GetOptions{})
 		return apierrors.IsNotFound(err)
 	})
@@ -174,23 +175,23 @@ func TestMissingImageFailsFast(t *testing.T) {
 func TestInvalidConfigFailsAndCreatesNothing(t *testing.T) {
 	t.Parallel()
 	cs := clustertest.Clientset(t)
-	company := newID("co")
-	cleanupTenant(t, cs, company)
-	r := acquire(t, company, newID("agent"), stubConfig(nil, func(c map[string]any) {
+	company := pt.NewID("co")
+	pt.CleanupTenant(t, cs, company)
+	r := env.Acquire(t, company, pt.NewID("agent"), pt.StubConfig(nil, func(c map[string]any) {
 		c["egressAllowCidrs"] = []string{"10.0.0.0/8", "300.1.2.3/8"}
 	}))
-	failed := waitKind[events.RunFailedEvent](r, 30*time.Second)
+	failed := pt.WaitKind[events.RunFailedEvent](r, 30*time.Second)
 	if failed.Code != events.CodeInvalidConfig || failed.Field != "config.egressAllowCidrs[1]" {
 		t.Fatalf("failed = %+v, want invalid_config naming config.egressAllowCidrs[1]", failed)
 	}
 	if !strings.Contains(failed.Message, "egressAllowCidrs[1]") {
 		t.Errorf("message %q does not name the field", failed.Message)
 	}
-	_, err := cs.CoreV1().Namespaces().Get(context.Background(), namespaceOf(t, company), metav1.GetOptions{})
+	_, err := cs.CoreV1().Namespaces().Get(context.Background(), pt.NamespaceOf(t, company), metav1.GetOptions{})
 	if !apierrors.IsNotFound(err) {
 		t.Errorf("tenant namespace: err = %v, want NotFound (nothing may be created)", err)
 	}
-	if n := len(all[events.RunCreatedEvent](r)); n != 0 {
+	if n := len(pt.All[events.RunCreatedEvent](r)); n != 0 {
 		t.Errorf("%d created events for an invalid config", n)
 	}
 }
@@ -198,11 +199,11 @@ func TestInvalidConfigFailsAndCreatesNothing(t *testing.T) {
 func TestReleaseMidRunStopsThePodFirst(t *testing.T) {
 	t.Parallel()
 	cs := clustertest.Clientset(t)
-	company := newID("co")
-	cleanupTenant(t, cs, company)
-	r := acquire(t, company, newID("agent"), stubConfig(map[string]string{"STUB_LINES": "1000", "STUB_INTERVAL": "100ms"}))
-	created := waitKind[events.RunCreatedEvent](r, runTimeout)
-	r.waitFor(runTimeout, "a log line", func(evs []events.Received) bool {
+	company := pt.NewID("co")
+	pt.CleanupTenant(t, cs, company)
+	r := env.Acquire(t, company, pt.NewID("agent"), pt.StubConfig(map[string]string{"STUB_LINES": "1000", "STUB_INTERVAL": "100ms"}))
+	created := pt.WaitKind[events.RunCreatedEvent](r, runTimeout)
+	r.WaitFor(runTimeout, "a log line", func(evs []events.Received) bool {
 		for _, e := range evs {
 			if _, ok := e.Event.(events.RunLogEvent); ok {
 				return true
@@ -210,20 +211,20 @@ func TestReleaseMidRunStopsThePodFirst(t *testing.T) {
 		}
 		return false
 	})
-	r.release(created.ProviderLeaseID, false)
-	released := waitKind[events.RunReleasedEvent](r, runTimeout)
+	r.Release(created.ProviderLeaseID, false)
+	released := pt.WaitKind[events.RunReleasedEvent](r, runTimeout)
 	if released.State != events.ReleaseStopped || released.ProviderLeaseID != created.ProviderLeaseID {
 		t.Errorf("released = %+v", released)
 	}
 	// released comes only once the run's pod is gone.
-	pods, err := cs.CoreV1().Pods(created.Namespace).List(context.Background(), metav1.ListOptions{LabelSelector: policy.LabelRunID + "=" + r.runID})
+	pods, err := cs.CoreV1().Pods(created.Namespace).List(context.Background(), metav1.ListOptions{LabelSelector: policy.LabelRunID + "=" + r.RunID})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(pods.Items) != 0 {
 		t.Errorf("%d pods of the run still exist after released", len(pods.Items))
 	}
-	res := waitKind[events.RunResultEvent](r, runTimeout)
+	res := pt.WaitKind[events.RunResultEvent](r, runTimeout)
 	if res.Outcome != events.OutcomeCancelled {
 		t.Errorf("result = %+v, want cancelled", res)
 	}
@@ -232,19 +233,19 @@ func TestReleaseMidRunStopsThePodFirst(t *testing.T) {
 func TestBusyAgentWaitsThenFails(t *testing.T) {
 	t.Parallel()
 	cs := clustertest.Clientset(t)
-	company, agent := newID("co"), newID("agent")
-	cleanupTenant(t, cs, company)
+	company, agent := pt.NewID("co"), pt.NewID("agent")
+	pt.CleanupTenant(t, cs, company)
 
-	first := acquire(t, company, agent, stubConfig(map[string]string{"STUB_LINES": "1", "STUB_SLEEP": "4s"}))
-	waitKind[events.RunCreatedEvent](first, runTimeout)
-	second := acquire(t, company, agent, stubConfig(map[string]string{"STUB_LINES": "1"}))
+	first := env.Acquire(t, company, agent, pt.StubConfig(map[string]string{"STUB_LINES": "1", "STUB_SLEEP": "4s"}))
+	pt.WaitKind[events.RunCreatedEvent](first, runTimeout)
+	second := env.Acquire(t, company, agent, pt.StubConfig(map[string]string{"STUB_LINES": "1"}))
 
 	// The second run is created only after the first one ended.
-	firstResult := waitKind[events.RunResultEvent](first, runTimeout)
+	firstResult := pt.WaitKind[events.RunResultEvent](first, runTimeout)
 	if firstResult.Outcome != events.OutcomeSucceeded {
 		t.Fatalf("first result = %+v", firstResult)
 	}
-	evs := second.waitFor(runTimeout, "created", func(evs []events.Received) bool {
+	evs := second.WaitFor(runTimeout, "created", func(evs []events.Received) bool {
 		for _, e := range evs {
 			if _, ok := e.Event.(events.RunCreatedEvent); ok {
 				return true
@@ -252,24 +253,24 @@ func TestBusyAgentWaitsThenFails(t *testing.T) {
 		}
 		return false
 	})
-	firstEnd := first.receivedAt(t, func(e events.Event) bool { _, ok := e.(events.RunResultEvent); return ok })
+	firstEnd := first.ReceivedAt(t, func(e events.Event) bool { _, ok := e.(events.RunResultEvent); return ok })
 	for _, e := range evs {
 		if _, ok := e.Event.(events.RunCreatedEvent); ok && e.Published.Before(firstEnd) {
 			t.Errorf("second run created at %s, before the first run's result at %s", e.Published, firstEnd)
 		}
 	}
-	waitKind[events.RunResultEvent](second, runTimeout)
+	pt.WaitKind[events.RunResultEvent](second, runTimeout)
 
 	// A third acquire while a long run holds the agent fails with agent_busy after the bound.
-	long := acquire(t, company, agent, stubConfig(map[string]string{"STUB_LINES": "1", "STUB_SLEEP": "5m"}))
-	longCreated := waitKind[events.RunCreatedEvent](long, runTimeout)
-	t.Cleanup(func() { long.release(longCreated.ProviderLeaseID, true) })
-	blocked := acquire(t, company, agent, stubConfig(nil))
-	failed := waitKind[events.RunFailedEvent](blocked, agentBusyTimeout+30*time.Second)
+	long := env.Acquire(t, company, agent, pt.StubConfig(map[string]string{"STUB_LINES": "1", "STUB_SLEEP": "5m"}))
+	longCreated := pt.WaitKind[events.RunCreatedEvent](long, runTimeout)
+	t.Cleanup(func() { long.Release(longCreated.ProviderLeaseID, true) })
+	blocked := env.Acquire(t, company, agent, pt.StubConfig(nil))
+	failed := pt.WaitKind[events.RunFailedEvent](blocked, agentBusyTimeout+30*time.Second)
 	if failed.Code != events.CodeAgentBusy || failed.Field != "agentId" {
 		t.Errorf("failed = %+v, want agent_busy naming agentId", failed)
 	}
-	if n := len(all[events.RunCreatedEvent](blocked)); n != 0 {
+	if n := len(pt.All[events.RunCreatedEvent](blocked)); n != 0 {
 		t.Errorf("the blocked run was created %d times", n)
 	}
 }
@@ -281,13 +282,13 @@ func TestTenantConfigChangeIsReconciled(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	company := newID("co")
-	cleanupTenant(t, cs, company)
-	ns := namespaceOf(t, company)
+	company := pt.NewID("co")
+	pt.CleanupTenant(t, cs, company)
+	ns := pt.NamespaceOf(t, company)
 	ctx := context.Background()
 
-	r1 := acquire(t, company, newID("agent"), stubConfig(map[string]string{"STUB_LINES": "1"}))
-	waitKind[events.RunResultEvent](r1, runTimeout)
+	r1 := env.Acquire(t, company, pt.NewID("agent"), pt.StubConfig(map[string]string{"STUB_LINES": "1"}))
+	pt.WaitKind[events.RunResultEvent](r1, runTimeout)
 	if _, err := cs.NetworkingV1().NetworkPolicies(ns).Get(ctx, policy.EgressAllowPolicyName, metav1.GetOptions{}); err != nil {
 		t.Fatalf("standard egress policy: %v", err)
 	}
@@ -296,11 +297,11 @@ func TestTenantConfigChangeIsReconciled(t *testing.T) {
 	if err := cs.CoreV1().ResourceQuotas(ns).Delete(ctx, policy.TenantResourceQuota, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	r2 := acquire(t, company, newID("agent"), stubConfig(map[string]string{"STUB_LINES": "1"}, func(c map[string]any) {
+	r2 := env.Acquire(t, company, pt.NewID("agent"), pt.StubConfig(map[string]string{"STUB_LINES": "1"}, func(c map[string]any) {
 		c["egressMode"] = "cilium"
 		c["egressAllowFqdns"] = []string{"example.com"}
 	}))
-	waitKind[events.RunResultEvent](r2, runTimeout)
+	pt.WaitKind[events.RunResultEvent](r2, runTimeout)
 	cnpGVR := schema.GroupVersionResource{Group: "cilium.io", Version: "v2", Resource: "ciliumnetworkpolicies"}
 	cnp, err := dyn.Resource(cnpGVR).Namespace(ns).Get(ctx, policy.EgressFQDNPolicyName, metav1.GetOptions{})
 	if err != nil {
@@ -320,54 +321,31 @@ func TestTenantConfigChangeIsReconciled(t *testing.T) {
 func TestDuplicateAcquireMakesOneJob(t *testing.T) {
 	t.Parallel()
 	cs := clustertest.Clientset(t)
-	company := newID("co")
-	cleanupTenant(t, cs, company)
-	cfg := stubConfig(map[string]string{"STUB_LINES": "3"})
-	r := &run{t: t, companyID: company, agentID: newID("agent"), runID: newID("run"), cond: make(chan struct{})}
+	company := pt.NewID("co")
+	pt.CleanupTenant(t, cs, company)
+	cfg := pt.StubConfig(map[string]string{"STUB_LINES": "3"})
+	r := env.NewRun(t, company, pt.NewID("agent"))
 	// Published twice without a message id, so JetStream cannot drop the second copy.
-	r.publishAcquire(cfg, false)
-	r.publishAcquire(cfg, false)
-	r.collect()
-	created := waitKind[events.RunCreatedEvent](r, runTimeout)
-	waitKind[events.RunResultEvent](r, runTimeout)
-	jobs, err := cs.BatchV1().Jobs(created.Namespace).List(context.Background(), metav1.ListOptions{LabelSelector: policy.LabelRunID + "=" + r.runID})
+	r.PublishAcquire(cfg, false)
+	r.PublishAcquire(cfg, false)
+	r.Collect()
+	created := pt.WaitKind[events.RunCreatedEvent](r, runTimeout)
+	pt.WaitKind[events.RunResultEvent](r, runTimeout)
+	jobs, err := cs.BatchV1().Jobs(created.Namespace).List(context.Background(), metav1.ListOptions{LabelSelector: policy.LabelRunID + "=" + r.RunID})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(jobs.Items) != 1 {
 		t.Errorf("%d Jobs for one run, want 1", len(jobs.Items))
 	}
-	if n := len(all[events.RunCreatedEvent](r)); n != 1 {
+	if n := len(pt.All[events.RunCreatedEvent](r)); n != 1 {
 		t.Errorf("%d created events, want 1", n)
 	}
-	if n := len(all[events.RunResultEvent](r)); n != 1 {
+	if n := len(pt.All[events.RunResultEvent](r)); n != 1 {
 		t.Errorf("%d result events, want 1", n)
 	}
-	if got := stubLines(all[events.RunLogEvent](r)); !cmp.Equal(got, []string{"stub line 1", "stub line 2", "stub line 3"}) {
+	if got := pt.StubLines(pt.All[events.RunLogEvent](r)); !cmp.Equal(got, []string{"stub line 1", "stub line 2", "stub line 3"}) {
 		t.Errorf("lines = %v, want each once", got)
-	}
-}
-
-// assertResultLast checks that exactly one result was published and no log chunk after it.
-func assertResultLast(t *testing.T, r *run) {
-	t.Helper()
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	results, lastLog, resultAt := 0, -1, -1
-	for i, e := range r.events {
-		switch e.Event.(type) {
-		case events.RunResultEvent:
-			results++
-			resultAt = i
-		case events.RunLogEvent:
-			lastLog = i
-		}
-	}
-	if results != 1 {
-		t.Errorf("%d result events, want exactly 1", results)
-	}
-	if lastLog > resultAt {
-		t.Errorf("a log chunk (event %d) came after the result (event %d)", lastLog, resultAt)
 	}
 }
 
@@ -380,30 +358,4 @@ func containsLine(logs []events.RunLogEvent, text string) bool {
 		}
 	}
 	return false
-}
-
-// receivedAt returns when the stream stored the first event matching pred.
-func (r *run) receivedAt(t *testing.T, pred func(events.Event) bool) time.Time {
-	t.Helper()
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	for _, e := range r.events {
-		if pred(e.Event) {
-			return e.Published
-		}
-	}
-	t.Fatalf("run %s: no matching event", r.runID)
-	return time.Time{}
-}
-
-// eventually polls cond until it holds or timeout passes.
-func eventually(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
 }
