@@ -37,12 +37,12 @@ const (
 	CLI = "kubeclip"
 )
 
-// KeepLogsEnv, when set, keeps the suite's directory (worker logs, JetStream store) after a
-// passing run too; a failing run always keeps it.
+// KeepLogsEnv names the variable that, when set, keeps the suite's directory (worker logs,
+// JetStream store) after a passing run too; a failing run always keeps it.
 const KeepLogsEnv = "KUBECLIP_KEEP_LOGS"
 
 // Kinds lists the worker binaries in the order they are started.
-var Kinds = []string{TenantWorker, Dispatcher, RunWatcher}
+func Kinds() []string { return []string{TenantWorker, Dispatcher, RunWatcher} }
 
 // Options shapes the pipeline a suite runs.
 type Options struct {
@@ -165,7 +165,7 @@ func Setup(opts Options) (*Env, error) {
 	if err != nil {
 		return e, err
 	}
-	for _, kind := range Kinds {
+	for _, kind := range Kinds() {
 		for range opts.Replicas {
 			if _, err := e.StartWorker(kind); err != nil {
 				return e, err

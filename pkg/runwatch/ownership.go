@@ -108,13 +108,6 @@ func (o *owners) release(ctx context.Context, runID string) {
 	}
 }
 
-// drop forgets runID without touching its key: ownership was lost to another replica.
-func (o *owners) drop(runID string) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	delete(o.owned, runID)
-}
-
 // renewAll renews every owned key once and returns the runs whose ownership was lost.
 func (o *owners) renewAll(ctx context.Context) []string {
 	o.mu.Lock()

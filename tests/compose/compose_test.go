@@ -2,9 +2,10 @@
 // workers, images built here from Go sources and loaded into Docker) against the local cluster,
 // and runs one lease end to end through it.
 //
-// It needs a Docker engine and Compose: hack/docker/docker.sh installs Debian's docker.io and
-// docker-compose when they are missing and starts dockerd (with its own containerd, apart from
-// the cluster's) for the duration of the test. It does not skip without them.
+// It needs a Docker engine and Compose: internal/dockertest runs hack/docker/docker.sh, which
+// installs Debian's docker.io and docker-compose when they are missing and starts dockerd (with
+// its own containerd, apart from the cluster's) for the duration of the test. It does not skip
+// without them.
 package compose_test
 
 import (
@@ -24,6 +25,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/kubeclip/kubeclip/internal/clustertest"
+	"github.com/kubeclip/kubeclip/internal/dockertest"
 	"github.com/kubeclip/kubeclip/internal/leasetest"
 )
 
@@ -31,22 +33,9 @@ const root = "../.."
 
 func TestComposeStackRunsALease(t *testing.T) {
 	cs := clustertest.Clientset(t) // fails with instructions when no cluster answers
-	startDocker(t)
-	sh(t, "bash", filepath.Join(root, "hack/images/images.sh"), "load")
-
-	// The workers run as uid 65532 and read the kubeconfig from a bind mount. The admin
-	// kubeconfig names the API server by the node's address, which containers reach.
-	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
-	data, err := os.ReadFile(clustertest.Kubeconfig())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(kubeconfig, data, 0o400); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Chown(kubeconfig, 65532, 65532); err != nil {
-		t.Fatal(err)
-	}
+	dockertest.Start(t)            // the engine, with the images built here loaded
+	// The workers run as uid 65532 and read the kubeconfig from a bind mount.
+	kubeconfig := dockertest.Kubeconfig(t)
 
 	project := "kubeclip-test-" + strings.ToLower(leasetest.NewID("")[1:])[20:]
 	compose := composeCommand(t)
@@ -107,18 +96,6 @@ func TestComposeStackRunsALease(t *testing.T) {
 	res := leasetest.Run(t, js, cs)
 	t.Logf("lease %s through the compose stack: %d log events, result %s, released %s",
 		res.Created.ProviderLeaseID, len(res.Logs), res.Result.Outcome, res.Released.State)
-}
-
-// startDocker brings up a Docker engine for the test and, when the test started it, stops it
-// at the end.
-func startDocker(t *testing.T) {
-	t.Helper()
-	script := filepath.Join(root, "hack/docker/docker.sh")
-	status := sh(t, "bash", script, "status")
-	sh(t, "bash", script, "up")
-	if strings.HasPrefix(status, "no Docker engine") {
-		t.Cleanup(func() { sh(t, "bash", script, "down") })
-	}
 }
 
 // composeCommand is `docker compose` (v2) when the Docker CLI has it, else docker-compose (v1).

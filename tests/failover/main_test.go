@@ -52,7 +52,7 @@ func TestMain(m *testing.M) {
 // begins with the same pipeline whatever this one killed.
 func restoreReplicas(t *testing.T) {
 	t.Helper()
-	for _, kind := range pt.Kinds {
+	for _, kind := range pt.Kinds() {
 		for len(env.Workers(kind)) < replicas {
 			w, err := env.StartWorker(kind)
 			if err != nil {

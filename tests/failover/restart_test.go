@@ -16,42 +16,59 @@ func streamingConfig(lines int, interval time.Duration) map[string]string {
 	return map[string]string{"STUB_LINES": fmt.Sprint(lines), "STUB_INTERVAL": interval.String()}
 }
 
-// TestNATSRestartMidRun stops the JetStream server while a run streams, keeps it down for a few
-// seconds (long enough for every ownership key to expire and for the run-watcher's outbox of
-// unpublished chunks to fill), then starts it again on the same port and store. The workers
-// reconnect by themselves; the run completes, and its history has every line exactly once
-// under a gap-free seq, and one result.
+// TestNATSRestartMidRun stops the JetStream server while a run streams, keeps it down, then
+// starts it again on the same port and store. The workers reconnect by themselves; the run
+// completes, and its history has every line exactly once under a gap-free seq, and one
+// result. A second run acquired after the restart proves every worker consumes again.
+//
+// A short outage is absorbed by the clients' reconnect buffers (a JetStream publish waits 5 s
+// for its ack); a long one outlasts the publish timeout and the ownership TTL, so publishes
+// fail, the run-watcher's outbox fills, every ownership key expires and the run is claimed
+// again after the restart.
 func TestNATSRestartMidRun(t *testing.T) {
-	cs := clustertest.Clientset(t)
-	company := pt.NewID("co")
-	pt.CleanupTenant(t, cs, company)
-	const lines = 300
-	r := env.Acquire(t, company, pt.NewID("agent"), pt.StubConfig(streamingConfig(lines, 50*time.Millisecond)))
-	r.WaitFor(runTimeout, "40 stub lines", stubLinesSoFar(40))
+	for _, tc := range []struct {
+		name   string
+		outage time.Duration
+	}{
+		{"shorter than the publish timeout", 3 * time.Second},
+		{"longer than the publish timeout and the ownership TTL", 10 * time.Second},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cs := clustertest.Clientset(t)
+			company := pt.NewID("co")
+			pt.CleanupTenant(t, cs, company)
+			const lines = 400
+			r := env.Acquire(t, company, pt.NewID("agent"), pt.StubConfig(streamingConfig(lines, 50*time.Millisecond)))
+			r.WaitFor(runTimeout, "40 stub lines", stubLinesSoFar(40))
 
-	const outage = 4 * time.Second
-	stopped := time.Now()
-	env.NATS.Stop()
-	// The outage itself is what is under test: nothing to poll for while the server is down.
-	time.Sleep(outage)
-	if err := env.NATS.Start(); err != nil {
-		t.Fatal(err)
-	}
-	restarted := time.Now()
-	t.Logf("JetStream down for %s", restarted.Sub(stopped).Round(time.Millisecond))
+			stopped := time.Now()
+			env.NATS.Stop()
+			// The outage itself is what is under test: nothing to poll for while the server is down.
+			time.Sleep(tc.outage)
+			if err := env.NATS.Start(); err != nil {
+				t.Fatal(err)
+			}
+			restarted := time.Now()
+			t.Logf("JetStream down for %s", restarted.Sub(stopped).Round(time.Millisecond))
 
-	pt.WaitKind[events.RunResultEvent](r, runTimeout)
-	evs := checkHistory(t, r, pt.Want{Lines: lines})
-	if e, ok := firstAfter(evs, restarted, isLog); ok {
-		t.Logf("first log event after the restart: seq %d, %s after the restart",
-			e.Event.(events.RunLogEvent).Seq, e.Published.Sub(restarted).Round(time.Millisecond))
+			pt.WaitKind[events.RunResultEvent](r, runTimeout)
+			evs := checkHistory(t, r, pt.Want{Lines: lines})
+			if e, ok := firstAfter(evs, restarted, isLog); ok {
+				t.Logf("first log event stored after the restart: seq %d, %s after it",
+					e.Event.(events.RunLogEvent).Seq, e.Published.Sub(restarted).Round(time.Millisecond))
+			}
+			for _, kind := range pt.Kinds() {
+				if n := len(env.Workers(kind)); n != replicas {
+					t.Errorf("%d %s processes alive after the NATS restart, want %d: a worker exited instead of reconnecting", n, kind, replicas)
+				}
+			}
+			restoreReplicas(t)
+
+			after := env.Acquire(t, company, pt.NewID("agent"), pt.StubConfig(map[string]string{"STUB_LINES": "3"}))
+			pt.WaitKind[events.RunResultEvent](after, runTimeout)
+			checkHistory(t, after, pt.Want{Lines: 3})
+		})
 	}
-	for _, kind := range pt.Kinds {
-		if n := len(env.Workers(kind)); n != replicas {
-			t.Errorf("%d %s processes alive after the NATS restart, want %d: a worker exited instead of reconnecting", n, kind, replicas)
-		}
-	}
-	restoreReplicas(t)
 }
 
 // TestAllWorkersRestartMidRun SIGKILLs every worker replica (all nine) while a run streams,

@@ -59,17 +59,25 @@ func TestHundredRunsSurviveAWatcherKill(t *testing.T) {
 	}
 	t.Logf("published %d acquires in %s", runs, time.Since(start).Round(time.Millisecond))
 
-	// Wait until runs stream, then kill the replica owning the most runs.
-	streaming := func() (n int) {
+	// Wait until the first wave is through and the next ones stream, then kill the replica
+	// owning the most runs.
+	census := func() (streaming, finished map[string]bool) {
+		streaming, finished = map[string]bool{}, map[string]bool{}
 		for _, r := range rs {
 			evs := r.Events()
-			if pt.Has[events.RunLogEvent](evs) && !pt.Has[events.RunResultEvent](evs) {
-				n++
+			switch {
+			case pt.Has[events.RunResultEvent](evs):
+				finished[r.RunID] = true
+			case pt.Has[events.RunLogEvent](evs):
+				streaming[r.RunID] = true
 			}
 		}
-		return n
+		return streaming, finished
 	}
-	pt.Eventually(t, time.Until(deadline), "10 runs streaming at once", func() bool { return streaming() >= 10 })
+	pt.Eventually(t, time.Until(deadline), "20 results and 5 runs streaming", func() bool {
+		streaming, finished := census()
+		return len(finished) >= 20 && len(streaming) >= 5
+	})
 	ctx, cancel := context.WithTimeout(t.Context(), time.Until(deadline))
 	defer cancel()
 	owners, err := pt.Owners(ctx, env.JS)
@@ -92,19 +100,20 @@ func TestHundredRunsSurviveAWatcherKill(t *testing.T) {
 			owned[r.RunID] = true
 		}
 	}
-	unfinished := 0
-	for _, r := range rs {
-		if !pt.Has[events.RunResultEvent](r.Events()) {
-			unfinished++
-		}
-	}
+	streamingAtKill, finishedAtKill := census()
 	killed := time.Now()
 	if err := victim.Kill(); err != nil {
 		t.Fatal(err)
 	}
 	dead := time.Now()
-	t.Logf("SIGKILLed %s at +%s: it owned %d runs (owners %v); %d runs streaming, %d without a result",
-		victimID, killed.Sub(start).Round(time.Millisecond), len(owned), owners, streaming(), unfinished)
+	ownedStreaming := 0
+	for id := range owned {
+		if streamingAtKill[id] {
+			ownedStreaming++
+		}
+	}
+	t.Logf("SIGKILLed %s at +%s: it owned %d runs, %d of them streaming (owners %v); %d runs streaming, %d finished",
+		victimID, killed.Sub(start).Round(time.Millisecond), len(owned), ownedStreaming, owners, len(streamingAtKill), len(finishedAtKill))
 	replacement, err := env.StartWorker(pt.RunWatcher)
 	if err != nil {
 		t.Fatal(err)
@@ -140,7 +149,7 @@ func TestHundredRunsSurviveAWatcherKill(t *testing.T) {
 	}
 
 	reportTimings(t, rs, histories, start)
-	reportTakeovers(t, rs, histories, owned, killed, dead)
+	reportTakeovers(t, rs, histories, owned, streamingAtKill, killed, dead)
 	reportPodStarts(ctx, t, cs, companyIDs)
 }
 
@@ -186,10 +195,11 @@ func reportTimings(t *testing.T, rs []*pt.Run, histories [][]events.Received, st
 	t.Logf("first log → result per run      %s", summarize(streams))
 }
 
-// reportTakeovers logs, for the runs the killed replica owned that had no result yet, how long
-// after the kill their next event was stored.
-func reportTakeovers(t *testing.T, rs []*pt.Run, histories [][]events.Received, owned map[string]bool, killed, dead time.Time) {
-	var gaps []time.Duration
+// reportTakeovers logs, for the runs the killed replica owned that were streaming, how long
+// after the kill their next log event was stored, and for those it owned while they waited
+// for a pod, when their first event after the kill came.
+func reportTakeovers(t *testing.T, rs []*pt.Run, histories [][]events.Received, owned, streaming map[string]bool, killed, dead time.Time) {
+	var logGaps, waitingGaps []time.Duration
 	for i, r := range rs {
 		if !owned[r.RunID] {
 			continue
@@ -197,11 +207,16 @@ func reportTakeovers(t *testing.T, rs []*pt.Run, histories [][]events.Received, 
 		if res, ok := firstAfter(histories[i], time.Time{}, isResult); ok && res.Published.Before(killed) {
 			continue
 		}
-		if e, ok := firstAfter(histories[i], dead, func(events.Event) bool { return true }); ok {
-			gaps = append(gaps, e.Published.Sub(killed))
+		if streaming[r.RunID] {
+			if e, ok := firstAfter(histories[i], dead, func(e events.Event) bool { return isLog(e) || isResult(e) }); ok {
+				logGaps = append(logGaps, e.Published.Sub(killed))
+			}
+		} else if e, ok := firstAfter(histories[i], dead, func(events.Event) bool { return true }); ok {
+			waitingGaps = append(waitingGaps, e.Published.Sub(killed))
 		}
 	}
-	t.Logf("takeover (kill → next event of a run the killed replica owned, %d runs): %s", len(gaps), summarize(gaps))
+	t.Logf("takeover of streaming runs (kill → their next log event or result): %s", summarize(logGaps))
+	t.Logf("kill → first event of the killed replica's runs that had no pod running yet: %s", summarize(waitingGaps))
 }
 
 // reportPodStarts logs how long the pods took from creation to their container's start.
