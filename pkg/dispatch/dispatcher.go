@@ -78,7 +78,7 @@ type Options struct {
 	Concurrency int
 	// DrainTimeout bounds shutdown.
 	DrainTimeout time.Duration
-	// OrphanPolicy says what to do with a workload that has no live lease (default delete).
+	// OrphanPolicy says what to do with a Job that has no lease at all (default report).
 	OrphanPolicy OrphanPolicy
 	// ReconcileInterval is how often orphaned workloads are looked for (default
 	// DefaultReconcileInterval).
@@ -122,7 +122,7 @@ func (o Options) withDefaults() (Options, error) {
 		o.ReleaseTimeout = DefaultReleaseTimeout
 	}
 	if o.OrphanPolicy == "" {
-		o.OrphanPolicy = OrphanDelete
+		o.OrphanPolicy = OrphanReport
 	}
 	if !o.OrphanPolicy.Valid() {
 		return o, fmt.Errorf("dispatch: unknown orphan policy %q (delete or report)", o.OrphanPolicy)
@@ -140,6 +140,7 @@ type Dispatcher struct {
 	publisher *events.Publisher
 	records   lease.Records
 	agents    agentGuard
+	runs      jetstream.Stream
 
 	secretMu      sync.Mutex
 	secretValues  map[string]string
@@ -171,6 +172,9 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 		return fmt.Errorf("opening KV bucket %s: %w", events.AgentBucket, err)
 	}
 	d.records = lease.Records{KV: leases}
+	if d.runs, err = js.Stream(ctx, d.opts.Subjects.RunStream()); err != nil {
+		return fmt.Errorf("opening stream %s: %w", d.opts.Subjects.RunStream(), err)
+	}
 	d.agents = agentGuard{kv: agents}
 
 	type consumer struct {
@@ -244,12 +248,13 @@ func (d *Dispatcher) handleDispatch(ctx context.Context, m jetstream.Msg) error 
 		return events.Terminalf(events.CodeInternal, "namespace", "the tenant-worker chose namespace %s, the dispatcher %s", req.Namespace, plan.Namespace)
 	}
 
-	// A run that was released while its acquire waited must not start afterwards.
-	if rec, _, err := d.records.Get(ctx, req.RunID); err == nil && rec.State.Ended() {
-		log.Info().Msg("lease already released; dropping its acquire")
-		return nil
-	} else if err != nil && !errors.Is(err, lease.ErrNotFound) {
+	// A run that ended, or was released while its acquire waited, must not start (again):
+	// a dispatch redelivered after its run's result would run the agent a second time.
+	if over, err := d.runOver(ctx, req.CompanyID, req.RunID); err != nil {
 		return err
+	} else if over {
+		log.Info().Msg("run already over; dropping its dispatch")
+		return nil
 	}
 
 	if err := d.holdAgent(ctx, m, plan); err != nil {
@@ -274,6 +279,34 @@ func (d *Dispatcher) handleDispatch(ctx context.Context, m jetstream.Msg) error 
 	}
 	log.Info().Str(events.LogKeyNamespace, created.Namespace).Str("workload", created.WorkloadName).Msg("run created")
 	return nil
+}
+
+// runOver reports whether the run's lease was released or its result published.
+func (d *Dispatcher) runOver(ctx context.Context, companyID, runID string) (bool, error) {
+	rec, _, err := d.records.Get(ctx, runID)
+	switch {
+	case errors.Is(err, lease.ErrNotFound):
+		return false, nil // a first delivery
+	case err != nil:
+		return false, err
+	case rec.State.Ended(), rec.State == lease.StateFinished:
+		return true, nil
+	}
+	// A redelivery of a created run: its lease may not say finished yet (that update is best
+	// effort), so ask the run stream.
+	subj, err := d.opts.Subjects.Run(companyID, runID, events.KindResult)
+	if err != nil {
+		return false, err
+	}
+	_, err = d.runs.GetLastMsgForSubject(ctx, subj)
+	switch {
+	case err == nil:
+		return true, nil
+	case errors.Is(err, jetstream.ErrMsgNotFound):
+		return false, nil
+	default:
+		return false, fmt.Errorf("looking up the result of run %s: %w", runID, err)
+	}
 }
 
 // holdAgent takes the agent's guard for this run, or defers the message while another run of

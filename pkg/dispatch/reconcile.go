@@ -14,16 +14,18 @@ import (
 	"github.com/kubeclip/kubeclip/pkg/policy"
 )
 
-// OrphanPolicy says what happens to a workload kubeclip manages that has no live lease: its
-// lease was released or destroyed (a release that failed half-way), or it has none at all (the
-// lease bucket was lost, or someone created it by hand).
+// OrphanPolicy says what happens to a Job labelled as kubeclip's that has no lease at all: the
+// lease bucket was lost, someone created it by hand, or another kubeclip installation (with its
+// own NATS) shares the cluster. A Job whose lease was released or destroyed (a release that
+// failed half-way) is certainly this installation's and is always deleted.
 type OrphanPolicy string
 
 // Orphan policies.
 const (
 	// OrphanDelete deletes the orphan's Job (and so its pod and Secret) and logs it.
 	OrphanDelete OrphanPolicy = "delete"
-	// OrphanReport only logs it, every reconcile pass, for an operator to decide.
+	// OrphanReport only logs it, every reconcile pass, for an operator to decide. The default:
+	// deleting another installation's runs would be far worse than leaving a stray one.
 	OrphanReport OrphanPolicy = "report"
 )
 
@@ -67,9 +69,10 @@ func (d *Dispatcher) reconcile(ctx context.Context) error {
 		}
 		rec, _, err := d.records.Get(ctx, runID)
 		var why string
+		action := OrphanDelete
 		switch {
 		case errors.Is(err, lease.ErrNotFound):
-			why = "it has no lease"
+			why, action = "it has no lease", d.opts.OrphanPolicy
 		case err != nil:
 			return err
 		case rec.State.Ended():
@@ -80,7 +83,7 @@ func (d *Dispatcher) reconcile(ctx context.Context) error {
 			continue
 		}
 		log := d.log.With().Str(events.LogKeyRunID, runID).Str(events.LogKeyNamespace, job.Namespace).Str("workload", job.Name).Logger()
-		if d.opts.OrphanPolicy == OrphanReport {
+		if action == OrphanReport {
 			log.Warn().Str("why", why).Msg("reconcile: orphaned workload left running (orphan policy report)")
 			continue
 		}

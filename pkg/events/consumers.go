@@ -35,15 +35,6 @@ const (
 	ConsumerMaxAckPending = 256
 )
 
-// ConsumerBackOff is the redelivery schedule after ack timeouts (a dead or hung worker): 30 s,
-// then 1, 2 and 4 minutes. Its first step equals ConsumerAckWait because the server uses it as
-// the first delivery's ack deadline. It never applies to Nak: a handler's retryable error is
-// redelivered on Consume's own schedule via NakWithDelay. Increasing steps keep a message that
-// crashes its worker (an OOM on a huge payload) from crash-looping the fleet.
-func ConsumerBackOff() []time.Duration {
-	return []time.Duration{ConsumerAckWait, time.Minute, 2 * time.Minute, 4 * time.Minute}
-}
-
 // TenantWorkerConsumerConfig is the tenant-worker's durable consumer on the lease stream: every
 // company's acquire requests.
 func TenantWorkerConsumerConfig(s Subjects) jetstream.ConsumerConfig {
@@ -91,8 +82,11 @@ func workerConsumer(name, description string) jetstream.ConsumerConfig {
 		DeliverPolicy: jetstream.DeliverAllPolicy,
 		// Explicit acks: only Consume's classifier acks, after the work is done.
 		AckPolicy:     jetstream.AckExplicitPolicy,
-		AckWait:       ConsumerAckWait,
-		BackOff:       ConsumerBackOff(),
+		AckWait: ConsumerAckWait,
+		// No BackOff: nats-server measures a NakWithDelay against the BackOff step of the
+		// delivery count (delay + BackOff[n-1] - AckWait), so a BackOff would stretch Consume's
+		// own 1, 2, 4 s retry schedule, and a busy agent's 1 s deferral, into minutes. A worker
+		// that dies is covered by AckWait alone; MaxDeliver bounds a message that crashes workers.
 		MaxDeliver:    ConsumerMaxDeliver,
 		MaxAckPending: ConsumerMaxAckPending,
 		ReplayPolicy:  jetstream.ReplayInstantPolicy,

@@ -18,7 +18,6 @@ func TestConsumerConfigs(t *testing.T) {
 		DeliverPolicy: jetstream.DeliverAllPolicy,
 		AckPolicy:     jetstream.AckExplicitPolicy,
 		AckWait:       30 * time.Second,
-		BackOff:       []time.Duration{30 * time.Second, time.Minute, 2 * time.Minute, 4 * time.Minute},
 		MaxDeliver:    8,
 		MaxAckPending: 256,
 		ReplayPolicy:  jetstream.ReplayInstantPolicy,
@@ -104,5 +103,52 @@ func TestBackoff(t *testing.T) {
 	}
 	if d := events.ExponentialBackoff(time.Millisecond, time.Hour)(1000); d != time.Hour {
 		t.Errorf("a large attempt must not overflow: got %s", d)
+	}
+}
+
+// TestNakDelayIsNotStretched pins what Consume relies on for deferred and retried work (a busy
+// agent's acquire, deferred every second; a failed handler, retried after 1, 2, 4 … s): a
+// NakWithDelay(d) on a worker consumer brings the message back after d on every delivery. A
+// consumer BackOff would make the server stretch it to d + BackOff[n-1] - AckWait.
+func TestNakDelayIsNotStretched(t *testing.T) {
+	_, _, js := natstest.Start(t)
+	ctx := t.Context()
+	const subject = "naktest.work"
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "NAKTEST", Subjects: []string{subject}, Storage: jetstream.MemoryStorage}); err != nil {
+		t.Fatal(err)
+	}
+	cfg := events.DispatcherConsumerConfig()
+	cfg.FilterSubject = subject
+	cons, err := js.CreateOrUpdateConsumer(ctx, "NAKTEST", cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.Publish(ctx, subject, []byte("deferred work")); err != nil {
+		t.Fatal(err)
+	}
+	const delay = 300 * time.Millisecond
+	var nakAt time.Time
+	for delivery := 1; delivery <= 4; delivery++ {
+		// A stretched delay would be 30 s or more: wait long enough to see it fail clearly.
+		batch, err := cons.Fetch(1, jetstream.FetchMaxWait(10*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var msg jetstream.Msg
+		for m := range batch.Messages() {
+			msg = m
+		}
+		if msg == nil {
+			t.Fatalf("delivery %d: nothing within 10s of NakWithDelay(%s)", delivery, delay)
+		}
+		if delivery > 1 {
+			if got := time.Since(nakAt); got > delay+2*time.Second {
+				t.Errorf("delivery %d came %s after NakWithDelay(%s)", delivery, got.Round(10*time.Millisecond), delay)
+			}
+		}
+		if err := msg.NakWithDelay(delay); err != nil {
+			t.Fatal(err)
+		}
+		nakAt = time.Now()
 	}
 }
