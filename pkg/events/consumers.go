@@ -81,8 +81,8 @@ func workerConsumer(name, description string) jetstream.ConsumerConfig {
 		// stream (Options.LeaseRecordTTL ≥ LeaseMaxAge).
 		DeliverPolicy: jetstream.DeliverAllPolicy,
 		// Explicit acks: only Consume's classifier acks, after the work is done.
-		AckPolicy:     jetstream.AckExplicitPolicy,
-		AckWait: ConsumerAckWait,
+		AckPolicy: jetstream.AckExplicitPolicy,
+		AckWait:   ConsumerAckWait,
 		// No BackOff: nats-server measures a NakWithDelay against the BackOff step of the
 		// delivery count (delay + BackOff[n-1] - AckWait), so a BackOff would stretch Consume's
 		// own 1, 2, 4 s retry schedule, and a busy agent's 1 s deferral, into minutes. A worker
