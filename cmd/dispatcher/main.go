@@ -62,35 +62,20 @@ func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout,
 		return &app.UsageError{Err: err}
 	}
 
-	log := app.NewLogger(stderr, s.LogLevel, "dispatcher")
-	ops, err := s.StartOps(ctx, log)
+	p, err := s.Start(ctx, "dispatcher", s.Streams, stderr)
 	if err != nil {
 		return err
 	}
-	defer ops.Close(log)
-	kube, err := s.Kubernetes("dispatcher")
-	if err != nil {
-		return err
-	}
-	subjects, err := s.Subjects()
-	if err != nil {
-		return &app.UsageError{Err: err}
-	}
-	nc, js, err := s.JetStream(ctx, "dispatcher", s.Streams, log)
-	if err != nil {
-		return err
-	}
-	defer app.Drain(nc, log)
-	ops.Ready(nc, kube)
+	defer p.Close()
 
 	d, err := dispatch.New(dispatch.Options{
-		Clientset: kube.Clientset, Dynamic: kube.Dynamic, Applier: kube.Applier,
-		JetStream: js, Subjects: subjects, Logger: log,
+		Clientset: p.Kube.Clientset, Dynamic: p.Kube.Dynamic, Applier: p.Kube.Applier,
+		JetStream: p.JS, Subjects: p.Subjects, Logger: p.Log,
 		LookupEnv: lookupEnv, AdapterSecret: secretRef,
 		AgentBusyTimeout: s.AgentBusyTimeout, ReleaseTimeout: s.ReleaseTimeout,
 		Concurrency: s.Concurrency, DrainTimeout: s.ShutdownTimeout,
 		OrphanPolicy: dispatch.OrphanPolicy(s.OrphanPolicy), ReconcileInterval: s.Reconcile,
-		Observer: ops.Metrics,
+		Observer: p.Ops.Metrics,
 	})
 	if err != nil {
 		return err

@@ -58,33 +58,18 @@ func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout,
 		return &app.UsageError{Err: err}
 	}
 
-	log := app.NewLogger(stderr, s.LogLevel, "run-watcher")
-	ops, err := s.StartOps(ctx, log)
+	p, err := s.Start(ctx, "run-watcher", s.Streams, stderr)
 	if err != nil {
 		return err
 	}
-	defer ops.Close(log)
-	kube, err := s.Kubernetes("run-watcher")
-	if err != nil {
-		return err
-	}
-	subjects, err := s.Subjects()
-	if err != nil {
-		return &app.UsageError{Err: err}
-	}
-	nc, js, err := s.JetStream(ctx, "run-watcher", s.Streams, log)
-	if err != nil {
-		return err
-	}
-	defer app.Drain(nc, log)
-	ops.Ready(nc, kube)
+	defer p.Close()
 
 	w, err := runwatch.New(runwatch.Options{
-		Clientset: kube.Clientset, JetStream: js, Subjects: subjects, Logger: log,
+		Clientset: p.Kube.Clientset, JetStream: p.JS, Subjects: p.Subjects, Logger: p.Log,
 		FlushInterval: s.FlushInterval, UnschedulableGrace: s.UnschedulableGrace, StartErrorGrace: s.StartErrorGrace,
 		ReplicaID: s.ReplicaID, OwnershipTTL: s.OwnershipTTL, StreamReplicas: s.Streams.Replicas,
 		ReconcileInterval: s.Reconcile,
-		Observer:          ops.Metrics,
+		Observer:          p.Ops.Metrics,
 	})
 	if err != nil {
 		return err

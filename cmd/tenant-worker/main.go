@@ -50,31 +50,16 @@ func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout,
 		return &app.UsageError{Err: err}
 	}
 
-	log := app.NewLogger(stderr, s.LogLevel, "tenant-worker")
-	ops, err := s.StartOps(ctx, log)
+	p, err := s.Start(ctx, "tenant-worker", s.Streams, stderr)
 	if err != nil {
 		return err
 	}
-	defer ops.Close(log)
-	kube, err := s.Kubernetes("tenant-worker")
-	if err != nil {
-		return err
-	}
-	subjects, err := s.Subjects()
-	if err != nil {
-		return &app.UsageError{Err: err}
-	}
-	nc, js, err := s.JetStream(ctx, "tenant-worker", s.Streams, log)
-	if err != nil {
-		return err
-	}
-	defer app.Drain(nc, log)
-	ops.Ready(nc, kube)
+	defer p.Close()
 
 	w, err := tenant.New(tenant.Options{
-		Clientset: kube.Clientset, Applier: kube.Applier, JetStream: js, Subjects: subjects,
-		Logger: log, Resync: s.Resync, Concurrency: s.Concurrency, DrainTimeout: s.ShutdownTimeout,
-		Observer: ops.Metrics,
+		Clientset: p.Kube.Clientset, Applier: p.Kube.Applier, JetStream: p.JS, Subjects: p.Subjects,
+		Logger: p.Log, Resync: s.Resync, Concurrency: s.Concurrency, DrainTimeout: s.ShutdownTimeout,
+		Observer: p.Ops.Metrics,
 	})
 	if err != nil {
 		return err

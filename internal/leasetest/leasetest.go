@@ -13,16 +13,13 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/oklog/ulid/v2"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/kubeclip/kubeclip/internal/pipelinetest"
 	"github.com/kubeclip/kubeclip/pkg/events"
 	"github.com/kubeclip/kubeclip/pkg/policy"
 )
-
-// StubImage is the agent stub the cluster harness builds and imports.
-const StubImage = "kubeclip.local/agent-stub:dev"
 
 // StubLines is how many assistant lines the stub prints in Run.
 const StubLines = 20
@@ -31,32 +28,13 @@ const StubLines = 20
 const Timeout = 2 * time.Minute
 
 // NewID returns a fresh id usable as company, agent and run id.
-func NewID(prefix string) string { return prefix + "-" + strings.ToLower(ulid.Make().String()) }
+func NewID(prefix string) string { return pipelinetest.NewID(prefix) }
 
 // StubConfig is a Job-backend provider config whose adapter runs the agent stub.
 func StubConfig() json.RawMessage {
-	cfg := map[string]any{
-		"backend":                "job",
-		"podActivityDeadlineSec": 120,
-		"adapters": []any{map[string]any{
-			"adapterType":  "claude_local",
-			"runtimeImage": StubImage,
-			"envKeys":      []string{"ANTHROPIC_API_KEY"},
-			"allowFqdns":   []string{"api.anthropic.com"},
-			"defaultEnv": map[string]string{
-				"STUB_LINES": fmt.Sprint(StubLines), "STUB_INTERVAL": "20ms", "STUB_SESSION_ID": "sess-deploy",
-			},
-		}},
-		"defaultResources": map[string]any{
-			"requests": map[string]string{"cpu": "100m", "memory": "128Mi"},
-			"limits":   map[string]string{"cpu": "500m", "memory": "256Mi"},
-		},
-	}
-	data, err := json.Marshal(cfg)
-	if err != nil {
-		panic(err)
-	}
-	return data
+	return pipelinetest.StubConfig(map[string]string{
+		"STUB_LINES": fmt.Sprint(StubLines), "STUB_INTERVAL": "20ms", "STUB_SESSION_ID": "sess-deploy",
+	})
 }
 
 // Result is what a lease produced.

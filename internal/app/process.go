@@ -1,0 +1,59 @@
+package app
+
+import (
+	"context"
+	"io"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+
+	"github.com/kubeclip/kubeclip/pkg/events"
+)
+
+// Process is what every worker binary sets up before its own component: the logger, the ops
+// server, the Kubernetes clients, and the NATS connection with the streams in place.
+type Process struct {
+	Log      zerolog.Logger
+	Ops      *Ops
+	Kube     *Kube
+	NATS     *nats.Conn
+	JS       jetstream.JetStream
+	Subjects events.Subjects
+}
+
+// Start sets up the process of component. The ops server starts first so probes answer (not
+// ready) while the connections come up; it turns ready once they are. Close undoes it.
+func (c *Common) Start(ctx context.Context, component string, st Streams, stderr io.Writer) (p *Process, err error) {
+	p = &Process{Log: NewLogger(stderr, c.LogLevel, component)}
+	defer func() {
+		if err != nil {
+			p.Close()
+		}
+	}()
+	if p.Subjects, err = c.Subjects(); err != nil {
+		return p, &UsageError{Err: err}
+	}
+	if p.Ops, err = c.StartOps(ctx, p.Log); err != nil {
+		return p, err
+	}
+	if p.Kube, err = c.Kubernetes(component); err != nil {
+		return p, err
+	}
+	if p.NATS, p.JS, err = c.JetStream(ctx, component, st, p.Log); err != nil {
+		return p, err
+	}
+	p.Ops.Ready(p.NATS, p.Kube)
+	return p, nil
+}
+
+// Close drains the NATS connection, so events and acks in flight reach the server, then stops
+// the ops server. Call it after the component returned.
+func (p *Process) Close() {
+	if p.NATS != nil {
+		Drain(p.NATS, p.Log)
+	}
+	if p.Ops != nil {
+		p.Ops.Close(p.Log)
+	}
+}
