@@ -8,6 +8,7 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"fmt"
 	"math/big"
 	"net"
 	"os"
@@ -290,4 +291,41 @@ func issue(t *testing.T, ca *x509.Certificate, caKey *ecdsa.PrivateKey, cn strin
 		t.Fatal(err)
 	}
 	return kp
+}
+
+// TestWorkerStartedBeforeNATSWaits: a worker may start before its NATS server (a pod rollout, a
+// compose stack); JetStream waits for the first connection instead of failing.
+func TestWorkerStartedBeforeNATSWaits(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+
+	c := app.Common{NATSURL: fmt.Sprintf("nats://127.0.0.1:%d", port), SubjectPrefix: "paperclip"}
+	type result struct {
+		nc  *nats.Conn
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		nc, _, err := c.JetStream(t.Context(), "test", app.Streams{Replicas: 1}, zerolog.New(zerolog.NewTestWriter(t)))
+		done <- result{nc, err}
+	}()
+	select {
+	case r := <-done:
+		t.Fatalf("JetStream returned (%v) before any server was listening", r.err)
+	case <-time.After(500 * time.Millisecond):
+	}
+	startServer(t, func(o *server.Options) { o.Port, o.JetStream, o.StoreDir = port, true, t.TempDir() })
+	select {
+	case r := <-done:
+		if r.err != nil {
+			t.Fatalf("JetStream after the server came up: %v", r.err)
+		}
+		r.nc.Close()
+	case <-time.After(10 * time.Second):
+		t.Fatal("JetStream still waiting 10s after the server came up")
+	}
 }

@@ -3,6 +3,7 @@ package app
 import (
 	"context"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -74,23 +75,27 @@ func (c *Common) JetStream(ctx context.Context, component string, st Streams, lo
 	if err != nil {
 		return nil, nil, err
 	}
-	nc, err := ConnectNATS(c.NATSURL, "kubeclip-"+component, log, auth...)
+	// RetryOnFailedConnect lets a worker start before NATS; wait for the first connection here,
+	// bounded by ctx.
+	connected := make(chan struct{})
+	var once sync.Once
+	onConnect := nats.ConnectHandler(func(*nats.Conn) { once.Do(func() { close(connected) }) })
+	nc, err := ConnectNATS(c.NATSURL, "kubeclip-"+component, log, append(auth, onConnect)...)
 	if err != nil {
 		return nil, nil, err
+	}
+	if !nc.IsConnected() {
+		select {
+		case <-ctx.Done():
+			nc.Close()
+			return nil, nil, ctx.Err()
+		case <-connected:
+		}
 	}
 	js, err := jetstream.New(nc)
 	if err != nil {
 		nc.Close()
 		return nil, nil, fmt.Errorf("opening JetStream: %w", err)
-	}
-	// RetryOnFailedConnect lets a worker start before NATS; wait for it here, bounded by ctx.
-	for !nc.IsConnected() {
-		select {
-		case <-ctx.Done():
-			nc.Close()
-			return nil, nil, ctx.Err()
-		case <-time.After(100 * time.Millisecond):
-		}
 	}
 	if err := events.EnsureStreams(ctx, js, st.Options(c.SubjectPrefix)); err != nil {
 		nc.Close()
