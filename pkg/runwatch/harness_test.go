@@ -9,6 +9,7 @@ import (
 
 	"github.com/kubeclip/kubeclip/internal/natstest"
 	"github.com/kubeclip/kubeclip/pkg/events"
+	"github.com/kubeclip/kubeclip/pkg/lease"
 )
 
 const (
@@ -37,7 +38,12 @@ func newHarness(t *testing.T) *harness {
 	if err != nil {
 		t.Fatalf("creating publisher: %v", err)
 	}
+	leases, err := js.KeyValue(t.Context(), events.LeaseBucket)
+	if err != nil {
+		t.Fatalf("opening the lease bucket: %v", err)
+	}
 	w := &Watcher{
+		leases: lease.Records{KV: leases},
 		opts: Options{
 			JetStream: js, Now: clock, Container: agentContainer,
 			// Chunks go out when a test flushes, not when a timer says.
@@ -48,6 +54,15 @@ func newHarness(t *testing.T) *harness {
 		trackers:  map[string]*tracker{},
 	}
 	return &harness{js: js, stream: stream, w: w}
+}
+
+// lease records a lease for runID, as the dispatcher does before it creates the workload; the
+// watcher follows only leased runs.
+func (h *harness) lease(t *testing.T, runID string) {
+	t.Helper()
+	if _, _, err := h.w.leases.Create(t.Context(), lease.Record{RunID: runID, CompanyID: testCompany, State: lease.StateCreated}); err != nil {
+		t.Fatalf("creating the lease of %s: %v", runID, err)
+	}
 }
 
 // tracker returns a tracker of runID with fresh log state.

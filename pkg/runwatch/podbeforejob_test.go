@@ -15,6 +15,7 @@ func TestTrackerStepWaitsForTheJob(t *testing.T) {
 	h := newHarness(t)
 	_, pods := withInformerCaches(t, h)
 	const runID = "run-no-job"
+	h.lease(t, runID)
 	tr := newTracker(h.w, h.stream, testNamespace, testCompany, runID)
 
 	if err := tr.step(t.Context()); err != nil {
@@ -46,6 +47,7 @@ func TestTrackerStepPodWithoutJob(t *testing.T) {
 	h := newHarness(t)
 	_, pods := withInformerCaches(t, h)
 	const runID = "run-sandbox"
+	h.lease(t, runID)
 	tr := newTracker(h.w, h.stream, testNamespace, testCompany, runID)
 	p := pod(corev1.PodPending, waiting("ErrImageNeverPull"))
 	p.Labels = runLabels(runID)
@@ -58,5 +60,30 @@ func TestTrackerStepPodWithoutJob(t *testing.T) {
 	got := runEvents[events.RunResultEvent](t, h, runID, events.KindResult)
 	if len(got) != 1 || got[0].Outcome != events.OutcomeFailed || got[0].Reason != "ErrImageNeverPull" {
 		t.Errorf("result events = %+v, want one failed with ErrImageNeverPull", got)
+	}
+}
+
+// TestTrackerIgnoresRunsWithoutALease: a run leased by another kubeclip installation sharing
+// the cluster (no lease in this installation's bucket) is neither followed nor given a result.
+func TestTrackerIgnoresRunsWithoutALease(t *testing.T) {
+	h := newHarness(t)
+	_, pods := withInformerCaches(t, h)
+	const runID = "run-elsewhere"
+	tr := newTracker(h.w, h.stream, testNamespace, testCompany, runID)
+	p := pod(corev1.PodPending, waiting("ErrImageNeverPull"))
+	p.Labels = runLabels(runID)
+	if err := pods.Add(p); err != nil {
+		t.Fatal(err)
+	}
+	if err := tr.step(t.Context()); err != nil {
+		t.Fatalf("step() error: %v", err)
+	}
+	if !tr.done || tr.w.owners.owns(runID) {
+		t.Errorf("done %v, owned %v; want the run ignored without claiming it", tr.done, tr.w.owners.owns(runID))
+	}
+	for _, kind := range []events.RunKind{events.KindStatus, events.KindResult} {
+		if got := runEvents[events.RunResultEvent](t, h, runID, kind); len(got) != 0 {
+			t.Errorf("%d %s events published for another installation's run", len(got), kind)
+		}
 	}
 }

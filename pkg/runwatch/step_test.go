@@ -41,6 +41,7 @@ func TestTrackerStepRunReleasedBeforeItStarted(t *testing.T) {
 	h := newHarness(t)
 	jobs, pods := withInformerCaches(t, h)
 	const runID = "run-step"
+	h.lease(t, runID)
 	tr := newTracker(h.w, h.stream, testNamespace, testCompany, runID)
 	t.Cleanup(func() {
 		if tr.recheck != nil {

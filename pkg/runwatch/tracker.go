@@ -17,6 +17,7 @@ import (
 
 	"github.com/kubeclip/kubeclip/pkg/events"
 	"github.com/kubeclip/kubeclip/pkg/k8s"
+	"github.com/kubeclip/kubeclip/pkg/lease"
 	"github.com/kubeclip/kubeclip/pkg/streamjson"
 )
 
@@ -41,6 +42,7 @@ type tracker struct {
 	// Owned by the run goroutine.
 	blocked    bool   // another replica owns the run
 	blockedAt  uint64 // ownerEvents when the claim was lost
+	ours       bool   // the run has a lease in this installation's KUBECLIP_LEASES
 	loaded     bool
 	done       bool
 	seenJob    bool
@@ -146,6 +148,20 @@ func (t *tracker) own(ctx context.Context) (bool, error) {
 	gen := t.ownerEvents.Load()
 	if t.blocked && gen == t.blockedAt {
 		return false, nil // nothing changed since another replica won it
+	}
+	if !t.ours {
+		// Another kubeclip installation (its own NATS) may share the cluster: only the runs
+		// leased here are this watcher's. The lease record exists before the workload does.
+		_, _, err := t.w.leases.Get(ctx, t.runID)
+		if errors.Is(err, lease.ErrNotFound) {
+			t.log.Debug().Msg("run has no lease here; another installation's, ignored")
+			t.done = true
+			return false, nil
+		}
+		if err != nil {
+			return false, err
+		}
+		t.ours = true
 	}
 	finished, err := t.resultPublished(ctx)
 	if err != nil {

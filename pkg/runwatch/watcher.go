@@ -25,6 +25,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/kubeclip/kubeclip/pkg/events"
+	"github.com/kubeclip/kubeclip/pkg/lease"
 	"github.com/kubeclip/kubeclip/pkg/policy"
 )
 
@@ -133,6 +134,7 @@ type Watcher struct {
 
 	jobs, pods cache.Indexer
 	owners     *owners
+	leases     lease.Records
 
 	mu       sync.Mutex
 	trackers map[string]*tracker
@@ -177,6 +179,7 @@ func (w *Watcher) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("opening KV bucket %s: %w", events.LeaseBucket, err)
 	}
+	w.leases = lease.Records{KV: leases}
 	factory := informers.NewSharedInformerFactoryWithOptions(w.opts.Clientset, 0,
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 			o.LabelSelector = policy.LabelManagedBy + "=" + policy.ManagedBy

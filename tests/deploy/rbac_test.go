@@ -100,7 +100,7 @@ func TestRBACAllowsWhatTheCodeDoesAndNothingElse(t *testing.T) {
 				{"create", "", "secrets", "", tenantNS, ""}, {"get", "", "secrets", "", tenantNS, ""},
 				{"patch", "", "secrets", "", tenantNS, ""}, {"delete", "", "secrets", "", tenantNS, ""},
 				{"create", "batch", "jobs", "", tenantNS, ""}, {"get", "batch", "jobs", "", tenantNS, ""},
-				{"delete", "batch", "jobs", "", tenantNS, ""},
+				{"delete", "batch", "jobs", "", tenantNS, ""}, {"list", "batch", "jobs", "", "", ""},
 				{"create", "agents.x-k8s.io", "sandboxes", "", tenantNS, ""}, {"delete", "agents.x-k8s.io", "sandboxes", "", tenantNS, ""},
 				{"list", "", "pods", "", tenantNS, ""}, {"watch", "", "pods", "", tenantNS, ""}, {"delete", "", "pods", "", tenantNS, ""},
 				{"create", "networking.k8s.io", "networkpolicies", "", tenantNS, ""},
