@@ -73,6 +73,8 @@ type Env struct {
 	Subjects   events.Subjects
 
 	workers workerSet
+	// attached: the server is the caller's (Attach), so Close leaves it running.
+	attached bool
 }
 
 // Main sets the pipeline up, runs the suite's tests, tears everything down and returns the exit
@@ -206,7 +208,7 @@ func (e *Env) teardown() {
 	if e.NC != nil {
 		e.NC.Close()
 	}
-	if e.NATS != nil {
+	if e.NATS != nil && !e.attached {
 		e.NATS.Stop()
 	}
 }

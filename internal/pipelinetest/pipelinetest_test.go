@@ -3,6 +3,7 @@ package pipelinetest
 import (
 	"context"
 	"fmt"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -134,5 +135,29 @@ func TestNATSRestartKeepsPortAndStore(t *testing.T) {
 	}
 	if string(msg.Data) != "kept" {
 		t.Errorf("message after restart = %q, want %q", msg.Data, "kept")
+	}
+}
+
+// TestAttachLeavesTheServerRunning: an attached Env connects to the caller's server and its
+// Close stops only what it started.
+func TestAttachLeavesTheServerRunning(t *testing.T) {
+	n, err := StartNATS(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Stop()
+	e, err := Attach(Options{Name: "attach-test"}, n, t.TempDir(), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(e.Dir)
+	if !e.NC.IsConnected() || len(e.Workers("")) != 0 {
+		t.Fatalf("attached Env: connected %v, %d workers; want connected, none", e.NC.IsConnected(), len(e.Workers("")))
+	}
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if !n.Running() {
+		t.Error("Close stopped the caller's server")
 	}
 }

@@ -21,15 +21,24 @@ import (
 const stubImage = "kubeclip.local/agent-stub:dev"
 
 // The phases, in the order they run: (c) measures the runs of (a), (b) and (d) once they are
-// over, and the burst goes last because the pods it leaves behind load the node for minutes.
+// over; (g) and (h) need a quiet node too; the bursts go last because the pods they leave
+// behind load the node for minutes ((f) removes the previous burst's before its own).
 const (
-	phaseSetup   = "setup"
-	phaseWarm    = "(a) warm acquire"
-	phaseCold    = "(b) cold acquire"
-	phaseLogs    = "(d) log lines"
-	phaseResults = "(c) results"
-	phaseBurst   = "(e) burst"
+	phaseSetup    = "setup"
+	phaseWarm     = "(a) warm acquire"
+	phaseCold     = "(b) cold acquire"
+	phaseLogs     = "(d) log lines"
+	phaseResults  = "(c) results"
+	phaseTakeover = "(g) takeover"
+	phaseReplay   = "(h) replay"
+	phaseBurst    = "(e) burst"
 )
+
+// phase is one step of measure.
+type phase struct {
+	name string
+	run  func(context.Context, *report) error
+}
 
 // bench holds everything a measurement needs. It is built by newBench and torn down by close.
 type bench struct {
@@ -55,11 +64,21 @@ type bench struct {
 	published map[string]time.Time
 	// The runs of each phase; (c) measures the results of (a), (b) and (d).
 	warmRuns, coldRuns, logRuns, burstRuns []string
+
+	// Set by (e) and (f): the raw burst's creates/s, and the bursts whose pods the next burst
+	// removes first (clearBursts).
+	rawBurstRate float64
+	uncleared    []burstResult
+	// replicaBursts are (f)'s bursts, by dispatcher count.
+	replicaBursts map[int][]burstResult
 }
 
 // newBench starts the pipeline, the bench's own event consumer and pod informer.
 func newBench(ctx context.Context, s settings, stderr io.Writer) (b *bench, err error) {
-	b = &bench{s: s, session: newID(""), progress: stderr, stats: newOpStats(), published: map[string]time.Time{}}
+	b = &bench{
+		s: s, session: newID(""), progress: stderr, stats: newOpStats(),
+		published: map[string]time.Time{}, replicaBursts: map[int][]burstResult{},
+	}
 	defer func() {
 		if err != nil {
 			err = errors.Join(err, b.close(ctx))
@@ -139,18 +158,21 @@ func (b *bench) cleanup(ctx context.Context) error {
 func (b *bench) measure(ctx context.Context) (*report, error) {
 	rep := newReport(b.session)
 	rep.note("p50/p99 are nearest-rank percentiles: p99 is the ⌈0.99·n⌉-th smallest of n samples (the largest when n < 100, the second largest when n = 100)")
-	phases := []struct {
-		name string
-		run  func(context.Context, *report) error
-	}{
+	phases := []phase{
 		{phaseSetup, b.setup},
 		{phaseWarm, b.warmPhase},
 		{phaseCold, b.coldPhase},
 		{phaseLogs, b.logPhase},
 		{phaseResults, b.resultPhase},
+		{phaseTakeover, b.takeoverPhase},
+		{phaseReplay, b.replayPhase},
 		{phaseBurst, b.burstPhase},
 	}
+	phases = append(phases, b.replicaPhases()...)
 	for _, p := range phases {
+		if !b.s.runs(p.name) {
+			continue
+		}
 		b.logf("%s ...", p.name)
 		b.stats.reset()
 		before := readCPU()

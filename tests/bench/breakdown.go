@@ -94,12 +94,21 @@ func readCPU() cpuUsage {
 	return u
 }
 
+// nodeBusy is the node's CPU use between two readings in percent of all cores, or -1 when
+// /proc/stat could not be read.
+func nodeBusy(from, to cpuUsage) float64 {
+	if to.total <= from.total {
+		return -1
+	}
+	return 100 * float64(to.busy-from.busy) / float64(to.total-from.total)
+}
+
 // cpuNote describes the CPU use between two readings.
 func cpuNote(phase string, from, to cpuUsage) string {
 	if to.total <= from.total {
 		return ""
 	}
-	node := 100 * float64(to.busy-from.busy) / float64(to.total-from.total)
+	node := nodeBusy(from, to)
 	proc := 100 * (to.process - from.process).Seconds() / to.at.Sub(from.at).Seconds()
 	return fmt.Sprintf("%s: node CPU %.0f%% busy (all cores); the bench process (NATS server, workers, bench) used %.0f%% of one core", phase, node, proc)
 }

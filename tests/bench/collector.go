@@ -23,6 +23,9 @@ type collector struct {
 	changed chan struct{} // closed and replaced whenever a run changes
 	done    chan struct{}
 	err     error
+	// skipLogs holds runs whose log events are not decoded or recorded: (h)'s synthetic runs,
+	// whose 100k events would otherwise cost the bench a decode each while it sets them up.
+	skipLogs map[string]bool
 }
 
 // runEvents is what the bench received of one run; times are receive times.
@@ -63,7 +66,7 @@ func startCollector(ctx context.Context, js jetstream.JetStream, s events.Subjec
 	if err != nil {
 		return nil, fmt.Errorf("reading run events: %w", err)
 	}
-	c := &collector{runs: map[string]*runEvents{}, changed: make(chan struct{}), done: make(chan struct{})}
+	c := &collector{runs: map[string]*runEvents{}, changed: make(chan struct{}), done: make(chan struct{}), skipLogs: map[string]bool{}}
 	sub, err := js.Conn().Subscribe(events.DispatchAll(), c.recordDispatch)
 	if err != nil {
 		it.Stop()
@@ -103,12 +106,33 @@ func (c *collector) read(ctx context.Context, it jetstream.MessagesContext, s ev
 			}
 			return fmt.Errorf("reading run events: %w", err)
 		}
+		if c.skipped(s, m.Subject()) {
+			continue
+		}
 		ev, err := s.DecodeRunEvent(m.Subject(), m.Data())
 		if err != nil {
 			continue // not the bench's business: the contract tests cover decoding
 		}
 		c.record(ev, now)
 	}
+}
+
+// skipLogsOf makes the collector pass over runID's log events without decoding them; its other
+// events are still recorded.
+func (c *collector) skipLogsOf(runID string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.skipLogs[runID] = true
+}
+
+func (c *collector) skipped(s events.Subjects, subject string) bool {
+	_, runID, kind, err := s.ParseRunSubject(subject)
+	if err != nil || kind != events.KindLog {
+		return false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.skipLogs[runID]
 }
 
 // finish stores why reading stopped and wakes every waiter.

@@ -6,13 +6,19 @@
 //	(c) pod's container terminated (own pod informer) → `result` received
 //	(d) log line read by an own GetLogs follow stream → the line's `log` event received
 //	(e) sustained acquisitions/s, publish N at once → last `created`  vs  N concurrent raw creates
+//	(f) the burst of (e) with 1 and with 3 dispatchers                   vs  each other (the speed-up)
+//	(g) SIGKILL of the run-watcher process owning a streaming run → its next log event stored
+//	    (run-watcher processes from ./bin)                                vs  the owner's KV key expiry
+//	(h) replay of a 100k-line run with events.Follow, decoding included  vs  a bare ordered consumer
 //
 // The pipeline is the real one, in process: an embedded JetStream server and the tenant-worker,
 // dispatcher and run-watcher, each with its own NATS connection and Kubernetes client (so its
-// own client-side rate limit) and the binaries' default settings. Times are the bench's receive
-// times (monotonic clock); the run events are read with one JetStream ordered consumer, as a
-// Paperclip consumer would. Every namespace it creates starts with "kcbench-" and carries the
-// label bench.kubeclip.io/session; all are deleted at the end.
+// own client-side rate limit) and the binaries' default settings; (f) adds dispatchers the same
+// way, and (g) replaces the run-watcher by processes joining the embedded server over TCP.
+// Times are the bench's receive times (monotonic clock; (g) compares the wall clock with the
+// stream's store times, same machine); the run events are read with one JetStream ordered
+// consumer, as a Paperclip consumer would. Every namespace it creates starts with "kcbench-"
+// and carries the label bench.kubeclip.io/session; all are deleted at the end.
 //
 // Run it with `make bench` (go run ./tests/bench --kubeconfig PATH); the table goes to stdout
 // and, as JSON, to --out (default ./bench-results.json).
@@ -26,9 +32,11 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/kubeclip/kubeclip/internal/app"
 	"github.com/kubeclip/kubeclip/internal/config"
+	"github.com/kubeclip/kubeclip/internal/pipelinetest"
 )
 
 func main() {
@@ -46,6 +54,14 @@ func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout,
 	if err != nil {
 		return err
 	}
+	// The bursts fill the node: take the cluster capacity lock exclusively, as suites that fill
+	// it do, so no other suite's pods sit unschedulable meanwhile (and none skew the figures).
+	fmt.Fprintf(stderr, "%s bench: taking the cluster capacity lock (waits for running suites)\n", time.Now().Format("15:04:05.000"))
+	unlock, err := pipelinetest.LockCluster(true)
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	b, err := newBench(ctx, s, stderr)
 	if err != nil {
 		return err

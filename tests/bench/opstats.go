@@ -113,6 +113,21 @@ func (o *opStats) rows(phase string) []breakdownRow {
 	return out
 }
 
+// combined returns the durations of every operation of kind and what recorded since the last
+// reset by components whose name starts with component ("dispatcher" covers its replicas).
+func (o *opStats) combined(kind, component, what string) samples {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	var out samples
+	for k, s := range o.ops {
+		if k.kind == kind && k.what == what && strings.HasPrefix(k.component, component) {
+			out.d = append(out.d, s.d...)
+			out.errs += s.errs
+		}
+	}
+	return out
+}
+
 // kindRank orders breakdown rows: Kubernetes requests, then throttling, then NATS.
 func kindRank(what string) int {
 	switch {

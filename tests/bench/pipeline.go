@@ -7,9 +7,9 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
@@ -19,8 +19,8 @@ import (
 
 	"github.com/kubeclip/kubeclip/internal/app"
 	"github.com/kubeclip/kubeclip/internal/config"
+	"github.com/kubeclip/kubeclip/internal/pipelinetest"
 	"github.com/kubeclip/kubeclip/pkg/dispatch"
-	"github.com/kubeclip/kubeclip/pkg/events"
 	"github.com/kubeclip/kubeclip/pkg/k8s"
 	"github.com/kubeclip/kubeclip/pkg/runwatch"
 	"github.com/kubeclip/kubeclip/pkg/tenant"
@@ -36,19 +36,27 @@ const (
 // as the binaries wire them. Each worker has its own NATS connection and its own Kubernetes
 // clients, so its own client-side rate limiter, as three processes would. The clients and the
 // JetStream handles are what app.Common builds, wrapped to time every operation into stats.
+// Workers can be stopped and added one by one: (f) adds dispatcher replicas, (g) replaces the
+// run-watcher by processes.
 type pipeline struct {
 	common app.Common
 	stats  *opStats
-	srv    *server.Server
+	// nats is the embedded server; it listens on TCP, so worker processes can join it.
+	nats   *pipelinetest.NATS
 	dir    string
 	logOut io.WriteCloser
 
-	mu    sync.Mutex
-	conns []*nats.Conn
+	mu      sync.Mutex
+	conns   []*nats.Conn // connections not owned by a worker (the bench's)
+	workers []*runningWorker
+}
 
-	stopWorkers context.CancelFunc
-	errs        chan error
-	running     int
+// runningWorker is one worker running in its own goroutine.
+type runningWorker struct {
+	name   string
+	nc     *nats.Conn
+	cancel context.CancelFunc
+	done   chan error // Run's error, once
 }
 
 // worker is what the three workers have in common.
@@ -67,7 +75,7 @@ func startPipeline(ctx context.Context, kubeconfig, workerLog string, stats *opS
 	if err != nil {
 		return nil, fmt.Errorf("creating the JetStream store: %w", err)
 	}
-	p = &pipeline{common: common, stats: stats, dir: dir, errs: make(chan error, 3)}
+	p = &pipeline{common: common, stats: stats, dir: dir}
 	defer func() {
 		if err != nil {
 			err = errors.Join(err, p.stop())
@@ -80,11 +88,10 @@ func startPipeline(ctx context.Context, kubeconfig, workerLog string, stats *opS
 	if p.logOut, err = os.Create(workerLog); err != nil {
 		return p, fmt.Errorf("creating the workers' log: %w", err)
 	}
-	p.srv, err = events.StartEmbedded(events.EmbeddedOptions{StoreDir: filepath.Join(dir, "nats"), Port: -1})
-	if err != nil {
+	if p.nats, err = pipelinetest.StartNATS(filepath.Join(dir, "nats")); err != nil {
 		return p, err
 	}
-	p.common.NATSURL = p.srv.ClientURL()
+	p.common.NATSURL = p.nats.URL()
 	p.common.Kubeconfig = kubeconfig
 	return p, p.startWorkers(ctx)
 }
@@ -102,83 +109,128 @@ func workerDefaults() (app.Common, error) {
 }
 
 func (p *pipeline) startWorkers(ctx context.Context) error {
-	builders := []func(context.Context) (worker, error){p.tenantWorker, p.dispatcher, p.runWatcher}
-	workers := make([]worker, 0, len(builders))
-	for _, build := range builders {
-		w, err := build(ctx)
-		if err != nil {
+	builders := []struct {
+		name  string
+		build func(context.Context, string) (worker, *nats.Conn, error)
+	}{
+		{componentTenant, p.tenantWorker}, {componentDispatcher, p.dispatcher}, {componentRunWatcher, p.runWatcher},
+	}
+	for _, b := range builders {
+		if err := p.start(ctx, b.name, b.build); err != nil {
 			return err
 		}
-		workers = append(workers, w)
-	}
-	wctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	p.stopWorkers = cancel
-	for _, w := range workers {
-		p.running++
-		go func() { p.errs <- w.Run(wctx) }()
 	}
 	return nil
 }
 
-func (p *pipeline) tenantWorker(ctx context.Context) (worker, error) {
-	kube, js, log, err := p.connect(ctx, "tenant-worker")
+// start builds the worker name with build and runs it until stopWorkers.
+func (p *pipeline) start(ctx context.Context, name string, build func(context.Context, string) (worker, *nats.Conn, error)) error {
+	w, nc, err := build(ctx, name)
 	if err != nil {
-		return nil, err
+		if nc != nil {
+			nc.Close()
+		}
+		return err
+	}
+	wctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	rw := &runningWorker{name: name, nc: nc, cancel: cancel, done: make(chan error, 1)}
+	go func() { rw.done <- w.Run(wctx) }()
+	p.mu.Lock()
+	p.workers = append(p.workers, rw)
+	p.mu.Unlock()
+	return nil
+}
+
+// Component names: the workers' log field, user agent and breakdown rows.
+const (
+	componentTenant     = "tenant-worker"
+	componentDispatcher = "dispatcher"
+	componentRunWatcher = "run-watcher"
+)
+
+// addDispatchers starts n more dispatchers (dispatcher-2, dispatcher-3, ...), each with its own
+// NATS connection and Kubernetes clients, sharing the durable consumers like replicas in
+// separate processes, and returns a function that stops them.
+func (p *pipeline) addDispatchers(ctx context.Context, n int) (func() error, error) {
+	names := make([]string, 0, n)
+	for i := range n {
+		name := fmt.Sprintf("%s-%d", componentDispatcher, i+2)
+		if err := p.start(ctx, name, p.dispatcher); err != nil {
+			return nil, errors.Join(err, p.stopWorkers(names...))
+		}
+		names = append(names, name)
+	}
+	return func() error { return p.stopWorkers(names...) }, nil
+}
+
+// restartRunWatcher starts the in-process run-watcher again after stopWorkers stopped it.
+func (p *pipeline) restartRunWatcher(ctx context.Context) error {
+	return p.start(ctx, componentRunWatcher, p.runWatcher)
+}
+
+func (p *pipeline) tenantWorker(ctx context.Context, name string) (worker, *nats.Conn, error) {
+	kube, nc, js, log, err := p.connect(ctx, name)
+	if err != nil {
+		return nil, nc, err
 	}
 	subjects, err := p.common.Subjects()
 	if err != nil {
-		return nil, err
+		return nil, nc, err
 	}
-	return tenant.New(tenant.Options{
+	w, err := tenant.New(tenant.Options{
 		Clientset: kube.Clientset, Applier: kube.Applier, JetStream: js, Subjects: subjects, Logger: log,
 		Concurrency: tenantConcurrency, DrainTimeout: p.common.ShutdownTimeout,
 	})
+	return w, nc, err
 }
 
-func (p *pipeline) dispatcher(ctx context.Context) (worker, error) {
-	kube, js, log, err := p.connect(ctx, "dispatcher")
+func (p *pipeline) dispatcher(ctx context.Context, name string) (worker, *nats.Conn, error) {
+	kube, nc, js, log, err := p.connect(ctx, name)
 	if err != nil {
-		return nil, err
+		return nil, nc, err
 	}
 	subjects, err := p.common.Subjects()
 	if err != nil {
-		return nil, err
+		return nil, nc, err
 	}
-	return dispatch.New(dispatch.Options{
+	w, err := dispatch.New(dispatch.Options{
 		Clientset: kube.Clientset, Dynamic: kube.Dynamic, Applier: kube.Applier,
 		JetStream: js, Subjects: subjects, Logger: log,
 		Concurrency: dispatcherConcurrency, DrainTimeout: p.common.ShutdownTimeout,
 	})
+	return w, nc, err
 }
 
-func (p *pipeline) runWatcher(ctx context.Context) (worker, error) {
-	kube, js, log, err := p.connect(ctx, "run-watcher")
+func (p *pipeline) runWatcher(ctx context.Context, name string) (worker, *nats.Conn, error) {
+	kube, nc, js, log, err := p.connect(ctx, name)
 	if err != nil {
-		return nil, err
+		return nil, nc, err
 	}
 	subjects, err := p.common.Subjects()
 	if err != nil {
-		return nil, err
+		return nil, nc, err
 	}
-	return runwatch.New(runwatch.Options{Clientset: kube.Clientset, JetStream: js, Subjects: subjects, Logger: log})
+	w, err := runwatch.New(runwatch.Options{Clientset: kube.Clientset, JetStream: js, Subjects: subjects, Logger: log})
+	return w, nc, err
 }
 
-// connect builds one component's Kubernetes clients, NATS connection and logger.
-func (p *pipeline) connect(ctx context.Context, component string) (*app.Kube, jetstream.JetStream, zerolog.Logger, error) {
+// connect builds one component's Kubernetes clients, NATS connection and logger. The
+// connection is the component's: it is drained when the component stops.
+func (p *pipeline) connect(ctx context.Context, component string) (*app.Kube, *nats.Conn, jetstream.JetStream, zerolog.Logger, error) {
 	log := app.NewLogger(p.logOut, p.common.LogLevel, component)
 	kube, err := p.kubernetes(component)
 	if err != nil {
-		return nil, nil, log, fmt.Errorf("building %s's Kubernetes clients: %w", component, err)
+		return nil, nil, nil, log, fmt.Errorf("building %s's Kubernetes clients: %w", component, err)
 	}
-	js, err := p.jetStream(ctx, component, log)
+	nc, js, err := p.common.JetStream(ctx, component, app.Streams{}, log)
 	if err != nil {
-		return nil, nil, log, err
+		return nil, nil, nil, log, fmt.Errorf("connecting %s to JetStream: %w", component, err)
 	}
 	subjects, err := p.common.Subjects()
 	if err != nil {
-		return nil, nil, log, err
+		return nil, nc, nil, log, err
 	}
-	return kube, timedJS{JetStream: js, stats: p.stats, component: component, subjects: subjects}, log, nil
+	return kube, nc, timedJS{JetStream: js, stats: p.stats, component: component, subjects: subjects}, log, nil
 }
 
 // kubernetes builds component's clients as app.Common.Kubernetes does: the binaries' QPS and
@@ -210,8 +262,8 @@ func (p *pipeline) kubernetes(component string) (*app.Kube, error) {
 	return &app.Kube{Config: cfg, Clientset: cs, Dynamic: dyn, Applier: applier}, nil
 }
 
-// jetStream connects component to the embedded server (the streams exist once it returns). The
-// connection is drained by stop.
+// jetStream connects the bench itself (not a worker) to the embedded server; the streams exist
+// once it returns. The connection is drained by stop.
 func (p *pipeline) jetStream(ctx context.Context, component string, log zerolog.Logger) (jetstream.JetStream, error) {
 	nc, js, err := p.common.JetStream(ctx, component, app.Streams{}, log)
 	if err != nil {
@@ -223,18 +275,43 @@ func (p *pipeline) jetStream(ctx context.Context, component string, log zerolog.
 	return js, nil
 }
 
-// stop stops the workers (they drain), then the connections, the server and the store.
-func (p *pipeline) stop() error {
-	var errs []error
-	if p.stopWorkers != nil {
-		p.stopWorkers()
-		for range p.running {
-			if err := <-p.errs; err != nil && !errors.Is(err, context.Canceled) {
-				errs = append(errs, fmt.Errorf("stopping a worker: %w", err))
-			}
+// stopWorkers stops the named workers, all at once, waits until they returned and drains
+// their connections.
+func (p *pipeline) stopWorkers(names ...string) error {
+	return p.stopMatching(func(name string) bool { return slices.Contains(names, name) })
+}
+
+func (p *pipeline) stopMatching(stop func(name string) bool) error {
+	p.mu.Lock()
+	var stopping, keep []*runningWorker
+	for _, w := range p.workers {
+		if stop(w.name) {
+			stopping = append(stopping, w)
+		} else {
+			keep = append(keep, w)
 		}
-		p.running = 0
 	}
+	p.workers = keep
+	p.mu.Unlock()
+	for _, w := range stopping {
+		w.cancel()
+	}
+	var errs []error
+	quiet := zerolog.Nop()
+	for _, w := range stopping {
+		if err := <-w.done; err != nil && !errors.Is(err, context.Canceled) {
+			errs = append(errs, fmt.Errorf("stopping %s: %w", w.name, err))
+		}
+		if w.nc != nil {
+			app.Drain(w.nc, quiet)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// stop stops the workers (they drain), then the other connections, the server and the store.
+func (p *pipeline) stop() error {
+	errs := []error{p.stopMatching(func(string) bool { return true })}
 	p.mu.Lock()
 	conns := p.conns
 	p.conns = nil
@@ -243,7 +320,9 @@ func (p *pipeline) stop() error {
 	for _, nc := range conns {
 		app.Drain(nc, quiet)
 	}
-	events.ShutdownEmbedded(p.srv)
+	if p.nats != nil {
+		p.nats.Stop()
+	}
 	if p.logOut != nil {
 		if err := p.logOut.Close(); err != nil {
 			errs = append(errs, fmt.Errorf("closing the workers' log: %w", err))

@@ -29,6 +29,7 @@ type podWatch struct {
 // podTimes is what the bench saw of a run's pod; times are receive times.
 type podTimes struct {
 	namespace, name string
+	seen            time.Time // the pod was created (its first informer event)
 	running         time.Time
 	terminated      time.Time
 	exitCode        int32
@@ -66,16 +67,16 @@ func (w *podWatch) observe(obj any, at time.Time) {
 	if runID == "" {
 		return
 	}
-	st := agentStatus(pod)
-	if st == nil {
-		return
-	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	t, ok := w.runs[runID]
 	if !ok {
-		t = &podTimes{namespace: pod.Namespace, name: pod.Name}
+		t = &podTimes{namespace: pod.Namespace, name: pod.Name, seen: at}
 		w.runs[runID] = t
+	}
+	st := agentStatus(pod)
+	if st == nil {
+		return
 	}
 	changed := false
 	if st.State.Running != nil && t.running.IsZero() {
@@ -100,6 +101,19 @@ func agentStatus(pod *corev1.Pod) *corev1.ContainerStatus {
 		}
 	}
 	return nil
+}
+
+// seenBefore counts the runs whose pod the informer saw before t.
+func (w *podWatch) seenBefore(runIDs []string, t time.Time) int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	n := 0
+	for _, id := range runIDs {
+		if p, ok := w.runs[id]; ok && p.seen.Before(t) {
+			n++
+		}
+	}
+	return n
 }
 
 // running waits until runID's agent container was seen running (or already terminated).

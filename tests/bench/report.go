@@ -52,7 +52,8 @@ func newReport(session string) *report {
 		Session: session,
 		Started: time.Now().UTC(),
 		Mode: "in-process pipeline: embedded JetStream + tenant-worker, dispatcher, run-watcher " +
-			"(own NATS connection and Kubernetes client each, binaries' defaults); times are the bench's receive times",
+			"(own NATS connection and Kubernetes client each, binaries' defaults; (f) adds dispatchers the same way, " +
+			"(g) runs run-watcher processes against the same JetStream); times are the bench's receive times",
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"time"
 
 	"github.com/kubeclip/kubeclip/internal/app"
@@ -12,7 +13,8 @@ import (
 
 const summary = `bench runs kubeclip's pipeline (embedded JetStream + tenant-worker, dispatcher, run-watcher in
 process) against a Kubernetes cluster and prints p50/p99 of each stage next to the raw Kubernetes
-primitive it rides on. It deletes every namespace it creates.`
+primitive it rides on; (g) runs run-watcher processes from --bin against the same JetStream. It
+deletes every namespace it creates.`
 
 // settings are the bench's knobs; every one has a flag and an environment variable.
 type settings struct {
@@ -34,6 +36,20 @@ type settings struct {
 	burstCompanies int
 	rawConcurrency int
 
+	dispatchers   int
+	replicaRounds int
+
+	bin              string
+	takeoverKills    int
+	takeoverReplicas int
+	ownershipTTL     time.Duration
+	takeoverInterval time.Duration
+
+	replayLines  int
+	replayRounds int
+
+	phases string
+
 	waitTimeout    time.Duration
 	cleanupTimeout time.Duration
 }
@@ -52,9 +68,19 @@ func parseSettings(args []string, lookupEnv config.LookupEnv, stdout io.Writer) 
 	fs.Int(&s.logLines, "log-lines", "KUBECLIP_BENCH_LOG_LINES", 30, "(d) lines each run prints")
 	fs.Duration(&s.logInterval, "log-interval", "KUBECLIP_BENCH_LOG_INTERVAL", 200*time.Millisecond, "(d) pause between two lines")
 	fs.Int(&s.logSkip, "log-skip", "KUBECLIP_BENCH_LOG_SKIP", 5, "(d) first lines of each run not measured (both streams are still attaching)")
-	fs.Int(&s.burst, "burst", "KUBECLIP_BENCH_BURST", 200, "(e) acquisitions published at once")
-	fs.Int(&s.burstCompanies, "burst-companies", "KUBECLIP_BENCH_BURST_COMPANIES", 2, "(e) warm companies the burst is spread over (each tenant's quota admits 20 pods)")
+	fs.Int(&s.burst, "burst", "KUBECLIP_BENCH_BURST", 200, "(e), (f) acquisitions published at once in a burst")
+	fs.Int(&s.burstCompanies, "burst-companies", "KUBECLIP_BENCH_BURST_COMPANIES", 2, "(e), (f) warm companies a burst is spread over (each tenant's quota admits 20 pods)")
 	fs.Int(&s.rawConcurrency, "raw-concurrency", "KUBECLIP_BENCH_RAW_CONCURRENCY", 16, "(e) concurrent raw creates (the dispatcher's default concurrency)")
+	fs.Int(&s.dispatchers, "dispatchers", "KUBECLIP_BENCH_DISPATCHERS", 3, "(f) dispatcher replicas of the second burst (the first has one), each with its own NATS connection and Kubernetes clients")
+	fs.Int(&s.replicaRounds, "replica-rounds", "KUBECLIP_BENCH_REPLICA_ROUNDS", 2, "(f) bursts of each kind, alternating (1, n, n, 1, ...); the mean rate is reported")
+	fs.String(&s.bin, "bin", "KUBECLIP_BIN", "bin", "(g) directory of the worker binaries (make bench builds them there); without a run-watcher in it they are built into a temporary directory")
+	fs.Int(&s.takeoverKills, "takeover-kills", "KUBECLIP_BENCH_TAKEOVER_KILLS", 20, "(g) SIGKILLs of the run-watcher process owning a streaming run")
+	fs.Int(&s.takeoverReplicas, "takeover-replicas", "KUBECLIP_BENCH_TAKEOVER_REPLICAS", 3, "(g) run-watcher processes (a replacement is started after each kill)")
+	fs.Duration(&s.ownershipTTL, "ownership-ttl", "KUBECLIP_BENCH_OWNERSHIP_TTL", 3*time.Second, "(g) the run-watcher processes' --ownership-ttl; the target is takeover p99 ≤ twice it")
+	fs.Duration(&s.takeoverInterval, "takeover-interval", "KUBECLIP_BENCH_TAKEOVER_INTERVAL", 100*time.Millisecond, "(g) pause between two lines of the streaming runs")
+	fs.Int(&s.replayLines, "replay-lines", "KUBECLIP_BENCH_REPLAY_LINES", 100_000, "(h) log lines of each synthetic run replayed")
+	fs.Int(&s.replayRounds, "replay-rounds", "KUBECLIP_BENCH_REPLAY_ROUNDS", 3, "(h) replays of each synthetic run (and as many raw reads); the median is reported")
+	fs.String(&s.phases, "phases", "KUBECLIP_BENCH_PHASES", "all", "phases to run, as letters (\"g,h\" or \"gh\"); set-up always runs, (c) measures the runs of (a), (b) and (d)")
 	fs.Duration(&s.waitTimeout, "wait-timeout", "KUBECLIP_BENCH_WAIT_TIMEOUT", 60*time.Second, "longest wait for one event")
 	fs.Duration(&s.cleanupTimeout, "cleanup-timeout", "KUBECLIP_BENCH_CLEANUP_TIMEOUT", 3*time.Minute, "longest wait for the bench's namespaces to be gone")
 	if err := fs.Parse(args); err != nil {
@@ -75,6 +101,7 @@ func (s settings) validate(fs *config.Set) error {
 	positive := map[string]int{
 		"warm-samples": s.warmSamples, "cold-samples": s.coldSamples, "log-runs": s.logRuns,
 		"log-lines": s.logLines, "burst": s.burst, "burst-companies": s.burstCompanies, "raw-concurrency": s.rawConcurrency,
+		"replica-rounds": s.replicaRounds, "takeover-kills": s.takeoverKills, "replay-lines": s.replayLines, "replay-rounds": s.replayRounds,
 	}
 	for name, v := range positive {
 		if v <= 0 {
@@ -90,5 +117,26 @@ func (s settings) validate(fs *config.Set) error {
 	if s.logInterval <= 0 || s.waitTimeout <= 0 || s.cleanupTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("%s, %s and %s must be > 0", fs.Names("log-interval"), fs.Names("wait-timeout"), fs.Names("cleanup-timeout")))
 	}
+	if s.dispatchers < 2 {
+		errs = append(errs, fmt.Errorf("%s must be at least 2 (compared with one)", fs.Names("dispatchers")))
+	}
+	if s.takeoverReplicas < 2 {
+		errs = append(errs, fmt.Errorf("%s must be at least 2 (one is killed, another takes over)", fs.Names("takeover-replicas")))
+	}
+	if s.ownershipTTL < time.Second || s.takeoverInterval <= 0 {
+		errs = append(errs, fmt.Errorf("%s must be at least 1s and %s > 0", fs.Names("ownership-ttl"), fs.Names("takeover-interval")))
+	}
+	if strings.Trim(s.phases, "abcdefgh, ") != "" && s.phases != "all" {
+		errs = append(errs, fmt.Errorf("%s takes phase letters a to h, or all", fs.Names("phases")))
+	}
 	return errors.Join(errs...)
+}
+
+// runs reports whether phase (its name starts with its letter: "(g) takeover") is selected.
+// The set-up runs always.
+func (s settings) runs(phase string) bool {
+	if s.phases == "all" || !strings.HasPrefix(phase, "(") {
+		return true
+	}
+	return strings.Contains(s.phases, label(phase))
 }

@@ -1,0 +1,45 @@
+package pipelinetest
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/kubeclip/kubeclip/pkg/events"
+)
+
+// Attach returns an Env for worker processes that the caller starts one by one (StartWorker)
+// against a JetStream server it runs itself, such as the bench's: no worker is started here.
+// Close stops those processes and the Env's connection but leaves n running. bin is the
+// directory of the worker binaries (empty: Binaries()); kubeconfig is the cluster's.
+func Attach(opts Options, n *NATS, bin, kubeconfig string) (*Env, error) {
+	if opts.Name == "" {
+		opts.Name = "pipeline"
+	}
+	if bin == "" {
+		var err error
+		if bin, err = Binaries(); err != nil {
+			return nil, err
+		}
+	}
+	dir, err := os.MkdirTemp("", "kubeclip-"+opts.Name+"-")
+	if err != nil {
+		return nil, err
+	}
+	e := &Env{opts: opts, Bin: bin, Dir: dir, LogDir: filepath.Join(dir, "logs"), Kubeconfig: kubeconfig, NATS: n, attached: true}
+	if err := os.MkdirAll(e.LogDir, 0o755); err != nil {
+		return e, err
+	}
+	e.Subjects, _ = events.NewSubjects("")
+	e.NC, err = nats.Connect(n.URL(), nats.Name("kubeclip-"+opts.Name), nats.MaxReconnects(-1),
+		nats.ReconnectWait(100*time.Millisecond))
+	if err != nil {
+		return e, fmt.Errorf("connecting to %s: %w", n.URL(), err)
+	}
+	e.JS, err = jetstream.New(e.NC)
+	return e, err
+}
