@@ -270,6 +270,9 @@ func (t *tracker) step(ctx context.Context) error {
 		if err := t.flush(ctx); err != nil {
 			return err
 		}
+		if t.logs == nil {
+			return nil // fenced while flushing: the run is reloaded from the stream
+		}
 		t.follow = nil
 	}
 	if t.follow == nil && pod != nil && containerStarted(pod, t.w.opts.Container) {
