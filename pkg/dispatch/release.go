@@ -29,11 +29,11 @@ func (d *Dispatcher) handleRelease(ctx context.Context, m jetstream.Msg) error {
 		state, evState = lease.StateDestroyed, events.ReleaseDestroyed
 	}
 
-	rec, rev, err := d.records.Get(ctx, req.RunID)
+	rec, _, err := d.records.Get(ctx, req.RunID)
 	if errors.Is(err, lease.ErrNotFound) {
 		// Released before it was dispatched (its acquire may still be waiting for the agent):
 		// record the end so the acquire is dropped when it comes, and confirm at once.
-		rec, rev, err = d.records.Create(ctx, lease.Record{
+		rec, _, err = d.records.Create(ctx, lease.Record{
 			RunID: req.RunID, CompanyID: req.CompanyID, State: state, CreatedAt: d.opts.Now().UTC(),
 		})
 	}
@@ -56,11 +56,14 @@ func (d *Dispatcher) handleRelease(ctx context.Context, m jetstream.Msg) error {
 			}
 		}
 	}
-	if !rec.State.Ended() || (req.Destroy && rec.State != lease.StateDestroyed) {
-		rec.State = state
-		if _, err := d.records.Update(ctx, rec, rev); err != nil {
-			return err // retried: the deletes above are idempotent
+	if _, err := d.records.Modify(ctx, req.RunID, func(r *lease.Record) bool {
+		if r.State.Ended() && (!req.Destroy || r.State == lease.StateDestroyed) {
+			return false
 		}
+		r.State = state
+		return true
+	}); err != nil {
+		return err // retried: the deletes above are idempotent
 	}
 	d.agents.free(ctx, log, req.CompanyID, rec.AgentID, req.RunID)
 	if _, err := d.publisher.Publish(ctx, events.RunReleasedEvent{
@@ -103,7 +106,7 @@ func (d *Dispatcher) handleResult(ctx context.Context, m jetstream.Msg) error {
 		return nil
 	}
 	log := d.log.With().Str(events.LogKeyRunID, res.RunID).Str(events.LogKeyTenant, res.CompanyID).Logger()
-	rec, rev, err := d.records.Get(ctx, res.RunID)
+	rec, _, err := d.records.Get(ctx, res.RunID)
 	if errors.Is(err, lease.ErrNotFound) {
 		return nil
 	}
@@ -120,12 +123,16 @@ func (d *Dispatcher) handleResult(ctx context.Context, m jetstream.Msg) error {
 		}
 	}
 	d.agents.free(ctx, log, res.CompanyID, rec.AgentID, res.RunID)
-	if rec.State == lease.StateCreated || rec.State == lease.StateDispatching {
-		// Reconciliation skips finished leases; a lost update only costs it one check.
-		rec.State = lease.StateFinished
-		if _, err := d.records.Update(ctx, rec, rev); err != nil {
-			log.Debug().Err(err).Msg("marking the lease finished failed")
+	// Reconciliation and redelivered dispatches skip finished leases; a lost update only costs
+	// them a look at the run stream.
+	if _, err := d.records.Modify(ctx, res.RunID, func(r *lease.Record) bool {
+		if r.State != lease.StateCreated && r.State != lease.StateDispatching {
+			return false
 		}
+		r.State = lease.StateFinished
+		return true
+	}); err != nil {
+		log.Debug().Err(err).Msg("marking the lease finished failed")
 	}
 	return nil
 }

@@ -101,3 +101,24 @@ func (r Records) Update(ctx context.Context, rec Record, rev uint64) (uint64, er
 	}
 	return next, nil
 }
+
+// Modify applies change to the run's record with compare-and-set, reading it again and retrying
+// when another writer updated it in between (a release racing the run's result, say). change
+// returns false when the record needs no write. It returns the record as stored.
+func (r Records) Modify(ctx context.Context, runID string, change func(*Record) bool) (Record, error) {
+	for range 5 {
+		rec, rev, err := r.Get(ctx, runID)
+		if err != nil {
+			return Record{}, err
+		}
+		if !change(&rec) {
+			return rec, nil
+		}
+		_, err = r.Update(ctx, rec, rev)
+		if errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+			continue
+		}
+		return rec, err
+	}
+	return Record{}, fmt.Errorf("updating lease record of run %s: it keeps changing", runID)
+}

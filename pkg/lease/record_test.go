@@ -148,3 +148,40 @@ func TestStateEnded(t *testing.T) {
 		})
 	}
 }
+
+// TestModifyRetriesAfterAConcurrentUpdate: Modify reads the record again when another writer
+// updated it between its read and its write, and applies the change to the newer record.
+func TestModifyRetriesAfterAConcurrentUpdate(t *testing.T) {
+	records := newRecords(t)
+	ctx := t.Context()
+	if _, _, err := records.Create(ctx, lease.Record{RunID: "run-m", CompanyID: "acme", State: lease.StateCreated}); err != nil {
+		t.Fatal(err)
+	}
+	calls := 0
+	got, err := records.Modify(ctx, "run-m", func(r *lease.Record) bool {
+		calls++
+		if calls == 1 {
+			// Another writer gets in first: the run's result marks the lease finished.
+			rec, rev, err := records.Get(ctx, "run-m")
+			if err != nil {
+				t.Fatal(err)
+			}
+			rec.State = lease.StateFinished
+			if _, err := records.Update(ctx, rec, rev); err != nil {
+				t.Fatal(err)
+			}
+		}
+		r.State = lease.StateReleased
+		return true
+	})
+	if err != nil {
+		t.Fatalf("Modify: %v", err)
+	}
+	if calls != 2 || got.State != lease.StateReleased {
+		t.Errorf("calls %d, state %s; want a second attempt ending released", calls, got.State)
+	}
+	stored, _, err := records.Get(ctx, "run-m")
+	if err != nil || stored.State != lease.StateReleased {
+		t.Errorf("stored state %s (err %v), want released", stored.State, err)
+	}
+}
