@@ -7,9 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
 	"strings"
-	"syscall"
 	"time"
 
 	"k8s.io/apimachinery/pkg/types"
@@ -21,15 +19,7 @@ import (
 
 const summary = "dispatcher creates each run's Job (or Sandbox) and Secret, one run per agent at a time, and releases them."
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	err := run(ctx, os.Args[1:], os.LookupEnv, os.Stdout, os.Stderr)
-	if code := app.ExitCode(err); code != 0 {
-		fmt.Fprintln(os.Stderr, "dispatcher:", err)
-		os.Exit(code)
-	}
-}
+func main() { os.Exit(app.Main("dispatcher", run)) }
 
 type settings struct {
 	app.Common

@@ -7,8 +7,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
-	"syscall"
 
 	"github.com/kubeclip/kubeclip/internal/app"
 	"github.com/kubeclip/kubeclip/internal/config"
@@ -25,15 +23,7 @@ Usage:
 Run "kubeclip <command> --help" for a command's flags.
 `
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	err := run(ctx, os.Args[1:], os.LookupEnv, os.Stdout, os.Stderr)
-	if code := app.ExitCode(err); code != 0 {
-		fmt.Fprintln(os.Stderr, "kubeclip:", err)
-		os.Exit(code)
-	}
-}
+func main() { os.Exit(app.Main("kubeclip", run)) }
 
 func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout, stderr io.Writer) error {
 	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {

@@ -7,8 +7,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
-	"syscall"
 	"time"
 
 	"github.com/kubeclip/kubeclip/internal/app"
@@ -18,15 +16,7 @@ import (
 
 const summary = "run-watcher publishes the status, live logs and result of every kubeclip run."
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	err := run(ctx, os.Args[1:], os.LookupEnv, os.Stdout, os.Stderr)
-	if code := app.ExitCode(err); code != 0 {
-		fmt.Fprintln(os.Stderr, "run-watcher:", err)
-		os.Exit(code)
-	}
-}
+func main() { os.Exit(app.Main("run-watcher", run)) }
 
 type settings struct {
 	app.Common

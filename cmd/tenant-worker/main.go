@@ -7,8 +7,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
-	"syscall"
 	"time"
 
 	"github.com/kubeclip/kubeclip/internal/app"
@@ -18,15 +16,7 @@ import (
 
 const summary = "tenant-worker provisions a company's tenant namespace for each acquire request and hands the lease to the dispatcher."
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	err := run(ctx, os.Args[1:], os.LookupEnv, os.Stdout, os.Stderr)
-	if code := app.ExitCode(err); code != 0 {
-		fmt.Fprintln(os.Stderr, "tenant-worker:", err)
-		os.Exit(code)
-	}
-}
+func main() { os.Exit(app.Main("tenant-worker", run)) }
 
 type settings struct {
 	app.Common

@@ -8,7 +8,10 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os"
+	"os/signal"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -158,4 +161,20 @@ func Drain(nc *nats.Conn, log zerolog.Logger) {
 		log.Warn().Msg("NATS connection did not drain in 10s; closing it")
 		nc.Close()
 	}
+}
+
+// RunFunc is a binary's run function: everything main does, with the process's parts passed in.
+type RunFunc func(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout, stderr io.Writer) error
+
+// Main runs run with a context cancelled by SIGINT or SIGTERM, reports its error on stderr, and
+// returns the exit code for main to exit with.
+func Main(name string, run RunFunc) int {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	err := run(ctx, os.Args[1:], os.LookupEnv, os.Stdout, os.Stderr)
+	code := ExitCode(err)
+	if code != 0 {
+		fmt.Fprintln(os.Stderr, name+":", err)
+	}
+	return code
 }
