@@ -49,58 +49,42 @@ func (s *Set) String(p *string, name, env, def, usage string) {
 
 // Bool binds a boolean setting.
 func (s *Set) Bool(p *bool, name, env string, def bool, usage string) {
-	v := def
-	if ev, ok := s.env(env); ok {
-		b, err := strconv.ParseBool(ev)
-		if err != nil {
-			s.envErrs = append(s.envErrs, fmt.Errorf("%s: %q is not a boolean (--%s)", env, ev, name))
-		}
-		v = b
-	}
-	s.fs.BoolVar(p, name, v, usage)
+	s.fs.BoolVar(p, name, envValue(s, name, env, def, "a boolean", strconv.ParseBool), usage)
 	s.add(name, env, strconv.FormatBool(def), usage, "")
 }
 
 // Int binds an integer setting.
 func (s *Set) Int(p *int, name, env string, def int, usage string) {
-	v := def
-	if ev, ok := s.env(env); ok {
-		n, err := strconv.Atoi(ev)
-		if err != nil {
-			s.envErrs = append(s.envErrs, fmt.Errorf("%s: %q is not an integer (--%s)", env, ev, name))
-		}
-		v = n
-	}
-	s.fs.IntVar(p, name, v, usage)
+	s.fs.IntVar(p, name, envValue(s, name, env, def, "an integer", strconv.Atoi), usage)
 	s.add(name, env, strconv.Itoa(def), usage, "int")
 }
 
 // Float binds a floating-point setting.
 func (s *Set) Float(p *float64, name, env string, def float64, usage string) {
-	v := def
-	if ev, ok := s.env(env); ok {
-		f, err := strconv.ParseFloat(ev, 64)
-		if err != nil {
-			s.envErrs = append(s.envErrs, fmt.Errorf("%s: %q is not a number (--%s)", env, ev, name))
-		}
-		v = f
-	}
-	s.fs.Float64Var(p, name, v, usage)
+	parse := func(v string) (float64, error) { return strconv.ParseFloat(v, 64) }
+	s.fs.Float64Var(p, name, envValue(s, name, env, def, "a number", parse), usage)
 	s.add(name, env, strconv.FormatFloat(def, 'g', -1, 64), usage, "float")
 }
 
 // Duration binds a duration setting such as "30s".
 func (s *Set) Duration(p *time.Duration, name, env string, def time.Duration, usage string) {
-	v := def
-	if ev, ok := s.env(env); ok {
-		d, err := time.ParseDuration(ev)
-		if err != nil {
-			s.envErrs = append(s.envErrs, fmt.Errorf("%s: %q is not a duration (--%s)", env, ev, name))
-		}
-		v = d
-	}
-	s.fs.DurationVar(p, name, v, usage)
+	s.fs.DurationVar(p, name, envValue(s, name, env, def, "a duration", time.ParseDuration), usage)
 	s.add(name, env, def.String(), usage, "duration")
+}
+
+// envValue is the setting's environment value, parsed, or def when the variable is unset. A
+// value that does not parse is recorded for Parse to report, naming the variable and the flag.
+func envValue[T any](s *Set, name, env string, def T, what string, parse func(string) (T, error)) T {
+	ev, ok := s.env(env)
+	if !ok {
+		return def
+	}
+	v, err := parse(ev)
+	if err != nil {
+		s.envErrs = append(s.envErrs, fmt.Errorf("%s: %q is not %s (--%s)", env, ev, what, name))
+		return def
+	}
+	return v
 }
 
 // Parse reads the environment (already applied when each setting was bound) and then args.
