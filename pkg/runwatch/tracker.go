@@ -483,7 +483,6 @@ func containerStarted(pod *corev1.Pod, container string) bool {
 // follower runs k8s.FollowLogs for one pod in its own goroutine.
 type follower struct {
 	cancel  context.CancelFunc
-	stopped chan struct{}
 	mu      sync.Mutex
 	stopReq bool
 	doneCh  chan struct{}
@@ -492,7 +491,7 @@ type follower struct {
 
 func startFollower(ctx context.Context, t *tracker, pod string) *follower {
 	fctx, cancel := context.WithCancel(ctx)
-	f := &follower{cancel: cancel, stopped: make(chan struct{}), doneCh: make(chan struct{})}
+	f := &follower{cancel: cancel, doneCh: make(chan struct{})}
 	opts := t.w.opts
 	go func() {
 		defer close(f.doneCh)
