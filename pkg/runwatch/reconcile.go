@@ -23,11 +23,11 @@ const reconcileGrace = time.Minute
 const ReasonWorkloadLost = "WorkloadLost"
 
 // reconcileLoop runs reconcile at start and then every interval.
-func (w *Watcher) reconcileLoop(ctx context.Context, leases jetstream.KeyValue, stream jetstream.Stream) {
+func (w *Watcher) reconcileLoop(ctx context.Context, stream jetstream.Stream) {
 	tick := time.NewTicker(w.opts.ReconcileInterval)
 	defer tick.Stop()
 	for {
-		w.reconcile(ctx, leases, stream)
+		w.reconcile(ctx, stream)
 		select {
 		case <-ctx.Done():
 			return
@@ -38,8 +38,8 @@ func (w *Watcher) reconcileLoop(ctx context.Context, leases jetstream.KeyValue, 
 
 // reconcile gives a result to every created lease whose run has neither Job nor pod any more
 // and no result yet, so Paperclip never waits forever on a run nobody can follow.
-func (w *Watcher) reconcile(ctx context.Context, leases jetstream.KeyValue, stream jetstream.Stream) {
-	lister, err := leases.ListKeys(ctx)
+func (w *Watcher) reconcile(ctx context.Context, stream jetstream.Stream) {
+	lister, err := w.leases.KV.ListKeys(ctx)
 	if errors.Is(err, jetstream.ErrNoKeysFound) {
 		return
 	}
@@ -48,11 +48,10 @@ func (w *Watcher) reconcile(ctx context.Context, leases jetstream.KeyValue, stre
 		return
 	}
 	defer func() { _ = lister.Stop() }()
-	records := lease.Records{KV: leases}
 	lost := 0
 	for key := range lister.Keys() {
 		runID := events.RunIDFromLeaseKey(key)
-		rec, _, err := records.Get(ctx, runID)
+		rec, _, err := w.leases.Get(ctx, runID)
 		if err != nil || rec.State != lease.StateCreated || w.opts.Now().Sub(rec.CreatedAt) < reconcileGrace {
 			continue
 		}

@@ -213,7 +213,7 @@ func (w *Watcher) Run(ctx context.Context) error {
 	loops.Add(3)
 	go func() { defer loops.Done(); w.renewOwnership(ctx) }()
 	go func() { defer loops.Done(); w.watchOwnership(ctx, kv) }()
-	go func() { defer loops.Done(); w.reconcileLoop(ctx, leases, stream) }()
+	go func() { defer loops.Done(); w.reconcileLoop(ctx, stream) }()
 	w.log.Info().Str("replica", w.opts.ReplicaID).Msg("watching runs")
 	<-ctx.Done()
 	factory.Shutdown()
