@@ -76,6 +76,12 @@ func TestDecodeAcquire(t *testing.T) {
 		{name: "workspace settings not an object", data: with("executionWorkspaceSettings", "x"), wantField: "executionWorkspaceSettings", wantMsg: "must be a JSON object"},
 		{name: "requestedExpiresAt not RFC 3339", data: with("requestedExpiresAt", "tomorrow"), wantField: "requestedExpiresAt", wantMsg: "RFC 3339"},
 		{name: "requestedExpiresAt wrong type", data: with("requestedExpiresAt", 17), wantField: "requestedExpiresAt", wantMsg: "must be a string"},
+		// Issue 8.13: encoding/json lets the last of two keys win and fills fields from keys in
+		// any case, so a payload could carry a companyId other than the one a reviewer reads.
+		{name: "duplicate key", data: []byte(`{"runId":"r1","companyId":"c1","environmentId":"e","agentId":"a","config":{},"companyId":"c1"}`), wantField: "companyId", wantMsg: "duplicate key"},
+		{name: "case-variant duplicate", data: []byte(`{"runId":"r1","companyId":"c1","environmentId":"e","agentId":"a","config":{},"COMPANYID":"c2"}`), wantField: "COMPANYID", wantMsg: "only in case"},
+		{name: "lone case variant of a field", data: []byte(`{"runId":"r1","COMPANYID":"c1","environmentId":"e","agentId":"a","config":{}}`), wantField: "COMPANYID", wantMsg: `did you mean "companyId"`},
+		{name: "duplicate key inside config", data: []byte(`{"runId":"r1","companyId":"c1","environmentId":"e","agentId":"a","config":{"backend":"job","backend":"sandbox-cr"}}`), wantField: "config.backend", wantMsg: "duplicate key"},
 		{name: "release subject", subject: "paperclip.lease.c1.release", data: encode(t, validAcquire()), wantMsg: "not an acquire"},
 		{name: "foreign subject", subject: "other.lease.c1.acquire", data: encode(t, validAcquire()), wantMsg: "unknown subject"},
 	}

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+
+	"github.com/kubeclip/kubeclip/pkg/strictjson"
 )
 
 // DefaultMaxMsgSize is the largest payload kubeclip accepts or publishes: 1 MiB, NATS's default
@@ -26,13 +28,22 @@ func marshal(v any) ([]byte, error) {
 
 // decode unmarshals a payload, rejecting an oversized, empty or malformed one with a
 // TerminalError that names the field. Unknown fields are tolerated so Paperclip can add fields
-// without breaking older kubeclip releases.
+// without breaking older kubeclip releases; a key given twice, two keys differing only in case,
+// or a field name in the wrong case are refused (strictjson), because encoding/json would
+// resolve them silently and a check could then read another value than the handler.
 func decode(data []byte, v any) error {
 	if len(data) > DefaultMaxMsgSize {
 		return InvalidRequest("", "payload is %d bytes, more than the %d-byte limit", len(data), DefaultMaxMsgSize)
 	}
 	if len(bytes.TrimSpace(data)) == 0 {
 		return InvalidRequest("", "payload is empty")
+	}
+	var keyErr *strictjson.KeyError
+	if err := strictjson.CheckKeys(data, ""); errors.As(err, &keyErr) {
+		return InvalidRequest(keyErr.Path, "%s", keyErr.Reason)
+	}
+	if err := strictjson.CheckFields(data, v, ""); errors.As(err, &keyErr) {
+		return InvalidRequest(keyErr.Path, "%s", keyErr.Reason)
 	}
 	err := json.Unmarshal(data, v)
 	if err == nil {

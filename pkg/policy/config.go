@@ -10,6 +10,8 @@ import (
 	"math"
 	"slices"
 	"strconv"
+
+	"github.com/kubeclip/kubeclip/pkg/strictjson"
 )
 
 // EgressMode chooses how a tenant's egress allow-list is enforced.
@@ -141,8 +143,15 @@ func ParseConfig(raw []byte) (Config, error) {
 	return cfg, nil
 }
 
-// decodeJSON decodes one JSON value (JSON null is nil) with numbers kept as json.Number.
+// decodeJSON decodes one JSON value (JSON null is nil) with numbers kept as json.Number. A key
+// given twice, or two keys differing only in case, are refused: decoding would keep one of
+// them silently.
 func decodeJSON(raw []byte, field string, errs *fieldErrors) (any, bool) {
+	var keyErr *strictjson.KeyError
+	if err := strictjson.CheckKeys(raw, ""); errors.As(err, &keyErr) {
+		errs.add(orRoot(keyErr.Path), keyErr.Reason)
+		return nil, false
+	}
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.UseNumber()
 	var v any
@@ -484,16 +493,8 @@ func jsonKind(v any) string {
 }
 
 // joinPath appends an object key to a JSON path: `a.b` for identifier-like keys, `a["x/y"]`
-// otherwise.
-func joinPath(parent, key string) string {
-	if !isIdentifier(key) {
-		return keyPath(parent, key)
-	}
-	if parent == "" {
-		return key
-	}
-	return parent + "." + key
-}
+// otherwise (the same form strictjson names refused keys in).
+func joinPath(parent, key string) string { return strictjson.Join(parent, key) }
 
 // keyPath appends a map key in bracket form: `serviceAccountAnnotations["example.com/a"]`.
 func keyPath(parent, key string) string {
@@ -509,21 +510,6 @@ func orRoot(path string) string {
 		return "config"
 	}
 	return path
-}
-
-func isIdentifier(s string) bool {
-	if s == "" {
-		return false
-	}
-	for i, r := range s {
-		switch {
-		case r == '_' || r == '$' || (r >= 'a' && r <= 'z') || (r >= 'A' && r <= 'Z'):
-		case i > 0 && r >= '0' && r <= '9':
-		default:
-			return false
-		}
-	}
-	return true
 }
 
 // quoteShort quotes a user value for an error message, cut to 80 bytes. Use it only for values

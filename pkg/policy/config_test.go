@@ -185,6 +185,11 @@ func TestParseConfigValidation(t *testing.T) {
 		{"trailing data", `{} {}`, []policy.FieldError{{"config", "invalid JSON: unexpected data after the top-level value"}}},
 		{"unknown field", `{"zzz": 1, "egressModes": "x"}`, []policy.FieldError{{"egressModes", "unknown field"}, {"zzz", "unknown field"}}},
 		{"unknown field with odd name", `{"a b": 1}`, []policy.FieldError{{`["a b"]`, "unknown field"}}},
+		// Issue 8.13: the last of two keys would win silently.
+		{"duplicate key", `{"backend": "job", "backend": "sandbox-cr"}`, []policy.FieldError{{"backend", "duplicate key"}}},
+		{"case-variant key", `{"backend": "job", "Backend": "x"}`, []policy.FieldError{{"Backend", `key differs from "backend" only in case`}}},
+		{"lone case-variant key", `{"NAMESPACEPREFIX": "kube-"}`, []policy.FieldError{{"NAMESPACEPREFIX", "unknown field"}}},
+		{"duplicate nested key", `{"adapters": [{"adapterType": "x", "envKeys": [], "envKeys": ["KUBECLIP_NATS_PASSWORD"]}]}`, []policy.FieldError{{"adapters[0].envKeys", "duplicate key"}}},
 		// Credentials belong to the workers.
 		{"inCluster", `{"inCluster": true}`, []policy.FieldError{{"inCluster", msgCredentials}}},
 		{"kubeconfig", `{"kubeconfig": "apiVersion: v1\nusers:\n- user: {token: sekrit}"}`, []policy.FieldError{{"kubeconfig", msgCredentials}}},

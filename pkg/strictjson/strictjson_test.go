@@ -1,0 +1,119 @@
+package strictjson
+
+import (
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+)
+
+func TestCheckKeys(t *testing.T) {
+	tests := []struct {
+		name     string
+		doc      string
+		wantPath string // "" = accepted
+		wantText string
+	}{
+		{name: "plain object", doc: `{"a":1,"b":{"c":[1,{"d":2}]}}`},
+		{name: "same key in sibling objects", doc: `{"a":{"x":1},"b":{"x":2}}`},
+		{name: "scalar document", doc: `"x"`},
+		{name: "duplicate at top", doc: `{"companyId":"a","companyId":"b"}`, wantPath: "companyId", wantText: "duplicate key"},
+		{name: "case variant at top", doc: `{"companyId":"a","COMPANYID":"b"}`, wantPath: "COMPANYID", wantText: `differs from "companyId" only in case`},
+		{name: "kelvin sign folds like k", doc: "{\"kind\":1,\"\u212aind\":2}", wantPath: "[\"\u212aind\"]", wantText: "only in case"},
+		{name: "duplicate nested in an array", doc: `{"config":{"adapters":[{"envKeys":[],"envKeys":["X"]}]}}`, wantPath: "config.adapters[0].envKeys", wantText: "duplicate key"},
+		{name: "odd key names are quoted", doc: `{"m":{"a/b":1,"a/b":2}}`, wantPath: `m["a/b"]`, wantText: "duplicate key"},
+		{name: "too deep", doc: strings.Repeat("[", 70) + strings.Repeat("]", 70), wantPath: strings.Repeat("[0]", 65), wantText: "nested more than"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			err := CheckKeys([]byte(tc.doc), "")
+			if tc.wantPath == "" {
+				if err != nil {
+					t.Fatalf("CheckKeys: %v", err)
+				}
+				return
+			}
+			var ke *KeyError
+			if !errors.As(err, &ke) {
+				t.Fatalf("CheckKeys = %v, want a *KeyError", err)
+			}
+			if ke.Path != tc.wantPath || !strings.Contains(ke.Reason, tc.wantText) {
+				t.Errorf("CheckKeys = %q at %q, want %q at %q", ke.Reason, ke.Path, tc.wantText, tc.wantPath)
+			}
+		})
+	}
+}
+
+func TestCheckKeysMalformed(t *testing.T) {
+	for _, doc := range []string{`{"a":`, `{"a":1}{"b":2}`, `[1,]`, ``} {
+		if err := CheckKeys([]byte(doc), ""); !errors.Is(err, ErrMalformed) {
+			t.Errorf("CheckKeys(%q) = %v, want ErrMalformed", doc, err)
+		}
+	}
+}
+
+type inner struct {
+	Name string `json:"name"`
+}
+
+type embedded struct {
+	Zone string `json:"zone"`
+}
+
+type outer struct {
+	embedded
+	CompanyID string          `json:"companyId"`
+	Inner     inner           `json:"inner"`
+	Ptr       *inner          `json:"ptr,omitempty"`
+	Raw       json.RawMessage `json:"raw"`
+	Skipped   string          `json:"-"`
+	NoTag     string
+}
+
+func TestCheckFields(t *testing.T) {
+	tests := []struct {
+		name     string
+		doc      string
+		wantPath string
+	}{
+		{name: "exact names", doc: `{"companyId":"a","inner":{"name":"n"},"zone":"z","NoTag":"x"}`},
+		{name: "unknown fields are fine", doc: `{"companyId":"a","extra":1}`},
+		{name: "raw message contents are not a struct", doc: `{"raw":{"COMPANYID":1}}`},
+		{name: "case variant of a field", doc: `{"COMPANYID":"a"}`, wantPath: "COMPANYID"},
+		{name: "case variant inside a struct field", doc: `{"inner":{"NAME":"n"}}`, wantPath: "inner.NAME"},
+		{name: "case variant inside a pointer field", doc: `{"ptr":{"Name":"n"}}`, wantPath: "ptr.Name"},
+		{name: "case variant of a promoted field", doc: `{"Zone":"z"}`, wantPath: "Zone"},
+		{name: "case variant of an untagged field", doc: `{"notag":"x"}`, wantPath: "notag"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			err := CheckFields([]byte(tc.doc), &outer{}, "")
+			if tc.wantPath == "" {
+				if err != nil {
+					t.Fatalf("CheckFields: %v", err)
+				}
+				return
+			}
+			var ke *KeyError
+			if !errors.As(err, &ke) || ke.Path != tc.wantPath {
+				t.Fatalf("CheckFields = %v, want a *KeyError at %q", err, tc.wantPath)
+			}
+		})
+	}
+}
+
+func FuzzCheckKeys(f *testing.F) {
+	for _, seed := range []string{`{"a":1}`, `{"a":1,"A":2}`, `[{"x":[{"y":{}}]}]`, `{"a":`} {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		err := CheckKeys(data, "")
+		if err == nil && !json.Valid(data) {
+			t.Fatalf("CheckKeys accepted invalid JSON %q", data)
+		}
+		var ke *KeyError
+		if errors.As(err, &ke) && ke.Path == "" {
+			t.Fatalf("KeyError without a path for %q", data)
+		}
+	})
+}
