@@ -12,19 +12,19 @@ import (
 	"github.com/kubeclip/kubeclip/pkg/runwatch"
 )
 
-// Owner returns the run-watcher replica that owns runID (its --replica-id), from the ownership
-// bucket; "" when nobody owns it now.
-func Owner(ctx context.Context, js jetstream.JetStream, runID string) (string, error) {
+// Owner returns the run-watcher replica that owns the run (its --replica-id), from the
+// ownership bucket; "" when nobody owns it now.
+func Owner(ctx context.Context, js jetstream.JetStream, ref events.RunRef) (string, error) {
 	kv, err := js.KeyValue(ctx, runwatch.OwnershipBucket)
 	if err != nil {
 		return "", fmt.Errorf("opening %s: %w", runwatch.OwnershipBucket, err)
 	}
-	entry, err := kv.Get(ctx, events.LeaseKey(runID))
+	entry, err := kv.Get(ctx, ref.Key())
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return "", nil
 	}
 	if err != nil {
-		return "", fmt.Errorf("reading the owner of run %s: %w", runID, err)
+		return "", fmt.Errorf("reading the owner of run %s: %w", ref.RunID, err)
 	}
 	return string(entry.Value()), nil
 }
@@ -73,7 +73,7 @@ type Takeover struct {
 // log; if its result comes first, that is what Resumed reports. ctx bounds the wait.
 func MeasureTakeover(ctx context.Context, js jetstream.JetStream, subjects events.Subjects, companyID, runID string, kill func(owner string) error) (Takeover, error) {
 	var tk Takeover
-	owner, err := Owner(ctx, js, runID)
+	owner, err := Owner(ctx, js, events.Ref(companyID, runID))
 	if err != nil {
 		return tk, err
 	}

@@ -37,6 +37,9 @@ const (
 	DefaultAgentBusyRetry = time.Second
 	// DefaultReleaseTimeout bounds a release: deleting the workload and waiting for its pod.
 	DefaultReleaseTimeout = 2 * time.Minute
+	// failureCleanupTimeout bounds deleting what a failed dispatch created before `failed` is
+	// reported; what is left is reconciliation's.
+	failureCleanupTimeout = 30 * time.Second
 	// adapterSecretTTL is how long the adapter key Secret is cached: key rotation shows up
 	// within a minute without a GET per acquire.
 	adapterSecretTTL = 30 * time.Second
@@ -189,7 +192,7 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	// deferral is a delivery, so the consumer allows that many on top of the usual attempts.
 	dispatchCfg.MaxDeliver = events.ConsumerMaxDeliver + int(d.opts.AgentBusyTimeout/d.opts.AgentBusyRetry) + 1
 	consumers := []consumer{
-		{events.WorkStream, dispatchCfg, d.handleDispatch, d.reportFailure},
+		{events.WorkStream, dispatchCfg, d.handleDispatch, d.reportDispatchFailure},
 		{s.LeaseStream(), events.DispatcherEndConsumerConfig(s), d.handleRelease, d.reportFailure},
 		// A result that cannot be handled has nobody to report to: it already ended its run.
 		{s.RunStream(), events.DispatcherResultConsumerConfig(s), d.handleResult, nil},
@@ -234,11 +237,19 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 }
 
 // handleDispatch creates the run's workload and Secret and publishes `created`.
+//
+// The lease record decides what happens, with compare-and-set at each step (pkg/lease): a
+// dispatch of a lease that failed, finished or ended does nothing; the workload name is fixed
+// by the dispatch transition, so a redelivery reuses it; and `created` goes out only if the
+// lease could move to created. A release that came while the workload was being made leaves
+// the lease releasing, and this handler, which holds the only dispatch, completes it: the
+// run ends in exactly one coherent outcome.
 func (d *Dispatcher) handleDispatch(ctx context.Context, m jetstream.Msg) error {
 	req, err := events.DecodeDispatch(m.Subject(), m.Data())
 	if err != nil {
 		return err
 	}
+	ref := events.Ref(req.CompanyID, req.RunID)
 	log := d.log.With().Str(events.LogKeyRunID, req.RunID).Str(events.LogKeyTenant, req.CompanyID).Logger()
 	plan, err := lease.New(req.AcquireRequest, d.opts.Now())
 	if err != nil {
@@ -247,54 +258,73 @@ func (d *Dispatcher) handleDispatch(ctx context.Context, m jetstream.Msg) error 
 	if plan.Namespace != req.Namespace {
 		return events.Terminalf(events.CodeInternal, "namespace", "the tenant-worker chose namespace %s, the dispatcher %s", req.Namespace, plan.Namespace)
 	}
-
-	// A run that ended, or was released while its acquire waited, must not start (again):
-	// a dispatch redelivered after its run's result would run the agent a second time.
-	if over, err := d.runOver(ctx, req.CompanyID, req.RunID); err != nil {
+	rec, _, err := d.records.Get(ctx, ref)
+	if errors.Is(err, lease.ErrNotFound) {
+		return events.Terminalf(events.CodeInternal, "", "run %s has no lease record; the tenant-worker writes one before it dispatches", req.RunID)
+	}
+	if err != nil {
 		return err
-	} else if over {
-		log.Info().Msg("run already over; dropping its dispatch")
+	}
+	switch {
+	case rec.State == lease.StateReleasing && rec.WorkloadName != "":
+		return d.completeRelease(ctx, log, rec) // redelivered after a release caught it mid-way
+	case !rec.State.Live():
+		log.Info().Str("state", string(rec.State)).Msg("lease is no longer live; dropping its dispatch")
 		return nil
+	}
+	// A redelivery of a created run: its lease may not say finished yet (that update is best
+	// effort), so ask the run stream; a dispatch redelivered after its run's result would run
+	// the agent a second time.
+	if rec.State == lease.StateCreated {
+		if over, err := d.resultPublished(ctx, ref); err != nil || over {
+			return err
+		}
 	}
 
 	if err := d.holdAgent(ctx, m, plan); err != nil {
 		return err
 	}
-	created, finish, err := d.create(ctx, log, plan)
+	name := policy.WorkloadName(d.opts.NewID())
+	rec, err = d.records.Modify(ctx, ref, lease.Dispatch(lease.Workload{
+		Namespace: plan.Namespace, Name: name, SecretName: policy.SecretName(name),
+		Backend: string(plan.Config.Backend), ExpiresAt: plan.ExpiresAt(),
+	}))
+	if errors.Is(err, lease.ErrEnded) || errors.Is(err, lease.ErrFailed) || errors.Is(err, lease.ErrFinished) {
+		// Released (or failed) before anything was created: nothing to undo but the guard.
+		d.agents.free(ctx, log, req.CompanyID, req.AgentID, req.RunID)
+		log.Info().Str("state", string(rec.State)).Msg("lease ended before its workload was created")
+		return nil
+	}
 	if err != nil {
-		var te *events.TerminalError
-		if errors.As(err, &te) {
-			// Nothing of the run exists: let the agent's next run start.
-			d.agents.free(ctx, log, plan.Request.CompanyID, plan.Request.AgentID, plan.Request.RunID)
-		}
+		return err
+	}
+	created, adopt, err := d.create(ctx, log, plan, rec)
+	if err != nil {
+		return err
+	}
+	rec, err = d.records.Modify(ctx, ref, lease.Created)
+	if errors.Is(err, lease.ErrEnded) {
+		return d.completeRelease(ctx, log, rec)
+	}
+	if err != nil {
 		return err
 	}
 	if _, err := d.publisher.Publish(ctx, created); err != nil {
 		return fmt.Errorf("publishing created: %w", err)
 	}
-	// Bookkeeping that need not delay `created`; a failure is retried through the whole
+	// The Secret's owner is set after `created` goes out: the pod starts without it, and
+	// Paperclip hears one API round trip sooner. A failure is retried through the whole
 	// (idempotent) handler.
-	if err := finish(ctx); err != nil {
+	if err := adopt(ctx); err != nil {
 		return err
 	}
 	log.Info().Str(events.LogKeyNamespace, created.Namespace).Str("workload", created.WorkloadName).Msg("run created")
 	return nil
 }
 
-// runOver reports whether the run's lease was released or its result published.
-func (d *Dispatcher) runOver(ctx context.Context, companyID, runID string) (bool, error) {
-	rec, _, err := d.records.Get(ctx, runID)
-	switch {
-	case errors.Is(err, lease.ErrNotFound):
-		return false, nil // a first delivery
-	case err != nil:
-		return false, err
-	case rec.State.Ended(), rec.State == lease.StateFinished:
-		return true, nil
-	}
-	// A redelivery of a created run: its lease may not say finished yet (that update is best
-	// effort), so ask the run stream.
-	subj, err := d.opts.Subjects.Run(companyID, runID, events.KindResult)
+// resultPublished reports whether the run's result is in the run stream.
+func (d *Dispatcher) resultPublished(ctx context.Context, ref events.RunRef) (bool, error) {
+	subj, err := d.opts.Subjects.Run(ref.CompanyID, ref.RunID, events.KindResult)
 	if err != nil {
 		return false, err
 	}
@@ -305,7 +335,7 @@ func (d *Dispatcher) runOver(ctx context.Context, companyID, runID string) (bool
 	case errors.Is(err, jetstream.ErrMsgNotFound):
 		return false, nil
 	default:
-		return false, fmt.Errorf("looking up the result of run %s: %w", runID, err)
+		return false, fmt.Errorf("looking up the result of run %s: %w", ref.RunID, err)
 	}
 }
 
@@ -333,20 +363,11 @@ func (d *Dispatcher) holdAgent(ctx context.Context, m jetstream.Msg, plan lease.
 		fmt.Errorf("agent %s is busy with run %s", req.AgentID, holder))
 }
 
-// create makes the run's workload and Secret, idempotently, and returns the created event and
-// the bookkeeping to do once it is published: the Secret's owner and the lease's state.
-func (d *Dispatcher) create(ctx context.Context, log zerolog.Logger, plan lease.Plan) (events.RunCreatedEvent, func(context.Context) error, error) {
+// create makes the run's workload and Secret under the name its lease record fixed,
+// idempotently, and returns the created event and the Secret adoption to do once it is
+// published.
+func (d *Dispatcher) create(ctx context.Context, log zerolog.Logger, plan lease.Plan, rec lease.Record) (events.RunCreatedEvent, func(context.Context) error, error) {
 	req := plan.Request
-	name := policy.WorkloadName(d.opts.NewID())
-	rec, rev, err := d.records.Create(ctx, lease.Record{
-		RunID: req.RunID, CompanyID: req.CompanyID, AgentID: req.AgentID,
-		Namespace: plan.Namespace, WorkloadName: name, SecretName: policy.SecretName(name),
-		Backend: string(plan.Config.Backend), State: lease.StateDispatching,
-		CreatedAt: d.opts.Now().UTC(), ExpiresAt: plan.ExpiresAt(),
-	})
-	if err != nil {
-		return events.RunCreatedEvent{}, nil, err
-	}
 	spec := plan.RunSpec(rec.WorkloadName)
 	secret, err := d.renderSecret(ctx, plan, spec)
 	if err != nil {
@@ -358,8 +379,6 @@ func (d *Dispatcher) create(ctx context.Context, log zerolog.Logger, plan lease.
 	switch policy.Backend(rec.Backend) {
 	case policy.BackendJob:
 		ownerAPIVersion, ownerKind = "batch/v1", "Job"
-		// The Secret's owner is set after `created` goes out (see handleDispatch): the pod
-		// starts without it, and Paperclip hears one API round trip sooner.
 		run, err = k8s.StartJobRun(ctx, d.opts.Clientset, secret, policy.RenderJob(spec))
 	default:
 		sandbox := policy.RenderSandbox(spec, "")
@@ -387,27 +406,18 @@ func (d *Dispatcher) create(ctx context.Context, log zerolog.Logger, plan lease.
 	if run.Existed {
 		log.Info().Msg("workload already existed; republishing created")
 	}
-	finish := func(ctx context.Context) error {
-		if policy.Backend(rec.Backend) == policy.BackendJob {
-			if err := run.AdoptSecret(ctx, d.opts.Clientset); err != nil {
-				return err
-			}
+	adopt := func(ctx context.Context) error {
+		if policy.Backend(rec.Backend) != policy.BackendJob {
+			return nil
 		}
-		if rec.State == lease.StateDispatching {
-			rec.State = lease.StateCreated
-			if _, err := d.records.Update(ctx, rec, rev); err != nil {
-				// The run exists and a redelivery would find it; the state is informational.
-				log.Warn().Err(err).Msg("recording the created lease failed")
-			}
-		}
-		return nil
+		return run.AdoptSecret(ctx, d.opts.Clientset)
 	}
 	return events.RunCreatedEvent{
 		RunID: req.RunID, CompanyID: req.CompanyID,
 		ProviderLeaseID: rec.WorkloadName, Namespace: rec.Namespace,
 		WorkloadName: rec.WorkloadName, SecretName: rec.SecretName, Backend: rec.Backend,
 		Phase: events.PhasePending, ExpiresAt: rec.ExpiresAt,
-	}, finish, nil
+	}, adopt, nil
 }
 
 // renderSecret renders the run's Secret: bootstrap token, adapter API keys from the dispatcher's
@@ -469,8 +479,48 @@ func (d *Dispatcher) adapterKeys(ctx context.Context) (func(string) (string, boo
 	}, nil
 }
 
-// reportFailure publishes the run's failed event for a request that will not be retried.
+// reportFailure publishes the run's failed event for a release or destroy that will not be
+// retried; nothing changed.
 func (d *Dispatcher) reportFailure(ctx context.Context, m jetstream.Msg, te *events.TerminalError) error {
+	return events.PublishFailure(ctx, d.publisher, d.log, m, te)
+}
+
+// reportDispatchFailure ends an acquire that failed for good: the lease is marked failed, what
+// the dispatch created is deleted and the agent freed (both best effort: reconciliation deletes
+// the workload of a failed lease, the guard's TTL frees the agent), then `failed` goes out. A
+// lease that a release caught meanwhile is released instead, and no failure is reported.
+func (d *Dispatcher) reportDispatchFailure(ctx context.Context, m jetstream.Msg, te *events.TerminalError) error {
+	ref, _ := events.FailureRef(m)
+	if ref.Validate() != nil {
+		return events.PublishFailure(ctx, d.publisher, d.log, m, te)
+	}
+	log := d.log.With().Str(events.LogKeyRunID, ref.RunID).Str(events.LogKeyTenant, ref.CompanyID).Logger()
+	if err := lease.RecordFailure(ctx, d.records, m, te.Code, d.opts.Now()); err != nil {
+		return err
+	}
+	rec, _, err := d.records.Get(ctx, ref)
+	if err != nil {
+		return err
+	}
+	switch rec.State {
+	case lease.StateReleasing:
+		return d.completeRelease(ctx, log, rec)
+	case lease.StateFailed:
+	default:
+		// A redelivered dispatch failed after an earlier delivery created the run: the run
+		// stands, and nothing is reported.
+		log.Warn().Err(te).Str("state", string(rec.State)).Msg("dispatch failed after its run was created; the run stands")
+		return nil
+	}
+	if rec.WorkloadName != "" {
+		cctx, cancel := context.WithTimeout(ctx, failureCleanupTimeout)
+		err := d.deleteRun(cctx, rec, true)
+		cancel()
+		if err != nil {
+			log.Warn().Err(err).Msg("deleting what the failed dispatch created failed; reconciliation will")
+		}
+	}
+	d.agents.free(ctx, log, ref.CompanyID, rec.AgentID, ref.RunID)
 	return events.PublishFailure(ctx, d.publisher, d.log, m, te)
 }
 

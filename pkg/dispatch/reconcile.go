@@ -64,10 +64,11 @@ func (d *Dispatcher) reconcile(ctx context.Context) error {
 	for i := range jobs.Items {
 		job := &jobs.Items[i]
 		runID := job.Labels[policy.LabelRunID]
+		ref := events.Ref(job.Labels[policy.LabelCompanyID], runID)
 		if job.DeletionTimestamp != nil || d.opts.Now().Sub(job.CreationTimestamp.Time) < orphanGrace {
 			continue
 		}
-		rec, _, err := d.records.Get(ctx, runID)
+		rec, _, err := d.records.Get(ctx, ref)
 		var why string
 		action := OrphanDelete
 		switch {
@@ -75,10 +76,10 @@ func (d *Dispatcher) reconcile(ctx context.Context) error {
 			why, action = "it has no lease", d.opts.OrphanPolicy
 		case err != nil:
 			return err
-		case rec.State.Ended():
+		case rec.State.Ended(), rec.State == lease.StateFailed:
 			why = "its lease was " + string(rec.State)
-		case rec.WorkloadName != job.Name:
-			why = "its lease names workload " + rec.WorkloadName
+		case rec.WorkloadName != job.Name || rec.Namespace != job.Namespace:
+			why = "its lease names workload " + rec.Namespace + "/" + rec.WorkloadName
 		default:
 			continue
 		}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -17,25 +18,22 @@ import (
 
 // handleRelease carries out a release or destroy: it deletes the workload, waits until its pod
 // is gone, and only then publishes `released`.
+//
+// The run is the one of the subject's company: a release for another company's run, or for a
+// run with no lease, finds no record and is refused without changing anything. A lease caught
+// while its dispatch is creating the workload is left releasing: the dispatch, which sees that
+// when it tries to mark the lease created, deletes what it made and publishes `released`
+// itself, so the pod is gone before `released` whoever finishes first.
 func (d *Dispatcher) handleRelease(ctx context.Context, m jetstream.Msg) error {
 	req, err := d.opts.Subjects.DecodeRelease(m.Subject(), m.Data())
 	if err != nil {
 		return err
 	}
+	ref := events.Ref(req.CompanyID, req.RunID)
 	log := d.log.With().Str(events.LogKeyRunID, req.RunID).Str(events.LogKeyTenant, req.CompanyID).Logger()
-	state := lease.StateReleased
-	evState := events.ReleaseStopped
-	if req.Destroy {
-		state, evState = lease.StateDestroyed, events.ReleaseDestroyed
-	}
-
-	rec, _, err := d.records.Get(ctx, req.RunID)
+	rec, _, err := d.records.Get(ctx, ref)
 	if errors.Is(err, lease.ErrNotFound) {
-		// Released before it was dispatched (its acquire may still be waiting for the agent):
-		// record the end so the acquire is dropped when it comes, and confirm at once.
-		rec, _, err = d.records.Create(ctx, lease.Record{
-			RunID: req.RunID, CompanyID: req.CompanyID, State: state, CreatedAt: d.opts.Now().UTC(),
-		})
+		return events.Terminalf(events.CodeLeaseNotFound, "runId", "company %s has no lease for run %s", req.CompanyID, req.RunID)
 	}
 	if err != nil {
 		return err
@@ -43,47 +41,76 @@ func (d *Dispatcher) handleRelease(ctx context.Context, m jetstream.Msg) error {
 	if rec.WorkloadName != "" && rec.WorkloadName != req.ProviderLeaseID {
 		return events.InvalidRequest("providerLeaseId", "run %s's lease is %s, not %s", req.RunID, rec.WorkloadName, req.ProviderLeaseID)
 	}
+	var before lease.State
+	rec, err = d.records.Modify(ctx, ref, func(r *lease.Record) (bool, error) {
+		before = r.State
+		return lease.BeginRelease(req.Kind(), req.CancelActiveWork)(r)
+	})
+	if err != nil {
+		return err
+	}
+	if before == lease.StateDispatching {
+		log.Info().Msg("release caught the run while its workload is created; the dispatch completes it")
+		return nil
+	}
+	if rec.State == lease.StateDestroyed || (rec.State == lease.StateReleased && !req.Destroy) {
+		return d.publishReleased(ctx, log, rec) // a repeated request: confirm again
+	}
+	return d.completeRelease(ctx, log, rec)
+}
 
+// completeRelease ends a releasing lease: the workload (and on destroy its Secret) is deleted,
+// its pod waited for, the lease marked released, the agent freed and `released` published.
+// Every step is idempotent, so a retry, or the dispatch and the release handler both calling
+// it, ends the same way.
+func (d *Dispatcher) completeRelease(ctx context.Context, log zerolog.Logger, rec lease.Record) error {
 	if rec.WorkloadName != "" {
 		rctx, cancel := context.WithTimeout(ctx, d.opts.ReleaseTimeout)
 		defer cancel()
-		if err := d.deleteWorkload(rctx, rec); err != nil {
+		if err := d.deleteRun(rctx, rec, rec.Ending == events.LeaseDestroy); err != nil {
 			return err
 		}
-		if req.Destroy {
-			if err := k8s.DeleteSecret(rctx, d.opts.Clientset, rec.Namespace, rec.SecretName); err != nil {
-				return err
-			}
-		}
 	}
-	if _, err := d.records.Modify(ctx, req.RunID, func(r *lease.Record) bool {
-		if r.State.Ended() && (!req.Destroy || r.State == lease.StateDestroyed) {
-			return false
-		}
-		r.State = state
-		return true
-	}); err != nil {
+	rec, err := d.records.Modify(ctx, rec.Ref(), lease.Released)
+	if err != nil {
 		return err // retried: the deletes above are idempotent
 	}
-	d.agents.free(ctx, log, req.CompanyID, rec.AgentID, req.RunID)
+	d.agents.free(ctx, log, rec.CompanyID, rec.AgentID, rec.RunID)
+	return d.publishReleased(ctx, log, rec)
+}
+
+func (d *Dispatcher) publishReleased(ctx context.Context, log zerolog.Logger, rec lease.Record) error {
+	state := events.ReleaseStopped
+	if rec.State == lease.StateDestroyed {
+		state = events.ReleaseDestroyed
+	}
 	if _, err := d.publisher.Publish(ctx, events.RunReleasedEvent{
-		RunID: req.RunID, CompanyID: req.CompanyID, ProviderLeaseID: req.ProviderLeaseID, State: evState,
+		RunID: rec.RunID, CompanyID: rec.CompanyID, ProviderLeaseID: rec.WorkloadName, State: state,
 	}); err != nil {
 		return fmt.Errorf("publishing released: %w", err)
 	}
-	log.Info().Str("state", string(evState)).Msg("lease released")
+	log.Info().Str("state", string(state)).Msg("lease released")
 	return nil
 }
 
-// deleteWorkload deletes the run's workload and returns once its pod is gone.
-func (d *Dispatcher) deleteWorkload(ctx context.Context, rec lease.Record) error {
+// deleteRun deletes the run's workload and returns once its pod is gone; withSecret deletes its
+// Secret too (a destroy, or a dispatch that failed and must leave nothing behind).
+func (d *Dispatcher) deleteRun(ctx context.Context, rec lease.Record, withSecret bool) error {
 	opts := k8s.RunDeleteOptions{}
+	var err error
 	if policy.Backend(rec.Backend) == policy.BackendJob {
-		return d.classifyDelete(k8s.DeleteRun(ctx, d.opts.Clientset, rec.Namespace, rec.WorkloadName, opts))
+		err = k8s.DeleteRun(ctx, d.opts.Clientset, rec.Namespace, rec.WorkloadName, opts)
+	} else {
+		pods := metav1.ListOptions{FieldSelector: "metadata.name=" + rec.WorkloadName}
+		err = k8s.DeleteWorkloadRun(ctx, d.opts.Clientset, d.opts.Dynamic, policy.SandboxGVR(""), rec.Namespace, rec.WorkloadName, pods, opts)
 	}
-	pods := metav1.ListOptions{FieldSelector: "metadata.name=" + rec.WorkloadName}
-	err := k8s.DeleteWorkloadRun(ctx, d.opts.Clientset, d.opts.Dynamic, policy.SandboxGVR(""), rec.Namespace, rec.WorkloadName, pods, opts)
-	return d.classifyDelete(err)
+	if err != nil {
+		return d.classifyDelete(err)
+	}
+	if withSecret {
+		return d.classifyDelete(k8s.DeleteSecret(ctx, d.opts.Clientset, rec.Namespace, rec.SecretName))
+	}
+	return nil
 }
 
 func (d *Dispatcher) classifyDelete(err error) error {
@@ -105,8 +132,9 @@ func (d *Dispatcher) handleResult(ctx context.Context, m jetstream.Msg) error {
 	if !ok {
 		return nil
 	}
+	ref := events.Ref(res.CompanyID, res.RunID)
 	log := d.log.With().Str(events.LogKeyRunID, res.RunID).Str(events.LogKeyTenant, res.CompanyID).Logger()
-	rec, _, err := d.records.Get(ctx, res.RunID)
+	rec, _, err := d.records.Get(ctx, ref)
 	if errors.Is(err, lease.ErrNotFound) {
 		return nil
 	}
@@ -125,13 +153,7 @@ func (d *Dispatcher) handleResult(ctx context.Context, m jetstream.Msg) error {
 	d.agents.free(ctx, log, res.CompanyID, rec.AgentID, res.RunID)
 	// Reconciliation and redelivered dispatches skip finished leases; a lost update only costs
 	// them a look at the run stream.
-	if _, err := d.records.Modify(ctx, res.RunID, func(r *lease.Record) bool {
-		if r.State != lease.StateCreated && r.State != lease.StateDispatching {
-			return false
-		}
-		r.State = lease.StateFinished
-		return true
-	}); err != nil {
+	if _, err := d.records.Modify(ctx, ref, lease.Finish); err != nil {
 		log.Debug().Err(err).Msg("marking the lease finished failed")
 	}
 	return nil

@@ -330,7 +330,7 @@ func (l *consumeLoop) newDelivery(m jetstream.Msg) *delivery {
 	if id := m.Headers().Get(HeaderMsgID); id != "" {
 		lc = lc.Str(LogKeyMsgID, id)
 	}
-	companyID, runID := MsgIDs(m.Headers(), m.Subject())
+	companyID, runID := MsgIDs(m.Subject())
 	if companyID != "" {
 		lc = lc.Str(LogKeyTenant, companyID)
 	}

@@ -211,11 +211,11 @@ func TestTerminalErrors(t *testing.T) {
 	if _, ok := events.AsTerminal(base); ok {
 		t.Errorf("a plain error is not terminal")
 	}
-	failed := events.NewRunFailed("c1", "r1", wrapped)
+	failed := events.NewRunFailed(events.Ref("c1", "r1"), events.LeaseAcquire, wrapped)
 	if failed.Code != events.CodeInvalidConfig || failed.Field != "config.egressMode" || !strings.Contains(failed.Message, "config.egressMode: must be cilium or standard") {
 		t.Errorf("NewRunFailed = %+v", failed)
 	}
-	if f := events.NewRunFailed("c1", "r1", base); f.Code != events.CodeInternal || f.Message != "boom" {
+	if f := events.NewRunFailed(events.Ref("c1", "r1"), events.LeaseAcquire, base); f.Code != events.CodeInternal || f.Message != "boom" {
 		t.Errorf("NewRunFailed(plain) = %+v", f)
 	}
 }

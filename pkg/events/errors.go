@@ -11,21 +11,24 @@ type Code string
 
 // The codes a `failed` event can carry.
 const (
-	CodeInvalidConfig      Code = "invalid_config"
-	CodeInvalidRequest     Code = "invalid_request"
-	CodeUnknownAdapter     Code = "unknown_adapter"
-	CodeImageNotAllowed    Code = "image_not_allowed"
-	CodeQuotaExceeded      Code = "quota_exceeded"
-	CodeAgentBusy          Code = "agent_busy"
-	CodeBackendUnavailable Code = "backend_unavailable"
-	CodeInternal           Code = "internal"
+	CodeInvalidConfig       Code = "invalid_config"
+	CodeInvalidRequest      Code = "invalid_request"
+	CodeUnknownAdapter      Code = "unknown_adapter"
+	CodeImageNotAllowed     Code = "image_not_allowed"
+	CodeQuotaExceeded       Code = "quota_exceeded"
+	CodeAgentBusy           Code = "agent_busy"
+	CodeNamespaceNotAllowed Code = "namespace_not_allowed"
+	CodeLeaseNotFound       Code = "lease_not_found"
+	CodeBackendUnavailable  Code = "backend_unavailable"
+	CodeInternal            Code = "internal"
 )
 
 // Codes lists every Code, in the order docs/events.md documents them.
 func Codes() []Code {
 	return []Code{
 		CodeInvalidConfig, CodeInvalidRequest, CodeUnknownAdapter, CodeImageNotAllowed,
-		CodeQuotaExceeded, CodeAgentBusy, CodeBackendUnavailable, CodeInternal,
+		CodeQuotaExceeded, CodeAgentBusy, CodeNamespaceNotAllowed, CodeLeaseNotFound,
+		CodeBackendUnavailable, CodeInternal,
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
@@ -17,44 +18,48 @@ type EventPublisher interface {
 var _ EventPublisher = (*Publisher)(nil)
 
 // PublishFailure is the usual ConsumeOptions.OnTerminal body: it publishes the `failed` event of
-// the run m is about, with te's code, field and message. The run is found in m's ce-source
-// header, else its subject, else the payload's runId and companyId (read with a tiny decoder,
-// nothing else of the payload). When m names no valid run there is nobody to tell: that is
-// logged and nil returned, so the message is still termed. A publish error is returned, so
-// Consume retries the message and the report is not lost.
+// the request m carries, with te's code, field and message.
+//
+// The company is the one in m's subject, never a header or the payload: a client publishes
+// only on its own company's subjects (NATS permissions), so a failure is always reported where
+// the requester reads, and a forged ce-source cannot write into another company's run. The run
+// is the subject's (run and dispatch subjects) or the payload's runId (a lease request names
+// only the company in its subject; the run id is then a claim within that company). When m
+// names no valid run there is nobody to tell: that is logged and nil returned, so the message
+// is still termed. A publish error is returned, so Consume retries the message and the report
+// is not lost.
 func PublishFailure(ctx context.Context, p EventPublisher, log zerolog.Logger, m jetstream.Msg, te *TerminalError) error {
-	companyID, runID := failureIDs(m)
+	ref, request := FailureRef(m)
 	log = log.With().Str(LogKeySubject, m.Subject()).Str(LogKeyCode, string(te.Code)).Logger()
-	if validateIDs(companyID, runID) != nil {
+	if ref.Validate() != nil || !request.valid() {
 		log.Warn().Err(te).Msg("request names no valid run; its failure cannot be reported")
 		return nil
 	}
-	if _, err := p.Publish(ctx, NewRunFailed(companyID, runID, te)); err != nil {
-		return fmt.Errorf("publishing the failed event of run %s: %w", runID, err)
+	if _, err := p.Publish(ctx, NewRunFailed(ref, request, te)); err != nil {
+		return fmt.Errorf("publishing the failed event of run %s: %w", ref.RunID, err)
 	}
-	log.Info().Str(LogKeyRunID, runID).Str(LogKeyTenant, companyID).Msg("published failed event")
+	log.Info().Str(LogKeyRunID, ref.RunID).Str(LogKeyTenant, ref.CompanyID).Msg("published failed event")
 	return nil
 }
 
-func failureIDs(m jetstream.Msg) (companyID, runID string) {
-	companyID, runID = MsgIDs(m.Headers(), m.Subject())
-	if companyID != "" && runID != "" {
-		return companyID, runID
+// FailureRef finds the run and the request kind a failed message is about, from its subject
+// (and, for a lease request, the payload's runId).
+func FailureRef(m jetstream.Msg) (RunRef, LeaseKind) {
+	subject := m.Subject()
+	t := strings.Split(subject, ".")
+	switch {
+	case len(t) == 4 && t[1] == "lease":
+		var ids struct {
+			RunID json.RawMessage `json:"runId"`
+		}
+		if len(m.Data()) > DefaultMaxMsgSize || json.Unmarshal(m.Data(), &ids) != nil {
+			return RunRef{CompanyID: t[2]}, LeaseKind(t[3])
+		}
+		return RunRef{CompanyID: t[2], RunID: jsonString(ids.RunID)}, LeaseKind(t[3])
+	case len(t) == 4 && t[0] == "kubeclip" && t[1] == "dispatch":
+		return RunRef{CompanyID: t[2], RunID: t[3]}, LeaseAcquire
 	}
-	var ids struct {
-		RunID     json.RawMessage `json:"runId"`
-		CompanyID json.RawMessage `json:"companyId"`
-	}
-	if len(m.Data()) > DefaultMaxMsgSize || json.Unmarshal(m.Data(), &ids) != nil {
-		return companyID, runID
-	}
-	if runID == "" {
-		runID = jsonString(ids.RunID)
-	}
-	if companyID == "" {
-		companyID = jsonString(ids.CompanyID)
-	}
-	return companyID, runID
+	return RunRef{}, ""
 }
 
 func jsonString(raw json.RawMessage) string {

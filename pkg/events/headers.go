@@ -120,16 +120,9 @@ func DecodeHeaderValue(s string) (string, error) {
 
 func mustEscape(c byte) bool { return c <= 0x20 || c >= 0x7f || c == '"' || c == '%' }
 
-// MsgIDs returns the company and run a received message is about, from its ce-source header or
-// else its subject (a lease request subject names only the company). It reads no payload, so
-// it is safe for logging and for an OnTerminal that must report a message it could not decode.
-func MsgIDs(h nats.Header, subject string) (companyID, runID string) {
-	if src := h.Get(HeaderSource); src != "" {
-		if dec, err := DecodeHeaderValue(src); err == nil {
-			if c, r, ok := ParseSource(dec); ok {
-				return c, r
-			}
-		}
-	}
+// MsgIDs returns the company and run a received message's subject names (a lease request
+// subject names only the company). Headers are not consulted: they are a client's claims, and
+// these ids go into logs as facts.
+func MsgIDs(subject string) (companyID, runID string) {
 	return idsFromSubject(subject)
 }

@@ -176,7 +176,7 @@ func (r AcquireRequest) address(s Subjects) (address, error) {
 		return address{}, err
 	}
 	subj, err := s.Lease(r.CompanyID, LeaseAcquire)
-	return address{subject: subj, msgID: r.RunID + ".acquire", stream: s.LeaseStream()}, err
+	return address{subject: subj, msgID: Ref(r.CompanyID, r.RunID).MsgID("acquire"), stream: s.LeaseStream()}, err
 }
 
 func (r AcquireRequest) stamp(time.Time) Event { return r }
@@ -221,7 +221,7 @@ func (r ReleaseRequest) address(s Subjects) (address, error) {
 		return address{}, err
 	}
 	subj, err := s.Lease(r.CompanyID, r.Kind())
-	return address{subject: subj, msgID: r.RunID + "." + string(r.Kind()), stream: s.LeaseStream()}, err
+	return address{subject: subj, msgID: Ref(r.CompanyID, r.RunID).MsgID(string(r.Kind())), stream: s.LeaseStream()}, err
 }
 
 func (r ReleaseRequest) stamp(time.Time) Event { return r }
@@ -259,7 +259,7 @@ func (r DispatchRequest) address(Subjects) (address, error) {
 		return address{}, err
 	}
 	subj, err := DispatchSubject(r.CompanyID, r.RunID)
-	return address{subject: subj, msgID: r.RunID + ".dispatch", stream: WorkStream}, err
+	return address{subject: subj, msgID: Ref(r.CompanyID, r.RunID).MsgID("dispatch"), stream: WorkStream}, err
 }
 
 func (r DispatchRequest) stamp(time.Time) Event { return r }
@@ -292,7 +292,7 @@ func (e RunCreatedEvent) address(s Subjects) (address, error) {
 	if !e.Phase.valid() {
 		return address{}, InvalidRequest("phase", "must be one of Pending, Running, Succeeded, Failed, got %q", e.Phase)
 	}
-	return runAddress(s, e.CompanyID, e.RunID, KindCreated, e.RunID+".created", 0)
+	return runAddress(s, e.CompanyID, e.RunID, KindCreated, Ref(e.CompanyID, e.RunID).MsgID("created"), 0)
 }
 
 func (e RunCreatedEvent) stamp(now time.Time) Event { e.At = stampTime(e.At, now); return e }
@@ -322,7 +322,7 @@ func (e RunStatusEvent) address(s Subjects) (address, error) {
 	if !e.Phase.valid() {
 		return address{}, InvalidRequest("phase", "must be one of Pending, Running, Succeeded, Failed, got %q", e.Phase)
 	}
-	id := e.RunID + ".status." + string(e.Phase)
+	id := Ref(e.CompanyID, e.RunID).MsgID("status." + string(e.Phase))
 	if e.Reason != "" {
 		id += "." + idSafe(e.Reason)
 	}
@@ -367,7 +367,7 @@ func (e RunLogEvent) address(s Subjects) (address, error) {
 	if e.Seq == 0 {
 		return address{}, InvalidRequest("seq", "must be at least 1")
 	}
-	return runAddress(s, e.CompanyID, e.RunID, KindLog, fmt.Sprintf("%s.log.%d", e.RunID, e.Seq), e.Seq)
+	return runAddress(s, e.CompanyID, e.RunID, KindLog, Ref(e.CompanyID, e.RunID).MsgID(fmt.Sprintf("log.%d", e.Seq)), e.Seq)
 }
 
 func (e RunLogEvent) stamp(now time.Time) Event {
@@ -401,7 +401,7 @@ func (e RunResultEvent) address(s Subjects) (address, error) {
 	if !e.Outcome.valid() {
 		return address{}, InvalidRequest("outcome", "must be one of succeeded, failed, timed_out, cancelled, got %q", e.Outcome)
 	}
-	return runAddress(s, e.CompanyID, e.RunID, KindResult, e.RunID+".result", 0)
+	return runAddress(s, e.CompanyID, e.RunID, KindResult, Ref(e.CompanyID, e.RunID).MsgID("result"), 0)
 }
 
 func (e RunResultEvent) stamp(now time.Time) Event { e.At = stampTime(e.At, now); return e }
@@ -426,7 +426,7 @@ func (e RunReleasedEvent) address(s Subjects) (address, error) {
 	if e.State != ReleaseStopped && e.State != ReleaseDestroyed {
 		return address{}, InvalidRequest("state", "must be stopped or destroyed, got %q", e.State)
 	}
-	return runAddress(s, e.CompanyID, e.RunID, KindReleased, e.RunID+".released", 0)
+	return runAddress(s, e.CompanyID, e.RunID, KindReleased, Ref(e.CompanyID, e.RunID).MsgID("released."+string(e.State)), 0)
 }
 
 func (e RunReleasedEvent) stamp(now time.Time) Event { e.At = stampTime(e.At, now); return e }
@@ -441,12 +441,15 @@ type RunFailedEvent struct {
 	// Message explains the failure and names the offending field; it never holds a secret.
 	Message string `json:"message"`
 	Field   string `json:"field,omitempty"`
+	// Request is the lease request that failed: acquire, release or destroy. A run can have
+	// one failed event per request kind (an acquire that failed, then a refused release).
+	Request LeaseKind `json:"request"`
 }
 
-// NewRunFailed builds the failed event for err: a TerminalError's code and field, else
-// CodeInternal.
-func NewRunFailed(companyID, runID string, err error) RunFailedEvent {
-	ev := RunFailedEvent{RunID: runID, CompanyID: companyID, Code: CodeInternal}
+// NewRunFailed builds the failed event of request for err: a TerminalError's code and field,
+// else CodeInternal.
+func NewRunFailed(ref RunRef, request LeaseKind, err error) RunFailedEvent {
+	ev := RunFailedEvent{RunID: ref.RunID, CompanyID: ref.CompanyID, Code: CodeInternal, Request: request}
 	if err == nil {
 		ev.Message = "unknown failure"
 		return ev
@@ -468,7 +471,10 @@ func (e RunFailedEvent) address(s Subjects) (address, error) {
 	if !e.Code.Valid() {
 		return address{}, InvalidRequest("code", "must be a documented failure code, got %q", e.Code)
 	}
-	return runAddress(s, e.CompanyID, e.RunID, KindFailed, e.RunID+".failed", 0)
+	if !e.Request.valid() {
+		return address{}, InvalidRequest("request", "must be acquire, release or destroy, got %q", e.Request)
+	}
+	return runAddress(s, e.CompanyID, e.RunID, KindFailed, Ref(e.CompanyID, e.RunID).MsgID("failed."+string(e.Request)), 0)
 }
 
 func (e RunFailedEvent) stamp(now time.Time) Event { e.At = stampTime(e.At, now); return e }

@@ -34,17 +34,17 @@ func samples() []sample {
 		AdapterType: "claude_local", Config: json.RawMessage(`{"inCluster":true}`),
 	}
 	return []sample{
-		{ev: acquire, wantSubject: "paperclip.lease.c1.acquire", wantID: "r1.acquire", wantType: "io.paperclip.lease.acquire.v1", wantTime: fixedNow},
-		{ev: events.ReleaseRequest{RunID: "r1", CompanyID: "c1", ProviderLeaseID: "pc-1"}, wantSubject: "paperclip.lease.c1.release", wantID: "r1.release", wantType: "io.paperclip.lease.release.v1", wantTime: fixedNow},
-		{ev: events.ReleaseRequest{RunID: "r1", CompanyID: "c1", ProviderLeaseID: "pc-1", Destroy: true}, wantSubject: "paperclip.lease.c1.destroy", wantID: "r1.destroy", wantType: "io.paperclip.lease.destroy.v1", wantTime: fixedNow},
-		{ev: events.DispatchRequest{AcquireRequest: acquire, Namespace: "paperclip-c1"}, wantSubject: "kubeclip.dispatch.c1.r1", wantID: "r1.dispatch", wantType: "io.kubeclip.dispatch.v1", wantTime: fixedNow},
-		{ev: events.RunCreatedEvent{RunID: "r1", CompanyID: "c1", At: eventAt, ProviderLeaseID: "pc-1", Namespace: "paperclip-c1", WorkloadName: "pc-1", SecretName: "pc-1-env", Backend: events.BackendJob, Phase: events.PhasePending}, wantSubject: "paperclip.run.c1.r1.created", wantID: "r1.created", wantType: "io.paperclip.run.created.v1", wantTime: eventAt},
-		{ev: events.RunStatusEvent{RunID: "r1", CompanyID: "c1", Phase: events.PhasePending, Reason: events.ReasonImagePullBackOff}, wantSubject: "paperclip.run.c1.r1.status", wantID: "r1.status.Pending.ImagePullBackOff", wantType: "io.paperclip.run.status.v1", wantTime: fixedNow},
-		{ev: events.RunStatusEvent{RunID: "r1", CompanyID: "c1", Phase: events.PhaseRunning}, wantSubject: "paperclip.run.c1.r1.status", wantID: "r1.status.Running", wantType: "io.paperclip.run.status.v1", wantTime: fixedNow},
-		{ev: events.RunLogEvent{RunID: "r1", CompanyID: "c1", At: eventAt, Seq: 7, Pod: "p", Container: "agent", Lines: []events.LogLine{{TS: "2026-08-24T10:29:59.123456789Z", Text: "hello <world> & more"}}}, wantSubject: "paperclip.run.c1.r1.log", wantID: "r1.log.7", wantType: "io.paperclip.run.log.v1", wantTime: eventAt, wantSeq: "00000000000000000007"},
-		{ev: events.RunResultEvent{RunID: "r1", CompanyID: "c1", Outcome: events.OutcomeFailed, ExitCode: ptr(137), Reason: events.ReasonOOMKilled, Agent: &events.AgentResult{SessionID: "s", Model: "m", IsError: true, ErrorCode: "claude_truncated"}}, wantSubject: "paperclip.run.c1.r1.result", wantID: "r1.result", wantType: "io.paperclip.run.result.v1", wantTime: fixedNow},
-		{ev: events.RunReleasedEvent{RunID: "r1", CompanyID: "c1", ProviderLeaseID: "pc-1", State: events.ReleaseDestroyed}, wantSubject: "paperclip.run.c1.r1.released", wantID: "r1.released", wantType: "io.paperclip.run.released.v1", wantTime: fixedNow},
-		{ev: events.NewRunFailed("c1", "r1", events.InvalidConfig("config.backend", "must be job or sandbox-cr")), wantSubject: "paperclip.run.c1.r1.failed", wantID: "r1.failed", wantType: "io.paperclip.run.failed.v1", wantTime: fixedNow},
+		{ev: acquire, wantSubject: "paperclip.lease.c1.acquire", wantID: "c1.r1.acquire", wantType: "io.paperclip.lease.acquire.v1", wantTime: fixedNow},
+		{ev: events.ReleaseRequest{RunID: "r1", CompanyID: "c1", ProviderLeaseID: "pc-1"}, wantSubject: "paperclip.lease.c1.release", wantID: "c1.r1.release", wantType: "io.paperclip.lease.release.v1", wantTime: fixedNow},
+		{ev: events.ReleaseRequest{RunID: "r1", CompanyID: "c1", ProviderLeaseID: "pc-1", Destroy: true}, wantSubject: "paperclip.lease.c1.destroy", wantID: "c1.r1.destroy", wantType: "io.paperclip.lease.destroy.v1", wantTime: fixedNow},
+		{ev: events.DispatchRequest{AcquireRequest: acquire, Namespace: "paperclip-c1"}, wantSubject: "kubeclip.dispatch.c1.r1", wantID: "c1.r1.dispatch", wantType: "io.kubeclip.dispatch.v1", wantTime: fixedNow},
+		{ev: events.RunCreatedEvent{RunID: "r1", CompanyID: "c1", At: eventAt, ProviderLeaseID: "pc-1", Namespace: "paperclip-c1", WorkloadName: "pc-1", SecretName: "pc-1-env", Backend: events.BackendJob, Phase: events.PhasePending}, wantSubject: "paperclip.run.c1.r1.created", wantID: "c1.r1.created", wantType: "io.paperclip.run.created.v1", wantTime: eventAt},
+		{ev: events.RunStatusEvent{RunID: "r1", CompanyID: "c1", Phase: events.PhasePending, Reason: events.ReasonImagePullBackOff}, wantSubject: "paperclip.run.c1.r1.status", wantID: "c1.r1.status.Pending.ImagePullBackOff", wantType: "io.paperclip.run.status.v1", wantTime: fixedNow},
+		{ev: events.RunStatusEvent{RunID: "r1", CompanyID: "c1", Phase: events.PhaseRunning}, wantSubject: "paperclip.run.c1.r1.status", wantID: "c1.r1.status.Running", wantType: "io.paperclip.run.status.v1", wantTime: fixedNow},
+		{ev: events.RunLogEvent{RunID: "r1", CompanyID: "c1", At: eventAt, Seq: 7, Pod: "p", Container: "agent", Lines: []events.LogLine{{TS: "2026-08-24T10:29:59.123456789Z", Text: "hello <world> & more"}}}, wantSubject: "paperclip.run.c1.r1.log", wantID: "c1.r1.log.7", wantType: "io.paperclip.run.log.v1", wantTime: eventAt, wantSeq: "00000000000000000007"},
+		{ev: events.RunResultEvent{RunID: "r1", CompanyID: "c1", Outcome: events.OutcomeFailed, ExitCode: ptr(137), Reason: events.ReasonOOMKilled, Agent: &events.AgentResult{SessionID: "s", Model: "m", IsError: true, ErrorCode: "claude_truncated"}}, wantSubject: "paperclip.run.c1.r1.result", wantID: "c1.r1.result", wantType: "io.paperclip.run.result.v1", wantTime: fixedNow},
+		{ev: events.RunReleasedEvent{RunID: "r1", CompanyID: "c1", ProviderLeaseID: "pc-1", State: events.ReleaseDestroyed}, wantSubject: "paperclip.run.c1.r1.released", wantID: "c1.r1.released.destroyed", wantType: "io.paperclip.run.released.v1", wantTime: fixedNow},
+		{ev: events.NewRunFailed(events.Ref("c1", "r1"), events.LeaseAcquire, events.InvalidConfig("config.backend", "must be job or sandbox-cr")), wantSubject: "paperclip.run.c1.r1.failed", wantID: "c1.r1.failed.acquire", wantType: "io.paperclip.run.failed.v1", wantTime: fixedNow},
 	}
 }
 
@@ -181,18 +181,17 @@ func TestSourceRoundTripsOddIDs(t *testing.T) {
 	if got, want := msg.Header.Get(events.HeaderSource), "/companies/soci%25C3%25A9t%25C3%25A9/runs/r%2525%2522"+"1"; got != want {
 		t.Errorf("ce-source = %q, want %q", got, want)
 	}
-	if got, want := msg.Header.Get(events.HeaderID), "r%25%221.status.Running"; got != want {
+	if got, want := msg.Header.Get(events.HeaderID), "soci%C3%A9t%C3%A9.r%25%221.status.Running"; got != want {
 		t.Errorf("ce-id = %q, want %q", got, want)
 	}
-	c, r := events.MsgIDs(msg.Header, msg.Subject)
+	c, r := events.MsgIDs(msg.Subject)
 	if c != "société" || r != `r%"1` {
 		t.Errorf("MsgIDs = (%q, %q)", c, r)
 	}
-	// Without headers the subject still names the run.
-	if c, r := events.MsgIDs(nil, "paperclip.run.c9.r9.log"); c != "c9" || r != "r9" {
+	if c, r := events.MsgIDs("paperclip.run.c9.r9.log"); c != "c9" || r != "r9" {
 		t.Errorf("MsgIDs from a subject = (%q, %q)", c, r)
 	}
-	if c, r := events.MsgIDs(nil, "paperclip.lease.c9.acquire"); c != "c9" || r != "" {
+	if c, r := events.MsgIDs("paperclip.lease.c9.acquire"); c != "c9" || r != "" {
 		t.Errorf("MsgIDs from a lease subject = (%q, %q)", c, r)
 	}
 }

@@ -52,7 +52,7 @@ func schemaCases() []schemaCase {
 		{file: "run-result.json", path: []string{"agent"}, full: agent, zero: events.AgentResult{}},
 		{file: "run-result.json", path: []string{"agent", "usage"}, full: usage, zero: events.AgentUsage{}},
 		{file: "run-released.json", full: events.RunReleasedEvent{RunID: "r1", CompanyID: "c1", At: at, ProviderLeaseID: "pc-1", State: events.ReleaseStopped}, zero: events.RunReleasedEvent{}},
-		{file: "run-failed.json", full: events.RunFailedEvent{RunID: "r1", CompanyID: "c1", At: at, Code: events.CodeInternal, Message: "m", Field: "f"}, zero: events.RunFailedEvent{}},
+		{file: "run-failed.json", full: events.RunFailedEvent{RunID: "r1", CompanyID: "c1", At: at, Code: events.CodeInternal, Message: "m", Field: "f", Request: events.LeaseRelease}, zero: events.RunFailedEvent{}},
 	}
 }
 

@@ -2,10 +2,8 @@ package events
 
 import (
 	"context"
-	"encoding/base64"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -236,13 +234,13 @@ func (o Options) WorkStreamConfig() jetstream.StreamConfig {
 	}
 }
 
-// LeaseBucketConfig is the KUBECLIP_LEASES KV bucket: lease records keyed by LeaseKey(runId),
+// LeaseBucketConfig is the KUBECLIP_LEASES KV bucket: lease records keyed by RunRef.Key,
 // created with compare-and-set so a redelivered acquire reuses the run's workload name.
 func (o Options) LeaseBucketConfig() jetstream.KeyValueConfig {
 	o = o.withDefaults()
 	return jetstream.KeyValueConfig{
 		Bucket:       LeaseBucket,
-		Description:  "kubeclip lease records, keyed by run id",
+		Description:  "kubeclip lease records, keyed by company and run",
 		History:      leaseRecordHistory,
 		TTL:          o.LeaseRecordTTL,
 		MaxValueSize: maxLeaseRecordBytes,
@@ -309,29 +307,6 @@ func EnsureStreams(ctx context.Context, js StreamManager, opts Options) error {
 		}
 	}
 	return nil
-}
-
-// leaseKeyEncoded prefixes run ids that are not valid KV keys as they are.
-const leaseKeyEncoded = "_b64_"
-
-// LeaseKey is the KUBECLIP_LEASES key of a run. A run id that is a valid KV key (UUIDs are) is
-// its own key; any other valid subject token is base64url-encoded behind "_b64_", so the
-// mapping is injective.
-func LeaseKey(runID string) string {
-	if isKVKey(runID) && !strings.HasPrefix(runID, leaseKeyEncoded) {
-		return runID
-	}
-	return leaseKeyEncoded + base64.RawURLEncoding.EncodeToString([]byte(runID))
-}
-
-// RunIDFromLeaseKey inverts LeaseKey.
-func RunIDFromLeaseKey(key string) string {
-	if rest, ok := strings.CutPrefix(key, leaseKeyEncoded); ok {
-		if b, err := base64.RawURLEncoding.DecodeString(rest); err == nil {
-			return string(b)
-		}
-	}
-	return key
 }
 
 // isKVKey mirrors the KV key rule: [-/_=.a-zA-Z0-9]+, not starting or ending with '.'.

@@ -146,22 +146,38 @@ func TestOptionsValidate(t *testing.T) {
 	}
 }
 
-func TestLeaseKey(t *testing.T) {
-	tests := []struct{ runID, want string }{
-		{"3f0e9a4c-8a61-4a1e-9d0b-6f3b2c1d0e9f", "3f0e9a4c-8a61-4a1e-9d0b-6f3b2c1d0e9f"},
-		{"run_1=ok", "run_1=ok"},
-		{"run:1", "_b64_cnVuOjE"},
-		{"société", "_b64_c29jacOpdMOp"},
-		{"_b64_x", "_b64_X2I2NF94"}, // an id that looks encoded is encoded too, so keys never collide
+func TestRunRefKey(t *testing.T) {
+	tests := []struct {
+		company, run, want string
+	}{
+		{"7d2f1c9e-3b4a-4e8d-a6f1-0c5b9e2d7a13", "3f0e9a4c-8a61-4a1e-9d0b-6f3b2c1d0e9f", "7d2f1c9e-3b4a-4e8d-a6f1-0c5b9e2d7a13.3f0e9a4c-8a61-4a1e-9d0b-6f3b2c1d0e9f"},
+		{"acme", "run_1=ok", "acme.run_1=ok"},
+		{"acme", "run:1", "acme._b64_cnVuOjE"},
+		{"société", "r1", "_b64_c29jacOpdMOp.r1"},
+		{"acme", "_b64_x", "acme._b64_X2I2NF94"}, // an id that looks encoded is encoded too, so keys never collide
 	}
 	for _, tc := range tests {
-		if got := events.LeaseKey(tc.runID); got != tc.want {
-			t.Errorf("LeaseKey(%q) = %q, want %q", tc.runID, got, tc.want)
+		ref := events.Ref(tc.company, tc.run)
+		if got := ref.Key(); got != tc.want {
+			t.Errorf("Ref(%q, %q).Key() = %q, want %q", tc.company, tc.run, got, tc.want)
+		}
+		if back, ok := events.ParseRunKey(tc.want); !ok || back != ref {
+			t.Errorf("ParseRunKey(%q) = %+v, %v; want %+v", tc.want, back, ok, ref)
+		}
+	}
+	// Issue 8.3: two companies' runs with the same id are two keys and two message ids.
+	a, b := events.Ref("company-a", "run-1"), events.Ref("company-b", "run-1")
+	if a.Key() == b.Key() || a.MsgID("acquire") == b.MsgID("acquire") {
+		t.Errorf("runs of two companies share a key or message id: %q, %q", a.Key(), a.MsgID("acquire"))
+	}
+	for _, key := range []string{"nodot", "a.b.c", "._b64_!!", "a."} {
+		if ref, ok := events.ParseRunKey(key); ok {
+			t.Errorf("ParseRunKey(%q) = %+v, want not ok", key, ref)
 		}
 	}
 }
 
-func TestLeaseKeysAreUsableInTheBucket(t *testing.T) {
+func TestRunKeysAreUsableInTheBucket(t *testing.T) {
 	_, _, js := natstest.Start(t)
 	ctx := t.Context()
 	if err := events.EnsureStreams(ctx, js, events.Options{}); err != nil {
@@ -172,7 +188,7 @@ func TestLeaseKeysAreUsableInTheBucket(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, id := range []string{"r1", "run:1", "société", `r%"1`, "a/b"} {
-		if _, err := kv.Create(ctx, events.LeaseKey(id), []byte("{}")); err != nil {
+		if _, err := kv.Create(ctx, events.Ref(id, id).Key(), []byte("{}")); err != nil {
 			t.Errorf("creating the lease record of %q: %v", id, err)
 		}
 	}

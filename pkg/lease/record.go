@@ -12,41 +12,34 @@ import (
 	"github.com/kubeclip/kubeclip/pkg/events"
 )
 
-// State is where a lease is in its life.
-type State string
-
-// Lease states.
-const (
-	// StateDispatching: the workload name is chosen; the workload may or may not exist yet.
-	StateDispatching State = "dispatching"
-	// StateCreated: the workload exists and `created` was published.
-	StateCreated State = "created"
-	// StateFinished: the run's result was published; the workload may linger until its TTL
-	// or a release.
-	StateFinished State = "finished"
-	// StateReleased and StateDestroyed: the workload is gone and `released` was published.
-	StateReleased  State = "released"
-	StateDestroyed State = "destroyed"
-)
-
-// Ended reports whether the lease was released or destroyed.
-func (s State) Ended() bool { return s == StateReleased || s == StateDestroyed }
-
-// Record is a run's lease as the dispatcher keeps it in KUBECLIP_LEASES. It is created once per
-// run with compare-and-set, which is what makes the workload name stable: a redelivered or
-// duplicated acquire finds the record and reuses its name instead of minting another.
+// Record is a run's lease as kubeclip keeps it in KUBECLIP_LEASES, keyed by the run's RunRef
+// (company and run id: a run id names a run only within its company). The tenant-worker creates
+// it when it accepts the acquire, before anything else happens, so every acquire, also one that
+// fails, leaves a record: a redelivered or replayed acquire finds it and does nothing twice.
+// Its state changes only through the transitions in state.go, with compare-and-set.
 type Record struct {
-	RunID        string     `json:"runId"`
-	CompanyID    string     `json:"companyId"`
-	AgentID      string     `json:"agentId,omitempty"`
-	Namespace    string     `json:"namespace,omitempty"`
-	WorkloadName string     `json:"workloadName,omitempty"`
-	SecretName   string     `json:"secretName,omitempty"`
-	Backend      string     `json:"backend,omitempty"`
-	State        State      `json:"state"`
-	CreatedAt    time.Time  `json:"createdAt"`
-	ExpiresAt    *time.Time `json:"expiresAt,omitempty"`
+	RunID     string `json:"runId"`
+	CompanyID string `json:"companyId"`
+	AgentID   string `json:"agentId,omitempty"`
+	State     State  `json:"state"`
+	// Namespace, WorkloadName, SecretName and Backend are set by the dispatch transition: the
+	// workload name is chosen once, so a redelivered dispatch reuses it.
+	Namespace    string `json:"namespace,omitempty"`
+	WorkloadName string `json:"workloadName,omitempty"`
+	SecretName   string `json:"secretName,omitempty"`
+	Backend      string `json:"backend,omitempty"`
+	// Failure is the code the acquire failed with (state failed).
+	Failure events.Code `json:"failure,omitempty"`
+	// Ending is the request that ended the lease (release or destroy) once one came, and
+	// CancelActiveWork what it asked for.
+	Ending           events.LeaseKind `json:"ending,omitempty"`
+	CancelActiveWork bool             `json:"cancelActiveWork,omitempty"`
+	CreatedAt        time.Time        `json:"createdAt"`
+	ExpiresAt        *time.Time       `json:"expiresAt,omitempty"`
 }
+
+// Ref is the run the record belongs to.
+func (r Record) Ref() events.RunRef { return events.Ref(r.CompanyID, r.RunID) }
 
 // Records reads and writes lease records.
 type Records struct {
@@ -56,69 +49,97 @@ type Records struct {
 // ErrNotFound is returned when the run has no lease record.
 var ErrNotFound = errors.New("no lease record")
 
+// maxModifyAttempts bounds Modify's compare-and-set loop: a record has few writers (the
+// tenant-worker, a dispatcher, a release), so losing five races in a row means something is
+// wrong, and the caller's message is retried instead.
+const maxModifyAttempts = 5
+
 // Get returns the run's record and its revision.
-func (r Records) Get(ctx context.Context, runID string) (Record, uint64, error) {
-	entry, err := r.KV.Get(ctx, events.LeaseKey(runID))
+func (r Records) Get(ctx context.Context, ref events.RunRef) (Record, uint64, error) {
+	entry, err := r.KV.Get(ctx, ref.Key())
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return Record{}, 0, ErrNotFound
 	}
 	if err != nil {
-		return Record{}, 0, fmt.Errorf("reading lease record of run %s: %w", runID, err)
+		return Record{}, 0, fmt.Errorf("reading lease record of run %s: %w", ref.RunID, err)
 	}
 	var rec Record
 	if err := json.Unmarshal(entry.Value(), &rec); err != nil {
-		return Record{}, 0, fmt.Errorf("decoding lease record of run %s: %w", runID, err)
+		return Record{}, 0, fmt.Errorf("decoding lease record of run %s: %w", ref.RunID, err)
 	}
 	return rec, entry.Revision(), nil
 }
 
-// Create stores rec unless the run already has a record, in which case it returns the
-// existing one: the first writer wins and everyone agrees on its workload name.
-func (r Records) Create(ctx context.Context, rec Record) (Record, uint64, error) {
+// Create stores rec unless the run already has a record, in which case it returns the existing
+// one and created false: the first writer wins and everyone agrees on what it wrote.
+func (r Records) Create(ctx context.Context, rec Record) (stored Record, created bool, err error) {
 	data, err := json.Marshal(rec)
 	if err != nil {
-		return Record{}, 0, fmt.Errorf("encoding lease record: %w", err)
+		return Record{}, false, fmt.Errorf("encoding lease record: %w", err)
 	}
-	rev, err := r.KV.Create(ctx, events.LeaseKey(rec.RunID), data)
+	_, err = r.KV.Create(ctx, rec.Ref().Key(), data)
 	if errors.Is(err, jetstream.ErrKeyExists) {
-		return r.Get(ctx, rec.RunID)
+		stored, _, err := r.Get(ctx, rec.Ref())
+		return stored, false, err
 	}
 	if err != nil {
-		return Record{}, 0, fmt.Errorf("creating lease record of run %s: %w", rec.RunID, err)
+		return Record{}, false, fmt.Errorf("creating lease record of run %s: %w", rec.RunID, err)
 	}
-	return rec, rev, nil
-}
-
-// Update replaces the record at revision rev (compare-and-set).
-func (r Records) Update(ctx context.Context, rec Record, rev uint64) (uint64, error) {
-	data, err := json.Marshal(rec)
-	if err != nil {
-		return 0, fmt.Errorf("encoding lease record: %w", err)
-	}
-	next, err := r.KV.Update(ctx, events.LeaseKey(rec.RunID), data, rev)
-	if err != nil {
-		return 0, fmt.Errorf("updating lease record of run %s: %w", rec.RunID, err)
-	}
-	return next, nil
+	return rec, true, nil
 }
 
 // Modify applies change to the run's record with compare-and-set, reading it again and retrying
-// when another writer updated it in between (a release racing the run's result, say). change
-// returns false when the record needs no write. It returns the record as stored.
-func (r Records) Modify(ctx context.Context, runID string, change func(*Record) bool) (Record, error) {
-	for range 5 {
-		rec, rev, err := r.Get(ctx, runID)
+// when another writer updated it in between (a release racing the run's dispatch, say). change
+// returns false when the record needs no write, or an error (a transition the record's state
+// does not allow), which Modify returns with the record as it was read. It returns the record
+// as stored.
+func (r Records) Modify(ctx context.Context, ref events.RunRef, change func(*Record) (bool, error)) (Record, error) {
+	for range maxModifyAttempts {
+		rec, rev, err := r.Get(ctx, ref)
 		if err != nil {
 			return Record{}, err
 		}
-		if !change(&rec) {
+		next := rec
+		changed, err := change(&next)
+		if err != nil {
+			return rec, err
+		}
+		if !changed {
 			return rec, nil
 		}
-		_, err = r.Update(ctx, rec, rev)
-		if errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+		data, err := json.Marshal(next)
+		if err != nil {
+			return Record{}, fmt.Errorf("encoding lease record: %w", err)
+		}
+		_, err = r.KV.Update(ctx, ref.Key(), data, rev)
+		if errors.Is(err, jetstream.ErrKeyRevisionMismatch) || errors.Is(err, jetstream.ErrKeyExists) {
 			continue
 		}
-		return rec, err
+		if err != nil {
+			return Record{}, fmt.Errorf("updating lease record of run %s: %w", ref.RunID, err)
+		}
+		return next, nil
 	}
-	return Record{}, fmt.Errorf("updating lease record of run %s: it keeps changing", runID)
+	return Record{}, fmt.Errorf("updating lease record of run %s: it keeps changing", ref.RunID)
+}
+
+// RecordFailure marks the lease of a failed acquire (m, its acquire or dispatch message) as
+// failed with code, creating the record when the acquire failed before one was written (a
+// payload that does not decode). A message that names no valid run has no lease to mark.
+func RecordFailure(ctx context.Context, r Records, m jetstream.Msg, code events.Code, now time.Time) error {
+	ref, kind := events.FailureRef(m)
+	if ref.Validate() != nil || kind != events.LeaseAcquire {
+		return nil
+	}
+	_, created, err := r.Create(ctx, Record{
+		RunID: ref.RunID, CompanyID: ref.CompanyID, State: StateFailed, Failure: code, CreatedAt: now.UTC(),
+	})
+	if err != nil || created {
+		return err
+	}
+	_, err = r.Modify(ctx, ref, Fail(code))
+	if errors.Is(err, ErrEnded) || errors.Is(err, ErrFinished) || errors.Is(err, ErrFailed) {
+		return nil // a late failure of a lease that moved on does not change it
+	}
+	return err
 }

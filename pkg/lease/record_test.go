@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/kubeclip/kubeclip/internal/natstest"
 	"github.com/kubeclip/kubeclip/pkg/events"
@@ -24,13 +23,10 @@ func newRecords(t *testing.T) lease.Records {
 	return lease.Records{KV: kv}
 }
 
-func record(runID, workload string) lease.Record {
-	expires := time.Date(2026, 8, 24, 11, 30, 0, 0, time.UTC)
+func record(companyID, runID string) lease.Record {
 	return lease.Record{
-		RunID: runID, CompanyID: "acme", AgentID: "agent-1",
-		Namespace: "paperclip-acme", WorkloadName: workload, SecretName: workload + "-env",
-		Backend: "job", State: lease.StateDispatching,
-		CreatedAt: time.Date(2026, 8, 24, 10, 30, 0, 0, time.UTC), ExpiresAt: &expires,
+		RunID: runID, CompanyID: companyID, AgentID: "agent-1", State: lease.StateRequested,
+		CreatedAt: time.Date(2026, 8, 24, 10, 30, 0, 0, time.UTC),
 	}
 }
 
@@ -45,17 +41,17 @@ func TestRecordsCreateKeepsTheFirstRecord(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			records := newRecords(t)
-			first := record(tc.runID, "pc-01jaaaaaaaaaaaaaaaaaaaaaaa")
-			second := record(tc.runID, "pc-01jbbbbbbbbbbbbbbbbbbbbbbb")
-			second.CreatedAt = second.CreatedAt.Add(time.Minute)
+			first := record("acme", tc.runID)
+			second := record("acme", tc.runID)
+			second.AgentID = "agent-2"
 
-			got1, rev1, err := records.Create(t.Context(), first)
-			if err != nil {
-				t.Fatalf("first Create() error: %v", err)
+			got1, created1, err := records.Create(t.Context(), first)
+			if err != nil || !created1 {
+				t.Fatalf("first Create() = created %v, error %v", created1, err)
 			}
-			got2, rev2, err := records.Create(t.Context(), second)
-			if err != nil {
-				t.Fatalf("second Create() error: %v", err)
+			got2, created2, err := records.Create(t.Context(), second)
+			if err != nil || created2 {
+				t.Fatalf("second Create() = created %v, error %v; want the existing record", created2, err)
 			}
 			if diff := cmp.Diff(first, got1); diff != "" {
 				t.Errorf("first Create() (-want +got):\n%s", diff)
@@ -63,89 +59,38 @@ func TestRecordsCreateKeepsTheFirstRecord(t *testing.T) {
 			if diff := cmp.Diff(first, got2); diff != "" {
 				t.Errorf("second Create() returned (-want first record +got):\n%s", diff)
 			}
-			if rev1 == 0 || rev2 != rev1 {
-				t.Errorf("revisions: first %d, second %d; want the same non-zero revision", rev1, rev2)
-			}
-
-			got, rev, err := records.Get(t.Context(), tc.runID)
-			if err != nil {
-				t.Fatalf("Get() error: %v", err)
+			got, rev, err := records.Get(t.Context(), first.Ref())
+			if err != nil || rev == 0 {
+				t.Fatalf("Get() = revision %d, error %v", rev, err)
 			}
 			if diff := cmp.Diff(first, got); diff != "" {
 				t.Errorf("Get() (-want +got):\n%s", diff)
 			}
-			if rev != rev1 {
-				t.Errorf("Get() revision %d, want %d", rev, rev1)
-			}
 		})
 	}
 }
 
-func TestRecordsGetMissing(t *testing.T) {
+// TestRecordsAreScopedByCompany is issue 8.3: run ids are Paperclip's, and one company can send
+// another's. Records of two companies with the same run id are two records.
+func TestRecordsAreScopedByCompany(t *testing.T) {
 	records := newRecords(t)
-	if _, _, err := records.Create(t.Context(), record("other-run", "pc-01jaaaaaaaaaaaaaaaaaaaaaaa")); err != nil {
-		t.Fatalf("Create() error: %v", err)
+	ctx := t.Context()
+	a, b := record("company-a", "run-1"), record("company-b", "run-1")
+	a.AgentID, b.AgentID = "agent-a", "agent-b"
+	for _, rec := range []lease.Record{a, b} {
+		if _, created, err := records.Create(ctx, rec); err != nil || !created {
+			t.Fatalf("Create(%s) = created %v, error %v; want a record of its own", rec.CompanyID, created, err)
+		}
 	}
-	_, rev, err := records.Get(t.Context(), "missing-run")
-	if !errors.Is(err, lease.ErrNotFound) {
-		t.Fatalf("Get() error %v, want lease.ErrNotFound", err)
+	if _, err := records.Modify(ctx, b.Ref(), lease.BeginRelease(events.LeaseRelease, false)); err != nil {
+		t.Fatal(err)
 	}
-	if rev != 0 {
-		t.Errorf("Get() revision %d, want 0", rev)
+	got, _, err := records.Get(ctx, a.Ref())
+	if err != nil || got.State != lease.StateRequested || got.AgentID != "agent-a" {
+		t.Errorf("company A's record after company B's release: %+v (err %v); want it untouched", got, err)
 	}
-}
-
-func TestRecordsUpdate(t *testing.T) {
-	records := newRecords(t)
-	rec, rev, err := records.Create(t.Context(), record("run-1", "pc-01jaaaaaaaaaaaaaaaaaaaaaaa"))
-	if err != nil {
-		t.Fatalf("Create() error: %v", err)
-	}
-
-	rec.State = lease.StateCreated
-	next, err := records.Update(t.Context(), rec, rev)
-	if err != nil {
-		t.Fatalf("Update() at the current revision: %v", err)
-	}
-	if next <= rev {
-		t.Errorf("Update() revision %d, want more than %d", next, rev)
-	}
-
-	stale := rec
-	stale.State = lease.StateReleased
-	if _, err := records.Update(t.Context(), stale, rev); !errors.Is(err, jetstream.ErrKeyExists) {
-		t.Fatalf("Update() at stale revision %d: error %v, want jetstream.ErrKeyExists", rev, err)
-	}
-
-	got, gotRev, err := records.Get(t.Context(), "run-1")
-	if err != nil {
-		t.Fatalf("Get() error: %v", err)
-	}
-	if diff := cmp.Diff(rec, got); diff != "" {
-		t.Errorf("record after the stale update (-want +got):\n%s", diff)
-	}
-	if gotRev != next {
-		t.Errorf("Get() revision %d, want %d", gotRev, next)
-	}
-}
-
-func TestStateEnded(t *testing.T) {
-	tests := []struct {
-		state lease.State
-		want  bool
-	}{
-		{lease.StateDispatching, false},
-		{lease.StateCreated, false},
-		{lease.StateReleased, true},
-		{lease.StateDestroyed, true},
-		{"", false},
-	}
-	for _, tc := range tests {
-		t.Run(string(tc.state), func(t *testing.T) {
-			if got := tc.state.Ended(); got != tc.want {
-				t.Errorf("State(%q).Ended() = %v, want %v", tc.state, got, tc.want)
-			}
-		})
+	if _, _, err := records.Get(ctx, events.Ref("company-c", "run-1")); !errors.Is(err, lease.ErrNotFound) {
+		t.Errorf("Get(company-c) error %v, want lease.ErrNotFound", err)
 	}
 }
 
@@ -154,34 +99,27 @@ func TestStateEnded(t *testing.T) {
 func TestModifyRetriesAfterAConcurrentUpdate(t *testing.T) {
 	records := newRecords(t)
 	ctx := t.Context()
-	if _, _, err := records.Create(ctx, lease.Record{RunID: "run-m", CompanyID: "acme", State: lease.StateCreated}); err != nil {
+	rec := record("acme", "run-m")
+	rec.State = lease.StateDispatching
+	if _, _, err := records.Create(ctx, rec); err != nil {
 		t.Fatal(err)
 	}
 	calls := 0
-	got, err := records.Modify(ctx, "run-m", func(r *lease.Record) bool {
+	_, err := records.Modify(ctx, rec.Ref(), func(r *lease.Record) (bool, error) {
 		calls++
 		if calls == 1 {
-			// Another writer gets in first: the run's result marks the lease finished.
-			rec, rev, err := records.Get(ctx, "run-m")
-			if err != nil {
-				t.Fatal(err)
-			}
-			rec.State = lease.StateFinished
-			if _, err := records.Update(ctx, rec, rev); err != nil {
+			// A release gets in first.
+			if _, err := records.Modify(ctx, rec.Ref(), lease.BeginRelease(events.LeaseRelease, false)); err != nil {
 				t.Fatal(err)
 			}
 		}
-		r.State = lease.StateReleased
-		return true
+		return lease.Created(r)
 	})
-	if err != nil {
-		t.Fatalf("Modify: %v", err)
+	if calls != 2 || !errors.Is(err, lease.ErrEnded) {
+		t.Errorf("calls %d, error %v; want a second attempt refused with ErrEnded", calls, err)
 	}
-	if calls != 2 || got.State != lease.StateReleased {
-		t.Errorf("calls %d, state %s; want a second attempt ending released", calls, got.State)
-	}
-	stored, _, err := records.Get(ctx, "run-m")
-	if err != nil || stored.State != lease.StateReleased {
-		t.Errorf("stored state %s (err %v), want released", stored.State, err)
+	stored, _, err := records.Get(ctx, rec.Ref())
+	if err != nil || stored.State != lease.StateReleasing {
+		t.Errorf("stored state %s (err %v), want releasing", stored.State, err)
 	}
 }

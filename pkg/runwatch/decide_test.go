@@ -105,7 +105,7 @@ func newDecideTracker(t *testing.T) *tracker {
 		UnschedulableGrace: 5 * time.Second,
 		StartErrorGrace:    10 * time.Second,
 	}, log: testLogger(t)}
-	tr := newTracker(w, nil, "paperclip-acme", "acme", "run-1")
+	tr := newTracker(w, nil, "paperclip-acme", events.Ref("acme", "run-1"))
 	t.Cleanup(func() {
 		if tr.recheck != nil {
 			tr.recheck.Stop()

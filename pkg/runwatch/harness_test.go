@@ -51,7 +51,7 @@ func newHarness(t *testing.T) *harness {
 		},
 		log:       testLogger(t),
 		publisher: pub,
-		trackers:  map[string]*tracker{},
+		trackers:  map[events.RunRef]*tracker{},
 	}
 	return &harness{js: js, stream: stream, w: w}
 }
@@ -60,7 +60,7 @@ func newHarness(t *testing.T) *harness {
 // watcher follows only leased runs.
 func (h *harness) lease(t *testing.T, runID string) {
 	t.Helper()
-	if _, _, err := h.w.leases.Create(t.Context(), lease.Record{RunID: runID, CompanyID: testCompany, State: lease.StateCreated}); err != nil {
+	if _, _, err := h.w.leases.Create(t.Context(), lease.Record{RunID: runID, CompanyID: testCompany, Namespace: testNamespace, State: lease.StateCreated}); err != nil {
 		t.Fatalf("creating the lease of %s: %v", runID, err)
 	}
 }
@@ -68,7 +68,7 @@ func (h *harness) lease(t *testing.T, runID string) {
 // tracker returns a tracker of runID with fresh log state.
 func (h *harness) tracker(t *testing.T, runID string) *tracker {
 	t.Helper()
-	tr := newTracker(h.w, h.stream, testNamespace, testCompany, runID)
+	tr := newTracker(h.w, h.stream, testNamespace, events.Ref(testCompany, runID))
 	tr.logs = newLogState(t.Context(), tr, h.w.opts.FlushInterval)
 	return tr
 }

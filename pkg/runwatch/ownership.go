@@ -13,7 +13,7 @@ import (
 	"github.com/kubeclip/kubeclip/pkg/events"
 )
 
-// OwnershipBucket holds which run-watcher replica follows which run: key LeaseKey(runId), value
+// OwnershipBucket holds which run-watcher replica follows which run: key RunRef.Key() (company and run), value
 // the replica's id. The bucket's TTL is the ownership timeout: an owner renews its keys every
 // third of it, so a key whose owner died ages out and the server leaves a marker that wakes the
 // other replicas, one of which takes the run over.
@@ -54,28 +54,28 @@ type owners struct {
 	log zerolog.Logger
 
 	mu    sync.Mutex
-	owned map[string]uint64 // run id → revision of our key
+	owned map[events.RunRef]uint64 // run → revision of our key
 }
 
 func newOwners(kv jetstream.KeyValue, id string, ttl time.Duration, log zerolog.Logger) *owners {
-	return &owners{kv: kv, id: id, ttl: ttl, log: log, owned: map[string]uint64{}}
+	return &owners{kv: kv, id: id, ttl: ttl, log: log, owned: map[events.RunRef]uint64{}}
 }
 
-// owns reports whether this replica holds runID.
-func (o *owners) owns(runID string) bool {
+// owns reports whether this replica holds the run.
+func (o *owners) owns(ref events.RunRef) bool {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	_, ok := o.owned[runID]
+	_, ok := o.owned[ref]
 	return ok
 }
 
-// claim makes this replica the owner of runID if nobody else is. It returns false, with no
+// claim makes this replica the owner of the run if nobody else is. It returns false, with no
 // error, when another replica owns it.
-func (o *owners) claim(ctx context.Context, runID string) (bool, error) {
-	if o.owns(runID) {
+func (o *owners) claim(ctx context.Context, ref events.RunRef) (bool, error) {
+	if o.owns(ref) {
 		return true, nil
 	}
-	key := events.LeaseKey(runID)
+	key := ref.Key()
 	rev, err := o.kv.Create(ctx, key, []byte(o.id))
 	if errors.Is(err, jetstream.ErrKeyExists) {
 		entry, gerr := o.kv.Get(ctx, key)
@@ -85,55 +85,55 @@ func (o *owners) claim(ctx context.Context, runID string) (bool, error) {
 		// Our own key from before a restart of this replica's run loop: take it back.
 		rev = entry.Revision()
 	} else if err != nil {
-		return false, fmt.Errorf("claiming run %s: %w", runID, err)
+		return false, fmt.Errorf("claiming run %s: %w", ref.RunID, err)
 	}
 	o.mu.Lock()
-	o.owned[runID] = rev
+	o.owned[ref] = rev
 	o.mu.Unlock()
 	return true, nil
 }
 
-// release gives runID up, so another replica can take it at once.
-func (o *owners) release(ctx context.Context, runID string) {
+// release gives the run up, so another replica can take it at once.
+func (o *owners) release(ctx context.Context, ref events.RunRef) {
 	o.mu.Lock()
-	rev, ok := o.owned[runID]
-	delete(o.owned, runID)
+	rev, ok := o.owned[ref]
+	delete(o.owned, ref)
 	o.mu.Unlock()
 	if !ok {
 		return
 	}
-	err := o.kv.Delete(ctx, events.LeaseKey(runID), jetstream.LastRevision(rev))
+	err := o.kv.Delete(ctx, ref.Key(), jetstream.LastRevision(rev))
 	if err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) && !errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
-		o.log.Warn().Err(err).Str(events.LogKeyRunID, runID).Msg("releasing run ownership failed; it expires on its own")
+		o.log.Warn().Err(err).Str(events.LogKeyRunID, ref.RunID).Msg("releasing run ownership failed; it expires on its own")
 	}
 }
 
 // renewAll renews every owned key once and returns the runs whose ownership was lost.
-func (o *owners) renewAll(ctx context.Context) []string {
+func (o *owners) renewAll(ctx context.Context) []events.RunRef {
 	o.mu.Lock()
-	runs := make(map[string]uint64, len(o.owned))
+	runs := make(map[events.RunRef]uint64, len(o.owned))
 	for r, rev := range o.owned {
 		runs[r] = rev
 	}
 	o.mu.Unlock()
-	var lost []string
-	for runID, rev := range runs {
-		next, err := o.kv.Update(ctx, events.LeaseKey(runID), []byte(o.id), rev)
+	var lost []events.RunRef
+	for ref, rev := range runs {
+		next, err := o.kv.Update(ctx, ref.Key(), []byte(o.id), rev)
 		o.mu.Lock()
-		_, still := o.owned[runID]
+		_, still := o.owned[ref]
 		switch {
 		case !still:
 			// released while we renewed
 		case err == nil:
-			o.owned[runID] = next
+			o.owned[ref] = next
 		case errors.Is(err, jetstream.ErrKeyRevisionMismatch), errors.Is(err, jetstream.ErrKeyNotFound):
 			// Our key expired (we were too slow) and maybe another replica took the run.
-			delete(o.owned, runID)
-			lost = append(lost, runID)
+			delete(o.owned, ref)
+			lost = append(lost, ref)
 		default:
 			// NATS unreachable: keep trying; if it stays away, the key expires and we lose
 			// the run when we are back (the revision check above).
-			o.log.Warn().Err(err).Str(events.LogKeyRunID, runID).Msg("renewing run ownership failed")
+			o.log.Warn().Err(err).Str(events.LogKeyRunID, ref.RunID).Msg("renewing run ownership failed")
 		}
 		o.mu.Unlock()
 	}
@@ -143,7 +143,7 @@ func (o *owners) renewAll(ctx context.Context) []string {
 // releaseAll gives every owned run up (graceful shutdown), so takeover is immediate.
 func (o *owners) releaseAll(ctx context.Context) {
 	o.mu.Lock()
-	runs := make([]string, 0, len(o.owned))
+	runs := make([]events.RunRef, 0, len(o.owned))
 	for r := range o.owned {
 		runs = append(runs, r)
 	}

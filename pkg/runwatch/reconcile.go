@@ -50,12 +50,15 @@ func (w *Watcher) reconcile(ctx context.Context, stream jetstream.Stream) {
 	defer func() { _ = lister.Stop() }()
 	lost := 0
 	for key := range lister.Keys() {
-		runID := events.RunIDFromLeaseKey(key)
-		rec, _, err := w.leases.Get(ctx, runID)
+		ref, ok := events.ParseRunKey(key)
+		if !ok {
+			continue
+		}
+		rec, _, err := w.leases.Get(ctx, ref)
 		if err != nil || rec.State != lease.StateCreated || w.opts.Now().Sub(rec.CreatedAt) < reconcileGrace {
 			continue
 		}
-		if job, pod := w.objects(runID); job != nil || pod != nil {
+		if job, pod := w.objects(ref, rec.Namespace); job != nil || pod != nil {
 			continue // followed by its tracker
 		}
 		if w.reportLost(ctx, stream, rec) {
@@ -70,12 +73,12 @@ func (w *Watcher) reconcile(ctx context.Context, stream jetstream.Stream) {
 // reportLost publishes the result of a run whose workload is gone, with whatever its published
 // log says about the agent. It reports whether it published one.
 func (w *Watcher) reportLost(ctx context.Context, stream jetstream.Stream, rec lease.Record) bool {
-	t := newTracker(w, stream, rec.Namespace, rec.CompanyID, rec.RunID)
+	t := newTracker(w, stream, rec.Namespace, rec.Ref())
 	defer func() {
 		if t.logs != nil {
 			t.logs.stop()
 		}
-		w.owners.release(context.WithoutCancel(ctx), rec.RunID)
+		w.owners.release(context.WithoutCancel(ctx), rec.Ref())
 	}()
 	owned, err := t.own(ctx)
 	if err != nil || !owned {

@@ -42,7 +42,7 @@ func TestTrackerStepRunReleasedBeforeItStarted(t *testing.T) {
 	jobs, pods := withInformerCaches(t, h)
 	const runID = "run-step"
 	h.lease(t, runID)
-	tr := newTracker(h.w, h.stream, testNamespace, testCompany, runID)
+	tr := newTracker(h.w, h.stream, testNamespace, events.Ref(testCompany, runID))
 	t.Cleanup(func() {
 		if tr.recheck != nil {
 			tr.recheck.Stop()
@@ -105,12 +105,12 @@ func TestTrackerStepRunReleasedBeforeItStarted(t *testing.T) {
 	if diff := cmp.Diff(wantResults, gotResults, cmpopts.IgnoreFields(events.RunResultEvent{}, "At", "Agent")); diff != "" {
 		t.Errorf("result events (-want +got):\n%s", diff)
 	}
-	if h.w.owners.owns(runID) {
+	if h.w.owners.owns(events.Ref(testCompany, runID)) {
 		t.Error("the replica still owns the finished run")
 	}
 
 	// A restarted watcher finds the result and publishes nothing more, whatever the caches say.
-	again := newTracker(h.w, h.stream, testNamespace, testCompany, runID)
+	again := newTracker(h.w, h.stream, testNamespace, events.Ref(testCompany, runID))
 	if err := jobs.Add(j); err != nil {
 		t.Fatal(err)
 	}

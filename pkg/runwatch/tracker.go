@@ -30,6 +30,7 @@ type tracker struct {
 	w         *Watcher
 	stream    jetstream.Stream
 	namespace string
+	ref       events.RunRef
 	companyID string
 	runID     string
 	log       zerolog.Logger
@@ -64,14 +65,15 @@ type verdict struct {
 	exitCode *int
 }
 
-func newTracker(w *Watcher, stream jetstream.Stream, namespace, companyID, runID string) *tracker {
+func newTracker(w *Watcher, stream jetstream.Stream, namespace string, ref events.RunRef) *tracker {
 	return &tracker{
 		w:         w,
 		stream:    stream,
 		namespace: namespace,
-		companyID: companyID,
-		runID:     runID,
-		log:       w.log.With().Str(events.LogKeyRunID, runID).Str(events.LogKeyTenant, companyID).Logger(),
+		ref:       ref,
+		companyID: ref.CompanyID,
+		runID:     ref.RunID,
+		log:       w.log.With().Str(events.LogKeyRunID, ref.RunID).Str(events.LogKeyTenant, ref.CompanyID).Logger(),
 		wakeCh:    make(chan struct{}, 1),
 		// The created event already says Pending: a status event starts with the first change.
 		lastPhase: events.PhasePending,
@@ -119,9 +121,9 @@ func (t *tracker) run(ctx context.Context) {
 		}
 		if t.done {
 			inFlightEnded()
-			job, pod := t.w.objects(t.runID)
+			job, pod := t.w.objects(t.ref, t.namespace)
 			if job == nil && pod == nil {
-				t.w.forget(t.runID)
+				t.w.forget(t.ref)
 				return
 			}
 		}
@@ -139,7 +141,7 @@ func (t *tracker) ownerChanged() {
 // replica owns it, or when the run already has its result.
 func (t *tracker) own(ctx context.Context) (bool, error) {
 	owners := t.w.owners
-	if owners.owns(t.runID) {
+	if owners.owns(t.ref) {
 		return true, nil
 	}
 	if t.loaded {
@@ -151,8 +153,9 @@ func (t *tracker) own(ctx context.Context) (bool, error) {
 	}
 	if !t.ours {
 		// Another kubeclip installation (its own NATS) may share the cluster: only the runs
-		// leased here are this watcher's. The lease record exists before the workload does.
-		_, _, err := t.w.leases.Get(ctx, t.runID)
+		// leased here are this watcher's. The lease record exists before the workload does,
+		// and names the namespace it went into: objects claiming the run elsewhere are not it.
+		rec, _, err := t.w.leases.Get(ctx, t.ref)
 		if errors.Is(err, lease.ErrNotFound) {
 			t.log.Debug().Msg("run has no lease here; another installation's, ignored")
 			t.done = true
@@ -160,6 +163,10 @@ func (t *tracker) own(ctx context.Context) (bool, error) {
 		}
 		if err != nil {
 			return false, err
+		}
+		if rec.Namespace != "" {
+			// Objects labelled with the run elsewhere are not it (objects filters by namespace).
+			t.namespace = rec.Namespace
 		}
 		t.ours = true
 	}
@@ -171,7 +178,7 @@ func (t *tracker) own(ctx context.Context) (bool, error) {
 		t.done = true
 		return false, nil
 	}
-	ok, err := owners.claim(ctx, t.runID)
+	ok, err := owners.claim(ctx, t.ref)
 	if err != nil {
 		return false, err
 	}
@@ -204,7 +211,7 @@ func (t *tracker) reset(why string) {
 // fenced handles a log publish refused because another replica wrote the run's log: this
 // replica gives the run up and, if the run is free again, reloads it from the stream.
 func (t *tracker) fenced(ctx context.Context) {
-	t.w.owners.release(ctx, t.runID)
+	t.w.owners.release(ctx, t.ref)
 	t.reset("another replica wrote this run's log")
 	t.poke()
 }
@@ -243,7 +250,7 @@ func (t *tracker) step(ctx context.Context) error {
 	if t.done {
 		return nil
 	}
-	job, pod := t.w.objects(t.runID)
+	job, pod := t.w.objects(t.ref, t.namespace)
 	if job != nil {
 		t.seenJob = true
 	}
@@ -307,7 +314,7 @@ func (t *tracker) step(ctx context.Context) error {
 	t.done = true
 	t.logs.stop()
 	t.logs = nil // a finished run keeps no log state while its Job waits for its TTL
-	t.w.owners.release(ctx, t.runID)
+	t.w.owners.release(ctx, t.ref)
 	return nil
 }
 

@@ -29,8 +29,9 @@ import (
 	"github.com/kubeclip/kubeclip/pkg/policy"
 )
 
-// runIndex indexes Jobs and Pods by their run id label.
-const runIndex = "run-id"
+// runIndex indexes Jobs and Pods by their run: the RunRef.Key of their company-id and run-id
+// labels, so two companies' runs with the same run id never meet.
+const runIndex = "run"
 
 // Defaults of Options.
 const (
@@ -137,7 +138,7 @@ type Watcher struct {
 	leases     lease.Records
 
 	mu       sync.Mutex
-	trackers map[string]*tracker
+	trackers map[events.RunRef]*tracker
 	wg       sync.WaitGroup
 }
 
@@ -159,7 +160,7 @@ func New(opts Options) (*Watcher, error) {
 		opts:      opts,
 		log:       opts.Logger,
 		publisher: pub,
-		trackers:  map[string]*tracker{},
+		trackers:  map[events.RunRef]*tracker{},
 	}, nil
 }
 
@@ -237,9 +238,9 @@ func (w *Watcher) renewOwnership(ctx context.Context) {
 			return
 		case <-tick.C:
 		}
-		for _, runID := range w.owners.renewAll(ctx) {
-			w.log.Warn().Str(events.LogKeyRunID, runID).Msg("lost ownership of a run")
-			w.pokeRun(runID)
+		for _, ref := range w.owners.renewAll(ctx) {
+			w.log.Warn().Str(events.LogKeyRunID, ref.RunID).Str(events.LogKeyTenant, ref.CompanyID).Msg("lost ownership of a run")
+			w.pokeRun(ref)
 		}
 	}
 }
@@ -265,7 +266,9 @@ func (w *Watcher) watchOwnership(ctx context.Context, kv jetstream.KeyValue) {
 				continue
 			}
 			if op := entry.Operation(); op == jetstream.KeyValueDelete || op == jetstream.KeyValuePurge {
-				w.ownerChanged(events.RunIDFromLeaseKey(entry.Key()))
+				if ref, ok := events.ParseRunKey(entry.Key()); ok {
+					w.ownerChanged(ref)
+				}
 			}
 		}
 		_ = kw.Stop()
@@ -273,18 +276,18 @@ func (w *Watcher) watchOwnership(ctx context.Context, kv jetstream.KeyValue) {
 }
 
 // ownerChanged tells a run's tracker that its ownership key changed.
-func (w *Watcher) ownerChanged(runID string) {
+func (w *Watcher) ownerChanged(ref events.RunRef) {
 	w.mu.Lock()
-	t := w.trackers[runID]
+	t := w.trackers[ref]
 	w.mu.Unlock()
 	if t != nil {
 		t.ownerChanged()
 	}
 }
 
-func (w *Watcher) pokeRun(runID string) {
+func (w *Watcher) pokeRun(ref events.RunRef) {
 	w.mu.Lock()
-	t := w.trackers[runID]
+	t := w.trackers[ref]
 	w.mu.Unlock()
 	if t != nil {
 		t.poke()
@@ -308,9 +311,8 @@ func (w *Watcher) wake(ctx context.Context, stream jetstream.Stream, obj any) {
 	if err != nil {
 		return
 	}
-	runID := m.GetLabels()[policy.LabelRunID]
-	companyID := m.GetLabels()[policy.LabelCompanyID]
-	if runID == "" || companyID == "" {
+	ref, ok := runOf(m)
+	if !ok {
 		return
 	}
 	w.mu.Lock()
@@ -318,10 +320,10 @@ func (w *Watcher) wake(ctx context.Context, stream jetstream.Stream, obj any) {
 	if ctx.Err() != nil {
 		return
 	}
-	t, ok := w.trackers[runID]
+	t, ok := w.trackers[ref]
 	if !ok {
-		t = newTracker(w, stream, m.GetNamespace(), companyID, runID)
-		w.trackers[runID] = t
+		t = newTracker(w, stream, m.GetNamespace(), ref)
+		w.trackers[ref] = t
 		w.wg.Add(1)
 		go func() {
 			defer w.wg.Done()
@@ -333,27 +335,28 @@ func (w *Watcher) wake(ctx context.Context, stream jetstream.Stream, obj any) {
 
 // forget drops a finished run's tracker once neither its Job nor its pods are left, so the map
 // does not grow with every run ever seen.
-func (w *Watcher) forget(runID string) {
+func (w *Watcher) forget(ref events.RunRef) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	delete(w.trackers, runID)
+	delete(w.trackers, ref)
 }
 
-// objects returns the run's Job (nil once deleted) and its newest pod (nil before it exists).
-func (w *Watcher) objects(runID string) (*batchv1.Job, *corev1.Pod) {
+// objects returns the run's Job (nil once deleted) and its newest pod (nil before it exists) in
+// namespace.
+func (w *Watcher) objects(ref events.RunRef, namespace string) (*batchv1.Job, *corev1.Pod) {
 	var job *batchv1.Job
-	if objs, err := w.jobs.ByIndex(runIndex, runID); err == nil {
+	if objs, err := w.jobs.ByIndex(runIndex, ref.Key()); err == nil {
 		for _, o := range objs {
-			if j, ok := o.(*batchv1.Job); ok {
+			if j, ok := o.(*batchv1.Job); ok && j.Namespace == namespace {
 				job = j
 			}
 		}
 	}
 	var pod *corev1.Pod
-	if objs, err := w.pods.ByIndex(runIndex, runID); err == nil {
+	if objs, err := w.pods.ByIndex(runIndex, ref.Key()); err == nil {
 		for _, o := range objs {
 			p, ok := o.(*corev1.Pod)
-			if !ok {
+			if !ok || p.Namespace != namespace {
 				continue
 			}
 			if pod == nil || p.CreationTimestamp.After(pod.CreationTimestamp.Time) {
@@ -369,10 +372,16 @@ func indexByRun(obj any) ([]string, error) {
 	if err != nil {
 		return nil, nil //nolint:nilerr // objects without metadata are not indexed
 	}
-	if id := m.GetLabels()[policy.LabelRunID]; id != "" {
-		return []string{id}, nil
+	if ref, ok := runOf(m); ok {
+		return []string{ref.Key()}, nil
 	}
 	return nil, nil
+}
+
+// runOf is the run an object's labels name.
+func runOf(m metav1.Object) (events.RunRef, bool) {
+	ref := events.Ref(m.GetLabels()[policy.LabelCompanyID], m.GetLabels()[policy.LabelRunID])
+	return ref, ref.CompanyID != "" && ref.RunID != ""
 }
 
 func metaOf(obj any) (metav1.Object, error) {

@@ -60,6 +60,7 @@ type Worker struct {
 	log       zerolog.Logger
 	publisher *events.Publisher
 	tenants   jetstream.KeyValue
+	records   lease.Records
 	// namespaces lists the managed namespaces that exist, from an informer: a tenant whose
 	// namespace was deleted is applied again at once, whatever its record says.
 	namespaces cache.Indexer
@@ -106,6 +107,11 @@ func (w *Worker) Run(ctx context.Context) error {
 		return fmt.Errorf("opening KV bucket %s: %w", events.TenantBucket, err)
 	}
 	w.tenants = kv
+	leases, err := js.KeyValue(ctx, events.LeaseBucket)
+	if err != nil {
+		return fmt.Errorf("opening KV bucket %s: %w", events.LeaseBucket, err)
+	}
+	w.records = lease.Records{KV: leases}
 	cons, err := js.CreateOrUpdateConsumer(ctx, w.opts.Subjects.LeaseStream(), events.TenantWorkerConsumerConfig(w.opts.Subjects))
 	if err != nil {
 		return fmt.Errorf("creating consumer %s: %w", events.TenantWorkerConsumer, err)
@@ -133,13 +139,26 @@ func (w *Worker) Run(ctx context.Context) error {
 	})
 }
 
-// handle provisions the acquire's tenant and hands the lease to the dispatcher.
+// handle provisions the acquire's tenant and hands the lease to the dispatcher. It records the
+// lease first of all: every acquire, also one that fails, leaves a record, so a redelivered or
+// replayed acquire of a lease that moved on (dispatched, failed, released) does nothing.
 func (w *Worker) handle(ctx context.Context, m jetstream.Msg) error {
 	req, err := w.opts.Subjects.DecodeAcquire(m.Subject(), m.Data())
 	if err != nil {
 		return err
 	}
 	log := w.log.With().Str(events.LogKeyRunID, req.RunID).Str(events.LogKeyTenant, req.CompanyID).Logger()
+	rec, _, err := w.records.Create(ctx, lease.Record{
+		RunID: req.RunID, CompanyID: req.CompanyID, AgentID: req.AgentID,
+		State: lease.StateRequested, CreatedAt: w.opts.Now().UTC(),
+	})
+	if err != nil {
+		return err
+	}
+	if rec.State != lease.StateRequested {
+		log.Info().Str("state", string(rec.State)).Msg("acquire already handled; nothing to do")
+		return nil
+	}
 	plan, err := lease.New(req, w.opts.Now())
 	if err != nil {
 		return err
@@ -246,8 +265,12 @@ func (w *Worker) record(ctx context.Context, ns string) (record, bool) {
 	return rec, true
 }
 
-// reportFailure publishes the run's failed event for an acquire that will not be retried.
+// reportFailure records that the acquire failed and publishes the run's failed event. A request
+// too malformed to name a run has no record and nobody to tell (PublishFailure logs it).
 func (w *Worker) reportFailure(ctx context.Context, m jetstream.Msg, te *events.TerminalError) error {
+	if err := lease.RecordFailure(ctx, w.records, m, te.Code, w.opts.Now()); err != nil {
+		return err
+	}
 	return events.PublishFailure(ctx, w.publisher, w.log, m, te)
 }
 

@@ -8,7 +8,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/kubeclip/kubeclip/pkg/events"
 )
 
 // breakdownRow is a diagnostic: where a phase's time went (a pipeline stage, or one kind of
@@ -38,7 +37,7 @@ func (b *bench) acquireStages(phase string, runs []string) []breakdownRow {
 	for _, id := range runs {
 		ev := b.events.snapshot(id)
 		start, ok := b.published[id]
-		read, readOK := b.stats.marked(markLeaseRead, events.LeaseKey(id))
+		read, readOK := b.stats.marked(markLeaseRead, id)
 		published, pubOK := b.stats.marked(markCreatedPublished, id)
 		if !ok || !readOK || !pubOK || ev.dispatched.IsZero() || ev.created.IsZero() {
 			continue

@@ -251,7 +251,7 @@ func (b *bench) startStreamingRun(ctx context.Context, env *pipelinetest.Env, st
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
 	for {
-		owner, err := pipelinetest.Owner(wctx, env.JS, runID)
+		owner, err := pipelinetest.Owner(wctx, env.JS, events.Ref(b.warmCompany, runID))
 		if err != nil {
 			return r, err
 		}
@@ -277,7 +277,7 @@ func (b *bench) killOwner(ctx context.Context, env *pipelinetest.Env, runID stri
 	if err != nil {
 		return tk, fmt.Errorf("opening %s: %w", runwatch.OwnershipBucket, err)
 	}
-	watch, err := kv.Watch(wctx, events.LeaseKey(runID), jetstream.UpdatesOnly())
+	watch, err := kv.Watch(wctx, events.Ref(b.warmCompany, runID).Key(), jetstream.UpdatesOnly())
 	if err != nil {
 		return tk, fmt.Errorf("watching the owner of run %s: %w", runID, err)
 	}

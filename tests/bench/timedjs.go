@@ -85,8 +85,8 @@ func (k timedKV) done(what string, start time.Time, err error) {
 
 func (k timedKV) Get(ctx context.Context, key string) (jetstream.KeyValueEntry, error) {
 	start := time.Now()
-	if k.bucket == events.LeaseBucket {
-		k.stats.mark(markLeaseRead, key, start)
+	if ref, ok := events.ParseRunKey(key); ok && k.bucket == events.LeaseBucket {
+		k.stats.mark(markLeaseRead, ref.RunID, start)
 	}
 	e, err := k.KeyValue.Get(ctx, key)
 	k.done("get", start, err)

@@ -96,7 +96,7 @@ func TestHundredRunsSurviveAWatcherKill(t *testing.T) {
 	}
 	owned := map[string]bool{}
 	for _, r := range rs {
-		if o, err := pt.Owner(ctx, env.JS, r.RunID); err == nil && o == victimID {
+		if o, err := pt.Owner(ctx, env.JS, events.Ref(r.CompanyID, r.RunID)); err == nil && o == victimID {
 			owned[r.RunID] = true
 		}
 	}
