@@ -7,7 +7,6 @@ import (
 	"strings"
 	"syscall"
 	"time"
-
 )
 
 // breakdownRow is a diagnostic: where a phase's time went (a pipeline stage, or one kind of
