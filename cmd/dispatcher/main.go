@@ -24,6 +24,7 @@ func main() { os.Exit(app.Main("dispatcher", run)) }
 type settings struct {
 	app.Common
 	Streams          app.Streams
+	Tenancy          app.Tenancy
 	AdapterSecret    string
 	AgentBusyTimeout time.Duration
 	ReleaseTimeout   time.Duration
@@ -37,6 +38,7 @@ func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout,
 	fs := config.New("dispatcher", lookupEnv)
 	s.Common.Bind(fs)
 	s.Streams.Bind(fs)
+	s.Tenancy.Bind(fs)
 	fs.String(&s.AdapterSecret, "adapter-secret", "KUBECLIP_ADAPTER_SECRET", "", "namespace/name of an optional Secret holding adapter API keys (ANTHROPIC_API_KEY, ...); keys also come from this process's environment")
 	fs.Duration(&s.AgentBusyTimeout, "agent-busy-timeout", "KUBECLIP_AGENT_BUSY_TIMEOUT", dispatch.DefaultAgentBusyTimeout, "how long an acquire waits for its agent's previous run before failing with agent_busy")
 	fs.Duration(&s.ReleaseTimeout, "release-timeout", "KUBECLIP_RELEASE_TIMEOUT", dispatch.DefaultReleaseTimeout, "bound on deleting a run's workload and waiting for its pod to go")
@@ -48,6 +50,10 @@ func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout,
 		return app.Usage(err)
 	}
 	secretRef, err := s.Validate(fs)
+	if err != nil {
+		return &app.UsageError{Err: err}
+	}
+	op, err := s.Tenancy.Operator(fs)
 	if err != nil {
 		return &app.UsageError{Err: err}
 	}
@@ -65,7 +71,7 @@ func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout,
 		AgentBusyTimeout: s.AgentBusyTimeout, ReleaseTimeout: s.ReleaseTimeout,
 		Concurrency: s.Concurrency, DrainTimeout: s.ShutdownTimeout,
 		OrphanPolicy: dispatch.OrphanPolicy(s.OrphanPolicy), ReconcileInterval: s.Reconcile,
-		Observer: p.Ops.Metrics,
+		Observer: p.Ops.Metrics, Operator: op,
 	})
 	if err != nil {
 		return err

@@ -21,6 +21,7 @@ func main() { os.Exit(app.Main("tenant-worker", run)) }
 type settings struct {
 	app.Common
 	Streams     app.Streams
+	Tenancy     app.Tenancy
 	Resync      time.Duration
 	Concurrency int
 }
@@ -30,6 +31,7 @@ func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout,
 	fs := config.New("tenant-worker", lookupEnv)
 	s.Common.Bind(fs)
 	s.Streams.Bind(fs)
+	s.Tenancy.Bind(fs)
 	fs.Duration(&s.Resync, "tenant-resync", "KUBECLIP_TENANT_RESYNC", tenant.DefaultResync, "re-apply an unchanged tenant after this long, repairing drift")
 	fs.Int(&s.Concurrency, "concurrency", "KUBECLIP_CONCURRENCY", 8, "acquire requests handled at once")
 	if err := fs.Parse(args); err != nil {
@@ -37,6 +39,10 @@ func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout,
 		return app.Usage(err)
 	}
 	if err := s.Validate(fs); err != nil {
+		return &app.UsageError{Err: err}
+	}
+	op, err := s.Tenancy.Operator(fs)
+	if err != nil {
 		return &app.UsageError{Err: err}
 	}
 
@@ -49,7 +55,7 @@ func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout,
 	w, err := tenant.New(tenant.Options{
 		Clientset: p.Kube.Clientset, Applier: p.Kube.Applier, JetStream: p.JS, Subjects: p.Subjects,
 		Logger: p.Log, Resync: s.Resync, Concurrency: s.Concurrency, DrainTimeout: s.ShutdownTimeout,
-		Observer: p.Ops.Metrics,
+		Observer: p.Ops.Metrics, Operator: op,
 	})
 	if err != nil {
 		return err

@@ -88,6 +88,10 @@ type Options struct {
 	ReconcileInterval time.Duration
 	// Observer is told about consumed and published messages (metrics); nil means none.
 	Observer events.Observer
+	// Operator is the installation's policy for every company (allowed namespace prefixes,
+	// reserved namespaces, adapter keys, the namespace cap); zero fields take
+	// policy.DefaultOperator's.
+	Operator policy.Operator
 }
 
 func (o Options) withDefaults() (Options, error) {
@@ -102,6 +106,10 @@ func (o Options) withDefaults() (Options, error) {
 		return o, errors.New("dispatch: Options.JetStream is required")
 	case o.AgentBusyTimeout < 0, o.AgentBusyRetry < 0, o.ReleaseTimeout < 0:
 		return o, errors.New("dispatch: Options durations must not be negative")
+	}
+	o.Operator = o.Operator.WithDefaults()
+	if err := o.Operator.Validate(); err != nil {
+		return o, fmt.Errorf("dispatch: Options.Operator: %w", err)
 	}
 	if o.Now == nil {
 		o.Now = time.Now
@@ -142,6 +150,7 @@ type Dispatcher struct {
 	log       zerolog.Logger
 	publisher *events.Publisher
 	records   lease.Records
+	tenants   jetstream.KeyValue
 	agents    agentGuard
 	runs      jetstream.Stream
 
@@ -175,6 +184,9 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 		return fmt.Errorf("opening KV bucket %s: %w", events.AgentBucket, err)
 	}
 	d.records = lease.Records{KV: leases}
+	if d.tenants, err = js.KeyValue(ctx, events.TenantBucket); err != nil {
+		return fmt.Errorf("opening KV bucket %s: %w", events.TenantBucket, err)
+	}
 	if d.runs, err = js.Stream(ctx, d.opts.Subjects.RunStream()); err != nil {
 		return fmt.Errorf("opening stream %s: %w", d.opts.Subjects.RunStream(), err)
 	}
@@ -251,12 +263,21 @@ func (d *Dispatcher) handleDispatch(ctx context.Context, m jetstream.Msg) error 
 	}
 	ref := events.Ref(req.CompanyID, req.RunID)
 	log := d.log.With().Str(events.LogKeyRunID, req.RunID).Str(events.LogKeyTenant, req.CompanyID).Logger()
-	plan, err := lease.New(req.AcquireRequest, d.opts.Now())
+	plan, err := lease.New(req.AcquireRequest, d.opts.Now(), d.opts.Operator)
 	if err != nil {
 		return err
 	}
 	if plan.Namespace != req.Namespace {
 		return events.Terminalf(events.CodeInternal, "namespace", "the tenant-worker chose namespace %s, the dispatcher %s", req.Namespace, plan.Namespace)
+	}
+	// Defence in depth: the tenant-worker claimed the namespace for this company before it
+	// handed the lease over; a run never goes into a namespace another company owns.
+	owner, _, _, err := lease.ReadTenant(ctx, d.tenants, plan.Namespace)
+	if err != nil {
+		return err
+	}
+	if owner.CompanyID != req.CompanyID {
+		return events.Terminalf(events.CodeNamespaceNotAllowed, "namespace", "namespace %s is not this company's tenant", plan.Namespace)
 	}
 	rec, _, err := d.records.Get(ctx, ref)
 	if errors.Is(err, lease.ErrNotFound) {
@@ -389,7 +410,7 @@ func (d *Dispatcher) create(ctx context.Context, log zerolog.Logger, plan lease.
 		run, err = k8s.CreateWorkloadRun(ctx, d.opts.Clientset, d.opts.Dynamic, policy.SandboxGVR(""), secret, sandbox)
 	}
 	if err != nil {
-		return events.RunCreatedEvent{}, nil, classifyCreate(err)
+		return events.RunCreatedEvent{}, nil, k8s.Meaning(k8s.OpCreate, err)
 	}
 
 	if !plan.Grant.Empty() {
@@ -399,7 +420,7 @@ func (d *Dispatcher) create(ctx context.Context, log zerolog.Logger, plan lease.
 			return events.RunCreatedEvent{}, nil, events.Terminal(events.CodeInternal, "executionWorkspaceSettings.networkEgress", err)
 		}
 		if err := d.opts.Applier.Apply(ctx, obj); err != nil {
-			return events.RunCreatedEvent{}, nil, classifyCreate(err)
+			return events.RunCreatedEvent{}, nil, k8s.Meaning(k8s.OpCreate, err)
 		}
 	}
 
@@ -541,18 +562,6 @@ func (d *Dispatcher) sandboxServed() error {
 	default:
 		return fmt.Errorf("discovering %s: %w", gv, err)
 	}
-}
-
-// classifyCreate maps a failed create to the message's fate: refused for good → terminal;
-// anything else is retried.
-func classifyCreate(err error) error {
-	switch {
-	case errors.Is(err, k8s.ErrRunConflict):
-		return events.Terminal(events.CodeInternal, "", err)
-	case k8s.IsPermanent(err):
-		return events.Terminal(events.CodeInternal, "", err)
-	}
-	return err
 }
 
 // publishedAt is when the message was first published (the stream's timestamp), so the wait

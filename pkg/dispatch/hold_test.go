@@ -11,6 +11,7 @@ import (
 
 	"github.com/kubeclip/kubeclip/pkg/events"
 	"github.com/kubeclip/kubeclip/pkg/lease"
+	"github.com/kubeclip/kubeclip/pkg/policy"
 )
 
 // deliveredMsg publishes one message to a scratch stream and returns it as a consumer delivers
@@ -125,7 +126,7 @@ func TestHoldAgent(t *testing.T) {
 			if tc.expiresIn > 0 {
 				req.RequestedExpiresAt = published.Add(tc.expiresIn).Format(time.RFC3339Nano)
 			}
-			plan, err := lease.New(req, published)
+			plan, err := lease.New(req, published, policy.DefaultOperator())
 			if err != nil {
 				t.Fatalf("lease.New() error: %v", err)
 			}

@@ -7,7 +7,6 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kubeclip/kubeclip/pkg/events"
@@ -105,19 +104,12 @@ func (d *Dispatcher) deleteRun(ctx context.Context, rec lease.Record, withSecret
 		err = k8s.DeleteWorkloadRun(ctx, d.opts.Clientset, d.opts.Dynamic, policy.SandboxGVR(""), rec.Namespace, rec.WorkloadName, pods, opts)
 	}
 	if err != nil {
-		return d.classifyDelete(err)
+		return k8s.Meaning(k8s.OpDelete, err)
 	}
 	if withSecret {
-		return d.classifyDelete(k8s.DeleteSecret(ctx, d.opts.Clientset, rec.Namespace, rec.SecretName))
+		return k8s.Meaning(k8s.OpDelete, k8s.DeleteSecret(ctx, d.opts.Clientset, rec.Namespace, rec.SecretName))
 	}
 	return nil
-}
-
-func (d *Dispatcher) classifyDelete(err error) error {
-	if err != nil && k8s.IsPermanent(err) && !apierrors.IsNotFound(err) {
-		return events.Terminal(events.CodeInternal, "", err)
-	}
-	return err
 }
 
 // handleResult frees the agent of a run that ended, so the agent's next acquire starts, and
@@ -146,8 +138,8 @@ func (d *Dispatcher) handleResult(ctx context.Context, m jetstream.Msg) error {
 		// quota) until the deadline.
 		prop := metav1.DeletePropagationBackground
 		err := d.opts.Clientset.BatchV1().Jobs(rec.Namespace).Delete(ctx, rec.WorkloadName, metav1.DeleteOptions{PropagationPolicy: &prop})
-		if err != nil && !apierrors.IsNotFound(err) {
-			return d.classifyDelete(err)
+		if err := k8s.Meaning(k8s.OpDelete, err); err != nil {
+			return err
 		}
 	}
 	d.agents.free(ctx, log, res.CompanyID, rec.AgentID, res.RunID)

@@ -215,7 +215,21 @@ func TestTerminalErrors(t *testing.T) {
 	if failed.Code != events.CodeInvalidConfig || failed.Field != "config.egressMode" || !strings.Contains(failed.Message, "config.egressMode: must be cilium or standard") {
 		t.Errorf("NewRunFailed = %+v", failed)
 	}
-	if f := events.NewRunFailed(events.Ref("c1", "r1"), events.LeaseAcquire, base); f.Code != events.CodeInternal || f.Message != "boom" {
-		t.Errorf("NewRunFailed(plain) = %+v", f)
+	// Issue 8.13: what failed inside kubeclip or the cluster stays in the logs; the tenant reads
+	// what the code means.
+	internals := []error{
+		base,
+		events.Terminal(events.CodeInternal, "", errors.New(`secrets "pc-1-env" is forbidden: User "system:serviceaccount:kubeclip:dispatcher" cannot get`)),
+		&events.RetryableError{Code: events.CodeBackendUnavailable, Err: errors.New("dial tcp 10.96.0.1:443: connect: connection refused")},
+	}
+	for _, err := range internals {
+		f := events.NewRunFailed(events.Ref("c1", "r1"), events.LeaseAcquire, err)
+		if strings.Contains(f.Message, "boom") || strings.Contains(f.Message, "10.96") || strings.Contains(f.Message, "pc-1-env") || !strings.Contains(f.Message, "kubeclip's logs") {
+			t.Errorf("NewRunFailed(%v).Message = %q, want the code's description without internals", err, f.Message)
+		}
+	}
+	quota := &events.TerminalError{Code: events.CodeQuotaExceeded, Field: "config.defaultResources", Err: errors.New("detail"), Message: "ResourceQuota q refuses it"}
+	if f := events.NewRunFailed(events.Ref("c1", "r1"), events.LeaseAcquire, quota); f.Message != "config.defaultResources: ResourceQuota q refuses it" {
+		t.Errorf("NewRunFailed(quota).Message = %q", f.Message)
 	}
 }

@@ -32,6 +32,29 @@ func Codes() []Code {
 	}
 }
 
+// BlamesRequest reports whether the code says the request itself is wrong (or cannot be served
+// as asked): its message is kubeclip's own explanation naming the field, safe to show the
+// tenant. The other codes are failures of the cluster or of kubeclip, whose details stay in
+// the logs.
+func (c Code) BlamesRequest() bool {
+	switch c {
+	case CodeBackendUnavailable, CodeInternal:
+		return false
+	}
+	return c.Valid()
+}
+
+// description is the tenant-facing text of a code whose details are kubeclip's business.
+func (c Code) description() string {
+	switch c {
+	case CodeBackendUnavailable:
+		return "the Kubernetes API kept failing; kubeclip gave up after retrying (details are in kubeclip's logs)"
+	case CodeQuotaExceeded:
+		return "the tenant's ResourceQuota refuses the run"
+	}
+	return "kubeclip could not carry out the request (details are in kubeclip's logs)"
+}
+
 // Valid reports whether c is one of the documented codes.
 func (c Code) Valid() bool {
 	for _, k := range Codes() {
@@ -46,12 +69,33 @@ func (c Code) Valid() bool {
 // same way. Consume terms the message and hands the error to ConsumeOptions.OnTerminal, which
 // publishes the run's `failed` event with Code and Field. Find it with errors.As.
 //
-// Its message goes into the `failed` event verbatim, so it must name the offending field and
-// must never contain a secret value.
+// What the tenant reads is Public: Message when set, else Err's text for a code that blames
+// the request (its message names the field and the reason, and must never hold a secret), else
+// a fixed text for the code. Err itself goes to kubeclip's logs only: it may name API server
+// addresses, Secrets and other cluster internals.
 type TerminalError struct {
 	Code  Code
 	Field string // the offending payload field (JSON name), e.g. "config.egressAllowCidrs[0]"; may be empty
 	Err   error
+	// Message, when set, is what the tenant reads instead of Err.
+	Message string
+}
+
+// Public is the text the run's `failed` event carries, with the field in front when there is
+// one.
+func (e *TerminalError) Public() string {
+	msg := e.Message
+	switch {
+	case msg != "":
+	case e.Code.BlamesRequest() && e.Err != nil:
+		msg = e.Err.Error()
+	default:
+		msg = e.Code.description()
+	}
+	if e.Field != "" {
+		return e.Field + ": " + msg
+	}
+	return msg
 }
 
 func (e *TerminalError) Error() string {

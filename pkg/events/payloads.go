@@ -454,10 +454,11 @@ func NewRunFailed(ref RunRef, request LeaseKind, err error) RunFailedEvent {
 		ev.Message = "unknown failure"
 		return ev
 	}
-	ev.Message = err.Error()
-	if te, ok := AsTerminal(err); ok {
-		ev.Code, ev.Field = te.Code, te.Field
+	te, ok := AsTerminal(err)
+	if !ok {
+		te = &TerminalError{Code: CodeInternal, Err: err}
 	}
+	ev.Code, ev.Field, ev.Message = te.Code, te.Field, te.Public()
 	return ev
 }
 

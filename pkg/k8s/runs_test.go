@@ -58,7 +58,8 @@ func TestValidateRunInput(t *testing.T) {
 	}
 }
 
-func TestIsPermanent(t *testing.T) {
+// TestIsPermanentCreateError: which create errors make createRun remove the Secret it made.
+func TestIsPermanentCreateError(t *testing.T) {
 	gr := schema.GroupResource{Group: "batch", Resource: "jobs"}
 	gk := schema.GroupKind{Group: "batch", Kind: "Job"}
 	tests := []struct {
@@ -78,12 +79,9 @@ func TestIsPermanent(t *testing.T) {
 		{fmt.Errorf("wrapped: %w", apierrors.NewBadRequest("bad")), true},
 	}
 	for _, tc := range tests {
-		if got := IsPermanent(tc.err); got != tc.want {
-			t.Errorf("IsPermanent(%v) = %v, want %v", tc.err, got, tc.want)
+		if got := isPermanentCreateError(tc.err); got != tc.want {
+			t.Errorf("isPermanentCreateError(%v) = %v, want %v", tc.err, got, tc.want)
 		}
-	}
-	if IsPermanent(nil) {
-		t.Error("IsPermanent(nil) = true, want false")
 	}
 }
 

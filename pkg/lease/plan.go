@@ -26,13 +26,18 @@ type Plan struct {
 	Deadline *policy.LeaseDeadline
 }
 
-// New validates req and derives its plan. now bounds a requested expiry.
-func New(req events.AcquireRequest, now time.Time) (Plan, error) {
+// New validates req against the operator's policy and derives its plan. now bounds a requested
+// expiry.
+func New(req events.AcquireRequest, now time.Time, op policy.Operator) (Plan, error) {
 	if err := req.Validate(); err != nil {
 		return Plan{}, err
 	}
 	cfg, err := policy.ParseConfig(req.Config)
 	if err != nil {
+		return Plan{}, fieldError(events.CodeInvalidConfig, "config.", err)
+	}
+	// Adapter keys come from the worker's environment: only the ones the operator hands out.
+	if err := op.CheckAdapterEnv(cfg); err != nil {
 		return Plan{}, fieldError(events.CodeInvalidConfig, "config.", err)
 	}
 	adapterType, err := policy.ResolveRunAdapterType(req.AdapterType, cfg)
@@ -50,6 +55,9 @@ func New(req events.AcquireRequest, now time.Time) (Plan, error) {
 	ns, err := policy.TenantNamespace(cfg, req.CompanyID)
 	if err != nil {
 		return Plan{}, namespaceError(err)
+	}
+	if err := op.CheckNamespace(cfg, ns); err != nil {
+		return Plan{}, fieldError(events.CodeNamespaceNotAllowed, "config.", err)
 	}
 	grant, err := policy.ParseEgressGrant(req.ExecutionWorkspaceSettings)
 	if err != nil {

@@ -185,6 +185,55 @@ func TestNewRefuses(t *testing.T) {
 			},
 			wantCode: events.CodeInvalidRequest, wantField: "executionWorkspaceSettings.networkEgress.allowCidrs[1]",
 		},
+		// Issue 8: what a hostile config could reach.
+		{
+			name:     "kube- prefix takes over kube-system",
+			mod:      func(r *events.AcquireRequest) { r.Config = json.RawMessage(`{"namespacePrefix":"kube-","companySlug":"system"}`) },
+			wantCode: events.CodeNamespaceNotAllowed, wantField: "config.namespacePrefix",
+		},
+		{
+			name:     "a prefix the operator did not allow",
+			mod:      func(r *events.AcquireRequest) { r.Config = json.RawMessage(`{"namespacePrefix":"other-"}`) },
+			wantCode: events.CodeNamespaceNotAllowed, wantField: "config.namespacePrefix",
+		},
+		{
+			name:     "kubeclip's own namespace",
+			mod:      func(r *events.AcquireRequest) { r.Config = json.RawMessage(`{"companySlug":"kubeclip"}`) },
+			wantCode: events.CodeNamespaceNotAllowed, wantField: "config.companySlug",
+		},
+		{
+			name: "envKeys naming the worker's NATS password",
+			mod: func(r *events.AcquireRequest) {
+				r.Config = json.RawMessage(`{"adapterType":"mine","adapters":[{"adapterType":"mine","runtimeImage":"reg.example.com/mine:v1","envKeys":["ANTHROPIC_API_KEY","KUBECLIP_NATS_PASSWORD"]}]}`)
+			},
+			wantCode: events.CodeInvalidConfig, wantField: "config.adapters[0].envKeys[1]",
+		},
+		{
+			name: "envKeys naming any operator variable",
+			mod: func(r *events.AcquireRequest) {
+				r.Config = json.RawMessage(`{"adapterType":"mine","adapters":[{"adapterType":"mine","runtimeImage":"reg.example.com/mine:v1","envKeys":["AWS_SECRET_ACCESS_KEY"]}]}`)
+			},
+			wantCode: events.CodeInvalidConfig, wantField: "config.adapters[0].envKeys[0]",
+		},
+		{
+			name: "defaultEnv overriding the loader",
+			mod: func(r *events.AcquireRequest) {
+				r.Config = json.RawMessage(`{"adapterType":"mine","adapters":[{"adapterType":"mine","runtimeImage":"reg.example.com/mine:v1","defaultEnv":{"LD_PRELOAD":"/tmp/x.so"}}]}`)
+			},
+			wantCode: events.CodeInvalidConfig, wantField: `config.adapters[0].defaultEnv["LD_PRELOAD"]`,
+		},
+		{
+			name: "adapter image outside the allowlist",
+			mod: func(r *events.AcquireRequest) {
+				r.Config = json.RawMessage(`{"imageAllowList":["registry.example.com/*"]}`)
+			},
+			wantCode: events.CodeImageNotAllowed, wantField: "config.imageAllowList",
+		},
+		{
+			name:     "a deadline that overflows TTLs",
+			mod:      func(r *events.AcquireRequest) { r.Config = json.RawMessage(`{"podActivityDeadlineSec":9007199254740991}`) },
+			wantCode: events.CodeInvalidConfig, wantField: "config.podActivityDeadlineSec",
+		},
 		{
 			name: "invalid FQDN in the egress grant",
 			mod: func(r *events.AcquireRequest) {
@@ -195,7 +244,7 @@ func TestNewRefuses(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			plan, err := lease.New(acquire(tc.mod), now)
+			plan, err := lease.New(acquire(tc.mod), now, testOperator)
 			if err == nil {
 				t.Fatalf("New() = %+v, want an error", plan)
 			}
@@ -215,6 +264,14 @@ func TestNewRefuses(t *testing.T) {
 			}
 		})
 	}
+}
+
+// testOperator allows a second prefix and reserves kubeclip's namespace, as the workers' flags
+// would.
+var testOperator = policy.Operator{
+	NamespacePrefixes:       []string{"paperclip-", "t-"},
+	ReservedNamespaces:      []string{"paperclip-kubeclip"},
+	MaxNamespacesPerCompany: 3,
 }
 
 func TestNewPlans(t *testing.T) {
@@ -242,7 +299,7 @@ func TestNewPlans(t *testing.T) {
 				r.RequestedExpiresAt = "2026-08-24T11:30:00Z"
 				r.Config = json.RawMessage(`{"namespacePrefix":"t-","imageRegistry":"registry.example.com/mirror/"}`)
 			},
-			wantNamespace: "t-acme-corp",
+			wantNamespace: "t-acme-corp-e45676e9",
 			wantAdapter:   "codex_local",
 			wantImage:     "registry.example.com/mirror/agent-runtime-codex:v1",
 			// 3599.877 s until the requested expiry: whole seconds, counted from now's second.
@@ -276,7 +333,7 @@ func TestNewPlans(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			req := acquire(tc.mod)
-			plan, err := lease.New(req, now)
+			plan, err := lease.New(req, now, testOperator)
 			if err != nil {
 				t.Fatalf("New() error: %v", err)
 			}
@@ -374,7 +431,7 @@ func TestTenantEgressCoversDefaultAndRunAdapters(t *testing.T) {
 			plan, err := lease.New(acquire(func(r *events.AcquireRequest) {
 				r.Config = json.RawMessage(tc.config)
 				r.AdapterType = tc.adapterType
-			}), now)
+			}), now, policy.DefaultOperator())
 			if err != nil {
 				t.Fatalf("New() error: %v", err)
 			}
@@ -396,7 +453,7 @@ func TestTenantEgressCoversDefaultAndRunAdapters(t *testing.T) {
 // decision: FQDNs cannot be named in a NetworkPolicy, so a run whose adapter needs any gets
 // public HTTPS.
 func TestTenantStandardModeFallsBackToPublicHTTPS(t *testing.T) {
-	plan, err := lease.New(acquire(func(r *events.AcquireRequest) { r.AdapterType = "codex_local" }), now)
+	plan, err := lease.New(acquire(func(r *events.AcquireRequest) { r.AdapterType = "codex_local" }), now, policy.DefaultOperator())
 	if err != nil {
 		t.Fatalf("New() error: %v", err)
 	}

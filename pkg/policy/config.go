@@ -44,6 +44,11 @@ const (
 	DefaultAdapterType                = "claude_local"
 	DefaultBackend                    = BackendSandboxCR
 	DefaultPaperclipServerNamespace   = "paperclip"
+
+	// MaxPodActivityDeadlineSec bounds podActivityDeadlineSec: a week is far beyond any agent
+	// run, and every duration derived from it (the agent guard's TTL, a pod's deadline) stays
+	// well inside time.Duration and the lease records' 14-day life.
+	MaxPodActivityDeadlineSec = 7 * 24 * 60 * 60
 )
 
 // DefaultPaperclipServerPodLabels selects the Paperclip server pods that agents call back on

@@ -265,6 +265,9 @@ func TestParseConfigValidation(t *testing.T) {
 		{"deadline negative", `{"podActivityDeadlineSec": -5}`, []policy.FieldError{{"podActivityDeadlineSec", "must be > 0"}}},
 		{"deadline huge", `{"podActivityDeadlineSec": 1e400}`, []policy.FieldError{{"podActivityDeadlineSec", "number is out of range"}}},
 		{"deadline over safe integer", `{"podActivityDeadlineSec": 1e16}`, []policy.FieldError{{"podActivityDeadlineSec", "must be at most 9007199254740991"}}},
+		// Issue 8.7: the deadline becomes the agent guard's TTL; 2^53-1 seconds overflowed it.
+		{"deadline over a week", `{"podActivityDeadlineSec": 604801}`, []policy.FieldError{{"podActivityDeadlineSec", "must be at most 604800 (7 days)"}}},
+		{"deadline max safe integer", `{"podActivityDeadlineSec": 9007199254740991}`, []policy.FieldError{{"podActivityDeadlineSec", "must be at most 604800 (7 days)"}}},
 		{"deadline fraction", `{"podActivityDeadlineSec": 10.25}`, []policy.FieldError{{"podActivityDeadlineSec", "must be an integer, got 10.25"}}},
 		// adapterType and the registry.
 		{"adapterType unknown", `{"adapterType": "claude_k8s"}`, []policy.FieldError{{"adapterType", "must be a built-in adapter type (" + msgBuiltinTypes + `) or declared in adapters, got "claude_k8s"`}}},

@@ -84,13 +84,18 @@ func (e *AdapterError) Error() string { return e.Message }
 // Is reports that every AdapterError is an ErrUnknownAdapter.
 func (e *AdapterError) Is(target error) bool { return target == ErrUnknownAdapter }
 
-// ImageNotAllowedError is returned for an image override outside the allowlist. It matches
+// ImageNotAllowedError is returned for an image outside the allowlist: an override, or (with
+// Adapter set) the image an adapter's runtimeImage and imageRegistry lead to. It matches
 // ErrImageNotAllowed.
 type ImageNotAllowedError struct {
-	Image string
+	Image   string
+	Adapter string
 }
 
 func (e *ImageNotAllowedError) Error() string {
+	if e.Adapter != "" {
+		return `Image "` + e.Image + `" of adapter ` + e.Adapter + ` (its runtimeImage, after imageRegistry) is not in imageAllowList`
+	}
 	return `Image override "` + e.Image + `" is not in allowlist`
 }
 

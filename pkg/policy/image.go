@@ -29,19 +29,35 @@ func GlobMatch(pattern, value string) bool {
 // ResolveImage picks a run's image (resolveImage): an override must match an imageAllowList
 // glob (else *ImageNotAllowedError, errors.Is ErrImageNotAllowed) and is used as is; otherwise
 // the adapter's runtime image, moved to imageRegistry when one is configured.
+//
+// Deviation: upstream checks the allowlist for overrides only, so a config could run any image
+// through its adapters' runtimeImage or imageRegistry while its allowlist said otherwise. Here a
+// non-empty imageAllowList binds the image the run will actually use, whichever way it was
+// chosen.
 func ResolveImage(override string, defaults AdapterDefaults, cfg Config) (string, error) {
 	if override != "" {
-		for _, p := range cfg.ImageAllowList {
-			if GlobMatch(p, override) {
-				return override, nil
-			}
+		if !allowed(override, cfg.ImageAllowList) {
+			return "", &ImageNotAllowedError{Image: override}
 		}
-		return "", &ImageNotAllowedError{Image: override}
+		return override, nil
 	}
+	image := defaults.RuntimeImage
 	if cfg.ImageRegistry != "" {
-		return RewriteRegistry(defaults.RuntimeImage, cfg.ImageRegistry), nil
+		image = RewriteRegistry(image, cfg.ImageRegistry)
 	}
-	return defaults.RuntimeImage, nil
+	if len(cfg.ImageAllowList) > 0 && !allowed(image, cfg.ImageAllowList) {
+		return "", &ImageNotAllowedError{Image: image, Adapter: defaults.AdapterType}
+	}
+	return image, nil
+}
+
+func allowed(image string, globs []string) bool {
+	for _, p := range globs {
+		if GlobMatch(p, image) {
+			return true
+		}
+	}
+	return false
 }
 
 // RewriteRegistry moves image under registry (rewriteRegistry): the tag is everything from the

@@ -79,6 +79,8 @@ func TestResolveImage(t *testing.T) {
 	allowing := policy.DefaultConfig()
 	allowing.ImageAllowList = []string{"kubeclip.local/*", "ghcr.io/acme/agent:v?"}
 	allowing.ImageRegistry = "registry.example.com"
+	allowingRuntime := allowing
+	allowingRuntime.ImageAllowList = []string{"registry.example.com/agent-runtime-*:v1"}
 	tests := []struct {
 		name     string
 		override string
@@ -91,6 +93,9 @@ func TestResolveImage(t *testing.T) {
 		{name: "allowed override is used as is", override: "kubeclip.local/agent-stub:dev", cfg: allowing, want: "kubeclip.local/agent-stub:dev"},
 		{name: "second glob", override: "ghcr.io/acme/agent:v3", cfg: allowing, want: "ghcr.io/acme/agent:v3"},
 		{name: "override outside allowlist", override: "docker.io/evil/agent:v1", cfg: allowing, wantErr: `Image override "docker.io/evil/agent:v1" is not in allowlist`},
+		// Issue 8.9: the allowlist binds the image the run uses, not only an override.
+		{name: "rewritten runtime image outside allowlist", cfg: allowing, wantErr: `Image "registry.example.com/agent-runtime-claude:v1" of adapter claude_local (its runtimeImage, after imageRegistry) is not in imageAllowList`},
+		{name: "runtime image inside allowlist", cfg: allowingRuntime, want: "registry.example.com/agent-runtime-claude:v1"},
 		{name: "empty allowlist allows no override", override: "kubeclip.local/agent-stub:dev", cfg: plain, wantErr: `Image override "kubeclip.local/agent-stub:dev" is not in allowlist`},
 	}
 	for _, tc := range tests {

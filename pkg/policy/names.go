@@ -52,22 +52,27 @@ var (
 	nonSlugRunRE = regexp.MustCompile(`[^a-z0-9-]+`)
 )
 
-// CompanySlug derives a namespace-safe slug from a company id (deriveCompanySlug, exactly):
-// lower-case, runs of characters outside [a-z0-9-] become one '-', leading and trailing '-'
-// are trimmed, empty becomes "company"; a slug longer than 53 characters becomes its first 44
-// characters (trailing '-' trimmed) + "-" + the first 8 hex digits of sha256(input), so
-// distinct long ids keep distinct slugs.
+// CompanySlug derives a namespace-safe slug from a company id: lower-case, runs of characters
+// outside [a-z0-9-] become one '-', leading and trailing '-' are trimmed (deriveCompanySlug).
+//
+// Deviation: upstream maps distinct ids to one slug ("ACME" and "acme", "acme_corp" and
+// "acme-corp"), and so to one namespace. Here an id that is its own slug (a lower-case UUID, say)
+// stays as it is, and any other, as well as a slug longer than 53 characters, becomes its first
+// 44 characters (trailing '-' trimmed, "company" when nothing is left) + "-" + the first 8 hex
+// digits of sha256(id): readable, and distinct for distinct ids. Tenant namespaces are claimed
+// by one company each on top of this (the tenant-worker's ownership record), so even a slug a
+// company chose itself cannot reach another company's namespace.
 func CompanySlug(input string) string {
-	slug := nonSlugRunRE.ReplaceAllString(jsToLower(input), "-")
-	slug = strings.Trim(slug, "-")
-	if slug == "" {
-		return "company"
-	}
-	if len(slug) <= maxSlugLength {
+	slug := strings.Trim(nonSlugRunRE.ReplaceAllString(jsToLower(input), "-"), "-")
+	if slug != "" && slug == input && len(slug) <= maxSlugLength {
 		return slug
 	}
+	head := strings.TrimRight(slug[:min(len(slug), slugHeadLen)], "-")
+	if head == "" {
+		head = "company"
+	}
 	sum := sha256.Sum256([]byte(input))
-	return strings.TrimRight(slug[:slugHeadLen], "-") + "-" + hex.EncodeToString(sum[:])[:8]
+	return head + "-" + hex.EncodeToString(sum[:])[:8]
 }
 
 // jsToLower is JavaScript's String.prototype.toLowerCase as far as it can change the result

@@ -20,15 +20,19 @@ func TestCompanySlug(t *testing.T) {
 		input, want string
 	}{
 		{"3f2b6c1e-7a4d-4e5f-9a8b-0c1d2e3f4a5b", "3f2b6c1e-7a4d-4e5f-9a8b-0c1d2e3f4a5b"}, // full UUIDs stay untruncated
-		{"Acme Corp", "acme-corp"},
-		{"Foo_Bar.Baz", "foo-bar-baz"},
-		{"  --Acme!!--  ", "acme"},
-		{"a---b", "a---b"}, // '-' runs inside are kept
-		{"---", "company"},
-		{"", "company"},
-		{"日本", "company"},
-		{"Ünïcode Co", "n-code-co"},
-		{"İstanbul", "i-stanbul"}, // JavaScript lower-cases İ to "i̇"
+		{"Acme Corp", "acme-corp-a73cb456"}, // folded: the hash keeps it apart from "acme-corp"
+		{"Foo_Bar.Baz", "foo-bar-baz-2e41f623"},
+		{"  --Acme!!--  ", "acme-f340644b"},
+		{"a---b", "a---b"}, // '-' runs inside are kept; an id that is its own slug stays as it is
+		{"acme", "acme"},
+		{"ACME", "acme-a8308e8e"},
+		{"acme_corp", "acme-corp-cca8c794"},
+		{"acme-corp", "acme-corp"},
+		{"---", "company-cb3f91d5"},
+		{"", "company-e3b0c442"},
+		{"日本", "company-cf2abf0c"},
+		{"Ünïcode Co", "n-code-co-0c9c8bf0"},
+		{"İstanbul", "i-stanbul-24ec8f72"}, // JavaScript lower-cases İ to "i̇"
 		{strings.Repeat("a", 53), strings.Repeat("a", 53)},
 		{strings.Repeat("a", 54), strings.Repeat("a", 44) + "-a3f01b69"},
 		{strings.Repeat("a", 60), strings.Repeat("a", 44) + "-11ee3912"},
@@ -49,6 +53,20 @@ func TestCompanySlug(t *testing.T) {
 	}
 }
 
+// TestCompanySlugsAreDistinct is issue 8.13: distinct company ids that fold to one slug
+// ("ACME" and "acme", "acme_corp" and "acme-corp") got one namespace.
+func TestCompanySlugsAreDistinct(t *testing.T) {
+	ids := []string{"acme", "ACME", "Acme", "acme_corp", "acme-corp", "acme.corp", "ACME_CORP", "---", "", "日本", "中国"}
+	seen := map[string]string{}
+	for _, id := range ids {
+		slug := policy.CompanySlug(id)
+		if other, dup := seen[slug]; dup {
+			t.Errorf("CompanySlug(%q) = CompanySlug(%q) = %q", id, other, slug)
+		}
+		seen[slug] = id
+	}
+}
+
 func TestTenantNamespace(t *testing.T) {
 	withSlug := policy.DefaultConfig()
 	withSlug.CompanySlug = "acme"
@@ -65,7 +83,7 @@ func TestTenantNamespace(t *testing.T) {
 	}{
 		{name: "default", cfg: policy.DefaultConfig(), companyID: "3f2b6c1e-7a4d-4e5f-9a8b-0c1d2e3f4a5b", want: "paperclip-3f2b6c1e-7a4d-4e5f-9a8b-0c1d2e3f4a5b"},
 		{name: "configured slug", cfg: withSlug, companyID: "3f2b6c1e-7a4d-4e5f-9a8b-0c1d2e3f4a5b", want: "paperclip-acme"},
-		{name: "derived slug", cfg: policy.DefaultConfig(), companyID: "Acme_Corp", want: "paperclip-acme-corp"},
+		{name: "derived slug", cfg: policy.DefaultConfig(), companyID: "Acme_Corp", want: "paperclip-acme-corp-e45676e9"},
 		{name: "exactly 63", cfg: longPrefix, companyID: strings.Repeat("c", 35), want: "a-very-long-tenant-prefix-x-" + strings.Repeat("c", 35)},
 		{name: "over 63", cfg: longPrefix, companyID: strings.Repeat("c", 36), wantErr: []policy.FieldError{{"namespacePrefix",
 			`tenant namespace "a-very-long-tenant-prefix-x-cccccccccccccccccccccccccccccccccccc" (namespacePrefix + company slug) is 64 characters; the limit is 63`}}},

@@ -104,8 +104,10 @@ func (c Config) Validate() error {
 	}
 	if c.PodActivityDeadlineSec <= 0 {
 		errs.add("podActivityDeadlineSec", "must be > 0")
-	} else if c.PodActivityDeadlineSec > maxSafeInteger {
-		errs.add("podActivityDeadlineSec", fmt.Sprintf("must be at most %d", int64(maxSafeInteger)))
+	} else if c.PodActivityDeadlineSec > MaxPodActivityDeadlineSec {
+		// Deviation: zod takes any safe integer; the deadline becomes TTLs (the agent guard,
+		// the lease) that must not overflow or outlive the lease records.
+		errs.add("podActivityDeadlineSec", fmt.Sprintf("must be at most %d (7 days)", MaxPodActivityDeadlineSec))
 	}
 
 	c.validateAdapterType(&errs)

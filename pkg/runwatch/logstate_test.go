@@ -124,7 +124,7 @@ func TestLogStateResume(t *testing.T) {
 			if got := l.seq.Last(); got != last.Seq {
 				t.Errorf("sequence continues after %d, want %d", got, last.Seq)
 			}
-			res := l.agentResult()
+			res := l.agentResult(0)
 			got := [3]string{res.SessionID, res.Model, res.Summary}
 			if diff := cmp.Diff([3]string{tc.wantSession, tc.wantModel, tc.wantSummary}, got); diff != "" {
 				t.Errorf("parser (session, model, summary) after replay (-want +got):\n%s", diff)
@@ -196,7 +196,7 @@ func TestLogStateAddFlushPublishesInOrder(t *testing.T) {
 	if diff := cmp.Diff(wantCursor, l.cursor()); diff != "" {
 		t.Errorf("cursor (-want +got):\n%s", diff)
 	}
-	if got := l.agentResult().SessionID; got != "sess-1" {
+	if got := l.agentResult(0).SessionID; got != "sess-1" {
 		t.Errorf("parser session %q, want sess-1 (published lines feed the parser)", got)
 	}
 }

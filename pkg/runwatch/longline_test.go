@@ -25,14 +25,14 @@ func TestBugLineSplitAcrossChunks(t *testing.T) {
 	}
 	evs := runEvents[events.RunLogEvent](t, h, "run-long", events.KindLog)
 	t.Logf("published %d log events for one %d-byte line", len(evs), len(result))
-	if got := l.agentResult().SessionID; got != "sess-long" {
+	if got := l.agentResult(0).SessionID; got != "sess-long" {
 		t.Errorf("live parser: session %q, want sess-long", got)
 	}
 	tr2 := h.tracker(t, "run-long")
 	if err := tr2.logs.resume(t.Context(), evs[len(evs)-1], 0); err != nil {
 		t.Fatal(err)
 	}
-	if got := tr2.logs.agentResult().SessionID; got != "sess-long" {
+	if got := tr2.logs.agentResult(0).SessionID; got != "sess-long" {
 		t.Errorf("replayed parser: session %q, want sess-long", got)
 	}
 	if diff := cmp.Diff(cursorOf(t, line(ts0, result)), tr2.logs.cursor()); diff != "" {

@@ -65,6 +65,19 @@ type verdict struct {
 	exitCode *int
 }
 
+// agentExitCode is the exit code the agent's transcript is judged with: the container's, or,
+// when the agent never exited on its own (deleted, timed out, never started), 0 for a run that
+// succeeded and 1 for one that did not.
+func (v *verdict) agentExitCode() int {
+	switch {
+	case v.exitCode != nil:
+		return *v.exitCode
+	case v.outcome == events.OutcomeSucceeded:
+		return 0
+	}
+	return 1
+}
+
 func newTracker(w *Watcher, stream jetstream.Stream, namespace string, ref events.RunRef) *tracker {
 	return &tracker{
 		w:         w,
@@ -463,7 +476,7 @@ func (t *tracker) publishResult(ctx context.Context) error {
 	ev := events.RunResultEvent{
 		RunID: t.runID, CompanyID: t.companyID,
 		Outcome: v.outcome, ExitCode: v.exitCode, Reason: v.reason, Message: v.message,
-		Agent: t.logs.agentResult(),
+		Agent: t.logs.agentResult(v.agentExitCode()),
 	}
 	_, err := t.w.publisher.Publish(ctx, ev, jetstream.WithExpectLastSequencePerSubject(0))
 	if isWrongLastSequence(err) {
@@ -833,8 +846,10 @@ func isWrongLastSequence(err error) bool {
 		apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant
 }
 
-func (l *logState) agentResult() *events.AgentResult {
+// agentResult is what the agent's stream-json log says about the run, judged with the
+// agent's exit code: a non-zero exit makes it an error whatever the stream's last word.
+func (l *logState) agentResult(exitCode int) *events.AgentResult {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.parser.Result()
+	return l.parser.ResultWithExitCode(exitCode)
 }

@@ -13,44 +13,32 @@ import (
 	"github.com/kubeclip/kubeclip/internal/natstest"
 	"github.com/kubeclip/kubeclip/pkg/events"
 	"github.com/kubeclip/kubeclip/pkg/lease"
+	"github.com/kubeclip/kubeclip/pkg/policy"
 )
 
 var now = time.Date(2026, 8, 24, 10, 30, 0, 0, time.UTC)
 
-// TestApplied pins when the tenant-worker skips the server-side apply: only for the same
+// TestFresh pins when the tenant-worker skips the server-side apply: only for the same
 // objects, applied within the resync period, into a namespace the informer still sees.
-func TestApplied(t *testing.T) {
+func TestFresh(t *testing.T) {
 	const ns, hash = "paperclip-acme", "3f2a"
-	_, _, js := natstest.Start(t)
 	tests := []struct {
 		name      string
-		namespace bool            // the informer has the namespace
-		record    json.RawMessage // KUBECLIP_TENANTS value of ns; nil for none
+		namespace bool   // the informer has the namespace
+		record    record // KUBECLIP_TENANTS value of ns; zero for none
 		want      bool
 	}{
-		{name: "same hash, namespace present, within resync", namespace: true, record: rec(t, hash, now.Add(-time.Minute)), want: true},
-		{name: "applied just now", namespace: true, record: rec(t, hash, now), want: true},
-		{name: "namespace missing", namespace: false, record: rec(t, hash, now.Add(-time.Minute)), want: false},
-		{name: "applied a resync period ago", namespace: true, record: rec(t, hash, now.Add(-DefaultResync)), want: false},
-		{name: "applied longer ago", namespace: true, record: rec(t, hash, now.Add(-time.Hour)), want: false},
-		{name: "hash differs", namespace: true, record: rec(t, "9c1d", now.Add(-time.Minute)), want: false},
+		{name: "same hash, namespace present, within resync", namespace: true, record: rec(hash, now.Add(-time.Minute)), want: true},
+		{name: "applied just now", namespace: true, record: rec(hash, now), want: true},
+		{name: "namespace missing", namespace: false, record: rec(hash, now.Add(-time.Minute)), want: false},
+		{name: "applied a resync period ago", namespace: true, record: rec(hash, now.Add(-DefaultResync)), want: false},
+		{name: "applied longer ago", namespace: true, record: rec(hash, now.Add(-time.Hour)), want: false},
+		{name: "hash differs", namespace: true, record: rec("9c1d", now.Add(-time.Minute)), want: false},
+		{name: "claimed, never applied", namespace: true, record: record{CompanyID: "acme", ClaimedAt: now}, want: false},
 		{name: "no record", namespace: true, want: false},
-		{name: "record not JSON", namespace: true, record: json.RawMessage(`not json`), want: false},
 	}
-	for i, tc := range tests {
+	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			// A bucket per case: the bucket keeps one value per namespace.
-			cfg := events.Options{}.TenantBucketConfig()
-			cfg.Bucket += "_" + string(rune('A'+i))
-			kv, err := js.CreateKeyValue(t.Context(), cfg)
-			if err != nil {
-				t.Fatalf("creating the tenant bucket: %v", err)
-			}
-			if tc.record != nil {
-				if _, err := kv.Put(t.Context(), ns, tc.record); err != nil {
-					t.Fatalf("writing the tenant record: %v", err)
-				}
-			}
 			namespaces := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})
 			if err := namespaces.Add(&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "paperclip-other"}}); err != nil {
 				t.Fatal(err)
@@ -62,23 +50,17 @@ func TestApplied(t *testing.T) {
 			}
 			w := &Worker{
 				opts:       Options{Now: func() time.Time { return now }, Resync: DefaultResync},
-				tenants:    kv,
 				namespaces: namespaces,
 			}
-			if got := w.applied(t.Context(), ns, hash); got != tc.want {
-				t.Errorf("applied() = %v, want %v", got, tc.want)
+			if got := w.fresh(tc.record, ns, hash); got != tc.want {
+				t.Errorf("fresh() = %v, want %v", got, tc.want)
 			}
 		})
 	}
 }
 
-func rec(t *testing.T, hash string, appliedAt time.Time) json.RawMessage {
-	t.Helper()
-	data, err := json.Marshal(record{Hash: hash, AppliedAt: appliedAt})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return data
+func rec(hash string, appliedAt time.Time) record {
+	return record{CompanyID: "acme", Hash: hash, AppliedAt: appliedAt}
 }
 
 // TestEnsureTenantSkipsAnUnchangedTenant: an acquire whose rendered tenant hashes to the
@@ -93,7 +75,7 @@ func TestEnsureTenantSkipsAnUnchangedTenant(t *testing.T) {
 	plan, err := lease.New(events.AcquireRequest{
 		RunID: "run-1", CompanyID: "acme", EnvironmentID: "env-1", AgentID: "agent-1",
 		AdapterType: "codex_local", Config: json.RawMessage(`{"egressMode":"cilium"}`),
-	}, now)
+	}, now, policy.DefaultOperator())
 	if err != nil {
 		t.Fatalf("lease.New() error: %v", err)
 	}
@@ -101,7 +83,11 @@ func TestEnsureTenantSkipsAnUnchangedTenant(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Tenant() error: %v", err)
 	}
-	if _, err := kv.Put(t.Context(), plan.Namespace, rec(t, tenant.Hash(), now.Add(-time.Minute))); err != nil {
+	data, err := json.Marshal(rec(tenant.Hash(), now.Add(-time.Minute)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Put(t.Context(), plan.Namespace, data); err != nil {
 		t.Fatalf("writing the tenant record: %v", err)
 	}
 	namespaces := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})

@@ -13,7 +13,6 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/informers"
@@ -52,6 +51,10 @@ type Options struct {
 	DrainTimeout time.Duration
 	// Observer is told about consumed and published messages (metrics); nil means none.
 	Observer events.Observer
+	// Operator is the installation's policy for every company (allowed namespace prefixes,
+	// reserved namespaces, adapter keys, the namespace cap); zero fields take
+	// policy.DefaultOperator's.
+	Operator policy.Operator
 }
 
 // Worker is the tenant-worker.
@@ -66,14 +69,6 @@ type Worker struct {
 	namespaces cache.Indexer
 }
 
-// record is what KUBECLIP_TENANTS holds per namespace.
-type record struct {
-	Hash      string    `json:"hash"`
-	AppliedAt time.Time `json:"appliedAt"`
-	// EgressMode is the mode applied, so a later switch knows to delete the other policy.
-	EgressMode string `json:"egressMode,omitempty"`
-}
-
 // New validates opts and returns a Worker; Run starts it.
 func New(opts Options) (*Worker, error) {
 	switch {
@@ -85,6 +80,10 @@ func New(opts Options) (*Worker, error) {
 		return nil, errors.New("tenant: Options.JetStream is required")
 	case opts.Resync < 0:
 		return nil, errors.New("tenant: Options.Resync must not be negative")
+	}
+	opts.Operator = opts.Operator.WithDefaults()
+	if err := opts.Operator.Validate(); err != nil {
+		return nil, fmt.Errorf("tenant: Options.Operator: %w", err)
 	}
 	if opts.Now == nil {
 		opts.Now = time.Now
@@ -159,7 +158,7 @@ func (w *Worker) handle(ctx context.Context, m jetstream.Msg) error {
 		log.Info().Str("state", string(rec.State)).Msg("acquire already handled; nothing to do")
 		return nil
 	}
-	plan, err := lease.New(req, w.opts.Now())
+	plan, err := lease.New(req, w.opts.Now(), w.opts.Operator)
 	if err != nil {
 		return err
 	}
@@ -173,10 +172,10 @@ func (w *Worker) handle(ctx context.Context, m jetstream.Msg) error {
 	return nil
 }
 
-// ensureTenant applies the tenant unless the same objects were applied recently and the
-// namespace still exists. Concurrent acquires for one company may both apply: server-side apply
-// of the same objects by the same field manager is idempotent, so that costs a round trip, not
-// a conflict.
+// ensureTenant makes sure the plan's namespace is the company's (claiming it on first use) and
+// applies the tenant unless the same objects were applied recently and the namespace still
+// exists. Concurrent acquires for one company may both apply: server-side apply of the same
+// objects by the same field manager is idempotent, so that costs a round trip, not a conflict.
 func (w *Worker) ensureTenant(ctx context.Context, log zerolog.Logger, plan lease.Plan) error {
 	tenant, err := plan.Tenant()
 	if err != nil {
@@ -184,10 +183,13 @@ func (w *Worker) ensureTenant(ctx context.Context, log zerolog.Logger, plan leas
 	}
 	hash := tenant.Hash()
 	ns := plan.Namespace
-	if w.applied(ctx, ns, hash) {
+	prev, rev, err := w.ownedRecord(ctx, plan)
+	if err != nil {
+		return err
+	}
+	if w.fresh(prev, ns, hash) {
 		return nil
 	}
-	prev, hasPrev := w.record(ctx, ns)
 	_, nsExisted, _ := w.namespaces.GetByKey(ns)
 
 	objs, err := tenant.Objects()
@@ -196,24 +198,27 @@ func (w *Worker) ensureTenant(ctx context.Context, log zerolog.Logger, plan leas
 	}
 	start := w.opts.Now()
 	if err := w.apply(ctx, objs); err != nil {
-		return classify(err)
+		return k8s.Meaning(k8s.OpApply, err)
 	}
 	// The other egress mode's policy exists only if the tenant was applied in that mode before,
 	// or if its history is unknown (a namespace older than its record).
 	mode := string(plan.Config.EgressMode)
-	if nsExisted && (!hasPrev || prev.EgressMode != mode) {
+	if nsExisted && prev.EgressMode != mode {
 		for _, stale := range tenant.Stale() {
 			if err := w.opts.Applier.Delete(ctx, stale.GVK, stale.Namespace, stale.Name); err != nil {
-				return classify(err)
+				return k8s.Meaning(k8s.OpDelete, err)
 			}
 		}
 	}
-	rec, err := json.Marshal(record{Hash: hash, AppliedAt: w.opts.Now().UTC(), EgressMode: mode})
+	next := prev
+	next.Hash, next.AppliedAt, next.EgressMode = hash, w.opts.Now().UTC(), mode
+	data, err := json.Marshal(next)
 	if err != nil {
 		return fmt.Errorf("encoding tenant record: %w", err)
 	}
-	if _, err := w.tenants.Put(ctx, ns, rec); err != nil {
-		// The tenant is applied; losing the record only costs a re-apply next time.
+	if _, err := w.tenants.Update(ctx, ns, data, rev); err != nil {
+		// The tenant is applied; losing the record (another replica wrote it meanwhile, or
+		// NATS hiccuped) only costs a re-apply next time. The owner never changes.
 		log.Warn().Err(err).Str(events.LogKeyNamespace, ns).Msg("recording the applied tenant failed")
 	}
 	log.Info().Str(events.LogKeyNamespace, ns).Dur("took", w.opts.Now().Sub(start)).Msg("tenant applied")
@@ -242,27 +247,13 @@ func (w *Worker) apply(ctx context.Context, objs []*unstructured.Unstructured) e
 	return errors.Join(errs...)
 }
 
-// applied reports whether the tenant with this hash was applied within the resync period and
-// its namespace exists.
-func (w *Worker) applied(ctx context.Context, ns, hash string) bool {
+// fresh reports whether rec says the tenant with this hash was applied within the resync
+// period, and the namespace exists.
+func (w *Worker) fresh(rec record, ns, hash string) bool {
 	if _, ok, _ := w.namespaces.GetByKey(ns); !ok {
 		return false
 	}
-	rec, ok := w.record(ctx, ns)
-	return ok && rec.Hash == hash && w.opts.Now().Sub(rec.AppliedAt) < w.opts.Resync
-}
-
-// record returns what KUBECLIP_TENANTS says was last applied to ns.
-func (w *Worker) record(ctx context.Context, ns string) (record, bool) {
-	entry, err := w.tenants.Get(ctx, ns)
-	if err != nil {
-		return record{}, false
-	}
-	var rec record
-	if json.Unmarshal(entry.Value(), &rec) != nil {
-		return record{}, false
-	}
-	return rec, true
+	return rec.Hash == hash && w.opts.Now().Sub(rec.AppliedAt) < w.opts.Resync
 }
 
 // reportFailure records that the acquire failed and publishes the run's failed event. A request
@@ -272,16 +263,4 @@ func (w *Worker) reportFailure(ctx context.Context, m jetstream.Msg, te *events.
 		return err
 	}
 	return events.PublishFailure(ctx, w.publisher, w.log, m, te)
-}
-
-// classify sorts a Kubernetes error: a request the API server refuses outright fails the
-// acquire; anything else (network, 5xx, conflicts, throttling) is retried. NotFound is retried
-// too: the tenant's objects are applied after its Namespace, so a NotFound can only be the API
-// server's caches catching up, such as the RBAC check of a RoleBinding not yet seeing the Role
-// applied a moment before.
-func classify(err error) error {
-	if k8s.IsPermanent(err) && !apierrors.IsNotFound(err) {
-		return events.Terminal(events.CodeInternal, "", err)
-	}
-	return err
 }

@@ -114,6 +114,24 @@ func TestAgentExitCodeIsReported(t *testing.T) {
 	r.AssertResultLast(t)
 }
 
+// TestAgentErrorFollowsTheExitCode is issue 8.10: Claude Code ends a run that ran out of turns
+// with a result line of subtype error_max_turns, is_error false, and exits 1. The exit code
+// makes the run an error, and the max-turns code tells why.
+func TestAgentErrorFollowsTheExitCode(t *testing.T) {
+	t.Parallel()
+	cs := clustertest.Clientset(t)
+	company := pt.NewID("co")
+	pt.CleanupTenant(t, cs, company)
+	r := env.Acquire(t, company, pt.NewID("agent"), pt.StubConfig(map[string]string{"STUB_LINES": "1", "STUB_EXIT_CODE": "1", "STUB_SUBTYPE": "error_max_turns"}))
+	res := pt.WaitKind[events.RunResultEvent](r, runTimeout)
+	if res.Outcome != events.OutcomeFailed || res.ExitCode == nil || *res.ExitCode != 1 {
+		t.Fatalf("result = %+v, want failed with exit code 1", res)
+	}
+	if res.Agent == nil || !res.Agent.IsError || res.Agent.ErrorCode != "max_turns_exhausted" {
+		t.Errorf("agent = %+v, want isError with errorCode max_turns_exhausted", res.Agent)
+	}
+}
+
 func TestActivityDeadlineTimesOut(t *testing.T) {
 	t.Parallel()
 	cs := clustertest.Clientset(t)

@@ -19,6 +19,8 @@
 //	STUB_OUTPUT_TOKENS  usage.output_tokens (default 200)
 //	STUB_CACHED_TOKENS  usage.cache_read_input_tokens (default 0)
 //	STUB_IS_ERROR       "true": the result is an error_during_execution
+//	STUB_SUBTYPE        the result's subtype, such as error_max_turns (default: success, or
+//	                    error_during_execution with STUB_IS_ERROR); is_error stays as STUB_IS_ERROR
 //
 // Each stdout line is one JSON object; each burst of lines goes out in a single write. Assistant
 // line i (from 1) carries the text "stub line <i>", unique per line. The stub writes no
@@ -77,6 +79,7 @@ type config struct {
 	outputTokens int64
 	cachedTokens int64
 	isError      bool
+	subtype      string
 }
 
 // loadConfig reads the STUB_* variables; an unparsable value is an error naming the variable.
@@ -120,6 +123,7 @@ func loadConfig(getenv func(string) string) (config, error) {
 	parse("STUB_OOM", boolean(&cfg.oom))
 	parse("STUB_RESULT", boolean(&cfg.result))
 	parse("STUB_IS_ERROR", boolean(&cfg.isError))
+	parse("STUB_SUBTYPE", func(v string) error { cfg.subtype = v; return nil })
 	parse("STUB_COST_USD", func(v string) (err error) { cfg.costUSD, err = strconv.ParseFloat(v, 64); return err })
 	parse("STUB_INPUT_TOKENS", int64Var(&cfg.inputTokens))
 	parse("STUB_OUTPUT_TOKENS", int64Var(&cfg.outputTokens))
@@ -262,6 +266,9 @@ func run(ctx context.Context, cfg config, stdout, stderr io.Writer) error {
 		subtype := "success"
 		if cfg.isError {
 			subtype = "error_during_execution"
+		}
+		if cfg.subtype != "" {
+			subtype = cfg.subtype
 		}
 		if err := emit(resultEvent{
 			Type:         "result",
