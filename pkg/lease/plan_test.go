@@ -187,8 +187,10 @@ func TestNewRefuses(t *testing.T) {
 		},
 		// Issue 8: what a hostile config could reach.
 		{
-			name:     "kube- prefix takes over kube-system",
-			mod:      func(r *events.AcquireRequest) { r.Config = json.RawMessage(`{"namespacePrefix":"kube-","companySlug":"system"}`) },
+			name: "kube- prefix takes over kube-system",
+			mod: func(r *events.AcquireRequest) {
+				r.Config = json.RawMessage(`{"namespacePrefix":"kube-","companySlug":"system"}`)
+			},
 			wantCode: events.CodeNamespaceNotAllowed, wantField: "config.namespacePrefix",
 		},
 		{
@@ -230,8 +232,10 @@ func TestNewRefuses(t *testing.T) {
 			wantCode: events.CodeImageNotAllowed, wantField: "config.imageAllowList",
 		},
 		{
-			name:     "a deadline that overflows TTLs",
-			mod:      func(r *events.AcquireRequest) { r.Config = json.RawMessage(`{"podActivityDeadlineSec":9007199254740991}`) },
+			name: "a deadline that overflows TTLs",
+			mod: func(r *events.AcquireRequest) {
+				r.Config = json.RawMessage(`{"podActivityDeadlineSec":9007199254740991}`)
+			},
 			wantCode: events.CodeInvalidConfig, wantField: "config.podActivityDeadlineSec",
 		},
 		{

@@ -20,7 +20,7 @@ func TestCompanySlug(t *testing.T) {
 		input, want string
 	}{
 		{"3f2b6c1e-7a4d-4e5f-9a8b-0c1d2e3f4a5b", "3f2b6c1e-7a4d-4e5f-9a8b-0c1d2e3f4a5b"}, // full UUIDs stay untruncated
-		{"Acme Corp", "acme-corp-a73cb456"}, // folded: the hash keeps it apart from "acme-corp"
+		{"Acme Corp", "acme-corp-a73cb456"},                                              // folded: the hash keeps it apart from "acme-corp"
 		{"Foo_Bar.Baz", "foo-bar-baz-2e41f623"},
 		{"  --Acme!!--  ", "acme-f340644b"},
 		{"a---b", "a---b"}, // '-' runs inside are kept; an id that is its own slug stays as it is
