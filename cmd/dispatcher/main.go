@@ -71,7 +71,7 @@ func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout,
 		AgentBusyTimeout: s.AgentBusyTimeout, ReleaseTimeout: s.ReleaseTimeout,
 		Concurrency: s.Concurrency, DrainTimeout: s.ShutdownTimeout,
 		OrphanPolicy: dispatch.OrphanPolicy(s.OrphanPolicy), ReconcileInterval: s.Reconcile,
-		Observer: p.Ops.Metrics, Operator: op,
+		Observer: p.Ops.Metrics, Operator: op, StreamReplicas: s.Streams.Replicas,
 	})
 	if err != nil {
 		return err

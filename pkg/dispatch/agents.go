@@ -51,6 +51,18 @@ func (g agentGuard) take(ctx context.Context, companyID, agentID, runID string, 
 	return "", fmt.Errorf("taking the guard of agent %s: it keeps changing hands", agentID)
 }
 
+// holder returns the run holding the agent, "" when it is free.
+func (g agentGuard) holder(ctx context.Context, companyID, agentID string) (string, error) {
+	entry, err := g.kv.Get(ctx, agentKey(companyID, agentID))
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("reading the guard of agent %s: %w", agentID, err)
+	}
+	return string(entry.Value()), nil
+}
+
 // free releases the agent if runID holds it. Errors are logged: the TTL frees it anyway.
 func (g agentGuard) free(ctx context.Context, log zerolog.Logger, companyID, agentID, runID string) {
 	if agentID == "" {

@@ -88,6 +88,8 @@ type Options struct {
 	ReconcileInterval time.Duration
 	// Observer is told about consumed and published messages (metrics); nil means none.
 	Observer events.Observer
+	// StreamReplicas is the replica count of the parking stream (default 1).
+	StreamReplicas int
 	// Operator is the installation's policy for every company (allowed namespace prefixes,
 	// reserved namespaces, adapter keys, the namespace cap); zero fields take
 	// policy.DefaultOperator's.
@@ -153,6 +155,7 @@ type Dispatcher struct {
 	tenants   jetstream.KeyValue
 	agents    agentGuard
 	runs      jetstream.Stream
+	parked    jetstream.Stream
 
 	secretMu      sync.Mutex
 	secretValues  map[string]string
@@ -191,6 +194,9 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 		return fmt.Errorf("opening stream %s: %w", d.opts.Subjects.RunStream(), err)
 	}
 	d.agents = agentGuard{kv: agents}
+	if d.parked, err = js.CreateOrUpdateStream(ctx, ParkedStreamConfig(d.opts.StreamReplicas)); err != nil {
+		return fmt.Errorf("creating stream %s: %w", ParkedStream, err)
+	}
 
 	type consumer struct {
 		stream     string
@@ -199,12 +205,8 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 		onTerminal events.TerminalFunc
 	}
 	s := d.opts.Subjects
-	dispatchCfg := events.DispatcherConsumerConfig()
-	// An acquire for a busy agent is deferred every AgentBusyRetry until AgentBusyTimeout; every
-	// deferral is a delivery, so the consumer allows that many on top of the usual attempts.
-	dispatchCfg.MaxDeliver = events.ConsumerMaxDeliver + int(d.opts.AgentBusyTimeout/d.opts.AgentBusyRetry) + 1
 	consumers := []consumer{
-		{events.WorkStream, dispatchCfg, d.handleDispatch, d.reportDispatchFailure},
+		{events.WorkStream, events.DispatcherConsumerConfig(), d.handleDispatch, d.reportDispatchFailure},
 		{s.LeaseStream(), events.DispatcherEndConsumerConfig(s), d.handleRelease, d.reportFailure},
 		// A result that cannot be handled has nobody to report to: it already ended its run.
 		{s.RunStream(), events.DispatcherResultConsumerConfig(s), d.handleResult, nil},
@@ -228,14 +230,13 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 			})
 		}()
 	}
-	reconciled := make(chan struct{})
-	go func() {
-		defer close(reconciled)
-		d.reconcileLoop(runCtx)
-	}()
+	var loops sync.WaitGroup
+	loops.Add(2)
+	go func() { defer loops.Done(); d.reconcileLoop(runCtx) }()
+	go func() { defer loops.Done(); d.sweepLoop(runCtx) }()
 	defer func() {
 		cancel()
-		<-reconciled
+		loops.Wait()
 	}()
 	d.log.Info().Msg("consuming dispatch, release and result messages")
 	var first error
@@ -302,7 +303,7 @@ func (d *Dispatcher) handleDispatch(ctx context.Context, m jetstream.Msg) error 
 		}
 	}
 
-	if err := d.holdAgent(ctx, m, plan); err != nil {
+	if held, err := d.holdAgent(ctx, log, m, plan); !held || err != nil {
 		return err
 	}
 	name := policy.WorkloadName(d.opts.NewID())
@@ -312,7 +313,7 @@ func (d *Dispatcher) handleDispatch(ctx context.Context, m jetstream.Msg) error 
 	}))
 	if errors.Is(err, lease.ErrEnded) || errors.Is(err, lease.ErrFailed) || errors.Is(err, lease.ErrFinished) {
 		// Released (or failed) before anything was created: nothing to undo but the guard.
-		d.agents.free(ctx, log, req.CompanyID, req.AgentID, req.RunID)
+		d.freeAgent(ctx, log, req.CompanyID, req.AgentID, req.RunID)
 		log.Info().Str("state", string(rec.State)).Msg("lease ended before its workload was created")
 		return nil
 	}
@@ -360,9 +361,11 @@ func (d *Dispatcher) resultPublished(ctx context.Context, ref events.RunRef) (bo
 	}
 }
 
-// holdAgent takes the agent's guard for this run, or defers the message while another run of
-// the agent is active, failing it with agent_busy once it has waited AgentBusyTimeout.
-func (d *Dispatcher) holdAgent(ctx context.Context, m jetstream.Msg, plan lease.Plan) error {
+// holdAgent takes the agent's guard for this run. While another run of the agent holds it, the
+// dispatch is parked (see park.go) and holdAgent reports held false: the caller acknowledges
+// the message. A dispatch that has waited AgentBusyTimeout since its acquire fails with
+// agent_busy.
+func (d *Dispatcher) holdAgent(ctx context.Context, log zerolog.Logger, m jetstream.Msg, plan lease.Plan) (held bool, err error) {
 	req := plan.Request
 	ttl := time.Duration(plan.Config.PodActivityDeadlineSec)*time.Second + agentGuardMargin
 	if plan.Deadline != nil {
@@ -370,18 +373,38 @@ func (d *Dispatcher) holdAgent(ctx context.Context, m jetstream.Msg, plan lease.
 	}
 	holder, err := d.agents.take(ctx, req.CompanyID, req.AgentID, req.RunID, ttl)
 	if err != nil {
-		return err
+		return false, err
 	}
 	if holder == req.RunID {
-		return nil
+		return true, nil
 	}
-	waited := d.opts.Now().Sub(publishedAt(m, d.opts.Now()))
-	if waited >= d.opts.AgentBusyTimeout {
-		return events.Terminalf(events.CodeAgentBusy, "agentId",
+	queuedAt := queuedAt(m, d.opts.Now())
+	if waited := d.opts.Now().Sub(queuedAt); waited >= d.opts.AgentBusyTimeout {
+		return false, events.Terminalf(events.CodeAgentBusy, "agentId",
 			"agent %s is still running run %s after %s; one run per agent at a time", req.AgentID, holder, waited.Round(time.Second))
 	}
-	return events.Defer(events.CodeAgentBusy, d.opts.AgentBusyRetry,
-		fmt.Errorf("agent %s is busy with run %s", req.AgentID, holder))
+	if err := d.park(ctx, log, m, req, queuedAt); err != nil {
+		return false, err
+	}
+	// The holder may have freed the agent between take and park, finding nothing to unpark.
+	if now, err := d.agents.holder(ctx, req.CompanyID, req.AgentID); err == nil && now == "" {
+		if err := d.unpark(ctx, req.CompanyID, req.AgentID); err != nil {
+			log.Warn().Err(err).Msg("unparking after the agent was freed failed; the sweep will")
+		}
+	}
+	return false, nil
+}
+
+// freeAgent frees the agent of runID and hands the agent's oldest parked dispatch back to the
+// work queue. Errors are logged: the guard's TTL frees the agent, the sweep unparks.
+func (d *Dispatcher) freeAgent(ctx context.Context, log zerolog.Logger, companyID, agentID, runID string) {
+	if agentID == "" {
+		return
+	}
+	d.agents.free(ctx, log, companyID, agentID, runID)
+	if err := d.unpark(ctx, companyID, agentID); err != nil {
+		log.Warn().Err(err).Msg("unparking the agent's next dispatch failed; the sweep will")
+	}
 }
 
 // create makes the run's workload and Secret under the name its lease record fixed,
@@ -541,7 +564,7 @@ func (d *Dispatcher) reportDispatchFailure(ctx context.Context, m jetstream.Msg,
 			log.Warn().Err(err).Msg("deleting what the failed dispatch created failed; reconciliation will")
 		}
 	}
-	d.agents.free(ctx, log, ref.CompanyID, rec.AgentID, ref.RunID)
+	d.freeAgent(ctx, log, ref.CompanyID, rec.AgentID, ref.RunID)
 	return events.PublishFailure(ctx, d.publisher, d.log, m, te)
 }
 
@@ -564,9 +587,15 @@ func (d *Dispatcher) sandboxServed() error {
 	}
 }
 
-// publishedAt is when the message was first published (the stream's timestamp), so the wait
-// for a busy agent counts from the acquire, not from this delivery.
-func publishedAt(m jetstream.Msg, fallback time.Time) time.Time {
+// queuedAt is when the acquire first reached the work queue: the header a parked dispatch
+// carries back, else the message's stream timestamp, so the wait for a busy agent counts from
+// the acquire, not from this delivery.
+func queuedAt(m jetstream.Msg, fallback time.Time) time.Time {
+	if h := m.Headers().Get(headerQueuedAt); h != "" {
+		if t, err := time.Parse(time.RFC3339Nano, h); err == nil {
+			return t
+		}
+	}
 	md, err := m.Metadata()
 	if err != nil {
 		return fallback

@@ -2,12 +2,12 @@ package dispatch
 
 import (
 	"encoding/json"
-	"errors"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
 
 	"github.com/kubeclip/kubeclip/pkg/events"
 	"github.com/kubeclip/kubeclip/pkg/lease"
@@ -58,6 +58,10 @@ func guardTTL(t *testing.T, js jetstream.JetStream, companyID, agentID string) s
 func TestHoldAgent(t *testing.T) {
 	g, js := newAgentGuard(t)
 	m, published := deliveredMsg(t, js)
+	parked, err := js.CreateStream(t.Context(), ParkedStreamConfig(1))
+	if err != nil {
+		t.Fatalf("creating the parking stream: %v", err)
+	}
 	const busyTimeout, busyRetry = 5 * time.Minute, 2 * time.Second
 
 	tests := []struct {
@@ -67,8 +71,10 @@ func TestHoldAgent(t *testing.T) {
 		waited     time.Duration // since the acquire was published
 		expiresIn  time.Duration // requestedExpiresAt - published; 0 for none
 		wantErr    func(t *testing.T, err error)
+		config     string // the acquire's config; {"backend":"job"} when empty
 		wantHolder string
 		wantTTL    string // of the guard, when this run took it
+		wantParked bool   // the dispatch waits in KUBECLIP_PARKED
 	}{
 		{
 			name: "free agent: the run takes it for the config's deadline plus margin", agentID: "free-1",
@@ -83,20 +89,12 @@ func TestHoldAgent(t *testing.T) {
 			waited: time.Hour, wantHolder: "run-1",
 		},
 		{
-			name: "busy agent within the wait: deferred by the retry interval", agentID: "busy-1", heldBy: "run-0",
-			waited: time.Minute, wantHolder: "run-0",
-			wantErr: func(t *testing.T, err error) {
-				if _, ok := events.AsTerminal(err); ok {
-					t.Fatalf("error %v is terminal, want a deferral", err)
-				}
-				var re *events.RetryableError
-				if !errors.As(err, &re) {
-					t.Fatalf("error %v (%T) is not a RetryableError", err, err)
-				}
-				if diff := cmp.Diff(events.RetryableError{Code: events.CodeAgentBusy, After: busyRetry}, events.RetryableError{Code: re.Code, After: re.After}); diff != "" {
-					t.Errorf("deferral (-want +got):\n%s", diff)
-				}
-			},
+			name: "free agent, a week's deadline: the guard lasts a week plus margin", agentID: "free-3",
+			config: `{"backend":"job","podActivityDeadlineSec":604800}`, wantHolder: "run-1", wantTTL: "168h5m0s",
+		},
+		{
+			name: "busy agent within the wait: parked, not held", agentID: "busy-1", heldBy: "run-0",
+			waited: time.Minute, wantHolder: "run-0", wantParked: true,
 		},
 		{
 			name: "busy agent past the wait: agent_busy", agentID: "busy-2", heldBy: "run-0",
@@ -123,6 +121,9 @@ func TestHoldAgent(t *testing.T) {
 				RunID: "run-1", CompanyID: "acme", EnvironmentID: "env-1", AgentID: tc.agentID,
 				Config: json.RawMessage(`{"backend":"job"}`),
 			}
+			if tc.config != "" {
+				req.Config = json.RawMessage(tc.config)
+			}
 			if tc.expiresIn > 0 {
 				req.RequestedExpiresAt = published.Add(tc.expiresIn).Format(time.RFC3339Nano)
 			}
@@ -137,14 +138,22 @@ func TestHoldAgent(t *testing.T) {
 					AgentBusyRetry:   busyRetry,
 				},
 				agents: g,
+				parked: parked,
 			}
+			d.opts.JetStream = js
 
-			err = d.holdAgent(t.Context(), m, plan)
+			held, err := d.holdAgent(t.Context(), zerolog.New(zerolog.NewTestWriter(t)), m, plan)
 			switch {
 			case tc.wantErr != nil:
 				tc.wantErr(t, err)
 			case err != nil:
 				t.Fatalf("holdAgent() error: %v", err)
+			case held == tc.wantParked: // a dispatch is either held or parked
+				t.Errorf("holdAgent() held = %v, want %v", held, !tc.wantParked)
+			}
+			_, perr := parked.GetMsg(t.Context(), 1, jetstream.WithGetMsgSubject(parkedSubject("acme", tc.agentID)))
+			if gotParked := perr == nil; gotParked != tc.wantParked {
+				t.Errorf("parked = %v (%v), want %v", gotParked, perr, tc.wantParked)
 			}
 			if diff := cmp.Diff(tc.wantHolder, holder(t, g, "acme", tc.agentID)); diff != "" {
 				t.Errorf("guard holder (-want +got):\n%s", diff)

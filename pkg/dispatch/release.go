@@ -74,7 +74,7 @@ func (d *Dispatcher) completeRelease(ctx context.Context, log zerolog.Logger, re
 	if err != nil {
 		return err // retried: the deletes above are idempotent
 	}
-	d.agents.free(ctx, log, rec.CompanyID, rec.AgentID, rec.RunID)
+	d.freeAgent(ctx, log, rec.CompanyID, rec.AgentID, rec.RunID)
 	return d.publishReleased(ctx, log, rec)
 }
 
@@ -142,7 +142,7 @@ func (d *Dispatcher) handleResult(ctx context.Context, m jetstream.Msg) error {
 			return err
 		}
 	}
-	d.agents.free(ctx, log, res.CompanyID, rec.AgentID, res.RunID)
+	d.freeAgent(ctx, log, res.CompanyID, rec.AgentID, res.RunID)
 	// Reconciliation and redelivered dispatches skip finished leases; a lost update only costs
 	// them a look at the run stream.
 	if _, err := d.records.Modify(ctx, ref, lease.Finish); err != nil {

@@ -19,7 +19,7 @@ func TestConsumerConfigs(t *testing.T) {
 		AckPolicy:     jetstream.AckExplicitPolicy,
 		AckWait:       30 * time.Second,
 		MaxDeliver:    8,
-		MaxAckPending: 256,
+		MaxAckPending: 10000,
 		ReplayPolicy:  jetstream.ReplayInstantPolicy,
 	}
 	tests := []struct {
