@@ -90,6 +90,8 @@ const (
 	ReasonUnschedulable              = "Unschedulable"
 	ReasonCreateContainerConfigError = "CreateContainerConfigError"
 	ReasonEvicted                    = "Evicted"
+	// ReasonQuotaExceeded: the tenant's ResourceQuota refused the run's pod.
+	ReasonQuotaExceeded = "QuotaExceeded"
 )
 
 // AgentResult is the parsed Claude Code stream-json summary carried by a result event.

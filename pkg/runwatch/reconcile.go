@@ -8,6 +8,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/kubeclip/kubeclip/pkg/events"
+	"github.com/kubeclip/kubeclip/pkg/k8s"
 	"github.com/kubeclip/kubeclip/pkg/lease"
 )
 
@@ -55,11 +56,11 @@ func (w *Watcher) reconcile(ctx context.Context, stream jetstream.Stream) {
 			continue
 		}
 		rec, _, err := w.leases.Get(ctx, ref)
-		if err != nil || rec.State != lease.StateCreated || w.opts.Now().Sub(rec.CreatedAt) < reconcileGrace {
+		if err != nil || !awaitsResult(rec) || w.opts.Now().Sub(rec.CreatedAt) < reconcileGrace {
 			continue
 		}
-		if job, pod := w.objects(ref, rec.Namespace); job != nil || pod != nil {
-			continue // followed by its tracker
+		if job, pod := w.objects(ref, rec.Namespace); job != nil || pod != nil || w.following(ref) {
+			continue // followed by its tracker, here or on another replica
 		}
 		if w.reportLost(ctx, stream, rec) {
 			lost++
@@ -68,6 +69,27 @@ func (w *Watcher) reconcile(ctx context.Context, stream jetstream.Stream) {
 	if lost > 0 {
 		w.log.Warn().Int("runs", lost).Msg("reconcile: published results for runs whose workload was lost")
 	}
+}
+
+// awaitsResult reports whether the lease's run was created and may still lack its result:
+// created, or ended by a release that deleted its workload.
+func awaitsResult(rec lease.Record) bool {
+	switch rec.State {
+	case lease.StateCreated, lease.StateReleasing, lease.StateReleased, lease.StateDestroyed:
+		return rec.WorkloadName != ""
+	}
+	return false
+}
+
+// lostVerdict is how a run whose workload vanished unobserved ended: cancelled when its lease
+// was released or destroyed (that is what deleted it), else failed, its workload lost.
+func lostVerdict(rec lease.Record) *verdict {
+	if rec.State.Ended() {
+		const msg = "the run's workload was deleted by a release while no watcher followed it"
+		return &verdict{outcome: events.OutcomeCancelled, reason: k8s.ReasonJobDeleted, message: msg}
+	}
+	const msg = "the run's workload disappeared while no watcher followed it"
+	return &verdict{outcome: events.OutcomeFailed, reason: ReasonWorkloadLost, message: msg}
 }
 
 // reportLost publishes the result of a run whose workload is gone, with whatever its published
@@ -88,9 +110,8 @@ func (w *Watcher) reportLost(ctx context.Context, stream jetstream.Stream, rec l
 		t.log.Warn().Err(err).Msg("reconcile: reading the run's history failed")
 		return false
 	}
-	const msg = "the run's workload disappeared while no watcher followed it"
-	t.verdict = &verdict{outcome: events.OutcomeFailed, reason: ReasonWorkloadLost, message: msg}
-	if err := t.publishStatus(ctx, events.PhaseFailed, ReasonWorkloadLost, msg, nil); err != nil {
+	t.verdict = lostVerdict(rec)
+	if err := t.publishStatus(ctx, events.PhaseFailed, t.verdict.reason, t.verdict.message, nil); err != nil {
 		t.log.Warn().Err(err).Msg("reconcile: publishing status failed")
 		return false
 	}

@@ -49,6 +49,9 @@ type tracker struct {
 	seenJob    bool
 	lastPhase  events.Phase
 	lastReason string
+	// lastStatusSeq is the stream sequence of the run's last status event, which every status
+	// publish expects (0: none yet).
+	lastStatusSeq uint64
 	follow     *follower
 	verdict    *verdict
 	recheck    *time.Timer
@@ -218,7 +221,7 @@ func (t *tracker) reset(why string) {
 		t.logs.stop()
 	}
 	t.loaded, t.logs, t.verdict = false, nil, nil
-	t.lastPhase, t.lastReason = events.PhasePending, ""
+	t.lastPhase, t.lastReason, t.lastStatusSeq = events.PhasePending, "", 0
 }
 
 // fenced handles a log publish refused because another replica wrote the run's log: this
@@ -273,7 +276,10 @@ func (t *tracker) step(ctx context.Context) error {
 
 	if t.verdict == nil {
 		phase, reason, message, v := t.decide(job, pod)
-		if err := t.publishStatus(ctx, phase, reason, message, pod); err != nil {
+		if err := t.publishStatus(ctx, phase, reason, message, pod); errors.Is(err, errFenced) {
+			t.fenced(ctx)
+			return nil
+		} else if err != nil {
 			return err
 		}
 		t.verdict = v
@@ -385,6 +391,13 @@ func (t *tracker) decide(job *batchv1.Job, pod *corev1.Pod) (events.Phase, strin
 			// next condition says how the run ended.
 			return events.Phase(pv.Phase), pv.Reason, pv.Message, nil
 		}
+		if q, refused := t.w.quotaRefusal(job); refused && pod == nil {
+			// The tenant's ResourceQuota refuses the Job's pod: the Job controller would retry
+			// until the deadline while the run holds its agent. Fail now, naming the quota.
+			msg := q.String()
+			return events.PhaseFailed, events.ReasonQuotaExceeded, msg,
+				&verdict{outcome: events.OutcomeFailed, reason: events.ReasonQuotaExceeded, message: msg}
+		}
 		return podVerdict()
 	case t.seenJob:
 		// The Job is gone before it ended: released or destroyed, unless its pod had ended on
@@ -418,6 +431,7 @@ func (t *tracker) load(ctx context.Context) error {
 		if json.Unmarshal(msg.Data, &st) == nil {
 			t.lastPhase, t.lastReason = st.Phase, st.Reason
 		}
+		t.lastStatusSeq = msg.Sequence
 	} else if !errors.Is(err, jetstream.ErrMsgNotFound) {
 		return fmt.Errorf("reading the last published status: %w", err)
 	}
@@ -450,9 +464,17 @@ func (t *tracker) publishStatus(ctx context.Context, phase events.Phase, reason,
 	if pod != nil {
 		ev.PodName = pod.Name
 	}
-	if _, err := t.w.publisher.Publish(ctx, ev); err != nil {
+	// Fenced like the log: the publish expects the run's last status to be the one this replica
+	// knows, so a replica that lost the run without noticing (paused, cut off) cannot append a
+	// stale status after the new owner's.
+	ack, err := t.w.publisher.Publish(ctx, ev, jetstream.WithExpectLastSequencePerSubject(t.lastStatusSeq))
+	if isWrongLastSequence(err) {
+		return fmt.Errorf("publishing status %s: %w", phase, errFenced)
+	}
+	if err != nil {
 		return err
 	}
+	t.lastStatusSeq = ack.Sequence
 	t.lastPhase, t.lastReason = phase, reason
 	t.log.Debug().Str("phase", string(phase)).Str("reason", reason).Msg("published status")
 	return nil

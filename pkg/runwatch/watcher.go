@@ -25,9 +25,17 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/kubeclip/kubeclip/pkg/events"
+	"github.com/kubeclip/kubeclip/pkg/k8s"
 	"github.com/kubeclip/kubeclip/pkg/lease"
 	"github.com/kubeclip/kubeclip/pkg/policy"
 )
+
+// jobEventIndex indexes FailedCreate events by the namespace/name of their Job.
+const jobEventIndex = "job"
+
+// quotaEventSelector selects the events the Job controller records when it cannot create a
+// Job's pod; a ResourceQuota refusal is one of them, and the only sign of it.
+const quotaEventSelector = "reason=FailedCreate,involvedObject.kind=Job"
 
 // runIndex indexes Jobs and Pods by their run: the RunRef.Key of their company-id and run-id
 // labels, so two companies' runs with the same run id never meet.
@@ -134,7 +142,9 @@ type Watcher struct {
 	publisher *events.Publisher
 
 	jobs, pods cache.Indexer
-	owners     *owners
+	// jobEvents holds the Job controller's FailedCreate events, by Job.
+	jobEvents cache.Indexer
+	owners    *owners
 	leases     lease.Records
 
 	mu       sync.Mutex
@@ -203,11 +213,32 @@ func (w *Watcher) Run(ctx context.Context) error {
 	}
 	w.jobs, w.pods = jobInf.GetIndexer(), podInf.GetIndexer()
 
+	// Events carry no labels of kubeclip's: their informer selects by field instead.
+	eventFactory := informers.NewSharedInformerFactoryWithOptions(w.opts.Clientset, 0,
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.FieldSelector = quotaEventSelector }),
+		informers.WithTransform(stripManagedFields),
+	)
+	eventInf := eventFactory.Core().V1().Events().Informer()
+	if err := eventInf.AddIndexers(cache.Indexers{jobEventIndex: indexByJob}); err != nil {
+		return fmt.Errorf("adding job index: %w", err)
+	}
+	if _, err := eventInf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { w.wakeJobOf(obj) },
+		UpdateFunc: func(_, obj any) { w.wakeJobOf(obj) },
+	}); err != nil {
+		return fmt.Errorf("adding event handler: %w", err)
+	}
+	w.jobEvents = eventInf.GetIndexer()
+
 	factory.Start(ctx.Done())
-	for typ, ok := range factory.WaitForCacheSync(ctx.Done()) {
-		if !ok {
-			factory.Shutdown()
-			return fmt.Errorf("syncing the %v informer: %w", typ, context.Cause(ctx))
+	eventFactory.Start(ctx.Done())
+	defer eventFactory.Shutdown()
+	for _, f := range []informers.SharedInformerFactory{factory, eventFactory} {
+		for typ, ok := range f.WaitForCacheSync(ctx.Done()) {
+			if !ok {
+				factory.Shutdown()
+				return fmt.Errorf("syncing the %v informer: %w", typ, context.Cause(ctx))
+			}
 		}
 	}
 	var loops sync.WaitGroup
@@ -333,6 +364,15 @@ func (w *Watcher) wake(ctx context.Context, stream jetstream.Stream, obj any) {
 	t.poke()
 }
 
+// following reports whether this replica has a tracker for the run: reconcile must not build
+// a second one.
+func (w *Watcher) following(ref events.RunRef) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	_, ok := w.trackers[ref]
+	return ok
+}
+
 // forget drops a finished run's tracker once neither its Job nor its pods are left, so the map
 // does not grow with every run ever seen.
 func (w *Watcher) forget(ref events.RunRef) {
@@ -365,6 +405,53 @@ func (w *Watcher) objects(ref events.RunRef, namespace string) (*batchv1.Job, *c
 		}
 	}
 	return job, pod
+}
+
+// wakeJobOf wakes the tracker of the Job a FailedCreate event is about.
+func (w *Watcher) wakeJobOf(obj any) {
+	ev, ok := obj.(*corev1.Event)
+	if !ok {
+		return
+	}
+	o, exists, err := w.jobs.GetByKey(ev.InvolvedObject.Namespace + "/" + ev.InvolvedObject.Name)
+	if err != nil || !exists {
+		return
+	}
+	if job, ok := o.(*batchv1.Job); ok {
+		if ref, ok := runOf(job); ok {
+			w.pokeRun(ref)
+		}
+	}
+}
+
+// quotaRefusal reports whether the Job controller recorded that a ResourceQuota refused to let
+// this Job (this incarnation: by UID) create its pod, and which quota.
+func (w *Watcher) quotaRefusal(job *batchv1.Job) (k8s.Quota, bool) {
+	if w.jobEvents == nil {
+		return k8s.Quota{}, false
+	}
+	objs, err := w.jobEvents.ByIndex(jobEventIndex, job.Namespace+"/"+job.Name)
+	if err != nil {
+		return k8s.Quota{}, false
+	}
+	for _, o := range objs {
+		ev, ok := o.(*corev1.Event)
+		if !ok || ev.InvolvedObject.UID != job.UID {
+			continue
+		}
+		if q, ok := k8s.QuotaFromMessage(ev.Message); ok {
+			return q, true
+		}
+	}
+	return k8s.Quota{}, false
+}
+
+func indexByJob(obj any) ([]string, error) {
+	ev, ok := obj.(*corev1.Event)
+	if !ok {
+		return nil, nil
+	}
+	return []string{ev.InvolvedObject.Namespace + "/" + ev.InvolvedObject.Name}, nil
 }
 
 func indexByRun(obj any) ([]string, error) {
