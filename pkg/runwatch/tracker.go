@@ -52,9 +52,9 @@ type tracker struct {
 	// lastStatusSeq is the stream sequence of the run's last status event, which every status
 	// publish expects (0: none yet).
 	lastStatusSeq uint64
-	follow     *follower
-	verdict    *verdict
-	recheck    *time.Timer
+	follow        *follower
+	verdict       *verdict
+	recheck       *time.Timer
 
 	// Shared with the follower.
 	logs *logState

@@ -145,7 +145,7 @@ type Watcher struct {
 	// jobEvents holds the Job controller's FailedCreate events, by Job.
 	jobEvents cache.Indexer
 	owners    *owners
-	leases     lease.Records
+	leases    lease.Records
 
 	mu       sync.Mutex
 	trackers map[events.RunRef]*tracker
