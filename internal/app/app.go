@@ -80,13 +80,9 @@ func (c *Common) Validate(s *config.Set) error {
 	return errors.Join(errs...)
 }
 
-// NewLogger returns a JSON logger for component writing to w.
+// NewLogger returns a JSON logger for component writing to w (see cli.NewLogger).
 func NewLogger(w io.Writer, level, component string) zerolog.Logger {
-	lvl, err := zerolog.ParseLevel(level)
-	if err != nil || level == "" {
-		lvl = zerolog.InfoLevel
-	}
-	return zerolog.New(w).Level(lvl).With().Timestamp().Str("component", component).Logger()
+	return cli.NewLogger(w, level, component)
 }
 
 // ConnectNATS connects to url and keeps reconnecting for the life of the process, so a NATS

@@ -1,9 +1,9 @@
 // Package cli is the process entry every kubeclip binary shares: a context cancelled by SIGINT
 // or SIGTERM, the error report, and the one mapping of errors to exit codes.
 //
-// It depends on the standard library and internal/config only, so that sandboxd (a static binary
-// copied into every exec-capable agent pod) can use it without linking the NATS and Kubernetes
-// clients that internal/app brings in.
+// It depends on the standard library, zerolog and internal/config only, so that sandboxd (a
+// static binary copied into every exec-capable agent pod) can use it without linking the NATS and
+// Kubernetes clients that internal/app brings in.
 package cli
 
 import (
@@ -16,8 +16,19 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/rs/zerolog"
+
 	"github.com/kubeclip/kubeclip/internal/config"
 )
+
+// NewLogger returns a JSON logger for component writing to w; an unknown level is info.
+func NewLogger(w io.Writer, level, component string) zerolog.Logger {
+	lvl, err := zerolog.ParseLevel(level)
+	if err != nil || level == "" {
+		lvl = zerolog.InfoLevel
+	}
+	return zerolog.New(w).Level(lvl).With().Timestamp().Str("component", component).Logger()
+}
 
 // UsageError marks a configuration error: the process exits 2.
 type UsageError struct{ Err error }
