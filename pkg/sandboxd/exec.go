@@ -34,8 +34,9 @@ type execution struct {
 	exited    atomic.Bool // the command's main process has exited
 	timedOut  atomic.Bool
 
-	done chan struct{} // closed once the exit frame is journaled
-	ttl  *time.Timer   // forgets the exec after the journal TTL (under Server.mu)
+	done      chan struct{} // closed once the server counted the command as ended
+	ttl       *time.Timer   // forgets the exec after the journal TTL (under Server.mu)
+	forgotten bool          // deleted (under Server.mu)
 
 	exitSent     chan struct{} // closed once a client was sent the exit frame
 	exitSentOnce sync.Once

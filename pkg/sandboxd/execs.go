@@ -2,6 +2,7 @@ package sandboxd
 
 import (
 	"path/filepath"
+	"strconv"
 	"time"
 )
 
@@ -35,7 +36,10 @@ func (s *Server) admit(spec Spec) (*execution, bool, error) {
 	if spec.MaxOutputBytes > 0 && spec.MaxOutputBytes < limit {
 		limit = spec.MaxOutputBytes
 	}
-	j := newJournal(filepath.Join(s.opts.JournalDir, spec.ID+journalExt), limit, s.budget)
+	// The counter keeps a deleted exec's file apart from a later one with the same id.
+	s.journals++
+	name := spec.ID + "." + strconv.FormatUint(s.journals, 10) + journalExt
+	j := newJournal(filepath.Join(s.opts.JournalDir, name), limit, s.budget)
 	e := newExecution(spec, j, s.log)
 	s.execs[spec.ID] = e
 	s.running++
@@ -79,12 +83,15 @@ func (s *Server) finished(e *execution, exit Exit) {
 	if s.draining && s.running == 0 {
 		close(s.drained)
 	}
-	e.ttl = time.AfterFunc(s.opts.JournalTTL, func() { s.forget(e) })
+	if !e.forgotten { // a DELETE may follow the exit frame before this
+		e.ttl = time.AfterFunc(s.opts.JournalTTL, func() { s.forget(e) })
+	}
 }
 
 // forget drops e and its journal.
 func (s *Server) forget(e *execution) {
 	s.mu.Lock()
+	e.forgotten = true
 	if s.execs[e.spec.ID] == e {
 		delete(s.execs, e.spec.ID)
 	}

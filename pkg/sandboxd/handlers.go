@@ -237,7 +237,9 @@ func (s *Server) handleDelete(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	if e.running() {
+	// The exit frame, not the server's bookkeeping just after it, decides: a client that read
+	// the exit may delete at once.
+	if !e.journal.exited() {
 		writeError(w, CodeRunning, "the command is still running; signal it first", nil)
 		return
 	}

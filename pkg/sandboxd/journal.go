@@ -23,7 +23,7 @@ const markStride = 128
 // a loaded ext4). Agent output and downloads go to disk.
 const memJournalMax = 64 << 10
 
-// journalExt names journal files (<exec id>.journal in the journal directory).
+// journalExt names journal files (<exec id>.<n>.journal in the journal directory).
 const journalExt = ".journal"
 
 // DefaultJournalMemory bounds the memory of all in-memory journals together; past it, new
@@ -181,6 +181,13 @@ func (j *journal) remove() error {
 		return fmt.Errorf("removing the journal: %w", err)
 	}
 	return nil
+}
+
+// exited reports whether the exit frame is in the journal.
+func (j *journal) exited() bool {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.exit != nil
 }
 
 func (j *journal) notify() {

@@ -177,39 +177,56 @@ func TestDrain(t *testing.T) {
 	}
 }
 
-// TestJournalLifetime: a journal goes on DELETE (not while running) or after the TTL.
+// TestJournalLifetime: a journal goes on DELETE (not while running) or after the TTL, its file
+// (output over 64 KiB moves to disk) with it.
 func TestJournalLifetime(t *testing.T) {
 	h := startServer(t, func(o *sandboxd.Options) { o.JournalTTL = 300 * time.Millisecond })
 	ctx := t.Context()
+	files := func() int {
+		entries, err := os.ReadDir(h.journal)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(entries)
+	}
 
-	running := newID()
-	if _, err := h.tls.Start(ctx, sandboxd.Spec{ID: running, Command: "cat", Stdin: true}); err != nil {
+	deleted := newID()
+	if _, err := h.tls.Start(ctx, sandboxd.Spec{ID: deleted, Command: "sh", Args: sh("head -c 200000 /dev/zero; cat"), Stdin: true}); err != nil {
 		t.Fatal(err)
 	}
-	if err := h.tls.Delete(ctx, running); !errors.Is(err, sandboxd.ErrRunning) {
+	if err := h.tls.Delete(ctx, deleted); !errors.Is(err, sandboxd.ErrRunning) {
 		t.Errorf("delete while running: %v, want ErrRunning", err)
 	}
-	if _, err := h.tls.WriteStdin(ctx, running, 0, nil, true); err != nil {
+	if _, err := h.tls.WriteStdin(ctx, deleted, 0, nil, true); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := output(ctx, h.tls, running, 1); err != nil {
+	if _, _, err := output(ctx, h.tls, deleted, 1); err != nil {
 		t.Fatal(err)
 	}
-	if err := h.tls.Delete(ctx, running); err != nil {
+	if n := files(); n != 1 {
+		t.Fatalf("%d journal files for 200 kB of output, want 1", n)
+	}
+	if err := h.tls.Delete(ctx, deleted); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := h.tls.Output(ctx, running, 1); !errors.Is(err, sandboxd.ErrNotFound) {
+	if _, err := h.tls.Output(ctx, deleted, 1); !errors.Is(err, sandboxd.ErrNotFound) {
 		t.Errorf("output after delete: %v, want ErrNotFound", err)
 	}
+	if n := files(); n != 0 {
+		t.Errorf("%d journal files after delete, want 0", n)
+	}
 
-	expiring := run(t, h.tls, sandboxd.Spec{ID: "expiring", Command: "true"}, nil)
-	if expiring.ExitCode == nil {
-		t.Fatal(expiring)
+	expiring := run(t, h.tls, sandboxd.Spec{ID: "expiring", Command: "head", Args: []string{"-c", "200000", "/dev/zero"}}, nil)
+	if expiring.ExitCode == nil || len(expiring.Stdout) != 200000 {
+		t.Fatalf("result: exit %v, %d bytes", expiring.ExitCode, len(expiring.Stdout))
 	}
 	eventually(t, "the journal expires", func() bool {
 		_, err := h.tls.Output(ctx, "expiring", 1)
 		return errors.Is(err, sandboxd.ErrNotFound)
 	})
+	if n := files(); n != 0 {
+		t.Errorf("%d journal files after the TTL, want 0", n)
+	}
 	if info, err := h.tls.Info(ctx); err != nil || info.Execs != 0 {
 		t.Errorf("info %+v, %v: want no execs left", info, err)
 	}

@@ -99,6 +99,7 @@ type Server struct {
 	draining bool
 	drained  chan struct{} // closed when draining and nothing runs
 	awaited  []*execution  // running when draining began: their exit frames are awaited
+	journals uint64        // journals created, for unique file names
 }
 
 // New checks opts, prepares the journal directory (removing journals a previous daemon left) and
