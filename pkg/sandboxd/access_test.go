@@ -68,7 +68,11 @@ func TestProxy(t *testing.T) {
 	proxied := make(chan error, 4)
 	c := newClient(t, sandboxd.ClientOptions{Dial: func(ctx context.Context) (net.Conn, error) {
 		client, remote := net.Pipe() // remote plays the exec's stdin and stdout
-		go func() { proxied <- sandboxd.Proxy(context.Background(), h.socket, remote, remote); _ = remote.Close() }()
+		// The stream outlives the dial: the proxy ends when the client closes it.
+		go func() {
+			proxied <- sandboxd.Proxy(context.WithoutCancel(ctx), h.socket, remote, remote)
+			_ = remote.Close()
+		}()
 		return client, nil
 	}})
 	got := run(t, c, sandboxd.Spec{Command: "sh", Args: sh("cat; echo done >&2"), Stdin: true}, []byte("through the proxy"))

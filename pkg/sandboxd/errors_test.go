@@ -60,6 +60,7 @@ func TestStdinOffsets(t *testing.T) {
 // and sentinel: each code has a producer, and each answer means one thing.
 func TestErrorCodes(t *testing.T) {
 	h := startServer(t, nil)
+	d := startServer(t, nil) // to be drained
 	ctx := t.Context()
 	exited := newID()
 	run(t, h.tls, sandboxd.Spec{ID: exited, Command: "true"}, nil)
@@ -99,7 +100,6 @@ func TestErrorCodes(t *testing.T) {
 			return err
 		},
 		sandboxd.CodeDraining: func(t *testing.T) error {
-			d := startServer(t, nil)
 			holding := newID() // keeps the server draining instead of stopped
 			if _, err := d.unix.Start(ctx, sandboxd.Spec{ID: holding, Command: "cat", Stdin: true}); err != nil {
 				t.Fatal(err)

@@ -65,7 +65,7 @@ func startServer(tb testing.TB, mod func(*sandboxd.Options)) *harness {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancel(context.WithoutCancel(tb.Context())) // ends in Cleanup, after the test's own context
 	h := &harness{srv: srv, socket: opts.SocketPath, journal: opts.JournalDir, stop: cancel, done: make(chan error, 1)}
 	go func() { h.done <- srv.Run(ctx) }()
 	h.addr = srv.TCPAddr().String()
@@ -127,7 +127,7 @@ func output(ctx context.Context, c *sandboxd.Client, id string, from uint64) ([]
 			chunks = append(chunks, f)
 		case *sandboxd.Exit:
 			if _, err := s.Next(); !errors.Is(err, io.EOF) {
-				return chunks, f, fmt.Errorf("after the exit frame: %v, want io.EOF", err)
+				return chunks, f, fmt.Errorf("after the exit frame: %w, want io.EOF", err)
 			}
 			return chunks, f, nil
 		}

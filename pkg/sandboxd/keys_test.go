@@ -87,7 +87,9 @@ func TestPinnedHandshake(t *testing.T) {
 				}
 			}
 			_ = c.Close()
-			<-srvErr
+			if err := <-srvErr; (err == nil) != (tc.wantErr == nil) {
+				t.Errorf("server handshake error = %v; want one only when the client refused", err)
+			}
 		})
 	}
 }
