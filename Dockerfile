@@ -5,6 +5,7 @@
 #   docker build --target dispatcher    -t kubeclip/dispatcher:dev .
 #   docker build --target run-watcher   -t kubeclip/run-watcher:dev .
 #   docker build --target kubeclip      -t kubeclip/kubeclip:dev .
+#   docker build --target sandboxd      -t kubeclip/sandboxd:dev .   # copied into exec-capable pods
 #   docker build --target nats          -t kubeclip/nats:dev .   # nats-server from go.mod's version
 #
 # Without internet, build the binaries locally and use Dockerfile.local, or hack/images/images.sh,
@@ -18,7 +19,8 @@ RUN --mount=type=cache,target=/root/go/pkg/mod go mod download
 COPY . .
 RUN --mount=type=cache,target=/root/go/pkg/mod --mount=type=cache,target=/root/.cache/go-build \
     CGO_ENABLED=0 go build -trimpath -ldflags='-s -w' -o /out/ \
-      ./cmd/tenant-worker ./cmd/dispatcher ./cmd/run-watcher ./cmd/kubeclip github.com/nats-io/nats-server/v2 && \
+      ./cmd/tenant-worker ./cmd/dispatcher ./cmd/run-watcher ./cmd/kubeclip ./cmd/sandboxd \
+      github.com/nats-io/nats-server/v2 && \
     mkdir -p /out/data
 
 FROM scratch AS base
@@ -40,6 +42,10 @@ ENTRYPOINT ["/usr/local/bin/run-watcher"]
 FROM base AS kubeclip
 COPY --from=build /out/kubeclip /usr/local/bin/kubeclip
 ENTRYPOINT ["/usr/local/bin/kubeclip"]
+
+FROM base AS sandboxd
+COPY --from=build /out/sandboxd /usr/local/bin/sandboxd
+ENTRYPOINT ["/usr/local/bin/sandboxd"]
 
 FROM base AS nats
 COPY --from=build /out/nats-server /usr/local/bin/nats-server

@@ -56,6 +56,8 @@ IPT_COMMENT=kubeclip-cluster
 IMAGES_DIR=$STATE/images
 PAUSE_IMAGE=kubeclip.local/pause:dev
 STUB_IMAGE=kubeclip.local/agent-stub:dev
+# kubeclip's sandboxd, for the init container that copies it into exec-capable pods.
+SANDBOXD_IMAGE=kubeclip.local/sandboxd:dev
 CRD_NAMES=(sandboxes.agents.x-k8s.io ciliumnetworkpolicies.cilium.io)
 
 # Say where `up` stopped and where the logs are, instead of exiting silently under set -e.
@@ -576,16 +578,20 @@ build_images() {
   for b in pause tini agent-stub; do
     (cd "$ROOT" && CGO_ENABLED=0 go build -trimpath -ldflags='-s -w' -o "$out/bin/$b" "./tests/images/$b")
   done
+  (cd "$ROOT" && CGO_ENABLED=0 go build -trimpath -ldflags='-s -w' -o "$out/bin/sandboxd" ./cmd/sandboxd)
   "$out/bin/mkimage" --tag "$PAUSE_IMAGE" --out "$out/pause.tar" --entrypoint /pause --user 65535 \
     "$out/bin/pause:/pause"
   "$out/bin/mkimage" --tag "$STUB_IMAGE" --out "$out/agent-stub.tar" \
     --entrypoint /usr/local/bin/paperclip-agent-shim --user 1000 \
     "$out/bin/agent-stub:/usr/local/bin/paperclip-agent-shim" "$out/bin/tini:/usr/bin/tini"
+  # Only its binary matters: the init container runs `/sandboxd install /kubeclip/bin/sandboxd`.
+  "$out/bin/mkimage" --tag "$SANDBOXD_IMAGE" --out "$out/sandboxd.tar" --entrypoint /sandboxd --user 65532 \
+    "$out/bin/sandboxd:/sandboxd"
 }
 
 import_images() {
   local tar
-  for tar in "$IMAGES_DIR/pause.tar" "$IMAGES_DIR/agent-stub.tar"; do
+  for tar in "$IMAGES_DIR/pause.tar" "$IMAGES_DIR/agent-stub.tar" "$IMAGES_DIR/sandboxd.tar"; do
     ctr --address "$CONTAINERD_SOCK" --namespace k8s.io images import --snapshotter "$SNAPSHOTTER" "$tar" >/dev/null
   done
 }
@@ -843,9 +849,9 @@ cmd_images() {
   if [[ -S $CONTAINERD_SOCK ]] && containerd_ready >/dev/null 2>&1; then
     SNAPSHOTTER=$(sed -n 's/^ *snapshotter = "\(.*\)"/\1/p' "$STATE/containerd/config.toml")
     import_images
-    log "imported $PAUSE_IMAGE and $STUB_IMAGE"
+    log "imported $PAUSE_IMAGE, $STUB_IMAGE and $SANDBOXD_IMAGE"
   else
-    log "built $IMAGES_DIR/{pause,agent-stub}.tar (containerd is not running: not imported)"
+    log "built $IMAGES_DIR/{pause,agent-stub,sandboxd}.tar (containerd is not running: not imported)"
   fi
 }
 

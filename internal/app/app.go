@@ -3,20 +3,16 @@
 package app
 
 import (
-	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
-	"os"
-	"os/signal"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/rs/zerolog"
 
+	"github.com/kubeclip/kubeclip/internal/cli"
 	"github.com/kubeclip/kubeclip/internal/config"
 )
 
@@ -84,13 +80,9 @@ func (c *Common) Validate(s *config.Set) error {
 	return errors.Join(errs...)
 }
 
-// NewLogger returns a JSON logger for component writing to w.
+// NewLogger returns a JSON logger for component writing to w (see cli.NewLogger).
 func NewLogger(w io.Writer, level, component string) zerolog.Logger {
-	lvl, err := zerolog.ParseLevel(level)
-	if err != nil || level == "" {
-		lvl = zerolog.InfoLevel
-	}
-	return zerolog.New(w).Level(lvl).With().Timestamp().Str("component", component).Logger()
+	return cli.NewLogger(w, level, component)
 }
 
 // ConnectNATS connects to url and keeps reconnecting for the life of the process, so a NATS
@@ -117,33 +109,14 @@ func ConnectNATS(url, name string, log zerolog.Logger, extra ...nats.Option) (*n
 	return nc, nil
 }
 
-// UsageError marks a configuration error: the process exits 2.
-type UsageError struct{ Err error }
+// UsageError marks a configuration error: the process exits 2 (see internal/cli).
+type UsageError = cli.UsageError
 
-func (e *UsageError) Error() string { return e.Err.Error() }
-func (e *UsageError) Unwrap() error { return e.Err }
-
-// ExitCode maps the error returned by a binary's run function to its exit status:
-// 0 for success, --help and cancellation, 2 for configuration errors, 1 otherwise.
-func ExitCode(err error) int {
-	var usage *UsageError
-	switch {
-	case err == nil, errors.Is(err, flag.ErrHelp), errors.Is(err, context.Canceled):
-		return 0
-	case errors.As(err, &usage):
-		return 2
-	default:
-		return 1
-	}
-}
+// ExitCode maps the error returned by a binary's run function to its exit status (see cli.ExitCode).
+func ExitCode(err error) int { return cli.ExitCode(err) }
 
 // Usage maps a flag parse error: --help is not an error, anything else is a UsageError.
-func Usage(err error) error {
-	if errors.Is(err, flag.ErrHelp) {
-		return err
-	}
-	return &UsageError{Err: err}
-}
+func Usage(err error) error { return cli.Usage(err) }
 
 // Drain drains the NATS connection last, after the workers stopped, so published events and
 // acks in flight reach the server.
@@ -164,17 +137,8 @@ func Drain(nc *nats.Conn, log zerolog.Logger) {
 }
 
 // RunFunc is a binary's run function: everything main does, with the process's parts passed in.
-type RunFunc func(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout, stderr io.Writer) error
+type RunFunc = cli.RunFunc
 
 // Main runs run with a context cancelled by SIGINT or SIGTERM, reports its error on stderr, and
 // returns the exit code for main to exit with.
-func Main(name string, run RunFunc) int {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	err := run(ctx, os.Args[1:], os.LookupEnv, os.Stdout, os.Stderr)
-	code := ExitCode(err)
-	if code != 0 {
-		fmt.Fprintln(os.Stderr, name+":", err)
-	}
-	return code
-}
+func Main(name string, run RunFunc) int { return cli.Main(name, run) }

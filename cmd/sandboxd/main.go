@@ -1,0 +1,50 @@
+// Command sandboxd runs commands for kubeclip's exec service as PID 1 of an exec-capable agent
+// pod, journalling their output so that a client resumes a stream with no gap and no duplicate.
+// It is static and links neither the NATS nor the Kubernetes client: an init container copies it
+// from kubeclip's image into every such pod (docs/exec.md).
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+
+	"github.com/kubeclip/kubeclip/internal/cli"
+	"github.com/kubeclip/kubeclip/internal/config"
+)
+
+const usage = `sandboxd runs commands in an agent pod for kubeclip's exec service.
+
+Usage:
+  sandboxd serve [flags]    the daemon, PID 1 of the pod (seed from $KUBECLIP_SANDBOXD_SEED)
+  sandboxd install <dst>    copy this executable to dst, mode 0755 (run by an init container)
+  sandboxd proxy [flags]    bridge stdin and stdout to the daemon's unix socket (the route
+                            through the Kubernetes exec API)
+
+"sandboxd <command> --help" lists a command's flags.
+`
+
+func main() { os.Exit(cli.Main("sandboxd", run)) }
+
+func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return &cli.UsageError{Err: fmt.Errorf("no command (serve, install or proxy)")}
+	}
+	switch args[0] {
+	case "serve":
+		return serve(ctx, args[1:], lookupEnv, stdout, stderr)
+	case "install":
+		return install(args[1:], stdout)
+	case "proxy":
+		// stdout is the byte stream itself: nothing else may be written to it.
+		return proxy(ctx, args[1:], lookupEnv, os.Stdin, stdout)
+	case "help", "-h", "-help", "--help":
+		fmt.Fprint(stdout, usage)
+		return nil
+	default:
+		fmt.Fprint(stderr, usage)
+		return &cli.UsageError{Err: fmt.Errorf("unknown command %q", args[0])}
+	}
+}

@@ -1,0 +1,108 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/kubeclip/kubeclip/internal/cli"
+	"github.com/kubeclip/kubeclip/internal/config"
+	"github.com/kubeclip/kubeclip/pkg/sandboxd"
+)
+
+const serveSummary = "sandboxd serve runs commands for kubeclip's exec service (TLS on --listen, plain on --socket)."
+
+type serveSettings struct {
+	Listen         string
+	Socket         string
+	JournalDir     string
+	MaxOutputBytes int
+	JournalTTL     time.Duration
+	LogLevel       string
+	// Seed comes from the environment only (SeedEnv), never a flag: flags show in ps.
+	Seed []byte
+}
+
+// parseServe reads serve's settings: defaults, environment, flags, then checks them.
+func parseServe(args []string, lookupEnv config.LookupEnv, stdout io.Writer) (serveSettings, error) {
+	var s serveSettings
+	fs := config.New("sandboxd serve", lookupEnv)
+	fs.String(&s.Listen, "listen", "KUBECLIP_SANDBOXD_LISTEN", sandboxd.DefaultListen, "TLS listen address for the exec-worker (key and token derived from "+sandboxd.SeedEnv+"); empty: none")
+	fs.String(&s.Socket, "socket", "KUBECLIP_SANDBOXD_SOCKET", sandboxd.DefaultSocket, "unix socket for the pod's own processes and `sandboxd proxy` (no TLS, no token); empty: none")
+	fs.String(&s.JournalDir, "journal-dir", "KUBECLIP_SANDBOXD_JOURNAL_DIR", sandboxd.DefaultJournalDir, "directory of the output journals (in the pod's emptyDir)")
+	fs.Int(&s.MaxOutputBytes, "max-output-bytes", "KUBECLIP_SANDBOXD_MAX_OUTPUT_BYTES", sandboxd.DefaultMaxOutputBytes, "cap of each exec's journal (payload plus 14 bytes per chunk); past it output is dropped and the exit says truncated")
+	fs.Duration(&s.JournalTTL, "journal-ttl", "KUBECLIP_SANDBOXD_JOURNAL_TTL", sandboxd.DefaultJournalTTL, "how long an exited command's journal is kept when no client deletes it")
+	fs.String(&s.LogLevel, "log-level", "KUBECLIP_LOG_LEVEL", "info", "log level: debug, info, warn or error")
+	if err := fs.Parse(args); err != nil {
+		fs.Usage(stdout, serveSummary)
+		return s, cli.Usage(err)
+	}
+	var errs []error
+	if s.Listen == "" && s.Socket == "" {
+		errs = append(errs, fmt.Errorf("%s and %s are both empty: nothing to serve on", fs.Names("listen"), fs.Names("socket")))
+	}
+	if s.Listen != "" {
+		v, ok := lookupEnv(sandboxd.SeedEnv)
+		seed, err := sandboxd.ParseSeed(v)
+		switch {
+		case !ok || v == "":
+			errs = append(errs, fmt.Errorf("%s is not set: %s needs the lease seed", sandboxd.SeedEnv, fs.Names("listen")))
+		case err != nil:
+			errs = append(errs, fmt.Errorf("%s: %w", sandboxd.SeedEnv, err))
+		default:
+			s.Seed = seed
+		}
+	}
+	if s.JournalDir == "" {
+		errs = append(errs, fmt.Errorf("%s must not be empty", fs.Names("journal-dir")))
+	}
+	if s.MaxOutputBytes < 1024 {
+		errs = append(errs, fmt.Errorf("%s must be >= 1024", fs.Names("max-output-bytes")))
+	}
+	if s.JournalTTL <= 0 {
+		errs = append(errs, fmt.Errorf("%s must be > 0", fs.Names("journal-ttl")))
+	}
+	if _, err := zerolog.ParseLevel(s.LogLevel); err != nil || s.LogLevel == "" {
+		errs = append(errs, fmt.Errorf("%s: unknown level %q", fs.Names("log-level"), s.LogLevel))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return s, &cli.UsageError{Err: err}
+	}
+	return s, nil
+}
+
+func serve(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout, stderr io.Writer) error {
+	s, err := parseServe(args, lookupEnv, stdout)
+	if err != nil {
+		return err
+	}
+	if err := sandboxd.ForgetSeedEnv(); err != nil {
+		return err
+	}
+	log := cli.NewLogger(stderr, s.LogLevel, "sandboxd")
+	reaper, err := sandboxd.NewReaper(log)
+	if err != nil {
+		return err
+	}
+	// The reaper outlives the server: commands still exiting while it drains must be reaped.
+	reaperCtx, stopReaper := context.WithCancel(context.WithoutCancel(ctx))
+	reaped := make(chan struct{})
+	go func() { _ = reaper.Run(reaperCtx); close(reaped) }()
+	defer func() { stopReaper(); <-reaped }()
+
+	srv, err := sandboxd.New(sandboxd.Options{
+		Logger: log, Reaper: reaper, Seed: s.Seed,
+		TCPAddr: s.Listen, SocketPath: s.Socket, JournalDir: s.JournalDir,
+		MaxOutputBytes: int64(s.MaxOutputBytes), JournalTTL: s.JournalTTL,
+		Env: os.Environ(),
+	})
+	if err != nil {
+		return err
+	}
+	return srv.Run(ctx)
+}

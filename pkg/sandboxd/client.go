@@ -1,0 +1,277 @@
+package sandboxd
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"sync/atomic"
+	"time"
+)
+
+// DefaultStallTimeout is how long Output waits for any frame before giving up with ErrStalled:
+// three missed heartbeats, plus slack for a loaded node.
+const DefaultStallTimeout = 5 * time.Second
+
+// ClientOptions configure a Client.
+type ClientOptions struct {
+	// Dial opens a byte stream to the daemon: TCP to the pod (DialTCP), the unix socket
+	// (DialUnix), or a Kubernetes exec of `sandboxd proxy`. Required.
+	Dial func(ctx context.Context) (net.Conn, error)
+	// TLS, when set, runs TLS over each dialled stream (ClientTLSConfig pins the lease's key).
+	TLS *tls.Config
+	// Token is sent as "Authorization: Bearer <token>" (ClientToken).
+	Token string
+	// StallTimeout defaults to DefaultStallTimeout.
+	StallTimeout time.Duration
+	// MaxIdleConns is how many kept-alive connections the client holds; default 8 (four
+	// execs in flight plus polls, as Paperclip drives one lease).
+	MaxIdleConns int
+}
+
+// Client calls one sandboxd. It is safe for concurrent use; Close releases its idle connections.
+type Client struct {
+	hc    *http.Client
+	tr    *http.Transport
+	base  string
+	token string
+	stall time.Duration
+}
+
+// DialTCP returns a Dial for a TCP address (a pod IP and port).
+func DialTCP(addr string) func(ctx context.Context) (net.Conn, error) {
+	var d net.Dialer
+	return func(ctx context.Context) (net.Conn, error) { return d.DialContext(ctx, "tcp", addr) }
+}
+
+// DialUnix returns a Dial for a unix socket.
+func DialUnix(path string) func(ctx context.Context) (net.Conn, error) {
+	var d net.Dialer
+	return func(ctx context.Context) (net.Conn, error) { return d.DialContext(ctx, "unix", path) }
+}
+
+// NewClient returns a client that reaches sandboxd through o.Dial.
+func NewClient(o ClientOptions) (*Client, error) {
+	if o.Dial == nil {
+		return nil, errors.New("sandboxd: ClientOptions.Dial is required")
+	}
+	if o.StallTimeout <= 0 {
+		o.StallTimeout = DefaultStallTimeout
+	}
+	if o.MaxIdleConns <= 0 {
+		o.MaxIdleConns = 8
+	}
+	dial := o.Dial
+	tr := &http.Transport{
+		DialContext:         func(ctx context.Context, _, _ string) (net.Conn, error) { return dial(ctx) },
+		MaxIdleConns:        o.MaxIdleConns,
+		MaxIdleConnsPerHost: o.MaxIdleConns,
+		IdleConnTimeout:     90 * time.Second, // below the server's IdleTimeout
+		DisableCompression:  true,
+	}
+	c := &Client{hc: &http.Client{Transport: tr}, tr: tr, base: "http://sandboxd", token: o.Token, stall: o.StallTimeout}
+	if o.TLS != nil {
+		cfg := o.TLS.Clone()
+		tr.DialTLSContext = func(ctx context.Context, _, _ string) (net.Conn, error) {
+			conn, err := dial(ctx)
+			if err != nil {
+				return nil, err
+			}
+			tc := tls.Client(conn, cfg)
+			if err := tc.HandshakeContext(ctx); err != nil {
+				_ = conn.Close()
+				return nil, fmt.Errorf("TLS handshake with sandboxd: %w", err)
+			}
+			return tc, nil
+		}
+		c.base = "https://sandboxd"
+	}
+	return c, nil
+}
+
+// Close closes the client's idle connections.
+func (c *Client) Close() { c.tr.CloseIdleConnections() }
+
+func (c *Client) do(ctx context.Context, method, path string, body io.Reader, contentType string) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, method, c.base+path, body)
+	if err != nil {
+		return nil, err
+	}
+	if contentType != "" {
+		req.Header.Set("Content-Type", contentType)
+	}
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
+	}
+	return c.hc.Do(req)
+}
+
+// call sends a request and decodes a JSON answer of one of the ok statuses into out (if not
+// nil); any other answer becomes an *APIError.
+func (c *Client) call(ctx context.Context, method, path string, body io.Reader, contentType string, out any, ok ...int) (int, error) {
+	resp, err := c.do(ctx, method, path, body, contentType)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	for _, s := range ok {
+		if resp.StatusCode != s {
+			continue
+		}
+		if out != nil {
+			if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+				return resp.StatusCode, fmt.Errorf("decoding the answer: %w", err)
+			}
+		}
+		_, _ = io.Copy(io.Discard, resp.Body) // so the connection is reused
+		return resp.StatusCode, nil
+	}
+	return resp.StatusCode, apiError(resp)
+}
+
+// apiError reads an error answer.
+func apiError(resp *http.Response) error {
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	var body errorBody
+	if json.Unmarshal(b, &body) == nil && body.Code != "" {
+		e := &APIError{Status: resp.StatusCode, Code: body.Code, Message: body.Message}
+		if body.Offset != nil {
+			e.Offset = *body.Offset
+		}
+		return e
+	}
+	return &APIError{Status: resp.StatusCode, Message: string(bytes.TrimSpace(b))}
+}
+
+func execPath(id, op string) string {
+	p := "/v1/execs/" + url.PathEscape(id)
+	if op != "" {
+		p += "/" + op
+	}
+	return p
+}
+
+// Start starts spec, or returns the exec that already has its id and spec (Created false).
+func (c *Client) Start(ctx context.Context, spec Spec) (StartResult, error) {
+	b, err := json.Marshal(spec)
+	if err != nil {
+		return StartResult{}, fmt.Errorf("encoding exec %s: %w", spec.ID, err)
+	}
+	var res StartResult
+	status, err := c.call(ctx, http.MethodPost, "/v1/execs", bytes.NewReader(b), "application/json", &res, http.StatusCreated, http.StatusOK)
+	if err != nil {
+		return StartResult{}, fmt.Errorf("starting exec %s: %w", spec.ID, err)
+	}
+	res.Created = status == http.StatusCreated
+	return res, nil
+}
+
+// WriteStdin sends data as the command's stdin from offset (the bytes sent so far), closing
+// stdin after it when eof. It returns the new offset; on ErrOffsetMismatch (and ErrStdinClosed)
+// it returns the daemon's current offset, from which a client resends.
+func (c *Client) WriteStdin(ctx context.Context, id string, offset int64, data []byte, eof bool) (int64, error) {
+	q := url.Values{"offset": {strconv.FormatInt(offset, 10)}}
+	if eof {
+		q.Set("eof", "1")
+	}
+	var res offsetResponse
+	_, err := c.call(ctx, http.MethodPost, execPath(id, "stdin")+"?"+q.Encode(), bytes.NewReader(data), "application/octet-stream", &res, http.StatusOK)
+	if err != nil {
+		var ae *APIError
+		if errors.As(err, &ae) && (errors.Is(ae, ErrOffsetMismatch) || errors.Is(ae, ErrStdinClosed)) {
+			return ae.Offset, fmt.Errorf("writing stdin of exec %s: %w", id, err)
+		}
+		return offset, fmt.Errorf("writing stdin of exec %s: %w", id, err)
+	}
+	return res.Offset, nil
+}
+
+// Signal sends sig ("SIGTERM", …) to the exec's process group.
+func (c *Client) Signal(ctx context.Context, id, sig string) error {
+	b, _ := json.Marshal(signalRequest{Signal: sig})
+	if _, err := c.call(ctx, http.MethodPost, execPath(id, "signal"), bytes.NewReader(b), "application/json", nil, http.StatusOK); err != nil {
+		return fmt.Errorf("signalling exec %s: %w", id, err)
+	}
+	return nil
+}
+
+// Delete forgets an exited exec and its journal.
+func (c *Client) Delete(ctx context.Context, id string) error {
+	if _, err := c.call(ctx, http.MethodDelete, execPath(id, ""), nil, "", nil, http.StatusNoContent); err != nil {
+		return fmt.Errorf("deleting exec %s: %w", id, err)
+	}
+	return nil
+}
+
+// Info returns the daemon's state.
+func (c *Client) Info(ctx context.Context) (Info, error) {
+	var info Info
+	if _, err := c.call(ctx, http.MethodGet, "/v1/info", nil, "", &info, http.StatusOK); err != nil {
+		return Info{}, fmt.Errorf("asking sandboxd for info: %w", err)
+	}
+	return info, nil
+}
+
+// Output opens the exec's output from journal seq from (1 = the beginning). ctx bounds the whole
+// stream.
+func (c *Client) Output(ctx context.Context, id string, from uint64) (*OutputStream, error) {
+	path := execPath(id, "output") + "?from=" + strconv.FormatUint(from, 10)
+	resp, err := c.do(ctx, http.MethodGet, path, nil, "")
+	if err != nil {
+		return nil, fmt.Errorf("reading output of exec %s: %w", id, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		defer resp.Body.Close()
+		return nil, fmt.Errorf("reading output of exec %s: %w", id, apiError(resp))
+	}
+	return &OutputStream{body: resp.Body, r: bufio.NewReaderSize(resp.Body, 32<<10), stall: c.stall}, nil
+}
+
+// OutputStream reads an exec's frames: *Chunk, *Heartbeat, then one *Exit.
+type OutputStream struct {
+	body    io.ReadCloser
+	r       *bufio.Reader
+	hdr     [frameHeaderSize]byte
+	stall   time.Duration
+	stalled atomic.Bool
+	done    bool
+}
+
+// Next returns the next frame. After the *Exit frame it returns io.EOF. A stream that ends
+// before the exit frame returns io.ErrUnexpectedEOF (or the transport's error), one on which no
+// frame arrived within the stall timeout ErrStalled: resume with Output from the seq after the
+// last chunk received.
+func (s *OutputStream) Next() (Frame, error) {
+	if s.done {
+		return nil, io.EOF
+	}
+	t := time.AfterFunc(s.stall, func() { s.stalled.Store(true); _ = s.body.Close() })
+	defer t.Stop()
+	f, err := readFrame(s.r, s.hdr[:])
+	if err != nil {
+		if s.stalled.Load() {
+			return nil, ErrStalled
+		}
+		if errors.Is(err, io.EOF) {
+			return nil, fmt.Errorf("output stream ended before the exit frame: %w", io.ErrUnexpectedEOF)
+		}
+		return nil, err
+	}
+	if _, ok := f.(*Exit); ok {
+		s.done = true
+		// Read the end of the response so the connection goes back to the pool.
+		_, _ = io.Copy(io.Discard, s.r)
+	}
+	return f, nil
+}
+
+// Close ends the stream.
+func (s *OutputStream) Close() error { return s.body.Close() }

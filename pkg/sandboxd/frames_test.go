@@ -1,0 +1,69 @@
+package sandboxd
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+func TestFramesRoundTrip(t *testing.T) {
+	code := 3
+	var wire []byte
+	chunk := make([]byte, frameHeaderSize+5)
+	copy(chunk[frameHeaderSize:], "hello")
+	putHeader(chunk, frameOutput, Stderr, 7, 5)
+	wire = append(wire, chunk...)
+	wire = appendControlFrame(wire, frameHeartbeat, 7, nil)
+	wire = append(wire, exitFrame(&Exit{ExitCode: &code, StderrBytes: 5, LastSeq: 7})...)
+
+	want := []Frame{
+		&Chunk{Seq: 7, Stream: Stderr, Data: []byte("hello")},
+		&Heartbeat{Seq: 7},
+		&Exit{ExitCode: &code, StderrBytes: 5, LastSeq: 7},
+	}
+	var got []Frame
+	r := bytes.NewReader(wire)
+	hdr := make([]byte, frameHeaderSize)
+	for {
+		f, err := readFrame(r, hdr)
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, f)
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("frames (-want +got):\n%s", diff)
+	}
+}
+
+func TestReadFrameRejects(t *testing.T) {
+	header := func(typ byte, stream Stream, n int) []byte {
+		b := make([]byte, frameHeaderSize)
+		putHeader(b, typ, stream, 1, n)
+		return b
+	}
+	for _, tc := range []struct {
+		name string
+		wire []byte
+	}{
+		{"truncated header", []byte{'o', 1, 0}},
+		{"truncated payload", append(header(frameOutput, Stdout, 10), "abc"...)},
+		{"oversized payload", header(frameOutput, Stdout, maxFramePayload+1)},
+		{"unknown type", header('z', 0, 0)},
+		{"output without stream", header(frameOutput, 0, 0)},
+		{"exit not JSON", append(header(frameExit, 0, 3), "abc"...)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := readFrame(bytes.NewReader(tc.wire), make([]byte, frameHeaderSize))
+			if !errors.Is(err, ErrProtocol) {
+				t.Errorf("err = %v, want ErrProtocol", err)
+			}
+		})
+	}
+}
