@@ -79,6 +79,7 @@ const (
 const (
 	BackendJob       = "job"
 	BackendSandboxCR = "sandbox-cr"
+	BackendPod       = "pod"
 )
 
 // Well-known result and status reasons, from the pod and Job status. Others may appear.
@@ -92,6 +93,8 @@ const (
 	ReasonEvicted                    = "Evicted"
 	// ReasonQuotaExceeded: the tenant's ResourceQuota refused the run's pod.
 	ReasonQuotaExceeded = "QuotaExceeded"
+	// ReasonReady, with phase Running: an exec-capable lease's pod is ready and accepts exec.
+	ReasonReady = "Ready"
 )
 
 // AgentResult is the parsed Claude Code stream-json summary carried by a result event.

@@ -33,7 +33,14 @@ type Backend string
 const (
 	BackendSandboxCR Backend = "sandbox-cr"
 	BackendJob       Backend = "job"
+	// BackendPod is kubeclip's own exec-capable lease for clusters without agent-sandbox: a
+	// bare Pod whose main process is sandboxd, alive for the lease (docs/exec.md).
+	BackendPod Backend = "pod"
 )
+
+// ExecCapable reports whether leases of backend b run commands on request (sandboxd as the
+// pod's main process) rather than the agent as the main process.
+func (b Backend) ExecCapable() bool { return b == BackendPod || b == BackendSandboxCR }
 
 // Defaults of the provider config (types.ts plus kubeclip's two server fields).
 const (
