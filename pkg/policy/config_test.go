@@ -237,7 +237,7 @@ func TestParseConfigValidation(t *testing.T) {
 		// Enums.
 		{"egressMode unknown", `{"egressMode": "calico"}`, []policy.FieldError{{"egressMode", `must be one of "cilium", "standard", got "calico"`}}},
 		{"egressMode type", `{"egressMode": true}`, []policy.FieldError{{"egressMode", "expected a string, got boolean"}}},
-		{"backend unknown", `{"backend": "pod"}`, []policy.FieldError{{"backend", `must be one of "sandbox-cr", "job", got "pod"`}}},
+		{"backend unknown", `{"backend": "vm"}`, []policy.FieldError{{"backend", `must be one of "sandbox-cr", "job", "pod", got "vm"`}}},
 		// defaultResources.
 		{"resources not object", `{"defaultResources": []}`, []policy.FieldError{{"defaultResources", "expected an object, got array"}}},
 		{"resources unknown key", `{"defaultResources": {"limits": {"gpu": "1"}}}`, []policy.FieldError{{"defaultResources.limits.gpu", "unknown field"}}},

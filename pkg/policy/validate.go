@@ -113,8 +113,9 @@ func (c Config) Validate() error {
 	c.validateAdapterType(&errs)
 	validateAdapterEntries(c.Adapters, &errs)
 
-	if c.Backend != BackendSandboxCR && c.Backend != BackendJob {
-		errs.add("backend", fmt.Sprintf("must be one of %q, %q, got %s", BackendSandboxCR, BackendJob, quoteShort(string(c.Backend))))
+	if c.Backend != BackendSandboxCR && c.Backend != BackendJob && c.Backend != BackendPod {
+		// Deviation: "pod" is kubeclip's own exec-capable lease (docs/exec.md).
+		errs.add("backend", fmt.Sprintf("must be one of %q, %q, %q, got %s", BackendSandboxCR, BackendJob, BackendPod, quoteShort(string(c.Backend))))
 	}
 
 	if msg := checkDNSLabel(c.PaperclipServerNamespace); msg != "" {
