@@ -56,6 +56,9 @@ IPT_COMMENT=kubeclip-cluster
 IMAGES_DIR=$STATE/images
 PAUSE_IMAGE=kubeclip.local/pause:dev
 STUB_IMAGE=kubeclip.local/agent-stub:dev
+# Paperclip's sandbox: a Debian userland, node and the claude stub (hack/cluster/sandbox-image.sh).
+SANDBOX_IMAGE=kubeclip.local/sandbox:dev
+IMAGE_TARS=(pause agent-stub sandbox)
 CRD_NAMES=(sandboxes.agents.x-k8s.io ciliumnetworkpolicies.cilium.io)
 
 # Say where `up` stopped and where the logs are, instead of exiting silently under set -e.
@@ -573,7 +576,7 @@ build_images() {
   local out=$IMAGES_DIR b
   mkdir -p "$out/bin"
   (cd "$ROOT" && go build -o "$out/bin/mkimage" ./hack/mkimage)
-  for b in pause tini agent-stub; do
+  for b in pause tini agent-stub claude-stub; do
     (cd "$ROOT" && CGO_ENABLED=0 go build -trimpath -ldflags='-s -w' -o "$out/bin/$b" "./tests/images/$b")
   done
   "$out/bin/mkimage" --tag "$PAUSE_IMAGE" --out "$out/pause.tar" --entrypoint /pause --user 65535 \
@@ -581,13 +584,34 @@ build_images() {
   "$out/bin/mkimage" --tag "$STUB_IMAGE" --out "$out/agent-stub.tar" \
     --entrypoint /usr/local/bin/paperclip-agent-shim --user 1000 \
     "$out/bin/agent-stub:/usr/local/bin/paperclip-agent-shim" "$out/bin/tini:/usr/bin/tini"
+  # Cached in $CACHE/images under a key of its inputs: with nothing changed this takes well
+  # under a second (cold: Debian packages and node downloaded, ~10 s).
+  bash "$ROOT/hack/cluster/sandbox-image.sh" --mkimage "$out/bin/mkimage" --claude "$out/bin/claude-stub" \
+    --tag "$SANDBOX_IMAGE" --out "$out/sandbox.tar"
 }
 
 import_images() {
-  local tar
-  for tar in "$IMAGES_DIR/pause.tar" "$IMAGES_DIR/agent-stub.tar"; do
+  local name tar
+  for name in "${IMAGE_TARS[@]}"; do
+    tar=$IMAGES_DIR/$name.tar
+    # Re-importing an unchanged image changes nothing but costs a read of the whole tarball
+    # (2 s for the sandbox's 144 MB): skip it when containerd has the tarball's image config.
+    image_imported "$tar" && continue
     ctr --address "$CONTAINERD_SOCK" --namespace k8s.io images import --snapshotter "$SNAPSHOTTER" "$tar" >/dev/null
   done
+}
+
+# image_imported TAR: containerd's k8s.io namespace has TAR's tag, on a manifest naming TAR's
+# image config (mkimage names the config after its digest). tar skips over the layer with seeks.
+image_imported() {
+  local manifest ref config digest
+  manifest=$(tar -xOf "$1" manifest.json) || return 1
+  ref=$(sed -n 's/.*"RepoTags":\["\([^"]*\)".*/\1/p' <<<"$manifest")
+  config=$(sed -n 's/.*"Config":"\([0-9a-f]*\)\.json".*/\1/p' <<<"$manifest")
+  [[ -n $ref && -n $config ]] || return 1
+  digest=$(ctr --address "$CONTAINERD_SOCK" --namespace k8s.io images ls "name==$ref" 2>/dev/null | awk 'NR == 2 {print $3}')
+  [[ -n $digest ]] || return 1
+  ctr --address "$CONTAINERD_SOCK" --namespace k8s.io content get "$digest" 2>/dev/null | grep -q "\"digest\":\"sha256:$config\""
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -843,9 +867,9 @@ cmd_images() {
   if [[ -S $CONTAINERD_SOCK ]] && containerd_ready >/dev/null 2>&1; then
     SNAPSHOTTER=$(sed -n 's/^ *snapshotter = "\(.*\)"/\1/p' "$STATE/containerd/config.toml")
     import_images
-    log "imported $PAUSE_IMAGE and $STUB_IMAGE"
+    log "imported $PAUSE_IMAGE, $STUB_IMAGE and $SANDBOX_IMAGE"
   else
-    log "built $IMAGES_DIR/{pause,agent-stub}.tar (containerd is not running: not imported)"
+    log "built $IMAGES_DIR/{pause,agent-stub,sandbox}.tar (containerd is not running: not imported)"
   fi
 }
 
