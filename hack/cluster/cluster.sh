@@ -27,6 +27,8 @@
 set -Eeuo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+# shellcheck source=hack/lib/apt.sh
+. "$ROOT/hack/lib/apt.sh"
 # The Kubernetes version is the one hack/k8s pins, so the two cannot drift apart.
 K8S_VERSION=$(grep -m1 -oE 'k8s\.io/kubernetes v[0-9][^ ]*' "$ROOT/hack/k8s/go.mod" | awk '{print $2}')
 CACHE=${KUBECLIP_CACHE:-${HOME:-/root}/.cache/kubeclip}
@@ -105,16 +107,9 @@ ensure_packages() {
   ((${#missing[@]} == 0)) && return 0
 
   log "installing Debian packages: ${missing[*]}"
-  # Packages may try to start their own daemons (a system containerd or etcd); a policy-rc.d that
-  # says "no" keeps the host free of anything but our cluster.
-  local policy=/usr/sbin/policy-rc.d added_policy=
-  if [[ ! -e $policy ]]; then
-    printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod 755 "$policy" && added_policy=1
-  fi
-  DEBIAN_FRONTEND=noninteractive apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-  [[ -n $added_policy ]] && rm -f "$policy"
-  return 0
+  # apt_install keeps the packages from starting daemons of their own (a system containerd or
+  # etcd), and waits for any other kubeclip script's apt-get.
+  apt_install "${missing[@]}"
 }
 
 # Kubernetes binaries are built from hack/k8s (its own module) and cached. The version is stamped
