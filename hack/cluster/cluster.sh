@@ -105,8 +105,6 @@ ensure_packages() {
   command -v flock >/dev/null || missing+=(util-linux)
   command -v go >/dev/null || die "go is not on PATH (needed to build the Kubernetes binaries and test images)"
   ((${#missing[@]} == 0)) && return 0
-
-  log "installing Debian packages: ${missing[*]}"
   # apt_install keeps the packages from starting daemons of their own (a system containerd or
   # etcd), and waits for any other kubeclip script's apt-get.
   apt_install "${missing[@]}"

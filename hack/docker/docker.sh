@@ -35,7 +35,6 @@ ensure_packages() {
   command -v dockerd >/dev/null || missing+=(docker.io)
   command -v docker-compose >/dev/null || docker compose version >/dev/null 2>&1 || missing+=(docker-compose)
   ((${#missing[@]} == 0)) && return 0
-  log "installing Debian packages: ${missing[*]}"
   apt_install "${missing[@]}"
 }
 
