@@ -17,7 +17,8 @@
 #   KUBECLIP_CLUSTER_DIR  state dir (default /var/lib/kubeclip/cluster). internal/clustertest
 #                         reads /var/lib/kubeclip/cluster/admin.kubeconfig: when you move the state
 #                         dir, point KUBECLIP_KUBECONFIG at $KUBECLIP_CLUSTER_DIR/admin.kubeconfig.
-#   KUBECLIP_CACHE        cache of built Kubernetes binaries (default ~/.cache/kubeclip)
+#   KUBECLIP_CACHE        cache of built Kubernetes binaries and of the sandbox image's Debian
+#                         packages, node and tarball (default ~/.cache/kubeclip)
 #   KUBECLIP_KUBECONFIG   use that existing cluster instead: `up` only checks that it answers
 #                         (and loads nothing), `down` does nothing.
 #   KUBECLIP_NODE_IP      node address (default: the source address of the default route)
