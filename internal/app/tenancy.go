@@ -23,7 +23,7 @@ type Tenancy struct {
 func (t *Tenancy) Bind(s *config.Set) {
 	s.String(&t.NamespacePrefixes, "namespace-prefixes", "KUBECLIP_NAMESPACE_PREFIXES", policy.DefaultNamespacePrefix,
 		"comma-separated namespacePrefix values a company's config may use; tenant namespaces are <prefix><slug>")
-	s.String(&t.KubeclipNamespace, "kubeclip-namespace", "KUBECLIP_NAMESPACE", "kubeclip",
+	s.String(&t.KubeclipNamespace, "kubeclip-namespace", "KUBECLIP_NAMESPACE", policy.DefaultKubeclipNamespace,
 		"the namespace kubeclip's workers run in: never a tenant, and the source of exec traffic tenant policies admit")
 	s.String(&t.ReservedNamespaces, "reserved-namespaces", "KUBECLIP_RESERVED_NAMESPACES", policy.DefaultPaperclipServerNamespace,
 		"comma-separated namespaces that are never a tenant (Kubernetes' own and kubeclip's always are)")
@@ -37,7 +37,8 @@ func (t *Tenancy) Bind(s *config.Set) {
 func (t Tenancy) Operator(s *config.Set) (policy.Operator, error) {
 	op := policy.Operator{
 		NamespacePrefixes:       splitList(t.NamespacePrefixes),
-		ReservedNamespaces:      append(splitList(t.ReservedNamespaces), t.KubeclipNamespace),
+		ReservedNamespaces:      splitList(t.ReservedNamespaces),
+		KubeclipNamespace:       t.KubeclipNamespace,
 		AdapterEnvKeys:          splitList(t.AdapterEnvKeys),
 		MaxNamespacesPerCompany: t.MaxNamespaces,
 	}
