@@ -15,4 +15,14 @@ export default tseslint.config(
       "@typescript-eslint/no-unnecessary-condition": ["error", { allowConstantLoopConditions: true }],
     },
   },
+  {
+    files: ["**/*.test.ts"],
+    rules: {
+      // node:test's describe/it return promises the runner tracks itself.
+      "@typescript-eslint/no-floating-promises": [
+        "error",
+        { allowForKnownSafeCalls: [{ from: "package", name: ["describe", "it", "test", "suite"], package: "node:test" }] },
+      ],
+    },
+  },
 );

@@ -42,6 +42,8 @@ export interface ExecOptions {
   silenceMs?: number;
   /** Extra wait for the exit frame after timeoutMs (default 5 s). */
   graceMs?: number;
+  /** How long to retry a start nobody receives (no exec-worker) before failing (default 10 s). */
+  noResponderMs?: number;
   /** Largest live log chunk (Paperclip drops chunks over 1,000,000 characters). */
   maxLogChars?: number;
 }
@@ -106,7 +108,9 @@ export function splitText(text: string, max: number): string[] {
 }
 
 /** Marks an abort in the inbox so the loop wakes up. */
-class AbortMarker {}
+class AbortMarker {
+  readonly aborted = true;
+}
 
 type InboxItem = Msg | Error | AbortMarker;
 
@@ -185,6 +189,7 @@ export async function runExec(nc: NatsConnection, prefix: string, spec: ExecSpec
   const silenceMs = opts.silenceMs ?? 3_000;
   const graceMs = opts.graceMs ?? 5_000;
   const maxLog = opts.maxLogChars ?? MAX_LOG_CHARS;
+  const noResponderMs = opts.noResponderMs ?? 10_000;
   const cap = opts.maxOutputBytes ?? DEFAULT_MAX_OUTPUT_BYTES;
   const stdin = Buffer.from(spec.stdin ?? "", "utf8");
   const out = { stdout: new Output(cap), stderr: new Output(cap) };
@@ -324,9 +329,9 @@ export async function runExec(nc: NatsConnection, prefix: string, spec: ExecSpec
       const h = item.headers;
       if (h && h.hasError && h.code === 503) {
         // No exec-worker subscribed (yet): retry until the command's budget says otherwise,
-        // giving up after 10 s without any worker.
+        // giving up after noResponderMs without any worker.
         noResponderSince ||= Date.now();
-        if (Date.now() - noResponderSince > 10_000) {
+        if (Date.now() - noResponderSince > noResponderMs) {
           throw new KubeclipError("unavailable", `no kubeclip exec-worker answers ${base}.start`);
         }
         lastHeard = Date.now() - silenceMs + 1_000; // try again in about a second

@@ -138,7 +138,7 @@ export class Leases {
     let messages: ConsumerMessages | undefined;
     try {
       messages = await bounded(this.follow(filter), abort.signal);
-      abort.signal.addEventListener("abort", () => void messages?.stop(), { once: true });
+      abort.signal.addEventListener("abort", () => messages?.stop(), { once: true });
       await bounded(this.publish(companyId, runId, kind, payload, deadline), abort.signal);
       for await (const m of messages) {
         const k = m.subject.slice(m.subject.lastIndexOf(".") + 1);

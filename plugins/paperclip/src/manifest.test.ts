@@ -5,12 +5,14 @@ import manifest, { PLUGIN_VERSION } from "./manifest.js";
 
 describe("manifest", () => {
   it("declares exactly one kubernetes sandbox provider", () => {
-    assert.equal(manifest.environmentDrivers?.length, 1);
-    const d = manifest.environmentDrivers?.[0];
-    assert.equal(d?.driverKey, "kubernetes");
-    assert.equal(d?.kind, "sandbox_provider");
+    const drivers = manifest.environmentDrivers ?? [];
+    assert.equal(drivers.length, 1);
+    const d = drivers[0];
+    assert.ok(d);
+    assert.equal(d.driverKey, "kubernetes");
+    assert.equal(d.kind, "sandbox_provider");
     assert.ok(manifest.capabilities.includes("environment.drivers.register"));
-    assert.deepEqual(d?.sandboxCapabilities, { reusableLeases: false, persistentProcessSessions: false, independentControlCommands: true });
+    assert.deepEqual(d.sandboxCapabilities, { reusableLeases: false, persistentProcessSessions: false, independentControlCommands: true });
   });
 
   it("has package.json's version", () => {

@@ -72,8 +72,18 @@ export function createPlugin(options: PluginOptions = {}): PaperclipPlugin {
   /** In-flight executes per lease, aborted by a release with cancelActiveWork. */
   const inflight = new Map<string, Set<AbortController>>();
   let ctx: PluginContext | undefined;
-  /** The plugin settings last delivered by configChanged (validateConfig has no company). */
-  let delivered: { config: JsonObject; companyId: string | null } | undefined;
+  /**
+   * Plugin settings delivered by configChanged, per company (null: an instance-wide save).
+   * validateConfig has no company: it uses them only when every company has the same.
+   */
+  const deliveredByCompany = new Map<string | null, JsonObject>();
+  const delivered = (): { config: JsonObject; companyId: string | null } | undefined => {
+    const entries = [...deliveredByCompany.entries()];
+    const first = entries[0];
+    if (!first) return undefined;
+    const same = entries.every(([, c]) => JSON.stringify(c) === JSON.stringify(first[1]));
+    return same ? { config: first[1], companyId: first[0] } : undefined;
+  };
 
   const context = (): PluginContext => {
     if (!ctx) throw new Error("plugin used before setup");
@@ -83,14 +93,14 @@ export function createPlugin(options: PluginOptions = {}): PaperclipPlugin {
   /** The plugin settings with secret bindings resolved; {} when there are none. */
   async function settings(companyId: string | undefined): Promise<PluginKeys> {
     let raw: JsonObject | undefined;
-    let cid = companyId ?? delivered?.companyId ?? undefined;
+    let cid = companyId;
     if (companyId) {
       const got = await within(context().config.get(companyId), 5_000, "reading the plugin settings").catch(() => undefined);
       if (isObject(got) && Object.keys(got).length > 0) raw = got;
-    }
-    if (!raw && delivered) {
-      raw = delivered.config;
-      cid = delivered.companyId ?? cid;
+    } else {
+      const d = delivered();
+      raw = d?.config;
+      cid = d?.companyId ?? undefined;
     }
     if (!raw) return {};
     const resolved: JsonObject = { ...raw };
@@ -98,7 +108,7 @@ export function createPlugin(options: PluginOptions = {}): PaperclipPlugin {
       const v = raw[key];
       if (isObject(v) && v.type === "secret_ref" && typeof v.secretId === "string") {
         if (!cid) {
-          delete resolved[key];
+          resolved[key] = undefined;
           continue;
         }
         resolved[key] = await within(
@@ -167,17 +177,22 @@ export function createPlugin(options: PluginOptions = {}): PaperclipPlugin {
   }
 
   return definePlugin({
-    async setup(c) {
+    setup(c) {
       ctx = c;
       c.logger.info("kubeclip sandbox provider ready");
+      return Promise.resolve();
     },
 
-    async onHealth() {
-      return { status: "ok", message: "kubeclip sandbox provider running" };
+    onHealth() {
+      return Promise.resolve({ status: "ok" as const, message: "kubeclip sandbox provider running" });
     },
 
-    async onConfigChanged(config, change) {
-      delivered = { config, companyId: change?.companyId ?? null };
+    // Settings are read per company (ctx.config.get) in every hook that has one.
+    multiCompanyConfig: true,
+
+    onConfigChanged(config, change) {
+      deliveredByCompany.set(change?.companyId ?? null, config);
+      return Promise.resolve();
     },
 
     async onShutdown() {
@@ -195,7 +210,7 @@ export function createPlugin(options: PluginOptions = {}): PaperclipPlugin {
         // At validation Paperclip passes secret refs as ids; it resolves them only at run time.
         for (const key of SECRET_KEYS) {
           if (isUnresolvedSecretRef(env[key])) {
-            delete env[key];
+            env[key] = undefined;
             warnings.push(`config.${key} is a secret reference, resolved by Paperclip only at run time: validation connected with the plugin settings' credentials, if any`);
           }
         }
@@ -327,9 +342,10 @@ export function createPlugin(options: PluginOptions = {}): PaperclipPlugin {
       };
     },
 
-    async onEnvironmentRealizeWorkspace(params) {
+    onEnvironmentRealizeWorkspace(params) {
+      // Nothing to provision: the pod's /workspace (an emptyDir) is the workspace.
       const cwd = params.workspace.remotePath?.trim() || REMOTE_CWD;
-      return { cwd, metadata: { remoteCwd: cwd } };
+      return Promise.resolve({ cwd, metadata: { remoteCwd: cwd } });
     },
 
     async onEnvironmentExecute(params: PluginEnvironmentExecuteParams): Promise<PluginEnvironmentExecuteResult> {

@@ -67,13 +67,13 @@ export async function harnessed(options: PluginOptions = { exec: { silenceMs: 50
     ...(settings ? { config: settings } : {}),
     environmentDriver: {
       driverKey: "kubernetes",
-      onValidateConfig: (p) => need(d.onEnvironmentValidateConfig)(p),
-      onProbe: (p) => need(d.onEnvironmentProbe)(p),
-      onAcquireLease: (p) => need(d.onEnvironmentAcquireLease)(p),
-      onReleaseLease: (p) => need(d.onEnvironmentReleaseLease)(p),
-      onDestroyLease: (p) => need(d.onEnvironmentDestroyLease)(p),
-      onRealizeWorkspace: (p) => need(d.onEnvironmentRealizeWorkspace)(p),
-      onExecute: (p) => need(d.onEnvironmentExecute)(p),
+      onValidateConfig: (p) => need(d.onEnvironmentValidateConfig?.bind(d))(p),
+      onProbe: (p) => need(d.onEnvironmentProbe?.bind(d))(p),
+      onAcquireLease: (p) => need(d.onEnvironmentAcquireLease?.bind(d))(p),
+      onReleaseLease: (p) => need(d.onEnvironmentReleaseLease?.bind(d))(p),
+      onDestroyLease: (p) => need(d.onEnvironmentDestroyLease?.bind(d))(p),
+      onRealizeWorkspace: (p) => need(d.onEnvironmentRealizeWorkspace?.bind(d))(p),
+      onExecute: (p) => need(d.onEnvironmentExecute?.bind(d))(p),
     },
   });
   const logs: LogChunk[] = [];

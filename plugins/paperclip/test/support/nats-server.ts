@@ -81,8 +81,8 @@ export async function startNatsServer(): Promise<NatsServer> {
       if (child.exitCode === null) {
         const exited = new Promise((r) => child.once("exit", r));
         child.kill("SIGTERM");
-        await Promise.race([exited, new Promise((r) => setTimeout(r, 5_000))]);
-        if (child.exitCode === null) child.kill("SIGKILL");
+        const timedOut = await Promise.race([exited.then(() => false), new Promise((r) => setTimeout(r, 5_000, true))]);
+        if (timedOut) child.kill("SIGKILL");
       }
       rmSync(dir, { recursive: true, force: true });
     },
