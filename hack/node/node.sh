@@ -80,6 +80,7 @@ bin)
 	;;
 env)
 	install
+	# shellcheck disable=SC2016 # $PATH is for the eval, not for now
 	printf 'export PATH=%q:"$PATH"\nexport npm_config_cache=%q\n' "$BIN" "$NPM_CACHE"
 	;;
 exec)
@@ -88,8 +89,6 @@ exec)
 	install
 	export PATH=$BIN:$PATH
 	export npm_config_cache=$NPM_CACHE
-	# Debian's system npm config sets nodedir=/usr (Node 20's headers) which npm 11 warns about.
-	unset npm_config_nodedir
 	exec "$@"
 	;;
 version)
