@@ -166,6 +166,15 @@ describe("plugin hooks", () => {
       }
     });
 
+    it("refuses case-variant keys in executionWorkspaceSettings before asking kubeclip", async () => {
+      const runId = newRun();
+      await assert.rejects(
+        h.harness.acquireLease({ driverKey: "kubernetes", companyId: C, environmentId: "env-1", config: cfg, runId, agentId: "a", executionWorkspaceSettings: { mode: "x", Mode: "y" } }),
+        /^Error: executionWorkspaceSettings\.Mode \(and executionWorkspaceSettings\.mode\): keys differ only in case/,
+      );
+      assert.equal(env.kubeclip.requests.some((q) => q.payload.runId === runId), false);
+    });
+
     it("refuses a job backend before asking kubeclip", async () => {
       const before = env.kubeclip.requests.length;
       await assert.rejects(acquire(newRun(), { ...cfg, backend: "job" }), /^Error: config\.backend: "job"/);

@@ -39,7 +39,7 @@ import {
 } from "./config.js";
 import { ConfigError, UnreachableError, errorMessage, scrub } from "./errors.js";
 import { runExec } from "./exec.js";
-import { isObject, type JsonObject } from "./json.js";
+import { findCaseVariantKey, isObject, type JsonObject } from "./json.js";
 import { Leases } from "./leases.js";
 import { ConnectionPool } from "./nats.js";
 
@@ -304,6 +304,8 @@ export function createPlugin(options: PluginOptions = {}): PaperclipPlugin {
       const problems = checkProviderConfig(split.provider);
       if (problems.length > 0) throw new Error(problems.join("; "));
       if (!params.agentId) throw new Error("agentId: Paperclip sent no agent id; kubeclip needs it to hold one run per agent");
+      const dup = findCaseVariantKey(params.executionWorkspaceSettings, "executionWorkspaceSettings");
+      if (dup) throw new Error(`${dup}: keys differ only in case; kubeclip refuses such payloads`);
       const conn = await connectionFor(params.config, params.companyId);
       const nc = await pool.get(conn);
       const leases = new Leases(nc, conn.prefix);
