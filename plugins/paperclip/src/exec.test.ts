@@ -201,6 +201,15 @@ describe("exec protocol", () => {
     assert.equal(r.stdout, `started\n${3 << 20}\n`);
   });
 
+  it("attaches again when a stdin chunk gets no answer, and resends it", async () => {
+    for (const r of env.replicas.splice(0)) r.die();
+    env.replicas.push(new FakeExecReplica(env.nc, env.sandbox, "ew-stuck", { ignoreFirstStdin: true }));
+    await env.nc.flush();
+    const r = await runExec(env.nc, "paperclip", spec("wc", ["-c"], { stdin: "y".repeat(700_000) }), { ...fast, stdinTimeoutMs: 300 });
+    assert.equal(r.stdout.trim(), "700000");
+    assert.ok((r.metadata.attaches ?? 0) >= 1);
+  });
+
   it("kills the command when aborted", async () => {
     const ac = new AbortController();
     setTimeout(() => {

@@ -42,6 +42,8 @@ export interface ExecOptions {
   silenceMs?: number;
   /** Extra wait for the exit frame after timeoutMs (default 5 s). */
   graceMs?: number;
+  /** How long one stdin chunk may wait for its answer before the client attaches again (default 10 s). */
+  stdinTimeoutMs?: number;
   /** How long to retry a start nobody receives (no exec-worker) before failing (default 10 s). */
   noResponderMs?: number;
   /** Largest live log chunk (Paperclip drops chunks over 1,000,000 characters). */
@@ -112,7 +114,12 @@ class AbortMarker {
   readonly aborted = true;
 }
 
-type InboxItem = Msg | Error | AbortMarker;
+/** Asks the loop to attach again (stdin could not be delivered). */
+class ResumeMarker {
+  readonly resume = true;
+}
+
+type InboxItem = Msg | Error | AbortMarker | ResumeMarker;
 
 /** Messages of the inbox and timer ticks, awaited in the caller's async context. */
 class Inbox {
@@ -273,9 +280,12 @@ export async function runExec(nc: NatsConnection, prefix: string, spec: ExecSpec
       if (end === stdin.byteLength) h.set(H_EOF, "1");
       let reply: Msg;
       try {
-        reply = await nc.request(ioSubject, stdin.subarray(offset, end), { headers: h, timeout: 10_000 });
+        reply = await nc.request(ioSubject, stdin.subarray(offset, end), { headers: h, timeout: opts.stdinTimeoutMs ?? 10_000 });
       } catch {
-        return; // the replica is gone or slow: a resume restarts stdin from its offset
+        // The replica is gone or stuck: attach again; its `started` restarts stdin from the
+        // offset sandboxd has.
+        if (gen === stdinGen) inbox.push(new ResumeMarker());
+        return;
       }
       try {
         const got = new Fields(parseObject(reply.data, "stdin reply"), "stdin reply").optInt("offset");
@@ -322,6 +332,10 @@ export async function runExec(nc: NatsConnection, prefix: string, spec: ExecSpec
         continue;
       }
       if (item instanceof AbortMarker) continue;
+      if (item instanceof ResumeMarker) {
+        resume();
+        continue;
+      }
       if (item instanceof Error) {
         throw new KubeclipError("unavailable", `exec ${execId}: ${errorMessage(item)}`);
       }

@@ -151,6 +151,8 @@ export interface ReplicaOptions {
   dieAfterChunks?: number;
   /** Never send this seq on the first pass (a lost message). */
   dropSeq?: number;
+  /** Leave the first stdin chunk unanswered and unwritten (a stuck replica). */
+  ignoreFirstStdin?: boolean;
 }
 
 export class FakeExecReplica {
@@ -163,6 +165,7 @@ export class FakeExecReplica {
   private readonly subs: Subscription[] = [];
   private readonly acked = new Map<string, number>();
   private dropped = false;
+  private ignoredStdin = false;
 
   constructor(nc: NatsConnection, sandbox: FakeSandbox, name: string, opts: ReplicaOptions = {}) {
     this.nc = nc;
@@ -250,6 +253,10 @@ export class FakeExecReplica {
         if (!this.alive) return;
         const kind = m.headers?.get("Kubeclip-Exec");
         if (kind === "stdin") {
+          if (this.opts.ignoreFirstStdin && !this.ignoredStdin) {
+            this.ignoredStdin = true;
+            return;
+          }
           const offset = Number(m.headers?.get("Kubeclip-Exec-Offset"));
           const eof = m.headers?.get("Kubeclip-Exec-Eof") === "1";
           m.respond(JSON.stringify({ offset: journal.writeStdin(offset, m.data, eof) }));
