@@ -222,9 +222,8 @@ export function createPlugin(options: PluginOptions = {}): PaperclipPlugin {
       if (params.config.reuseLease === true) {
         warnings.push("config.reuseLease: not supported; kubeclip leases are one run's pod, so every run acquires a new lease");
       }
-      if (params.config.streamRunLogs !== false) {
-        warnings.push("config.streamRunLogs: set it to false so live output streams through the provider instead of tail polling");
-      }
+      // No advice on streamRunLogs here: Paperclip strips it (and `provider`) before this hook and
+      // re-applies it afterwards (environment-config.js stripSandboxProviderEnvelope).
       let verdict;
       try {
         const nc = await pool.get(conn);
