@@ -38,7 +38,7 @@ func (d *Dispatcher) handleRelease(ctx context.Context, m jetstream.Msg) error {
 	if err != nil {
 		return err
 	}
-	if rec.WorkloadName != "" && rec.WorkloadName != req.ProviderLeaseID {
+	if req.ProviderLeaseID != "" && rec.WorkloadName != "" && rec.WorkloadName != req.ProviderLeaseID {
 		return events.InvalidRequest("providerLeaseId", "run %s's lease is %s, not %s", req.RunID, rec.WorkloadName, req.ProviderLeaseID)
 	}
 	var before lease.State
