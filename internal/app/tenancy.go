@@ -17,6 +17,7 @@ type Tenancy struct {
 	ReservedNamespaces string
 	AdapterEnvKeys     string
 	MaxNamespaces      int
+	RBACNameSuffix     string
 }
 
 // Bind registers the tenancy settings on s.
@@ -29,6 +30,8 @@ func (t *Tenancy) Bind(s *config.Set) {
 		"comma-separated namespaces that are never a tenant (Kubernetes' own and kubeclip's always are)")
 	s.String(&t.AdapterEnvKeys, "adapter-env-keys", "KUBECLIP_ADAPTER_ENV_KEYS", "",
 		"comma-separated environment variables, beyond the built-in adapters' API keys, that a config's adapters[].envKeys may copy into a run")
+	s.String(&t.RBACNameSuffix, "rbac-name-suffix", "KUBECLIP_RBAC_NAME_SUFFIX", "",
+		"suffix a kustomize nameSuffix added to kubeclip's ServiceAccounts and ClusterRoles; the per-tenant RoleBindings name them with it")
 	s.Int(&t.MaxNamespaces, "max-namespaces-per-company", "KUBECLIP_MAX_NAMESPACES_PER_COMPANY", policy.DefaultMaxNamespacesPerCompany,
 		"how many tenant namespaces one company may claim")
 }
@@ -39,6 +42,7 @@ func (t Tenancy) Operator(s *config.Set) (policy.Operator, error) {
 		NamespacePrefixes:       splitList(t.NamespacePrefixes),
 		ReservedNamespaces:      splitList(t.ReservedNamespaces),
 		KubeclipNamespace:       t.KubeclipNamespace,
+		RBACNameSuffix:          t.RBACNameSuffix,
 		AdapterEnvKeys:          splitList(t.AdapterEnvKeys),
 		MaxNamespacesPerCompany: t.MaxNamespaces,
 	}

@@ -30,6 +30,10 @@ type Operator struct {
 	// every tenant binds the workers' ServiceAccounts there to their per-tenant roles, and admits
 	// sandboxd traffic from its exec-workers only. It is never a tenant.
 	KubeclipNamespace string
+	// RBACNameSuffix is the suffix a kustomize nameSuffix added to kubeclip's ServiceAccounts and
+	// ClusterRoles (two installations sharing a cluster), so the per-tenant RoleBindings name
+	// them right. Empty for the base's names.
+	RBACNameSuffix string
 }
 
 // DefaultKubeclipNamespace is the namespace the kustomize base deploys kubeclip into.

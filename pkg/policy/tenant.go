@@ -157,8 +157,8 @@ func RenderTenant(cfg Config, companyID string, op Operator, adapters ...Adapter
 		t.WorkerBindings = append(t.WorkerBindings, &rbacv1.RoleBinding{
 			TypeMeta:   metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "RoleBinding"},
 			ObjectMeta: metav1.ObjectMeta{Name: "kubeclip-" + w.serviceAccount, Namespace: ns, Labels: managedByLabels()},
-			RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: w.clusterRole},
-			Subjects:   []rbacv1.Subject{{Kind: "ServiceAccount", Name: w.serviceAccount, Namespace: op.KubeclipNamespace}},
+			RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: w.clusterRole + op.RBACNameSuffix},
+			Subjects:   []rbacv1.Subject{{Kind: "ServiceAccount", Name: w.serviceAccount + op.RBACNameSuffix, Namespace: op.KubeclipNamespace}},
 		})
 	}
 	in := egressInput{
