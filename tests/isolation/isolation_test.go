@@ -473,4 +473,98 @@ func TestQuotaRefusalFailsTheRun(t *testing.T) {
 		t.Errorf("result = %+v, want failed, QuotaExceeded, naming %s", res, policy.TenantResourceQuota)
 	}
 	t.Logf("quota refusal reported %s after the acquire", time.Since(start).Round(time.Millisecond))
+
+	// An exec-capable lease's pod is created by the dispatcher itself: the API server refuses it
+	// at once, and the acquire fails with quota_exceeded naming the quota, not the cluster.
+	pod := env.Acquire(t, company, pt.NewID("agent"), sleeping(withConfig("backend", "pod", "podActivityDeadlineSec", 600)))
+	failed := waitFailed(t, pod, events.LeaseAcquire)
+	checkFailed(t, failed, events.CodeQuotaExceeded, "config.defaultResources")
+	if !strings.Contains(failed.Message, policy.TenantResourceQuota) || strings.Contains(failed.Message, "forbidden") {
+		t.Errorf("message %q: want the quota's name and no API server text", failed.Message)
+	}
+}
+
+// TestRequestFailuresNameTheField triggers, through the real workers, each failure code that
+// blames the request: one `failed` naming the field, and no namespace, Job or lease left behind.
+// docs/events.md points here for these codes.
+func TestRequestFailuresNameTheField(t *testing.T) {
+	cs := clustertest.Clientset(t)
+	for _, tc := range []struct {
+		code    events.Code
+		field   string
+		request func(r *pt.Run) []byte
+	}{{
+		code:  events.CodeInvalidRequest,
+		field: "agentId",
+		request: func(r *pt.Run) []byte {
+			return fmt.Appendf(nil, `{"runId":%q,"companyId":%q,"environmentId":"e","agentId":"../x","config":{}}`, r.RunID, r.CompanyID)
+		},
+	}, {
+		code:  events.CodeInvalidConfig,
+		field: "config.egressAllowCidrs[0]",
+		request: func(r *pt.Run) []byte {
+			return acquireJSON(r.Request(sleeping(withConfig("egressAllowCidrs", []string{"10.0.0.0/33"}))))
+		},
+	}, {
+		code:  events.CodeUnknownAdapter,
+		field: "adapterType",
+		request: func(r *pt.Run) []byte {
+			req := r.Request(sleeping())
+			req.AdapterType = "nope_local"
+			return acquireJSON(req)
+		},
+	}, {
+		code:  events.CodeImageNotAllowed,
+		field: "config.imageAllowList",
+		request: func(r *pt.Run) []byte {
+			return acquireJSON(r.Request(sleeping(withConfig("imageAllowList", []string{"registry.example.com/*"}))))
+		},
+	}, {
+		code:  events.CodeNamespaceNotAllowed,
+		field: "config.namespacePrefix",
+		request: func(r *pt.Run) []byte {
+			return acquireJSON(r.Request(sleeping(withConfig("namespacePrefix", "kube-"))))
+		},
+	}} {
+		t.Run(string(tc.code), func(t *testing.T) {
+			company := pt.NewID("co")
+			pt.CleanupTenant(t, cs, company)
+			r := env.NewRun(t, company, pt.NewID("agent"))
+			r.Collect()
+			subj, _ := env.Subjects.Lease(company, events.LeaseAcquire)
+			msg := nats.NewMsg(subj)
+			msg.Header.Set(events.HeaderMsgID, r.RunID+".acquire")
+			msg.Data = tc.request(r)
+			if _, err := env.JS.PublishMsg(t.Context(), msg); err != nil {
+				t.Fatal(err)
+			}
+			failed := waitFailed(t, r, events.LeaseAcquire)
+			checkFailed(t, failed, tc.code, tc.field)
+			if !strings.Contains(failed.Message, tc.field) {
+				t.Errorf("message %q does not name %s", failed.Message, tc.field)
+			}
+			checkNothingApplied(t, cs, company, r.RunID)
+		})
+	}
+}
+
+func acquireJSON(req events.AcquireRequest) []byte {
+	b, err := json.Marshal(req)
+	if err != nil {
+		panic(err)
+	}
+	return b
+}
+
+// checkNothingApplied: a refused first acquire left the company no namespace and no workload.
+func checkNothingApplied(t *testing.T, cs kubernetes.Interface, companyID, runID string) {
+	t.Helper()
+	ns := policy.DefaultNamespacePrefix + policy.CompanySlug(companyID)
+	if _, err := cs.CoreV1().Namespaces().Get(t.Context(), ns, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("namespace %s after a refused acquire: %v, want NotFound", ns, err)
+	}
+	jobs, err := cs.BatchV1().Jobs(metav1.NamespaceAll).List(t.Context(), metav1.ListOptions{LabelSelector: policy.LabelRunID + "=" + runID})
+	if err != nil || len(jobs.Items) != 0 {
+		t.Errorf("%d Jobs of run %s (%v)", len(jobs.Items), runID, err)
+	}
 }
