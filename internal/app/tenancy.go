@@ -18,6 +18,7 @@ type Tenancy struct {
 	AdapterEnvKeys     string
 	MaxNamespaces      int
 	RBACNameSuffix     string
+	PrivateEgressCIDRs string
 }
 
 // Bind registers the tenancy settings on s.
@@ -32,6 +33,8 @@ func (t *Tenancy) Bind(s *config.Set) {
 		"comma-separated environment variables, beyond the built-in adapters' API keys, that a config's adapters[].envKeys may copy into a run")
 	s.String(&t.RBACNameSuffix, "rbac-name-suffix", "KUBECLIP_RBAC_NAME_SUFFIX", "",
 		"suffix a kustomize nameSuffix added to kubeclip's ServiceAccounts and ClusterRoles; the per-tenant RoleBindings name them with it")
+	s.String(&t.PrivateEgressCIDRs, "private-egress-cidrs", "KUBECLIP_PRIVATE_EGRESS_CIDRS", "",
+		"comma-separated private or reserved IPv4 ranges a company's egress CIDRs may open (default none: tenants reach public addresses only)")
 	s.Int(&t.MaxNamespaces, "max-namespaces-per-company", "KUBECLIP_MAX_NAMESPACES_PER_COMPANY", policy.DefaultMaxNamespacesPerCompany,
 		"how many tenant namespaces one company may claim")
 }
@@ -45,10 +48,11 @@ func (t Tenancy) Operator(s *config.Set) (policy.Operator, error) {
 		RBACNameSuffix:          t.RBACNameSuffix,
 		AdapterEnvKeys:          splitList(t.AdapterEnvKeys),
 		MaxNamespacesPerCompany: t.MaxNamespaces,
+		PrivateEgressCIDRs:      splitList(t.PrivateEgressCIDRs),
 	}
 	if err := op.Validate(); err != nil {
-		return policy.Operator{}, fmt.Errorf("%s, %s, %s: %w",
-			s.Names("namespace-prefixes"), s.Names("adapter-env-keys"), s.Names("max-namespaces-per-company"), err)
+		return policy.Operator{}, fmt.Errorf("%s, %s, %s, %s: %w",
+			s.Names("namespace-prefixes"), s.Names("adapter-env-keys"), s.Names("max-namespaces-per-company"), s.Names("private-egress-cidrs"), err)
 	}
 	return op, nil
 }

@@ -59,7 +59,8 @@ type PingReply struct {
 
 // Validate is the verdict an acquire with cfg would get before anything reaches the cluster:
 // the config parsed and checked as pkg/policy does, and the operator's policy (allowed
-// namespace prefixes, reserved namespaces, adapter keys, the image allowlist) applied. The
+// namespace prefixes, reserved namespaces, adapter keys, egress bounds, the image allowlist)
+// applied. The
 // tenant namespace depends on the company, which a config alone does not name; it is checked
 // with the config's companySlug when it sets one.
 func Validate(raw json.RawMessage, op policy.Operator) ValidateReply {
@@ -67,6 +68,9 @@ func Validate(raw json.RawMessage, op policy.Operator) ValidateReply {
 	cfg, err := policy.ParseConfig(raw)
 	if err == nil {
 		err = op.CheckAdapterEnv(cfg)
+	}
+	if err == nil {
+		err = op.CheckEgress(cfg)
 	}
 	if err == nil {
 		slug := cfg.CompanySlug

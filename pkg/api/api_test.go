@@ -33,7 +33,12 @@ func TestValidateOverNATS(t *testing.T) {
 		wantOK     bool
 		wantErrors []api.FieldError
 	}{
-		{name: "valid", request: `{"config":{"backend":"pod","egressAllowCidrs":["10.0.0.0/8"]}}`, wantOK: true},
+		{name: "valid", request: `{"config":{"backend":"pod","egressAllowCidrs":["203.0.113.0/24"]}}`, wantOK: true},
+		{name: "egress into the cluster's networks", request: `{"config":{"egressAllowCidrs":["0.0.0.0/0"],"egressAllowFqdns":["nats.kubeclip.svc.cluster.local"]}}`,
+			wantErrors: []api.FieldError{
+				{Field: "config.egressAllowCidrs[0]", Message: "0.0.0.0/0 reaches 0.0.0.0/8, a private or reserved range tenants may not open egress to (the operator can allow ranges with --private-egress-cidrs)"},
+				{Field: "config.egressAllowFqdns[0]", Message: `"nats.kubeclip.svc.cluster.local" names the cluster's or the host's own DNS, which tenants may not open egress to`},
+			}},
 		{name: "bad CIDR", request: `{"config":{"egressAllowCidrs":["10.0.0.0/33"]}}`, wantErrors: []api.FieldError{{Field: "config.egressAllowCidrs[0]", Message: `invalid IPv4 CIDR "10.0.0.0/33": prefix length 33 is out of range 0-32`}}},
 		{name: "a prefix the operator did not allow", request: `{"config":{"namespacePrefix":"kube-","companySlug":"system"}}`,
 			wantErrors: []api.FieldError{{Field: "config.namespacePrefix", Message: `"kube-" is not a namespace prefix this kubeclip installation allows (allowed: paperclip-)`}}},

@@ -43,6 +43,10 @@ func New(req events.AcquireRequest, now time.Time, op policy.Operator) (Plan, er
 	if err := op.CheckAdapterEnv(cfg); err != nil {
 		return Plan{}, fieldError(events.CodeInvalidConfig, "config.", err)
 	}
+	// Egress reaches the public internet, never the installation's own networks.
+	if err := op.CheckEgress(cfg); err != nil {
+		return Plan{}, fieldError(events.CodeInvalidConfig, "config.", err)
+	}
 	adapterType, err := policy.ResolveRunAdapterType(req.AdapterType, cfg)
 	if err != nil {
 		return Plan{}, adapterError(err)
@@ -63,6 +67,9 @@ func New(req events.AcquireRequest, now time.Time, op policy.Operator) (Plan, er
 		return Plan{}, fieldError(events.CodeNamespaceNotAllowed, "config.", err)
 	}
 	grant, err := policy.ParseEgressGrant(req.ExecutionWorkspaceSettings)
+	if err == nil {
+		err = op.CheckEgressGrant(grant)
+	}
 	if err != nil {
 		return Plan{}, fieldError(events.CodeInvalidRequest, "", err)
 	}

@@ -187,6 +187,20 @@ func TestNewRefuses(t *testing.T) {
 		},
 		// Issue 8: what a hostile config could reach.
 		{
+			name: "egress into the cluster's networks",
+			mod: func(r *events.AcquireRequest) {
+				r.Config = json.RawMessage(`{"egressAllowCidrs":["203.0.113.0/24","10.0.0.0/8"]}`)
+			},
+			wantCode: events.CodeInvalidConfig, wantField: "config.egressAllowCidrs[1]",
+		},
+		{
+			name: "an egress grant into the cluster's networks",
+			mod: func(r *events.AcquireRequest) {
+				r.ExecutionWorkspaceSettings = json.RawMessage(`{"networkEgress":{"allowCidrs":["169.254.169.254/32"]}}`)
+			},
+			wantCode: events.CodeInvalidRequest, wantField: "executionWorkspaceSettings.networkEgress.allowCidrs",
+		},
+		{
 			name: "kube- prefix takes over kube-system",
 			mod: func(r *events.AcquireRequest) {
 				r.Config = json.RawMessage(`{"namespacePrefix":"kube-","companySlug":"system"}`)

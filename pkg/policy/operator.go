@@ -34,6 +34,10 @@ type Operator struct {
 	// ClusterRoles (two installations sharing a cluster), so the per-tenant RoleBindings name
 	// them right. Empty for the base's names.
 	RBACNameSuffix string
+	// PrivateEgressCIDRs are private or reserved IPv4 ranges a company's egress CIDRs may open
+	// (a corporate network, say). By default none: tenant pods reach public addresses only,
+	// never the cluster's pods, Services, nodes or the cloud's metadata service.
+	PrivateEgressCIDRs []string
 }
 
 // DefaultKubeclipNamespace is the namespace the kustomize base deploys kubeclip into.
@@ -85,6 +89,7 @@ func (o Operator) Validate() error {
 			errs = append(errs, fmt.Errorf("adapter env key %q %s", k, reason))
 		}
 	}
+	errs = append(errs, checkPrivateEgressCIDRs(o.PrivateEgressCIDRs)...)
 	if o.MaxNamespacesPerCompany < 1 {
 		errs = append(errs, errors.New("the namespace cap per company must be at least 1"))
 	}

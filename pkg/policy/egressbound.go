@@ -1,0 +1,109 @@
+package policy
+
+import (
+	"fmt"
+	"net/netip"
+	"strings"
+)
+
+// reservedIPv4 is the address space that is not the public internet: where a cluster's pods,
+// Services and nodes, the API server, kubeclip's NATS and the cloud's metadata service live.
+// A company may open egress only to public addresses unless the operator allows a range
+// (Operator.PrivateEgressCIDRs); the public-IPv4 fallback rule carves out the same ranges.
+var reservedIPv4 = mustPrefixes(publicIPv4Except...)
+
+// CheckEgress reports the egress a company's config opens inside the installation: an
+// egressAllowCidrs entry that overlaps a private or reserved range and lies outside every range
+// the operator allows, and an FQDN (egressAllowFqdns, adapters[].allowFqdns) of the cluster's own
+// DNS, which an FQDN-aware policy would resolve to a Service. Errors name each field.
+func (o Operator) CheckEgress(cfg Config) error {
+	var errs fieldErrors
+	for i, c := range cfg.EgressAllowCidrs {
+		if reason := o.privateCIDR(c); reason != "" {
+			errs.add(fmt.Sprintf("egressAllowCidrs[%d]", i), reason)
+		}
+	}
+	for i, f := range cfg.EgressAllowFqdns {
+		if reason := clusterFQDN(f); reason != "" {
+			errs.add(fmt.Sprintf("egressAllowFqdns[%d]", i), reason)
+		}
+	}
+	for i, a := range cfg.Adapters {
+		for j, f := range a.AllowFqdns {
+			if reason := clusterFQDN(f); reason != "" {
+				errs.add(fmt.Sprintf("adapters[%d].allowFqdns[%d]", i, j), reason)
+			}
+		}
+	}
+	return errs.err()
+}
+
+// CheckEgressGrant is CheckEgress for a run's grant (executionWorkspaceSettings.networkEgress),
+// which the company's workspace settings control as much as its config.
+func (o Operator) CheckEgressGrant(g EgressGrant) error {
+	var errs fieldErrors
+	for _, c := range g.AllowCidrs {
+		if reason := o.privateCIDR(c); reason != "" {
+			errs.add(EgressGrantPath+".allowCidrs", reason)
+		}
+	}
+	for _, f := range g.AllowFqdns {
+		if reason := clusterFQDN(f); reason != "" {
+			errs.add(EgressGrantPath+".allowFqdns", reason)
+		}
+	}
+	return errs.err()
+}
+
+// privateCIDR says why cidr (already validated) reaches into a reserved range the operator did
+// not open, "" when it does not.
+func (o Operator) privateCIDR(cidr string) string {
+	p, err := netip.ParsePrefix(cidr)
+	if err != nil {
+		return fmt.Sprintf("%s is not an IPv4 CIDR", quoteShort(cidr))
+	}
+	for _, allowed := range o.PrivateEgressCIDRs {
+		if a, err := netip.ParsePrefix(allowed); err == nil && a.Bits() <= p.Bits() && a.Contains(p.Addr()) {
+			return ""
+		}
+	}
+	for _, r := range reservedIPv4 {
+		if r.Overlaps(p) {
+			return fmt.Sprintf("%s reaches %s, a private or reserved range tenants may not open egress to (the operator can allow ranges with --private-egress-cidrs)", cidr, r)
+		}
+	}
+	return ""
+}
+
+// clusterFQDN says why name is the cluster's own DNS or a host-local one, "" when it is not:
+// a single label, localhost, and names under .local, .internal (cloud metadata), .svc or any
+// <service>.<namespace>.svc.<cluster domain>.
+func clusterFQDN(name string) string {
+	n := strings.TrimSuffix(strings.ToLower(name), ".")
+	switch {
+	case !strings.Contains(n, "."), n == "localhost",
+		strings.HasSuffix(n, ".localhost"), strings.HasSuffix(n, ".local"), strings.HasSuffix(n, ".internal"),
+		strings.HasSuffix(n, ".svc"), strings.Contains(n, ".svc."):
+		return fmt.Sprintf("%s names the cluster's or the host's own DNS, which tenants may not open egress to", quoteShort(name))
+	}
+	return ""
+}
+
+// checkPrivateEgressCIDRs validates the operator's ranges.
+func checkPrivateEgressCIDRs(cidrs []string) []error {
+	var errs []error
+	for _, c := range cidrs {
+		if msg := checkIPv4CIDR(c); msg != "" {
+			errs = append(errs, fmt.Errorf("private egress range: %s", msg))
+		}
+	}
+	return errs
+}
+
+func mustPrefixes(cidrs ...string) []netip.Prefix {
+	out := make([]netip.Prefix, len(cidrs))
+	for i, c := range cidrs {
+		out[i] = netip.MustParsePrefix(c)
+	}
+	return out
+}
