@@ -3,6 +3,7 @@ package policy
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 )
 
@@ -15,9 +16,15 @@ var reservedIPv4 = mustPrefixes(publicIPv4Except...)
 // CheckEgress reports the egress a company's config opens inside the installation: an
 // egressAllowCidrs entry that overlaps a private or reserved range and lies outside every range
 // the operator allows, and an FQDN (egressAllowFqdns, adapters[].allowFqdns) of the cluster's own
-// DNS, which an FQDN-aware policy would resolve to a Service. Errors name each field.
+// DNS, which an FQDN-aware policy would resolve to a Service; and a paperclipServerNamespace
+// (whose pods the tenant may reach on the server's port) that is neither the default nor one the
+// operator reserved, so it can never be kubeclip's own, Kubernetes' or another tenant's.
+// Errors name each field.
 func (o Operator) CheckEgress(cfg Config) error {
 	var errs fieldErrors
+	if ns := cfg.PaperclipServerNamespace; ns != DefaultPaperclipServerNamespace && !slices.Contains(o.ReservedNamespaces, ns) {
+		errs.add("paperclipServerNamespace", fmt.Sprintf("%s is not a namespace the operator reserved for the Paperclip server (--reserved-namespaces)", quoteShort(ns)))
+	}
 	for i, c := range cfg.EgressAllowCidrs {
 		if reason := o.privateCIDR(c); reason != "" {
 			errs.add(fmt.Sprintf("egressAllowCidrs[%d]", i), reason)

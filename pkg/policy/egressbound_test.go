@@ -13,27 +13,37 @@ import (
 // a way to kubeclip's NATS, the API server, other tenants' pods or the cloud's metadata service.
 // Only public ranges, or private ones the operator opened, are accepted.
 func TestEgressStaysOutsideTheInstallation(t *testing.T) {
-	corp := policy.Operator{PrivateEgressCIDRs: []string{"10.20.0.0/16"}}
+	corp := policy.DefaultOperator()
+	corp.PrivateEgressCIDRs = []string{"10.20.0.0/16"}
+	def := policy.DefaultOperator()
+	paperclipSystem := policy.DefaultOperator()
+	paperclipSystem.ReservedNamespaces = []string{"paperclip-system"}
 	tests := []struct {
 		name   string
 		op     policy.Operator
 		config string
 		want   []string // refused fields
 	}{
-		{"public ranges", policy.Operator{}, `{"egressAllowCidrs":["203.0.113.0/24","8.8.8.8/32"],"egressAllowFqdns":["api.example.com"]}`, nil},
-		{"everything", policy.Operator{}, `{"egressAllowCidrs":["0.0.0.0/0"]}`, []string{"egressAllowCidrs[0]"}},
-		{"a public range holding a private one", policy.Operator{}, `{"egressAllowCidrs":["8.0.0.0/6"]}`, []string{"egressAllowCidrs[0]"}},
-		{"the pod network", policy.Operator{}, `{"egressAllowCidrs":["8.8.8.8/32","10.244.0.0/16"]}`, []string{"egressAllowCidrs[1]"}},
-		{"cloud metadata", policy.Operator{}, `{"egressAllowCidrs":["169.254.169.254/32"]}`, []string{"egressAllowCidrs[0]"}},
-		{"loopback", policy.Operator{}, `{"egressAllowCidrs":["127.0.0.1/32"]}`, []string{"egressAllowCidrs[0]"}},
+		{"public ranges", def, `{"egressAllowCidrs":["203.0.113.0/24","8.8.8.8/32"],"egressAllowFqdns":["api.example.com"]}`, nil},
+		{"everything", def, `{"egressAllowCidrs":["0.0.0.0/0"]}`, []string{"egressAllowCidrs[0]"}},
+		{"a public range holding a private one", def, `{"egressAllowCidrs":["8.0.0.0/6"]}`, []string{"egressAllowCidrs[0]"}},
+		{"the pod network", def, `{"egressAllowCidrs":["8.8.8.8/32","10.244.0.0/16"]}`, []string{"egressAllowCidrs[1]"}},
+		{"cloud metadata", def, `{"egressAllowCidrs":["169.254.169.254/32"]}`, []string{"egressAllowCidrs[0]"}},
+		{"loopback", def, `{"egressAllowCidrs":["127.0.0.1/32"]}`, []string{"egressAllowCidrs[0]"}},
 		{"the operator's range", corp, `{"egressAllowCidrs":["10.20.0.0/16","10.20.3.0/24"]}`, nil},
 		{"wider than the operator's range", corp, `{"egressAllowCidrs":["10.0.0.0/8","10.21.0.0/16"]}`, []string{"egressAllowCidrs[0]", "egressAllowCidrs[1]"}},
-		{"cluster DNS", policy.Operator{}, `{"egressAllowFqdns":["nats.kubeclip.svc.cluster.local","kubernetes.default.svc","*.svc.corp.example"]}`,
+		{"cluster DNS", def, `{"egressAllowFqdns":["nats.kubeclip.svc.cluster.local","kubernetes.default.svc","*.svc.corp.example"]}`,
 			[]string{"egressAllowFqdns[0]", "egressAllowFqdns[1]", "egressAllowFqdns[2]"}},
-		{"host names", policy.Operator{}, `{"egressAllowFqdns":["localhost","metadata.google.internal","printer.local"]}`,
+		{"host names", def, `{"egressAllowFqdns":["localhost","metadata.google.internal","printer.local"]}`,
 			[]string{"egressAllowFqdns[0]", "egressAllowFqdns[1]", "egressAllowFqdns[2]"}},
-		{"an adapter's FQDNs", policy.Operator{}, `{"adapterType":"a","adapters":[{"adapterType":"a","runtimeImage":"r/a:1","allowFqdns":["api.example.com","nats.kubeclip.svc"]}]}`,
+		{"an adapter's FQDNs", def, `{"adapterType":"a","adapters":[{"adapterType":"a","runtimeImage":"r/a:1","allowFqdns":["api.example.com","nats.kubeclip.svc"]}]}`,
 			[]string{"adapters[0].allowFqdns[1]"}},
+		{"the Paperclip server's namespace", paperclipSystem, `{"paperclipServerNamespace":"paperclip-system"}`, nil},
+		{"a Paperclip server namespace the operator did not reserve", def, `{"paperclipServerNamespace":"paperclip-system"}`, []string{"paperclipServerNamespace"}},
+		{"a Paperclip server among the workers", def, `{"paperclipServerNamespace":"kubeclip","paperclipServerPodLabels":{"app.kubernetes.io/name":"nats"}}`,
+			[]string{"paperclipServerNamespace"}},
+		{"a Paperclip server among the tenants", def, `{"paperclipServerNamespace":"paperclip-other"}`, []string{"paperclipServerNamespace"}},
+		{"a Paperclip server in kube-system", def, `{"paperclipServerNamespace":"kube-system"}`, []string{"paperclipServerNamespace"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
