@@ -1,0 +1,405 @@
+package execsvc_test
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/oklog/ulid/v2"
+	"github.com/rs/zerolog"
+	"go.uber.org/goleak"
+
+	"github.com/kubeclip/kubeclip/internal/natstest"
+	"github.com/kubeclip/kubeclip/pkg/events"
+	"github.com/kubeclip/kubeclip/pkg/execclient"
+	"github.com/kubeclip/kubeclip/pkg/execproto"
+	"github.com/kubeclip/kubeclip/pkg/execsvc"
+	"github.com/kubeclip/kubeclip/pkg/lease"
+	"github.com/kubeclip/kubeclip/pkg/sandboxd"
+)
+
+// sandboxdBin is sandboxd, built as the images build it, in TestMain: the tests run it as the
+// pods do, one process per lease.
+var sandboxdBin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "execsvc-bin")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	sandboxdBin = filepath.Join(dir, "sandboxd")
+	build := exec.Command("go", "build", "-trimpath", "-o", sandboxdBin, "../../cmd/sandboxd")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "building sandboxd: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	code := m.Run()
+	_ = os.RemoveAll(dir)
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "goleak:", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+// env is a NATS server with the contract's streams, exec-worker replicas (each with its own
+// connection, so one can be cut off), fake pods that point at local sandboxd processes, and a
+// client.
+type env struct {
+	t         *testing.T
+	srv       *server.Server
+	js        jetstream.JetStream
+	subjects  events.Subjects
+	masterKey []byte
+	pods      *fakePods
+	records   lease.Records
+	client    *execclient.Client
+	clientNC  *nats.Conn
+
+	mu       sync.Mutex
+	replicas []*replica
+}
+
+func newEnv(t *testing.T, replicas int) *env {
+	t.Helper()
+	srv, nc, js := natstest.Start(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	if err := events.EnsureStreams(ctx, js, events.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	kv, err := js.KeyValue(ctx, events.LeaseBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := make([]byte, 32)
+	_, _ = rand.Read(key)
+	e := &env{t: t, srv: srv, js: js, masterKey: key, pods: newFakePods(), records: lease.Records{KV: kv}, clientNC: nc}
+	e.client, err = execclient.New(execclient.Options{NATS: nc, Subjects: e.subjects})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range replicas {
+		e.startReplica()
+	}
+	return e
+}
+
+// replica is one exec-worker.
+type replica struct {
+	name     string
+	nc       *nats.Conn
+	cancel   context.CancelFunc
+	done     chan error
+	sessions atomic.Int64
+	crashed  atomic.Bool
+	stopOnce sync.Once
+}
+
+func (e *env) startReplica() *replica {
+	t := e.t
+	t.Helper()
+	e.mu.Lock()
+	name := fmt.Sprintf("replica-%d", len(e.replicas)+1)
+	e.mu.Unlock()
+	nc, err := nats.Connect(e.srv.ClientURL(), nats.Name(name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &replica{name: name, nc: nc, done: make(chan error, 1)}
+	svc, err := execsvc.New(execsvc.Options{
+		NATS: nc, JetStream: js, Subjects: e.subjects, Pods: e.pods, Route: execsvc.DaemonRoute{},
+		MasterKey: e.masterKey, Replica: name, Observer: &countingObserver{r: r},
+		Logger:       zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.InfoLevel),
+		DrainTimeout: 2 * time.Second, Linger: 2 * time.Second,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))
+	r.cancel = cancel
+	go func() { r.done <- svc.Run(ctx) }()
+	t.Cleanup(r.stop)
+	select {
+	case <-svc.Ready():
+	case err := <-r.done:
+		r.done <- err
+		t.Fatalf("%s stopped: %v", name, err)
+	case <-time.After(30 * time.Second):
+		t.Fatalf("%s not ready within 30s", name)
+	}
+	e.mu.Lock()
+	e.replicas = append(e.replicas, r)
+	e.mu.Unlock()
+	return r
+}
+
+// stop stops the replica as SIGTERM would and waits for it.
+func (r *replica) stop() {
+	r.stopOnce.Do(func() {
+		r.cancel()
+		select {
+		case err := <-r.done:
+			_ = err // a crashed replica's Run may report its closed connection
+		case <-time.After(30 * time.Second):
+		}
+		r.nc.Close()
+	})
+}
+
+// crash cuts the replica off as a dying process would: its connection closes without a drain,
+// so nothing it had not sent yet reaches anyone.
+func (r *replica) crash() {
+	r.crashed.Store(true)
+	r.nc.Close()
+	r.stop()
+}
+
+type countingObserver struct{ r *replica }
+
+func (o *countingObserver) ExecRequest(execproto.Op, execproto.Code, time.Duration) {}
+func (o *countingObserver) ExecSessions(d int)                                      { o.r.sessions.Add(int64(d)) }
+func (o *countingObserver) ExecOutput(int)                                          {}
+
+// serving returns the replica serving a stream now, waiting for one.
+func (e *env) serving() *replica {
+	var found *replica
+	eventually(e.t, "a replica serves the exec", func() bool {
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		for _, r := range e.replicas {
+			if !r.crashed.Load() && r.sessions.Load() > 0 {
+				found = r
+				return true
+			}
+		}
+		return false
+	})
+	return found
+}
+
+// testLease is an exec-capable lease whose pod is a local sandboxd process.
+type testLease struct {
+	execclient.Lease
+	ref    events.RunRef
+	rec    lease.Record
+	daemon *daemon
+}
+
+// newLease writes a created lease record for company (backend pod), starts its sandboxd with the
+// lease's seed and makes it the lease's ready pod.
+func (e *env) newLease(company string) *testLease {
+	t := e.t
+	t.Helper()
+	runID := newID("run")
+	workload := "pc-" + strings.ToLower(ulid.Make().String())
+	rec := lease.Record{
+		RunID: runID, CompanyID: company, State: lease.StateCreated, Namespace: "paperclip-" + company,
+		WorkloadName: workload, SecretName: workload + "-env", Backend: events.BackendPod, CreatedAt: time.Now().UTC(),
+	}
+	if _, _, err := e.records.Create(t.Context(), rec); err != nil {
+		t.Fatal(err)
+	}
+	d := startDaemon(t, sandboxd.DeriveSeed(e.masterKey, rec.Namespace, rec.WorkloadName))
+	l := &testLease{Lease: execclient.Lease{CompanyID: company, RunID: runID, ProviderLeaseID: workload}, ref: rec.Ref(), rec: rec, daemon: d}
+	e.pods.set(l.ref, execsvc.Pod{Namespace: rec.Namespace, Name: workload, UID: newID("uid"), Addr: d.addr}, true)
+	return l
+}
+
+// setState moves the lease record to state.
+func (e *env) setState(l *testLease, state lease.State) {
+	e.t.Helper()
+	if _, err := e.records.Modify(e.t.Context(), l.ref, func(r *lease.Record) (bool, error) { r.State = state; return true, nil }); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// run runs x on l and fails the test on an error.
+func (e *env) run(l *testLease, x execclient.Exec) execclient.Result {
+	e.t.Helper()
+	res, err := e.try(l, x)
+	if err != nil {
+		e.t.Fatalf("exec %s: %v", x.Command, err)
+	}
+	return res
+}
+
+func (e *env) try(l *testLease, x execclient.Exec) (execclient.Result, error) {
+	ctx, cancel := context.WithTimeout(e.t.Context(), 2*time.Minute)
+	defer cancel()
+	x.Lease = l.Lease
+	return e.client.Run(ctx, x)
+}
+
+// daemon is a sandboxd process.
+type daemon struct {
+	addr   string
+	dir    string
+	cmd    *exec.Cmd
+	exited chan struct{}
+}
+
+func startDaemon(t *testing.T, seed []byte) *daemon {
+	t.Helper()
+	dir := t.TempDir()
+	// Unix socket paths are limited to 108 bytes; t.TempDir() holds the test's name.
+	sockDir, err := os.MkdirTemp("", "sbd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(sockDir) })
+	cmd := exec.Command(sandboxdBin, "serve", "--listen=127.0.0.1:0", "--socket="+filepath.Join(sockDir, "s.sock"),
+		"--journal-dir="+filepath.Join(dir, "journal"), "--log-level=info")
+	cmd.Dir = dir
+	cmd.Env = []string{"PATH=/usr/local/bin:/usr/bin:/bin", "HOME=" + dir, sandboxd.SeedEnv + "=" + hex.EncodeToString(seed)}
+	logs, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	d := &daemon{dir: dir, cmd: cmd, exited: make(chan struct{})}
+	addr := make(chan string, 1)
+	go func() {
+		defer close(d.exited)
+		lines := bufio.NewScanner(logs)
+		for lines.Scan() {
+			var l struct{ Message, Addr string }
+			if json.Unmarshal(lines.Bytes(), &l) == nil && l.Message == "sandboxd serving" {
+				addr <- l.Addr
+			}
+		}
+		_ = cmd.Wait()
+	}()
+	t.Cleanup(d.kill)
+	select {
+	case d.addr = <-addr:
+	case <-time.After(30 * time.Second):
+		t.Fatal("sandboxd did not start serving within 30s")
+	}
+	return d
+}
+
+// kill ends the daemon as a pod's deletion past its grace period would.
+func (d *daemon) kill() {
+	_ = d.cmd.Process.Signal(syscall.SIGKILL)
+	<-d.exited
+}
+
+// fakePods is a table of lease pods.
+type fakePods struct {
+	mu      sync.Mutex
+	pods    map[events.RunRef]fakePod
+	changed chan struct{}
+}
+
+type fakePod struct {
+	pod   execsvc.Pod
+	ready bool
+}
+
+func newFakePods() *fakePods {
+	return &fakePods{pods: map[events.RunRef]fakePod{}, changed: make(chan struct{})}
+}
+
+func (f *fakePods) set(ref events.RunRef, p execsvc.Pod, ready bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.pods[ref] = fakePod{pod: p, ready: ready}
+	close(f.changed)
+	f.changed = make(chan struct{})
+}
+
+func (f *fakePods) remove(ref events.RunRef) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.pods, ref)
+	close(f.changed)
+	f.changed = make(chan struct{})
+}
+
+func (f *fakePods) Ready(ctx context.Context, ref events.RunRef, _ lease.Record) (execsvc.Pod, error) {
+	for {
+		f.mu.Lock()
+		p, ok := f.pods[ref]
+		changed := f.changed
+		f.mu.Unlock()
+		if ok && p.ready {
+			return p.pod, nil
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return execsvc.Pod{}, ctx.Err()
+		}
+	}
+}
+
+func (f *fakePods) Current(ref events.RunRef, _ lease.Record) (execsvc.Pod, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	p, ok := f.pods[ref]
+	return p.pod, ok
+}
+
+func newID(prefix string) string { return prefix + "-" + strings.ToLower(ulid.Make().String()) }
+
+// eventually polls cond every 20 ms until it holds or 30 s pass.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting until %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// lines is an io.Writer that counts newlines, for tests that act mid-stream.
+type lines struct {
+	mu sync.Mutex
+	n  int
+	w  io.Writer
+}
+
+func (l *lines) Write(b []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.n += strings.Count(string(b), "\n")
+	if l.w != nil {
+		return l.w.Write(b)
+	}
+	return len(b), nil
+}
+
+func (l *lines) count() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.n
+}
