@@ -15,6 +15,7 @@ import (
 	"github.com/kubeclip/kubeclip/internal/app"
 	"github.com/kubeclip/kubeclip/internal/config"
 	"github.com/kubeclip/kubeclip/pkg/dispatch"
+	"github.com/kubeclip/kubeclip/pkg/sandboxd"
 )
 
 const summary = "dispatcher creates each run's Job (or Sandbox) and Secret, one run per agent at a time, and releases them."
@@ -31,6 +32,8 @@ type settings struct {
 	Concurrency      int
 	OrphanPolicy     string
 	Reconcile        time.Duration
+	SandboxKeyFile   string
+	SandboxdImage    string
 }
 
 func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout, stderr io.Writer) error {
@@ -44,6 +47,8 @@ func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout,
 	fs.Duration(&s.ReleaseTimeout, "release-timeout", "KUBECLIP_RELEASE_TIMEOUT", dispatch.DefaultReleaseTimeout, "bound on deleting a run's workload and waiting for its pod to go")
 	fs.Int(&s.Concurrency, "concurrency", "KUBECLIP_CONCURRENCY", 16, "requests handled at once per consumer")
 	fs.String(&s.OrphanPolicy, "orphan-policy", "KUBECLIP_ORPHAN_POLICY", string(dispatch.OrphanReport), "what to do with a managed Job that has no lease at all: report (log only) or delete; a Job whose lease was released is always deleted")
+	fs.String(&s.SandboxKeyFile, "sandbox-key-file", "KUBECLIP_SANDBOX_KEY_FILE", "", "file holding the installation's sandbox master key (hex or raw, at least 32 bytes; shared with the exec-worker): exec-capable backends (pod, sandbox-cr) need it")
+	fs.String(&s.SandboxdImage, "sandboxd-image", "KUBECLIP_SANDBOXD_IMAGE", dispatch.DefaultSandboxdImage, "image of kubeclip's sandboxd, copied into exec-capable pods by an init container")
 	fs.Duration(&s.Reconcile, "reconcile-interval", "KUBECLIP_RECONCILE_INTERVAL", dispatch.DefaultReconcileInterval, "how often orphaned workloads are looked for (also at start)")
 	if err := fs.Parse(args); err != nil {
 		fs.Usage(stdout, summary)
@@ -56,6 +61,12 @@ func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout,
 	op, err := s.Tenancy.Operator(fs)
 	if err != nil {
 		return &app.UsageError{Err: err}
+	}
+	var sandboxKey []byte
+	if s.SandboxKeyFile != "" {
+		if sandboxKey, err = sandboxd.ReadMasterKey(s.SandboxKeyFile); err != nil {
+			return &app.UsageError{Err: fmt.Errorf("%s: %w", fs.Names("sandbox-key-file"), err)}
+		}
 	}
 
 	p, err := s.Start(ctx, "dispatcher", s.Streams, stderr)
@@ -72,6 +83,7 @@ func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout,
 		Concurrency: s.Concurrency, DrainTimeout: s.ShutdownTimeout,
 		OrphanPolicy: dispatch.OrphanPolicy(s.OrphanPolicy), ReconcileInterval: s.Reconcile,
 		Observer: p.Ops.Metrics, Operator: op, StreamReplicas: s.Streams.Replicas,
+		SandboxKey: sandboxKey, SandboxdImage: s.SandboxdImage,
 	})
 	if err != nil {
 		return err

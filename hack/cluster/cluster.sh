@@ -17,7 +17,8 @@
 #   KUBECLIP_CLUSTER_DIR  state dir (default /var/lib/kubeclip/cluster). internal/clustertest
 #                         reads /var/lib/kubeclip/cluster/admin.kubeconfig: when you move the state
 #                         dir, point KUBECLIP_KUBECONFIG at $KUBECLIP_CLUSTER_DIR/admin.kubeconfig.
-#   KUBECLIP_CACHE        cache of built Kubernetes binaries (default ~/.cache/kubeclip)
+#   KUBECLIP_CACHE        cache of built Kubernetes binaries and of the sandbox image's Debian
+#                         packages, node and tarball (default ~/.cache/kubeclip)
 #   KUBECLIP_KUBECONFIG   use that existing cluster instead: `up` only checks that it answers
 #                         (and loads nothing), `down` does nothing.
 #   KUBECLIP_NODE_IP      node address (default: the source address of the default route)
@@ -27,6 +28,8 @@
 set -Eeuo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+# shellcheck source=hack/lib/apt.sh
+. "$ROOT/hack/lib/apt.sh"
 # The Kubernetes version is the one hack/k8s pins, so the two cannot drift apart.
 K8S_VERSION=$(grep -m1 -oE 'k8s\.io/kubernetes v[0-9][^ ]*' "$ROOT/hack/k8s/go.mod" | awk '{print $2}')
 CACHE=${KUBECLIP_CACHE:-${HOME:-/root}/.cache/kubeclip}
@@ -58,6 +61,9 @@ PAUSE_IMAGE=kubeclip.local/pause:dev
 STUB_IMAGE=kubeclip.local/agent-stub:dev
 # kubeclip's sandboxd, for the init container that copies it into exec-capable pods.
 SANDBOXD_IMAGE=kubeclip.local/sandboxd:dev
+# Paperclip's sandbox: a Debian userland, node and the claude stub (hack/cluster/sandbox-image.sh).
+SANDBOX_IMAGE=kubeclip.local/sandbox:dev
+IMAGE_TARS=(pause agent-stub sandboxd sandbox)
 CRD_NAMES=(sandboxes.agents.x-k8s.io ciliumnetworkpolicies.cilium.io)
 
 # Say where `up` stopped and where the logs are, instead of exiting silently under set -e.
@@ -102,18 +108,9 @@ ensure_packages() {
   command -v flock >/dev/null || missing+=(util-linux)
   command -v go >/dev/null || die "go is not on PATH (needed to build the Kubernetes binaries and test images)"
   ((${#missing[@]} == 0)) && return 0
-
-  log "installing Debian packages: ${missing[*]}"
-  # Packages may try to start their own daemons (a system containerd or etcd); a policy-rc.d that
-  # says "no" keeps the host free of anything but our cluster.
-  local policy=/usr/sbin/policy-rc.d added_policy=
-  if [[ ! -e $policy ]]; then
-    printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod 755 "$policy" && added_policy=1
-  fi
-  DEBIAN_FRONTEND=noninteractive apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-  [[ -n $added_policy ]] && rm -f "$policy"
-  return 0
+  # apt_install keeps the packages from starting daemons of their own (a system containerd or
+  # etcd), and waits for any other kubeclip script's apt-get.
+  apt_install "${missing[@]}"
 }
 
 # Kubernetes binaries are built from hack/k8s (its own module) and cached. The version is stamped
@@ -575,7 +572,7 @@ build_images() {
   local out=$IMAGES_DIR b
   mkdir -p "$out/bin"
   (cd "$ROOT" && go build -o "$out/bin/mkimage" ./hack/mkimage)
-  for b in pause tini agent-stub; do
+  for b in pause tini agent-stub claude-stub; do
     (cd "$ROOT" && CGO_ENABLED=0 go build -trimpath -ldflags='-s -w' -o "$out/bin/$b" "./tests/images/$b")
   done
   (cd "$ROOT" && CGO_ENABLED=0 go build -trimpath -ldflags='-s -w' -o "$out/bin/sandboxd" ./cmd/sandboxd)
@@ -587,13 +584,34 @@ build_images() {
   # Only its binary matters: the init container runs `/sandboxd install /kubeclip/bin/sandboxd`.
   "$out/bin/mkimage" --tag "$SANDBOXD_IMAGE" --out "$out/sandboxd.tar" --entrypoint /sandboxd --user 65532 \
     "$out/bin/sandboxd:/sandboxd"
+  # Cached in $CACHE/images under a key of its inputs: with nothing changed this takes well
+  # under a second (cold: Debian packages and node downloaded, ~10 s).
+  bash "$ROOT/hack/cluster/sandbox-image.sh" --mkimage "$out/bin/mkimage" --claude "$out/bin/claude-stub" \
+    --tag "$SANDBOX_IMAGE" --out "$out/sandbox.tar"
 }
 
 import_images() {
-  local tar
-  for tar in "$IMAGES_DIR/pause.tar" "$IMAGES_DIR/agent-stub.tar" "$IMAGES_DIR/sandboxd.tar"; do
+  local name tar
+  for name in "${IMAGE_TARS[@]}"; do
+    tar=$IMAGES_DIR/$name.tar
+    # Re-importing an unchanged image changes nothing but costs a read of the whole tarball
+    # (2 s for the sandbox's 144 MB): skip it when containerd has the tarball's image config.
+    image_imported "$tar" && continue
     ctr --address "$CONTAINERD_SOCK" --namespace k8s.io images import --snapshotter "$SNAPSHOTTER" "$tar" >/dev/null
   done
+}
+
+# image_imported TAR: containerd's k8s.io namespace has TAR's tag, on a manifest naming TAR's
+# image config (mkimage names the config after its digest). tar skips over the layer with seeks.
+image_imported() {
+  local manifest ref config digest
+  manifest=$(tar -xOf "$1" manifest.json) || return 1
+  ref=$(sed -n 's/.*"RepoTags":\["\([^"]*\)".*/\1/p' <<<"$manifest")
+  config=$(sed -n 's/.*"Config":"\([0-9a-f]*\)\.json".*/\1/p' <<<"$manifest")
+  [[ -n $ref && -n $config ]] || return 1
+  digest=$(ctr --address "$CONTAINERD_SOCK" --namespace k8s.io images ls "name==$ref" 2>/dev/null | awk 'NR == 2 {print $3}')
+  [[ -n $digest ]] || return 1
+  ctr --address "$CONTAINERD_SOCK" --namespace k8s.io content get "$digest" 2>/dev/null | grep -q "\"digest\":\"sha256:$config\""
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -849,9 +867,9 @@ cmd_images() {
   if [[ -S $CONTAINERD_SOCK ]] && containerd_ready >/dev/null 2>&1; then
     SNAPSHOTTER=$(sed -n 's/^ *snapshotter = "\(.*\)"/\1/p' "$STATE/containerd/config.toml")
     import_images
-    log "imported $PAUSE_IMAGE, $STUB_IMAGE and $SANDBOXD_IMAGE"
+    log "imported $PAUSE_IMAGE, $STUB_IMAGE, $SANDBOXD_IMAGE and $SANDBOX_IMAGE"
   else
-    log "built $IMAGES_DIR/{pause,agent-stub,sandboxd}.tar (containerd is not running: not imported)"
+    log "built $IMAGES_DIR/{pause,agent-stub,sandboxd,sandbox}.tar (containerd is not running: not imported)"
   fi
 }
 

@@ -2,7 +2,8 @@
 # docker.sh: a Docker engine for the compose test, on a machine without systemd.
 #
 #   docker.sh up      install Debian's docker.io and docker-compose if missing, then start dockerd
-#                     in the background (unless a Docker engine already answers)
+#                     in the background (unless a Docker engine already answers); both under
+#                     one lock, so that concurrent `up`s install and start exactly once
 #   docker.sh down    stop the dockerd that `up` started (nothing else)
 #   docker.sh status
 #
@@ -11,6 +12,10 @@
 # listens on /var/lib/kubeclip/cluster/run/containerd.sock and never on the system default
 # /run/containerd/containerd.sock that dockerd would otherwise reuse.
 set -Eeuo pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=hack/lib/apt.sh
+. "$HERE/../lib/apt.sh"
 
 STATE=${KUBECLIP_DOCKER_DIR:-/var/lib/kubeclip/docker}
 EXEC_ROOT=/run/kubeclip-docker
@@ -23,21 +28,14 @@ die() { log "ERROR: $*"; exit 1; }
 
 engine_answers() { timeout 5 docker -H "unix://$SOCK" info >/dev/null 2>&1; }
 
+# ensure_packages installs docker.io and docker-compose when missing (apt_install keeps their
+# maintainer scripts from starting a dockerd of their own).
 ensure_packages() {
   local missing=()
   command -v dockerd >/dev/null || missing+=(docker.io)
   command -v docker-compose >/dev/null || docker compose version >/dev/null 2>&1 || missing+=(docker-compose)
   ((${#missing[@]} == 0)) && return 0
-  log "installing Debian packages: ${missing[*]}"
-  # Keep the packages' maintainer scripts from starting daemons of their own.
-  local policy=/usr/sbin/policy-rc.d added=
-  if [[ ! -e $policy ]]; then
-    printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod 755 "$policy" && added=1
-  fi
-  DEBIAN_FRONTEND=noninteractive apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-  [[ -n $added ]] && rm -f "$policy"
-  return 0
+  apt_install "${missing[@]}"
 }
 
 ours_running() {
@@ -47,10 +45,13 @@ ours_running() {
 
 cmd_up() {
   [[ $EUID -eq 0 ]] || die "up needs root"
-  ensure_packages
   mkdir -p "$STATE"
+  # One `up` at a time, from the package check to a dockerd that answers: go test runs
+  # tests/compose and tests/containers in parallel and both bring the engine up. The one that
+  # waited here finds the packages installed and the engine answering, and starts nothing.
   exec 9>"$STATE/.lock"
-  flock 9
+  flock -w 900 9 || die "waited 15 min for $STATE/.lock (another docker.sh up?)"
+  ensure_packages
   if engine_answers; then
     log "a Docker engine already answers on $SOCK"
     return 0
@@ -66,8 +67,8 @@ cmd_up() {
     exec setsid dockerd --host "unix://$SOCK" --pidfile "$PIDFILE" --data-root "$STATE/data" \
       --exec-root "$EXEC_ROOT" >"$LOG" 2>&1 </dev/null
   ) &
-  local i
-  for i in $(seq 1 150); do
+  local _
+  for _ in $(seq 1 150); do
     engine_answers && { log "dockerd ready"; return 0; }
     sleep 0.2
   done
@@ -80,11 +81,11 @@ cmd_down() {
   exec 9>"$STATE/.lock"
   flock 9
   ours_running || { log "no dockerd of ours is running"; return 0; }
-  local pid i
+  local pid _
   pid=$(<"$PIDFILE")
   log "stopping dockerd (pid $pid)"
   kill -TERM "$pid"
-  for i in $(seq 1 150); do
+  for _ in $(seq 1 150); do
     [[ -d /proc/$pid ]] || { log "dockerd stopped"; return 0; }
     sleep 0.2
   done

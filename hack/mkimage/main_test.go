@@ -11,7 +11,9 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 )
@@ -243,5 +245,215 @@ func TestDirsGetTheirOwner(t *testing.T) {
 		if err := run([]string{"--tag", "a:b", "--out", out, "--entrypoint", "/x", "--dir", bad, bin + ":/x"}, io.Discard); err == nil {
 			t.Errorf("--dir %q accepted", bad)
 		}
+	}
+}
+
+// layerOf runs mkimage with args and returns the headers and contents of the image's one layer.
+func layerOf(t *testing.T, args ...string) ([]*tar.Header, map[string][]byte) {
+	t.Helper()
+	out := filepath.Join(t.TempDir(), "img.tar")
+	if err := run(append([]string{"--tag", "kubeclip.local/sandbox:dev", "--out", out}, args...), io.Discard); err != nil {
+		t.Fatalf("run: %v", err)
+	}
+	f, err := os.Open(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	_, outer := readTar(t, f)
+	var manifest []manifestEntry
+	if err := json.Unmarshal(outer["manifest.json"], &manifest); err != nil {
+		t.Fatalf("manifest.json: %v", err)
+	}
+	layer := outer[manifest[0].Layers[0]]
+	if got, want := manifest[0].Layers[0], sha256Hex(layer)+"/layer.tar"; got != want {
+		t.Errorf("layer stored as %s, want %s", got, want)
+	}
+	return readTar(t, bytes.NewReader(layer))
+}
+
+// mkTree creates a small Debian-like rootfs under dir, with mtimes and owners a build must not
+// carry into the layer.
+func mkTree(t *testing.T, dir string) {
+	t.Helper()
+	for _, d := range []struct {
+		path string
+		mode os.FileMode
+	}{
+		{"bin", 0o755}, {"usr/bin", 0o755}, {"usr/lib/x86_64-linux-gnu", 0o755}, {"lib64", 0o755},
+		{"tmp", 0o777 | os.ModeSticky}, {"etc", 0o755}, {"var/private", 0o700},
+	} {
+		if err := os.MkdirAll(filepath.Join(dir, d.path), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		// MkdirAll applies the umask and drops the sticky bit; set the mode explicitly.
+		if err := os.Chmod(filepath.Join(dir, d.path), d.mode); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, f := range []struct {
+		path, content string
+		mode          os.FileMode
+	}{
+		{"bin/dash", "dash binary", 0o755},
+		{"usr/bin/base64", "base64 binary", 0o755},
+		{"usr/lib/x86_64-linux-gnu/libc.so.6", "libc", 0o644},
+		{"etc/passwd", "root:x:0:0:root:/root:/bin/sh\n", 0o644},
+		{"var/private/secret", "s", 0o600},
+		{"usr/bin/su", "setuid binary", 0o755 | os.ModeSetuid},
+	} {
+		p := filepath.Join(dir, f.path)
+		if err := os.WriteFile(p, []byte(f.content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(p, f.mode); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, l := range []struct{ target, path string }{
+		{"dash", "bin/sh"}, // relative, in the same directory
+		{"/usr/lib/x86_64-linux-gnu/libc.so.6", "lib64/libc"}, // absolute: resolved inside the container
+		{"../nowhere", "usr/bin/dangling"},                    // dangling links are kept as they are
+	} {
+		if err := os.Symlink(l.target, filepath.Join(dir, l.path)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// gzip ships gunzip and uncompress as hard links of one file.
+	if err := os.Link(filepath.Join(dir, "usr/bin/base64"), filepath.Join(dir, "usr/bin/base32")); err != nil {
+		t.Fatal(err)
+	}
+	if os.Geteuid() == 0 {
+		if err := os.Lchown(filepath.Join(dir, "bin/sh"), 1234, 1234); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chown(filepath.Join(dir, "etc/passwd"), 1234, 1234); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func TestRootfsAddsTheTree(t *testing.T) {
+	root := t.TempDir()
+	mkTree(t, root)
+	stub := writeFile(t, "claude", "#!claude")
+	hdrs, files := layerOf(t, "--entrypoint", "/bin/sh", "--rootfs", root,
+		"--dir", "/var/private:0:0:0750", "--dir", "/workspace:1000:1000:0755", stub+":/usr/local/bin/claude")
+
+	type entry struct {
+		Name     string
+		Type     byte
+		Mode     int64
+		UID, GID int
+		Link     string
+		ModTime  int64
+	}
+	var got []entry
+	for _, h := range hdrs {
+		got = append(got, entry{h.Name, h.Typeflag, h.Mode, h.Uid, h.Gid, h.Linkname, h.ModTime.Unix()})
+	}
+	// Directories first, then everything else, each sorted; all root-owned at the epoch except
+	// --dir's; the modes of the tree, setuid and sticky included; links as they are.
+	want := []entry{
+		{"bin/", tar.TypeDir, 0o755, 0, 0, "", 0},
+		{"etc/", tar.TypeDir, 0o755, 0, 0, "", 0},
+		{"lib64/", tar.TypeDir, 0o755, 0, 0, "", 0},
+		{"tmp/", tar.TypeDir, 0o1777, 0, 0, "", 0},
+		{"usr/", tar.TypeDir, 0o755, 0, 0, "", 0},
+		{"usr/bin/", tar.TypeDir, 0o755, 0, 0, "", 0},
+		{"usr/lib/", tar.TypeDir, 0o755, 0, 0, "", 0},
+		{"usr/lib/x86_64-linux-gnu/", tar.TypeDir, 0o755, 0, 0, "", 0},
+		{"usr/local/", tar.TypeDir, 0o755, 0, 0, "", 0},
+		{"usr/local/bin/", tar.TypeDir, 0o755, 0, 0, "", 0},
+		{"var/", tar.TypeDir, 0o755, 0, 0, "", 0},
+		{"var/private/", tar.TypeDir, 0o750, 0, 0, "", 0}, // --dir overrides the tree's mode
+		{"workspace/", tar.TypeDir, 0o755, 1000, 1000, "", 0},
+		{"bin/dash", tar.TypeReg, 0o755, 0, 0, "", 0},
+		{"bin/sh", tar.TypeSymlink, 0o777, 0, 0, "dash", 0},
+		{"etc/passwd", tar.TypeReg, 0o644, 0, 0, "", 0},
+		{"lib64/libc", tar.TypeSymlink, 0o777, 0, 0, "/usr/lib/x86_64-linux-gnu/libc.so.6", 0},
+		{"usr/bin/base32", tar.TypeReg, 0o755, 0, 0, "", 0},
+		{"usr/bin/base64", tar.TypeLink, 0o755, 0, 0, "usr/bin/base32", 0},
+		{"usr/bin/dangling", tar.TypeSymlink, 0o777, 0, 0, "../nowhere", 0},
+		{"usr/bin/su", tar.TypeReg, 0o4755, 0, 0, "", 0},
+		{"usr/lib/x86_64-linux-gnu/libc.so.6", tar.TypeReg, 0o644, 0, 0, "", 0},
+		{"usr/local/bin/claude", tar.TypeReg, 0o755, 0, 0, "", 0},
+		{"var/private/secret", tar.TypeReg, 0o600, 0, 0, "", 0},
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("layer entries (-want +got):\n%s", diff)
+	}
+	for name, content := range map[string]string{
+		"bin/dash":             "dash binary",
+		"usr/bin/base32":       "base64 binary",
+		"usr/bin/base64":       "", // a hard link carries no data
+		"usr/local/bin/claude": "#!claude",
+	} {
+		if got := string(files[name]); got != content {
+			t.Errorf("%s holds %q, want %q", name, got, content)
+		}
+	}
+}
+
+func TestRootfsIsReproducible(t *testing.T) {
+	// Two copies of one tree, made at different times: the same image, byte for byte.
+	a, b := t.TempDir(), t.TempDir()
+	mkTree(t, a)
+	old := time.Now().Add(-48 * time.Hour)
+	if err := os.Chtimes(filepath.Join(a, "bin/dash"), old, old); err != nil {
+		t.Fatal(err)
+	}
+	mkTree(t, b)
+	build := func(root string) []byte {
+		t.Helper()
+		out := filepath.Join(t.TempDir(), "img.tar")
+		if err := run([]string{"--tag", "kubeclip.local/sandbox:dev", "--out", out, "--entrypoint", "/bin/sh", "--rootfs", root}, io.Discard); err != nil {
+			t.Fatalf("run: %v", err)
+		}
+		data, err := os.ReadFile(out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return data
+	}
+	if !bytes.Equal(build(a), build(b)) {
+		t.Error("two builds of the same tree differ")
+	}
+}
+
+func TestRootfsRejectsConflicts(t *testing.T) {
+	file := writeFile(t, "f", "x")
+	fifoTree := t.TempDir()
+	if err := syscall.Mkfifo(filepath.Join(fifoTree, "pipe"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name    string
+		args    func(root string) []string
+		wantErr string
+	}{
+		{"file over a tree's file", func(root string) []string { return []string{"--rootfs", root, file + ":/bin/dash"} }, "given twice"},
+		{"file over a tree's directory", func(root string) []string { return []string{"--rootfs", root, file + ":/usr/bin"} }, "parent directory"},
+		{"file under a tree's symlink", func(root string) []string { return []string{"--rootfs", root, file + ":/bin/sh/x"} }, "parent directory"},
+		{"dir over a tree's file", func(root string) []string { return []string{"--rootfs", root, "--dir", "/etc/passwd:0:0:0755"} }, "is a file"},
+		{"two trees with one file", func(root string) []string { return []string{"--rootfs", root, "--rootfs", root} }, "given twice"},
+		{"fifo", func(string) []string { return []string{"--rootfs", fifoTree} }, "want a directory, regular file or symlink"},
+		{"not a directory", func(string) []string { return []string{"--rootfs", file} }, "not a directory"},
+		{"missing", func(root string) []string { return []string{"--rootfs", root + "/missing"} }, "no such file"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			root := t.TempDir()
+			mkTree(t, root)
+			dir := t.TempDir()
+			args := append([]string{"--tag", "a:b", "--out", filepath.Join(dir, "img.tar"), "--entrypoint", "/bin/sh"}, tc.args(root)...)
+			err := run(args, io.Discard)
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Fatalf("run error = %v, want one containing %q", err, tc.wantErr)
+			}
+			if entries, _ := os.ReadDir(dir); len(entries) != 0 {
+				t.Errorf("files left after a failed build: %v", entries)
+			}
+		})
 	}
 }

@@ -3,11 +3,14 @@ package app
 import (
 	"context"
 	"io"
+	"os"
+	"runtime/debug"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
+	"github.com/kubeclip/kubeclip/pkg/api"
 	"github.com/kubeclip/kubeclip/pkg/events"
 )
 
@@ -43,8 +46,21 @@ func (c *Common) Start(ctx context.Context, component string, st Streams, stderr
 	if p.NATS, p.JS, err = c.JetStream(ctx, component, st, p.Log); err != nil {
 		return p, err
 	}
+	// Clients (the Paperclip plugin's probe) ask which workers are up.
+	host, _ := os.Hostname()
+	if _, err = api.ServePing(p.NATS, p.Subjects, api.PingReply{Worker: component, Replica: host, Version: Version()}); err != nil {
+		return p, err
+	}
 	p.Ops.Ready(p.NATS, p.Kube)
 	return p, nil
+}
+
+// Version is the binary's module version, "dev" for a build from a checkout.
+func Version() string {
+	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
+		return bi.Main.Version
+	}
+	return "dev"
 }
 
 // Close drains the NATS connection, so events and acks in flight reach the server, then stops

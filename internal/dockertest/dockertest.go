@@ -33,6 +33,9 @@ const (
 	UID = 65532
 	// User is the images' configured user, as Docker reports it.
 	User = "65532:65532"
+	// PublishedHost is where a test reaches a container's published ports: the engine is the
+	// one on this machine's /var/run/docker.sock, and Docker publishes on every address.
+	PublishedHost = "127.0.0.1"
 )
 
 // Image returns the reference of one of kubeclip's images ("nats", "run-watcher", ...) as

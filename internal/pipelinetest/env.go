@@ -9,6 +9,8 @@ package pipelinetest
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
@@ -26,6 +28,7 @@ import (
 	"github.com/kubeclip/kubeclip/internal/clustertest"
 	"github.com/kubeclip/kubeclip/pkg/events"
 	"github.com/kubeclip/kubeclip/pkg/runwatch"
+	"github.com/kubeclip/kubeclip/pkg/sandboxd"
 )
 
 // The worker binaries.
@@ -71,6 +74,10 @@ type Env struct {
 	NC         *nats.Conn
 	JS         jetstream.JetStream
 	Subjects   events.Subjects
+	// SandboxKey is the installation's sandbox master key, in the file SandboxKeyFile the
+	// dispatcher (and exec-worker) read: tests derive a lease's sandboxd seed from it.
+	SandboxKey     []byte
+	SandboxKeyFile string
 
 	workers workerSet
 	// attached: the server is the caller's (Attach), so Close leaves it running.
@@ -153,6 +160,14 @@ func Setup(opts Options) (*Env, error) {
 		return e, err
 	}
 	e.Subjects, _ = events.NewSubjects("")
+	e.SandboxKey = make([]byte, sandboxd.MinMasterKeySize)
+	if _, err := rand.Read(e.SandboxKey); err != nil {
+		return e, err
+	}
+	e.SandboxKeyFile = filepath.Join(dir, "sandbox.key")
+	if err := os.WriteFile(e.SandboxKeyFile, []byte(hex.EncodeToString(e.SandboxKey)), 0o600); err != nil {
+		return e, err
+	}
 	e.NATS, err = StartNATS(filepath.Join(dir, "nats"))
 	if err != nil {
 		return e, err

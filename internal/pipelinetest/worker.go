@@ -73,7 +73,7 @@ func (e *Env) StartWorker(kind string) (*Worker, error) {
 	case Dispatcher:
 		// Other suites share the cluster with their own lease buckets: to this dispatcher
 		// their Jobs have no lease, and it must not delete them.
-		args = append(args, "--orphan-policy", "report")
+		args = append(args, "--orphan-policy", "report", "--sandbox-key-file", e.SandboxKeyFile)
 		if e.opts.AgentBusyTimeout > 0 {
 			args = append(args, "--agent-busy-timeout", e.opts.AgentBusyTimeout.String())
 		}

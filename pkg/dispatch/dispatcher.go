@@ -6,6 +6,7 @@ package dispatch
 import (
 	"context"
 	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -26,6 +27,7 @@ import (
 	"github.com/kubeclip/kubeclip/pkg/k8s"
 	"github.com/kubeclip/kubeclip/pkg/lease"
 	"github.com/kubeclip/kubeclip/pkg/policy"
+	"github.com/kubeclip/kubeclip/pkg/sandboxd"
 )
 
 // Defaults of Options.
@@ -37,6 +39,9 @@ const (
 	DefaultAgentBusyRetry = time.Second
 	// DefaultReleaseTimeout bounds a release: deleting the workload and waiting for its pod.
 	DefaultReleaseTimeout = 2 * time.Minute
+	// DefaultSandboxdImage is the local cluster's sandboxd image (hack/cluster); deployments set
+	// their own.
+	DefaultSandboxdImage = "kubeclip.local/sandboxd:dev"
 	// failureCleanupTimeout bounds deleting what a failed dispatch created before `failed` is
 	// reported; what is left is reconciliation's.
 	failureCleanupTimeout = 30 * time.Second
@@ -90,6 +95,12 @@ type Options struct {
 	Observer events.Observer
 	// StreamReplicas is the replica count of the parking stream (default 1).
 	StreamReplicas int
+	// SandboxKey is the installation's master key (sandboxd.ReadMasterKey): the run Secret of
+	// an exec-capable lease carries the seed derived from it. Without it, exec-capable backends
+	// are refused with backend_unavailable.
+	SandboxKey []byte
+	// SandboxdImage is the image of sandboxd's init container (default DefaultSandboxdImage).
+	SandboxdImage string
 	// Operator is the installation's policy for every company (allowed namespace prefixes,
 	// reserved namespaces, adapter keys, the namespace cap); zero fields take
 	// policy.DefaultOperator's.
@@ -133,6 +144,12 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if o.ReleaseTimeout == 0 {
 		o.ReleaseTimeout = DefaultReleaseTimeout
+	}
+	if o.SandboxdImage == "" {
+		o.SandboxdImage = DefaultSandboxdImage
+	}
+	if o.SandboxKey != nil && len(o.SandboxKey) < sandboxd.MinMasterKeySize {
+		return o, fmt.Errorf("dispatch: Options.SandboxKey must hold at least %d bytes", sandboxd.MinMasterKeySize)
 	}
 	if o.OrphanPolicy == "" {
 		o.OrphanPolicy = OrphanReport
@@ -413,6 +430,12 @@ func (d *Dispatcher) freeAgent(ctx context.Context, log zerolog.Logger, companyI
 func (d *Dispatcher) create(ctx context.Context, log zerolog.Logger, plan lease.Plan, rec lease.Record) (events.RunCreatedEvent, func(context.Context) error, error) {
 	req := plan.Request
 	spec := plan.RunSpec(rec.WorkloadName)
+	spec.SandboxdImage, spec.ExpiresAt = d.opts.SandboxdImage, rec.ExpiresAt
+	backend := policy.Backend(rec.Backend)
+	if backend.ExecCapable() && d.opts.SandboxKey == nil {
+		return events.RunCreatedEvent{}, nil, events.Terminalf(events.CodeBackendUnavailable, "config.backend",
+			"backend %q needs this kubeclip installation's sandbox key, which its operator has not set up; use backend %q", backend, policy.BackendJob)
+	}
 	secret, err := d.renderSecret(ctx, plan, spec)
 	if err != nil {
 		return events.RunCreatedEvent{}, nil, err
@@ -420,17 +443,21 @@ func (d *Dispatcher) create(ctx context.Context, log zerolog.Logger, plan lease.
 
 	var run k8s.CreatedRun
 	var ownerAPIVersion, ownerKind string
-	switch policy.Backend(rec.Backend) {
+	switch backend {
 	case policy.BackendJob:
 		ownerAPIVersion, ownerKind = "batch/v1", "Job"
 		run, err = k8s.StartJobRun(ctx, d.opts.Clientset, secret, policy.RenderJob(spec))
+	case policy.BackendPod:
+		ownerAPIVersion, ownerKind = "v1", "Pod"
+		run, err = k8s.StartPodRun(ctx, d.opts.Clientset, secret, policy.RenderPod(spec))
 	default:
-		sandbox := policy.RenderSandbox(spec, "")
-		ownerAPIVersion, ownerKind = sandbox.GetAPIVersion(), sandbox.GetKind()
-		if err := d.sandboxServed(); err != nil {
-			return events.RunCreatedEvent{}, nil, err
+		version, verr := d.sandboxVersion()
+		if verr != nil {
+			return events.RunCreatedEvent{}, nil, verr
 		}
-		run, err = k8s.CreateWorkloadRun(ctx, d.opts.Clientset, d.opts.Dynamic, policy.SandboxGVR(""), secret, sandbox)
+		sandbox := policy.RenderSandbox(spec, version)
+		ownerAPIVersion, ownerKind = sandbox.GetAPIVersion(), sandbox.GetKind()
+		run, err = k8s.CreateWorkloadRun(ctx, d.opts.Clientset, d.opts.Dynamic, policy.SandboxGVR(version), secret, sandbox)
 	}
 	if err != nil {
 		return events.RunCreatedEvent{}, nil, k8s.Meaning(k8s.OpCreate, err)
@@ -451,8 +478,8 @@ func (d *Dispatcher) create(ctx context.Context, log zerolog.Logger, plan lease.
 		log.Info().Msg("workload already existed; republishing created")
 	}
 	adopt := func(ctx context.Context) error {
-		if policy.Backend(rec.Backend) != policy.BackendJob {
-			return nil
+		if backend == policy.BackendSandboxCR {
+			return nil // CreateWorkloadRun adopted it
 		}
 		return run.AdoptSecret(ctx, d.opts.Clientset)
 	}
@@ -475,6 +502,10 @@ func (d *Dispatcher) renderSecret(ctx context.Context, plan lease.Plan, spec pol
 	env := policy.BuildAdapterEnv(plan.Adapter, lookup)
 	for k, v := range policy.EgressGrantEnv(plan.Grant) {
 		env[k] = v
+	}
+	if plan.Config.Backend.ExecCapable() {
+		// sandboxd's key for this lease; the exec-worker derives the same from the master key.
+		env[sandboxd.SeedEnv] = hex.EncodeToString(sandboxd.DeriveSeed(d.opts.SandboxKey, spec.Namespace, spec.WorkloadName))
 	}
 	token, err := policy.NewBootstrapToken(d.opts.Random)
 	if err != nil {
@@ -568,23 +599,25 @@ func (d *Dispatcher) reportDispatchFailure(ctx context.Context, m jetstream.Msg,
 	return events.PublishFailure(ctx, d.publisher, d.log, m, te)
 }
 
-// sandboxServed fails the run with backend_unavailable when the cluster does not serve the
-// Sandbox API (the agent-sandbox controller is not installed). Discovery is cached by client-go
-// per process; a NotFound from the create itself would not say whether the namespace or the
-// resource type is missing.
-func (d *Dispatcher) sandboxServed() error {
-	gv := policy.SandboxGVR("").GroupVersion().String()
-	_, err := d.opts.Clientset.Discovery().ServerResourcesForGroupVersion(gv)
-	switch {
-	case err == nil:
-		return nil
-	case apierrors.IsNotFound(err):
-		return events.Terminalf(events.CodeBackendUnavailable, "config.backend",
-			"backend %q needs the agent-sandbox controller (%s), which this cluster does not serve; install it or set backend to %q",
-			policy.BackendSandboxCR, gv, policy.BackendJob)
-	default:
-		return fmt.Errorf("discovering %s: %w", gv, err)
+// sandboxVersion is the agent-sandbox API version this cluster serves: v1beta1, or v1alpha1
+// where only that is served (agent-sandbox before v0.5; 1.0 removed v1alpha1). A cluster that
+// serves neither (the agent-sandbox controller is not installed) fails the run with
+// backend_unavailable, naming kubeclip's own exec-capable backend. Discovery is cached by
+// client-go per process; a NotFound from the create itself would not say whether the namespace
+// or the resource type is missing.
+func (d *Dispatcher) sandboxVersion() (string, error) {
+	for _, version := range []string{policy.SandboxAPIVersionV1beta1, policy.SandboxAPIVersionV1alpha1} {
+		_, err := d.opts.Clientset.Discovery().ServerResourcesForGroupVersion(version)
+		switch {
+		case err == nil:
+			return version, nil
+		case !apierrors.IsNotFound(err):
+			return "", k8s.Meaning(k8s.OpRead, fmt.Errorf("discovering %s: %w", version, err))
+		}
 	}
+	return "", events.Terminalf(events.CodeBackendUnavailable, "config.backend",
+		"backend %q needs the agent-sandbox controller (agents.x-k8s.io), which this cluster does not serve; install it or set backend to %q (kubeclip's own exec-capable pod)",
+		policy.BackendSandboxCR, policy.BackendPod)
 }
 
 // queuedAt is when the acquire first reached the work queue: the header a parked dispatch

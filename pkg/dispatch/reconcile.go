@@ -54,50 +54,76 @@ func (d *Dispatcher) reconcileLoop(ctx context.Context) {
 	}
 }
 
-// reconcile finds the Jobs kubeclip manages that have no live lease and applies the orphan
-// policy to them. It returns how many it found.
+// reconcile finds the workloads kubeclip manages (Jobs, and the bare Pods of backend pod) that
+// have no live lease and applies the orphan policy to them.
 func (d *Dispatcher) reconcile(ctx context.Context) error {
 	jobs, err := d.opts.Clientset.BatchV1().Jobs(metav1.NamespaceAll).List(ctx, metav1.ListOptions{LabelSelector: policy.ManagedBySelector})
 	if err != nil {
 		return fmt.Errorf("listing Jobs: %w", err)
 	}
+	prop := metav1.DeletePropagationBackground
 	for i := range jobs.Items {
 		job := &jobs.Items[i]
-		runID := job.Labels[policy.LabelRunID]
-		ref := events.Ref(job.Labels[policy.LabelCompanyID], runID)
-		if job.DeletionTimestamp != nil || d.opts.Now().Sub(job.CreationTimestamp.Time) < orphanGrace {
-			continue
-		}
-		rec, _, err := d.records.Get(ctx, ref)
-		var why string
-		action := OrphanDelete
-		switch {
-		case errors.Is(err, lease.ErrNotFound):
-			why, action = "it has no lease", d.opts.OrphanPolicy
-		case err != nil:
-			return err
-		case rec.State.Ended(), rec.State == lease.StateFailed:
-			why = "its lease was " + string(rec.State)
-		case rec.WorkloadName != job.Name || rec.Namespace != job.Namespace:
-			why = "its lease names workload " + rec.Namespace + "/" + rec.WorkloadName
-		default:
-			continue
-		}
-		log := d.log.With().Str(events.LogKeyRunID, runID).Str(events.LogKeyNamespace, job.Namespace).Str("workload", job.Name).Logger()
-		if action == OrphanReport {
-			log.Warn().Str("why", why).Msg("reconcile: orphaned workload left running (orphan policy report)")
-			continue
-		}
-		prop := metav1.DeletePropagationBackground
-		err = d.opts.Clientset.BatchV1().Jobs(job.Namespace).Delete(ctx, job.Name, metav1.DeleteOptions{
-			PropagationPolicy: &prop,
-			// Only the Job we looked at: not a new one that took its name meanwhile.
-			Preconditions: &metav1.Preconditions{UID: &job.UID},
+		err := d.reconcileWorkload(ctx, job, "Job", func(opts metav1.DeleteOptions) error {
+			opts.PropagationPolicy = &prop
+			return d.opts.Clientset.BatchV1().Jobs(job.Namespace).Delete(ctx, job.Name, opts)
 		})
-		if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
-			return fmt.Errorf("deleting orphaned Job %s/%s: %w", job.Namespace, job.Name, err)
+		if err != nil {
+			return err
 		}
-		log.Warn().Str("why", why).Msg("reconcile: deleted orphaned workload")
 	}
+	pods, err := d.opts.Clientset.CoreV1().Pods(metav1.NamespaceAll).List(ctx, metav1.ListOptions{LabelSelector: policy.ManagedBySelector})
+	if err != nil {
+		return fmt.Errorf("listing Pods: %w", err)
+	}
+	for i := range pods.Items {
+		pod := &pods.Items[i]
+		if metav1.GetControllerOf(pod) != nil {
+			continue // a Job's or a Sandbox's: they are reconciled through their owner
+		}
+		err := d.reconcileWorkload(ctx, pod, "Pod", func(opts metav1.DeleteOptions) error {
+			return d.opts.Clientset.CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, opts)
+		})
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// reconcileWorkload applies the orphan policy to one workload whose lease is gone, ended or
+// failed, or names another workload; del deletes it (only the incarnation that was looked at).
+func (d *Dispatcher) reconcileWorkload(ctx context.Context, obj metav1.Object, kind string, del func(metav1.DeleteOptions) error) error {
+	if obj.GetDeletionTimestamp() != nil || d.opts.Now().Sub(obj.GetCreationTimestamp().Time) < orphanGrace {
+		return nil
+	}
+	runID := obj.GetLabels()[policy.LabelRunID]
+	rec, _, err := d.records.Get(ctx, events.Ref(obj.GetLabels()[policy.LabelCompanyID], runID))
+	var why string
+	action := OrphanDelete
+	switch {
+	case errors.Is(err, lease.ErrNotFound):
+		why, action = "it has no lease", d.opts.OrphanPolicy
+	case err != nil:
+		return err
+	case rec.State.Ended(), rec.State == lease.StateFailed:
+		why = "its lease was " + string(rec.State)
+	case rec.WorkloadName != obj.GetName() || rec.Namespace != obj.GetNamespace():
+		why = "its lease names workload " + rec.Namespace + "/" + rec.WorkloadName
+	default:
+		return nil
+	}
+	log := d.log.With().Str(events.LogKeyRunID, runID).Str(events.LogKeyNamespace, obj.GetNamespace()).Str("workload", obj.GetName()).Str("kind", kind).Logger()
+	if action == OrphanReport {
+		log.Warn().Str("why", why).Msg("reconcile: orphaned workload left running (orphan policy report)")
+		return nil
+	}
+	uid := obj.GetUID()
+	// Only the workload looked at: not a new one that took its name meanwhile.
+	err = del(metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}})
+	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+		return fmt.Errorf("deleting orphaned %s %s/%s: %w", kind, obj.GetNamespace(), obj.GetName(), err)
+	}
+	log.Warn().Str("why", why).Msg("reconcile: deleted orphaned workload")
 	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
@@ -37,7 +38,7 @@ func (d *Dispatcher) handleRelease(ctx context.Context, m jetstream.Msg) error {
 	if err != nil {
 		return err
 	}
-	if rec.WorkloadName != "" && rec.WorkloadName != req.ProviderLeaseID {
+	if req.ProviderLeaseID != "" && rec.WorkloadName != "" && rec.WorkloadName != req.ProviderLeaseID {
 		return events.InvalidRequest("providerLeaseId", "run %s's lease is %s, not %s", req.RunID, rec.WorkloadName, req.ProviderLeaseID)
 	}
 	var before lease.State
@@ -94,14 +95,32 @@ func (d *Dispatcher) publishReleased(ctx context.Context, log zerolog.Logger, re
 
 // deleteRun deletes the run's workload and returns once its pod is gone; withSecret deletes its
 // Secret too (a destroy, or a dispatch that failed and must leave nothing behind).
+//
+// An exec-capable pod gets the release's time to let its running commands finish (sandboxd
+// refuses new ones on SIGTERM and waits for the rest), or a second when the release cancels
+// active work; a Job's agent gets DefaultPodGracePeriod to flush its last lines.
 func (d *Dispatcher) deleteRun(ctx context.Context, rec lease.Record, withSecret bool) error {
 	opts := k8s.RunDeleteOptions{}
+	backend := policy.Backend(rec.Backend)
+	if backend.ExecCapable() {
+		opts.PodGracePeriod = d.opts.ReleaseTimeout - releaseMargin
+		if rec.CancelActiveWork {
+			opts.PodGracePeriod = time.Second
+		}
+	}
 	var err error
-	if policy.Backend(rec.Backend) == policy.BackendJob {
+	switch backend {
+	case policy.BackendJob:
 		err = k8s.DeleteRun(ctx, d.opts.Clientset, rec.Namespace, rec.WorkloadName, opts)
-	} else {
+	case policy.BackendPod:
+		err = k8s.DeletePodRun(ctx, d.opts.Clientset, rec.Namespace, rec.WorkloadName, opts)
+	default:
+		version, verr := d.sandboxVersion()
+		if verr != nil {
+			return verr
+		}
 		pods := metav1.ListOptions{FieldSelector: "metadata.name=" + rec.WorkloadName}
-		err = k8s.DeleteWorkloadRun(ctx, d.opts.Clientset, d.opts.Dynamic, policy.SandboxGVR(""), rec.Namespace, rec.WorkloadName, pods, opts)
+		err = k8s.DeleteWorkloadRun(ctx, d.opts.Clientset, d.opts.Dynamic, policy.SandboxGVR(version), rec.Namespace, rec.WorkloadName, pods, opts)
 	}
 	if err != nil {
 		return k8s.Meaning(k8s.OpDelete, err)
@@ -111,6 +130,10 @@ func (d *Dispatcher) deleteRun(ctx context.Context, rec lease.Record, withSecret
 	}
 	return nil
 }
+
+// releaseMargin is what a release keeps of its timeout for itself after the pod's grace period:
+// deleting, waiting for the kubelet to report the pod gone, recording the lease released.
+const releaseMargin = 10 * time.Second
 
 // handleResult frees the agent of a run that ended, so the agent's next acquire starts, and
 // deletes a Job that failed before it finished (an image that cannot be pulled, an
@@ -133,11 +156,17 @@ func (d *Dispatcher) handleResult(ctx context.Context, m jetstream.Msg) error {
 	if err != nil {
 		return err
 	}
-	if res.Outcome == events.OutcomeFailed && res.ExitCode == nil && policy.Backend(rec.Backend) == policy.BackendJob {
-		// The agent never ran to an exit: its Job is still active and would hold its pod (and
-		// quota) until the deadline.
+	if res.Outcome == events.OutcomeFailed && res.ExitCode == nil {
+		// The agent never ran to an exit (an image that cannot be pulled, a quota refusal): its
+		// Job or Pod is still there and would hold the tenant's quota until the deadline.
 		prop := metav1.DeletePropagationBackground
-		err := d.opts.Clientset.BatchV1().Jobs(rec.Namespace).Delete(ctx, rec.WorkloadName, metav1.DeleteOptions{PropagationPolicy: &prop})
+		var err error
+		switch policy.Backend(rec.Backend) {
+		case policy.BackendJob:
+			err = d.opts.Clientset.BatchV1().Jobs(rec.Namespace).Delete(ctx, rec.WorkloadName, metav1.DeleteOptions{PropagationPolicy: &prop})
+		case policy.BackendPod:
+			err = d.opts.Clientset.CoreV1().Pods(rec.Namespace).Delete(ctx, rec.WorkloadName, metav1.DeleteOptions{})
+		}
 		if err := k8s.Meaning(k8s.OpDelete, err); err != nil {
 			return err
 		}

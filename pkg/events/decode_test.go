@@ -148,9 +148,13 @@ func TestDecodeRelease(t *testing.T) {
 	if err != nil || got.Destroy || got.Kind() != events.LeaseRelease {
 		t.Errorf("release: got %+v, %v", got, err)
 	}
-	_, err = s.DecodeRelease("paperclip.lease.c1.release", []byte(`{"runId":"r1","companyId":"c1"}`))
+	// A requester whose acquire timed out never heard the lease's name and still ends it.
+	if _, err = s.DecodeRelease("paperclip.lease.c1.release", []byte(`{"runId":"r1","companyId":"c1"}`)); err != nil {
+		t.Errorf("release without providerLeaseId: %v", err)
+	}
+	_, err = s.DecodeRelease("paperclip.lease.c1.release", []byte(`{"runId":"r1","companyId":"c1","providerLeaseId":"pc\u0001"}`))
 	if te, ok := events.AsTerminal(err); !ok || te.Field != "providerLeaseId" {
-		t.Errorf("missing providerLeaseId: got %v", err)
+		t.Errorf("providerLeaseId with a control character: got %v", err)
 	}
 	_, err = s.DecodeRelease("paperclip.lease.c1.acquire", data)
 	if _, ok := events.AsTerminal(err); !ok {

@@ -192,17 +192,21 @@ func (AcquireRequest) eventTime() time.Time    { return time.Time{} }
 type ReleaseRequest struct {
 	RunID            string `json:"runId"`
 	CompanyID        string `json:"companyId"`
-	ProviderLeaseID  string `json:"providerLeaseId"`
+	ProviderLeaseID  string `json:"providerLeaseId,omitempty"`
 	CancelActiveWork bool   `json:"cancelActiveWork,omitempty"`
 	// Destroy selects the .destroy subject. It is not part of the payload: the decoder sets it
 	// from the subject.
 	Destroy bool `json:"-"`
 }
 
-// Validate checks the request like AcquireRequest.Validate.
+// Validate checks the request like AcquireRequest.Validate. ProviderLeaseID may be empty: a
+// requester whose acquire timed out never heard the lease's name, and still has to end it.
 func (r ReleaseRequest) Validate() error {
 	if err := validateIDs(r.CompanyID, r.RunID); err != nil {
 		return err
+	}
+	if r.ProviderLeaseID == "" {
+		return nil
 	}
 	return validateID("providerLeaseId", r.ProviderLeaseID)
 }

@@ -94,6 +94,26 @@ func StartJobRun(ctx context.Context, cs kubernetes.Interface, secret *corev1.Se
 	return createRun(ctx, cs, secret, &jobWorkload{cs: cs, job: job})
 }
 
+// StartPodRun is StartJobRun for a bare Pod (the exec-capable backend "pod"): the Secret first,
+// then the Pod; the caller finishes with AdoptSecret.
+func StartPodRun(ctx context.Context, cs kubernetes.Interface, secret *corev1.Secret, pod *corev1.Pod) (CreatedRun, error) {
+	if pod == nil {
+		return CreatedRun{}, fmt.Errorf("creating run: nil Pod: %w", ErrInvalidObject)
+	}
+	return createRun(ctx, cs, secret, &podWorkload{cs: cs, pod: pod})
+}
+
+// DeletePodRun deletes a run's bare Pod with the grace period of opts and returns once it is
+// gone; like DeleteRun it is idempotent.
+func DeletePodRun(ctx context.Context, cs kubernetes.Interface, namespace, name string, opts RunDeleteOptions) error {
+	opts = opts.withDefaults()
+	sel := metav1.ListOptions{FieldSelector: "metadata.name=" + name}
+	if err := deletePodsAndWait(ctx, cs, namespace, sel, opts.PodGracePeriod); err != nil {
+		return fmt.Errorf("deleting pod %s/%s: %w", namespace, name, err)
+	}
+	return nil
+}
+
 // CreateWorkloadRun is CreateJobRun for a workload given as an unstructured object (the
 // agent-sandbox Sandbox CR), created through dyn at gvr. The Secret's owner reference takes
 // obj's apiVersion and kind.
@@ -255,6 +275,27 @@ func (w *jobWorkload) create(ctx context.Context) (types.UID, error) {
 	j := w.job.DeepCopy()
 	j.ResourceVersion = ""
 	got, err := w.cs.BatchV1().Jobs(j.Namespace).Create(ctx, j, metav1.CreateOptions{FieldManager: DefaultFieldManager})
+	if err != nil {
+		return "", err
+	}
+	return got.UID, nil
+}
+
+type podWorkload struct {
+	cs  kubernetes.Interface
+	pod *corev1.Pod
+}
+
+func (w *podWorkload) meta() metav1.Object              { return w.pod }
+func (w *podWorkload) apiVersionKind() (string, string) { return "v1", "Pod" }
+func (w *podWorkload) get(ctx context.Context) (metav1.Object, error) {
+	return w.cs.CoreV1().Pods(w.pod.Namespace).Get(ctx, w.pod.Name, metav1.GetOptions{})
+}
+
+func (w *podWorkload) create(ctx context.Context) (types.UID, error) {
+	p := w.pod.DeepCopy()
+	p.ResourceVersion = ""
+	got, err := w.cs.CoreV1().Pods(p.Namespace).Create(ctx, p, metav1.CreateOptions{FieldManager: DefaultFieldManager})
 	if err != nil {
 		return "", err
 	}

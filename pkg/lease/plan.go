@@ -24,11 +24,14 @@ type Plan struct {
 	Grant       policy.EgressGrant
 	// Deadline bounds the lease when the request asked for an expiry; nil otherwise.
 	Deadline *policy.LeaseDeadline
+	// Operator is the installation's policy the plan was checked against.
+	Operator policy.Operator
 }
 
 // New validates req against the operator's policy and derives its plan. now bounds a requested
 // expiry.
 func New(req events.AcquireRequest, now time.Time, op policy.Operator) (Plan, error) {
+	op = op.WithDefaults()
 	if err := req.Validate(); err != nil {
 		return Plan{}, err
 	}
@@ -67,9 +70,17 @@ func New(req events.AcquireRequest, now time.Time, op policy.Operator) (Plan, er
 	if err != nil {
 		return Plan{}, events.Terminal(events.CodeInvalidRequest, "requestedExpiresAt", err)
 	}
+	if deadline == nil && cfg.Backend.ExecCapable() {
+		// An exec-capable lease is a pod that lives until it is released, at most its
+		// activity deadline: that is its real expiry, and Paperclip is told so.
+		deadline = &policy.LeaseDeadline{
+			ActiveDeadlineSeconds: cfg.PodActivityDeadlineSec,
+			HardStopAt:            now.Truncate(time.Second).Add(time.Duration(cfg.PodActivityDeadlineSec) * time.Second).UTC(),
+		}
+	}
 	p := Plan{
 		Request: req, Config: cfg, AdapterType: adapterType, Adapter: adapter,
-		Image: image, Namespace: ns, Grant: grant, Deadline: deadline,
+		Image: image, Namespace: ns, Grant: grant, Deadline: deadline, Operator: op,
 	}
 	// The ids become label values on every object of the run: refuse them now, not halfway.
 	if err := p.RunSpec("pc-validation").Validate(); err != nil {
@@ -88,7 +99,7 @@ func (p Plan) Tenant() (policy.Tenant, error) {
 			adapters = append([]policy.AdapterDefaults{def}, adapters...)
 		}
 	}
-	t, err := policy.RenderTenant(p.Config, p.Request.CompanyID, adapters...)
+	t, err := policy.RenderTenant(p.Config, p.Request.CompanyID, p.Operator, adapters...)
 	if err != nil {
 		return policy.Tenant{}, fieldError(events.CodeInvalidConfig, "config.", err)
 	}

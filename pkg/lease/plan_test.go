@@ -293,6 +293,17 @@ func TestNewPlans(t *testing.T) {
 			wantNamespace: "paperclip-acme",
 			wantAdapter:   "claude_local",
 			wantImage:     "ghcr.io/paperclipai/agent-runtime-claude:v1",
+			// The default backend (sandbox-cr) is exec-capable: its pod's activity deadline is
+			// the lease's real expiry, counted from now's second.
+			wantDeadline: &policy.LeaseDeadline{ActiveDeadlineSeconds: 3600, HardStopAt: time.Date(2026, 8, 24, 11, 30, 0, 0, time.UTC)},
+			wantGrant:    policy.EgressGrant{AllowFqdns: []string{}, AllowCidrs: []string{}},
+		},
+		{
+			name:          "a job lease has no expiry of its own",
+			mod:           func(r *events.AcquireRequest) { r.Config = json.RawMessage(`{"backend":"job"}`) },
+			wantNamespace: "paperclip-acme",
+			wantAdapter:   "claude_local",
+			wantImage:     "ghcr.io/paperclipai/agent-runtime-claude:v1",
 			wantGrant:     policy.EgressGrant{AllowFqdns: []string{}, AllowCidrs: []string{}},
 		},
 		{
@@ -331,6 +342,7 @@ func TestNewPlans(t *testing.T) {
 			wantNamespace: "paperclip-acme",
 			wantAdapter:   "mine",
 			wantImage:     "reg.example.com/mine:v2",
+			wantDeadline:  &policy.LeaseDeadline{ActiveDeadlineSeconds: 3600, HardStopAt: time.Date(2026, 8, 24, 11, 30, 0, 0, time.UTC)},
 			wantGrant:     policy.EgressGrant{AllowFqdns: []string{"example.com"}, AllowCidrs: []string{"203.0.113.0/24"}},
 		},
 	}

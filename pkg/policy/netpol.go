@@ -56,6 +56,27 @@ func denyAllPolicy(namespace string) *networkingv1.NetworkPolicy {
 	}
 }
 
+// sandboxdIngressPolicy admits the exec-workers of kubeclip's namespace to sandboxd on the
+// tenant's agent pods; the deny-all policy keeps everything else out, other tenants' pods
+// included. (sandboxd also authenticates every connection with the lease's key.)
+func sandboxdIngressPolicy(namespace, kubeclipNamespace string) *networkingv1.NetworkPolicy {
+	return &networkingv1.NetworkPolicy{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "networking.k8s.io/v1", Kind: "NetworkPolicy"},
+		ObjectMeta: metav1.ObjectMeta{Name: SandboxdIngressPolicyName, Namespace: namespace, Labels: managedByLabels()},
+		Spec: networkingv1.NetworkPolicySpec{
+			PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{LabelRole: RoleAgent}},
+			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress},
+			Ingress: []networkingv1.NetworkPolicyIngressRule{{
+				From: []networkingv1.NetworkPolicyPeer{{
+					NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"kubernetes.io/metadata.name": kubeclipNamespace}},
+					PodSelector:       &metav1.LabelSelector{MatchLabels: map[string]string{"app.kubernetes.io/name": ExecWorkerAppLabel}},
+				}},
+				Ports: []networkingv1.NetworkPolicyPort{port(corev1.ProtocolTCP, SandboxdPort)},
+			}},
+		},
+	}
+}
+
 func port(proto corev1.Protocol, n int32) networkingv1.NetworkPolicyPort {
 	p := intstr.FromInt32(n)
 	return networkingv1.NetworkPolicyPort{Protocol: &proto, Port: &p}

@@ -26,7 +26,18 @@ type Operator struct {
 	// namespacePrefix or companySlug claims another), so a company cannot escape its quota by
 	// minting namespaces.
 	MaxNamespacesPerCompany int
+	// KubeclipNamespace is where kubeclip's workers run (default DefaultKubeclipNamespace):
+	// every tenant binds the workers' ServiceAccounts there to their per-tenant roles, and admits
+	// sandboxd traffic from its exec-workers only. It is never a tenant.
+	KubeclipNamespace string
+	// RBACNameSuffix is the suffix a kustomize nameSuffix added to kubeclip's ServiceAccounts and
+	// ClusterRoles (two installations sharing a cluster), so the per-tenant RoleBindings name
+	// them right. Empty for the base's names.
+	RBACNameSuffix string
 }
+
+// DefaultKubeclipNamespace is the namespace the kustomize base deploys kubeclip into.
+const DefaultKubeclipNamespace = "kubeclip"
 
 // DefaultMaxNamespacesPerCompany leaves room for a company to rename its slug without help,
 // and no more.
@@ -37,6 +48,7 @@ func DefaultOperator() Operator {
 	return Operator{
 		NamespacePrefixes:       []string{DefaultNamespacePrefix},
 		MaxNamespacesPerCompany: DefaultMaxNamespacesPerCompany,
+		KubeclipNamespace:       DefaultKubeclipNamespace,
 	}
 }
 
@@ -48,6 +60,9 @@ func (o Operator) WithDefaults() Operator {
 	}
 	if o.MaxNamespacesPerCompany == 0 {
 		o.MaxNamespacesPerCompany = def.MaxNamespacesPerCompany
+	}
+	if o.KubeclipNamespace == "" {
+		o.KubeclipNamespace = def.KubeclipNamespace
 	}
 	return o
 }
@@ -85,7 +100,7 @@ func (o Operator) CheckNamespace(cfg Config, ns string) error {
 	case !slices.Contains(o.NamespacePrefixes, cfg.NamespacePrefix):
 		errs.add("namespacePrefix", fmt.Sprintf("%s is not a namespace prefix this kubeclip installation allows (allowed: %s)",
 			quoteShort(cfg.NamespacePrefix), strings.Join(o.NamespacePrefixes, ", ")))
-	case isSystemNamespace(ns) || slices.Contains(o.ReservedNamespaces, ns):
+	case isSystemNamespace(ns) || slices.Contains(o.ReservedNamespaces, ns) || ns == o.KubeclipNamespace:
 		field := "namespacePrefix"
 		if cfg.CompanySlug != "" {
 			field = "companySlug"

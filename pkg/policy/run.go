@@ -2,6 +2,7 @@ package policy
 
 import (
 	"fmt"
+	"time"
 
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -46,10 +47,14 @@ type RunSpec struct {
 	ImagePullPolicy corev1.PullPolicy
 	// Config must have passed Validate (ParseConfig does that).
 	Config Config
-	// ActiveDeadlineSeconds, when set, replaces config.podActivityDeadlineSec on a Job and
-	// becomes the pod's activeDeadlineSeconds on a Sandbox (a bounded lease; see
-	// ComputeBoundedLeaseDeadline).
+	// ActiveDeadlineSeconds, when set, replaces config.podActivityDeadlineSec as the deadline of
+	// the run's pod (a bounded lease; see ComputeBoundedLeaseDeadline).
 	ActiveDeadlineSeconds *int64
+	// ExpiresAt, when set, is the lease's hard stop: a Sandbox's spec.shutdownTime.
+	ExpiresAt *time.Time
+	// SandboxdImage is kubeclip's sandboxd image (an operator setting, never a tenant's), whose
+	// init container copies sandboxd into an exec-capable backend's pod.
+	SandboxdImage string
 }
 
 // Validate checks the fields the rendered objects need, naming each bad one (runId, agentId,
@@ -84,6 +89,9 @@ func (s RunSpec) Validate() error {
 	if s.ActiveDeadlineSeconds != nil && *s.ActiveDeadlineSeconds <= 0 {
 		errs.add("activeDeadlineSeconds", "must be > 0")
 	}
+	if firstSpace(s.SandboxdImage) >= 0 {
+		errs.add("sandboxdImage", "must be an image reference without whitespace")
+	}
 	return errs.err()
 }
 
@@ -104,10 +112,7 @@ const (
 	agentUID           = 1000
 )
 
-var (
-	jobCommand     = []string{"/usr/bin/tini", "--", "/usr/local/bin/paperclip-agent-shim"}
-	sandboxCommand = []string{"/usr/bin/tini", "--", "/bin/sh", "-c", "sleep infinity"}
-)
+var jobCommand = []string{"/usr/bin/tini", "--", "/usr/local/bin/paperclip-agent-shim"}
 
 // ContainerResources is the agent container's resources: the defaults (requests 250m/512Mi,
 // limits 2/4Gi) with each of defaultResources' fields laid over them.
@@ -245,22 +250,26 @@ func RenderJob(spec RunSpec) *batchv1.Job {
 // RenderSandbox renders a run's agent-sandbox Sandbox (backend "sandbox-cr";
 // sandbox-cr-builder.ts) for apiVersion SandboxAPIVersionV1beta1 (the default, also for "")
 // or SandboxAPIVersionV1alpha1; a bare "v1beta1"/"v1alpha1" is accepted too. The pod template
-// is the Job's, except restartPolicy Always and a command that sleeps, since commands arrive
-// by exec. Neither version gets spec.replicas (v1alpha1 defaults it to 1; v1beta1 has
-// operatingMode, defaulting to Running). No ownerReferences: nothing owns a Sandbox.
+// is the exec pod's (sandboxd as the main process: commands arrive by exec). The lease's expiry
+// becomes spec.shutdownTime with shutdownPolicy Delete, so the controller ends the sandbox at
+// the deadline even if kubeclip is gone. Neither version gets spec.replicas (v1alpha1 defaults
+// it to 1; v1beta1 has operatingMode, defaulting to Running). No ownerReferences: nothing owns
+// a Sandbox.
+//
+// Deviation: upstream's sandbox slept (sleep infinity) and was exec'd through the API server.
 func RenderSandbox(spec RunSpec, apiVersion string) *unstructured.Unstructured {
-	tmpl := spec.podTemplate()
-	tmpl.Spec.RestartPolicy = corev1.RestartPolicyAlways
-	tmpl.Spec.Containers[0].Command = append([]string(nil), sandboxCommand...)
-	if spec.ActiveDeadlineSeconds != nil {
-		tmpl.Spec.ActiveDeadlineSeconds = ptrTo(*spec.ActiveDeadlineSeconds)
-	}
+	tmpl := spec.execPodTemplate()
 	// PodTemplate carries a PodTemplateSpec in "template"; converting it yields the
 	// unstructured form of the template with int64 numbers.
 	holder, err := toUnstructured(&corev1.PodTemplate{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "PodTemplate"}, Template: tmpl})
 	podTemplate := map[string]any{}
 	if err == nil {
 		podTemplate, _ = holder.Object["template"].(map[string]any)
+	}
+	sbSpec := map[string]any{"podTemplate": podTemplate}
+	if spec.ExpiresAt != nil {
+		sbSpec["shutdownTime"] = spec.ExpiresAt.UTC().Format(time.RFC3339)
+		sbSpec["shutdownPolicy"] = "Delete"
 	}
 	u := &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": normalizeSandboxAPIVersion(apiVersion),
@@ -270,7 +279,7 @@ func RenderSandbox(spec RunSpec, apiVersion string) *unstructured.Unstructured {
 			"namespace": spec.Namespace,
 			"labels":    stringMapToAny(spec.labels()),
 		},
-		"spec": map[string]any{"podTemplate": podTemplate},
+		"spec": sbSpec,
 	}}
 	if a := spec.annotations(); a != nil {
 		u.SetAnnotations(a)

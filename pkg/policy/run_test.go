@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
@@ -22,14 +23,15 @@ const (
 
 func testRunSpec(cfg policy.Config) policy.RunSpec {
 	return policy.RunSpec{
-		RunID:        testRunID,
-		CompanyID:    testCompanyID,
-		AgentID:      testAgentID,
-		AdapterType:  "claude_local",
-		Namespace:    "paperclip-" + testCompanyID,
-		WorkloadName: testWorkload,
-		Image:        "ghcr.io/paperclipai/agent-runtime-claude:v1",
-		Config:       cfg,
+		RunID:         testRunID,
+		CompanyID:     testCompanyID,
+		AgentID:       testAgentID,
+		AdapterType:   "claude_local",
+		Namespace:     "paperclip-" + testCompanyID,
+		WorkloadName:  testWorkload,
+		Image:         "ghcr.io/paperclipai/agent-runtime-claude:v1",
+		Config:        cfg,
+		SandboxdImage: "kubeclip.local/sandboxd:dev",
 	}
 }
 
@@ -48,6 +50,8 @@ func overrideSpec(t *testing.T) policy.RunSpec {
 	spec.ImagePullPolicy = corev1.PullNever
 	deadline := int64(900)
 	spec.ActiveDeadlineSeconds = &deadline
+	expires := time.Date(2026, 8, 24, 10, 45, 0, 0, time.UTC)
+	spec.ExpiresAt = &expires
 	return spec
 }
 
@@ -100,8 +104,15 @@ func TestRenderSandboxGolden(t *testing.T) {
 	}
 }
 
-// The Sandbox pod template is the Job's, except restartPolicy and command.
-func TestSandboxPodTemplateMatchesJob(t *testing.T) {
+func TestRenderPodGolden(t *testing.T) {
+	checkGoldenUnstructured(t, "run/pod-defaults.yaml", policy.RenderPod(testRunSpec(policy.DefaultConfig())))
+	checkGoldenUnstructured(t, "run/pod-overrides.yaml", policy.RenderPod(overrideSpec(t)))
+}
+
+// An exec-capable pod is the Job's pod with sandboxd as its main process: the same container,
+// security context, resources, Secret and volumes, plus sandboxd's init container, volume and
+// port, no restarts, and the lease's deadline. A Sandbox's pod template is exactly that pod.
+func TestExecPodsAreTheJobPodPlusSandboxd(t *testing.T) {
 	spec := overrideSpec(t)
 	jobTmpl, err := policy.ToUnstructured(&corev1.PodTemplate{TypeMeta: typeMeta("v1", "PodTemplate"), Template: policy.RenderJob(spec).Spec.Template})
 	if err != nil {
@@ -109,17 +120,44 @@ func TestSandboxPodTemplateMatchesJob(t *testing.T) {
 	}
 	want := jobTmpl.Object["template"].(map[string]any)
 	podSpec := want["spec"].(map[string]any)
-	podSpec["restartPolicy"] = "Always"
-	podSpec["activeDeadlineSeconds"] = int64(900) // the bounded-lease override reaches the Sandbox pod
-	podSpec["containers"].([]any)[0].(map[string]any)["command"] = []any{"/usr/bin/tini", "--", "/bin/sh", "-c", "sleep infinity"}
+	podSpec["restartPolicy"] = "Never"
+	podSpec["activeDeadlineSeconds"] = int64(900) // the bounded-lease override reaches the pod
+	podSpec["terminationGracePeriodSeconds"] = int64(120)
+	agent := podSpec["containers"].([]any)[0].(map[string]any)
+	agent["command"] = []any{"/kubeclip/bin/sandboxd", "serve"}
+	agent["workingDir"] = "/workspace"
+	agent["ports"] = []any{map[string]any{"name": "sandboxd", "containerPort": int64(7070), "protocol": "TCP"}}
+	mount := map[string]any{"name": "kubeclip", "mountPath": "/kubeclip"}
+	agent["volumeMounts"] = append(agent["volumeMounts"].([]any), mount)
+	podSpec["initContainers"] = []any{map[string]any{
+		"name": "sandboxd-install", "image": "kubeclip.local/sandboxd:dev", "imagePullPolicy": "IfNotPresent",
+		"command":         []any{"/sandboxd", "install", "/kubeclip/bin/sandboxd"},
+		"securityContext": agent["securityContext"],
+		"resources": map[string]any{
+			"requests": map[string]any{"cpu": "100m", "memory": "128Mi"},
+			"limits":   map[string]any{"cpu": "100m", "memory": "128Mi"},
+		},
+		"volumeMounts": []any{mount},
+	}}
+	podSpec["volumes"] = append(podSpec["volumes"].([]any), map[string]any{"name": "kubeclip", "emptyDir": map[string]any{"sizeLimit": "2Gi"}})
 
-	sb := policy.RenderSandbox(spec, "")
-	got := sb.Object["spec"].(map[string]any)["podTemplate"]
-	if diff := cmp.Diff(want, got); diff != "" {
-		t.Errorf("Sandbox pod template differs from the Job's (-want +got):\n%s", diff)
+	pod, err := policy.ToUnstructured(policy.RenderPod(spec))
+	if err != nil {
+		t.Fatal(err)
 	}
-	if _, ok := sb.Object["spec"].(map[string]any)["replicas"]; ok {
+	if diff := cmp.Diff(want["spec"], pod.Object["spec"]); diff != "" {
+		t.Errorf("exec pod spec differs from the Job's pod plus sandboxd (-want +got):\n%s", diff)
+	}
+	sb := policy.RenderSandbox(spec, "")
+	sbSpec := sb.Object["spec"].(map[string]any)
+	if diff := cmp.Diff(want, sbSpec["podTemplate"]); diff != "" {
+		t.Errorf("Sandbox pod template differs from the exec pod (-want +got):\n%s", diff)
+	}
+	if _, ok := sbSpec["replicas"]; ok {
 		t.Errorf("Sandbox has spec.replicas")
+	}
+	if sbSpec["shutdownTime"] != "2026-08-24T10:45:00Z" || sbSpec["shutdownPolicy"] != "Delete" {
+		t.Errorf("Sandbox shutdown = %v, %v; want the lease's expiry, Delete", sbSpec["shutdownTime"], sbSpec["shutdownPolicy"])
 	}
 }
 

@@ -37,10 +37,42 @@ type Tenant struct {
 	RoleBinding    *rbacv1.RoleBinding
 	ResourceQuota  *corev1.ResourceQuota
 	LimitRange     *corev1.LimitRange
+	// WorkerBindings grant kubeclip's workers what they do in this namespace, and only here
+	// (the per-tenant half of their RBAC; see deploy/kustomize/base/rbac-*.yaml).
+	WorkerBindings []*rbacv1.RoleBinding
 	DenyAll        *networkingv1.NetworkPolicy
-	EgressAllow    *networkingv1.NetworkPolicy
-	EgressFQDN     *unstructured.Unstructured
+	// SandboxdIngress admits kubeclip's exec-workers, and nothing else, to sandboxd's port.
+	SandboxdIngress *networkingv1.NetworkPolicy
+	EgressAllow     *networkingv1.NetworkPolicy
+	EgressFQDN      *unstructured.Unstructured
 }
+
+// The per-tenant RBAC of kubeclip's workers: a RoleBinding in each tenant namespace binds the
+// worker's ServiceAccount (in the kubeclip namespace) to a ClusterRole holding what the worker
+// does in a tenant, so no worker needs those rights cluster-wide.
+var workerTenantRoles = []struct{ serviceAccount, clusterRole string }{
+	{"dispatcher", "kubeclip-tenant-dispatcher"},
+	{"run-watcher", "kubeclip-tenant-run-watcher"},
+	{"exec-worker", "kubeclip-tenant-exec-worker"},
+}
+
+// WorkerTenantClusterRoles names the ClusterRoles the tenant-worker binds in every tenant; its
+// own RBAC lets it bind exactly these.
+func WorkerTenantClusterRoles() []string {
+	out := make([]string, len(workerTenantRoles))
+	for i, w := range workerTenantRoles {
+		out[i] = w.clusterRole
+	}
+	return out
+}
+
+// Names and labels of the sandboxd ingress rule.
+const (
+	SandboxdIngressPolicyName = "paperclip-sandboxd-ingress"
+	// ExecWorkerAppLabel is the app.kubernetes.io/name of the exec-worker's pods (the kustomize
+	// base's), the only pods admitted to sandboxd.
+	ExecWorkerAppLabel = "exec-worker"
+)
 
 // RenderTenant renders a company's tenant objects (tenant-orchestrator.ts, with managed-by
 // "kubeclip" and that label on every object). The egress allow-list is the FQDNs of the given
@@ -50,7 +82,10 @@ type Tenant struct {
 // Upstream passes the FQDNs of the acquiring run's adapter only. With server-side apply that
 // would make a tenant's policy flap between adapters, so pass every adapter the tenant may run
 // (at least the config's default adapter); the variadic form lets callers pass one.
-func RenderTenant(cfg Config, companyID string, adapters ...AdapterDefaults) (Tenant, error) {
+//
+// op names the namespace kubeclip runs in: the tenant binds the workers' ServiceAccounts there
+// and admits sandboxd traffic from its exec-workers only.
+func RenderTenant(cfg Config, companyID string, op Operator, adapters ...AdapterDefaults) (Tenant, error) {
 	if err := cfg.Validate(); err != nil {
 		return Tenant{}, err
 	}
@@ -115,7 +150,16 @@ func RenderTenant(cfg Config, companyID string, adapters ...AdapterDefaults) (Te
 				DefaultRequest: cpuMem(limitRangeDefRq),
 			}}},
 		},
-		DenyAll: denyAllPolicy(ns),
+		DenyAll:         denyAllPolicy(ns),
+		SandboxdIngress: sandboxdIngressPolicy(ns, op.KubeclipNamespace),
+	}
+	for _, w := range workerTenantRoles {
+		t.WorkerBindings = append(t.WorkerBindings, &rbacv1.RoleBinding{
+			TypeMeta:   metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "RoleBinding"},
+			ObjectMeta: metav1.ObjectMeta{Name: "kubeclip-" + w.serviceAccount, Namespace: ns, Labels: managedByLabels()},
+			RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: w.clusterRole + op.RBACNameSuffix},
+			Subjects:   []rbacv1.Subject{{Kind: "ServiceAccount", Name: w.serviceAccount + op.RBACNameSuffix, Namespace: op.KubeclipNamespace}},
+		})
 	}
 	in := egressInput{
 		namespace:   ns,
@@ -137,10 +181,18 @@ func RenderTenant(cfg Config, companyID string, adapters ...AdapterDefaults) (Te
 }
 
 // Objects returns the tenant's objects in apply order (Namespace, ServiceAccount, Role,
-// RoleBinding, ResourceQuota, LimitRange, deny-all, egress policy), with apiVersion and kind
-// set, ready for server-side apply. They are copies.
+// RoleBinding, the workers' RoleBindings, ResourceQuota, LimitRange, deny-all, sandboxd
+// ingress, egress policy), with apiVersion and kind set, ready for server-side apply. They are
+// copies.
 func (t Tenant) Objects() ([]*unstructured.Unstructured, error) {
-	typed := []runtime.Object{t.Namespace, t.ServiceAccount, t.Role, t.RoleBinding, t.ResourceQuota, t.LimitRange, t.DenyAll}
+	typed := []runtime.Object{t.Namespace, t.ServiceAccount, t.Role, t.RoleBinding}
+	for _, b := range t.WorkerBindings {
+		typed = append(typed, b)
+	}
+	typed = append(typed, t.ResourceQuota, t.LimitRange, t.DenyAll)
+	if t.SandboxdIngress != nil {
+		typed = append(typed, t.SandboxdIngress)
+	}
 	if t.EgressAllow != nil {
 		typed = append(typed, t.EgressAllow)
 	}

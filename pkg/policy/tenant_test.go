@@ -33,7 +33,7 @@ func mustAdapter(t *testing.T, cfg policy.Config, typ string) policy.AdapterDefa
 
 func mustTenant(t *testing.T, cfg policy.Config, adapters ...policy.AdapterDefaults) policy.Tenant {
 	t.Helper()
-	ten, err := policy.RenderTenant(cfg, testCompanyID, adapters...)
+	ten, err := policy.RenderTenant(cfg, testCompanyID, policy.DefaultOperator(), adapters...)
 	if err != nil {
 		t.Fatalf("RenderTenant: %v", err)
 	}
@@ -49,14 +49,17 @@ func TestTenantGolden(t *testing.T) {
 	}
 	files := []string{
 		"tenant/namespace.yaml", "tenant/serviceaccount.yaml", "tenant/role.yaml", "tenant/rolebinding.yaml",
+		// The workers' per-tenant RBAC.
+		"tenant/rolebinding-kubeclip-dispatcher.yaml", "tenant/rolebinding-kubeclip-run-watcher.yaml", "tenant/rolebinding-kubeclip-exec-worker.yaml",
 		"tenant/resourcequota.yaml", "tenant/limitrange.yaml", "tenant/networkpolicy-deny-all.yaml",
+		"tenant/networkpolicy-sandboxd-ingress.yaml",
 		// Default config: no CIDRs, adapter FQDNs -> the public-IPv4 80/443 fallback.
 		"tenant/networkpolicy-egress-allow-fallback.yaml",
 	}
 	if len(objs) != len(files) {
 		t.Fatalf("Objects() returned %d objects, want %d", len(objs), len(files))
 	}
-	wantKinds := []string{"Namespace", "ServiceAccount", "Role", "RoleBinding", "ResourceQuota", "LimitRange", "NetworkPolicy", "NetworkPolicy"}
+	wantKinds := []string{"Namespace", "ServiceAccount", "Role", "RoleBinding", "RoleBinding", "RoleBinding", "RoleBinding", "ResourceQuota", "LimitRange", "NetworkPolicy", "NetworkPolicy", "NetworkPolicy"}
 	for i, o := range objs {
 		if o.GetKind() != wantKinds[i] || o.GetAPIVersion() == "" {
 			t.Errorf("object %d is %s %s, want kind %s (apply order)", i, o.GetAPIVersion(), o.GetKind(), wantKinds[i])
@@ -118,10 +121,10 @@ func TestTenantEgressFQDNs(t *testing.T) {
 func TestRenderTenantErrors(t *testing.T) {
 	bad := policy.DefaultConfig()
 	bad.EgressMode = "calico"
-	if _, err := policy.RenderTenant(bad, testCompanyID); !errors.As(err, new(*policy.ValidationError)) {
+	if _, err := policy.RenderTenant(bad, testCompanyID, policy.DefaultOperator()); !errors.As(err, new(*policy.ValidationError)) {
 		t.Errorf("invalid config: err = %v, want *ValidationError", err)
 	}
-	_, err := policy.RenderTenant(policy.DefaultConfig(), "acme corp")
+	_, err := policy.RenderTenant(policy.DefaultConfig(), "acme corp", policy.DefaultOperator())
 	var verr *policy.ValidationError
 	if !errors.As(err, &verr) || verr.Errors[0].Field != "companyId" {
 		t.Errorf("bad company id: err = %v, want a companyId field error", err)
@@ -171,7 +174,7 @@ func TestTenantHash(t *testing.T) {
 			return mustTenant(t, c, claude)
 		}},
 		{"other company", func() policy.Tenant {
-			ten, err := policy.RenderTenant(std, "other-company", claude)
+			ten, err := policy.RenderTenant(std, "other-company", policy.DefaultOperator(), claude)
 			if err != nil {
 				t.Fatal(err)
 			}

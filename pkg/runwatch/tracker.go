@@ -18,6 +18,7 @@ import (
 	"github.com/kubeclip/kubeclip/pkg/events"
 	"github.com/kubeclip/kubeclip/pkg/k8s"
 	"github.com/kubeclip/kubeclip/pkg/lease"
+	"github.com/kubeclip/kubeclip/pkg/policy"
 	"github.com/kubeclip/kubeclip/pkg/streamjson"
 )
 
@@ -41,9 +42,10 @@ type tracker struct {
 	ownerEvents atomic.Uint64
 
 	// Owned by the run goroutine.
-	blocked    bool   // another replica owns the run
-	blockedAt  uint64 // ownerEvents when the claim was lost
-	ours       bool   // the run has a lease in this installation's KUBECLIP_LEASES
+	backend    policy.Backend // the lease's, once ours
+	blocked    bool           // another replica owns the run
+	blockedAt  uint64         // ownerEvents when the claim was lost
+	ours       bool           // the run has a lease in this installation's KUBECLIP_LEASES
 	loaded     bool
 	done       bool
 	seenJob    bool
@@ -184,6 +186,7 @@ func (t *tracker) own(ctx context.Context) (bool, error) {
 			// Objects labelled with the run elsewhere are not it (objects filters by namespace).
 			t.namespace = rec.Namespace
 		}
+		t.backend = policy.Backend(rec.Backend)
 		t.ours = true
 	}
 	finished, err := t.resultPublished(ctx)
@@ -301,7 +304,9 @@ func (t *tracker) step(ctx context.Context) error {
 		}
 		t.follow = nil
 	}
-	if t.follow == nil && pod != nil && containerStarted(pod, t.w.opts.Container) {
+	// An exec-capable lease's container log is sandboxd's own: its commands' output reaches
+	// clients through the exec service (and, when recorded, as exec events), not from here.
+	if t.follow == nil && pod != nil && !t.backend.ExecCapable() && containerStarted(pod, t.w.opts.Container) {
 		if err := t.logs.setPod(pod.Name, t.w.opts.Container); err != nil {
 			return err
 		}
@@ -359,6 +364,10 @@ func (t *tracker) decide(job *batchv1.Job, pod *corev1.Pod) (events.Phase, strin
 
 	podVerdict := func() (events.Phase, string, string, *verdict) {
 		if !pv.Terminal {
+			if t.backend.ExecCapable() && pv.Phase == k8s.PhaseRunning && pv.Reason == "" && podReady(pod) {
+				// The lease accepts exec from now on.
+				return events.PhaseRunning, events.ReasonReady, "", nil
+			}
 			return events.Phase(pv.Phase), pv.Reason, pv.Message, nil
 		}
 		return events.Phase(pv.Phase), pv.Reason, pv.Message,
@@ -413,6 +422,19 @@ func (t *tracker) decide(job *batchv1.Job, pod *corev1.Pod) (events.Phase, strin
 		// A run without a Job (a Sandbox's pod): the pod decides.
 		return podVerdict()
 	}
+}
+
+// podReady reports the pod's Ready condition.
+func podReady(pod *corev1.Pod) bool {
+	if pod == nil || pod.Status.PodIP == "" {
+		return false
+	}
+	for _, c := range pod.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
 }
 
 // ownedByJob reports whether a Job controls pod.

@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"math/big"
+	"os"
 	"time"
 )
 
@@ -140,4 +141,27 @@ func PinnedTLSConfig(pub ed25519.PublicKey) *tls.Config {
 			return nil
 		},
 	}
+}
+
+// MinMasterKeySize is the least key material a master key must hold.
+const MinMasterKeySize = 32
+
+// ReadMasterKey reads the installation's master key from path (an operator secret: the
+// dispatcher and the exec-worker derive every lease's seed from it): the file's content with
+// surrounding whitespace trimmed, hex-decoded when it is hex (as `openssl rand -hex 32` writes
+// it), else taken as raw bytes. Either way it must hold at least MinMasterKeySize bytes. Errors
+// name the file, never its content.
+func ReadMasterKey(path string) ([]byte, error) {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("reading the sandbox master key: %w", err)
+	}
+	key := bytes.TrimSpace(raw)
+	if decoded, err := hex.DecodeString(string(key)); err == nil {
+		key = decoded
+	}
+	if len(key) < MinMasterKeySize {
+		return nil, fmt.Errorf("the sandbox master key in %s holds %d bytes; at least %d are needed (openssl rand -hex 32)", path, len(key), MinMasterKeySize)
+	}
+	return key, nil
 }

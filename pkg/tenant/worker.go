@@ -19,6 +19,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 
+	"github.com/kubeclip/kubeclip/pkg/api"
 	"github.com/kubeclip/kubeclip/pkg/events"
 	"github.com/kubeclip/kubeclip/pkg/k8s"
 	"github.com/kubeclip/kubeclip/pkg/lease"
@@ -128,6 +129,10 @@ func (w *Worker) Run(ctx context.Context) error {
 		return fmt.Errorf("syncing the namespace informer: %w", context.Cause(ctx))
 	}
 
+	// Clients (the Paperclip plugin) ask for the verdict on a config without acquiring.
+	if _, err := api.ServeValidate(js.Conn(), w.opts.Subjects, w.opts.Operator, w.log); err != nil {
+		return err
+	}
 	w.log.Info().Msg("consuming acquire requests")
 	return events.Consume(ctx, cons, w.handle, events.ConsumeOptions{
 		Logger:       w.log,

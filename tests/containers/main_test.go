@@ -37,6 +37,19 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, "containers:", err)
 		os.Exit(1)
 	}
+	// Published ports are on this machine. Left to itself, testcontainers takes a machine with a
+	// /.dockerenv for a container (these machines' image has one) and looks for published ports
+	// at the gateway of Docker's default bridge network, else at the gateway of the default
+	// route. A dockerd started for the first time on a machine (no docker0 yet) reports no
+	// gateway for its bridge network, so every port check dialled the machine's router, which
+	// drops the connection: on a fresh machine every test timed out, on the next run (docker0
+	// left from the first) they passed.
+	if _, set := os.LookupEnv("TESTCONTAINERS_HOST_OVERRIDE"); !set {
+		if err := os.Setenv("TESTCONTAINERS_HOST_OVERRIDE", dockertest.PublishedHost); err != nil {
+			fmt.Fprintln(os.Stderr, "containers:", err)
+			os.Exit(1)
+		}
+	}
 	os.Exit(run(m))
 }
 

@@ -75,6 +75,11 @@ func TestNATSImageServesJetStream(t *testing.T) {
 	}
 	wantUID(t, cli, ctr.GetContainerID())
 
+	// The published port is reached on this machine (TestMain), whatever Docker's networks say.
+	if host, err := ctr.Host(ctx); err != nil || host != dockertest.PublishedHost {
+		t.Errorf("published ports are looked for on %q (%v), want %s", host, err, dockertest.PublishedHost)
+	}
+
 	js := connectNATS(t, ctr)
 	const stream = "CONTAINERS"
 	s, err := js.CreateStream(ctx, jetstream.StreamConfig{

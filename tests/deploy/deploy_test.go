@@ -62,7 +62,9 @@ func TestDevOverlayRunsALeaseInCluster(t *testing.T) {
 	natsURL := fmt.Sprintf("nats://%s:4222", natsPod.Status.PodIP)
 
 	// 2. Everything, with the NATS URL merged into kubeclip-config.
-	objs := render(t, rendering{overlay: "dev", namespace: ns, suffix: suffix, config: map[string]string{"KUBECLIP_NATS_URL": natsURL}})
+	objs := render(t, rendering{overlay: "dev", namespace: ns, suffix: suffix, config: map[string]string{
+		"KUBECLIP_NATS_URL": natsURL, "KUBECLIP_RBAC_NAME_SUFFIX": suffix,
+	}})
 	c.deleteAtEnd(t, "", objs)
 	for _, o := range objs {
 		if err := c.apply(ctx, t, o, false); err != nil {

@@ -20,8 +20,12 @@ func TestProductionOverlayPassesServerSideDryRun(t *testing.T) {
 		kinds[o.GetKind()]++
 	}
 	want := map[string]int{
-		"Namespace": 1, "ServiceAccount": 3, "ClusterRole": 3, "ClusterRoleBinding": 3, "ConfigMap": 2,
+		// Per worker a ServiceAccount, a cluster-wide ClusterRole (and binding), and a ClusterRole
+		// the tenant-worker binds in each tenant (none for the tenant-worker itself); the exec-
+		// worker's RBAC ships before its Deployment.
+		"Namespace": 1, "ServiceAccount": 4, "ClusterRole": 7, "ClusterRoleBinding": 4, "ConfigMap": 3,
 		"Service": 2, "Deployment": 3, "StatefulSet": 1, "PodDisruptionBudget": 4, "NetworkPolicy": 1,
+		"ValidatingAdmissionPolicy": 2, "ValidatingAdmissionPolicyBinding": 2,
 	}
 	for k, n := range want {
 		if kinds[k] != n {

@@ -143,15 +143,66 @@ func render(t *testing.T, r rendering) []*unstructured.Unstructured {
 		t.Fatalf("kubectl kustomize %s: %v\n%s", r.overlay, err, stderr)
 	}
 	objs := decodeObjects(t, out)
-	if r.namespace != "" {
-		// The inline transformer leaves the Namespace object's own name alone.
-		for _, o := range objs {
-			if o.GetKind() == "Namespace" {
+	for _, o := range objs {
+		switch o.GetKind() {
+		case "Namespace":
+			// The inline transformer leaves the Namespace object's own name alone.
+			if r.namespace != "" {
 				o.SetName(r.namespace)
+			}
+		case "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding":
+			// Cluster-scoped, but this kustomize does not know it and namespaces them.
+			o.SetNamespace("")
+			if r.namespace != "" && o.GetKind() == "ValidatingAdmissionPolicy" {
+				installPolicyIn(t, o, r.namespace) // what an operator's overlay patches
+			}
+		case "ClusterRole":
+			// resourceNames are not references kustomize follows: bind the suffixed roles.
+			if r.suffix != "" && strings.HasPrefix(o.GetName(), "kubeclip-tenant-worker") {
+				suffixBindNames(t, o, r.suffix)
 			}
 		}
 	}
 	return objs
+}
+
+// installPolicyIn points an admission policy's "install:" literals at namespace.
+func installPolicyIn(t *testing.T, policy *unstructured.Unstructured, namespace string) {
+	t.Helper()
+	for _, field := range []string{"matchConditions", "variables"} {
+		items, _, _ := unstructured.NestedSlice(policy.Object, "spec", field)
+		for _, it := range items {
+			m := it.(map[string]any)
+			expr := m["expression"].(string)
+			expr = strings.ReplaceAll(expr, "'system:serviceaccount:kubeclip:'", "'system:serviceaccount:"+namespace+":'")
+			if m["name"] == "kubeclipNamespace" {
+				expr = "'" + namespace + "'"
+			}
+			m["expression"] = expr
+		}
+		if err := unstructured.SetNestedSlice(policy.Object, items, "spec", field); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// suffixBindNames adds suffix to the ClusterRole names the tenant-worker may bind.
+func suffixBindNames(t *testing.T, role *unstructured.Unstructured, suffix string) {
+	t.Helper()
+	rules, _, _ := unstructured.NestedSlice(role.Object, "rules")
+	for _, r := range rules {
+		rule := r.(map[string]any)
+		if res, _ := rule["resources"].([]any); len(res) != 1 || res[0] != "clusterroles" {
+			continue
+		}
+		names := rule["resourceNames"].([]any)
+		for i, n := range names {
+			names[i] = n.(string) + suffix
+		}
+	}
+	if err := unstructured.SetNestedSlice(role.Object, rules, "rules"); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func decodeObjects(t *testing.T, data []byte) []*unstructured.Unstructured {

@@ -9,6 +9,7 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
@@ -39,27 +40,25 @@ func (a access) String() string {
 	return fmt.Sprintf("%s %s in %s", a.verb, r, ns)
 }
 
-// tenantNS stands for any tenant namespace: the workers' rules are cluster-wide because tenant
-// namespaces are created on demand.
-const tenantNS = "paperclip-some-tenant"
-
-// TestRBACAllowsWhatTheCodeDoesAndNothingElse applies the overlay's RBAC and asks the API server
-// (SubjectAccessReview, as the ServiceAccounts) about every request each worker's code makes and
-// about representative requests it must not be able to make.
+// TestRBACAllowsWhatTheCodeDoesAndNothingElse applies the overlay's RBAC and admission
+// policies, and a tenant namespace as the tenant-worker renders it (with the workers'
+// per-tenant RoleBindings), then asks the API server (SubjectAccessReview, as the
+// ServiceAccounts) about every request each worker's code makes and about representative
+// requests it must not be able to make: in the tenant, in another namespace, cluster-wide.
 func TestRBACAllowsWhatTheCodeDoesAndNothingElse(t *testing.T) {
 	t.Parallel()
 	c := newCluster(t)
 	id := shortID()
 	ns := "kubeclip-rbac-" + id
-	objs := render(t, rendering{overlay: "dev", namespace: ns, suffix: "-" + id})
+	suffix := "-" + id
+	objs := render(t, rendering{overlay: "dev", namespace: ns, suffix: suffix})
 	c.deleteAtEnd(t, ns, objs)
-	for _, o := range objs {
-		switch o.GetKind() {
-		case "Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding":
-			if err := c.apply(t.Context(), t, o, false); err != nil {
-				t.Fatal(err)
-			}
-		}
+	applyRBAC(t, c, objs)
+	tenantNS := applyTenant(t, c, ns, suffix, "co-"+id)
+	other := "kubeclip-rbac-other-" + id // a namespace that is no tenant of this installation
+	c.deleteAtEnd(t, other, nil)
+	if _, err := c.cs.CoreV1().Namespaces().Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: other}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
 	}
 
 	tests := []struct {
@@ -70,7 +69,7 @@ func TestRBACAllowsWhatTheCodeDoesAndNothingElse(t *testing.T) {
 		{
 			worker: "tenant-worker",
 			allowed: []access{
-				{"create", "", "namespaces", "", "", ""}, {"patch", "", "namespaces", "", "", ""},
+				{"create", "", "namespaces", "", "", ""}, {"patch", "", "namespaces", "", "", ""}, {"get", "", "namespaces", "", "", ""},
 				{"list", "", "namespaces", "", "", ""}, {"watch", "", "namespaces", "", "", ""},
 				{"patch", "", "serviceaccounts", "", tenantNS, ""}, {"create", "", "resourcequotas", "", tenantNS, ""},
 				{"patch", "", "limitranges", "", tenantNS, ""}, {"create", "rbac.authorization.k8s.io", "roles", "", tenantNS, ""},
@@ -80,9 +79,10 @@ func TestRBACAllowsWhatTheCodeDoesAndNothingElse(t *testing.T) {
 				{"patch", "cilium.io", "ciliumnetworkpolicies", "", tenantNS, ""},
 				{"delete", "cilium.io", "ciliumnetworkpolicies", "", tenantNS, ""},
 				{"bind", "rbac.authorization.k8s.io", "roles", "", tenantNS, policy.TenantRole},
+				{"bind", "rbac.authorization.k8s.io", "clusterroles", "", "", "kubeclip-tenant-dispatcher" + suffix},
 			},
 			denied: []access{
-				{"get", "", "secrets", "", "kube-system", ""}, // the issue's representative denial
+				{"get", "", "secrets", "", "kube-system", ""},
 				{"list", "", "secrets", "", tenantNS, ""},
 				{"delete", "", "namespaces", "", "", ""},
 				{"create", "", "pods", "", tenantNS, ""},
@@ -101,16 +101,20 @@ func TestRBACAllowsWhatTheCodeDoesAndNothingElse(t *testing.T) {
 				{"patch", "", "secrets", "", tenantNS, ""}, {"delete", "", "secrets", "", tenantNS, ""},
 				{"create", "batch", "jobs", "", tenantNS, ""}, {"get", "batch", "jobs", "", tenantNS, ""},
 				{"delete", "batch", "jobs", "", tenantNS, ""}, {"list", "batch", "jobs", "", "", ""},
+				{"create", "", "pods", "", tenantNS, ""}, {"list", "", "pods", "", "", ""},
 				{"create", "agents.x-k8s.io", "sandboxes", "", tenantNS, ""}, {"delete", "agents.x-k8s.io", "sandboxes", "", tenantNS, ""},
 				{"list", "", "pods", "", tenantNS, ""}, {"watch", "", "pods", "", tenantNS, ""}, {"delete", "", "pods", "", tenantNS, ""},
 				{"create", "networking.k8s.io", "networkpolicies", "", tenantNS, ""},
 				{"patch", "cilium.io", "ciliumnetworkpolicies", "", tenantNS, ""},
 			},
 			denied: []access{
-				{"create", "", "namespaces", "", "", ""}, // the issue's representative denial
+				{"create", "", "namespaces", "", "", ""},
+				// Issue 8.14: no longer anywhere, only in its tenants.
+				{"get", "", "secrets", "", "kube-system", ""}, {"get", "", "secrets", "", other, ""},
+				{"create", "batch", "jobs", "", "default", ""}, {"delete", "batch", "jobs", "", other, ""},
+				{"delete", "", "pods", "", "kube-system", ""}, {"delete", "", "pods", "", ns, ""},
 				{"list", "", "secrets", "", tenantNS, ""},
 				{"watch", "", "secrets", "", tenantNS, ""},
-				{"create", "", "pods", "", tenantNS, ""},
 				{"get", "", "pods", "log", tenantNS, ""},
 				{"create", "", "pods", "exec", tenantNS, ""},
 				{"update", "batch", "jobs", "", tenantNS, ""},
@@ -123,21 +127,35 @@ func TestRBACAllowsWhatTheCodeDoesAndNothingElse(t *testing.T) {
 			allowed: []access{
 				{"list", "batch", "jobs", "", "", ""}, {"watch", "batch", "jobs", "", "", ""},
 				{"list", "", "pods", "", "", ""}, {"watch", "", "pods", "", "", ""},
+				{"list", "", "events", "", "", ""}, {"watch", "", "events", "", "", ""},
 				{"get", "", "pods", "log", tenantNS, ""},
 			},
 			denied: []access{
-				{"create", "batch", "jobs", "", tenantNS, ""}, // the issue's representative denial
+				{"create", "batch", "jobs", "", tenantNS, ""},
 				{"delete", "batch", "jobs", "", tenantNS, ""},
 				{"delete", "", "pods", "", tenantNS, ""},
 				{"get", "", "secrets", "", tenantNS, ""},
 				{"create", "", "pods", "exec", tenantNS, ""},
 				{"patch", "", "pods", "", tenantNS, ""},
+				// Issue 8.14: logs of its tenants' pods only.
+				{"get", "", "pods", "log", "kube-system", ""}, {"get", "", "pods", "log", other, ""},
+			},
+		},
+		{
+			worker: "exec-worker",
+			allowed: []access{
+				{"list", "", "pods", "", "", ""}, {"watch", "", "pods", "", "", ""},
+				{"create", "", "pods", "exec", tenantNS, ""}, {"get", "", "pods", "", tenantNS, ""},
+			},
+			denied: []access{
+				{"create", "", "pods", "exec", "kube-system", ""}, {"create", "", "pods", "exec", other, ""},
+				{"get", "", "secrets", "", tenantNS, ""}, {"delete", "", "pods", "", tenantNS, ""},
 			},
 		},
 	}
 	for _, tc := range tests {
 		t.Run(tc.worker, func(t *testing.T) {
-			user := fmt.Sprintf("system:serviceaccount:%s:%s-%s", ns, tc.worker, id)
+			user := fmt.Sprintf("system:serviceaccount:%s:%s%s", ns, tc.worker, suffix)
 			for _, a := range tc.allowed {
 				if ok, reason := c.canI(t, user, ns, a); !ok {
 					t.Errorf("%s cannot %s, which its code does (%s)", tc.worker, a, reason)
@@ -154,24 +172,57 @@ func TestRBACAllowsWhatTheCodeDoesAndNothingElse(t *testing.T) {
 	// The escalation check for real: as the tenant-worker, a tenant Role with get pods/log (what
 	// pkg/policy renders) is accepted; a Role granting more than the worker holds is refused.
 	t.Run("tenant-worker cannot escalate", func(t *testing.T) {
-		tenant := "kubeclip-rbac-tenant-" + id
-		c.deleteAtEnd(t, tenant, nil)
-		as := c.impersonate(t, fmt.Sprintf("system:serviceaccount:%s:tenant-worker-%s", ns, id), ns)
+		as := c.impersonate(t, fmt.Sprintf("system:serviceaccount:%s:tenant-worker%s", ns, suffix), ns)
 		ctx := t.Context()
-		if _, err := as.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: tenant}}, metav1.CreateOptions{}); err != nil {
-			t.Fatalf("creating a tenant namespace as the tenant-worker: %v", err)
-		}
 		role := func(name string, rule rbacv1.PolicyRule) *rbacv1.Role {
-			return &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: tenant}, Rules: []rbacv1.PolicyRule{rule}}
+			return &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: tenantNS}, Rules: []rbacv1.PolicyRule{rule}}
 		}
-		if _, err := as.RbacV1().Roles(tenant).Create(ctx, role("logs", rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"pods/log"}, Verbs: []string{"get"}}), metav1.CreateOptions{}); err != nil {
+		if _, err := as.RbacV1().Roles(tenantNS).Create(ctx, role("logs", rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"pods/log"}, Verbs: []string{"get"}}), metav1.CreateOptions{}); err != nil {
 			t.Errorf("creating the tenant Role (get pods/log) as the tenant-worker: %v", err)
 		}
-		_, err := as.RbacV1().Roles(tenant).Create(ctx, role("secrets", rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"secrets"}, Verbs: []string{"get"}}), metav1.CreateOptions{})
+		_, err := as.RbacV1().Roles(tenantNS).Create(ctx, role("secrets", rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"secrets"}, Verbs: []string{"get"}}), metav1.CreateOptions{})
 		if !apierrors.IsForbidden(err) {
 			t.Errorf("creating a Role granting get secrets as the tenant-worker: %v, want Forbidden (escalation)", err)
 		}
 	})
+}
+
+// applyRBAC applies the overlay's ServiceAccounts, RBAC and admission policies.
+func applyRBAC(t *testing.T, c *cluster, objs []*unstructured.Unstructured) {
+	t.Helper()
+	for _, o := range objs {
+		switch o.GetKind() {
+		case "Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding":
+		default:
+			continue
+		}
+		if err := c.apply(t.Context(), t, o, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// applyTenant creates company's tenant namespace as the tenant-worker would (its objects
+// rendered by pkg/policy for an installation in kubeclipNS) and returns its name.
+func applyTenant(t *testing.T, c *cluster, kubeclipNS, suffix, company string) string {
+	t.Helper()
+	op := policy.DefaultOperator()
+	op.KubeclipNamespace, op.RBACNameSuffix = kubeclipNS, suffix
+	ten, err := policy.RenderTenant(policy.DefaultConfig(), company, op)
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs, err := ten.Objects()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.deleteAtEnd(t, ten.Namespace.Name, nil)
+	for _, o := range objs {
+		if err := c.apply(t.Context(), t, o, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return ten.Namespace.Name
 }
 
 func (c *cluster) canI(t *testing.T, user, saNamespace string, a access) (bool, string) {

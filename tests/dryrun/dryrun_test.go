@@ -178,13 +178,13 @@ func TestRenderedObjectsPassServerDryRun(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	standard, err := policy.RenderTenant(cfg, companyID, adapter)
+	standard, err := policy.RenderTenant(cfg, companyID, policy.DefaultOperator(), adapter)
 	if err != nil {
 		t.Fatalf("RenderTenant: %v", err)
 	}
 	ciliumCfg := cfg
 	ciliumCfg.EgressMode = policy.EgressCilium
-	cilium, err := policy.RenderTenant(ciliumCfg, companyID, adapter)
+	cilium, err := policy.RenderTenant(ciliumCfg, companyID, policy.DefaultOperator(), adapter)
 	if err != nil {
 		t.Fatalf("RenderTenant (cilium): %v", err)
 	}

@@ -1,0 +1,167 @@
+// Package api is kubeclip's request/reply service for clients on core NATS (not JetStream:
+// nothing here is worth keeping): `<prefix>.api.validate` gives pkg/policy's verdict on a
+// provider config, so the Paperclip plugin shows exactly what an acquire would be refused for
+// without a second implementation of the rules; `<prefix>.api.ping` tells which workers are up.
+package api
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/nats-io/nats.go"
+	"github.com/rs/zerolog"
+
+	"github.com/kubeclip/kubeclip/pkg/events"
+	"github.com/kubeclip/kubeclip/pkg/policy"
+	"github.com/kubeclip/kubeclip/pkg/strictjson"
+)
+
+// QueueGroup spreads validate requests over a worker's replicas.
+const QueueGroup = "kubeclip-api"
+
+// maxRequestBytes bounds a validate request: a provider config is a few KiB.
+const maxRequestBytes = events.DefaultMaxMsgSize
+
+// ValidateSubject and PingSubject are the service's subjects under prefix.
+func ValidateSubject(s events.Subjects) string { return s.Prefix() + ".api.validate" }
+
+// PingSubject is answered by every worker replica.
+func PingSubject(s events.Subjects) string { return s.Prefix() + ".api.ping" }
+
+// ValidateRequest asks for the verdict on a provider config.
+type ValidateRequest struct {
+	Config json.RawMessage `json:"config"`
+}
+
+// ValidateReply is the verdict: the config's errors, each naming its field under "config.", and
+// when it is valid the config with every default applied.
+type ValidateReply struct {
+	OK               bool           `json:"ok"`
+	Errors           []FieldError   `json:"errors"`
+	Warnings         []string       `json:"warnings"`
+	NormalizedConfig *policy.Config `json:"normalizedConfig,omitempty"`
+}
+
+// FieldError is one refused field.
+type FieldError struct {
+	Field   string `json:"field,omitempty"`
+	Message string `json:"message"`
+}
+
+// PingReply is one worker replica saying it is up.
+type PingReply struct {
+	Worker  string `json:"worker"`
+	Replica string `json:"replica"`
+	Version string `json:"version"`
+}
+
+// Validate is the verdict an acquire with cfg would get before anything reaches the cluster:
+// the config parsed and checked as pkg/policy does, and the operator's policy (allowed
+// namespace prefixes, reserved namespaces, adapter keys, the image allowlist) applied. The
+// tenant namespace depends on the company, which a config alone does not name; it is checked
+// with the config's companySlug when it sets one.
+func Validate(raw json.RawMessage, op policy.Operator) ValidateReply {
+	op = op.WithDefaults()
+	cfg, err := policy.ParseConfig(raw)
+	if err == nil {
+		err = op.CheckAdapterEnv(cfg)
+	}
+	if err == nil {
+		slug := cfg.CompanySlug
+		if slug == "" {
+			slug = "company"
+		}
+		err = op.CheckNamespace(cfg, cfg.NamespacePrefix+slug)
+	}
+	if err == nil {
+		var adapter policy.AdapterDefaults
+		if adapter, err = cfg.Adapter(cfg.AdapterType); err == nil {
+			if _, ierr := policy.ResolveImage("", adapter, cfg); ierr != nil {
+				err = &policy.ValidationError{Errors: []policy.FieldError{{Field: "imageAllowList", Message: ierr.Error()}}}
+			}
+		}
+	}
+	if err != nil {
+		return ValidateReply{Errors: fieldErrors(err), Warnings: []string{}}
+	}
+	return ValidateReply{OK: true, Errors: []FieldError{}, Warnings: []string{}, NormalizedConfig: &cfg}
+}
+
+func fieldErrors(err error) []FieldError {
+	var ve *policy.ValidationError
+	if !errors.As(err, &ve) {
+		return []FieldError{{Field: "config", Message: err.Error()}}
+	}
+	out := make([]FieldError, len(ve.Errors))
+	for i, fe := range ve.Errors {
+		out[i] = FieldError{Field: configField(fe.Field), Message: fe.Message}
+	}
+	return out
+}
+
+// configField places a config-relative path under "config", as an acquire's failed event
+// names it.
+func configField(path string) string {
+	switch {
+	case path == "config":
+		return path
+	case strings.HasPrefix(path, "["):
+		return "config" + path
+	}
+	return "config." + path
+}
+
+// ServeValidate answers validate requests in the queue group until the subscription is drained
+// with the connection. A request that is not a JSON object with a config gets an error naming
+// the request's field; the config's content is never logged.
+func ServeValidate(nc *nats.Conn, s events.Subjects, op policy.Operator, log zerolog.Logger) (*nats.Subscription, error) {
+	sub, err := nc.QueueSubscribe(ValidateSubject(s), QueueGroup, func(m *nats.Msg) {
+		reply := validateMsg(m.Data, op)
+		data, err := json.Marshal(reply)
+		if err == nil {
+			err = m.Respond(data)
+		}
+		if err != nil {
+			log.Warn().Err(err).Msg("answering a validate request failed")
+		}
+	})
+	if err != nil {
+		return nil, fmt.Errorf("subscribing to %s: %w", ValidateSubject(s), err)
+	}
+	return sub, nil
+}
+
+func validateMsg(data []byte, op policy.Operator) ValidateReply {
+	refuse := func(field, msg string) ValidateReply {
+		return ValidateReply{Errors: []FieldError{{Field: field, Message: msg}}, Warnings: []string{}}
+	}
+	if len(data) > maxRequestBytes {
+		return refuse("", fmt.Sprintf("request is %d bytes, more than the %d-byte limit", len(data), maxRequestBytes))
+	}
+	var keyErr *strictjson.KeyError
+	if err := strictjson.CheckKeys(data, ""); errors.As(err, &keyErr) {
+		return refuse(keyErr.Path, keyErr.Reason)
+	} else if err != nil {
+		return refuse("", "request is not valid JSON")
+	}
+	var req ValidateRequest
+	if err := json.Unmarshal(data, &req); err != nil || len(req.Config) == 0 || string(req.Config) == "null" {
+		return refuse("config", "the request must be an object with a config object")
+	}
+	return Validate(req.Config, op)
+}
+
+// ServePing answers every ping with this replica's name, until the connection is drained.
+func ServePing(nc *nats.Conn, s events.Subjects, reply PingReply) (*nats.Subscription, error) {
+	data, err := json.Marshal(reply)
+	if err != nil {
+		return nil, fmt.Errorf("encoding the ping reply: %w", err)
+	}
+	sub, err := nc.Subscribe(PingSubject(s), func(m *nats.Msg) { _ = m.Respond(data) })
+	if err != nil {
+		return nil, fmt.Errorf("subscribing to %s: %w", PingSubject(s), err)
+	}
+	return sub, nil
+}

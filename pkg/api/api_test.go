@@ -1,0 +1,102 @@
+package api_test
+
+import (
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/rs/zerolog"
+	"go.uber.org/goleak"
+
+	"github.com/kubeclip/kubeclip/internal/natstest"
+	"github.com/kubeclip/kubeclip/pkg/api"
+	"github.com/kubeclip/kubeclip/pkg/events"
+	"github.com/kubeclip/kubeclip/pkg/policy"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// TestValidateOverNATS asks the validate service as the Paperclip plugin does and gets
+// pkg/policy's verdict, fields named under config as an acquire's failed event names them.
+func TestValidateOverNATS(t *testing.T) {
+	_, nc, _ := natstest.Start(t)
+	var s events.Subjects
+	sub, err := api.ServeValidate(nc, s, policy.DefaultOperator(), zerolog.New(zerolog.NewTestWriter(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	tests := []struct {
+		name       string
+		request    string
+		wantOK     bool
+		wantErrors []api.FieldError
+	}{
+		{name: "valid", request: `{"config":{"backend":"pod","egressAllowCidrs":["10.0.0.0/8"]}}`, wantOK: true},
+		{name: "bad CIDR", request: `{"config":{"egressAllowCidrs":["10.0.0.0/33"]}}`, wantErrors: []api.FieldError{{Field: "config.egressAllowCidrs[0]", Message: `invalid IPv4 CIDR "10.0.0.0/33": prefix length 33 is out of range 0-32`}}},
+		{name: "a prefix the operator did not allow", request: `{"config":{"namespacePrefix":"kube-","companySlug":"system"}}`,
+			wantErrors: []api.FieldError{{Field: "config.namespacePrefix", Message: `"kube-" is not a namespace prefix this kubeclip installation allows (allowed: paperclip-)`}}},
+		{name: "an env key the operator does not hand out", request: `{"config":{"adapterType":"a","adapters":[{"adapterType":"a","runtimeImage":"r/a:1","envKeys":["KUBECLIP_NATS_PASSWORD"]}]}}`,
+			wantErrors: []api.FieldError{{Field: "config.adapters[0].envKeys[0]", Message: `"KUBECLIP_NATS_PASSWORD" is not an adapter key this kubeclip installation hands out (the built-in adapters' keys)`}}},
+		{name: "odd key name", request: `{"config":{"a b":1}}`, wantErrors: []api.FieldError{{Field: `config["a b"]`, Message: "unknown field"}}},
+		{name: "no config", request: `{"cfg":{}}`, wantErrors: []api.FieldError{{Field: "config", Message: "the request must be an object with a config object"}}},
+		{name: "duplicate key", request: `{"config":{},"config":{"inCluster":true}}`, wantErrors: []api.FieldError{{Field: "config", Message: "duplicate key"}}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			msg, err := nc.Request(api.ValidateSubject(s), []byte(tc.request), 5*time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got api.ValidateReply
+			if err := json.Unmarshal(msg.Data, &got); err != nil {
+				t.Fatalf("decoding %s: %v", msg.Data, err)
+			}
+			if got.OK != tc.wantOK || (tc.wantOK && got.NormalizedConfig == nil) {
+				t.Errorf("ok %v, normalized %v; want ok %v", got.OK, got.NormalizedConfig, tc.wantOK)
+			}
+			if tc.wantErrors == nil {
+				tc.wantErrors = []api.FieldError{}
+			}
+			if diff := cmp.Diff(tc.wantErrors, got.Errors); diff != "" {
+				t.Errorf("errors (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestPing(t *testing.T) {
+	_, nc, _ := natstest.Start(t)
+	var s events.Subjects
+	for _, w := range []string{"dispatcher", "run-watcher"} {
+		sub, err := api.ServePing(nc, s, api.PingReply{Worker: w, Replica: w + "-0", Version: "dev"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = sub.Unsubscribe() })
+	}
+	inbox := nc.NewRespInbox()
+	replies, err := nc.SubscribeSync(inbox)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.PublishRequest(api.PingSubject(s), inbox, []byte("{}")); err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]bool{}
+	for range 2 {
+		m, err := replies.NextMsg(5 * time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var r api.PingReply
+		if err := json.Unmarshal(m.Data, &r); err != nil {
+			t.Fatal(err)
+		}
+		got[r.Worker] = true
+	}
+	if !got["dispatcher"] || !got["run-watcher"] {
+		t.Errorf("ping replies from %v, want both workers", got)
+	}
+}

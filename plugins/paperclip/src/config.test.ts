@@ -1,0 +1,143 @@
+import assert from "node:assert/strict";
+import { describe, it } from "node:test";
+import {
+  checkProviderConfig,
+  isUnresolvedSecretRef,
+  normalizedConfig,
+  providerConfigSchema,
+  readPluginKeys,
+  resolveConnection,
+  splitConfig,
+} from "./config.js";
+import { ConfigError } from "./errors.js";
+
+const CREDS = `-----BEGIN NATS USER JWT-----
+eyJ0eXAiOiJKV1QiLCJhbGciOiJlZDI1NTE5LW5rZXkifQ.eyJzZWNyZXQiOiJqd3QifQ.c2lnbmF0dXJlc2lnbmF0dXJl
+------END NATS USER JWT------
+
+-----BEGIN USER NKEY SEED-----
+SUAIBDPBAUTWCWBKIO6XHQNINK5FWJW4OHLXC3HQ2KFE4PEJUA44CNHTC4
+------END USER NKEY SEED------
+`;
+
+describe("splitConfig", () => {
+  it("sorts keys by owner and warns for the cluster credentials", () => {
+    const s = splitConfig({
+      backend: "pod",
+      egressAllowFqdns: ["github.com"],
+      natsUrl: "nats://k:4222",
+      timeoutMs: 5000,
+      provider: "kubernetes",
+      reuseLease: false,
+      streamRunLogs: false,
+      inCluster: true,
+      kubeconfig: "apiVersion: v1",
+    });
+    assert.deepEqual(s.provider, { backend: "pod", egressAllowFqdns: ["github.com"] });
+    assert.deepEqual(s.plugin, { natsUrl: "nats://k:4222", timeoutMs: 5000 });
+    assert.deepEqual(s.host, { provider: "kubernetes", reuseLease: false, streamRunLogs: false });
+    assert.equal(s.warnings.length, 2);
+    assert.match(s.warnings[0] ?? "", /^config\.inCluster is ignored/);
+    assert.ok(!s.warnings.join("").includes("apiVersion"), "never echoes a kubeconfig");
+  });
+
+  it("drops run-time keys Paperclip merges in from lease metadata", () => {
+    const s = splitConfig({ agentId: "a", home: "/h", workspaceRealization: {}, remoteCwd: "/workspace", kubeclip: {}, backend: "pod" });
+    assert.deepEqual(s.provider, { backend: "pod" });
+  });
+
+  it("normalizedConfig keeps kubeclip's normalization plus the plugin's and Paperclip's keys", () => {
+    const s = splitConfig({ backend: "pod", natsUrl: "nats://k:4222", streamRunLogs: false, inCluster: true });
+    assert.deepEqual(normalizedConfig({ backend: "pod", egressMode: "standard" }, s), {
+      backend: "pod",
+      egressMode: "standard",
+      natsUrl: "nats://k:4222",
+      streamRunLogs: false,
+    });
+  });
+});
+
+describe("checkProviderConfig", () => {
+  it("refuses the job backend and case-variant keys, naming the field", () => {
+    assert.deepEqual(checkProviderConfig({ backend: "pod" }), []);
+    assert.deepEqual(checkProviderConfig({ backend: "sandbox-cr" }), []);
+    const [job] = checkProviderConfig({ backend: "job" });
+    assert.match(job ?? "", /^config\.backend: "job" .* use "pod"/);
+    const [dup] = checkProviderConfig({ backend: "pod", Backend: "pod" });
+    assert.match(dup ?? "", /^config\.Backend \(and config\.backend\): keys differ only in case/);
+    const [nested] = checkProviderConfig({ defaultResources: { limits: { cpu: "1", CPU: "2" } } });
+    assert.match(nested ?? "", /^config\.defaultResources\.limits\.CPU/);
+  });
+});
+
+describe("readPluginKeys", () => {
+  it("names the bad field", () => {
+    assert.throws(() => readPluginKeys({ natsUrl: 4222 }, "config"), { message: "config.natsUrl: must be a string" });
+    assert.throws(() => readPluginKeys({ subjectPrefix: "a.b" }, "settings"), /^ConfigError: settings\.subjectPrefix: must be/);
+    assert.throws(() => readPluginKeys({ timeoutMs: -1 }, "config"), /config\.timeoutMs: must be a positive integer/);
+    assert.throws(() => readPluginKeys({ timeoutMs: 1.5 }, "config"), ConfigError);
+  });
+
+  it("treats empty strings as unset", () => {
+    assert.deepEqual(readPluginKeys({ natsUrl: "", natsToken: "  " }, "config"), {});
+  });
+});
+
+describe("resolveConnection", () => {
+  it("takes each key from the environment, else the settings", () => {
+    const c = resolveConnection({ subjectPrefix: "acme" }, { natsUrl: "nats://a:4222,nats://b:4222", natsToken: "tok-secret", timeoutMs: 7000 });
+    assert.deepEqual(c.servers, ["nats://a:4222", "nats://b:4222"]);
+    assert.equal(c.prefix, "acme");
+    assert.equal(c.timeoutMs, 7000);
+    assert.deepEqual(c.auth, { kind: "token", token: "tok-secret" });
+    assert.deepEqual(c.secrets, ["tok-secret"]);
+  });
+
+  it("defaults the prefix and needs a URL", () => {
+    assert.equal(resolveConnection({ natsUrl: "nats://a:4222" }, {}).prefix, "paperclip");
+    assert.throws(() => resolveConnection({}, {}), /^ConfigError: config\.natsUrl: not set/);
+    assert.throws(() => resolveConnection({ natsUrl: "http://a" }, {}), /config\.natsUrl: must be nats:\/\//);
+    assert.throws(() => resolveConnection({}, { natsUrl: "a b" }), /settings\.natsUrl/);
+  });
+
+  it("reads .creds, user/password and URL credentials, and never displays them", () => {
+    const creds = resolveConnection({ natsUrl: "tls://k:4222", natsCredentials: CREDS }, {});
+    assert.equal(creds.auth.kind, "creds");
+    assert.ok(creds.secrets.some((s) => s.startsWith("SUAIB")), "the seed is a secret to scrub");
+    assert.throws(() => resolveConnection({ natsUrl: "nats://k:4222", natsCredentials: "not creds" }, {}), /config\.natsCredentials: must be the contents/);
+    const up = resolveConnection({ natsUrl: "nats://k:4222", natsUser: "u", natsPassword: "pw-123456" }, {});
+    assert.deepEqual(up.auth, { kind: "userpass", user: "u", pass: "pw-123456" });
+    assert.throws(() => resolveConnection({ natsUrl: "nats://k:4222", natsUser: "u" }, {}), /natsPassword: natsUser and natsPassword go together/);
+    assert.throws(() => resolveConnection({ natsUrl: "nats://k:4222", natsToken: "t", natsUser: "u", natsPassword: "p" }, {}), /give one of/);
+    const inUrl = resolveConnection({ natsUrl: "nats://bob:hunter22@k:4222" }, {});
+    assert.equal(inUrl.display, "nats://k:4222");
+    assert.ok(inUrl.secrets.includes("bob:hunter22"));
+  });
+
+  it("keys connections by servers and auth", () => {
+    const a = resolveConnection({ natsUrl: "nats://k:4222", natsToken: "x1234" }, {});
+    const b = resolveConnection({ natsUrl: "nats://k:4222", natsToken: "x1234", subjectPrefix: "other" }, {});
+    const c = resolveConnection({ natsUrl: "nats://k:4222", natsToken: "y1234" }, {});
+    assert.equal(a.key, b.key);
+    assert.notEqual(a.key, c.key);
+  });
+});
+
+describe("schema", () => {
+  it("accepts every key of the TypeScript provider's zod schema", () => {
+    const upstream = [
+      "inCluster", "kubeconfig", "namespacePrefix", "companySlug", "imageRegistry", "imageAllowList",
+      "imagePullSecrets", "egressAllowFqdns", "egressAllowCidrs", "egressMode", "defaultResources",
+      "runtimeClassName", "serviceAccountAnnotations", "jobTtlSecondsAfterFinished",
+      "podActivityDeadlineSec", "adapterType", "adapters", "backend", "reuseLease",
+    ];
+    for (const k of upstream) assert.ok(k in providerConfigSchema.properties, k);
+    assert.equal(providerConfigSchema.properties.natsCredentials.format, "secret-ref");
+    assert.ok(!("anyOf" in providerConfigSchema), "no inCluster/kubeconfig requirement");
+  });
+
+  it("recognizes unresolved secret ids", () => {
+    assert.ok(isUnresolvedSecretRef("0e8b6f4a-5a7c-4c1e-9f0b-2a9d7c3e1b44"));
+    assert.ok(!isUnresolvedSecretRef("s3cr3t"));
+  });
+});

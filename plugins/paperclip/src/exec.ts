@@ -1,0 +1,453 @@
+// The exec client of docs/exec.md "NATS protocol": runs one command in a lease's pod through
+// kubeclip's exec-workers on core NATS (never JetStream: requests carry API keys and stdin).
+//
+//   start  → <prefix>.exec.<companyId>.<runId>.start, reply to the client's own inbox
+//   inbox  ← started {ioSubject, stdinOffset} | out (seq, stream, bytes) | heartbeat | exit | error
+//   io     → stdin chunks (≤ 512 KiB, with offsets, answered {offset}), acks, close
+//
+// A replica can die mid-stream: 3 s of silence or a gap in seq makes the client `attach` from
+// the next seq it needs; any replica continues from sandboxd's journal, so no chunk is lost or
+// repeated. Everything is bounded by the command's timeout plus a grace for the exit frame.
+
+import { createInbox, headers, type Msg, type NatsConnection } from "@nats-io/transport-node";
+import { randomBytes } from "node:crypto";
+import { KubeclipError, ProtocolError, errorMessage } from "./errors.js";
+import { Fields, encode, parseObject } from "./json.js";
+
+export type Stream = "stdout" | "stderr";
+
+export interface ExecSpec {
+  companyId: string;
+  runId: string;
+  providerLeaseId: string;
+  command: string;
+  args: string[];
+  cwd?: string | undefined;
+  env: Record<string, string>;
+  stdin?: string | undefined;
+  /** The command's budget; sandboxd kills it after this (> 0). */
+  timeoutMs: number;
+  /** Record the output in the run stream (the agent command only). */
+  record: boolean;
+}
+
+export interface ExecOptions {
+  /** Aborting kills the command (SIGKILL) and returns what arrived. */
+  signal?: AbortSignal | undefined;
+  /** Every output chunk, decoded, in order, as it arrives (≤ maxLogChars each). */
+  onOutput?: ((stream: Stream, text: string) => void) | undefined;
+  /** Cap on the stdout and stderr kept for the result, each (default 64 MiB). */
+  maxOutputBytes?: number;
+  /** Silence after which the client attaches again (default 3 s). */
+  silenceMs?: number;
+  /** Extra wait for the exit frame after timeoutMs (default 5 s). */
+  graceMs?: number;
+  /** How long one stdin chunk may wait for its answer before the client attaches again (default 10 s). */
+  stdinTimeoutMs?: number;
+  /** How long to retry a start nobody receives (no exec-worker) before failing (default 10 s). */
+  noResponderMs?: number;
+  /** Largest live log chunk (Paperclip drops chunks over 1,000,000 characters). */
+  maxLogChars?: number;
+}
+
+export interface ExecResult {
+  exitCode: number | null;
+  signal: string | null;
+  timedOut: boolean;
+  stdout: string;
+  stderr: string;
+  metadata: {
+    execId: string;
+    replica?: string;
+    truncated?: boolean;
+    attaches?: number;
+    cancelled?: boolean;
+    clientTimeout?: boolean;
+  };
+}
+
+export const DEFAULT_MAX_OUTPUT_BYTES = 64 << 20;
+export const STDIN_CHUNK_BYTES = 512 << 10;
+/** Ack at least this often; a replica holds at most 8 MiB unacknowledged. */
+export const ACK_BYTES = 1 << 20;
+export const MAX_LOG_CHARS = 1_000_000;
+
+const H_KIND = "Kubeclip-Exec";
+const H_SEQ = "Kubeclip-Exec-Seq";
+const H_STREAM = "Kubeclip-Exec-Stream";
+const H_OFFSET = "Kubeclip-Exec-Offset";
+const H_EOF = "Kubeclip-Exec-Eof";
+
+/** A ULID (Crockford base32, 26 characters): the client-chosen exec id. */
+export function newExecId(now = Date.now()): string {
+  const A = "0123456789ABCDEFGHJKMNPQRSTVWXYZ";
+  let t = now;
+  let time = "";
+  for (let i = 0; i < 10; i++) {
+    time = (A[t % 32] ?? "0") + time;
+    t = Math.floor(t / 32);
+  }
+  let rand = "";
+  for (const b of randomBytes(16)) rand += A[b % 32] ?? "0";
+  return time + rand;
+}
+
+/** Splits text into pieces of at most max characters, never inside a surrogate pair. */
+export function splitText(text: string, max: number): string[] {
+  if (text.length <= max) return [text];
+  const out: string[] = [];
+  let i = 0;
+  while (i < text.length) {
+    let end = Math.min(i + max, text.length);
+    if (end < text.length) {
+      const c = text.charCodeAt(end - 1);
+      if (c >= 0xd800 && c <= 0xdbff) end--;
+    }
+    out.push(text.slice(i, end));
+    i = end;
+  }
+  return out;
+}
+
+/** Marks an abort in the inbox so the loop wakes up. */
+class AbortMarker {
+  readonly aborted = true;
+}
+
+/** Asks the loop to attach again (stdin could not be delivered). */
+class ResumeMarker {
+  readonly resume = true;
+}
+
+type InboxItem = Msg | Error | AbortMarker | ResumeMarker;
+
+/** Messages of the inbox and timer ticks, awaited in the caller's async context. */
+class Inbox {
+  private readonly items: InboxItem[] = [];
+  private wake: (() => void) | undefined;
+
+  push(item: InboxItem): void {
+    this.items.push(item);
+    const w = this.wake;
+    this.wake = undefined;
+    w?.();
+  }
+
+  /** The next message, or undefined after waitMs. */
+  async next(waitMs: number): Promise<InboxItem | undefined> {
+    const first = this.items.shift();
+    if (first) return first;
+    await new Promise<void>((resolve) => {
+      const t = setTimeout(() => {
+        this.wake = undefined;
+        resolve();
+      }, Math.max(0, waitMs));
+      this.wake = () => {
+        clearTimeout(t);
+        resolve();
+      };
+    });
+    return this.items.shift();
+  }
+}
+
+class Output {
+  readonly chunks: Buffer[] = [];
+  bytes = 0;
+  truncated = false;
+  private readonly decoder = new TextDecoder("utf-8");
+  private readonly cap: number;
+  constructor(cap: number) {
+    this.cap = cap;
+  }
+  add(data: Uint8Array): string {
+    const room = this.cap - this.bytes;
+    if (data.byteLength > room) this.truncated = true;
+    if (room > 0) {
+      const keep = data.byteLength > room ? data.subarray(0, room) : data;
+      this.chunks.push(Buffer.from(keep));
+      this.bytes += keep.byteLength;
+    }
+    return this.decoder.decode(data, { stream: true });
+  }
+  flush(): string {
+    return this.decoder.decode();
+  }
+  text(): string {
+    return Buffer.concat(this.chunks, this.bytes).toString("utf8");
+  }
+}
+
+interface ExitFrame {
+  exitCode: number | null;
+  signal: string | null;
+  timedOut: boolean;
+  lastSeq: number | undefined;
+  truncated: boolean;
+}
+
+/**
+ * Runs spec through kubeclip and returns its result. Throws KubeclipError for an `error` frame
+ * (`<code>: <message>`); a timeout or an abort is a result (timedOut / cancelled), not a throw.
+ */
+export async function runExec(nc: NatsConnection, prefix: string, spec: ExecSpec, opts: ExecOptions = {}): Promise<ExecResult> {
+  const execId = newExecId();
+  const base = `${prefix}.exec.${spec.companyId}.${spec.runId}`;
+  const silenceMs = opts.silenceMs ?? 3_000;
+  const graceMs = opts.graceMs ?? 5_000;
+  const maxLog = opts.maxLogChars ?? MAX_LOG_CHARS;
+  const noResponderMs = opts.noResponderMs ?? 10_000;
+  const cap = opts.maxOutputBytes ?? DEFAULT_MAX_OUTPUT_BYTES;
+  const stdin = Buffer.from(spec.stdin ?? "", "utf8");
+  const out = { stdout: new Output(cap), stderr: new Output(cap) };
+  const emit = (stream: Stream, text: string): void => {
+    if (!opts.onOutput || text === "") return;
+    for (const piece of splitText(text, maxLog)) opts.onOutput(stream, piece);
+  };
+
+  const inbox = new Inbox();
+  const replyTo = createInbox();
+  const sub = nc.subscribe(replyTo, {
+    callback: (err, msg) => {
+      inbox.push(err ?? msg);
+    },
+  });
+
+  let started = false;
+  let ioSubject = "";
+  let replica: string | undefined;
+  let next = 1; // the next seq the client needs
+  let acked = 0;
+  let unackedBytes = 0;
+  let attaches = 0;
+  let lastHeard = Date.now();
+  let lastResume = 0;
+  let pendingExit: ExitFrame | undefined;
+  let exit: ExitFrame | undefined;
+  let stdinGen = 0;
+  let killSentAt = 0;
+  let cancelled = false;
+  let noResponderSince = 0;
+  const deadline = Date.now() + spec.timeoutMs + graceMs;
+
+  const startPayload = encode({
+    execId,
+    providerLeaseId: spec.providerLeaseId,
+    command: spec.command,
+    args: spec.args,
+    cwd: spec.cwd ?? "",
+    env: spec.env,
+    timeoutMs: spec.timeoutMs,
+    stdinBytes: stdin.byteLength,
+    record: spec.record,
+    maxOutputBytes: cap,
+  });
+  const sendStart = (): void => {
+    nc.publish(`${base}.start`, startPayload, { reply: replyTo });
+  };
+  const sendAttach = (): void => {
+    attaches++;
+    lastResume = Date.now();
+    nc.publish(`${base}.attach`, encode({ execId, providerLeaseId: spec.providerLeaseId, fromSeq: next }), { reply: replyTo });
+  };
+  const sendSignal = (signal: string): void => {
+    killSentAt = Date.now();
+    nc.publish(`${base}.signal`, encode({ execId, providerLeaseId: spec.providerLeaseId, signal }), { reply: replyTo });
+  };
+  const io = (kind: string, extra: Record<string, string> = {}, data?: Uint8Array): void => {
+    if (!ioSubject) return;
+    const h = headers();
+    h.set(H_KIND, kind);
+    for (const [k, v] of Object.entries(extra)) h.set(k, v);
+    nc.publish(ioSubject, data ?? new Uint8Array(0), { headers: h });
+  };
+  const ack = (): void => {
+    if (next - 1 > acked && ioSubject) {
+      acked = next - 1;
+      unackedBytes = 0;
+      io("ack", { [H_SEQ]: String(acked) });
+    }
+  };
+
+  /** Sends stdin from offset; a newer generation (after a resume) supersedes this one. */
+  const sendStdin = async (from: number, gen: number): Promise<void> => {
+    let offset = from;
+    while (gen === stdinGen && offset < stdin.byteLength) {
+      const end = Math.min(offset + STDIN_CHUNK_BYTES, stdin.byteLength);
+      const h = headers();
+      h.set(H_KIND, "stdin");
+      h.set(H_OFFSET, String(offset));
+      if (end === stdin.byteLength) h.set(H_EOF, "1");
+      let reply: Msg;
+      try {
+        reply = await nc.request(ioSubject, stdin.subarray(offset, end), { headers: h, timeout: opts.stdinTimeoutMs ?? 10_000 });
+      } catch {
+        // The replica is gone or stuck: attach again; its `started` restarts stdin from the
+        // offset sandboxd has.
+        if (gen === stdinGen) inbox.push(new ResumeMarker());
+        return;
+      }
+      try {
+        const got = new Fields(parseObject(reply.data, "stdin reply"), "stdin reply").optInt("offset");
+        offset = got ?? end;
+      } catch {
+        offset = end;
+      }
+    }
+  };
+
+  const resume = (): void => {
+    // Before `started` nothing may be running yet: a repeated start is an attach (same exec id).
+    if (started) sendAttach();
+    else {
+      attaches++;
+      lastResume = Date.now();
+      sendStart();
+    }
+    lastHeard = Date.now();
+  };
+
+  const onAbort = (): void => {
+    inbox.push(new AbortMarker());
+  };
+  opts.signal?.addEventListener("abort", onAbort, { once: true });
+
+  try {
+    sendStart();
+    for (;;) {
+      if (opts.signal?.aborted && !cancelled) {
+        cancelled = true;
+        sendSignal("SIGKILL");
+      }
+      const now = Date.now();
+      if (exit) break;
+      if (cancelled && now - killSentAt > 3_000) break;
+      if (now >= deadline) {
+        if (!killSentAt) sendSignal("SIGKILL");
+        break;
+      }
+      const item = await inbox.next(Math.min(500, deadline - now));
+      if (item === undefined) {
+        if (Date.now() - lastHeard >= silenceMs) resume();
+        continue;
+      }
+      if (item instanceof AbortMarker) continue;
+      if (item instanceof ResumeMarker) {
+        resume();
+        continue;
+      }
+      if (item instanceof Error) {
+        throw new KubeclipError("unavailable", `exec ${execId}: ${errorMessage(item)}`);
+      }
+      lastHeard = Date.now();
+      const h = item.headers;
+      if (h && h.hasError && h.code === 503) {
+        // No exec-worker subscribed (yet): retry until the command's budget says otherwise,
+        // giving up after noResponderMs without any worker.
+        noResponderSince ||= Date.now();
+        if (Date.now() - noResponderSince > noResponderMs) {
+          throw new KubeclipError("unavailable", `no kubeclip exec-worker answers ${base}.start`);
+        }
+        lastHeard = Date.now() - silenceMs + 1_000; // try again in about a second
+        continue;
+      }
+      noResponderSince = 0;
+      const kind = h?.get(H_KIND) ?? "";
+      switch (kind) {
+        case "started": {
+          const f = new Fields(parseObject(item.data, "started"), "started");
+          ioSubject = f.str("ioSubject");
+          replica = f.optStr("replica");
+          started = true;
+          const offset = f.optInt("stdinOffset") ?? 0;
+          if (offset < stdin.byteLength) {
+            const gen = ++stdinGen;
+            void sendStdin(offset, gen);
+          }
+          break;
+        }
+        case "out": {
+          const seq = Number(h?.get(H_SEQ));
+          const stream = h?.get(H_STREAM);
+          if (!Number.isSafeInteger(seq) || seq < 1 || (stream !== "stdout" && stream !== "stderr")) {
+            throw new ProtocolError(`exec ${execId}: out frame without a valid seq or stream`);
+          }
+          if (seq < next) break; // a duplicate after a resume
+          if (seq > next) {
+            // A gap: attach from the first missing seq (at most once per silence period).
+            if (Date.now() - lastResume >= Math.min(1_000, silenceMs)) sendAttach();
+            break;
+          }
+          next++;
+          emit(stream, out[stream].add(item.data));
+          unackedBytes += item.data.byteLength;
+          if (unackedBytes >= ACK_BYTES) ack();
+          if (pendingExit && pendingExit.lastSeq !== undefined && next > pendingExit.lastSeq) exit = pendingExit;
+          break;
+        }
+        case "heartbeat":
+          if (unackedBytes > 0) ack();
+          break;
+        case "exit": {
+          const frame = decodeExit(item.data);
+          if (frame.lastSeq !== undefined && frame.lastSeq >= next) {
+            pendingExit = frame; // chunks still missing: get them first
+            sendAttach();
+          } else exit = frame;
+          break;
+        }
+        case "error": {
+          const f = new Fields(parseObject(item.data, "exec error"), "exec error");
+          const field = f.optStr("field");
+          const message = f.optStr("message") ?? "exec failed";
+          throw new KubeclipError(f.optStr("code") ?? "internal", field && !message.includes(field) ? `${field}: ${message}` : message, field);
+        }
+        default:
+          break; // unknown kinds are for newer clients
+      }
+    }
+  } finally {
+    stdinGen++;
+    opts.signal?.removeEventListener("abort", onAbort);
+    sub.unsubscribe();
+  }
+
+  emit("stdout", out.stdout.flush());
+  emit("stderr", out.stderr.flush());
+  if (exit) {
+    ack();
+    io("close", { [H_SEQ]: String(next - 1) });
+  }
+  const truncated = out.stdout.truncated || out.stderr.truncated || exit?.truncated === true;
+  const metadata: ExecResult["metadata"] = { execId };
+  if (replica) metadata.replica = replica;
+  if (truncated) metadata.truncated = true;
+  if (attaches > 0) metadata.attaches = attaches;
+  if (cancelled) metadata.cancelled = true;
+  const result: ExecResult = {
+    exitCode: exit ? exit.exitCode : null,
+    signal: exit ? exit.signal : cancelled ? "SIGKILL" : null,
+    timedOut: exit ? exit.timedOut : !cancelled,
+    stdout: out.stdout.text(),
+    stderr: out.stderr.text(),
+    metadata,
+  };
+  if (!exit && !cancelled) metadata.clientTimeout = true;
+  return result;
+}
+
+function decodeExit(data: Uint8Array): ExitFrame {
+  const obj = parseObject(data, "exit");
+  const f = new Fields(obj, "exit");
+  const code = obj.exitCode;
+  if (code !== null && code !== undefined && (typeof code !== "number" || !Number.isSafeInteger(code))) {
+    throw new ProtocolError("exit: exitCode must be an integer or null");
+  }
+  return {
+    exitCode: typeof code === "number" ? code : null,
+    signal: f.optStr("signal") || null,
+    timedOut: f.bool("timedOut"),
+    lastSeq: f.optInt("lastSeq"),
+    truncated: f.bool("truncated"),
+  };
+}

@@ -1,0 +1,153 @@
+import assert from "node:assert/strict";
+import { after, before, describe, it } from "node:test";
+import { KubeclipError, TimeoutError } from "./errors.js";
+import { Leases, rfc3339Nano } from "./leases.js";
+import { startEnv, type Env } from "../test/support/harness.js";
+
+const C = "7d2f1c9e-3b4a-4e8d-a6f1-0c5b9e2d7a13";
+let n = 0;
+const runId = (): string => `0e8b6f4a-5a7c-4c1e-9f0b-${String(++n).padStart(12, "0")}`;
+const opts = { timeoutMs: 5_000, display: "nats://test" };
+
+describe("leases", () => {
+  let env: Env;
+  let leases: Leases;
+  before(async () => {
+    env = await startEnv();
+    leases = new Leases(env.nc, "paperclip", () => new Date("2026-08-24T10:30:00.412Z"));
+  });
+  after(async () => {
+    await env.close();
+  });
+
+  it("publishes an acquire with the contract's headers and returns created", async () => {
+    const r = runId();
+    const created = await leases.acquire(
+      { runId: r, companyId: C, environmentId: "env-1", agentId: "agent-1", issueId: "PAP-1", adapterType: "claude_local", config: { backend: "pod" } },
+      opts,
+    );
+    assert.deepEqual(created, {
+      providerLeaseId: `pc-${r.slice(0, 8)}`,
+      namespace: `paperclip-${C}`,
+      workloadName: `pc-${r.slice(0, 8)}`,
+      backend: "pod",
+      phase: "Pending",
+      expiresAt: null,
+    });
+    const req = env.kubeclip.requests.find((q) => q.payload.runId === r);
+    assert.ok(req);
+    assert.equal(req.subject, `paperclip.lease.${C}.acquire`);
+    assert.deepEqual(req.payload, { runId: r, companyId: C, environmentId: "env-1", agentId: "agent-1", issueId: "PAP-1", adapterType: "claude_local", config: { backend: "pod" } });
+    assert.deepEqual(req.headers, {
+      "Nats-Msg-Id": `${C}.${r}.acquire`,
+      "ce-specversion": "1.0",
+      "ce-type": "io.paperclip.lease.acquire.v1",
+      "ce-source": `/companies/${C}/runs/${r}`,
+      "ce-id": `${C}.${r}.acquire`,
+      "ce-time": "2026-08-24T10:30:00.412000000Z",
+      "ce-subject": `paperclip.lease.${C}.acquire`,
+      "ce-datacontenttype": "application/json",
+      "Nats-Expected-Stream": "PAPERCLIP_LEASES",
+    });
+  });
+
+  it("passes expiresAt through", async () => {
+    env.kubeclip.onAcquire = () => ({ kind: "created", extra: { expiresAt: "2026-08-24T12:30:00Z", phase: "Running" } });
+    try {
+      const created = await leases.acquire({ runId: runId(), companyId: C, environmentId: "e", agentId: "a", config: {} }, opts);
+      assert.equal(created.expiresAt, "2026-08-24T12:30:00Z");
+    } finally {
+      env.kubeclip.onAcquire = () => ({ kind: "created" });
+    }
+  });
+
+  it("finds an answer published before it listened (history is delivered)", async () => {
+    const r = runId();
+    await env.kubeclip.publishRun(C, r, "created", { providerLeaseId: "pc-early", namespace: "ns", workloadName: "pc-early", secretName: "s", backend: "pod", phase: "Pending" });
+    env.kubeclip.onAcquire = () => ({ kind: "silent" });
+    try {
+      const created = await leases.acquire({ runId: r, companyId: C, environmentId: "e", agentId: "a", config: {} }, opts);
+      assert.equal(created.providerLeaseId, "pc-early");
+    } finally {
+      env.kubeclip.onAcquire = () => ({ kind: "created" });
+    }
+  });
+
+  it("throws failed as <code>: <message> naming the field", async () => {
+    env.kubeclip.onAcquire = () => ({ kind: "failed", code: "invalid_config", message: 'config.egressAllowCidrs[0]: "10.0.0.0/33" is not an IPv4 CIDR', field: "config.egressAllowCidrs[0]" });
+    try {
+      await assert.rejects(leases.acquire({ runId: runId(), companyId: C, environmentId: "e", agentId: "a", config: {} }, opts), (err: unknown) => {
+        assert.ok(err instanceof KubeclipError);
+        assert.equal(err.message, 'invalid_config: config.egressAllowCidrs[0]: "10.0.0.0/33" is not an IPv4 CIDR');
+        assert.equal(err.field, "config.egressAllowCidrs[0]");
+        return true;
+      });
+    } finally {
+      env.kubeclip.onAcquire = () => ({ kind: "created" });
+    }
+  });
+
+  it("adds the field to a failed message that does not name it", async () => {
+    env.kubeclip.onAcquire = () => ({ kind: "failed", code: "quota_exceeded", message: "exceeded quota", field: "config.defaultResources" });
+    try {
+      await assert.rejects(leases.acquire({ runId: runId(), companyId: C, environmentId: "e", agentId: "a", config: {} }, opts), {
+        message: "quota_exceeded: config.defaultResources: exceeded quota",
+      });
+    } finally {
+      env.kubeclip.onAcquire = () => ({ kind: "created" });
+    }
+  });
+
+  it("times out when kubeclip never answers", async () => {
+    env.kubeclip.onAcquire = () => ({ kind: "silent" });
+    try {
+      const t0 = Date.now();
+      await assert.rejects(leases.acquire({ runId: runId(), companyId: C, environmentId: "e", agentId: "a", config: {} }, { ...opts, timeoutMs: 700 }), (err: unknown) => {
+        assert.ok(err instanceof TimeoutError);
+        assert.match(err.message, /no answer to acquire of run .* within 700 ms/);
+        return true;
+      });
+      assert.ok(Date.now() - t0 < 3_000);
+    } finally {
+      env.kubeclip.onAcquire = () => ({ kind: "created" });
+    }
+  });
+
+  it("releases and destroys with receipts, passing cancelActiveWork", async () => {
+    const r = runId();
+    const released = await leases.release({ runId: r, companyId: C, providerLeaseId: "pc-1", cancelActiveWork: true }, "release", opts);
+    assert.deepEqual(released, { providerLeaseId: "pc-1", state: "stopped" });
+    const req = env.kubeclip.requests.find((q) => q.payload.runId === r && q.kind === "release");
+    assert.ok(req);
+    assert.deepEqual(req.payload, { runId: r, companyId: C, providerLeaseId: "pc-1", cancelActiveWork: true });
+    assert.equal(req.headers["ce-type"], "io.paperclip.lease.release.v1");
+    assert.equal(req.headers["Nats-Msg-Id"], `${C}.${r}.release`);
+    const r2 = runId();
+    const destroyed = await leases.release({ runId: r2, companyId: C, providerLeaseId: "pc-2", cancelActiveWork: false }, "destroy", opts);
+    assert.deepEqual(destroyed, { providerLeaseId: "pc-2", state: "destroyed" });
+    const d = env.kubeclip.requests.find((q) => q.payload.runId === r2);
+    assert.ok(d);
+    assert.equal(d.subject, `paperclip.lease.${C}.destroy`);
+    assert.equal("cancelActiveWork" in d.payload, false);
+  });
+
+  it("throws a release kubeclip could not do", async () => {
+    env.kubeclip.onRelease = () => ({ kind: "failed", code: "backend_unavailable", message: "Kubernetes API unreachable" });
+    try {
+      await assert.rejects(leases.release({ runId: runId(), companyId: C, providerLeaseId: "pc-1", cancelActiveWork: false }, "release", opts), {
+        message: "backend_unavailable: Kubernetes API unreachable",
+      });
+    } finally {
+      env.kubeclip.onRelease = (req) => ({ kind: "released", state: req.kind === "destroy" ? "destroyed" : "stopped" });
+    }
+  });
+
+  it("reports missing streams as kubeclip unreachable", async () => {
+    const other = new Leases(env.nc, "nostreams");
+    await assert.rejects(other.acquire({ runId: runId(), companyId: C, environmentId: "e", agentId: "a", config: {} }, opts), /kubeclip unreachable at nats:\/\/test: streams NOSTREAMS_LEASES\/NOSTREAMS_RUNS not found/);
+  });
+
+  it("formats ce-time with nanoseconds", () => {
+    assert.equal(rfc3339Nano(new Date("2026-01-02T03:04:05.006Z")), "2026-01-02T03:04:05.006000000Z");
+  });
+});

@@ -1,0 +1,45 @@
+// The plugin manifest: one sandbox-provider driver with driverKey "kubernetes", so Paperclip's
+// `executionMode: kubernetes` policy and PAPERCLIP_K8S_* bootstrap use kubeclip. Install only one
+// plugin that declares this driver.
+
+import type { PaperclipPluginManifestV1 } from "@paperclipai/plugin-sdk";
+import { providerConfigSchema, settingsSchema } from "./config.js";
+
+export const PLUGIN_ID = "kubeclip.paperclip-sandbox-provider";
+/** Kept equal to package.json's version (a test pins it). */
+export const PLUGIN_VERSION = "0.1.0";
+export const DRIVER_KEY = "kubernetes";
+
+const manifest: PaperclipPluginManifestV1 = {
+  id: PLUGIN_ID,
+  apiVersion: 1,
+  version: PLUGIN_VERSION,
+  displayName: "kubeclip Kubernetes sandbox",
+  description:
+    "Runs Paperclip agent runs in Kubernetes pods managed by kubeclip, over NATS JetStream. A drop-in replacement for Paperclip's Kubernetes sandbox provider.",
+  author: "kubeclip",
+  categories: ["automation"],
+  // secrets.read-ref: NATS credentials in the plugin's settings are secret bindings.
+  capabilities: ["environment.drivers.register", "secrets.read-ref"],
+  entrypoints: { worker: "./dist/worker.js" },
+  instanceConfigSchema: settingsSchema,
+  environmentDrivers: [
+    {
+      driverKey: DRIVER_KEY,
+      kind: "sandbox_provider",
+      displayName: "Kubernetes (kubeclip)",
+      description:
+        "One pod per run, created by kubeclip; commands run through kubeclip's exec service. Backends: pod (any cluster) or sandbox-cr (agent-sandbox).",
+      configSchema: providerConfigSchema,
+      // Only what the plugin implements: concurrent commands on a lease, no sessions, no native
+      // file sync, no lease reuse (a lease is one run's pod).
+      sandboxCapabilities: {
+        reusableLeases: false,
+        persistentProcessSessions: false,
+        independentControlCommands: true,
+      },
+    },
+  ],
+};
+
+export default manifest;

@@ -1,0 +1,433 @@
+// The hooks of the `kubernetes` sandbox provider, mapped onto kubeclip:
+//
+//   validateConfig   → <prefix>.api.validate (pkg/policy's verdict), core NATS request
+//   probe            → NATS + JetStream stream info + <prefix>.api.ping
+//   acquireLease     → JetStream lease request `acquire`, wait for `created`/`failed`
+//   realizeWorkspace → nothing to do: the pod's /workspace is the workspace
+//   execute          → the exec protocol (exec.ts) on core NATS, output streamed live
+//   release/destroy  → JetStream lease request, wait for `released`/`failed` (the receipt)
+//
+// Logs carry run and lease ids only: never config values, env, stdin or credentials.
+
+import { AsyncResource } from "node:async_hooks";
+import { jetstreamManager } from "@nats-io/jetstream";
+import {
+  definePlugin,
+  type PaperclipPlugin,
+  type PluginContext,
+  type PluginEnvironmentDestroyLeaseParams,
+  type PluginEnvironmentExecuteParams,
+  type PluginEnvironmentExecuteResult,
+  type PluginEnvironmentLease,
+  type PluginEnvironmentProbeResult,
+  type PluginEnvironmentReleaseLeaseParams,
+  type PluginEnvironmentTerminationReceipt,
+  type PluginEnvironmentValidationResult,
+} from "@paperclipai/plugin-sdk";
+import { isAgentCommand } from "./agent.js";
+import { WORKER_KINDS, ping, validateConfig } from "./api.js";
+import {
+  SECRET_KEYS,
+  checkProviderConfig,
+  isUnresolvedSecretRef,
+  normalizedConfig,
+  readPluginKeys,
+  resolveConnection,
+  splitConfig,
+  type Connection,
+  type PluginKeys,
+} from "./config.js";
+import { ConfigError, UnreachableError, errorMessage, scrub } from "./errors.js";
+import { runExec } from "./exec.js";
+import { findCaseVariantKey, isObject, type JsonObject } from "./json.js";
+import { Leases } from "./leases.js";
+import { ConnectionPool } from "./nats.js";
+
+/** Where the workspace lives in kubeclip's pods. */
+export const REMOTE_CWD = "/workspace";
+/** Budget of acquire/release without `timeoutMs`: under Paperclip's 30 s RPC default. */
+export const DEFAULT_RPC_BUDGET_MS = 25_000;
+/** Budget of api.validate: under Paperclip's 30 s RPC default. */
+export const VALIDATE_BUDGET_MS = 10_000;
+/** How long ping replies are collected. */
+export const PING_WINDOW_MS = 500;
+
+export interface PluginOptions {
+  /** Exec client tuning (tests shorten the resume silence). */
+  exec?: { silenceMs?: number; graceMs?: number; maxOutputBytes?: number };
+}
+
+/** kubeclip's state in lease metadata: one key, because metadata keys override config keys. */
+export interface KubeclipLeaseMetadata {
+  runId: string;
+  companyId: string;
+  namespace: string;
+  workloadName: string;
+  backend: string;
+  adapterType?: string;
+}
+
+export function createPlugin(options: PluginOptions = {}): PaperclipPlugin {
+  const pool = new ConnectionPool();
+  /** In-flight executes per lease, aborted by a release with cancelActiveWork. */
+  const inflight = new Map<string, Set<AbortController>>();
+  let ctx: PluginContext | undefined;
+  /**
+   * Plugin settings delivered by configChanged, per company (null: an instance-wide save).
+   * validateConfig has no company: it uses them only when every company has the same.
+   */
+  const deliveredByCompany = new Map<string | null, JsonObject>();
+  const delivered = (): { config: JsonObject; companyId: string | null } | undefined => {
+    const entries = [...deliveredByCompany.entries()];
+    const first = entries[0];
+    if (!first) return undefined;
+    const same = entries.every(([, c]) => JSON.stringify(c) === JSON.stringify(first[1]));
+    return same ? { config: first[1], companyId: first[0] } : undefined;
+  };
+
+  const context = (): PluginContext => {
+    if (!ctx) throw new Error("plugin used before setup");
+    return ctx;
+  };
+
+  /** The plugin settings with secret bindings resolved; {} when there are none. */
+  async function settings(companyId: string | undefined): Promise<PluginKeys> {
+    let raw: JsonObject | undefined;
+    let cid = companyId;
+    if (companyId) {
+      const got = await within(context().config.get(companyId), 5_000, "reading the plugin settings").catch(() => undefined);
+      if (isObject(got) && Object.keys(got).length > 0) raw = got;
+    } else {
+      const d = delivered();
+      raw = d?.config;
+      cid = d?.companyId ?? undefined;
+    }
+    if (!raw) return {};
+    const resolved: JsonObject = { ...raw };
+    for (const key of SECRET_KEYS) {
+      const v = raw[key];
+      if (isObject(v) && v.type === "secret_ref" && typeof v.secretId === "string") {
+        if (!cid) {
+          resolved[key] = undefined;
+          continue;
+        }
+        resolved[key] = await within(
+          context().secrets.resolve({ type: "secret_ref", secretId: v.secretId }, { companyId: cid, configPath: key }),
+          5_000,
+          `resolving settings.${key}`,
+        ).catch((err: unknown) => {
+          throw new ConfigError(`settings.${key}`, `the secret could not be resolved (${errorMessage(err)})`);
+        });
+      } else if (isUnresolvedSecretRef(v)) {
+        throw new ConfigError(`settings.${key}`, "is a bare secret id; bind it as a secret reference");
+      }
+    }
+    return readPluginKeys(resolved, "settings");
+  }
+
+  /** The connection of a hook's config (secrets resolved by Paperclip) over the settings. */
+  async function connectionFor(config: JsonObject, companyId: string | undefined): Promise<Connection> {
+    const env = readPluginKeys(splitConfig(config).plugin, "config");
+    return resolveConnection(env, await settings(companyId));
+  }
+
+  function leaseMetadata(metadata: unknown, where: string): KubeclipLeaseMetadata {
+    const k = isObject(metadata) ? metadata.kubeclip : undefined;
+    if (!isObject(k) || typeof k.runId !== "string" || k.runId === "" || typeof k.companyId !== "string") {
+      throw new Error(`${where}.kubeclip.runId: missing; this lease was not acquired by the kubeclip plugin`);
+    }
+    return {
+      runId: k.runId,
+      companyId: k.companyId,
+      namespace: typeof k.namespace === "string" ? k.namespace : "",
+      workloadName: typeof k.workloadName === "string" ? k.workloadName : "",
+      backend: typeof k.backend === "string" ? k.backend : "",
+      ...(typeof k.adapterType === "string" ? { adapterType: k.adapterType } : {}),
+    };
+  }
+
+  async function endLease(
+    params: PluginEnvironmentReleaseLeaseParams | PluginEnvironmentDestroyLeaseParams,
+    kind: "release" | "destroy",
+  ): Promise<PluginEnvironmentTerminationReceipt | undefined> {
+    const providerLeaseId = params.providerLeaseId;
+    if (!providerLeaseId) return undefined; // nothing was acquired
+    const meta = leaseMetadata(params.leaseMetadata, "leaseMetadata");
+    const cancel = params.cancelActiveWork === true;
+    if (cancel) {
+      for (const c of inflight.get(providerLeaseId) ?? []) c.abort();
+    }
+    const conn = await connectionFor(params.config, params.companyId);
+    const nc = await pool.get(conn);
+    const leases = new Leases(nc, conn.prefix);
+    const log = context().logger;
+    log.info(`lease ${kind} requested`, { runId: meta.runId, providerLeaseId, cancelActiveWork: cancel });
+    try {
+      const released = await leases.release(
+        { runId: meta.runId, companyId: meta.companyId || params.companyId, providerLeaseId, cancelActiveWork: cancel },
+        kind,
+        { timeoutMs: conn.timeoutMs ?? DEFAULT_RPC_BUDGET_MS, display: conn.display },
+      );
+      log.info(`lease ${kind}d`, { runId: meta.runId, providerLeaseId, state: released.state });
+      return { providerLeaseId, state: released.state };
+    } catch (err) {
+      log.warn(`lease ${kind} failed`, { runId: meta.runId, providerLeaseId, error: scrub(errorMessage(err), conn.secrets) });
+      throw err;
+    }
+  }
+
+  return definePlugin({
+    setup(c) {
+      ctx = c;
+      c.logger.info("kubeclip sandbox provider ready");
+      return Promise.resolve();
+    },
+
+    onHealth() {
+      return Promise.resolve({ status: "ok" as const, message: "kubeclip sandbox provider running" });
+    },
+
+    // Settings are read per company (ctx.config.get) in every hook that has one.
+    multiCompanyConfig: true,
+
+    onConfigChanged(config, change) {
+      deliveredByCompany.set(change?.companyId ?? null, config);
+      return Promise.resolve();
+    },
+
+    async onShutdown() {
+      for (const set of inflight.values()) for (const c of set) c.abort();
+      await pool.close(5_000);
+    },
+
+    async onEnvironmentValidateConfig(params): Promise<PluginEnvironmentValidationResult> {
+      const split = splitConfig(params.config);
+      const warnings = [...split.warnings];
+      const errors = checkProviderConfig(split.provider);
+      let conn: Connection;
+      try {
+        const env = readPluginKeys(split.plugin, "config");
+        // At validation Paperclip passes secret refs as ids; it resolves them only at run time.
+        for (const key of SECRET_KEYS) {
+          if (isUnresolvedSecretRef(env[key])) {
+            env[key] = undefined;
+            warnings.push(`config.${key} is a secret reference, resolved by Paperclip only at run time: validation connected with the plugin settings' credentials, if any`);
+          }
+        }
+        conn = resolveConnection(env, await settings(undefined));
+      } catch (err) {
+        if (err instanceof ConfigError) return { ok: false, errors: [...errors, err.message], warnings };
+        throw err;
+      }
+      if (params.config.reuseLease === true) {
+        warnings.push("config.reuseLease: not supported; kubeclip leases are one run's pod, so every run acquires a new lease");
+      }
+      // No advice on streamRunLogs here: Paperclip strips it (and `provider`) before this hook and
+      // re-applies it afterwards (environment-config.js stripSandboxProviderEnvelope).
+      let verdict;
+      try {
+        const nc = await pool.get(conn);
+        verdict = await validateConfig(nc, conn.prefix, split.provider, {
+          timeoutMs: Math.min(conn.timeoutMs ?? VALIDATE_BUDGET_MS, VALIDATE_BUDGET_MS),
+          display: conn.display,
+        });
+      } catch (err) {
+        const message = scrub(errorMessage(err), conn.secrets);
+        return { ok: false, errors: [...errors, err instanceof UnreachableError ? message : `kubeclip validation failed: ${message}`], warnings };
+      }
+      const ok = errors.length === 0 && verdict.ok;
+      const result: PluginEnvironmentValidationResult = {
+        ok,
+        errors: [...errors, ...verdict.errors],
+        warnings: [...warnings, ...verdict.warnings],
+      };
+      if (ok) result.normalizedConfig = normalizedConfig(verdict.normalizedConfig ?? split.provider, split);
+      return result;
+    },
+
+    async onEnvironmentProbe(params): Promise<PluginEnvironmentProbeResult> {
+      let conn: Connection;
+      try {
+        conn = await connectionFor(params.config, params.companyId);
+      } catch (err) {
+        return { ok: false, summary: "Invalid kubeclip connection settings.", diagnostics: [{ severity: "error", message: errorMessage(err) }] };
+      }
+      const diagnostics: PluginEnvironmentProbeResult["diagnostics"] = [];
+      const metadata: JsonObject = { provider: "kubernetes", natsUrl: conn.display, subjectPrefix: conn.prefix };
+      let nc;
+      try {
+        nc = await pool.get(conn);
+      } catch (err) {
+        const message = scrub(errorMessage(err), conn.secrets);
+        return { ok: false, summary: message, diagnostics: [{ severity: "error", message, code: "unreachable" }], metadata };
+      }
+      let streamsOk = true;
+      const streams: JsonObject = {};
+      try {
+        const jsm = await jetstreamManager(nc, { timeout: 5_000 });
+        for (const name of [`${conn.prefix.toUpperCase()}_LEASES`, `${conn.prefix.toUpperCase()}_RUNS`]) {
+          try {
+            const info = await jsm.streams.info(name);
+            streams[name] = { messages: info.state.messages };
+          } catch (err) {
+            streamsOk = false;
+            streams[name] = null;
+            diagnostics.push({ severity: "error", code: "stream_missing", message: `stream ${name}: ${errorMessage(err)}` });
+          }
+        }
+      } catch (err) {
+        streamsOk = false;
+        diagnostics.push({ severity: "error", code: "jetstream", message: `JetStream: ${errorMessage(err)}` });
+      }
+      metadata.streams = streams;
+      const { replies, invalid } = await ping(nc, conn.prefix, PING_WINDOW_MS);
+      const workers: Record<string, number> = {};
+      for (const r of replies) workers[r.worker] = (workers[r.worker] ?? 0) + 1;
+      metadata.workers = workers;
+      metadata.replicas = replies.map((r) => ({ worker: r.worker, replica: r.replica, version: r.version }));
+      const missing = WORKER_KINDS.filter((k) => !workers[k]);
+      for (const k of missing) diagnostics.push({ severity: "error", code: "worker_missing", message: `no ${k} answered ${conn.prefix}.api.ping` });
+      if (invalid > 0) diagnostics.push({ severity: "warning", message: `${invalid} malformed ping replies` });
+      const ok = streamsOk && missing.length === 0;
+      const answered = Object.entries(workers).map(([k, n]) => `${k}×${n}`).join(", ") || "none";
+      return {
+        ok,
+        summary: `kubeclip at ${conn.display}: streams ${streamsOk ? "present" : "missing"}; workers answering: ${answered}.`,
+        diagnostics,
+        metadata,
+      };
+    },
+
+    async onEnvironmentAcquireLease(params): Promise<PluginEnvironmentLease> {
+      const split = splitConfig(params.config);
+      const problems = checkProviderConfig(split.provider);
+      if (problems.length > 0) throw new Error(problems.join("; "));
+      if (!params.agentId) throw new Error("agentId: Paperclip sent no agent id; kubeclip needs it to hold one run per agent");
+      const dup = findCaseVariantKey(params.executionWorkspaceSettings, "executionWorkspaceSettings");
+      if (dup) throw new Error(`${dup}: keys differ only in case; kubeclip refuses such payloads`);
+      const conn = await connectionFor(params.config, params.companyId);
+      const nc = await pool.get(conn);
+      const leases = new Leases(nc, conn.prefix);
+      const log = context().logger;
+      log.info("lease acquire requested", { runId: params.runId });
+      const created = await leases.acquire(
+        {
+          runId: params.runId,
+          companyId: params.companyId,
+          environmentId: params.environmentId,
+          agentId: params.agentId,
+          issueId: params.issueId ?? undefined,
+          adapterType: params.adapterType,
+          executionWorkspaceSettings: params.executionWorkspaceSettings ?? undefined,
+          requestedExpiresAt: params.requestedExpiresAt ?? undefined,
+          config: split.provider,
+        },
+        { timeoutMs: conn.timeoutMs ?? DEFAULT_RPC_BUDGET_MS, display: conn.display },
+      ).catch((err: unknown) => {
+        log.warn("lease acquire failed", { runId: params.runId, error: scrub(errorMessage(err), conn.secrets) });
+        throw err;
+      });
+      log.info("lease acquired", { runId: params.runId, providerLeaseId: created.providerLeaseId, backend: created.backend });
+      const kubeclip: KubeclipLeaseMetadata = {
+        runId: params.runId,
+        companyId: params.companyId,
+        namespace: created.namespace,
+        workloadName: created.workloadName,
+        backend: created.backend,
+        ...(params.adapterType ? { adapterType: params.adapterType } : {}),
+      };
+      return {
+        providerLeaseId: created.providerLeaseId,
+        expiresAt: created.expiresAt,
+        metadata: { remoteCwd: REMOTE_CWD, kubeclip },
+      };
+    },
+
+    onEnvironmentRealizeWorkspace(params) {
+      // Nothing to provision: the pod's /workspace (an emptyDir) is the workspace.
+      const cwd = params.workspace.remotePath?.trim() || REMOTE_CWD;
+      return Promise.resolve({ cwd, metadata: { remoteCwd: cwd } });
+    },
+
+    async onEnvironmentExecute(params: PluginEnvironmentExecuteParams): Promise<PluginEnvironmentExecuteResult> {
+      const providerLeaseId = params.lease.providerLeaseId;
+      if (!providerLeaseId) {
+        return { exitCode: 1, timedOut: false, stdout: "", stderr: "No provider lease ID available for execution." };
+      }
+      const meta = leaseMetadata(params.lease.metadata, "lease.metadata");
+      const conn = await connectionFor(params.config, params.companyId);
+      const nc = await pool.get(conn);
+      let command = params.command;
+      let args = params.args ?? [];
+      if (args.length === 0 && /\s/.test(command)) {
+        args = ["-c", command];
+        command = "/bin/sh";
+      }
+      const timeoutMs = params.timeoutMs && params.timeoutMs > 0 ? params.timeoutMs : (conn.timeoutMs ?? DEFAULT_RPC_BUDGET_MS);
+      const record = isAgentCommand(command, args, meta.adapterType);
+      const controller = new AbortController();
+      let set = inflight.get(providerLeaseId);
+      if (!set) inflight.set(providerLeaseId, (set = new Set()));
+      set.add(controller);
+      // Bound to this hook's async context: the SDK routes execute.log by the active invocation.
+      const c = context();
+      const forward = AsyncResource.bind((stream: "stdout" | "stderr", chunk: string) => {
+        c.execution.log(stream, chunk);
+      });
+      try {
+        const r = await runExec(
+          nc,
+          conn.prefix,
+          {
+            companyId: meta.companyId || params.companyId,
+            runId: meta.runId,
+            providerLeaseId,
+            command,
+            args,
+            cwd: params.cwd,
+            env: params.env ?? {},
+            stdin: params.stdin,
+            timeoutMs,
+            record,
+          },
+          { signal: controller.signal, onOutput: forward, ...options.exec },
+        );
+        if (record || r.exitCode !== 0) {
+          c.logger.debug("exec finished", { runId: meta.runId, execId: r.metadata.execId, exitCode: r.exitCode, timedOut: r.timedOut, record });
+        }
+        return { exitCode: r.exitCode, signal: r.signal, timedOut: r.timedOut, stdout: r.stdout, stderr: r.stderr, metadata: { ...r.metadata } };
+      } finally {
+        set.delete(controller);
+        if (set.size === 0) inflight.delete(providerLeaseId);
+      }
+    },
+
+    async onEnvironmentReleaseLease(params) {
+      return endLease(params, "release");
+    },
+
+    async onEnvironmentDestroyLease(params) {
+      return endLease(params, "destroy");
+    },
+  });
+}
+
+/** p, or a rejection after ms naming what timed out. */
+async function within<T>(p: Promise<T>, ms: number, what: string): Promise<T> {
+  let t: NodeJS.Timeout | undefined;
+  try {
+    return await Promise.race([
+      p,
+      new Promise<never>((_, reject) => {
+        t = setTimeout(() => {
+          reject(new Error(`${what} took longer than ${ms} ms`));
+        }, ms);
+      }),
+    ]);
+  } finally {
+    clearTimeout(t);
+  }
+}
+
+const plugin: PaperclipPlugin = createPlugin();
+export default plugin;

@@ -1,0 +1,96 @@
+// The plugin under the SDK's environment test harness, with ctx.execution.log captured (the
+// harness's own is a no-op) and a real NATS server plus fake kubeclip behind it.
+
+import { connect, type NatsConnection } from "@nats-io/transport-node";
+import { createEnvironmentTestHarness, type EnvironmentTestHarness } from "@paperclipai/plugin-sdk/testing";
+import type { PaperclipPlugin } from "@paperclipai/plugin-sdk";
+import manifest from "../../src/manifest.js";
+import { createPlugin, type PluginOptions } from "../../src/plugin.js";
+import { FakeKubeclip } from "./fake-kubeclip.js";
+import { FakeExecReplica, FakeSandbox } from "./fake-exec.js";
+import { startNatsServer, type NatsServer } from "./nats-server.js";
+
+export interface LogChunk {
+  stream: "stdout" | "stderr";
+  chunk: string;
+}
+
+export interface Env {
+  server: NatsServer;
+  nc: NatsConnection;
+  kubeclip: FakeKubeclip;
+  sandbox: FakeSandbox;
+  replicas: FakeExecReplica[];
+  close(): Promise<void>;
+}
+
+/** A NATS server with JetStream, the fake kubeclip and one exec replica. */
+export async function startEnv(): Promise<Env> {
+  const server = await startNatsServer();
+  const nc = await connect({ servers: server.url });
+  const kubeclip = await FakeKubeclip.start(nc);
+  const sandbox = new FakeSandbox();
+  const replicas = [new FakeExecReplica(nc, sandbox, "ew-a")];
+  await nc.flush();
+  return {
+    server,
+    nc,
+    kubeclip,
+    sandbox,
+    replicas,
+    async close() {
+      sandbox.killAll();
+      for (const r of replicas) r.die();
+      await kubeclip.close();
+      await nc.close();
+      await server.stop();
+    },
+  };
+}
+
+export interface Harnessed {
+  plugin: PaperclipPlugin;
+  harness: EnvironmentTestHarness;
+  logs: LogChunk[];
+  shutdown(): Promise<void>;
+}
+
+export async function harnessed(options: PluginOptions = { exec: { silenceMs: 500, graceMs: 2_000 } }, settings?: Record<string, unknown>): Promise<Harnessed> {
+  const plugin = createPlugin(options);
+  const d = plugin.definition;
+  const need = <T>(h: T | undefined): T => {
+    if (!h) throw new Error("hook missing");
+    return h;
+  };
+  const harness = createEnvironmentTestHarness({
+    manifest,
+    ...(settings ? { config: settings } : {}),
+    environmentDriver: {
+      driverKey: "kubernetes",
+      onValidateConfig: (p) => need(d.onEnvironmentValidateConfig?.bind(d))(p),
+      onProbe: (p) => need(d.onEnvironmentProbe?.bind(d))(p),
+      onAcquireLease: (p) => need(d.onEnvironmentAcquireLease?.bind(d))(p),
+      onReleaseLease: (p) => need(d.onEnvironmentReleaseLease?.bind(d))(p),
+      onDestroyLease: (p) => need(d.onEnvironmentDestroyLease?.bind(d))(p),
+      onRealizeWorkspace: (p) => need(d.onEnvironmentRealizeWorkspace?.bind(d))(p),
+      onExecute: (p) => need(d.onEnvironmentExecute?.bind(d))(p),
+    },
+  });
+  const logs: LogChunk[] = [];
+  Object.defineProperty(harness.ctx, "execution", {
+    value: {
+      log(stream: "stdout" | "stderr", chunk: string) {
+        logs.push({ stream, chunk });
+      },
+    },
+  });
+  await d.setup(harness.ctx);
+  return {
+    plugin,
+    harness,
+    logs,
+    async shutdown() {
+      await d.onShutdown?.();
+    },
+  };
+}

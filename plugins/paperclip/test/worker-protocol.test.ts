@@ -1,0 +1,143 @@
+// The plugin behind the SDK's real JSON-RPC host (runWorker over in-memory streams), driven the
+// way Paperclip's server drives a worker: newline-delimited JSON-RPC 2.0.
+
+import assert from "node:assert/strict";
+import { PassThrough } from "node:stream";
+import { after, before, describe, it } from "node:test";
+import { runWorker } from "@paperclipai/plugin-sdk";
+import manifest from "../src/manifest.js";
+import { createPlugin } from "../src/plugin.js";
+import { startEnv, type Env } from "./support/harness.js";
+
+interface RpcMessage {
+  id?: number;
+  method?: string;
+  result?: unknown;
+  error?: { code: number; message: string };
+  params?: Record<string, unknown>;
+  paperclipInvocationId?: string;
+}
+
+class Host {
+  private readonly toWorker = new PassThrough();
+  private readonly fromWorker = new PassThrough();
+  readonly notifications: RpcMessage[] = [];
+  private readonly pending = new Map<number, (m: RpcMessage) => void>();
+  private nextId = 1;
+  private buf = "";
+
+  constructor() {
+    runWorker(createPlugin({ exec: { silenceMs: 500, graceMs: 2_000 } }), "file:///not-the-entrypoint.js", { stdin: this.toWorker, stdout: this.fromWorker });
+    this.fromWorker.on("data", (b: Buffer) => {
+      this.buf += b.toString("utf8");
+      let i;
+      while ((i = this.buf.indexOf("\n")) >= 0) {
+        const line = this.buf.slice(0, i);
+        this.buf = this.buf.slice(i + 1);
+        if (line.trim() === "") continue;
+        const m = JSON.parse(line) as RpcMessage;
+        if (m.id !== undefined && m.method === undefined) this.pending.get(m.id)?.(m);
+        else if (m.method !== undefined && m.id === undefined) this.notifications.push(m);
+        else if (m.method !== undefined && m.id !== undefined) this.answer(m.id, m.method);
+      }
+    });
+  }
+
+  readonly hostCalls: string[] = [];
+
+  /** Worker→host calls: the plugin reads its (empty) settings; nothing else is expected. */
+  private answer(id: number, method: string): void {
+    this.hostCalls.push(method);
+    const reply = method === "config.get" ? { jsonrpc: "2.0", id, result: {} } : { jsonrpc: "2.0", id, error: { code: -32601, message: `unexpected ${method}` } };
+    this.toWorker.write(JSON.stringify(reply) + "\n");
+  }
+
+  async call(method: string, params: unknown, invocationId?: string): Promise<RpcMessage> {
+    const id = this.nextId++;
+    const p = new Promise<RpcMessage>((resolve) => this.pending.set(id, resolve));
+    const msg: Record<string, unknown> = { jsonrpc: "2.0", id, method, params };
+    if (invocationId) msg.paperclipInvocation = { id: invocationId };
+    this.toWorker.write(JSON.stringify(msg) + "\n");
+    return p;
+  }
+}
+
+describe("worker protocol", () => {
+  let env: Env;
+  let host: Host;
+  const C = "7d2f1c9e-3b4a-4e8d-a6f1-0c5b9e2d7a13";
+  const R = "2e8b6f4a-5a7c-4c1e-9f0b-2a9d7c3e1b44";
+  before(async () => {
+    env = await startEnv();
+    env.sandbox.addLease(C, R, `pc-${R.slice(0, 8)}`);
+    host = new Host();
+  });
+  after(async () => {
+    await host.call("shutdown", {});
+    await env.close();
+  });
+
+  it("initializes and advertises exactly the hooks it defines", async () => {
+    const r = await host.call("initialize", { manifest, config: {}, instanceInfo: { instanceId: "test", hostVersion: "2026.916.1" }, apiVersion: 1 });
+    assert.equal(r.error, undefined, JSON.stringify(r.error));
+    assert.deepEqual(r.result, {
+      ok: true,
+      supportedMethods: [
+        "configChanged",
+        "health",
+        "shutdown",
+        "environmentValidateConfig",
+        "environmentProbe",
+        "environmentAcquireLease",
+        "environmentReleaseLease",
+        "environmentDestroyLease",
+        "environmentRealizeWorkspace",
+        "environmentExecute",
+      ],
+    });
+  });
+
+  it("validates, acquires, executes with execute.log in the invocation, and releases", async () => {
+    const config = { natsUrl: env.server.url, backend: "pod", streamRunLogs: false };
+    const v = await host.call("environmentValidateConfig", { driverKey: "kubernetes", config });
+    assert.equal((v.result as { ok: boolean }).ok, true, JSON.stringify(v));
+
+    const bad = await host.call("environmentAcquireLease", { driverKey: "kubernetes", companyId: C, environmentId: "e", config: { ...config, backend: "job" }, runId: R, agentId: "a" });
+    assert.match(bad.error?.message ?? "", /^config\.backend: "job"/);
+
+    const a = await host.call("environmentAcquireLease", { driverKey: "kubernetes", companyId: C, environmentId: "e", config, runId: R, agentId: "a", adapterType: "claude_local" }, "inv-acquire");
+    const lease = a.result as { providerLeaseId: string; metadata: Record<string, unknown> };
+    assert.equal(lease.providerLeaseId, `pc-${R.slice(0, 8)}`);
+
+    const e = await host.call(
+      "environmentExecute",
+      { driverKey: "kubernetes", companyId: C, environmentId: "e", config: { ...config, ...lease.metadata }, lease, command: "sh", args: ["-c", "echo out; echo err >&2"], timeoutMs: 10_000 },
+      "inv-exec",
+    );
+    assert.deepEqual(e.result, {
+      exitCode: 0,
+      signal: null,
+      timedOut: false,
+      stdout: "out\n",
+      stderr: "err\n",
+      metadata: (e.result as { metadata: unknown }).metadata,
+    });
+    const logs = host.notifications.filter((n) => n.method === "execute.log");
+    assert.deepEqual(
+      logs.map((n) => [n.paperclipInvocationId, n.params]),
+      [
+        ["inv-exec", { stream: "stdout", chunk: "out\n" }],
+        ["inv-exec", { stream: "stderr", chunk: "err\n" }],
+      ],
+    );
+
+    assert.deepEqual([...new Set(host.hostCalls)], ["config.get"]);
+    const rel = await host.call("environmentReleaseLease", { driverKey: "kubernetes", companyId: C, environmentId: "e", config, providerLeaseId: lease.providerLeaseId, leaseMetadata: lease.metadata });
+    assert.deepEqual(rel.result, { providerLeaseId: lease.providerLeaseId, state: "stopped" });
+  });
+
+  it("answers undefined hooks with METHOD_NOT_IMPLEMENTED", async () => {
+    const r = await host.call("environmentResumeLease", { driverKey: "kubernetes", companyId: C, environmentId: "e", config: {}, providerLeaseId: "x" });
+    assert.equal(r.error?.code, -32004);
+  });
+});

@@ -1,0 +1,54 @@
+// Command claude-stub stands in for the Claude Code CLI in the sandbox test image
+// (kubeclip.local/sandbox:dev, installed as /usr/local/bin/claude). It behaves like
+//
+//	claude --print --output-format stream-json --verbose [--model M] [--resume ID] ...
+//
+// as Paperclip's claude_local adapter runs it: it reads the prompt from stdin to EOF (or takes it
+// from a positional argument), then prints Claude Code stream-json lines on stdout, pausing
+// between them so that a test can watch them stream: a system/init line (session_id, model), an
+// assistant line about the prompt, one line on stderr, an assistant line per Paperclip API call,
+// a closing assistant line, and a result line (subtype "success", is_error false, usage,
+// modelUsage and total_cost_usd). `claude --version` prints a version. Other flags Paperclip
+// passes (--allowedTools, --append-system-prompt-file, --mcp-config, --add-dir, ...) are
+// accepted and ignored.
+//
+// With PAPERCLIP_API_URL and PAPERCLIP_API_KEY set (Paperclip's in-sandbox API bridge), it calls
+// GET $PAPERCLIP_API_URL/api/agents/me with "Authorization: Bearer $PAPERCLIP_API_KEY" and, when
+// PAPERCLIP_TASK_ID is set, PATCH $PAPERCLIP_API_URL/api/issues/$PAPERCLIP_TASK_ID with
+// {"status":"done"}, so that an issue-assigned run closes its issue as a real agent would. A
+// failed call ends the run: an error result line, the error on stderr, exit code 1.
+//
+// Environment:
+//
+//	CLAUDE_STUB_INTERVAL  Go duration of the pause between lines (default 1s; 0 for none)
+//
+// Exit codes: 0 success, 1 a failed run (as the real CLI), 2 bad arguments or environment.
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	err := run(ctx, os.Args[1:], os.Getenv, os.Stdin, os.Stdout, os.Stderr)
+	stop()
+	os.Exit(exitCode(err, os.Stderr))
+}
+
+// exitCode reports err on stderr and maps it to the process's exit code.
+func exitCode(err error, stderr io.Writer) int {
+	if err == nil {
+		return 0
+	}
+	fmt.Fprintln(stderr, "claude:", err)
+	if isUsage(err) {
+		return 2
+	}
+	return 1
+}
