@@ -17,7 +17,7 @@ const stopTimeout = 40 * time.Second
 
 // Worker is one worker process.
 type Worker struct {
-	// Kind is the binary: TenantWorker, Dispatcher or RunWatcher.
+	// Kind is the binary: TenantWorker, Dispatcher, RunWatcher or ExecWorker.
 	Kind string
 	// ID names the process: its log file, and a run-watcher's --replica-id.
 	ID string
@@ -82,6 +82,10 @@ func (e *Env) StartWorker(kind string) (*Worker, error) {
 		if e.opts.OwnershipTTL > 0 {
 			args = append(args, "--ownership-ttl", e.opts.OwnershipTTL.String())
 		}
+	case ExecWorker:
+		// A short drain: a test that stops a replica wants its streams handed over, not
+		// finished. The route is the binary's default unless Args set it.
+		args = append(args, "--replica-id", id, "--sandbox-key-file", e.SandboxKeyFile, "--shutdown-timeout", "2s")
 	}
 	args = append(args, e.opts.Args[kind]...)
 
