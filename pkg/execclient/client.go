@@ -114,8 +114,12 @@ type Exec struct {
 	Record bool
 	// MaxOutputBytes caps the exec's journal in the pod; 0: sandboxd's cap.
 	MaxOutputBytes int64
-	// Stdout and Stderr, when set, receive the output as it arrives, in order.
+	// Stdout and Stderr, when set, receive the output as it arrives, in order, instead of the
+	// Result.
 	Stdout, Stderr io.Writer
+	// OnStarted, when set, is told the name of each replica that starts serving the exec (the
+	// first, then one after every takeover).
+	OnStarted func(replica string)
 }
 
 // Result is how an exec ended and what it printed.
@@ -124,8 +128,9 @@ type Result struct {
 	ExitCode *int
 	Signal   *string
 	TimedOut bool
-	// Stdout and Stderr hold the output, each up to Options.MaxOutputBytes; Truncated says
-	// that more was printed (here or in the pod's journal).
+	// Stdout and Stderr hold the output of the streams that had no writer, each up to
+	// Options.MaxOutputBytes; Truncated says that more was printed (here or in the pod's
+	// journal).
 	Stdout, Stderr []byte
 	Truncated      bool
 	// LastSeq is the exec's last journal seq; Attaches counts the attaches the client needed.
@@ -160,7 +165,7 @@ func (c *Client) Run(ctx context.Context, e Exec) (Result, error) {
 	if err != nil {
 		return Result{ExecID: e.ID}, err
 	}
-	st.start = &req
+	st.start, st.onStarted = &req, e.OnStarted
 	if e.Stdin != nil {
 		st.stdin = newStdinSender(c.opts.NATS, e.Stdin)
 	}

@@ -20,14 +20,15 @@ const inboxBuffer = 4096
 // stream is one exec's conversation: its inbox, the requests that (re)start it, and what has
 // arrived. It runs on the caller's goroutine; the stdin sender has its own.
 type stream struct {
-	c        *Client
-	lease    Lease
-	execID   string
-	inbox    string
-	start    *execproto.StartRequest // nil for an attach
-	observer bool                    // attached to another client's exec: no close
-	stdin    *stdinSender
-	deadline time.Time // zero: none
+	c         *Client
+	lease     Lease
+	execID    string
+	inbox     string
+	start     *execproto.StartRequest // nil for an attach
+	observer  bool                    // attached to another client's exec: no close
+	stdin     *stdinSender
+	deadline  time.Time // zero: none
+	onStarted func(string)
 
 	started   bool // a `started` arrived (after it, resumes attach)
 	ioSubj    string
@@ -130,6 +131,9 @@ func (st *stream) handle(m *nats.Msg) (*execproto.Exit, error) {
 			return nil, fmt.Errorf("%w: started: %w", errProtocol, err)
 		}
 		st.started, st.ioSubj, st.res.Replica = true, s.IOSubject, s.Replica
+		if st.onStarted != nil {
+			st.onStarted(s.Replica)
+		}
 		if st.stdin != nil {
 			st.stdin.resume(s.IOSubject, s.StdinOffset, s.StdinClosed)
 		}
@@ -145,13 +149,12 @@ func (st *stream) handle(m *nats.Msg) (*execproto.Exit, error) {
 			st.gap()
 		default:
 			st.next++
-			if st.out[i].add(m.Data) {
-				st.res.Truncated = true
-			}
 			if w := st.live[i]; w != nil {
 				if _, err := w.Write(m.Data); err != nil {
 					return nil, fmt.Errorf("writing the exec's output: %w", err)
 				}
+			} else {
+				st.out[i].add(m.Data)
 			}
 			st.unacked += len(m.Data)
 			if st.unacked >= execproto.AckEvery/2 {
@@ -284,15 +287,14 @@ type output struct {
 	truncated bool
 }
 
-// add keeps what fits of b and reports whether something did not.
-func (o *output) add(b []byte) bool {
+// add keeps what fits of b.
+func (o *output) add(b []byte) {
 	room := o.limit - len(o.data)
 	if len(b) > room {
 		o.truncated = true
 		b = b[:max(room, 0)]
 	}
 	o.data = append(o.data, b...)
-	return o.truncated
 }
 
 // decodeReply decodes a reply of kind into v; an `error` reply is returned as *execproto.Error.

@@ -21,9 +21,11 @@ const (
 	HeaderOffset = "Kubeclip-Exec-Offset"
 	// HeaderEOF ("1") marks the last stdin message.
 	HeaderEOF = "Kubeclip-Exec-Eof"
-	// HeaderSession names the replica session of a takeover message (exec-worker to
-	// exec-worker on the io subject; clients never see it).
+	// HeaderSession and HeaderInbox name the session that took a stream over and the client
+	// inbox it serves, on a takeover message (exec-worker to exec-worker on the control
+	// subject; clients never see it).
 	HeaderSession = "Kubeclip-Exec-Session"
+	HeaderInbox   = "Kubeclip-Exec-Inbox"
 )
 
 // Kind is a message's HeaderKind.
@@ -44,8 +46,9 @@ const (
 	KindStdin Kind = "stdin"
 	KindAck   Kind = "ack"
 	KindClose Kind = "close"
-	// KindTakeover is sent by the replica that starts serving an exec's stream, so that any
-	// other replica still serving it stops.
+	// KindTakeover is sent by a session that starts serving an exec's stream to a client
+	// inbox, so that any other session serving the same inbox (this replica's or another's)
+	// stops.
 	KindTakeover Kind = "takeover"
 )
 

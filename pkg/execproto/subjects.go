@@ -49,9 +49,24 @@ func (s Subjects) Request(companyID, runID string, op Op) (string, error) {
 	return s.prefix + ".exec." + companyID + "." + runID + "." + string(op), nil
 }
 
-// IO returns the subject a client sends an exec's stdin, acks and close to:
-// <prefix>.exec.<companyId>.<runId>.io.<execId>.
-func (s Subjects) IO(companyID, runID, execID string) (string, error) {
+// IO returns the subject a client sends an exec's stdin, acks and close to, while the session
+// named session serves it: <prefix>.exec.<companyId>.<runId>.io.<execId>.<session>. Each stream
+// of an exec (its client's, after every takeover; an observer's) has its own, so acks and stdin
+// reach the session they are meant for. Clients take it from `started` and never build it.
+func (s Subjects) IO(companyID, runID, execID, session string) (string, error) {
+	base, err := s.Control(companyID, runID, execID)
+	if err != nil {
+		return "", err
+	}
+	if !ValidExecID(session) {
+		return "", InvalidRequest("session", "must be 1-%d of [A-Za-z0-9_-]", MaxExecIDLen)
+	}
+	return base + "." + session, nil
+}
+
+// Control returns the subject exec-workers tell each other about an exec's streams on (a
+// takeover): <prefix>.exec.<companyId>.<runId>.io.<execId>.
+func (s Subjects) Control(companyID, runID, execID string) (string, error) {
 	if err := events.Ref(companyID, runID).Validate(); err != nil {
 		return "", err
 	}

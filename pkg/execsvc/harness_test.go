@@ -2,12 +2,12 @@ package execsvc_test
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -381,25 +381,29 @@ func eventually(t *testing.T, what string, cond func() bool) {
 	}
 }
 
-// lines is an io.Writer that counts newlines, for tests that act mid-stream.
+// lines is an io.Writer that keeps what it is written and counts its newlines, for tests that
+// act mid-stream.
 type lines struct {
-	mu sync.Mutex
-	n  int
-	w  io.Writer
+	mu  sync.Mutex
+	n   int
+	buf bytes.Buffer
 }
 
 func (l *lines) Write(b []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.n += strings.Count(string(b), "\n")
-	if l.w != nil {
-		return l.w.Write(b)
-	}
-	return len(b), nil
+	l.n += bytes.Count(b, []byte("\n"))
+	return l.buf.Write(b)
 }
 
 func (l *lines) count() int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.n
+}
+
+func (l *lines) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.String()
 }

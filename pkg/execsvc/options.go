@@ -13,6 +13,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/kubeclip/kubeclip/pkg/events"
+	"github.com/kubeclip/kubeclip/pkg/sandboxd"
 )
 
 // Defaults of Options.
@@ -41,8 +42,6 @@ const (
 	// DefaultDrainTimeout is how long a stopping replica lets its streams finish before it
 	// cuts them; their clients attach through another replica.
 	DefaultDrainTimeout = 10 * time.Second
-	// MinMasterKeyBytes is the shortest master key accepted: a full HMAC-SHA256 key.
-	MinMasterKeyBytes = 32
 )
 
 // Options configure a Service.
@@ -57,7 +56,7 @@ type Options struct {
 	Pods Pods
 	// Route reaches sandboxd in a pod; required.
 	Route Route
-	// MasterKey derives every lease's sandboxd seed; required, at least MinMasterKeyBytes.
+	// MasterKey derives every lease's sandboxd seed (sandboxd.ReadMasterKey); required.
 	MasterKey []byte
 	// Replica names this replica in `started` and logs; defaults to the host name plus a
 	// random suffix.
@@ -95,8 +94,8 @@ func (o Options) withDefaults() (Options, error) {
 	if o.Route == nil {
 		errs = append(errs, errors.New("execsvc: Options.Route is required"))
 	}
-	if len(o.MasterKey) < MinMasterKeyBytes {
-		errs = append(errs, fmt.Errorf("execsvc: Options.MasterKey must be at least %d bytes", MinMasterKeyBytes))
+	if len(o.MasterKey) < sandboxd.MinMasterKeySize {
+		errs = append(errs, fmt.Errorf("execsvc: Options.MasterKey must be at least %d bytes", sandboxd.MinMasterKeySize))
 	}
 	for _, d := range []struct {
 		name string

@@ -304,19 +304,21 @@ func stdinState(ctx context.Context, client *sandboxd.Client, execID string) (in
 
 // serve runs the exec's session on this request's goroutine.
 func (s *Service) serveRequest(ctx context.Context, r *request, rec lease.Record, pod Pod, client *sandboxd.Client, execID, command string, record bool, from uint64, started execproto.Started) {
-	ioSubj, err := s.subjects.IO(r.ref.CompanyID, r.ref.RunID, execID)
+	id := s.opts.NewID()
+	ioSubj, err := s.subjects.IO(r.ref.CompanyID, r.ref.RunID, execID, id)
 	if err != nil {
 		s.refuse(r, err)
 		return
 	}
+	ctlSubj, _ := s.subjects.Control(r.ref.CompanyID, r.ref.RunID, execID)
 	started.IOSubject = ioSubj
 	s.opts.Observer.ExecRequest(r.op, "", s.opts.Now().Sub(r.at))
 	if command == "" {
 		command = "?" // an attach of an exec that is not recorded: logs only
 	}
 	s.serve(ctx, sessionSpec{
-		id: s.opts.NewID(), ref: r.ref, rec: rec, pod: pod, client: client, execID: execID, command: command,
-		record: record, reply: r.msg.Reply, ioSubj: ioSubj, from: from, started: started,
+		id: id, ref: r.ref, rec: rec, pod: pod, client: client, execID: execID, command: command,
+		record: record, reply: r.msg.Reply, ioSubj: ioSubj, ctlSubj: ctlSubj, from: from, started: started,
 	}, r.log)
 }
 

@@ -32,14 +32,16 @@ type Service struct {
 	ready chan struct{} // closed once the subscriptions are in place
 
 	mu     sync.Mutex
-	active map[execKey]*session
+	active map[streamKey]*session
 	wg     sync.WaitGroup
 }
 
-// execKey names an exec: its id is the client's, unique within the lease's pod.
-type execKey struct {
+// streamKey names an exec's stream to one client: the exec id is the client's, unique within
+// the lease's pod; the inbox is where the stream goes.
+type streamKey struct {
 	ref    events.RunRef
 	execID string
+	inbox  string
 }
 
 // New validates opts and returns a Service; Run starts it.
@@ -59,7 +61,7 @@ func New(opts Options) (*Service, error) {
 		clients:  newLeaseClients(opts.Route, opts.MasterKey),
 		events:   pub,
 		slots:    make(chan struct{}, opts.MaxSessions),
-		active:   map[execKey]*session{},
+		active:   map[streamKey]*session{},
 		ready:    make(chan struct{}),
 	}, nil
 }
@@ -162,10 +164,10 @@ func (s *Service) sessions() int {
 	return len(s.active)
 }
 
-// serve runs a session, replacing this replica's session of the same exec if there is one.
+// serve runs a session, replacing this replica's session of the same stream if there is one.
 func (s *Service) serve(ctx context.Context, spec sessionSpec, log zerolog.Logger) {
 	sess, sctx := newSession(ctx, s.sessionDeps(), spec, log)
-	key := execKey{ref: spec.ref, execID: spec.execID}
+	key := streamKey{ref: spec.ref, execID: spec.execID, inbox: spec.reply}
 	s.mu.Lock()
 	if old := s.active[key]; old != nil {
 		old.cancel()

@@ -58,15 +58,17 @@ type sessionSpec struct {
 	command string // base name, for logs and recorded events
 	record  bool
 	reply   string
-	ioSubj  string
+	ioSubj  string // this session's: stdin, acks, close
+	ctlSubj string // the exec's: takeovers
 	from    uint64
 	started execproto.Started
 }
 
 // session serves one exec's stream to one client inbox: `started`, the output from seq from
 // with flow control and heartbeats, and `exit` (or `error`); it relays the client's stdin, acks
-// and close from the io subject. Another session of the same exec (this replica's or
-// another's, after the client attached) takes the stream over: this one stops without a word.
+// and close from its own io subject. Another session of the same exec for the same inbox (this
+// replica's or another's, after the client attached) takes the stream over: this one stops
+// without a word. Sessions of other inboxes (an observer's attach) run side by side.
 type session struct {
 	deps sessionDeps
 	sessionSpec
@@ -98,15 +100,18 @@ func newSession(ctx context.Context, deps sessionDeps, spec sessionSpec, log zer
 // error ended it, or it was taken over or cancelled.
 func (s *session) run(ctx context.Context) {
 	defer s.cancel()
-	sub, err := s.deps.nc.Subscribe(s.ioSubj, s.onIO)
-	if err != nil {
-		s.log.Warn().Err(err).Msg("subscribing to the exec's io subject failed")
-		s.sendError(execproto.NewError(execproto.CodeUnavailable, "", "the exec-worker could not subscribe to the io subject"))
-		return
+	for subj, cb := range map[string]nats.MsgHandler{s.ioSubj: s.onIO, s.ctlSubj: s.onControl} {
+		sub, err := s.deps.nc.Subscribe(subj, cb)
+		if err != nil {
+			s.log.Warn().Err(err).Msg("subscribing to the exec's io subjects failed")
+			s.sendError(execproto.NewError(execproto.CodeUnavailable, "", "the exec-worker could not subscribe to the io subject"))
+			return
+		}
+		defer func() { _ = sub.Unsubscribe() }()
 	}
-	defer func() { _ = sub.Unsubscribe() }()
-	takeover := execproto.NewMsg(s.ioSubj, execproto.KindTakeover, nil)
+	takeover := execproto.NewMsg(s.ctlSubj, execproto.KindTakeover, nil)
 	takeover.Header.Set(execproto.HeaderSession, s.id)
+	takeover.Header.Set(execproto.HeaderInbox, s.reply)
 	_ = s.deps.nc.PublishMsg(takeover)
 	if err := s.sendJSON(execproto.KindStarted, s.started); err != nil {
 		return
@@ -137,14 +142,18 @@ func (s *session) run(ctx context.Context) {
 	}
 }
 
-// onIO handles the io subject: the client's stdin, acks and close, and other sessions'
-// takeovers. It runs on the subscription's goroutine and never blocks.
+// onControl stops the session when another one took its client's stream over.
+func (s *session) onControl(m *nats.Msg) {
+	if execproto.KindOf(m) == execproto.KindTakeover && m.Header.Get(execproto.HeaderInbox) == s.reply &&
+		m.Header.Get(execproto.HeaderSession) != s.id {
+		s.cancel()
+	}
+}
+
+// onIO handles the session's io subject: the client's stdin, acks and close. It runs on the
+// subscription's goroutine and never blocks.
 func (s *session) onIO(m *nats.Msg) {
 	switch execproto.KindOf(m) {
-	case execproto.KindTakeover:
-		if m.Header.Get(execproto.HeaderSession) != s.id {
-			s.cancel()
-		}
 	case execproto.KindAck:
 		if seq, ok := execproto.Uint(m, execproto.HeaderSeq); ok {
 			s.win.ack(seq)
