@@ -28,8 +28,12 @@ Usage:
 
 stdin goes to the command when it is not a terminal (a pipe or a file); the command's stdout and
 stderr are kubeclip's; kubeclip exits with the command's status: 128+n when signal n ended it,
-124 when its timeout did. The lease is the run's, from its created event (or --lease).
+124 when its timeout did. The lease is the run's, from its created event (waited for when the
+run was acquired a moment ago), or --lease.
 `
+
+// leaseWait bounds the wait for a run's created event: an acquire takes seconds.
+const leaseWait = 2 * time.Minute
 
 // Exit statuses that say how a command ended, as timeout(1) and shells report them.
 const (
@@ -146,36 +150,42 @@ func commandStdin() (io.Reader, int64) {
 	return os.Stdin, -1
 }
 
-// resolveLease fills in the run's providerLeaseId from its created event.
+// resolveLease fills in the run's providerLeaseId from its created event, waiting for it (a
+// run acquired a moment ago) for at most leaseWait; a failed acquire says why.
 func resolveLease(ctx context.Context, js jetstream.JetStream, s events.Subjects, l execclient.Lease) (execclient.Lease, error) {
 	if l.ProviderLeaseID != "" {
 		return l, nil
 	}
-	subj, err := s.Run(l.CompanyID, l.RunID, events.KindCreated)
-	if err != nil {
+	if err := events.Ref(l.CompanyID, l.RunID).Validate(); err != nil {
 		return l, &app.UsageError{Err: err}
 	}
-	stream, err := js.Stream(ctx, s.RunStream())
-	if err != nil {
-		return l, fmt.Errorf("opening stream %s: %w", s.RunStream(), err)
+	wctx, cancel := context.WithTimeout(ctx, leaseWait)
+	defer cancel()
+	var failed *events.RunFailedEvent
+	err := events.Follow(wctx, js, s, l.CompanyID, l.RunID, events.FollowOptions{}, func(r events.Received) error {
+		switch ev := r.Event.(type) {
+		case events.RunCreatedEvent:
+			l.ProviderLeaseID = ev.ProviderLeaseID
+			return events.ErrStopFollowing
+		case events.RunFailedEvent:
+			if ev.Request == events.LeaseAcquire {
+				failed = &ev
+				return events.ErrStopFollowing
+			}
+		}
+		return nil
+	})
+	switch {
+	case failed != nil:
+		return l, fmt.Errorf("run %s has no lease: its acquire failed: %s: %s", l.RunID, failed.Code, failed.Message)
+	case l.ProviderLeaseID != "":
+		return l, nil
+	case wctx.Err() != nil && ctx.Err() == nil:
+		return l, fmt.Errorf("run %s of company %s has no created event after %s: was it acquired?", l.RunID, l.CompanyID, leaseWait)
+	case err != nil:
+		return l, fmt.Errorf("reading the events of run %s: %w", l.RunID, err)
 	}
-	msg, err := stream.GetLastMsgForSubject(ctx, subj)
-	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		return l, fmt.Errorf("run %s of company %s has no created event: it was not acquired, or not yet", l.RunID, l.CompanyID)
-	}
-	if err != nil {
-		return l, fmt.Errorf("reading the created event of run %s: %w", l.RunID, err)
-	}
-	ev, err := s.DecodeRunEvent(msg.Subject, msg.Data)
-	if err != nil {
-		return l, fmt.Errorf("decoding the created event of run %s: %w", l.RunID, err)
-	}
-	created, ok := ev.(events.RunCreatedEvent)
-	if !ok {
-		return l, fmt.Errorf("the created event of run %s is a %T", l.RunID, ev)
-	}
-	l.ProviderLeaseID = created.ProviderLeaseID
-	return l, nil
+	return l, ctx.Err()
 }
 
 // exitStatus maps how the command ended to kubeclip's exit status.
