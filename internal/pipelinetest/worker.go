@@ -64,9 +64,9 @@ func (s *workerSet) live() []*Worker {
 	return out
 }
 
-// StartWorker starts another process of kind, with the suite's flags and a fresh id
-// (<kind>-<n>, counting every process of that kind the suite started).
-func (e *Env) StartWorker(kind string) (*Worker, error) {
+// StartWorker starts another process of kind, with the suite's flags, then extra, and a fresh
+// id (<kind>-<n>, counting every process of that kind the suite started).
+func (e *Env) StartWorker(kind string, extra ...string) (*Worker, error) {
 	id := e.workers.nextID(kind)
 	args := []string{"--nats-url", e.NATS.URL(), "--kubeconfig", e.Kubeconfig, "--log-level", "debug"}
 	switch kind {
@@ -88,6 +88,7 @@ func (e *Env) StartWorker(kind string) (*Worker, error) {
 		args = append(args, "--replica-id", id, "--sandbox-key-file", e.SandboxKeyFile, "--shutdown-timeout", "2s")
 	}
 	args = append(args, e.opts.Args[kind]...)
+	args = append(args, extra...)
 
 	logPath := filepath.Join(e.LogDir, id+".log")
 	logFile, err := os.Create(logPath)

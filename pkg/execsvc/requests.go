@@ -72,7 +72,7 @@ func (s *Service) start(ctx context.Context, r *request) {
 	}
 	defer release()
 	if req.Record {
-		if err := s.recorded.put(ctx, r.ref, req.ExecID, execproto.CommandName(req.Command)); err != nil {
+		if err := s.recorded.put(ctx, r.ref, req.ExecID, execproto.CommandName(req.Command), r.msg.Reply); err != nil {
 			s.refuse(r, err)
 			return
 		}
@@ -134,13 +134,14 @@ func (s *Service) attach(ctx context.Context, r *request) {
 	}
 	started := execproto.Started{ExecID: req.ExecID, Replica: s.opts.Replica, StdinOffset: offset, StdinClosed: closed}
 	// An attach does not repeat the start's spec: whether the exec is recorded, and under
-	// which command name, is in RecordedBucket.
-	command, record, err := s.recorded.get(ctx, r.ref, req.ExecID)
+	// which command name, is in RecordedBucket. Only its own client's stream records.
+	noted, recorded, err := s.recorded.get(ctx, r.ref, req.ExecID)
 	if err != nil {
 		s.refuse(r, err)
 		return
 	}
-	s.serveRequest(ctx, r, rec, pod, client, req.ExecID, command, record, req.FromSeq, started)
+	record := recorded && noted.Inbox == r.msg.Reply
+	s.serveRequest(ctx, r, rec, pod, client, req.ExecID, noted.Command, record, req.FromSeq, started)
 }
 
 func (s *Service) signal(ctx context.Context, r *request) {
