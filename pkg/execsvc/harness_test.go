@@ -75,6 +75,8 @@ type env struct {
 	records   lease.Records
 	client    *execclient.Client
 	clientNC  *nats.Conn
+	// replicaOpts are the replicas' connection options (credentials).
+	replicaOpts []nats.Option
 
 	mu       sync.Mutex
 	replicas []*replica
@@ -82,7 +84,20 @@ type env struct {
 
 func newEnv(t *testing.T, replicas int) *env {
 	t.Helper()
-	srv, nc, js := natstest.Start(t)
+	srv, _, _ := natstest.Start(t)
+	return newEnvOn(t, srv, roles{}, replicas)
+}
+
+// roles are the options of the test's NATS connections: the harness's own (streams, lease
+// records), the replicas' and the client's. Empty: an open server.
+type roles struct {
+	harness, replica, client []nats.Option
+}
+
+// newEnvOn sets the env up on srv.
+func newEnvOn(t *testing.T, srv *server.Server, r roles, replicas int) *env {
+	t.Helper()
+	_, js := connect(t, srv, r.harness...)
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	if err := events.EnsureStreams(ctx, js, events.Options{}); err != nil {
@@ -94,8 +109,9 @@ func newEnv(t *testing.T, replicas int) *env {
 	}
 	key := make([]byte, 32)
 	_, _ = rand.Read(key)
-	e := &env{t: t, srv: srv, js: js, masterKey: key, pods: newFakePods(), records: lease.Records{KV: kv}, clientNC: nc}
-	e.client, err = execclient.New(execclient.Options{NATS: nc, Subjects: e.subjects})
+	cnc, _ := connect(t, srv, r.client...)
+	e := &env{t: t, srv: srv, js: js, masterKey: key, pods: newFakePods(), records: lease.Records{KV: kv}, clientNC: cnc, replicaOpts: r.replica}
+	e.client, err = execclient.New(execclient.Options{NATS: cnc, Subjects: e.subjects})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -103,6 +119,31 @@ func newEnv(t *testing.T, replicas int) *env {
 		e.startReplica()
 	}
 	return e
+}
+
+// connect opens a connection to srv that the test's cleanup drains.
+func connect(t *testing.T, srv *server.Server, opts ...nats.Option) (*nats.Conn, jetstream.JetStream) {
+	t.Helper()
+	closed := make(chan struct{})
+	nc, err := nats.Connect(srv.ClientURL(), append(opts, nats.Name(t.Name()), nats.ClosedHandler(func(*nats.Conn) { close(closed) }))...)
+	if err != nil {
+		t.Fatalf("connecting to %s: %v", srv.ClientURL(), err)
+	}
+	t.Cleanup(func() {
+		if err := nc.Drain(); err != nil {
+			nc.Close()
+		}
+		select {
+		case <-closed:
+		case <-time.After(10 * time.Second):
+			nc.Close()
+		}
+	})
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return nc, js
 }
 
 // replica is one exec-worker.
@@ -122,7 +163,7 @@ func (e *env) startReplica() *replica {
 	e.mu.Lock()
 	name := fmt.Sprintf("replica-%d", len(e.replicas)+1)
 	e.mu.Unlock()
-	nc, err := nats.Connect(e.srv.ClientURL(), nats.Name(name))
+	nc, err := nats.Connect(e.srv.ClientURL(), append(e.replicaOpts, nats.Name(name))...)
 	if err != nil {
 		t.Fatal(err)
 	}
