@@ -523,8 +523,9 @@ write_cni_config() {
 EOF
 }
 
+# write_kubelet_config writes the kubelet's configuration to $1 (its real place by default).
 write_kubelet_config() {
-  cat >"$STATE/kubelet/config.yaml" <<EOF
+  cat >"${1:-$STATE/kubelet/config.yaml}" <<EOF
 apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 containerRuntimeEndpoint: unix://$CONTAINERD_SOCK
@@ -544,6 +545,12 @@ tlsPrivateKeyFile: $PKI/kubelet-serving.key
 cgroupDriver: cgroupfs
 cgroupsPerQOS: false
 enforceNodeAllocatable: []
+# In-place pod resize reads the pod's cgroup, which does not exist without QoS cgroups: the
+# 1.34 kubelet then dereferences a nil limit and crashes (kuberuntime_manager.go:839, after a
+# "Missing actuated resource record" when a pod is deleted right after it started). kubeclip
+# never resizes a pod.
+featureGates:
+  InPlacePodVerticalScaling: false
 failCgroupV1: false
 failSwapOn: false
 maxPods: 250
@@ -745,8 +752,25 @@ cluster_healthy() {
     daemon_alive "$name" || return 1
   done
   detect_node
+  kubelet_config_current || return 1
   timeout 5 "$BIN/kubectl" --kubeconfig "$ADMIN_KUBECONFIG" get --raw /readyz >/dev/null 2>&1 || return 1
   node_ready >/dev/null 2>&1
+}
+
+# kubelet_config_current: the running kubelet was started with the configuration this script
+# writes now. A cluster started by an older script (a feature gate since turned off, say) is
+# restarted rather than reused.
+kubelet_config_current() {
+  local want
+  want=$(mktemp) || return 1
+  write_kubelet_config "$want"
+  cmp -s "$want" "$STATE/kubelet/config.yaml"
+  local rc=$?
+  rm -f "$want"
+  if ((rc != 0)); then
+    log "the kubelet's configuration changed since the cluster started"
+  fi
+  return "$rc"
 }
 
 # ---------------------------------------------------------------------------------------------

@@ -62,6 +62,8 @@ type Options struct {
 	OwnershipTTL time.Duration
 	// Args adds flags per worker kind.
 	Args map[string][]string
+	// Env adds environment variables (K=V) per worker kind.
+	Env map[string][]string
 	// ClusterLock takes the cluster capacity lock shared (see LockCluster) for the whole suite.
 	ClusterLock bool
 	// ExecWorkers is how many exec-worker processes Setup starts after the other workers

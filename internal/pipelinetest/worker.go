@@ -96,6 +96,7 @@ func (e *Env) StartWorker(kind string, extra ...string) (*Worker, error) {
 		return nil, err
 	}
 	cmd := exec.Command(filepath.Join(e.Bin, kind), args...)
+	cmd.Env = append(os.Environ(), e.opts.Env[kind]...)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	if err := cmd.Start(); err != nil {
 		logFile.Close()

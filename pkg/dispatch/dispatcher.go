@@ -95,6 +95,8 @@ type Options struct {
 	Observer events.Observer
 	// StreamReplicas is the replica count of the parking stream (default 1).
 	StreamReplicas int
+	// Backoff is the retry schedule of failed messages (events.DefaultBackoff when nil).
+	Backoff func(attempt uint64) time.Duration
 	// SandboxKey is the installation's master key (sandboxd.ReadMasterKey): the run Secret of
 	// an exec-capable lease carries the seed derived from it. Without it, exec-capable backends
 	// are refused with backend_unavailable.
@@ -242,6 +244,7 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 				Concurrency:  d.opts.Concurrency,
 				DrainTimeout: d.opts.DrainTimeout,
 				MaxAttempts:  events.ConsumerMaxDeliver,
+				Backoff:      d.opts.Backoff,
 				OnTerminal:   c.onTerminal,
 				Observer:     d.opts.Observer,
 			})

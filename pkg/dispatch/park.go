@@ -81,19 +81,44 @@ func (d *Dispatcher) park(ctx context.Context, log zerolog.Logger, m jetstream.M
 	return nil
 }
 
-// unpark republishes the agent's oldest parked dispatch to the work queue, if the agent has one,
-// and deletes it from the parking stream. The republished message's id comes from the parked
-// message's sequence, so two dispatchers unparking the same one put one copy in the queue.
+// unpark republishes the agent's oldest parked dispatch whose lease is still live to the work
+// queue, and deletes it from the parking stream; parked dispatches of leases released (or
+// failed) while they waited are dropped on the way. The republished message's id comes from
+// the parked message's sequence, so two dispatchers unparking the same one put one copy in the
+// queue.
 func (d *Dispatcher) unpark(ctx context.Context, companyID, agentID string) error {
-	subj := parkedSubject(companyID, agentID)
-	parked, err := d.parked.GetMsg(ctx, 1, jetstream.WithGetMsgSubject(subj))
-	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("reading parked dispatches: %w", err)
+	parked, err := d.nextParked(ctx, parkedSubject(companyID, agentID))
+	if parked == nil || err != nil {
+		return err
 	}
 	return d.republish(ctx, parked)
+}
+
+// nextParked returns the oldest parked dispatch on subj whose lease is live, dropping the
+// others it meets first; nil when there is none.
+func (d *Dispatcher) nextParked(ctx context.Context, subj string) (*jetstream.RawStreamMsg, error) {
+	for {
+		parked, err := d.parked.GetMsg(ctx, 1, jetstream.WithGetMsgSubject(subj))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			return nil, nil
+		}
+		if err != nil {
+			return nil, fmt.Errorf("reading parked dispatches: %w", err)
+		}
+		req, err := events.DecodeDispatch(dispatchSubjectOf(parked.Data), parked.Data)
+		if err == nil {
+			rec, _, rerr := d.records.Get(ctx, events.Ref(req.CompanyID, req.RunID))
+			if rerr != nil && !errors.Is(rerr, lease.ErrNotFound) {
+				return nil, rerr
+			}
+			if rerr == nil && rec.State.Live() {
+				return parked, nil
+			}
+		}
+		if err := d.dropParked(ctx, parked.Sequence); err != nil {
+			return nil, err
+		}
+	}
 }
 
 func (d *Dispatcher) republish(ctx context.Context, parked *jetstream.RawStreamMsg) error {
@@ -160,19 +185,13 @@ func (d *Dispatcher) sweep(ctx context.Context) error {
 // the oldest of the rest back if the agent is free.
 func (d *Dispatcher) sweepAgent(ctx context.Context, subj string) error {
 	for {
-		parked, err := d.parked.GetMsg(ctx, 1, jetstream.WithGetMsgSubject(subj))
-		if errors.Is(err, jetstream.ErrMsgNotFound) {
-			return nil
-		}
-		if err != nil {
-			return fmt.Errorf("reading parked dispatches: %w", err)
+		parked, err := d.nextParked(ctx, subj)
+		if parked == nil || err != nil {
+			return err
 		}
 		req, err := events.DecodeDispatch(dispatchSubjectOf(parked.Data), parked.Data)
 		if err != nil {
-			if err := d.dropParked(ctx, parked.Sequence); err != nil {
-				return err
-			}
-			continue
+			return err // nextParked decoded it
 		}
 		queuedAt, _ := time.Parse(time.RFC3339Nano, parked.Header.Get(headerQueuedAt))
 		if waited := d.opts.Now().Sub(queuedAt); waited >= d.opts.AgentBusyTimeout {

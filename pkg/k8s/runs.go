@@ -334,8 +334,9 @@ const DefaultPodGracePeriod = 5 * time.Second
 
 // RunDeleteOptions tunes DeleteRun and DeleteWorkloadRun.
 type RunDeleteOptions struct {
-	// Propagation of the workload's deletion. Default Background: the workload disappears at once
-	// and the run's pods are deleted directly (and waited for) by DeleteRun itself.
+	// Propagation of the workload's deletion. Default Foreground for a Job (see DeleteRun) and
+	// Background otherwise: the workload disappears at once and its pods are deleted directly
+	// (and waited for).
 	Propagation metav1.DeletionPropagation
 	// PodGracePeriod is the pods' termination grace period. Zero means DefaultPodGracePeriod;
 	// anything below a second is raised to one second, because a zero grace period is a force
@@ -357,23 +358,29 @@ func (o RunDeleteOptions) withDefaults() RunDeleteOptions {
 	return o
 }
 
-// DeleteRun deletes a run's Job and its pods and returns once no pod of the Job exists any
-// more, that is once the kubelet has confirmed its containers stopped. A missing Job or pod is
-// not an error, so DeleteRun is idempotent.
+// DeleteRun deletes a run's Job and its pods and returns once neither exists any more, that is
+// once the kubelet has confirmed the containers stopped. A missing Job or pod is not an error, so
+// DeleteRun is idempotent.
 //
-// Pods are selected by the batch.kubernetes.io/job-name label the Job controller sets. They are
-// deleted directly rather than left to the garbage collector, which would use the pod's own
-// (longer) terminationGracePeriodSeconds and start only after it notices the Job is gone.
-// Waiting uses a List then a Watch from the list's resourceVersion; a pod that appears meanwhile
-// (a create the Job controller had in flight) is deleted too.
+// The Job is deleted in the foreground (unless opts says otherwise): it stays, marked for
+// deletion, until the garbage collector has removed its pods, and the Job controller never
+// creates a pod for a Job so marked. Waiting for the Job itself to be gone therefore also covers
+// a pod the controller was creating when the deletion came (background propagation removes the
+// Job at once, and such a pod could appear after its run was reported released). The pods are
+// selected by the batch.kubernetes.io/job-name label and deleted directly with opts' grace
+// period rather than the pod's own, longer one.
 //
 // The `released` event must only be published after DeleteRun returned nil: until then the
 // agent may still be running and holding the tenant's quota. The wait is bounded by ctx only (a
 // pod on a dead node stays Terminating until the node is removed); give ctx a deadline.
 func DeleteRun(ctx context.Context, cs kubernetes.Interface, namespace, jobName string, opts RunDeleteOptions) error {
+	if opts.Propagation == "" {
+		opts.Propagation = metav1.DeletePropagationForeground
+	}
 	opts = opts.withDefaults()
 	prop := opts.Propagation
-	err := cs.BatchV1().Jobs(namespace).Delete(ctx, jobName, metav1.DeleteOptions{PropagationPolicy: &prop})
+	jobs := cs.BatchV1().Jobs(namespace)
+	err := jobs.Delete(ctx, jobName, metav1.DeleteOptions{PropagationPolicy: &prop})
 	if err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("deleting Job %s/%s: %w", namespace, jobName, err)
 	}
@@ -381,7 +388,50 @@ func DeleteRun(ctx context.Context, cs kubernetes.Interface, namespace, jobName 
 	if err := deletePodsAndWait(ctx, cs, namespace, metav1.ListOptions{LabelSelector: sel}, opts.PodGracePeriod); err != nil {
 		return fmt.Errorf("deleting pods of Job %s/%s: %w", namespace, jobName, err)
 	}
+	if err := waitJobGone(ctx, jobs, jobName); err != nil {
+		return fmt.Errorf("waiting for Job %s/%s to go: %w", namespace, jobName, err)
+	}
 	return nil
+}
+
+type jobGetWatcher interface {
+	Get(ctx context.Context, name string, opts metav1.GetOptions) (*batchv1.Job, error)
+	Watch(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error)
+}
+
+// waitJobGone returns once the Job name no longer exists: a Get, then a watch from its
+// resourceVersion until the deletion.
+func waitJobGone(ctx context.Context, jobs jobGetWatcher, name string) error {
+	for {
+		job, err := jobs.Get(ctx, name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		w, err := jobs.Watch(ctx, metav1.ListOptions{FieldSelector: "metadata.name=" + name, ResourceVersion: job.ResourceVersion})
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			continue
+		}
+		gone := false
+		for ev := range w.ResultChan() {
+			if ev.Type == watch.Deleted {
+				gone = true
+				break
+			}
+		}
+		w.Stop()
+		if gone {
+			return nil
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+	}
 }
 
 // DeleteWorkloadRun is DeleteRun for a workload created through dyn at gvr (a Sandbox CR). pods

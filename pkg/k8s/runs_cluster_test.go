@@ -256,8 +256,10 @@ func TestClusterDeleteRunWaitsForPods(t *testing.T) {
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("DeleteRun with a pod held by a finalizer = %v after %v, want context.DeadlineExceeded", err, time.Since(start))
 	}
-	if _, err := c.cs.BatchV1().Jobs(ns).Get(ctx, name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
-		t.Errorf("Job after DeleteRun: %v, want NotFound", err)
+	// The Job is deleted in the foreground: it stays, marked for deletion (so its controller
+	// creates no pod), until its pods are gone.
+	if got, err := c.cs.BatchV1().Jobs(ns).Get(ctx, name, metav1.GetOptions{}); err != nil || got.DeletionTimestamp == nil {
+		t.Errorf("Job while its pod is held: %v, deletion %v; want it marked for deletion", err, got.GetDeletionTimestamp())
 	}
 	if _, err := c.cs.CoreV1().Pods(ns).Patch(ctx, pod.Name, types.MergePatchType, []byte(`{"metadata":{"finalizers":null}}`), metav1.PatchOptions{}); err != nil && !apierrors.IsNotFound(err) {
 		t.Fatal(err)
@@ -268,6 +270,9 @@ func TestClusterDeleteRunWaitsForPods(t *testing.T) {
 		t.Fatalf("DeleteRun: %v", err)
 	}
 	t.Logf("DeleteRun returned after %v", time.Since(start))
+	if _, err := c.cs.BatchV1().Jobs(ns).Get(ctx, name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("Job after DeleteRun: %v, want NotFound", err)
+	}
 	for _, key := range []string{"batch.kubernetes.io/job-name", "job-name"} {
 		pods, err := c.cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: key + "=" + name})
 		if err != nil {

@@ -221,9 +221,12 @@ func (w *Worker) ensureTenant(ctx context.Context, log zerolog.Logger, plan leas
 	if err != nil {
 		return fmt.Errorf("encoding tenant record: %w", err)
 	}
-	if _, err := w.tenants.Update(ctx, ns, data, rev); err != nil {
-		// The tenant is applied; losing the record (another replica wrote it meanwhile, or
-		// NATS hiccuped) only costs a re-apply next time. The owner never changes.
+	if _, err := w.tenants.Update(ctx, ns, data, rev); errors.Is(err, jetstream.ErrKeyExists) {
+		// Another acquire of the company applied and recorded the same tenant meanwhile.
+		log.Debug().Str(events.LogKeyNamespace, ns).Msg("tenant recorded by a concurrent acquire")
+	} else if err != nil {
+		// The tenant is applied; losing the record only costs a re-apply next time. The owner
+		// never changes.
 		log.Warn().Err(err).Str(events.LogKeyNamespace, ns).Msg("recording the applied tenant failed")
 	}
 	log.Info().Str(events.LogKeyNamespace, ns).Dur("took", w.opts.Now().Sub(start)).Msg("tenant applied")
