@@ -117,6 +117,22 @@ func TestStdinOfUnknownLength(t *testing.T) {
 	}
 }
 
+// TestStdinClosedEarly: a command that exits before reading all its stdin (head) ends the exec
+// at once; the client stops sending when sandboxd answers that stdin is closed.
+func TestStdinClosedEarly(t *testing.T) {
+	e := newEnv(t, 1)
+	l := e.newLease(newID("co"))
+	in := bytes.Repeat([]byte("0123456789"), 800<<10) // 8 MB: more than the pipe holds
+	start := time.Now()
+	res := e.run(l, execclient.Exec{Command: "head", Args: []string{"-c", "10"}, Stdin: bytes.NewReader(in), StdinBytes: int64(len(in)), Timeout: time.Minute})
+	if string(res.Stdout) != "0123456789" || res.ExitCode == nil || *res.ExitCode != 0 {
+		t.Errorf("stdout %q exit %v", res.Stdout, res.ExitCode)
+	}
+	if took := time.Since(start); took > 20*time.Second {
+		t.Errorf("took %s", took)
+	}
+}
+
 // TestLargeOutput checks that 16 MiB of stdout arrive complete and in order.
 func TestLargeOutput(t *testing.T) {
 	e := newEnv(t, 1)
