@@ -89,7 +89,9 @@ func (s *Service) start(ctx context.Context, r *request) {
 		return
 	}
 	started := execproto.Started{ExecID: req.ExecID, Replica: s.opts.Replica, StdinClosed: req.StdinBytes == 0}
+	session := s.opts.NewID()
 	if !res.Created && req.StdinBytes != 0 {
+		s.takeOver(r, req.ExecID, session)
 		if started.StdinOffset, started.StdinClosed, err = stdinState(ctx, client, req.ExecID); err != nil {
 			stop()
 			s.refuse(r, err)
@@ -100,7 +102,7 @@ func (s *Service) start(ctx context.Context, r *request) {
 	if res.Created {
 		r.log.Info().Int(logKeyBytes, int(req.StdinBytes)).Bool("record", req.Record).Msg("exec started")
 	}
-	s.serveRequest(ctx, r, rec, pod, client, req.ExecID, execproto.CommandName(req.Command), req.Record, 1, started)
+	s.serveRequest(ctx, r, session, rec, pod, client, req.ExecID, execproto.CommandName(req.Command), req.Record, 1, started)
 }
 
 func (s *Service) attach(ctx context.Context, r *request) {
@@ -126,7 +128,11 @@ func (s *Service) attach(ctx context.Context, r *request) {
 		s.refuse(r, err)
 		return
 	}
-	// The stdin state tells whether the pod knows the exec before anything is sent.
+	// The stdin state tells whether the pod knows the exec before anything is sent. The
+	// client's earlier stream is stopped first: its stdin write, blocked on a command that does
+	// not read, would hold the query up.
+	session := s.opts.NewID()
+	s.takeOver(r, req.ExecID, session)
 	offset, closed, err := stdinState(ctx, client, req.ExecID)
 	if err != nil {
 		s.refuse(r, err)
@@ -141,7 +147,7 @@ func (s *Service) attach(ctx context.Context, r *request) {
 		return
 	}
 	record := recorded && noted.Inbox == r.msg.Reply
-	s.serveRequest(ctx, r, rec, pod, client, req.ExecID, noted.Command, record, req.FromSeq, started)
+	s.serveRequest(ctx, r, session, rec, pod, client, req.ExecID, noted.Command, record, req.FromSeq, started)
 }
 
 func (s *Service) signal(ctx context.Context, r *request) {
@@ -304,8 +310,7 @@ func stdinState(ctx context.Context, client *sandboxd.Client, execID string) (in
 }
 
 // serve runs the exec's session on this request's goroutine.
-func (s *Service) serveRequest(ctx context.Context, r *request, rec lease.Record, pod Pod, client *sandboxd.Client, execID, command string, record bool, from uint64, started execproto.Started) {
-	id := s.opts.NewID()
+func (s *Service) serveRequest(ctx context.Context, r *request, id string, rec lease.Record, pod Pod, client *sandboxd.Client, execID, command string, record bool, from uint64, started execproto.Started) {
 	ioSubj, err := s.subjects.IO(r.ref.CompanyID, r.ref.RunID, execID, id)
 	if err != nil {
 		s.refuse(r, err)
@@ -321,6 +326,25 @@ func (s *Service) serveRequest(ctx context.Context, r *request, rec lease.Record
 		id: id, ref: r.ref, rec: rec, pod: pod, client: client, execID: execID, command: command,
 		record: record, reply: r.msg.Reply, ioSubj: ioSubj, ctlSubj: ctlSubj, from: from, started: started,
 	}, r.log)
+}
+
+// takeOver tells every session serving the client's stream of the exec, on any replica, to
+// stop: session is about to serve it.
+func (s *Service) takeOver(r *request, execID, session string) {
+	ctl, err := s.subjects.Control(r.ref.CompanyID, r.ref.RunID, execID)
+	if err != nil {
+		return
+	}
+	m := execproto.NewMsg(ctl, execproto.KindTakeover, nil)
+	m.Header.Set(execproto.HeaderSession, session)
+	m.Header.Set(execproto.HeaderInbox, r.msg.Reply)
+	_ = s.opts.NATS.PublishMsg(m)
+	// Also this replica's own session of the stream, at once.
+	s.mu.Lock()
+	if old := s.active[streamKey{ref: r.ref, execID: execID, inbox: r.msg.Reply}]; old != nil {
+		old.cancel()
+	}
+	s.mu.Unlock()
 }
 
 // heartbeatWhileWaiting tells the client the start is being worked on while it waits for the
