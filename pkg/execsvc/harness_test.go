@@ -1,12 +1,9 @@
 package execsvc_test
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"crypto/rand"
-	"encoding/hex"
-	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -14,7 +11,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -294,118 +290,6 @@ func (e *env) try(l *testLease, x execclient.Exec) (execclient.Result, error) {
 	defer cancel()
 	x.Lease = l.Lease
 	return e.client.Run(ctx, x)
-}
-
-// daemon is a sandboxd process.
-type daemon struct {
-	addr   string
-	dir    string
-	cmd    *exec.Cmd
-	exited chan struct{}
-}
-
-func startDaemon(t *testing.T, seed []byte) *daemon {
-	t.Helper()
-	dir := t.TempDir()
-	// Unix socket paths are limited to 108 bytes; t.TempDir() holds the test's name.
-	sockDir, err := os.MkdirTemp("", "sbd")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(sockDir) })
-	cmd := exec.Command(sandboxdBin, "serve", "--listen=127.0.0.1:0", "--socket="+filepath.Join(sockDir, "s.sock"),
-		"--journal-dir="+filepath.Join(dir, "journal"), "--log-level=info")
-	cmd.Dir = dir
-	cmd.Env = []string{"PATH=/usr/local/bin:/usr/bin:/bin", "HOME=" + dir, sandboxd.SeedEnv + "=" + hex.EncodeToString(seed)}
-	logs, err := cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	d := &daemon{dir: dir, cmd: cmd, exited: make(chan struct{})}
-	addr := make(chan string, 1)
-	go func() {
-		defer close(d.exited)
-		lines := bufio.NewScanner(logs)
-		for lines.Scan() {
-			var l struct{ Message, Addr string }
-			if json.Unmarshal(lines.Bytes(), &l) == nil && l.Message == "sandboxd serving" {
-				addr <- l.Addr
-			}
-		}
-		_ = cmd.Wait()
-	}()
-	t.Cleanup(d.kill)
-	select {
-	case d.addr = <-addr:
-	case <-time.After(30 * time.Second):
-		t.Fatal("sandboxd did not start serving within 30s")
-	}
-	return d
-}
-
-// kill ends the daemon as a pod's deletion past its grace period would.
-func (d *daemon) kill() {
-	_ = d.cmd.Process.Signal(syscall.SIGKILL)
-	<-d.exited
-}
-
-// fakePods is a table of lease pods.
-type fakePods struct {
-	mu      sync.Mutex
-	pods    map[events.RunRef]fakePod
-	changed chan struct{}
-}
-
-type fakePod struct {
-	pod   execsvc.Pod
-	ready bool
-}
-
-func newFakePods() *fakePods {
-	return &fakePods{pods: map[events.RunRef]fakePod{}, changed: make(chan struct{})}
-}
-
-func (f *fakePods) set(ref events.RunRef, p execsvc.Pod, ready bool) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.pods[ref] = fakePod{pod: p, ready: ready}
-	close(f.changed)
-	f.changed = make(chan struct{})
-}
-
-func (f *fakePods) remove(ref events.RunRef) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	delete(f.pods, ref)
-	close(f.changed)
-	f.changed = make(chan struct{})
-}
-
-func (f *fakePods) Ready(ctx context.Context, ref events.RunRef, _ lease.Record) (execsvc.Pod, error) {
-	for {
-		f.mu.Lock()
-		p, ok := f.pods[ref]
-		changed := f.changed
-		f.mu.Unlock()
-		if ok && p.ready {
-			return p.pod, nil
-		}
-		select {
-		case <-changed:
-		case <-ctx.Done():
-			return execsvc.Pod{}, ctx.Err()
-		}
-	}
-}
-
-func (f *fakePods) Current(ref events.RunRef, _ lease.Record) (execsvc.Pod, bool) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	p, ok := f.pods[ref]
-	return p.pod, ok
 }
 
 func newID(prefix string) string { return prefix + "-" + strings.ToLower(ulid.Make().String()) }
