@@ -113,6 +113,11 @@ func (s *session) run(ctx context.Context) {
 	takeover.Header.Set(execproto.HeaderSession, s.id)
 	takeover.Header.Set(execproto.HeaderInbox, s.reply)
 	_ = s.deps.nc.PublishMsg(takeover)
+	// A session taken over before it began says nothing: its `started` would point the client
+	// at an io subject nobody serves.
+	if ctx.Err() != nil {
+		return
+	}
 	if err := s.sendJSON(execproto.KindStarted, s.started); err != nil {
 		return
 	}
