@@ -1,5 +1,6 @@
 // Command kubeclip is the operator's and developer's CLI: it publishes lease requests, follows
-// a run's events in a readable form, and runs the whole pipeline locally (demo).
+// a run's events in a readable form, runs commands in exec-capable leases' pods, and runs the
+// whole pipeline locally (demo).
 package main
 
 import (
@@ -18,6 +19,8 @@ Usage:
   kubeclip acquire  --company ID --agent ID [--run ID] [--config FILE] [--follow]
   kubeclip release  --company ID --run ID --lease NAME [--destroy]
   kubeclip runs     replay|follow <runId> [--from-seq N | --since DURATION]
+  kubeclip exec     <runId> --company ID [--cwd DIR] [-e K=V]... [--timeout D] -- command [args...]
+  kubeclip attach   <runId> <execId> --company ID [--from-seq N]
   kubeclip demo     [--kubeconfig FILE]
 
 Run "kubeclip <command> --help" for a command's flags.
@@ -43,6 +46,10 @@ func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout,
 		return runFollow(ctx, rest, lookupEnv, stdout)
 	case "runs":
 		return runRuns(ctx, rest, lookupEnv, stdout)
+	case "exec":
+		return runExec(ctx, rest, lookupEnv, stdout, stderr)
+	case "attach":
+		return runAttach(ctx, rest, lookupEnv, stdout, stderr)
 	case "demo":
 		return runDemo(ctx, rest, lookupEnv, stdout, stderr)
 	default:

@@ -67,12 +67,34 @@ func (p printer) print(r events.Received) {
 		}
 	case events.RunReleasedEvent:
 		p.line("released", "lease %s %s", ev.ProviderLeaseID, ev.State)
+	case events.RunExecEvent:
+		p.exec(ev)
 	case events.RunFailedEvent:
 		field := ""
 		if ev.Field != "" {
 			field = " field=" + ev.Field
 		}
 		p.line("failed", "%s%s: %s", ev.Code, field, ev.Message)
+	}
+}
+
+// exec prints a recorded exec's chunk line by line, or how it ended.
+func (p printer) exec(ev events.RunExecEvent) {
+	if e := ev.Exit; e != nil {
+		how := "exit=?"
+		switch {
+		case e.TimedOut:
+			how = "timed out"
+		case e.Signal != nil:
+			how = "signal=" + *e.Signal
+		case e.ExitCode != nil:
+			how = fmt.Sprintf("exit=%d", *e.ExitCode)
+		}
+		p.line("exec", "%s %s %s", ev.ExecID, ev.Command, how)
+		return
+	}
+	for _, l := range strings.Split(strings.TrimSuffix(ev.Text, "\n"), "\n") {
+		p.line("exec "+ev.Stream, "%s  %s", ev.Command, l)
 	}
 }
 

@@ -112,6 +112,9 @@ func ConnectNATS(url, name string, log zerolog.Logger, extra ...nats.Option) (*n
 // UsageError marks a configuration error: the process exits 2 (see internal/cli).
 type UsageError = cli.UsageError
 
+// ExitStatus propagates the exit status of a command run on someone's behalf (see cli.ExitStatus).
+type ExitStatus = cli.ExitStatus
+
 // ExitCode maps the error returned by a binary's run function to its exit status (see cli.ExitCode).
 func ExitCode(err error) int { return cli.ExitCode(err) }
 

@@ -57,12 +57,14 @@ func (c *Common) StartOps(ctx context.Context, log zerolog.Logger) (*Ops, error)
 }
 
 // Ready makes /readyz answer from the worker's connections: ready while NATS is connected
-// and the API server answers.
-func (o *Ops) Ready(nc *nats.Conn, kube *Kube) {
+// and the API server answers, and the worker's own checks (extra) pass. A later call replaces
+// the checks of an earlier one.
+func (o *Ops) Ready(nc *nats.Conn, kube *Kube, extra ...ops.Check) {
 	if o.server == nil {
 		return
 	}
-	o.server.SetReady(ops.NATSCheck(nc), ops.KubernetesCheck(kube.Clientset.Discovery().RESTClient()))
+	checks := []ops.Check{ops.NATSCheck(nc), ops.KubernetesCheck(kube.Clientset.Discovery().RESTClient())}
+	o.server.SetReady(append(checks, extra...)...)
 }
 
 // Close stops the server and waits for it.

@@ -36,11 +36,21 @@ type UsageError struct{ Err error }
 func (e *UsageError) Error() string { return e.Err.Error() }
 func (e *UsageError) Unwrap() error { return e.Err }
 
+// ExitStatus is the exit status of a command the process ran on someone's behalf (kubeclip
+// exec propagates the remote command's): the process exits with Code and prints nothing more.
+type ExitStatus struct{ Code int }
+
+func (e *ExitStatus) Error() string { return fmt.Sprintf("exit status %d", e.Code) }
+
 // ExitCode maps the error returned by a binary's run function to its exit status:
-// 0 for success, --help and cancellation, 2 for configuration errors, 1 otherwise.
+// 0 for success, --help and cancellation, 2 for configuration errors, an ExitStatus's code,
+// 1 otherwise.
 func ExitCode(err error) int {
 	var usage *UsageError
+	var status *ExitStatus
 	switch {
+	case errors.As(err, &status):
+		return status.Code
 	case err == nil, errors.Is(err, flag.ErrHelp), errors.Is(err, context.Canceled):
 		return 0
 	case errors.As(err, &usage):
@@ -68,7 +78,8 @@ func Main(name string, run RunFunc) int {
 	defer stop()
 	err := run(ctx, os.Args[1:], os.LookupEnv, os.Stdout, os.Stderr)
 	code := ExitCode(err)
-	if code != 0 {
+	var status *ExitStatus
+	if code != 0 && !errors.As(err, &status) {
 		fmt.Fprintln(os.Stderr, name+":", err)
 	}
 	return code

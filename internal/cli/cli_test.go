@@ -27,6 +27,8 @@ func TestExitCode(t *testing.T) {
 		{"wrapped usage", fmt.Errorf("serve: %w", cli.Usage(errors.New("bad flag"))), 2},
 		{"usage of help", cli.Usage(flag.ErrHelp), 0},
 		{"other", errors.New("boom"), 1},
+		{"exit status", &cli.ExitStatus{Code: 124}, 124},
+		{"wrapped exit status", fmt.Errorf("exec: %w", &cli.ExitStatus{Code: 3}), 3},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if got := cli.ExitCode(tc.err); got != tc.want {

@@ -72,6 +72,31 @@ func (s *Set) Duration(p *time.Duration, name, env string, def time.Duration, us
 	s.add(name, env, def.String(), usage, "duration")
 }
 
+// Strings binds a setting that may be given many times (`-e A=1 -e B=2`), also under a
+// one-letter alias (empty: none). Its environment variable holds one value per line.
+func (s *Set) Strings(p *[]string, name, alias, env, usage string) {
+	if ev, ok := s.env(env); ok {
+		for _, v := range strings.Split(ev, "\n") {
+			if v != "" {
+				*p = append(*p, v)
+			}
+		}
+	}
+	fromEnv := len(*p) > 0
+	add := func(v string) error {
+		if fromEnv { // flags replace the environment's values
+			*p, fromEnv = nil, false
+		}
+		*p = append(*p, v)
+		return nil
+	}
+	s.fs.Func(name, usage, add)
+	if alias != "" {
+		s.fs.Func(alias, usage, add)
+	}
+	s.add(name, env, `""`, usage+" (repeatable)", "string")
+}
+
 // envValue is the setting's environment value, parsed, or def when the variable is unset. A
 // value that does not parse is recorded for Parse to report, naming the variable and the flag.
 func envValue[T any](s *Set, name, env string, def T, what string, parse func(string) (T, error)) T {

@@ -109,3 +109,29 @@ func TestHelpListsEveryFlagWithEnvAndDefault(t *testing.T) {
 		t.Errorf("Names = %q", got)
 	}
 }
+
+func TestStrings(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		env  map[string]string
+		args []string
+		want []string
+	}{
+		{name: "none"},
+		{name: "flag and alias, in order", args: []string{"--env", "A=1", "-e", "B=2,3"}, want: []string{"A=1", "B=2,3"}},
+		{name: "env, one per line", env: map[string]string{"T_ENV": "A=1\nB=2\n"}, want: []string{"A=1", "B=2"}},
+		{name: "flags replace env", env: map[string]string{"T_ENV": "A=1"}, args: []string{"-e", "C=3"}, want: []string{"C=3"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var got []string
+			s := New("x", func(k string) (string, bool) { v, ok := tc.env[k]; return v, ok })
+			s.Strings(&got, "env", "e", "T_ENV", "variables")
+			if err := s.Parse(tc.args); err != nil {
+				t.Fatal(err)
+			}
+			if strings.Join(got, "|") != strings.Join(tc.want, "|") {
+				t.Errorf("got %q, want %q", got, tc.want)
+			}
+		})
+	}
+}

@@ -23,6 +23,7 @@ type Metrics struct {
 	runsInFlight prometheus.Gauge
 	logBytes     prometheus.Counter
 	logLines     prometheus.Counter
+	exec         *execMetrics
 }
 
 var _ events.Observer = (*Metrics)(nil)
@@ -87,6 +88,11 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			return nil, err
 		}
 	}
+	exec, err := newExecMetrics(reg)
+	if err != nil {
+		return nil, err
+	}
+	m.exec = exec
 	return m, nil
 }
 

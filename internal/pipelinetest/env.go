@@ -36,6 +36,9 @@ const (
 	TenantWorker = "tenant-worker"
 	Dispatcher   = "dispatcher"
 	RunWatcher   = "run-watcher"
+	// ExecWorker serves exec (docs/exec.md). Suites start it with Options.ExecWorkers, or
+	// StartWorker(ExecWorker); it shares the dispatcher's sandbox key file.
+	ExecWorker = "exec-worker"
 	// CLI is the kubeclip command-line tool (not a worker).
 	CLI = "kubeclip"
 )
@@ -63,6 +66,9 @@ type Options struct {
 	Env map[string][]string
 	// ClusterLock takes the cluster capacity lock shared (see LockCluster) for the whole suite.
 	ClusterLock bool
+	// ExecWorkers is how many exec-worker processes Setup starts after the other workers
+	// (default none: only suites that exec need them).
+	ExecWorkers int
 }
 
 // Env is a running pipeline: JetStream, the workers, and a client connection.
@@ -191,6 +197,11 @@ func Setup(opts Options) (*Env, error) {
 			}
 		}
 	}
+	for range opts.ExecWorkers {
+		if _, err := e.StartWorker(ExecWorker); err != nil {
+			return e, err
+		}
+	}
 	// The streams exist once a worker started; wait for them so a test can publish at once.
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -249,10 +260,8 @@ func (e *Env) DumpLogs() {
 // Binaries returns the directory holding the worker binaries: $KUBECLIP_BIN when it has them
 // (make test builds them first), else a fresh build into a temporary directory.
 func Binaries() (string, error) {
-	if dir := os.Getenv("KUBECLIP_BIN"); dir != "" {
-		if _, err := os.Stat(filepath.Join(dir, RunWatcher)); err == nil {
-			return dir, nil
-		}
+	if dir := os.Getenv("KUBECLIP_BIN"); dir != "" && hasBinaries(dir) {
+		return dir, nil
 	}
 	dir, err := os.MkdirTemp("", "kubeclip-bin-")
 	if err != nil {
@@ -269,6 +278,16 @@ func Binaries() (string, error) {
 		return "", fmt.Errorf("building the binaries: %w", err)
 	}
 	return dir, nil
+}
+
+// hasBinaries reports whether dir holds every binary a suite may start.
+func hasBinaries(dir string) bool {
+	for _, b := range append(Kinds(), ExecWorker, CLI) {
+		if _, err := os.Stat(filepath.Join(dir, b)); err != nil {
+			return false
+		}
+	}
+	return true
 }
 
 // moduleRoot finds the directory of go.mod from the working directory up.

@@ -17,7 +17,7 @@ const stopTimeout = 40 * time.Second
 
 // Worker is one worker process.
 type Worker struct {
-	// Kind is the binary: TenantWorker, Dispatcher or RunWatcher.
+	// Kind is the binary: TenantWorker, Dispatcher, RunWatcher or ExecWorker.
 	Kind string
 	// ID names the process: its log file, and a run-watcher's --replica-id.
 	ID string
@@ -64,9 +64,9 @@ func (s *workerSet) live() []*Worker {
 	return out
 }
 
-// StartWorker starts another process of kind, with the suite's flags and a fresh id
-// (<kind>-<n>, counting every process of that kind the suite started).
-func (e *Env) StartWorker(kind string) (*Worker, error) {
+// StartWorker starts another process of kind, with the suite's flags, then extra, and a fresh
+// id (<kind>-<n>, counting every process of that kind the suite started).
+func (e *Env) StartWorker(kind string, extra ...string) (*Worker, error) {
 	id := e.workers.nextID(kind)
 	args := []string{"--nats-url", e.NATS.URL(), "--kubeconfig", e.Kubeconfig, "--log-level", "debug"}
 	switch kind {
@@ -82,8 +82,13 @@ func (e *Env) StartWorker(kind string) (*Worker, error) {
 		if e.opts.OwnershipTTL > 0 {
 			args = append(args, "--ownership-ttl", e.opts.OwnershipTTL.String())
 		}
+	case ExecWorker:
+		// A short drain: a test that stops a replica wants its streams handed over, not
+		// finished. The route is the binary's default unless Args set it.
+		args = append(args, "--replica-id", id, "--sandbox-key-file", e.SandboxKeyFile, "--shutdown-timeout", "2s")
 	}
 	args = append(args, e.opts.Args[kind]...)
+	args = append(args, extra...)
 
 	logPath := filepath.Join(e.LogDir, id+".log")
 	logFile, err := os.Create(logPath)

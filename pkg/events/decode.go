@@ -86,6 +86,9 @@ func (s Subjects) DecodeRunEvent(subject string, data []byte) (Event, error) {
 	case KindFailed:
 		var e RunFailedEvent
 		err, ev = decode(data, &e), &e
+	case KindExec:
+		var e RunExecEvent
+		err, ev = decode(data, &e), &e
 	}
 	if err != nil {
 		return nil, err
@@ -109,6 +112,8 @@ func deref(ev Event) Event {
 	case *RunReleasedEvent:
 		return *e
 	case *RunFailedEvent:
+		return *e
+	case *RunExecEvent:
 		return *e
 	}
 	return ev

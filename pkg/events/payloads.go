@@ -501,6 +501,7 @@ var (
 	_ Event = RunResultEvent{}
 	_ Event = RunReleasedEvent{}
 	_ Event = RunFailedEvent{}
+	_ Event = RunExecEvent{}
 )
 
 func runType(k RunKind) string { return "io.paperclip.run." + string(k) + ".v1" }

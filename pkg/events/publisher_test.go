@@ -45,6 +45,8 @@ func samples() []sample {
 		{ev: events.RunResultEvent{RunID: "r1", CompanyID: "c1", Outcome: events.OutcomeFailed, ExitCode: ptr(137), Reason: events.ReasonOOMKilled, Agent: &events.AgentResult{SessionID: "s", Model: "m", IsError: true, ErrorCode: "claude_truncated"}}, wantSubject: "paperclip.run.c1.r1.result", wantID: "c1.r1.result", wantType: "io.paperclip.run.result.v1", wantTime: fixedNow},
 		{ev: events.RunReleasedEvent{RunID: "r1", CompanyID: "c1", ProviderLeaseID: "pc-1", State: events.ReleaseDestroyed}, wantSubject: "paperclip.run.c1.r1.released", wantID: "c1.r1.released.destroyed", wantType: "io.paperclip.run.released.v1", wantTime: fixedNow},
 		{ev: events.NewRunFailed(events.Ref("c1", "r1"), events.LeaseAcquire, events.InvalidConfig("config.backend", "must be job or sandbox-cr")), wantSubject: "paperclip.run.c1.r1.failed", wantID: "c1.r1.failed.acquire", wantType: "io.paperclip.run.failed.v1", wantTime: fixedNow},
+		{ev: events.RunExecEvent{RunID: "r1", CompanyID: "c1", ExecID: "01K3X", Seq: 3, Command: "claude", Stream: events.ExecStderr, Text: "warn"}, wantSubject: "paperclip.run.c1.r1.exec", wantID: "c1.r1.exec.01K3X.3", wantType: "io.paperclip.run.exec.v1", wantTime: fixedNow},
+		{ev: events.RunExecEvent{RunID: "r1", CompanyID: "c1", ExecID: "01K3X", Seq: 4, Command: "claude", Exit: &events.ExecExit{ExitCode: ptr(0)}}, wantSubject: "paperclip.run.c1.r1.exec", wantID: "c1.r1.exec.01K3X.4", wantType: "io.paperclip.run.exec.v1", wantTime: fixedNow},
 	}
 }
 
@@ -133,6 +135,10 @@ func TestPublisherRejectsInvalidEvents(t *testing.T) {
 		{"released with a bad state", events.RunReleasedEvent{RunID: "r1", CompanyID: "c1"}, "state"},
 		{"failed with a bad code", events.RunFailedEvent{RunID: "r1", CompanyID: "c1", Code: "oops"}, "code"},
 		{"created with a dotted run id", events.RunCreatedEvent{RunID: "r.1", CompanyID: "c1", Phase: events.PhasePending}, "runId"},
+		{"exec with a dotted exec id", events.RunExecEvent{RunID: "r1", CompanyID: "c1", ExecID: "a.b", Seq: 1, Command: "sh", Stream: events.ExecStdout}, "execId"},
+		{"exec without seq", events.RunExecEvent{RunID: "r1", CompanyID: "c1", ExecID: "x", Command: "sh", Stream: events.ExecStdout}, "seq"},
+		{"exec chunk without stream", events.RunExecEvent{RunID: "r1", CompanyID: "c1", ExecID: "x", Seq: 1, Command: "sh"}, "stream"},
+		{"exec final with text", events.RunExecEvent{RunID: "r1", CompanyID: "c1", ExecID: "x", Seq: 2, Command: "sh", Text: "x", Exit: &events.ExecExit{}}, "stream"},
 		{"dispatch without namespace", events.DispatchRequest{AcquireRequest: events.AcquireRequest{RunID: "r1", CompanyID: "c1", EnvironmentID: "e", AgentID: "a", Config: json.RawMessage(`{}`)}}, "namespace"},
 	}
 	for _, tc := range tests {
@@ -254,7 +260,7 @@ func TestPublishStoresHeadersAndDeduplicates(t *testing.T) {
 		}
 	}
 	// One stored message per distinct id, whatever was republished.
-	for stream, want := range map[string]uint64{s.LeaseStream(): 3, s.RunStream(): 7, events.WorkStream: 1} {
+	for stream, want := range map[string]uint64{s.LeaseStream(): 3, s.RunStream(): 9, events.WorkStream: 1} {
 		st, err := js.Stream(ctx, stream)
 		if err != nil {
 			t.Fatal(err)

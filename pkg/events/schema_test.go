@@ -40,6 +40,7 @@ func schemaCases() []schemaCase {
 	usage := events.AgentUsage{InputTokens: 1, OutputTokens: 2, CachedInputTokens: 3}
 	agent := events.AgentResult{SessionID: "s", Model: "m", Usage: &usage, CostUSD: ptr(0.5), Summary: "done", IsError: true, ErrorCode: "claude_refusal"}
 	line := events.LogLine{TS: ts, Text: "x", Partial: true}
+	exit := events.ExecExit{ExitCode: ptr(0), Signal: ptr("SIGKILL"), TimedOut: true, Truncated: true}
 	return []schemaCase{
 		{file: "lease-acquire.json", full: fullAcquire(), zero: events.AcquireRequest{}},
 		{file: "lease-release.json", full: events.ReleaseRequest{RunID: "r1", CompanyID: "c1", ProviderLeaseID: "pc-1", CancelActiveWork: true, Destroy: true}, zero: events.ReleaseRequest{}},
@@ -53,6 +54,10 @@ func schemaCases() []schemaCase {
 		{file: "run-result.json", path: []string{"agent", "usage"}, full: usage, zero: events.AgentUsage{}},
 		{file: "run-released.json", full: events.RunReleasedEvent{RunID: "r1", CompanyID: "c1", At: at, ProviderLeaseID: "pc-1", State: events.ReleaseStopped}, zero: events.RunReleasedEvent{}},
 		{file: "run-failed.json", full: events.RunFailedEvent{RunID: "r1", CompanyID: "c1", At: at, Code: events.CodeInternal, Message: "m", Field: "f", Request: events.LeaseRelease}, zero: events.RunFailedEvent{}},
+		{file: "run-exec.json", full: events.RunExecEvent{RunID: "r1", CompanyID: "c1", At: at, ExecID: "01K3", Seq: 2, Command: "claude", Stream: events.ExecStdout, Text: "x", Exit: &exit, Agent: &agent}, zero: events.RunExecEvent{}},
+		{file: "run-exec.json", path: []string{"exit"}, full: exit, zero: events.ExecExit{}},
+		{file: "run-exec.json", path: []string{"agent"}, full: agent, zero: events.AgentResult{}},
+		{file: "run-exec.json", path: []string{"agent", "usage"}, full: usage, zero: events.AgentUsage{}},
 	}
 }
 
@@ -173,11 +178,20 @@ func TestSchemasMatchPayloadTypes(t *testing.T) {
 	}
 }
 
-func TestEverySchemaIsCovered(t *testing.T) {
+// eventSchemas lists the schemas of this package's payloads. The exec-*.json files in the same
+// directory are the core NATS messages of the exec protocol, not events: pkg/execproto's schema
+// test covers them.
+func eventSchemas(t *testing.T) []string {
+	t.Helper()
 	files, err := filepath.Glob(filepath.Join(schemaDir, "*.json"))
 	if err != nil {
 		t.Fatal(err)
 	}
+	return slices.DeleteFunc(files, func(f string) bool { return strings.HasPrefix(filepath.Base(f), "exec-") })
+}
+
+func TestEverySchemaIsCovered(t *testing.T) {
+	files := eventSchemas(t)
 	covered := map[string]bool{}
 	for _, tc := range schemaCases() {
 		covered[tc.file] = true
@@ -187,8 +201,8 @@ func TestEverySchemaIsCovered(t *testing.T) {
 			t.Errorf("%s has no schemaCase", f)
 		}
 	}
-	if len(files) != 9 {
-		t.Errorf("found %d schemas, want 9", len(files))
+	if len(files) != 10 {
+		t.Errorf("found %d schemas, want 10", len(files))
 	}
 }
 
@@ -244,8 +258,7 @@ func TestDocExamples(t *testing.T) {
 			}
 		})
 	}
-	files, _ := filepath.Glob(filepath.Join(schemaDir, "*.json"))
-	for _, f := range files {
+	for _, f := range eventSchemas(t) {
 		if name := strings.TrimSuffix(filepath.Base(f), ".json"); !seen[name] {
 			t.Errorf("docs/events.md has no example for %s", name)
 		}

@@ -64,11 +64,13 @@ const (
 	KindResult   RunKind = "result"
 	KindReleased RunKind = "released"
 	KindFailed   RunKind = "failed"
+	// KindExec carries a recorded exec's output and end (docs/exec.md).
+	KindExec RunKind = "exec"
 )
 
 // RunKinds lists every run event kind.
 func RunKinds() []RunKind {
-	return []RunKind{KindCreated, KindStatus, KindLog, KindResult, KindReleased, KindFailed}
+	return []RunKind{KindCreated, KindStatus, KindLog, KindResult, KindReleased, KindFailed, KindExec}
 }
 
 func (k RunKind) valid() bool {

@@ -59,7 +59,9 @@ func (s RunSpec) execPodTemplate() corev1.PodTemplateSpec {
 		Name:            SandboxdInitContainerName,
 		Image:           s.SandboxdImage,
 		ImagePullPolicy: corev1.PullIfNotPresent,
-		Command:         []string{"/sandboxd", "install", SandboxdBinary},
+		// The image's entrypoint is its sandboxd, wherever the image keeps it: the local
+		// cluster's image at /sandboxd, the production image at /usr/local/bin/sandboxd.
+		Args:            []string{"install", SandboxdBinary},
 		SecurityContext: agent.SecurityContext.DeepCopy(),
 		Resources:       *sandboxdResources.DeepCopy(),
 		VolumeMounts:    []corev1.VolumeMount{mount},

@@ -131,7 +131,7 @@ func TestExecPodsAreTheJobPodPlusSandboxd(t *testing.T) {
 	agent["volumeMounts"] = append(agent["volumeMounts"].([]any), mount)
 	podSpec["initContainers"] = []any{map[string]any{
 		"name": "sandboxd-install", "image": "kubeclip.local/sandboxd:dev", "imagePullPolicy": "IfNotPresent",
-		"command":         []any{"/sandboxd", "install", "/kubeclip/bin/sandboxd"},
+		"args":            []any{"install", "/kubeclip/bin/sandboxd"},
 		"securityContext": agent["securityContext"],
 		"resources": map[string]any{
 			"requests": map[string]any{"cpu": "100m", "memory": "128Mi"},

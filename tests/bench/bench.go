@@ -71,6 +71,8 @@ type bench struct {
 	uncleared    []burstResult
 	// replicaBursts are (f)'s bursts, by dispatcher count.
 	replicaBursts map[int][]burstResult
+	// sandboxKey is the installation's sandbox master key (phases_exec.go).
+	sandboxKey []byte
 }
 
 // newBench starts the pipeline, the bench's own event consumer and pod informer.
@@ -90,8 +92,11 @@ func newBench(ctx context.Context, s settings, stderr io.Writer) (b *bench, err 
 	if b.raw, err = newRawKube(s.kubeconfig); err != nil {
 		return b, err
 	}
+	if b.sandboxKey, err = newSandboxKey(); err != nil {
+		return b, err
+	}
 	b.logf("starting the pipeline (embedded JetStream, tenant-worker, dispatcher, run-watcher)")
-	if b.pipe, err = startPipeline(ctx, s.kubeconfig, s.workerLog, b.stats); err != nil {
+	if b.pipe, err = startPipeline(ctx, s.kubeconfig, s.workerLog, b.stats, b.sandboxKey); err != nil {
 		return b, err
 	}
 	js, err := b.pipe.jetStream(ctx, "bench", zerolog.Nop())
@@ -169,6 +174,7 @@ func (b *bench) measure(ctx context.Context) (*report, error) {
 		{phaseBurst, b.burstPhase},
 	}
 	phases = append(phases, b.replicaPhases()...)
+	phases = append(phases, b.execPhases(b.sandboxKey)...)
 	for _, p := range phases {
 		if !b.s.runs(p.name) {
 			continue

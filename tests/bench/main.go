@@ -10,6 +10,8 @@
 //	(g) SIGKILL of the run-watcher process owning a streaming run → its next log event stored
 //	    (run-watcher processes from ./bin)                                vs  the owner's KV key expiry
 //	(h) replay of a 100k-line run with events.Follow, decoding included  vs  a bare ordered consumer
+//	(i) exec of `true` in a pod lease through NATS, daemon and kube-exec routes  vs  a client-go exec
+//	(j) sustained execs/s, short polls on 4 leases × 4 in flight         vs  client-go execs, same concurrency
 //
 // The pipeline is the real one, in process: an embedded JetStream server and the tenant-worker,
 // dispatcher and run-watcher, each with its own NATS connection and Kubernetes client (so its

@@ -22,6 +22,7 @@ import (
 	"github.com/kubeclip/kubeclip/internal/pipelinetest"
 	"github.com/kubeclip/kubeclip/pkg/dispatch"
 	"github.com/kubeclip/kubeclip/pkg/k8s"
+	"github.com/kubeclip/kubeclip/pkg/policy"
 	"github.com/kubeclip/kubeclip/pkg/runwatch"
 	"github.com/kubeclip/kubeclip/pkg/tenant"
 )
@@ -41,6 +42,8 @@ const (
 type pipeline struct {
 	common app.Common
 	stats  *opStats
+	// sandboxKey is the dispatchers' sandbox master key: exec-capable leases ((i), (j)) need it.
+	sandboxKey []byte
 	// nats is the embedded server; it listens on TCP, so worker processes can join it.
 	nats   *pipelinetest.NATS
 	dir    string
@@ -66,7 +69,7 @@ type worker interface {
 
 // startPipeline starts the embedded server and the workers. workerLog names the workers' log
 // file; empty puts it in the server's temporary directory.
-func startPipeline(ctx context.Context, kubeconfig, workerLog string, stats *opStats) (p *pipeline, err error) {
+func startPipeline(ctx context.Context, kubeconfig, workerLog string, stats *opStats, sandboxKey []byte) (p *pipeline, err error) {
 	common, err := workerDefaults()
 	if err != nil {
 		return nil, err
@@ -75,7 +78,7 @@ func startPipeline(ctx context.Context, kubeconfig, workerLog string, stats *opS
 	if err != nil {
 		return nil, fmt.Errorf("creating the JetStream store: %w", err)
 	}
-	p = &pipeline{common: common, stats: stats, dir: dir}
+	p = &pipeline{common: common, stats: stats, dir: dir, sandboxKey: sandboxKey}
 	defer func() {
 		if err != nil {
 			err = errors.Join(err, p.stop())
@@ -94,6 +97,12 @@ func startPipeline(ctx context.Context, kubeconfig, workerLog string, stats *opS
 	p.common.NATSURL = p.nats.URL()
 	p.common.Kubeconfig = kubeconfig
 	return p, p.startWorkers(ctx)
+}
+
+// benchOperator is the installation policy of the bench's workers: the bench's namespace
+// prefix is the one its tenants may use.
+func benchOperator() policy.Operator {
+	return policy.Operator{NamespacePrefixes: []string{namespacePrefix}}
 }
 
 // workerDefaults returns the common settings exactly as a binary started without flags or
@@ -179,7 +188,7 @@ func (p *pipeline) tenantWorker(ctx context.Context, name string) (worker, *nats
 	}
 	w, err := tenant.New(tenant.Options{
 		Clientset: kube.Clientset, Applier: kube.Applier, JetStream: js, Subjects: subjects, Logger: log,
-		Concurrency: tenantConcurrency, DrainTimeout: p.common.ShutdownTimeout,
+		Concurrency: tenantConcurrency, DrainTimeout: p.common.ShutdownTimeout, Operator: benchOperator(),
 	})
 	return w, nc, err
 }
@@ -196,7 +205,8 @@ func (p *pipeline) dispatcher(ctx context.Context, name string) (worker, *nats.C
 	w, err := dispatch.New(dispatch.Options{
 		Clientset: kube.Clientset, Dynamic: kube.Dynamic, Applier: kube.Applier,
 		JetStream: js, Subjects: subjects, Logger: log,
-		Concurrency: dispatcherConcurrency, DrainTimeout: p.common.ShutdownTimeout,
+		Concurrency: dispatcherConcurrency, DrainTimeout: p.common.ShutdownTimeout, SandboxKey: p.sandboxKey,
+		Operator: benchOperator(),
 	})
 	return w, nc, err
 }

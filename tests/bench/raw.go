@@ -74,7 +74,7 @@ type rendered struct {
 // render renders req's run. The Secret has no owner, as k8s.CreateJobRun creates it (the owner
 // is patched in once the Job has a UID).
 func render(req events.AcquireRequest) (rendered, error) {
-	plan, err := lease.New(req, time.Now(), policy.DefaultOperator())
+	plan, err := lease.New(req, time.Now(), benchOperator())
 	if err != nil {
 		return rendered{}, fmt.Errorf("planning raw run %s: %w", req.RunID, err)
 	}

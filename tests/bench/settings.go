@@ -126,8 +126,8 @@ func (s settings) validate(fs *config.Set) error {
 	if s.ownershipTTL < time.Second || s.takeoverInterval <= 0 {
 		errs = append(errs, fmt.Errorf("%s must be at least 1s and %s > 0", fs.Names("ownership-ttl"), fs.Names("takeover-interval")))
 	}
-	if strings.Trim(s.phases, "abcdefgh, ") != "" && s.phases != "all" {
-		errs = append(errs, fmt.Errorf("%s takes phase letters a to h, or all", fs.Names("phases")))
+	if strings.Trim(s.phases, "abcdefghij, ") != "" && s.phases != "all" {
+		errs = append(errs, fmt.Errorf("%s takes phase letters a to j, or all", fs.Names("phases")))
 	}
 	return errors.Join(errs...)
 }

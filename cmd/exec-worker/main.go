@@ -1,0 +1,129 @@
+// Command exec-worker runs the commands Paperclip (and the kubeclip CLI) send over core NATS in
+// the pods of exec-capable leases, through each pod's sandboxd (pkg/execsvc, docs/exec.md).
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"github.com/kubeclip/kubeclip/internal/app"
+	"github.com/kubeclip/kubeclip/internal/config"
+	"github.com/kubeclip/kubeclip/internal/ops"
+	"github.com/kubeclip/kubeclip/pkg/execsvc"
+	"github.com/kubeclip/kubeclip/pkg/sandboxd"
+)
+
+const summary = "exec-worker runs commands in the pods of exec-capable leases for Paperclip and the kubeclip CLI."
+
+var _ execsvc.Observer = (*ops.Metrics)(nil)
+
+func main() { os.Exit(app.Main("exec-worker", run)) }
+
+type settings struct {
+	app.Common
+	Streams        app.Streams
+	Route          string
+	SandboxKeyFile string
+	MaxExecs       int
+	ReadyTimeout   time.Duration
+	ReplicaID      string
+}
+
+func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout, stderr io.Writer) error {
+	var s settings
+	fs := config.New("exec-worker", lookupEnv)
+	s.Common.Bind(fs)
+	s.Streams.Bind(fs)
+	fs.String(&s.Route, "exec-route", "KUBECLIP_EXEC_ROUTE", execsvc.RouteDaemon, "how sandboxd in a lease's pod is reached: daemon (TLS to the pod IP, port 7070, key derived per lease) or kube-exec (the Kubernetes exec API running `sandboxd proxy`)")
+	fs.String(&s.SandboxKeyFile, "sandbox-key-file", "KUBECLIP_SANDBOX_KEY_FILE", "", "file holding the installation's sandbox master key, the dispatcher's (hex or raw, at least 32 bytes); required")
+	fs.Int(&s.MaxExecs, "max-execs", "KUBECLIP_MAX_EXECS", execsvc.DefaultMaxSessions, "exec streams this replica serves at once; past it requests are answered unavailable and clients try again")
+	fs.Duration(&s.ReadyTimeout, "ready-timeout", "KUBECLIP_EXEC_READY_TIMEOUT", execsvc.DefaultReadyTimeout, "longest a start waits for its lease's pod to become ready (less when the exec's own timeout is shorter)")
+	fs.String(&s.ReplicaID, "replica-id", "KUBECLIP_REPLICA_ID", "", "this replica's name in exec answers and logs (set it to the pod name); empty: host name plus a random suffix")
+	if err := fs.Parse(args); err != nil {
+		fs.Usage(stdout, summary)
+		return app.Usage(err)
+	}
+	if err := s.Validate(fs); err != nil {
+		return &app.UsageError{Err: err}
+	}
+	masterKey, err := sandboxd.ReadMasterKey(s.SandboxKeyFile)
+	if err != nil {
+		return &app.UsageError{Err: fmt.Errorf("%s: %w", fs.Names("sandbox-key-file"), err)}
+	}
+
+	p, err := s.Start(ctx, "exec-worker", s.Streams, stderr)
+	if err != nil {
+		return err
+	}
+	defer p.Close()
+
+	pods, err := execsvc.NewPodWatcher(execsvc.PodWatcherOptions{Clientset: p.Kube.Clientset, Logger: p.Log})
+	if err != nil {
+		return err
+	}
+	var route execsvc.Route = execsvc.DaemonRoute{}
+	if s.Route == execsvc.RouteKubeExec {
+		route = &execsvc.KubeExecRoute{Config: p.Kube.Config, Clientset: p.Kube.Clientset}
+	}
+	svc, err := execsvc.New(execsvc.Options{
+		NATS: p.NATS, JetStream: p.JS, Subjects: p.Subjects, Pods: pods, Route: route, MasterKey: masterKey,
+		Replica: s.ReplicaID, Logger: p.Log, MaxSessions: s.MaxExecs, ReadyTimeout: s.ReadyTimeout,
+		DrainTimeout: s.ShutdownTimeout, StreamReplicas: s.Streams.Replicas, Observer: p.Ops.Metrics,
+	})
+	if err != nil {
+		return err
+	}
+	p.Ops.Ready(p.NATS, p.Kube, ops.Check{Name: "exec", Func: func(context.Context) error {
+		select {
+		case <-svc.Ready():
+			return nil
+		default:
+			return errors.New("not serving exec requests yet")
+		}
+	}})
+
+	// The pod cache is in before the first request is taken: a start then never misses a pod
+	// that exists.
+	watchCtx, stopWatching := context.WithCancel(context.WithoutCancel(ctx))
+	watched := make(chan error, 1)
+	go func() { watched <- pods.Run(watchCtx) }()
+	defer func() {
+		stopWatching()
+		if err := <-watched; err != nil && !errors.Is(err, context.Canceled) {
+			p.Log.Warn().Err(err).Msg("the pod watch ended with an error")
+		}
+	}()
+	select {
+	case <-pods.Synced():
+	case err := <-watched:
+		watched <- err
+		return fmt.Errorf("watching pods: %w", err)
+	case <-ctx.Done():
+		return nil
+	}
+	return svc.Run(ctx)
+}
+
+func (s *settings) Validate(fs *config.Set) error {
+	var errs []error
+	if err := s.Common.Validate(fs); err != nil {
+		errs = append(errs, err)
+	}
+	if s.Route != execsvc.RouteDaemon && s.Route != execsvc.RouteKubeExec {
+		errs = append(errs, fmt.Errorf("%s must be %s or %s, got %q", fs.Names("exec-route"), execsvc.RouteDaemon, execsvc.RouteKubeExec, s.Route))
+	}
+	if s.SandboxKeyFile == "" {
+		errs = append(errs, fmt.Errorf("%s is required: exec-workers derive every lease's key from it", fs.Names("sandbox-key-file")))
+	}
+	if s.MaxExecs <= 0 {
+		errs = append(errs, fmt.Errorf("%s must be > 0", fs.Names("max-execs")))
+	}
+	if s.ReadyTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("%s must be > 0", fs.Names("ready-timeout")))
+	}
+	return errors.Join(errs...)
+}

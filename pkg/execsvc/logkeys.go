@@ -1,0 +1,20 @@
+package execsvc
+
+// Log field keys beyond pkg/events' (run_id, tenant, namespace, code). Logs name the exec, its
+// command's base name, sizes and exit status; never arguments, environment, stdin or output.
+const (
+	logKeyExecID   = "exec_id"
+	logKeyCommand  = "command"
+	logKeyOp       = "op"
+	logKeyPod      = "pod"
+	logKeyFromSeq  = "from_seq"
+	logKeyOffset   = "offset"
+	logKeyLastSeq  = "last_seq"
+	logKeyExitCode = "exit_code"
+	logKeySignal   = "signal"
+	logKeyTimedOut = "timed_out"
+	logKeyBytes    = "bytes"
+	logKeyRoute    = "route"
+	logKeyReplica  = "replica"
+	logKeyDuration = "duration"
+)

@@ -1,0 +1,141 @@
+package execsvc
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/oklog/ulid/v2"
+	"github.com/rs/zerolog"
+
+	"github.com/kubeclip/kubeclip/pkg/events"
+	"github.com/kubeclip/kubeclip/pkg/sandboxd"
+)
+
+// Defaults of Options.
+const (
+	// DefaultMaxSessions bounds the exec streams one replica serves at once. A Paperclip run
+	// keeps a handful in flight (four uploads, the agent command, bridge polls), so this is a
+	// few hundred runs per replica; past it a replica answers unavailable and the client tries
+	// again, usually reaching another replica.
+	DefaultMaxSessions = 2048
+	// DefaultReadyTimeout bounds how long a start waits for its pod to become ready when the
+	// exec's own timeout is longer or unset: a pod that is not ready in two minutes is stuck
+	// (image pull, scheduling), and the run-watcher reports why.
+	DefaultReadyTimeout = 2 * time.Minute
+	// DefaultHeartbeat is how often a quiet stream (or a start waiting for its pod) sends a
+	// heartbeat; clients attach again after three seconds without a message.
+	DefaultHeartbeat = time.Second
+	// DefaultLinger is how long a stream waits, after its exit, for the client's close before
+	// it stops; sandboxd drops the journal ten minutes after exit anyway.
+	DefaultLinger = 30 * time.Second
+	// DefaultAckPatience is how long a stream whose window is full waits for an ack before it
+	// decides the client is gone. A client that only paused attaches again and continues.
+	DefaultAckPatience = time.Minute
+	// DefaultReconnect is how long a broken output stream is reopened while the pod lives
+	// before the exec is answered unavailable.
+	DefaultReconnect = 15 * time.Second
+	// DefaultDrainTimeout is how long a stopping replica lets its streams finish before it
+	// cuts them; their clients attach through another replica.
+	DefaultDrainTimeout = 10 * time.Second
+)
+
+// Options configure a Service.
+type Options struct {
+	// NATS carries the requests and the streams; required.
+	NATS *nats.Conn
+	// JetStream reads lease records and stores recorded execs' events; required.
+	JetStream jetstream.JetStream
+	// Subjects carries the subject prefix.
+	Subjects events.Subjects
+	// Pods finds the lease pods; required.
+	Pods Pods
+	// Route reaches sandboxd in a pod; required.
+	Route Route
+	// MasterKey derives every lease's sandboxd seed (sandboxd.ReadMasterKey); required.
+	MasterKey []byte
+	// Replica names this replica in `started` and logs; defaults to the host name plus a
+	// random suffix.
+	Replica string
+	Logger  zerolog.Logger
+	// Now is the clock (default time.Now); NewID makes session ids (default a ULID).
+	Now   func() time.Time
+	NewID func() string
+	// MaxSessions, ReadyTimeout, Heartbeat, Linger, AckPatience, Reconnect and DrainTimeout
+	// default to the constants above.
+	MaxSessions  int
+	ReadyTimeout time.Duration
+	Heartbeat    time.Duration
+	Linger       time.Duration
+	AckPatience  time.Duration
+	Reconnect    time.Duration
+	DrainTimeout time.Duration
+	// StreamReplicas is the replica count of RecordedBucket (default 1).
+	StreamReplicas int
+	// Observer is told about requests and streams (metrics); nil means none.
+	Observer Observer
+}
+
+func (o Options) withDefaults() (Options, error) {
+	var errs []error
+	if o.NATS == nil {
+		errs = append(errs, errors.New("execsvc: Options.NATS is required"))
+	}
+	if o.JetStream == nil {
+		errs = append(errs, errors.New("execsvc: Options.JetStream is required"))
+	}
+	if o.Pods == nil {
+		errs = append(errs, errors.New("execsvc: Options.Pods is required"))
+	}
+	if o.Route == nil {
+		errs = append(errs, errors.New("execsvc: Options.Route is required"))
+	}
+	if len(o.MasterKey) < sandboxd.MinMasterKeySize {
+		errs = append(errs, fmt.Errorf("execsvc: Options.MasterKey must be at least %d bytes", sandboxd.MinMasterKeySize))
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"ReadyTimeout", o.ReadyTimeout}, {"Heartbeat", o.Heartbeat}, {"Linger", o.Linger}, {"AckPatience", o.AckPatience}, {"Reconnect", o.Reconnect}, {"DrainTimeout", o.DrainTimeout}} {
+		if d.v < 0 {
+			errs = append(errs, fmt.Errorf("execsvc: Options.%s must not be negative", d.name))
+		}
+	}
+	if o.MaxSessions < 0 {
+		errs = append(errs, errors.New("execsvc: Options.MaxSessions must not be negative"))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return o, err
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	if o.NewID == nil {
+		o.NewID = func() string { return ulid.Make().String() }
+	}
+	if o.Replica == "" {
+		host, _ := os.Hostname()
+		o.Replica = fmt.Sprintf("%s-%s", host, strings.ToLower(ulid.Make().String()[20:]))
+	}
+	if o.MaxSessions == 0 {
+		o.MaxSessions = DefaultMaxSessions
+	}
+	defaults := []struct {
+		p *time.Duration
+		v time.Duration
+	}{{&o.ReadyTimeout, DefaultReadyTimeout}, {&o.Heartbeat, DefaultHeartbeat}, {&o.Linger, DefaultLinger},
+		{&o.AckPatience, DefaultAckPatience}, {&o.Reconnect, DefaultReconnect}, {&o.DrainTimeout, DefaultDrainTimeout}}
+	for _, d := range defaults {
+		if *d.p == 0 {
+			*d.p = d.v
+		}
+	}
+	if o.Observer == nil {
+		o.Observer = nopObserver{}
+	}
+	return o, nil
+}

@@ -1,0 +1,269 @@
+package execsvc
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/rs/zerolog"
+
+	"github.com/kubeclip/kubeclip/pkg/events"
+	"github.com/kubeclip/kubeclip/pkg/execproto"
+	"github.com/kubeclip/kubeclip/pkg/lease"
+	"github.com/kubeclip/kubeclip/pkg/sandboxd"
+)
+
+// attachReadyTimeout bounds how long an attach waits for a pod that exists but is not ready:
+// an attach follows a start that found it ready, so this is a pod restarting its container.
+const attachReadyTimeout = 10 * time.Second
+
+// handle answers one request. Start and attach then serve the exec's stream, for as long as
+// the command runs.
+func (s *Service) handle(ctx context.Context, m *nats.Msg) {
+	if m.Reply == "" {
+		s.log.Debug().Str(events.LogKeySubject, m.Subject).Msg("exec request without a reply subject dropped")
+		return
+	}
+	companyID, runID, op, err := s.subjects.ParseRequest(m.Subject)
+	if err != nil {
+		s.replyError(m.Reply, execproto.InvalidRequest("", "subject is not <prefix>.exec.<companyId>.<runId>.start|attach|signal"))
+		return
+	}
+	r := &request{
+		msg: m, op: op, ref: events.Ref(companyID, runID), at: s.opts.Now(),
+		log: s.log.With().Str(events.LogKeyTenant, companyID).Str(events.LogKeyRunID, runID).Str(logKeyOp, string(op)).Logger(),
+	}
+	switch op {
+	case execproto.OpStart:
+		s.start(ctx, r)
+	case execproto.OpAttach:
+		s.attach(ctx, r)
+	case execproto.OpSignal:
+		s.signal(ctx, r)
+	}
+}
+
+// request is one request being answered.
+type request struct {
+	msg *nats.Msg
+	op  execproto.Op
+	ref events.RunRef
+	at  time.Time
+	log zerolog.Logger
+}
+
+func (s *Service) start(ctx context.Context, r *request) {
+	var req execproto.StartRequest
+	if err := decode(r.msg.Data, &req); err != nil {
+		s.refuse(r, err)
+		return
+	}
+	r.log = r.log.With().Str(logKeyExecID, req.ExecID).Str(logKeyCommand, execproto.CommandName(req.Command)).Logger()
+	rec, err := s.admit(ctx, r, req.ProviderLeaseID)
+	if err != nil {
+		s.refuse(r, err)
+		return
+	}
+	release, ok := s.acquireSlot()
+	if !ok {
+		s.refuse(r, execproto.NewError(execproto.CodeUnavailable, "", "the exec-worker serves its maximum of streams; try again"))
+		return
+	}
+	defer release()
+	if req.Record {
+		if err := s.recorded.put(ctx, r.ref, req.ExecID, execproto.CommandName(req.Command), r.msg.Reply); err != nil {
+			s.refuse(r, err)
+			return
+		}
+	}
+	stop := s.heartbeatWhileWaiting(r)
+	wait := s.opts.ReadyTimeout
+	if t := time.Duration(req.TimeoutMs) * time.Millisecond; t > 0 && t < wait {
+		wait = t
+	}
+	pod, client, res, err := s.startExec(ctx, r, rec, req.Spec(), wait)
+	if err != nil {
+		stop()
+		s.refuse(r, err)
+		return
+	}
+	started := execproto.Started{ExecID: req.ExecID, Replica: s.opts.Replica, StdinClosed: req.StdinBytes == 0}
+	session := s.opts.NewID()
+	if !res.Created && req.StdinBytes != 0 {
+		s.takeOver(r, req.ExecID, session)
+		if started.StdinOffset, started.StdinClosed, err = stdinState(ctx, client, req.ExecID); err != nil {
+			stop()
+			s.refuse(r, err)
+			return
+		}
+	}
+	stop()
+	if res.Created {
+		r.log.Info().Int(logKeyBytes, int(req.StdinBytes)).Bool("record", req.Record).Msg("exec started")
+	}
+	s.serveRequest(ctx, r, session, rec, pod, client, req.ExecID, execproto.CommandName(req.Command), req.Record, 1, started)
+}
+
+func (s *Service) attach(ctx context.Context, r *request) {
+	var req execproto.AttachRequest
+	if err := decode(r.msg.Data, &req); err != nil {
+		s.refuse(r, err)
+		return
+	}
+	r.log = r.log.With().Str(logKeyExecID, req.ExecID).Uint64(logKeyFromSeq, req.FromSeq).Logger()
+	rec, err := s.admit(ctx, r, req.ProviderLeaseID)
+	if err != nil {
+		s.refuse(r, err)
+		return
+	}
+	release, ok := s.acquireSlot()
+	if !ok {
+		s.refuse(r, execproto.NewError(execproto.CodeUnavailable, "", "the exec-worker serves its maximum of streams; try again"))
+		return
+	}
+	defer release()
+	pod, client, err := s.reach(ctx, r, rec)
+	if err != nil {
+		s.refuse(r, err)
+		return
+	}
+	// The stdin state tells whether the pod knows the exec before anything is sent. The
+	// client's earlier stream is stopped first: its stdin write, blocked on a command that does
+	// not read, would hold the query up.
+	session := s.opts.NewID()
+	s.takeOver(r, req.ExecID, session)
+	offset, closed, err := stdinState(ctx, client, req.ExecID)
+	if err != nil {
+		s.refuse(r, err)
+		return
+	}
+	started := execproto.Started{ExecID: req.ExecID, Replica: s.opts.Replica, StdinOffset: offset, StdinClosed: closed}
+	// An attach does not repeat the start's spec: whether the exec is recorded, and under
+	// which command name, is in RecordedBucket. Only its own client's stream records.
+	noted, recorded, err := s.recorded.get(ctx, r.ref, req.ExecID)
+	if err != nil {
+		s.refuse(r, err)
+		return
+	}
+	record := recorded && noted.Inbox == r.msg.Reply
+	s.serveRequest(ctx, r, session, rec, pod, client, req.ExecID, noted.Command, record, req.FromSeq, started)
+}
+
+// admit checks the request's lease (checkLease).
+func (s *Service) admit(ctx context.Context, r *request, providerLeaseID string) (lease.Record, error) {
+	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	rec, err := checkLease(rctx, s.leases, r.ref, providerLeaseID)
+	var perr *execproto.Error
+	if err != nil && !errors.As(err, &perr) {
+		r.log.Warn().Err(err).Msg("reading the lease record failed")
+		return rec, execproto.NewError(execproto.CodeUnavailable, "", "the lease record could not be read; try again")
+	}
+	if err == nil {
+		r.log = r.log.With().Str(events.LogKeyNamespace, rec.Namespace).Str(logKeyPod, rec.WorkloadName).Logger()
+	}
+	return rec, err
+}
+
+// serve runs the exec's session on this request's goroutine.
+func (s *Service) serveRequest(ctx context.Context, r *request, id string, rec lease.Record, pod Pod, client *sandboxd.Client, execID, command string, record bool, from uint64, started execproto.Started) {
+	ioSubj, err := s.subjects.IO(r.ref.CompanyID, r.ref.RunID, execID, id)
+	if err != nil {
+		s.refuse(r, err)
+		return
+	}
+	ctlSubj, _ := s.subjects.Control(r.ref.CompanyID, r.ref.RunID, execID)
+	started.IOSubject = ioSubj
+	s.opts.Observer.ExecRequest(r.op, "", s.opts.Now().Sub(r.at))
+	if command == "" {
+		command = "?" // an attach of an exec that is not recorded: logs only
+	}
+	s.serve(ctx, sessionSpec{
+		id: id, ref: r.ref, rec: rec, pod: pod, client: client, execID: execID, command: command,
+		record: record, reply: r.msg.Reply, ioSubj: ioSubj, ctlSubj: ctlSubj, from: from, started: started,
+	}, r.log)
+}
+
+// takeOver tells every session serving the client's stream of the exec, on any replica, to
+// stop: session is about to serve it.
+func (s *Service) takeOver(r *request, execID, session string) {
+	ctl, err := s.subjects.Control(r.ref.CompanyID, r.ref.RunID, execID)
+	if err != nil {
+		return
+	}
+	m := execproto.NewMsg(ctl, execproto.KindTakeover, nil)
+	m.Header.Set(execproto.HeaderSession, session)
+	m.Header.Set(execproto.HeaderInbox, r.msg.Reply)
+	_ = s.opts.NATS.PublishMsg(m)
+	// Also this replica's own session of the stream, at once.
+	s.mu.Lock()
+	if old := s.active[streamKey{ref: r.ref, execID: execID, inbox: r.msg.Reply}]; old != nil {
+		old.cancel()
+	}
+	s.mu.Unlock()
+}
+
+// heartbeatWhileWaiting tells the client the start is being worked on while it waits for the
+// pod, so it does not send the start again; the returned func stops it.
+func (s *Service) heartbeatWhileWaiting(r *request) func() {
+	done := make(chan struct{})
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		t := time.NewTicker(s.opts.Heartbeat)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				_ = s.opts.NATS.PublishMsg(execproto.NewMsg(r.msg.Reply, execproto.KindHeartbeat, nil))
+			}
+		}
+	}()
+	return func() {
+		select {
+		case <-done:
+		default:
+			close(done)
+			<-stopped
+		}
+	}
+}
+
+// refuse answers the request with an `error`.
+func (s *Service) refuse(r *request, err error) {
+	perr := r.asProtocolError(err)
+	r.log.Info().Str(events.LogKeyCode, string(perr.Code)).Str(events.LogKeyField, perr.Field).Msg("exec request refused")
+	s.opts.Observer.ExecRequest(r.op, perr.Code, s.opts.Now().Sub(r.at))
+	s.replyError(r.msg.Reply, perr)
+}
+
+// asProtocolError returns err as the *execproto.Error to answer with: unavailable for anything
+// that is not one (logged here, never sent: it may name internals).
+func (r *request) asProtocolError(err error) *execproto.Error {
+	var perr *execproto.Error
+	if errors.As(err, &perr) {
+		return perr
+	}
+	if errors.Is(err, context.Canceled) {
+		return execproto.NewError(execproto.CodeUnavailable, "", "the exec-worker is stopping; try again")
+	}
+	r.log.Warn().Err(err).Msg("exec request failed")
+	return execproto.NewError(execproto.CodeUnavailable, "", "the exec-worker could not serve the request; try again")
+}
+
+func (s *Service) replyError(reply string, e *execproto.Error) {
+	if m, err := execproto.NewJSONMsg(reply, execproto.KindError, e); err == nil {
+		_ = s.opts.NATS.PublishMsg(m)
+	}
+}
+
+// decode reads a request strictly and validates it.
+func decode(data []byte, v interface{ Validate() error }) error {
+	if err := execproto.Decode(data, v); err != nil {
+		return err
+	}
+	return v.Validate()
+}

@@ -1,0 +1,401 @@
+package execsvc
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/rs/zerolog"
+
+	"github.com/kubeclip/kubeclip/pkg/events"
+	"github.com/kubeclip/kubeclip/pkg/execproto"
+	"github.com/kubeclip/kubeclip/pkg/lease"
+	"github.com/kubeclip/kubeclip/pkg/sandboxd"
+)
+
+// natsConn is the part of *nats.Conn a session uses.
+type natsConn interface {
+	PublishMsg(m *nats.Msg) error
+	Subscribe(subject string, cb nats.MsgHandler) (*nats.Subscription, error)
+}
+
+var _ natsConn = (*nats.Conn)(nil)
+
+// stdinQueue is how many stdin messages wait for sandboxd: a client sends one at a time and
+// waits for its answer, so more means a client that does not follow the protocol.
+const stdinQueue = 4
+
+// stdinWriteTimeout bounds one stdin write: a command that does not read its stdin blocks the
+// pipe; the client's request times out first and it sends again after the next `started`.
+const stdinWriteTimeout = time.Minute
+
+// sessionDeps is what a session needs from the service, handed to it.
+type sessionDeps struct {
+	nc        natsConn
+	pods      Pods
+	events    eventPublisher
+	observer  Observer
+	now       func() time.Time
+	heartbeat time.Duration
+	linger    time.Duration
+	patience  time.Duration
+	reconnect time.Duration
+}
+
+// sessionSpec is one exec stream to serve.
+type sessionSpec struct {
+	id      string // this session, in takeover messages
+	ref     events.RunRef
+	rec     lease.Record
+	pod     Pod
+	client  *sandboxd.Client
+	execID  string
+	command string // base name, for logs and recorded events
+	record  bool
+	reply   string
+	ioSubj  string // this session's: stdin, acks, close
+	ctlSubj string // the exec's: takeovers
+	from    uint64
+	started execproto.Started
+}
+
+// session serves one exec's stream to one client inbox: `started`, the output from seq from
+// with flow control and heartbeats, and `exit` (or `error`); it relays the client's stdin, acks
+// and close from its own io subject. Another session of the same exec for the same inbox (this
+// replica's or another's, after the client attached) takes the stream over: this one stops
+// without a word. Sessions of other inboxes (an observer's attach) run side by side.
+type session struct {
+	deps sessionDeps
+	sessionSpec
+	log zerolog.Logger
+	// cancel ends the session's context: a takeover, the client's close.
+	cancel context.CancelFunc
+
+	win      *window
+	lastSent atomic.Uint64 // the highest seq sent
+	lastMsg  atomic.Int64  // when the client was last sent anything (unix nanoseconds)
+	finished atomic.Bool   // exit or error sent: heartbeats stop
+	closed   atomic.Bool   // the client sent close
+	stdin    chan *nats.Msg
+}
+
+// newSession returns the session and the context to run it with; its cancel is the session's
+// from the start, so a newer session of the exec can end it before it runs.
+func newSession(ctx context.Context, deps sessionDeps, spec sessionSpec, log zerolog.Logger) (*session, context.Context) {
+	ctx, cancel := context.WithCancel(ctx)
+	s := &session{
+		deps: deps, sessionSpec: spec, log: log, cancel: cancel,
+		win: newWindow(spec.from - 1), stdin: make(chan *nats.Msg, stdinQueue),
+	}
+	s.lastSent.Store(spec.from - 1)
+	return s, ctx
+}
+
+// run serves the stream until the exit was sent and the client closed (or lingered out), an
+// error ended it, or it was taken over or cancelled.
+func (s *session) run(ctx context.Context) {
+	defer s.cancel()
+	for subj, cb := range map[string]nats.MsgHandler{s.ioSubj: s.onIO, s.ctlSubj: s.onControl} {
+		sub, err := s.deps.nc.Subscribe(subj, cb)
+		if err != nil {
+			s.log.Warn().Err(err).Msg("subscribing to the exec's io subjects failed")
+			s.sendError(execproto.NewError(execproto.CodeUnavailable, "", "the exec-worker could not subscribe to the io subject"))
+			return
+		}
+		defer func() { _ = sub.Unsubscribe() }()
+	}
+	takeover := execproto.NewMsg(s.ctlSubj, execproto.KindTakeover, nil)
+	takeover.Header.Set(execproto.HeaderSession, s.id)
+	takeover.Header.Set(execproto.HeaderInbox, s.reply)
+	_ = s.deps.nc.PublishMsg(takeover)
+	// A session taken over before it began says nothing: its `started` would point the client
+	// at an io subject nobody serves.
+	if ctx.Err() != nil {
+		return
+	}
+	if err := s.sendJSON(execproto.KindStarted, s.started); err != nil {
+		return
+	}
+
+	var wg sync.WaitGroup
+	wg.Go(func() { s.heartbeats(ctx) })
+	wg.Go(func() { s.relayStdin(ctx) })
+	exit, err := s.relayOutput(ctx)
+	s.finished.Store(true)
+	var perr *execproto.Error
+	switch {
+	case exit != nil:
+		s.log.Debug().Uint64(logKeyLastSeq, exit.LastSeq).Msg("exec stream done")
+		s.lingerForClose(ctx)
+	case errors.As(err, &perr):
+		s.log.Info().Str(events.LogKeyCode, string(perr.Code)).Msg("exec stream ended with an error")
+		s.sendError(perr)
+	case ctx.Err() != nil:
+		s.log.Debug().Msg("exec stream handed over or stopped")
+	default:
+		s.log.Info().Err(err).Msg("exec stream stopped")
+	}
+	s.cancel()
+	wg.Wait()
+	if s.closed.Load() {
+		s.deleteJournal(ctx)
+	}
+}
+
+// onControl stops the session when another one took its client's stream over.
+func (s *session) onControl(m *nats.Msg) {
+	if execproto.KindOf(m) == execproto.KindTakeover && m.Header.Get(execproto.HeaderInbox) == s.reply &&
+		m.Header.Get(execproto.HeaderSession) != s.id {
+		s.cancel()
+	}
+}
+
+// onIO handles the session's io subject: the client's stdin, acks and close. It runs on the
+// subscription's goroutine and never blocks.
+func (s *session) onIO(m *nats.Msg) {
+	switch execproto.KindOf(m) {
+	case execproto.KindAck:
+		if seq, ok := execproto.Uint(m, execproto.HeaderSeq); ok {
+			s.win.ack(seq)
+		}
+	case execproto.KindStdin:
+		if m.Reply == "" {
+			return
+		}
+		select {
+		case s.stdin <- m:
+		default: // unanswered: the client sends it again
+		}
+	case execproto.KindClose:
+		s.closed.Store(true)
+		s.cancel()
+	}
+}
+
+// relayOutput streams the journal to the client until the exit frame, reopening a broken stream
+// from the next seq while the pod lives. A recorded exec is read from seq 1 whatever the
+// client needs, to rebuild the recorder's state; its events are stored before the chunks go.
+func (s *session) relayOutput(ctx context.Context) (*sandboxd.Exit, error) {
+	var rec *recorder
+	read := s.from - 1 // the last seq read from the journal
+	if s.record {
+		rec, read = newRecorder(s.ref, s.execID, s.command), 0
+	}
+	opened := false
+	var brokenSince time.Time
+	backoff := 100 * time.Millisecond
+	for {
+		stream, err := s.client.Output(ctx, s.execID, read+1)
+		if err == nil {
+			opened = true
+			before := read
+			var exit *sandboxd.Exit
+			exit, err = s.pump(ctx, stream, rec, &read)
+			_ = stream.Close()
+			if exit != nil || errors.Is(err, errClientGone) || errors.Is(err, errUnreachable) || isTerminal(err) {
+				return exit, err
+			}
+			if read > before {
+				brokenSince, backoff = time.Time{}, 100*time.Millisecond
+			}
+		}
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		switch {
+		case errors.Is(err, sandboxd.ErrNotFound) && !opened:
+			return nil, execproto.NewError(execproto.CodeExecNotFound, "execId", "the pod has no exec %s (never started, closed, or expired)", s.execID)
+		case errors.Is(err, sandboxd.ErrNotFound):
+			return nil, execproto.NewError(execproto.CodeWorkloadLost, "", "the exec's journal is gone: sandboxd in pod %s restarted", s.rec.WorkloadName)
+		case errors.Is(err, sandboxd.ErrInvalidRequest) && !opened:
+			return nil, execproto.NewError(execproto.CodeInvalidRequest, "fromSeq", "is beyond the exec's journal")
+		}
+		if cur, ok := s.deps.pods.Current(s.ref, s.rec); !ok || cur.UID != s.pod.UID {
+			return nil, execproto.NewError(execproto.CodeWorkloadLost, "", "the pod of lease %s is gone", s.rec.WorkloadName)
+		}
+		now := s.deps.now()
+		if brokenSince.IsZero() {
+			brokenSince = now
+		}
+		if now.Sub(brokenSince) > s.deps.reconnect {
+			return nil, execproto.NewError(execproto.CodeUnavailable, "", "sandboxd in pod %s stopped answering", s.rec.WorkloadName)
+		}
+		s.log.Debug().Err(err).Uint64(logKeyFromSeq, read+1).Msg("reopening the exec's output stream")
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, time.Second)
+	}
+}
+
+// pump relays one output stream's frames; read advances with every chunk read.
+func (s *session) pump(ctx context.Context, stream *sandboxd.OutputStream, rec *recorder, read *uint64) (*sandboxd.Exit, error) {
+	for {
+		f, err := stream.Next()
+		if err != nil {
+			return nil, err
+		}
+		switch f := f.(type) {
+		case *sandboxd.Chunk:
+			if f.Seq != *read+1 {
+				return nil, fmt.Errorf("%w: chunk %d after %d", sandboxd.ErrProtocol, f.Seq, *read)
+			}
+			*read = f.Seq
+			if rec != nil {
+				ev := rec.chunk(f)
+				if f.Seq < s.from {
+					continue // the client has it, and so has the stream
+				}
+				if err := s.store(ctx, ev); err != nil {
+					return nil, err
+				}
+			}
+			if err := s.win.wait(ctx, len(f.Data), execproto.MaxUnacked, s.deps.patience); err != nil {
+				return nil, err
+			}
+			m := execproto.NewMsg(s.reply, execproto.KindOut, f.Data)
+			execproto.SetUint(m, execproto.HeaderSeq, f.Seq)
+			m.Header.Set(execproto.HeaderStream, f.Stream.String())
+			s.win.add(f.Seq, len(f.Data))
+			if err := s.publish(m); err != nil {
+				return nil, err
+			}
+			s.lastSent.Store(f.Seq)
+			s.deps.observer.ExecOutput(len(f.Data))
+		case *sandboxd.Exit:
+			if rec != nil {
+				if err := s.store(ctx, rec.exit(f)); err != nil {
+					return nil, err
+				}
+			}
+			s.log.Info().Uint64(logKeyLastSeq, f.LastSeq).Any(logKeyExitCode, f.ExitCode).Any(logKeySignal, f.Signal).
+				Bool(logKeyTimedOut, f.TimedOut).Int64(logKeyBytes, f.StdoutBytes+f.StderrBytes).Msg("exec exited")
+			if err := s.sendJSON(execproto.KindExit, f); err != nil {
+				return nil, err
+			}
+			return f, nil
+		}
+	}
+}
+
+// store publishes a recorded exec's event, retrying while the stream is unavailable.
+func (s *session) store(ctx context.Context, ev events.RunExecEvent) error {
+	return publishRetrying(ctx, s.deps.events, ev, func(err error) {
+		s.log.Warn().Err(err).Uint64(events.LogKeySeq, ev.Seq).Msg("storing a recorded exec's event failed; retrying")
+	})
+}
+
+// heartbeats tells the client the stream is alive whenever it was sent nothing for a
+// heartbeat interval; the header carries the last seq sent, so a client that lost the last
+// chunk before a quiet spell notices the gap.
+func (s *session) heartbeats(ctx context.Context) {
+	t := time.NewTicker(s.deps.heartbeat / 4)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if s.finished.Load() {
+			return
+		}
+		if s.deps.now().Sub(time.Unix(0, s.lastMsg.Load())) < s.deps.heartbeat {
+			continue
+		}
+		m := execproto.NewMsg(s.reply, execproto.KindHeartbeat, nil)
+		execproto.SetUint(m, execproto.HeaderSeq, s.lastSent.Load())
+		_ = s.publish(m)
+	}
+}
+
+// relayStdin writes the client's stdin messages to sandboxd, one at a time, and answers each
+// with sandboxd's offset. A write that fails in transport is not answered: the client sends it
+// again after its request times out.
+func (s *session) relayStdin(ctx context.Context) {
+	for {
+		var m *nats.Msg
+		select {
+		case <-ctx.Done():
+			return
+		case m = <-s.stdin:
+		}
+		offset, ok := execproto.Uint(m, execproto.HeaderOffset)
+		if !ok {
+			continue
+		}
+		eof := m.Header.Get(execproto.HeaderEOF) == "1"
+		wctx, cancel := context.WithTimeout(ctx, stdinWriteTimeout)
+		got, err := s.client.WriteStdin(wctx, s.execID, int64(offset), m.Data, eof)
+		cancel()
+		reply := execproto.StdinReply{Offset: got}
+		switch {
+		case err == nil, errors.Is(err, sandboxd.ErrOffsetMismatch):
+		case errors.Is(err, sandboxd.ErrStdinClosed):
+			reply.Closed = true
+		default:
+			s.log.Debug().Err(err).Uint64(logKeyOffset, offset).Msg("writing stdin failed")
+			continue
+		}
+		data, _ := json.Marshal(reply)
+		_ = m.Respond(data)
+	}
+}
+
+// lingerForClose keeps the io subscription after the exit for the client's close (which drops
+// the journal), a takeover, or the linger bound.
+func (s *session) lingerForClose(ctx context.Context) {
+	t := time.NewTimer(s.deps.linger)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
+
+// deleteJournal drops the exec's journal at the client's close; a command still running (the
+// client gave up on it) keeps its journal until it exits and expires.
+func (s *session) deleteJournal(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	if err := s.client.Delete(ctx, s.execID); err != nil && !errors.Is(err, sandboxd.ErrRunning) && !errors.Is(err, sandboxd.ErrNotFound) {
+		s.log.Debug().Err(err).Msg("dropping the exec's journal failed")
+	}
+}
+
+func (s *session) sendError(e *execproto.Error) {
+	_ = s.sendJSON(execproto.KindError, e)
+}
+
+func (s *session) sendJSON(kind execproto.Kind, v any) error {
+	m, err := execproto.NewJSONMsg(s.reply, kind, v)
+	if err != nil {
+		return err
+	}
+	return s.publish(m)
+}
+
+// errUnreachable ends a session that cannot send: its connection to NATS is closed.
+var errUnreachable = errors.New("the NATS connection is closed")
+
+func (s *session) publish(m *nats.Msg) error {
+	if err := s.deps.nc.PublishMsg(m); err != nil {
+		return fmt.Errorf("sending %s to the client: %w: %w", execproto.KindOf(m), errUnreachable, err)
+	}
+	s.lastMsg.Store(s.deps.now().UnixNano())
+	return nil
+}
+
+// isTerminal reports an error that reopening the stream cannot fix: a recorded event the run
+// stream refuses.
+func isTerminal(err error) bool {
+	_, ok := events.AsTerminal(err)
+	return ok
+}

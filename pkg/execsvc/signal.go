@@ -1,0 +1,63 @@
+package execsvc
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/kubeclip/kubeclip/pkg/execproto"
+	"github.com/kubeclip/kubeclip/pkg/sandboxd"
+)
+
+// signal answers a signal request with one signaled message whatever happens: the answer is
+// no part of the exec's stream and never ends it.
+func (s *Service) signal(ctx context.Context, r *request) {
+	var req execproto.SignalRequest
+	answer := func(res execproto.Signaled) {
+		res.ExecID = req.ExecID
+		if m, err := execproto.NewJSONMsg(r.msg.Reply, execproto.KindSignaled, res); err == nil {
+			_ = s.opts.NATS.PublishMsg(m)
+		}
+	}
+	fail := func(err error) {
+		perr := r.asProtocolError(err)
+		answer(execproto.Signaled{Code: string(perr.Code), Message: perr.Message})
+	}
+	if err := decode(r.msg.Data, &req); err != nil {
+		fail(err)
+		return
+	}
+	r.log = r.log.With().Str(logKeyExecID, req.ExecID).Logger()
+	rec, err := s.admit(ctx, r, req.ProviderLeaseID)
+	if err != nil {
+		fail(err)
+		return
+	}
+	pod, ok := s.opts.Pods.Current(r.ref, rec)
+	if !ok {
+		fail(execproto.NewError(execproto.CodeWorkloadLost, "", "lease %s has no pod", rec.WorkloadName))
+		return
+	}
+	client, err := s.clients.get(r.ref, rec, pod, s.opts.Now())
+	if err != nil {
+		fail(err)
+		return
+	}
+	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	err = client.Signal(sctx, req.ExecID, req.Signal)
+	switch {
+	case err == nil:
+		r.log.Info().Str(logKeySignal, req.Signal).Msg("exec signalled")
+		answer(execproto.Signaled{Delivered: true})
+	case errors.Is(err, sandboxd.ErrExited):
+		answer(execproto.Signaled{Code: execproto.SignalExited, Message: "the command and its process group are gone"})
+	case errors.Is(err, sandboxd.ErrNotFound):
+		fail(execproto.NewError(execproto.CodeExecNotFound, "execId", "the pod has no exec %s", req.ExecID))
+	case errors.Is(err, sandboxd.ErrInvalidRequest):
+		fail(execproto.InvalidRequest("signal", "is not a signal sandboxd knows"))
+	default:
+		r.log.Warn().Err(err).Msg("signalling an exec failed")
+		fail(execproto.NewError(execproto.CodeUnavailable, "", "sandboxd in pod %s did not answer", pod.Name))
+	}
+}
