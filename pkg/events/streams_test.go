@@ -223,3 +223,16 @@ func TestLastLogSeq(t *testing.T) {
 		t.Errorf("LastLogSeq = %d, %v; want 3", got, err)
 	}
 }
+
+func TestStreamsRejectOversizedMessages(t *testing.T) {
+	_, _, js := natstest.Start(t)
+	if err := events.EnsureStreams(t.Context(), js, events.Options{MaxMsgSize: 64 << 10}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.Publish(t.Context(), "paperclip.lease.c1.acquire", make([]byte, 64<<10+1)); err == nil {
+		t.Error("the lease stream stored a message over its MaxMsgSize")
+	}
+	if _, err := js.Publish(t.Context(), "paperclip.lease.c1.acquire", make([]byte, 1024)); err != nil {
+		t.Errorf("a small message was refused: %v", err)
+	}
+}
