@@ -7,8 +7,6 @@ import (
 	"time"
 	"unicode"
 	"unicode/utf8"
-
-	"github.com/kubeclip/kubeclip/pkg/streamjson"
 )
 
 // maxIDLen bounds free-form ids (environment, agent, issue, provider lease) in payloads.
@@ -97,11 +95,33 @@ const (
 	ReasonReady = "Ready"
 )
 
-// AgentResult is the parsed Claude Code stream-json summary carried by a result event.
-type AgentResult = streamjson.Result
+// AgentResult is what the agent's own transcript (Claude Code stream-json) says about a run:
+// the `agent` object of result and exec events. pkg/streamjson fills it from the log.
+type AgentResult struct {
+	// SessionID is the Claude session to resume; empty when none was reported or when the
+	// session is poisoned (claude_poisoned_previous_message_id) and must not be resumed.
+	SessionID string `json:"sessionId"`
+	// Model is the model named by the init event, else by the result event.
+	Model string `json:"model"`
+	// Usage is nil when the run produced no result event.
+	Usage *AgentUsage `json:"usage,omitempty"`
+	// CostUSD is the result event's total_cost_usd when it is a number.
+	CostUSD *float64 `json:"costUsd,omitempty"`
+	// Summary is the result text, else the assistant text blocks joined by blank lines, trimmed.
+	Summary string `json:"summary"`
+	// IsError reports a failed run: the result says so, the exit code is non-zero without a
+	// successful result, or the stream ended without a result event.
+	IsError bool `json:"isError"`
+	// ErrorCode classifies the failure (or a refusal); empty when there is nothing to say.
+	ErrorCode string `json:"errorCode,omitempty"`
+}
 
 // AgentUsage is the token accounting inside AgentResult.
-type AgentUsage = streamjson.Usage
+type AgentUsage struct {
+	InputTokens       int64 `json:"inputTokens"`
+	OutputTokens      int64 `json:"outputTokens"`
+	CachedInputTokens int64 `json:"cachedInputTokens"`
+}
 
 // ---- lease requests (Paperclip → kubeclip, stream <PREFIX>_LEASES) ----
 
