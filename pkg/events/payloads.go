@@ -80,7 +80,8 @@ const (
 	BackendPod       = "pod"
 )
 
-// Well-known result and status reasons, from the pod and Job status. Others may appear.
+// Result and status reasons. The Kubernetes causes are passed on as Kubernetes words them (the
+// ones listed are those kubeclip acts on; others may appear); the rest are kubeclip's own.
 const (
 	ReasonOOMKilled                  = "OOMKilled"
 	ReasonDeadlineExceeded           = "DeadlineExceeded"
@@ -89,6 +90,24 @@ const (
 	ReasonUnschedulable              = "Unschedulable"
 	ReasonCreateContainerConfigError = "CreateContainerConfigError"
 	ReasonEvicted                    = "Evicted"
+
+	// ReasonCompleted: the agent exited 0.
+	ReasonCompleted = "Completed"
+	// ReasonError: the agent exited non-zero and its runtime gave no reason.
+	ReasonError = "Error"
+	// ReasonPodFailed: the pod failed without a reason of its own.
+	ReasonPodFailed = "PodFailed"
+	// ReasonInitContainerFailed: an init container (sandboxd's installer) exited non-zero.
+	ReasonInitContainerFailed = "InitContainerFailed"
+	// ReasonSuspended, with phase Pending: the run's Job is suspended.
+	ReasonSuspended = "Suspended"
+	// ReasonPodDeleted: the run's pod was deleted before the run finished.
+	ReasonPodDeleted = "PodDeleted"
+	// ReasonJobDeleted, with outcome cancelled: the run's workload was deleted (released or
+	// destroyed) before the run finished.
+	ReasonJobDeleted = "JobDeleted"
+	// ReasonWorkloadLost: the run's workload disappeared while no run-watcher followed it.
+	ReasonWorkloadLost = "WorkloadLost"
 	// ReasonQuotaExceeded: the tenant's ResourceQuota refused the run's pod.
 	ReasonQuotaExceeded = "QuotaExceeded"
 	// ReasonReady, with phase Running: an exec-capable lease's pod is ready and accepts exec.

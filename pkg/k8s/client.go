@@ -1,6 +1,7 @@
 // Package k8s is the client-go layer of the kubeclip workers: client construction, server-side
-// apply of a tenant, creation and deletion of run workloads, pure classification of pods and Jobs
-// into run outcomes, and a resumable log follower.
+// apply of a tenant, creation and deletion of run workloads, the error table that says which
+// Kubernetes errors are worth a retry, and a resumable log follower. (What a run's Job and pod
+// say about the run is pkg/runwatch/verdict's, which is pure.)
 //
 // Everything here talks to Kubernetes only; it never publishes events and never decides whether a
 // failed message is retried. Errors keep the apimachinery status reachable (errors.As,

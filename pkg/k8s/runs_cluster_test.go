@@ -15,6 +15,8 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/kubeclip/kubeclip/pkg/events"
 )
 
 func TestClusterCreateJobRunIdempotent(t *testing.T) {
@@ -69,13 +71,12 @@ func TestClusterCreateJobRunIdempotent(t *testing.T) {
 	}
 
 	// The pod starts (the Secret existed first) and succeeds. The grace covers the kubelet's
-	// transient "failed to sync secret cache" (see fatalWaitingReasons).
-	opts := ClassifyOptions{StartErrorGrace: 10 * time.Second}
+	// transient "failed to sync secret cache" (see pkg/runwatch/verdict's fatalWaitingReasons).
 	pod := jobPod(ctx, t, c.cs, ns, name, time.Minute, func(p *corev1.Pod) bool {
-		return ClassifyPod(p, "agent", opts).Terminal
+		return podEnd(p, 10*time.Second) != nil
 	})
-	if v := ClassifyPod(pod, "agent", opts); v.Outcome != OutcomeSucceeded || v.ExitCode == nil || *v.ExitCode != 0 {
-		t.Errorf("ClassifyPod = %+v, want succeeded with exit 0", v)
+	if v := podEnd(pod, 10*time.Second); v == nil || v.Outcome != events.OutcomeSucceeded || v.ExitCode == nil || *v.ExitCode != 0 {
+		t.Errorf("verdict = %+v, want succeeded with exit 0", v)
 	}
 }
 

@@ -63,9 +63,9 @@ func TestQuotaRefusalFailsTheRun(t *testing.T) {
 			Reason:         "FailedCreate", Message: msg,
 		}
 	}
-	phase, _, _, v := tr.decide(job, nil)
-	if v != nil || phase != events.PhasePending {
-		t.Fatalf("before any event: phase %s, verdict %+v; want Pending, none", phase, v)
+	d := tr.decide(job, nil)
+	if d.End != nil || d.Phase != events.PhasePending {
+		t.Fatalf("before any event: phase %s, verdict %+v; want Pending, none", d.Phase, d.End)
 	}
 	// An older Job of the same name, and a refusal that is not the quota's, change nothing.
 	for _, ev := range []*corev1.Event{
@@ -76,16 +76,16 @@ func TestQuotaRefusalFailsTheRun(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if _, _, _, v := tr.decide(job, nil); v != nil {
-		t.Fatalf("verdict %+v from an unrelated refusal", v)
+	if d := tr.decide(job, nil); d.End != nil {
+		t.Fatalf("verdict %+v from an unrelated refusal", d.End)
 	}
 	if err := tr.w.jobEvents.Add(event("quota", "job-uid", `Error creating: pods "pc-q-3" is forbidden: exceeded quota: paperclip-quota, requested: pods=1, used: pods=20, limited: pods=20`)); err != nil {
 		t.Fatal(err)
 	}
-	phase, reason, msg, v := tr.decide(job, nil)
+	d = tr.decide(job, nil)
 	want := "the tenant's ResourceQuota paperclip-quota refuses the run (requested: pods=1, used: pods=20, limited: pods=20)"
-	if phase != events.PhaseFailed || reason != events.ReasonQuotaExceeded || msg != want || v == nil || v.outcome != events.OutcomeFailed {
-		t.Errorf("decide = %s, %s, %q, %+v; want Failed, QuotaExceeded, %q", phase, reason, msg, v, want)
+	if d.Phase != events.PhaseFailed || d.Reason != events.ReasonQuotaExceeded || d.Message != want || d.End == nil || d.End.Outcome != events.OutcomeFailed {
+		t.Errorf("decide = %s, %s, %q, %+v; want Failed, QuotaExceeded, %q", d.Phase, d.Reason, d.Message, d.End, want)
 	}
 }
 

@@ -31,8 +31,8 @@ func TestTrackerStepWaitsForTheJob(t *testing.T) {
 	if err := tr.step(t.Context()); err != nil {
 		t.Fatalf("step() error: %v", err)
 	}
-	if tr.done || tr.verdict != nil {
-		t.Errorf("done %v, verdict %+v; want neither before the Job was seen", tr.done, tr.verdict)
+	if tr.done || tr.end != nil {
+		t.Errorf("done %v, verdict %+v; want neither before the Job was seen", tr.done, tr.end)
 	}
 	for _, kind := range []events.RunKind{events.KindStatus, events.KindResult} {
 		if got := runEvents[events.RunStatusEvent](t, h, runID, kind); len(got) != 0 {

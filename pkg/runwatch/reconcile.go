@@ -8,8 +8,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/kubeclip/kubeclip/pkg/events"
-	"github.com/kubeclip/kubeclip/pkg/k8s"
 	"github.com/kubeclip/kubeclip/pkg/lease"
+	"github.com/kubeclip/kubeclip/pkg/runwatch/verdict"
 )
 
 // DefaultReconcileInterval is how often the watcher looks for runs whose workload disappeared
@@ -19,9 +19,6 @@ const DefaultReconcileInterval = 5 * time.Minute
 // reconcileGrace skips leases younger than this: their workload may still be on its way into
 // the informer cache.
 const reconcileGrace = time.Minute
-
-// ReasonWorkloadLost is the result reason of a run whose workload vanished unobserved.
-const ReasonWorkloadLost = "WorkloadLost"
 
 // reconcileLoop runs reconcile at start and then every interval.
 func (w *Watcher) reconcileLoop(ctx context.Context, stream jetstream.Stream) {
@@ -81,17 +78,6 @@ func awaitsResult(rec lease.Record) bool {
 	return false
 }
 
-// lostVerdict is how a run whose workload vanished unobserved ended: cancelled when its lease
-// was released or destroyed (that is what deleted it), else failed, its workload lost.
-func lostVerdict(rec lease.Record) *verdict {
-	if rec.State.Ended() {
-		const msg = "the run's workload was deleted by a release while no watcher followed it"
-		return &verdict{outcome: events.OutcomeCancelled, reason: k8s.ReasonJobDeleted, message: msg}
-	}
-	const msg = "the run's workload disappeared while no watcher followed it"
-	return &verdict{outcome: events.OutcomeFailed, reason: ReasonWorkloadLost, message: msg}
-}
-
 // reportLost publishes the result of a run whose workload is gone, with whatever its published
 // log says about the agent. It reports whether it published one.
 func (w *Watcher) reportLost(ctx context.Context, stream jetstream.Stream, rec lease.Record) bool {
@@ -110,8 +96,9 @@ func (w *Watcher) reportLost(ctx context.Context, stream jetstream.Stream, rec l
 		t.log.Warn().Err(err).Msg("reconcile: reading the run's history failed")
 		return false
 	}
-	t.verdict = lostVerdict(rec)
-	if err := t.publishStatus(ctx, events.PhaseFailed, t.verdict.reason, t.verdict.message, nil); err != nil {
+	end := verdict.Lost(rec.State.Ended())
+	t.end = &end
+	if err := t.publishStatus(ctx, events.PhaseFailed, end.Reason, end.Message, nil); err != nil {
 		t.log.Warn().Err(err).Msg("reconcile: publishing status failed")
 		return false
 	}

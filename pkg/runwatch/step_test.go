@@ -10,7 +10,6 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/kubeclip/kubeclip/pkg/events"
-	"github.com/kubeclip/kubeclip/pkg/k8s"
 	"github.com/kubeclip/kubeclip/pkg/policy"
 )
 
@@ -56,8 +55,8 @@ func TestTrackerStepRunReleasedBeforeItStarted(t *testing.T) {
 	}
 
 	step("with neither Job nor pod")
-	if tr.verdict != nil || tr.done || tr.seenJob {
-		t.Fatalf("after a step with nothing seen: verdict %+v, done %v, seenJob %v; want none", tr.verdict, tr.done, tr.seenJob)
+	if tr.end != nil || tr.done || tr.seenJob {
+		t.Fatalf("after a step with nothing seen: verdict %+v, done %v, seenJob %v; want none", tr.end, tr.done, tr.seenJob)
 	}
 
 	j := job(active)
@@ -90,7 +89,7 @@ func TestTrackerStepRunReleasedBeforeItStarted(t *testing.T) {
 	wantStatus := []events.RunStatusEvent{
 		{RunID: runID, CompanyID: testCompany, Phase: events.PhasePending, Reason: "ImagePullBackOff",
 			Message: `container "agent": ImagePullBackOff`, PodName: p.Name},
-		{RunID: runID, CompanyID: testCompany, Phase: events.PhaseFailed, Reason: k8s.ReasonJobDeleted,
+		{RunID: runID, CompanyID: testCompany, Phase: events.PhaseFailed, Reason: events.ReasonJobDeleted,
 			Message: "the Job was deleted before the run finished"},
 	}
 	gotStatus := runEvents[events.RunStatusEvent](t, h, runID, events.KindStatus)
@@ -100,7 +99,7 @@ func TestTrackerStepRunReleasedBeforeItStarted(t *testing.T) {
 	gotResults := runEvents[events.RunResultEvent](t, h, runID, events.KindResult)
 	wantResults := []events.RunResultEvent{{
 		RunID: runID, CompanyID: testCompany, Outcome: events.OutcomeCancelled,
-		Reason: k8s.ReasonJobDeleted, Message: "the Job was deleted before the run finished",
+		Reason: events.ReasonJobDeleted, Message: "the Job was deleted before the run finished",
 	}}
 	if diff := cmp.Diff(wantResults, gotResults, cmpopts.IgnoreFields(events.RunResultEvent{}, "At", "Agent")); diff != "" {
 		t.Errorf("result events (-want +got):\n%s", diff)

@@ -13,12 +13,12 @@ import (
 	"github.com/rs/zerolog"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kubeclip/kubeclip/pkg/events"
 	"github.com/kubeclip/kubeclip/pkg/k8s"
 	"github.com/kubeclip/kubeclip/pkg/lease"
 	"github.com/kubeclip/kubeclip/pkg/policy"
+	"github.com/kubeclip/kubeclip/pkg/runwatch/verdict"
 	"github.com/kubeclip/kubeclip/pkg/streamjson"
 )
 
@@ -55,32 +55,11 @@ type tracker struct {
 	// publish expects (0: none yet).
 	lastStatusSeq uint64
 	follow        *follower
-	verdict       *verdict
+	end           *verdict.End // the run is over
 	recheck       *time.Timer
 
 	// Shared with the follower.
 	logs *logState
-}
-
-// verdict is a run's end as decided from its Job and pod.
-type verdict struct {
-	outcome  events.Outcome
-	reason   string
-	message  string
-	exitCode *int
-}
-
-// agentExitCode is the exit code the agent's transcript is judged with: the container's, or,
-// when the agent never exited on its own (deleted, timed out, never started), 0 for a run that
-// succeeded and 1 for one that did not.
-func (v *verdict) agentExitCode() int {
-	switch {
-	case v.exitCode != nil:
-		return *v.exitCode
-	case v.outcome == events.OutcomeSucceeded:
-		return 0
-	}
-	return 1
 }
 
 func newTracker(w *Watcher, stream jetstream.Stream, namespace string, ref events.RunRef) *tracker {
@@ -223,7 +202,7 @@ func (t *tracker) reset(why string) {
 	if t.logs != nil {
 		t.logs.stop()
 	}
-	t.loaded, t.logs, t.verdict = false, nil, nil
+	t.loaded, t.logs, t.end = false, nil, nil
 	t.lastPhase, t.lastReason, t.lastStatusSeq = events.PhasePending, "", 0
 }
 
@@ -277,22 +256,22 @@ func (t *tracker) step(ctx context.Context) error {
 		return nil // a pod's event raced ahead of the informer's view of the Job
 	}
 
-	if t.verdict == nil {
-		phase, reason, message, v := t.decide(job, pod)
-		if err := t.publishStatus(ctx, phase, reason, message, pod); errors.Is(err, errFenced) {
+	if t.end == nil {
+		d := t.decide(job, pod)
+		if err := t.publishStatus(ctx, d.Phase, d.Reason, d.Message, pod); errors.Is(err, errFenced) {
 			t.fenced(ctx)
 			return nil
 		} else if err != nil {
 			return err
 		}
-		t.verdict = v
+		t.end = d.End
 	}
 
 	if t.follow != nil && t.follow.finished() && errors.Is(t.follow.err(), errFenced) {
 		t.fenced(ctx)
 		return nil
 	}
-	if t.follow != nil && t.verdict == nil && t.follow.finished() {
+	if t.follow != nil && t.end == nil && t.follow.finished() {
 		// The follower gave up while the run goes on (a publish failed, the API server went
 		// away): publish what it read, then follow again from the cursor.
 		t.log.Warn().Err(t.follow.err()).Msg("log follower stopped early; restarting it")
@@ -313,7 +292,7 @@ func (t *tracker) step(ctx context.Context) error {
 		t.follow = startFollower(ctx, t, pod.Name)
 	}
 
-	if t.verdict == nil {
+	if t.end == nil {
 		return nil
 	}
 	// The run is over: let the follower read the rest of the log, then publish the result.
@@ -342,105 +321,27 @@ func (t *tracker) step(ctx context.Context) error {
 	return nil
 }
 
-// decide returns the phase to report and, once the run is over, its verdict.
-func (t *tracker) decide(job *batchv1.Job, pod *corev1.Pod) (events.Phase, string, string, *verdict) {
+// decide asks for the run's verdict on its Job and pod; a verdict that changes with time alone
+// (a grace running out) has the tracker look again then.
+func (t *tracker) decide(job *batchv1.Job, pod *corev1.Pod) verdict.Decision {
 	opts := t.w.opts
-	pv := k8s.ClassifyPod(pod, opts.Container, k8s.ClassifyOptions{
-		Now: opts.Now(), UnschedulableGrace: opts.UnschedulableGrace, StartErrorGrace: opts.StartErrorGrace,
+	in := verdict.Input{Job: job, Pod: pod, SeenJob: t.seenJob, ExecCapable: t.backend.ExecCapable()}
+	if job != nil {
+		if q, refused := t.w.quotaRefusal(job); refused {
+			in.QuotaRefusal = q.String()
+		}
+	}
+	d := verdict.Decide(in, verdict.Options{
+		Container: opts.Container, Now: opts.Now(),
+		UnschedulableGrace: opts.UnschedulableGrace, StartErrorGrace: opts.StartErrorGrace,
 	})
-	if pv.RecheckAfter > 0 {
+	if d.RecheckAfter > 0 {
 		if t.recheck != nil {
 			t.recheck.Stop()
 		}
-		t.recheck = time.AfterFunc(pv.RecheckAfter, t.poke)
+		t.recheck = time.AfterFunc(d.RecheckAfter, t.poke)
 	}
-	exit := func() *int {
-		if pv.ExitCode == nil {
-			return nil
-		}
-		c := int(*pv.ExitCode)
-		return &c
-	}
-
-	podVerdict := func() (events.Phase, string, string, *verdict) {
-		if !pv.Terminal {
-			if t.backend.ExecCapable() && pv.Phase == k8s.PhaseRunning && pv.Reason == "" && podReady(pod) {
-				// The lease accepts exec from now on.
-				return events.PhaseRunning, events.ReasonReady, "", nil
-			}
-			return events.Phase(pv.Phase), pv.Reason, pv.Message, nil
-		}
-		return events.Phase(pv.Phase), pv.Reason, pv.Message,
-			&verdict{outcome: events.Outcome(pv.Outcome), reason: pv.Reason, message: pv.Message, exitCode: exit()}
-	}
-	cancelled := func() (events.Phase, string, string, *verdict) {
-		const msg = "the Job was deleted before the run finished" // as k8s.ClassifyJob says it
-		return events.PhaseFailed, k8s.ReasonJobDeleted, msg,
-			&verdict{outcome: events.OutcomeCancelled, reason: k8s.ReasonJobDeleted, message: msg, exitCode: exit()}
-	}
-
-	switch {
-	case job != nil:
-		// A Job's own verdict comes first and is authoritative: a deadline deletes the pod,
-		// which alone would look cancelled, and a Job being deleted after it ended still
-		// ended the way its conditions say.
-		if jv := k8s.ClassifyJob(job); jv.Terminal {
-			reason, message := jv.Reason, jv.Message
-			if pv.Terminal && jv.Outcome == k8s.OutcomeFailed && pv.Reason != "" && pv.Reason != k8s.ReasonPodDeleted {
-				reason, message = pv.Reason, pv.Message // the pod knows why (OOMKilled, exit code)
-			}
-			return events.Phase(jv.Phase), reason, message,
-				&verdict{outcome: events.Outcome(jv.Outcome), reason: reason, message: message, exitCode: exit()}
-		}
-		if job.DeletionTimestamp != nil {
-			return cancelled() // released or destroyed before it ended
-		}
-		if pod != nil && pod.DeletionTimestamp != nil {
-			// Someone deleted the pod of a live Job (its deadline, an eviction): the Job's
-			// next condition says how the run ended.
-			return events.Phase(pv.Phase), pv.Reason, pv.Message, nil
-		}
-		if q, refused := t.w.quotaRefusal(job); refused && pod == nil {
-			// The tenant's ResourceQuota refuses the Job's pod: the Job controller would retry
-			// until the deadline while the run holds its agent. Fail now, naming the quota.
-			msg := q.String()
-			return events.PhaseFailed, events.ReasonQuotaExceeded, msg,
-				&verdict{outcome: events.OutcomeFailed, reason: events.ReasonQuotaExceeded, message: msg}
-		}
-		return podVerdict()
-	case t.seenJob:
-		// The Job is gone before it ended: released or destroyed, unless its pod had ended on
-		// its own just before.
-		if pv.Terminal && pod != nil && pod.DeletionTimestamp == nil {
-			return podVerdict()
-		}
-		return cancelled()
-	case pod != nil && ownedByJob(pod):
-		// The pod's event came before the informer saw its Job: wait for the Job.
-		return events.Phase(pv.Phase), pv.Reason, pv.Message, nil
-	default:
-		// A run without a Job (a Sandbox's pod): the pod decides.
-		return podVerdict()
-	}
-}
-
-// podReady reports the pod's Ready condition.
-func podReady(pod *corev1.Pod) bool {
-	if pod == nil || pod.Status.PodIP == "" {
-		return false
-	}
-	for _, c := range pod.Status.Conditions {
-		if c.Type == corev1.PodReady {
-			return c.Status == corev1.ConditionTrue
-		}
-	}
-	return false
-}
-
-// ownedByJob reports whether a Job controls pod.
-func ownedByJob(pod *corev1.Pod) bool {
-	ref := metav1.GetControllerOf(pod)
-	return ref != nil && ref.Kind == "Job"
+	return d
 }
 
 // load reads what was already published for the run (own checked it has no result yet): its
@@ -516,11 +417,11 @@ func (t *tracker) flush(ctx context.Context) error {
 // no earlier message on the result subject, so a second result (another replica's, or this
 // one's after the duplicate window) is refused, and that refusal means the run is done.
 func (t *tracker) publishResult(ctx context.Context) error {
-	v := t.verdict
+	v := t.end
 	ev := events.RunResultEvent{
 		RunID: t.runID, CompanyID: t.companyID,
-		Outcome: v.outcome, ExitCode: v.exitCode, Reason: v.reason, Message: v.message,
-		Agent: t.logs.agentResult(v.agentExitCode()),
+		Outcome: v.Outcome, ExitCode: v.ExitCode, Reason: v.Reason, Message: v.Message,
+		Agent: t.logs.agentResult(v.AgentExitCode()),
 	}
 	_, err := t.w.publisher.Publish(ctx, ev, jetstream.WithExpectLastSequencePerSubject(0))
 	if isWrongLastSequence(err) {
@@ -530,7 +431,7 @@ func (t *tracker) publishResult(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	t.log.Info().Str("outcome", string(v.outcome)).Str("reason", v.reason).Msg("published result")
+	t.log.Info().Str("outcome", string(v.Outcome)).Str("reason", v.Reason).Msg("published result")
 	return nil
 }
 
