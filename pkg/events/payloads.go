@@ -394,7 +394,8 @@ type LogLine struct {
 }
 
 // RunLogEvent carries a batch of log lines: <prefix>.run.<c>.<r>.log. Seq counts a run's log
-// events from 1 without gaps; build them with a LogBatcher so the 64 KiB bound holds.
+// events from 1 without gaps; an event encodes to at most MaxLogEventBytes (the run-watcher's
+// batcher splits longer lines into Partial pieces).
 type RunLogEvent struct {
 	RunID     string    `json:"runId"`
 	CompanyID string    `json:"companyId"`

@@ -121,7 +121,7 @@ func TestLogStateResume(t *testing.T) {
 			if diff := cmp.Diff(cursorOf(t, tc.wantLines...), l.cursor()); diff != "" {
 				t.Errorf("cursor (-want +got):\n%s", diff)
 			}
-			if got := l.seq.Last(); got != last.Seq {
+			if got := l.seq.lastIssued(); got != last.Seq {
 				t.Errorf("sequence continues after %d, want %d", got, last.Seq)
 			}
 			res := l.agentResult(0)
@@ -143,7 +143,7 @@ func TestLogStateResumeWithoutLines(t *testing.T) {
 	if diff := cmp.Diff(k8s.Cursor{}, tr.logs.cursor()); diff != "" {
 		t.Errorf("cursor (-want +got):\n%s", diff)
 	}
-	if got := tr.logs.seq.Last(); got != 4 {
+	if got := tr.logs.seq.lastIssued(); got != 4 {
 		t.Errorf("sequence continues after %d, want 4", got)
 	}
 }

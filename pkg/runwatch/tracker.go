@@ -521,14 +521,14 @@ type logState struct {
 	interval time.Duration
 
 	mu  sync.Mutex
-	seq *events.Sequence
+	seq *sequence
 	// lastStreamSeq is the stream sequence of the run's last log event. Every publish expects
 	// it, so a second writer of the same run's log (a replica that lost the run without
 	// noticing) is refused by the stream instead of interleaving its chunks.
 	lastStreamSeq uint64
 	stopped       bool
 	cur           k8s.Cursor
-	batcher       *events.LogBatcher
+	batcher       *LogBatcher
 	// outbox holds sealed chunks not yet published, in seq order. Their seq numbers are taken,
 	// so they are retried (idempotently, by message id) before anything newer goes out.
 	outbox []events.RunLogEvent
@@ -549,18 +549,16 @@ var errOutboxFull = errors.New("log chunks are not being published")
 var errFenced = errors.New("another replica wrote this run's log")
 
 func newLogState(ctx context.Context, t *tracker, interval time.Duration) *logState {
-	return &logState{ctx: ctx, t: t, interval: interval, seq: events.NewSequence(0)}
+	return &logState{ctx: ctx, t: t, interval: interval, seq: newSequence(0)}
 }
 
 // setPod starts batching for the pod's container; lines of a previous pod were flushed.
 func (l *logState) setPod(pod, container string) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	b, err := events.NewLogBatcher(events.LogBatcherOptions{
+	b, err := NewLogBatcher(LogBatcherOptions{
 		RunID: l.t.runID, CompanyID: l.t.companyID, Pod: pod, Container: container,
-		Seq: l.seq, Now: l.t.w.opts.Now,
-		// The timer below decides when a partial chunk goes out.
-		FlushInterval: l.interval,
+		Now: l.t.w.opts.Now, seq: l.seq,
 	})
 	if err != nil {
 		return err
@@ -581,7 +579,7 @@ func (l *logState) cursor() k8s.Cursor {
 func (l *logState) resume(ctx context.Context, last events.RunLogEvent, streamSeq uint64) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.seq = events.NewSequence(last.Seq)
+	l.seq = newSequence(last.Seq)
 	l.lastStreamSeq = streamSeq
 	return l.replay(ctx, last.Seq)
 }
