@@ -84,16 +84,16 @@ func unschedulableFor(d time.Duration) func(*corev1.Pod) {
 	}
 }
 
-// newDecideTracker returns a tracker of a Watcher with only what decide reads.
+// newDecideTracker returns a tracker with only what decide reads.
 func newDecideTracker(t *testing.T) *tracker {
 	t.Helper()
-	w := &Watcher{opts: Options{
+	d := &deps{opts: Options{
 		Now:                clock,
 		Container:          agentContainer,
 		UnschedulableGrace: 5 * time.Second,
 		StartErrorGrace:    10 * time.Second,
-	}, log: testLogger(t)}
-	tr := newTracker(w, nil, "paperclip-acme", events.Ref("acme", "run-1"))
+	}, log: testLogger(t), cluster: &clusterCache{}}
+	tr := newTracker(d, "paperclip-acme", events.Ref("acme", "run-1"))
 	t.Cleanup(func() {
 		if tr.recheck != nil {
 			tr.recheck.Stop()
@@ -106,7 +106,7 @@ func newDecideTracker(t *testing.T) *tracker {
 // when the grace ends, with no informer event.
 func TestTrackerDecideRecheckPokes(t *testing.T) {
 	tr := newDecideTracker(t)
-	tr.w.opts.StartErrorGrace = 50 * time.Millisecond
+	tr.d.opts.StartErrorGrace = 50 * time.Millisecond
 	startedNow := pod(corev1.PodPending, waiting("ErrImagePull"), startedAgo(0))
 	if d := tr.decide(job(active), startedNow); d.End != nil {
 		t.Fatalf("decide() verdict %+v within the grace, want none", d.End)
