@@ -93,7 +93,7 @@ type Options struct {
 	ReconcileInterval time.Duration
 	// Observer is told about consumed and published messages (metrics); nil means none.
 	Observer events.Observer
-	// StreamReplicas is the replica count of the parking stream (default 1).
+	// StreamReplicas is the replica count of the parking stream and the agent bucket (default 1).
 	StreamReplicas int
 	// Backoff is the retry schedule of failed messages (events.DefaultBackoff when nil).
 	Backoff func(attempt uint64) time.Duration
@@ -197,17 +197,17 @@ func New(opts Options) (*Dispatcher, error) {
 // Run consumes dispatch, release/destroy and result messages until ctx is done, then drains.
 func (d *Dispatcher) Run(ctx context.Context) error {
 	js := d.opts.JetStream
-	leases, err := js.KeyValue(ctx, events.LeaseBucket)
+	leases, err := js.KeyValue(ctx, lease.Bucket)
 	if err != nil {
-		return fmt.Errorf("opening KV bucket %s: %w", events.LeaseBucket, err)
+		return fmt.Errorf("opening KV bucket %s: %w", lease.Bucket, err)
 	}
-	agents, err := js.KeyValue(ctx, events.AgentBucket)
+	agents, err := js.CreateOrUpdateKeyValue(ctx, AgentBucketConfig(d.opts.StreamReplicas))
 	if err != nil {
-		return fmt.Errorf("opening KV bucket %s: %w", events.AgentBucket, err)
+		return fmt.Errorf("opening KV bucket %s: %w", AgentBucket, err)
 	}
 	d.records = lease.Records{KV: leases}
-	if d.tenants, err = js.KeyValue(ctx, events.TenantBucket); err != nil {
-		return fmt.Errorf("opening KV bucket %s: %w", events.TenantBucket, err)
+	if d.tenants, err = js.KeyValue(ctx, lease.TenantBucket); err != nil {
+		return fmt.Errorf("opening KV bucket %s: %w", lease.TenantBucket, err)
 	}
 	if d.runs, err = js.Stream(ctx, d.opts.Subjects.RunStream()); err != nil {
 		return fmt.Errorf("opening stream %s: %w", d.opts.Subjects.RunStream(), err)

@@ -1,7 +1,6 @@
 package events_test
 
 import (
-	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -53,41 +52,6 @@ func TestEnsureStreamsIsIdempotentAndApplied(t *testing.T) {
 		}
 	}
 
-	leases, err := js.KeyValue(ctx, events.LeaseBucket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ls, err := leases.Status(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if ls.TTL() != 14*24*time.Hour || ls.History() != 5 || ls.BackingStore() != "JetStream" {
-		t.Errorf("lease bucket: ttl %s history %d", ls.TTL(), ls.History())
-	}
-	tenants, err := js.KeyValue(ctx, events.TenantBucket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ts, err := tenants.Status(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if ts.TTL() != 0 || ts.History() != 1 {
-		t.Errorf("tenant bucket: ttl %s history %d", ts.TTL(), ts.History())
-	}
-
-	agents, err := js.KeyValue(ctx, events.AgentBucket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Agent guards carry their own TTL, which the bucket must allow.
-	if _, err := agents.Create(ctx, "c1/agent-1", []byte("r1"), jetstream.KeyTTL(time.Minute)); err != nil {
-		t.Errorf("creating an agent guard with a TTL: %v", err)
-	}
-	if _, err := agents.Create(ctx, "c1/agent-1", []byte("r2"), jetstream.KeyTTL(time.Minute)); !errors.Is(err, jetstream.ErrKeyExists) {
-		t.Errorf("a second guard for the same agent: got %v, want ErrKeyExists", err)
-	}
-
 	// A changed setting is applied on the next call.
 	if err := events.EnsureStreams(ctx, js, events.Options{RunMaxAge: 30 * 24 * time.Hour}); err != nil {
 		t.Fatal(err)
@@ -127,7 +91,6 @@ func TestOptionsValidate(t *testing.T) {
 		{name: "replicas", opts: events.Options{Replicas: 7}, wantErr: "replicas"},
 		{name: "negative age", opts: events.Options{RunMaxAge: -time.Hour}, wantErr: "run max age must be positive"},
 		{name: "window longer than work age", opts: events.Options{WorkMaxAge: time.Minute}, wantErr: "must not exceed the work max age"},
-		{name: "lease records shorter than requests", opts: events.Options{LeaseMaxAge: 30 * 24 * time.Hour}, wantErr: "lease record TTL"},
 		{name: "tiny messages", opts: events.Options{MaxMsgSize: 1024}, wantErr: "max message size"},
 	}
 	for _, tc := range tests {
@@ -173,23 +136,6 @@ func TestRunRefKey(t *testing.T) {
 	for _, key := range []string{"nodot", "a.b.c", "._b64_!!", "a."} {
 		if ref, ok := events.ParseRunKey(key); ok {
 			t.Errorf("ParseRunKey(%q) = %+v, want not ok", key, ref)
-		}
-	}
-}
-
-func TestRunKeysAreUsableInTheBucket(t *testing.T) {
-	_, _, js := natstest.Start(t)
-	ctx := t.Context()
-	if err := events.EnsureStreams(ctx, js, events.Options{}); err != nil {
-		t.Fatal(err)
-	}
-	kv, err := js.KeyValue(ctx, events.LeaseBucket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, id := range []string{"r1", "run:1", "société", `r%"1`, "a/b"} {
-		if _, err := kv.Create(ctx, events.Ref(id, id).Key(), []byte("{}")); err != nil {
-			t.Errorf("creating the lease record of %q: %v", id, err)
 		}
 	}
 }

@@ -25,13 +25,6 @@ const (
 	workSubjectPrefix = "kubeclip.dispatch"
 )
 
-// KV buckets kubeclip keeps its own state in.
-const (
-	LeaseBucket  = "KUBECLIP_LEASES"
-	TenantBucket = "KUBECLIP_TENANTS"
-	AgentBucket  = "KUBECLIP_AGENTS"
-)
-
 // ErrInvalidToken is wrapped by every error about a company or run id that cannot be a subject
 // token.
 var ErrInvalidToken = errors.New("not a valid subject token")

@@ -99,7 +99,10 @@ func newEnvOn(t *testing.T, srv *server.Server, r roles, replicas int) *env {
 	if err := events.EnsureStreams(ctx, js, events.Options{}); err != nil {
 		t.Fatal(err)
 	}
-	kv, err := js.KeyValue(ctx, events.LeaseBucket)
+	if err := lease.EnsureBuckets(ctx, js, lease.BucketOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	kv, err := js.KeyValue(ctx, lease.Bucket)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -33,6 +33,9 @@ func newHarness(t *testing.T) *harness {
 	if err := events.EnsureStreams(t.Context(), js, events.Options{}); err != nil {
 		t.Fatalf("creating streams: %v", err)
 	}
+	if err := lease.EnsureBuckets(t.Context(), js, lease.BucketOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	stream, err := js.Stream(t.Context(), events.Subjects{}.RunStream())
 	if err != nil {
 		t.Fatalf("looking up the run stream: %v", err)
@@ -41,7 +44,7 @@ func newHarness(t *testing.T) *harness {
 	if err != nil {
 		t.Fatalf("creating publisher: %v", err)
 	}
-	leases, err := js.KeyValue(t.Context(), events.LeaseBucket)
+	leases, err := js.KeyValue(t.Context(), lease.Bucket)
 	if err != nil {
 		t.Fatalf("opening the lease bucket: %v", err)
 	}

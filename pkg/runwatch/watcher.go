@@ -70,9 +70,9 @@ func (w *Watcher) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("opening KV bucket %s: %w", OwnershipBucket, err)
 	}
-	leases, err := js.KeyValue(ctx, events.LeaseBucket)
+	leases, err := js.KeyValue(ctx, lease.Bucket)
 	if err != nil {
-		return fmt.Errorf("opening KV bucket %s: %w", events.LeaseBucket, err)
+		return fmt.Errorf("opening KV bucket %s: %w", lease.Bucket, err)
 	}
 	d := &deps{
 		opts: w.opts, log: w.log, pub: w.publisher, stream: stream,

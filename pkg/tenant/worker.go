@@ -102,14 +102,14 @@ func New(opts Options) (*Worker, error) {
 // Run consumes acquire requests until ctx is done, then drains.
 func (w *Worker) Run(ctx context.Context) error {
 	js := w.opts.JetStream
-	kv, err := js.KeyValue(ctx, events.TenantBucket)
+	kv, err := js.KeyValue(ctx, lease.TenantBucket)
 	if err != nil {
-		return fmt.Errorf("opening KV bucket %s: %w", events.TenantBucket, err)
+		return fmt.Errorf("opening KV bucket %s: %w", lease.TenantBucket, err)
 	}
 	w.tenants = kv
-	leases, err := js.KeyValue(ctx, events.LeaseBucket)
+	leases, err := js.KeyValue(ctx, lease.Bucket)
 	if err != nil {
-		return fmt.Errorf("opening KV bucket %s: %w", events.LeaseBucket, err)
+		return fmt.Errorf("opening KV bucket %s: %w", lease.Bucket, err)
 	}
 	w.records = lease.Records{KV: leases}
 	cons, err := js.CreateOrUpdateConsumer(ctx, w.opts.Subjects.LeaseStream(), events.TenantWorkerConsumerConfig(w.opts.Subjects))
