@@ -74,8 +74,8 @@ type ConsumeOptions struct {
 	// SettleTimeout bounds OnTerminal plus the ack (default 10 s).
 	SettleTimeout time.Duration
 	// MaxAttempts bounds the deliveries of a message whose handler keeps failing (default: the
-	// consumer's MaxDeliver). Deferrals (Defer) are bounded by MaxDeliver alone, so a consumer
-	// can allow a long wait without retrying real failures as often.
+	// consumer's MaxDeliver). Deferrals (a RetryableError with After) are bounded by MaxDeliver
+	// alone, so a consumer can allow a long wait without retrying real failures as often.
 	MaxAttempts int
 	// Observer is told the fate of every settled message (metrics); nil means none.
 	Observer ConsumeObserver
@@ -123,11 +123,11 @@ func (o ConsumeOptions) withDefaults(cfg jetstream.ConsumerConfig) (ConsumeOptio
 
 // DefaultBackoff waits 1 s after the first failed delivery and doubles up to 30 s.
 func DefaultBackoff(attempt uint64) time.Duration {
-	return ExponentialBackoff(time.Second, 30*time.Second)(attempt)
+	return exponentialBackoff(time.Second, 30*time.Second)(attempt)
 }
 
-// ExponentialBackoff returns base·2^(attempt-1), capped at limit.
-func ExponentialBackoff(base, limit time.Duration) func(attempt uint64) time.Duration {
+// exponentialBackoff returns base·2^(attempt-1), capped at limit.
+func exponentialBackoff(base, limit time.Duration) func(attempt uint64) time.Duration {
 	return func(attempt uint64) time.Duration {
 		d := base
 		for i := uint64(1); i < attempt && d < limit; i++ {
@@ -529,13 +529,9 @@ func (l *consumeLoop) terminate(ctx context.Context, d *delivery, te *TerminalEr
 	}
 }
 
-// KeepAlive sends m.InProgress() every interval until stop is called, so a long handler keeps
-// its message's ack deadline from expiring. stop waits for the sender to exit and may be
-// called more than once. Consume does this for every handler; use it for work outside Consume.
-func KeepAlive(m jetstream.Msg, every time.Duration) (stop func()) {
-	return keepAlive(m, every, func(error) {})
-}
-
+// keepAlive sends m.InProgress() every interval until the returned stop is called, so a long
+// handler keeps its message's ack deadline from expiring. stop waits for the sender to exit and
+// may be called more than once.
 func keepAlive(m jetstream.Msg, every time.Duration, onErr func(error)) func() {
 	if every <= 0 {
 		return func() {}

@@ -73,13 +73,6 @@ const (
 	ReleaseDestroyed ReleaseState = "destroyed"
 )
 
-// Backends a run can use.
-const (
-	BackendJob       = "job"
-	BackendSandboxCR = "sandbox-cr"
-	BackendPod       = "pod"
-)
-
 // Result and status reasons. The Kubernetes causes are passed on as Kubernetes words them (the
 // ones listed are those kubeclip acts on; others may appear); the rest are kubeclip's own.
 const (
@@ -154,7 +147,8 @@ type AcquireRequest struct {
 	AdapterType   string `json:"adapterType,omitempty"`
 	// ExecutionWorkspaceSettings is passed through as the raw JSON object Paperclip sent.
 	ExecutionWorkspaceSettings json.RawMessage `json:"executionWorkspaceSettings,omitempty"`
-	// RequestedExpiresAt is an RFC 3339 time; see ExpiresAt.
+	// RequestedExpiresAt is an RFC 3339 time: when Paperclip wants the lease to end (pkg/lease
+	// bounds it).
 	RequestedExpiresAt string `json:"requestedExpiresAt,omitempty"`
 	// Config is the provider config object, validated by pkg/policy.
 	Config json.RawMessage `json:"config"`
@@ -198,15 +192,6 @@ func (r AcquireRequest) Validate() error {
 		return InvalidRequest("config", "must be a JSON object")
 	}
 	return nil
-}
-
-// ExpiresAt parses RequestedExpiresAt; ok is false when it is absent or invalid.
-func (r AcquireRequest) ExpiresAt() (t time.Time, ok bool) {
-	if r.RequestedExpiresAt == "" {
-		return time.Time{}, false
-	}
-	t, err := time.Parse(time.RFC3339, r.RequestedExpiresAt)
-	return t, err == nil
 }
 
 // Type implements Event.

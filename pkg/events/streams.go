@@ -177,8 +177,8 @@ func (o Options) RunStreamConfig() jetstream.StreamConfig {
 		Duplicates:        o.Duplicates,
 		Storage:           o.Storage,
 		Replicas:          o.Replicas,
-		// Direct gets let a restarted run-watcher read a run's last log event (LastLogSeq) from
-		// any replica without a consumer.
+		// Direct gets let a restarted run-watcher read a run's last status, log chunk and result
+		// (GetLastMsgForSubject) from any replica without a consumer.
 		AllowDirect: true,
 	}
 }
@@ -226,30 +226,4 @@ func EnsureStreams(ctx context.Context, js StreamManager, opts Options) error {
 		}
 	}
 	return nil
-}
-
-// LastLogSeq returns the seq of a run's last log event in the run stream, 0 when it has none.
-// A restarted run-watcher continues from it (NewSequence(last)) so seq keeps counting without
-// gaps or repeats.
-func LastLogSeq(ctx context.Context, stream jetstream.Stream, s Subjects, companyID, runID string) (uint64, error) {
-	subj, err := s.Run(companyID, runID, KindLog)
-	if err != nil {
-		return 0, err
-	}
-	msg, err := stream.GetLastMsgForSubject(ctx, subj)
-	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		return 0, nil
-	}
-	if err != nil {
-		return 0, fmt.Errorf("reading last log event of run %s: %w", runID, err)
-	}
-	ev, err := s.DecodeRunEvent(msg.Subject, msg.Data)
-	if err != nil {
-		return 0, fmt.Errorf("decoding last log event of run %s: %w", runID, err)
-	}
-	logEv, ok := ev.(RunLogEvent)
-	if !ok {
-		return 0, fmt.Errorf("last log event of run %s decoded as %T", runID, ev)
-	}
-	return logEv.Seq, nil
 }

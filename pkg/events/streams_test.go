@@ -140,36 +140,6 @@ func TestRunRefKey(t *testing.T) {
 	}
 }
 
-func TestLastLogSeq(t *testing.T) {
-	_, _, js := natstest.Start(t)
-	ctx := t.Context()
-	if err := events.EnsureStreams(ctx, js, events.Options{}); err != nil {
-		t.Fatal(err)
-	}
-	var s events.Subjects
-	stream, err := js.Stream(ctx, s.RunStream())
-	if err != nil {
-		t.Fatal(err)
-	}
-	got, err := events.LastLogSeq(ctx, stream, s, "c1", "r1")
-	if err != nil || got != 0 {
-		t.Fatalf("LastLogSeq of a run without logs = %d, %v; want 0", got, err)
-	}
-	p := newPublisher(t, js)
-	for seq := uint64(1); seq <= 3; seq++ {
-		if _, err := p.Publish(ctx, events.RunLogEvent{RunID: "r1", CompanyID: "c1", Seq: seq, Pod: "p", Container: "c"}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if _, err := p.Publish(ctx, events.RunLogEvent{RunID: "r2", CompanyID: "c1", Seq: 9}); err != nil {
-		t.Fatal(err)
-	}
-	got, err = events.LastLogSeq(ctx, stream, s, "c1", "r1")
-	if err != nil || got != 3 {
-		t.Errorf("LastLogSeq = %d, %v; want 3", got, err)
-	}
-}
-
 func TestStreamsRejectOversizedMessages(t *testing.T) {
 	_, _, js := natstest.Start(t)
 	if err := events.EnsureStreams(t.Context(), js, events.Options{MaxMsgSize: 64 << 10}); err != nil {

@@ -199,14 +199,6 @@ func (s Subjects) AnyCompanyRunFilter(runID string) (string, error) {
 	return s.Prefix() + ".run.*." + runID + ".*", nil
 }
 
-// CompanyRunFilter matches every run event of one company: <prefix>.run.<companyId>.>.
-func (s Subjects) CompanyRunFilter(companyID string) (string, error) {
-	if err := ValidateToken("companyId", companyID); err != nil {
-		return "", err
-	}
-	return s.Prefix() + ".run." + companyID + ".>", nil
-}
-
 // ParseLeaseSubject splits <prefix>.lease.<companyId>.<kind>.
 func (s Subjects) ParseLeaseSubject(subject string) (companyID string, kind LeaseKind, err error) {
 	t := strings.Split(subject, ".")

@@ -131,7 +131,7 @@ func TestClusterFollowLogsSurvivesCutStreams(t *testing.T) {
 	secret, job := stubRun(ns, name, "run-logs", map[string]string{
 		"STUB_LINES": strconv.Itoa(lines), "STUB_BURST": "25", "STUB_INTERVAL": "300ms", "STUB_STDERR": stderr,
 	})
-	if _, err := CreateJobRun(ctx, setup.cs, secret, job); err != nil {
+	if _, err := createJobRun(ctx, setup.cs, secret, job); err != nil {
 		t.Fatal(err)
 	}
 	pod := jobPod(ctx, t, setup.cs, ns, name, time.Minute, anyPod)
@@ -188,7 +188,7 @@ func TestClusterFollowLogsResumeFromCursor(t *testing.T) {
 	secret, job := stubRun(ns, name, "run-resume", map[string]string{
 		"STUB_LINES": strconv.Itoa(lines), "STUB_BURST": "40", "STUB_INTERVAL": "200ms", "STUB_STDERR": stderr,
 	})
-	if _, err := CreateJobRun(ctx, c.cs, secret, job); err != nil {
+	if _, err := createJobRun(ctx, c.cs, secret, job); err != nil {
 		t.Fatal(err)
 	}
 	pod := jobPod(ctx, t, c.cs, ns, name, time.Minute, anyPod)
@@ -257,7 +257,7 @@ func TestClusterClassify(t *testing.T) {
 			if tc.mutate != nil {
 				tc.mutate(&job.Spec.Template.Spec)
 			}
-			if _, err := CreateJobRun(ctx, c.cs, secret, job); err != nil {
+			if _, err := createJobRun(ctx, c.cs, secret, job); err != nil {
 				t.Fatal(err)
 			}
 			grace := 10 * time.Second

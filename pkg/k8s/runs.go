@@ -28,8 +28,7 @@ const LabelRunID = "paperclip.io/run-id"
 // (its LabelRunID differs). Retrying cannot fix it.
 var ErrRunConflict = errors.New("object belongs to another run")
 
-// CreatedRun is the outcome of a successful CreateJobRun or CreateWorkloadRun (or their Start
-// halves).
+// CreatedRun is the outcome of a successful StartJobRun, StartPodRun or CreateWorkloadRun.
 type CreatedRun struct {
 	// JobUID is the UID of the workload (the Job, or the Sandbox CR for CreateWorkloadRun).
 	JobUID types.UID
@@ -56,8 +55,8 @@ func (r CreatedRun) AdoptSecret(ctx context.Context, cs kubernetes.Interface) er
 	return nil
 }
 
-// CreateJobRun creates a run's Secret and Job so that a redelivered or duplicated request never
-// starts a second workload and bad input leaves nothing behind:
+// A Job run is created in three steps, so that a redelivered or duplicated request never starts
+// a second workload and bad input leaves nothing behind:
 //
 //  1. Create the Secret without an owner. AlreadyExists is fine when its LabelRunID matches,
 //     ErrRunConflict otherwise.
@@ -75,18 +74,11 @@ func (r CreatedRun) AdoptSecret(ctx context.Context, cs kubernetes.Interface) er
 // secret and job must be in the same namespace and both carry LabelRunID with the same value.
 // Neither argument is modified. A retryable error (network, 5xx, 429, Conflict) may leave the
 // Secret without an owner; calling again with the same input completes the run.
-func CreateJobRun(ctx context.Context, cs kubernetes.Interface, secret *corev1.Secret, job *batchv1.Job) (CreatedRun, error) {
-	run, err := StartJobRun(ctx, cs, secret, job)
-	if err != nil {
-		return CreatedRun{}, err
-	}
-	return run, run.AdoptSecret(ctx, cs)
-}
-
-// StartJobRun is steps 1 and 2 of CreateJobRun: the run's pod can start once it returns. The
-// caller finishes with AdoptSecret, after reporting the run created if it is in a hurry; a
-// crash in between leaves a Secret without owner that a second StartJobRun plus AdoptSecret
-// (a redelivered request) completes.
+//
+// StartJobRun is steps 1 and 2: the run's pod can start once it returns. The caller finishes
+// with AdoptSecret (step 3), after reporting the run created if it is in a hurry; a crash in
+// between leaves a Secret without owner that a second StartJobRun plus AdoptSecret (a
+// redelivered request) completes.
 func StartJobRun(ctx context.Context, cs kubernetes.Interface, secret *corev1.Secret, job *batchv1.Job) (CreatedRun, error) {
 	if job == nil {
 		return CreatedRun{}, fmt.Errorf("creating run: nil Job: %w", ErrInvalidObject)

@@ -285,3 +285,23 @@ func TestJournalFlushesALoneLineQuickly(t *testing.T) {
 		t.Errorf("published log events (-want +got):\n%s", diff)
 	}
 }
+
+// TestLastLogChunk: a restarted run-watcher continues a run's log after the seq of its last
+// published chunk, 0 when it has none; other runs' chunks do not count.
+func TestLastLogChunk(t *testing.T) {
+	h := newHarness(t)
+	ref := events.Ref("c1", "r1")
+	_, got, found, err := lastLogChunk(t.Context(), h.stream, events.Subjects{}, ref)
+	if err != nil || found || got != 0 {
+		t.Fatalf("lastLogChunk of a run without logs = %d, %v, %v; want none", got, found, err)
+	}
+	var streamSeq uint64
+	for seq := uint64(1); seq <= 3; seq++ {
+		streamSeq = h.publish(t, events.RunLogEvent{RunID: "r1", CompanyID: "c1", Seq: seq, Pod: "p", Container: "c"})
+	}
+	h.publish(t, events.RunLogEvent{RunID: "r2", CompanyID: "c1", Seq: 9})
+	last, gotStreamSeq, found, err := lastLogChunk(t.Context(), h.stream, events.Subjects{}, ref)
+	if err != nil || !found || last.Seq != 3 || gotStreamSeq != streamSeq {
+		t.Errorf("lastLogChunk = seq %d at %d, %v, %v; want seq 3 at %d", last.Seq, gotStreamSeq, found, err, streamSeq)
+	}
+}
