@@ -29,9 +29,11 @@ const (
 	// DefaultConcurrency handlers run at once per Consume call: enough to overlap Kubernetes
 	// round-trips, few enough not to flood the API server from one replica.
 	DefaultConcurrency = 8
-	// DefaultDrainTimeout is how long a shutdown waits for running handlers: it fits in
-	// Kubernetes' default 30 s termination grace period with time left for nc.Drain().
-	DefaultDrainTimeout = 25 * time.Second
+	// DefaultDrainTimeout is how long a stopping worker lets the work in hand finish (running
+	// handlers, exec streams), and the default of every worker's --shutdown-timeout. The
+	// manifests give a worker pod 40 s (terminationGracePeriodSeconds), which covers this plus
+	// the NATS connection's drain (up to 10 s) with room to spare.
+	DefaultDrainTimeout = 20 * time.Second
 	// DefaultPollTimeout is how long one pull request waits on the server for messages.
 	DefaultPollTimeout = 30 * time.Second
 	// DefaultSettleTimeout bounds OnTerminal plus the ack that follows.
@@ -57,7 +59,8 @@ type ConsumeOptions struct {
 	Logger zerolog.Logger
 	// Concurrency is the number of messages handled at once (default 8).
 	Concurrency int
-	// DrainTimeout bounds how long a cancelled Consume waits for running handlers (default 25 s).
+	// DrainTimeout bounds how long a cancelled Consume waits for running handlers (default
+	// DefaultDrainTimeout).
 	DrainTimeout time.Duration
 	// Backoff is the NakWithDelay delay after the attempt-th delivery failed (default
 	// DefaultBackoff). The consumer's BackOff does not apply to Nak, so this is the schedule.

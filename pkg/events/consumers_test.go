@@ -149,3 +149,13 @@ func TestNakDelayIsNotStretched(t *testing.T) {
 		nakAt = time.Now()
 	}
 }
+
+// TestDrainTimeoutFitsTheGracePeriod pins the workers' drain bound (--shutdown-timeout's
+// default): with the NATS connection's drain (10 s) after it, it must fit in the 40 s the
+// manifests give a worker pod to stop.
+func TestDrainTimeoutFitsTheGracePeriod(t *testing.T) {
+	const gracePeriod, natsDrain = 40 * time.Second, 10 * time.Second
+	if events.DefaultDrainTimeout != 20*time.Second || events.DefaultDrainTimeout+natsDrain > gracePeriod {
+		t.Errorf("DefaultDrainTimeout = %s, want 20s (and with %s of NATS drain within %s)", events.DefaultDrainTimeout, natsDrain, gracePeriod)
+	}
+}
