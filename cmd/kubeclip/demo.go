@@ -112,16 +112,12 @@ func runDemo(ctx context.Context, args []string, lookupEnv config.LookupEnv, std
 		return err
 	}
 	workers, stopWorkers := context.WithCancel(ctx)
-	errs := make(chan error, 3)
-	for _, w := range []interface{ Run(context.Context) error }{tw, d, rw} {
-		go func() { errs <- w.Run(workers) }()
-	}
+	served := make(chan error, 1)
+	go func() { served <- app.Serve(workers, nil, tw, d, rw) }()
 	defer func() {
 		stopWorkers()
-		for range 3 {
-			if err := <-errs; err != nil && !errors.Is(err, context.Canceled) {
-				log.Warn().Err(err).Msg("worker stopped with an error")
-			}
+		if err := <-served; err != nil && !errors.Is(err, context.Canceled) {
+			log.Warn().Err(err).Msg("a worker stopped with an error")
 		}
 	}()
 

@@ -19,6 +19,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
+	"golang.org/x/sync/errgroup"
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/kubeclip/kubeclip/pkg/events"
@@ -34,6 +35,7 @@ type Watcher struct {
 	mu       sync.Mutex
 	trackers map[events.RunRef]*tracker
 	wg       sync.WaitGroup
+	ready    chan struct{}
 }
 
 // New validates opts and returns a Watcher; Run starts it.
@@ -55,11 +57,17 @@ func New(opts Options) (*Watcher, error) {
 		log:       opts.Logger,
 		publisher: pub,
 		trackers:  map[events.RunRef]*tracker{},
+		ready:     make(chan struct{}),
 	}, nil
 }
 
-// Run watches until ctx is done. Runs in flight when it returns are picked up again, from the
-// last published log chunk, by the next watcher to start.
+// Ready is closed once the watcher follows runs: its caches are in and its loops run.
+func (w *Watcher) Ready() <-chan struct{} { return w.ready }
+
+// Run starts the watcher (the run stream, the ownership and lease buckets, the informer caches),
+// follows runs until ctx is done, then stops: the run goroutines end (a run's state is in the
+// stream, not in memory) and the runs it owned are handed over at once. Runs in flight are
+// picked up again, from the last published log chunk, by the next watcher to own them.
 func (w *Watcher) Run(ctx context.Context) error {
 	js := w.opts.JetStream
 	stream, err := js.Stream(ctx, w.opts.Subjects.RunStream())
@@ -79,8 +87,9 @@ func (w *Watcher) Run(ctx context.Context) error {
 		owners: newOwners(kv, w.opts.ReplicaID, w.opts.OwnershipTTL, w.log),
 		leases: lease.Records{KV: leases},
 	}
+	g, gctx := errgroup.WithContext(ctx)
 	d.cluster, err = newClusterCache(w.opts.Clientset, clusterHandlers{
-		object: func(obj any) { w.wake(ctx, d, obj) },
+		object: func(obj any) { w.wake(gctx, d, obj) },
 		jobEvent: func(obj any) {
 			if ref, ok := d.cluster.runOfJobEvent(obj); ok {
 				w.pokeRun(ref)
@@ -90,25 +99,31 @@ func (w *Watcher) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if err := d.cluster.start(ctx); err != nil {
+	if err := d.cluster.start(gctx); err != nil {
 		return err
 	}
-	var loops sync.WaitGroup
-	loops.Add(3)
-	go func() { defer loops.Done(); w.renewOwnership(ctx, d) }()
-	go func() { defer loops.Done(); w.watchOwnership(ctx, kv) }()
-	go func() { defer loops.Done(); w.reconcileLoop(ctx, d) }()
+	g.Go(func() error { w.renewOwnership(gctx, d); return nil })
+	g.Go(func() error { w.watchOwnership(gctx, kv); return nil })
+	g.Go(func() error { w.reconcileLoop(gctx, d); return nil })
+	g.Go(func() error {
+		<-gctx.Done()
+		d.cluster.stop()
+		w.wg.Wait() // the run goroutines
+		return nil
+	})
+	close(w.ready)
 	w.log.Info().Str("replica", w.opts.ReplicaID).Msg("watching runs")
-	<-ctx.Done()
-	d.cluster.stop()
-	w.wg.Wait()
-	loops.Wait()
+	err = g.Wait()
 	// Hand the runs over now rather than after the ownership TTL.
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
 	defer cancel()
 	d.owners.releaseAll(rctx)
-	return nil
+	return err
 }
+
+// releaseTimeout bounds handing the owned runs over at shutdown; what is not released by then
+// expires after the ownership TTL.
+const releaseTimeout = 5 * time.Second
 
 // renewOwnership renews the owned runs every third of the ownership TTL and hands the runs it
 // lost back to their trackers, which drop their state.
