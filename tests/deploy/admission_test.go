@@ -44,7 +44,7 @@ func TestWorkersCannotWriteOutsideTenants(t *testing.T) {
 	// The policies take effect once the API server's admission sees them: wait for a refusal.
 	eventually(t, time.Minute, "the admission policy in force", func() error {
 		if err := netpol("default"); !apierrors.IsForbidden(err) {
-			return fmt.Errorf("a NetworkPolicy in default as the tenant-worker: %v", err)
+			return fmt.Errorf("a NetworkPolicy in default as the tenant-worker: %w", err)
 		}
 		return nil
 	})
