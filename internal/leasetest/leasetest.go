@@ -1,6 +1,7 @@
 // Package leasetest drives one lease the way Paperclip does, for the tests that run kubeclip as
 // it is deployed (tests/deploy, tests/compose): publish an acquire for the agent stub, follow the
-// run's events, release the lease, and check that what came back is a complete run.
+// run's events, release the lease, and check that what came back is a complete run; or acquire
+// an exec-capable lease and run a command in its pod through the exec-workers (Exec).
 package leasetest
 
 import (
