@@ -61,21 +61,30 @@ images-import:
 	bash hack/images/images.sh import
 
 # deploy-dev: the dev overlay on the cluster of KUBECONFIG (needs cluster DNS, a storage
-# provisioner and the images on the nodes; tests/deploy shows the local cluster's way).
+# provisioner and the images on the nodes; tests/deploy shows the local cluster's way). The
+# namespace first, then random NATS passwords and sandbox key where none exist yet.
 deploy-dev:
+	kubectl apply --server-side -f deploy/kustomize/base/namespace.yaml
+	bash hack/deploy/secrets.sh kubeclip
 	kubectl apply --server-side -k deploy/kustomize/overlays/dev
 
 undeploy-dev:
 	kubectl delete --ignore-not-found -k deploy/kustomize/overlays/dev
 
 # compose-up: the local stack (docker-compose.yaml) against KUBECLIP_COMPOSE_KUBECONFIG, with
-# images loaded into Docker from local builds.
+# images loaded into Docker from local builds, and random NATS passwords and sandbox key made
+# once into $(COMPOSE_SECRETS) (hack/compose/secrets.sh; never committed: bin/ is ignored).
+# `docker compose` (v2) where the Docker CLI has it, else docker-compose (v1, Debian's).
+COMPOSE_SECRETS := $(BIN)/compose
+COMPOSE          = $(shell docker compose version >/dev/null 2>&1 && echo docker compose || echo docker-compose) --env-file $(COMPOSE_SECRETS)/secrets.env
+
 compose-up:
 	bash hack/images/images.sh load
-	docker compose up -d
+	bash hack/compose/secrets.sh $(COMPOSE_SECRETS)
+	$(COMPOSE) up -d
 
 compose-down:
-	docker compose down
+	$(COMPOSE) down
 
 demo: build cluster-up
 	$(BIN)/kubeclip demo --kubeconfig "$$($(CLUSTER) kubeconfig)"
