@@ -34,13 +34,15 @@ unit:
 
 # fuzz: every fuzz target (a func FuzzXxx in any package, found afresh each run) for FUZZTIME.
 # Their seed corpora under testdata/fuzz run as ordinary tests in `make test`; an input that fails
-# is written there, to be committed with the fix.
-FUZZTIME ?= 30s
+# is written there, to be committed with the fix. Go minimizes each new input for up to 60 s by
+# default, which can eat a short run whole; FUZZMINIMIZETIME bounds it.
+FUZZTIME         ?= 30s
+FUZZMINIMIZETIME ?= 10s
 fuzz:
 	@failed=; for dir in $$($(GO) list -f '{{.Dir}}' ./...); do \
 		for target in $$(sed -n 's/^func \(Fuzz[A-Za-z0-9_]*\)(.*/\1/p' $$dir/*_test.go 2>/dev/null); do \
 			pkg=./$${dir#$(CURDIR)/}; echo "== $$target $$pkg"; \
-			$(GO) test -run='^$$' -fuzz="^$$target\$$" -fuzztime=$(FUZZTIME) $$pkg || failed="$$failed $$target"; \
+			$(GO) test -run='^$$' -fuzz="^$$target\$$" -fuzztime=$(FUZZTIME) -fuzzminimizetime=$(FUZZMINIMIZETIME) $$pkg || failed="$$failed $$target"; \
 		done; \
 	done; \
 	if [ -n "$$failed" ]; then echo "fuzz: failed:$$failed"; exit 1; fi

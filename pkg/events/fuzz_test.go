@@ -237,6 +237,10 @@ func FuzzLogBatcher(f *testing.F) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		lineLimit := int(maxLines)
+		if lineLimit == 0 {
+			lineLimit = events.DefaultLogMaxLines
+		}
 		var evs []events.RunLogEvent
 		var lines []string
 		for _, l := range bytes.Split(text, []byte("\n")) {
@@ -255,8 +259,8 @@ func FuzzLogBatcher(f *testing.F) {
 			if size := len(encodeJSON(t, ev)); size > maxBytes {
 				t.Fatalf("event %d is %d bytes, more than %d", ev.Seq, size, maxBytes)
 			}
-			if ev.Seq != uint64(i+1) || len(ev.Lines) == 0 || (maxLines > 0 && len(ev.Lines) > int(maxLines)) {
-				t.Fatalf("event %d has seq %d and %d lines (at most %d)", i, ev.Seq, len(ev.Lines), maxLines)
+			if ev.Seq != uint64(i+1) || len(ev.Lines) == 0 || len(ev.Lines) > lineLimit {
+				t.Fatalf("event %d has seq %d and %d lines (at most %d)", i, ev.Seq, len(ev.Lines), lineLimit)
 			}
 			for _, piece := range ev.Lines {
 				if len(piece.TS) > 64 || !strings.HasPrefix(validTS, piece.TS) || (len(validTS) <= 64 && piece.TS != validTS) {
