@@ -24,9 +24,12 @@ vet:
 fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 
-# test: vet, gofmt, then every test (unit, embedded NATS, the local cluster, end to end) with -race.
-test: vet fmt-check build cluster-up
-	KUBECLIP_BIN=$(BIN) $(GO) test $(TEST_FLAGS) ./...
+# test: vet, gofmt, the Paperclip plugin's lint/typecheck and unit tests, then every Go test (unit,
+# embedded NATS, the local cluster, end to end: tests/paperclip runs the real Paperclip server
+# with the plugin and the worker binaries) with -race; then the Paperclip run figures.
+test: vet fmt-check build plugin-lint plugin-test cluster-up
+	KUBECLIP_BIN=$(BIN) KUBECLIP_CACHE=$(CACHE) KUBECLIP_PAPERCLIP_REPORT=$(BIN)/paperclip-e2e.txt $(GO) test $(TEST_FLAGS) ./...
+	@cat $(BIN)/paperclip-e2e.txt
 
 # unit: the tests that need neither a cluster nor the worker binaries (quick feedback while editing).
 unit:
@@ -116,11 +119,12 @@ plugin-pack: plugin-build
 	@mkdir -p $(BIN)
 	cd $(PLUGIN_DIR) && KUBECLIP_CACHE=$(CACHE) $(NODE_EXEC) npm pack --pack-destination $(BIN)
 
-# plugin-e2e: the real Paperclip server from npm (hack/paperclip/paperclip.sh, run as root: it
-# creates the unprivileged user the server runs as) with this plugin installed, against a fake
-# kubeclip on a real nats-server. About 2 minutes with an empty cache, 30 s warm.
-plugin-e2e: plugin-build $(NATS_SERVER_BIN)
-	cd $(PLUGIN_DIR) && KUBECLIP_CACHE=$(CACHE) NATS_SERVER_BIN=$(NATS_SERVER_BIN) $(NODE_EXEC) npm run test:e2e
+# plugin-e2e: tests/paperclip alone, the part of `make test` that runs the real Paperclip server
+# from npm (hack/paperclip/paperclip.sh, run as root: it creates the unprivileged user the server
+# runs as) with this plugin and kubeclip's worker binaries on the local cluster.
+plugin-e2e: build cluster-up
+	KUBECLIP_BIN=$(BIN) KUBECLIP_CACHE=$(CACHE) KUBECLIP_PAPERCLIP_REPORT=$(BIN)/paperclip-e2e.txt $(GO) test $(TEST_FLAGS) ./tests/paperclip
+	@cat $(BIN)/paperclip-e2e.txt
 
 $(NATS_SERVER_BIN): go.mod
 	@mkdir -p $(dir $@)
