@@ -11,7 +11,7 @@ TEST_FLAGS    ?= -race -count=1 -timeout 45m
 
 .PHONY: all build test unit vet fmt-check lint cluster-up cluster-down cluster-status images demo bench clean \
 	images-prod images-import deploy-dev undeploy-dev compose-up compose-down \
-	plugin-deps plugin-build plugin-lint plugin-test plugin-pack plugin-e2e
+	plugin-deps plugin-build plugin-lint plugin-test plugin-pack plugin-e2e demo-paperclip
 
 all: build
 
@@ -125,6 +125,12 @@ plugin-pack: plugin-build
 plugin-e2e: build cluster-up
 	KUBECLIP_BIN=$(BIN) KUBECLIP_CACHE=$(CACHE) KUBECLIP_PAPERCLIP_REPORT=$(BIN)/paperclip-e2e.txt $(GO) test $(TEST_FLAGS) ./tests/paperclip
 	@cat $(BIN)/paperclip-e2e.txt
+
+# demo-paperclip: the real Paperclip server, the plugin and kubeclip (a local JetStream server and
+# the worker binaries) on the local cluster; one agent run with its live log here, then
+# Paperclip's address; Ctrl-C stops it all (hack/paperclip/demo.sh; needs root, like make test).
+demo-paperclip: build plugin-deps cluster-up $(NATS_SERVER_BIN)
+	KUBECLIP_CACHE=$(CACHE) bash hack/paperclip/demo.sh $(BIN) $(NATS_SERVER_BIN) "$$($(CLUSTER) kubeconfig)"
 
 $(NATS_SERVER_BIN): go.mod
 	@mkdir -p $(dir $@)
