@@ -28,6 +28,7 @@ fmt-check:
 # embedded NATS, the local cluster, end to end: tests/paperclip runs the real Paperclip server
 # with the plugin and the worker binaries) with -race; then the Paperclip run figures.
 test: vet fmt-check build plugin-lint plugin-test cluster-up
+	@rm -f $(BIN)/paperclip-e2e.txt
 	KUBECLIP_BIN=$(BIN) KUBECLIP_CACHE=$(CACHE) KUBECLIP_PAPERCLIP_REPORT=$(BIN)/paperclip-e2e.txt $(GO) test $(TEST_FLAGS) ./...
 	@cat $(BIN)/paperclip-e2e.txt
 
@@ -90,8 +91,8 @@ clean:
 	rm -rf $(BIN)
 
 # ---- the Paperclip plugin (plugins/paperclip, TypeScript) ----
-# Node 24 comes from hack/node/node.sh (npm registry, cached under $(CACHE)/node); npm's cache is
-# $(CACHE)/npm. plugin-test needs the nats-server kubeclip pins, built with Go into $(CACHE)/bin.
+# Node 24 and npm come from hack/node/node.sh (the npm registry's tarballs, pinned, cached under
+# $(CACHE)/node); npm's cache is $(CACHE)/npm. plugin-test needs the nats-server kubeclip pins, built with Go into $(CACHE)/bin.
 PLUGIN_DIR          := plugins/paperclip
 NODE_EXEC           := $(CURDIR)/hack/node/node.sh exec
 NATS_SERVER_VERSION := $(shell grep -m1 -oE 'github.com/nats-io/nats-server/v2 v[^ ]+' go.mod | cut -d' ' -f2)
@@ -123,6 +124,7 @@ plugin-pack: plugin-build
 # from npm (hack/paperclip/paperclip.sh, run as root: it creates the unprivileged user the server
 # runs as) with this plugin and kubeclip's worker binaries on the local cluster.
 plugin-e2e: build cluster-up
+	@rm -f $(BIN)/paperclip-e2e.txt
 	KUBECLIP_BIN=$(BIN) KUBECLIP_CACHE=$(CACHE) KUBECLIP_PAPERCLIP_REPORT=$(BIN)/paperclip-e2e.txt $(GO) test $(TEST_FLAGS) ./tests/paperclip
 	@cat $(BIN)/paperclip-e2e.txt
 

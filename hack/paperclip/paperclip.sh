@@ -61,6 +61,13 @@ as_user() {
 
 setup() {
 	ensure_user
+	# curl: node.sh fetches Node with it, start asks the server's API with it. As the server's
+	# user node.sh cannot install it; as root, here, it can.
+	if ! command -v curl >/dev/null && [[ $(id -u) -eq 0 ]]; then
+		# shellcheck source=hack/lib/apt.sh
+		. "$ROOT/hack/lib/apt.sh"
+		apt_install curl ca-certificates
+	fi
 	CACHE=${KUBECLIP_PAPERCLIP_CACHE:-$(pc_home)/.cache/kubeclip}
 	APP=$CACHE/paperclip/$PAPERCLIP_VERSION
 	if [[ $(id -un) != "$PC_USER" ]]; then
