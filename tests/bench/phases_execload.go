@@ -149,7 +149,7 @@ func (b *bench) execLoadPhase(ctx context.Context, rep *report, key []byte) (err
 	b.logf("(j) %d pod leases ready", n)
 	shape := fmt.Sprintf("%d agents on %d leases", agents, n)
 	if n < agents {
-		rep.note("(j) %d agents share %d pod leases round-robin (one company each): the node's 2 cores admit no more pods at a lease's CPU request of %s (the tenant LimitRange's minimum), so the offered load is %d agents' but each lease carries ~%.1f agents' polls", agents, n, perLease, agents, float64(agents)/float64(n))
+		rep.note("(j) %d agents share %d pod leases round-robin (one company each): the node's free allocatable resources admit no more pods requesting %s (the tenant LimitRange's minimum CPU and memory), so the offered load is %d agents' but each lease carries ~%.1f agents' polls", agents, n, perLease, agents, float64(agents)/float64(n))
 	}
 
 	begin := readWindowCPU()
