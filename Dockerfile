@@ -4,6 +4,7 @@
 #   docker build --target tenant-worker -t kubeclip/tenant-worker:dev .
 #   docker build --target dispatcher    -t kubeclip/dispatcher:dev .
 #   docker build --target run-watcher   -t kubeclip/run-watcher:dev .
+#   docker build --target exec-worker   -t kubeclip/exec-worker:dev .
 #   docker build --target kubeclip      -t kubeclip/kubeclip:dev .
 #   docker build --target sandboxd      -t kubeclip/sandboxd:dev .   # copied into exec-capable pods
 #   docker build --target nats          -t kubeclip/nats:dev .   # nats-server from go.mod's version
@@ -19,7 +20,7 @@ RUN --mount=type=cache,target=/root/go/pkg/mod go mod download
 COPY . .
 RUN --mount=type=cache,target=/root/go/pkg/mod --mount=type=cache,target=/root/.cache/go-build \
     CGO_ENABLED=0 go build -trimpath -ldflags='-s -w' -o /out/ \
-      ./cmd/tenant-worker ./cmd/dispatcher ./cmd/run-watcher ./cmd/kubeclip ./cmd/sandboxd \
+      ./cmd/tenant-worker ./cmd/dispatcher ./cmd/run-watcher ./cmd/exec-worker ./cmd/kubeclip ./cmd/sandboxd \
       github.com/nats-io/nats-server/v2 && \
     mkdir -p /out/data
 
@@ -38,6 +39,10 @@ ENTRYPOINT ["/usr/local/bin/dispatcher"]
 FROM base AS run-watcher
 COPY --from=build /out/run-watcher /usr/local/bin/run-watcher
 ENTRYPOINT ["/usr/local/bin/run-watcher"]
+
+FROM base AS exec-worker
+COPY --from=build /out/exec-worker /usr/local/bin/exec-worker
+ENTRYPOINT ["/usr/local/bin/exec-worker"]
 
 FROM base AS kubeclip
 COPY --from=build /out/kubeclip /usr/local/bin/kubeclip

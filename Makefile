@@ -9,7 +9,7 @@ GOLANGCI_LINT := $(CACHE)/tools/golangci-lint-$(GOLANGCI_LINT_VERSION)
 # Tests talk to a real nats-server and a real Kubernetes cluster; several run the worker binaries.
 TEST_FLAGS    ?= -race -count=1 -timeout 45m
 
-.PHONY: all build test unit vet fmt-check lint cluster-up cluster-down cluster-status images demo bench clean \
+.PHONY: all build test unit fuzz vet fmt-check lint cluster-up cluster-down cluster-status images demo bench clean \
 	images-prod images-import deploy-dev undeploy-dev compose-up compose-down \
 	plugin-deps plugin-build plugin-lint plugin-test plugin-pack plugin-e2e
 
@@ -31,6 +31,21 @@ test: vet fmt-check build cluster-up
 # unit: the tests that need neither a cluster nor the worker binaries (quick feedback while editing).
 unit:
 	$(GO) test -race -count=1 ./pkg/... ./internal/...
+
+# fuzz: every fuzz target (a func FuzzXxx in any package, found afresh each run) for FUZZTIME.
+# Their seed corpora under testdata/fuzz run as ordinary tests in `make test`; an input that fails
+# is written there, to be committed with the fix. Go minimizes each new input for up to 60 s by
+# default, which can eat a short run whole; FUZZMINIMIZETIME bounds it.
+FUZZTIME         ?= 30s
+FUZZMINIMIZETIME ?= 10s
+fuzz:
+	@failed=; for dir in $$($(GO) list -f '{{.Dir}}' ./...); do \
+		for target in $$(sed -n 's/^func \(Fuzz[A-Za-z0-9_]*\)(.*/\1/p' $$dir/*_test.go 2>/dev/null); do \
+			pkg=./$${dir#$(CURDIR)/}; echo "== $$target $$pkg"; \
+			$(GO) test -run='^$$' -fuzz="^$$target\$$" -fuzztime=$(FUZZTIME) -fuzzminimizetime=$(FUZZMINIMIZETIME) $$pkg || failed="$$failed $$target"; \
+		done; \
+	done; \
+	if [ -n "$$failed" ]; then echo "fuzz: failed:$$failed"; exit 1; fi
 
 lint: $(GOLANGCI_LINT)
 	$(GOLANGCI_LINT) run ./...
@@ -61,21 +76,30 @@ images-import:
 	bash hack/images/images.sh import
 
 # deploy-dev: the dev overlay on the cluster of KUBECONFIG (needs cluster DNS, a storage
-# provisioner and the images on the nodes; tests/deploy shows the local cluster's way).
+# provisioner and the images on the nodes; tests/deploy shows the local cluster's way). The
+# namespace first, then random NATS passwords and sandbox key where none exist yet.
 deploy-dev:
+	kubectl apply --server-side -f deploy/kustomize/base/namespace.yaml
+	bash hack/deploy/secrets.sh kubeclip
 	kubectl apply --server-side -k deploy/kustomize/overlays/dev
 
 undeploy-dev:
 	kubectl delete --ignore-not-found -k deploy/kustomize/overlays/dev
 
 # compose-up: the local stack (docker-compose.yaml) against KUBECLIP_COMPOSE_KUBECONFIG, with
-# images loaded into Docker from local builds.
+# images loaded into Docker from local builds, and random NATS passwords and sandbox key made
+# once into $(COMPOSE_SECRETS) (hack/compose/secrets.sh; never committed: bin/ is ignored).
+# `docker compose` (v2) where the Docker CLI has it, else docker-compose (v1, Debian's).
+COMPOSE_SECRETS := $(BIN)/compose
+COMPOSE          = $(shell docker compose version >/dev/null 2>&1 && echo docker compose || echo docker-compose) --env-file $(COMPOSE_SECRETS)/secrets.env
+
 compose-up:
 	bash hack/images/images.sh load
-	docker compose up -d
+	bash hack/compose/secrets.sh $(COMPOSE_SECRETS)
+	$(COMPOSE) up -d
 
 compose-down:
-	docker compose down
+	$(COMPOSE) down
 
 demo: build cluster-up
 	$(BIN)/kubeclip demo --kubeconfig "$$($(CLUSTER) kubeconfig)"

@@ -1,6 +1,7 @@
 // Package leasetest drives one lease the way Paperclip does, for the tests that run kubeclip as
 // it is deployed (tests/deploy, tests/compose): publish an acquire for the agent stub, follow the
-// run's events, release the lease, and check that what came back is a complete run.
+// run's events, release the lease, and check that what came back is a complete run; or acquire
+// an exec-capable lease and run a command in its pod through the exec-workers (Exec).
 package leasetest
 
 import (
@@ -70,13 +71,9 @@ func Run(t *testing.T, js jetstream.JetStream, cs kubernetes.Interface) Result {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
-	defer cancel()
-	if _, err := pub.Publish(ctx, events.AcquireRequest{
+	publish(t, pub, "acquire", events.AcquireRequest{
 		RunID: runID, CompanyID: company, EnvironmentID: "deploy", AgentID: agent, Config: StubConfig(),
-	}); err != nil {
-		t.Fatalf("publishing acquire: %v", err)
-	}
+	})
 
 	var res Result
 	res.Created = wait[events.RunCreatedEvent](t, f)
@@ -92,16 +89,23 @@ func Run(t *testing.T, js jetstream.JetStream, cs kubernetes.Interface) Result {
 		t.Errorf("got %d assistant lines in %d log events, want %d", n, len(res.Logs), StubLines)
 	}
 
-	if _, err := pub.Publish(ctx, events.ReleaseRequest{
-		RunID: runID, CompanyID: company, ProviderLeaseID: res.Created.ProviderLeaseID,
-	}); err != nil {
-		t.Fatalf("publishing release: %v", err)
-	}
+	publish(t, pub, "release", events.ReleaseRequest{RunID: runID, CompanyID: company, ProviderLeaseID: res.Created.ProviderLeaseID})
 	res.Released = wait[events.RunReleasedEvent](t, f)
 	if res.Released.State != events.ReleaseStopped {
 		t.Errorf("released = %+v, want stopped", res.Released)
 	}
 	return res
+}
+
+// publish publishes a lease request, bounded on its own: a release goes out after the run, which
+// may take longer than a publish should.
+func publish(t *testing.T, pub *events.Publisher, what string, req events.Event) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	if _, err := pub.Publish(ctx, req); err != nil {
+		t.Fatalf("publishing %s: %v", what, err)
+	}
 }
 
 // follower collects a run's events.

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/nats-io/nats.go"
 	"github.com/rs/zerolog"
@@ -151,10 +152,47 @@ func validateMsg(data []byte, op policy.Operator) ValidateReply {
 		return refuse("", "request is not valid JSON")
 	}
 	var req ValidateRequest
+	if err := strictjson.CheckFields(data, &req, ""); errors.As(err, &keyErr) {
+		return refuse(keyErr.Path, keyErr.Reason)
+	}
 	if err := json.Unmarshal(data, &req); err != nil || len(req.Config) == 0 || string(req.Config) == "null" {
 		return refuse("config", "the request must be an object with a config object")
 	}
-	return Validate(req.Config, op)
+	return bounded(Validate(req.Config, op))
+}
+
+// maxReplyErrors bounds the errors of one reply: a config of a thousand unknown keys must not
+// make a reply bigger than a NATS message. The first ones name what to fix.
+const maxReplyErrors = 50
+
+// An error's field and message can quote the config (a refused key's path): each is cut to
+// these sizes, so that the reply fits in a message whatever the request held.
+const (
+	maxFieldBytes   = 1 << 10
+	maxMessageBytes = 4 << 10
+)
+
+// bounded keeps the first maxReplyErrors errors, each cut to size, and says how many more there
+// were.
+func bounded(r ValidateReply) ValidateReply {
+	if more := len(r.Errors) - maxReplyErrors; more > 0 {
+		r.Errors = append(r.Errors[:maxReplyErrors:maxReplyErrors], FieldError{Message: fmt.Sprintf("and %d more errors", more)})
+	}
+	for i, e := range r.Errors {
+		r.Errors[i] = FieldError{Field: cut(e.Field, maxFieldBytes), Message: cut(e.Message, maxMessageBytes)}
+	}
+	return r
+}
+
+// cut shortens s to at most n bytes on a rune boundary, marking the cut.
+func cut(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n] + "…"
 }
 
 // ServePing answers every ping with this replica's name, until the connection is drained.

@@ -2,6 +2,8 @@ package api_test
 
 import (
 	"encoding/json"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -104,4 +106,55 @@ func TestPing(t *testing.T) {
 	if !got["dispatcher"] || !got["run-watcher"] {
 		t.Errorf("ping replies from %v, want both workers", got)
 	}
+}
+
+// TestValidateReplyFitsOneMessage: a config of many unknown keys, or of one huge one, got a
+// reply bigger than a NATS message, which the server refused: the plugin then timed out instead
+// of showing what to fix.
+func TestValidateReplyFitsOneMessage(t *testing.T) {
+	_, nc, _ := natstest.Start(t)
+	var s events.Subjects
+	sub, err := api.ServeValidate(nc, s, policy.DefaultOperator(), zerolog.New(zerolog.NewTestWriter(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	var many strings.Builder
+	many.WriteString(`{"config":{`)
+	for i := range 20000 {
+		if i > 0 {
+			many.WriteString(",")
+		}
+		fmt.Fprintf(&many, `"unknown-key-%05d-%s":1`, i, strings.Repeat("x", 20))
+	}
+	many.WriteString(`}}`)
+	huge := `{"config":{"` + strings.Repeat("k", 900<<10) + `":1}}`
+	for name, req := range map[string]string{"many keys": many.String(), "one huge key": huge} {
+		t.Run(name, func(t *testing.T) {
+			msg, err := nc.Request(api.ValidateSubject(s), []byte(req), 10*time.Second)
+			if err != nil {
+				t.Fatalf("no reply to a %d-byte request: %v", len(req), err)
+			}
+			var got api.ValidateReply
+			if err := json.Unmarshal(msg.Data, &got); err != nil {
+				t.Fatal(err)
+			}
+			if got.OK || len(got.Errors) == 0 || len(got.Errors) > 51 || len(msg.Data) > 256<<10 {
+				t.Errorf("reply: ok %v, %d errors, %d bytes", got.OK, len(got.Errors), len(msg.Data))
+			}
+		})
+	}
+	t.Run("case-variant field", func(t *testing.T) {
+		msg, err := nc.Request(api.ValidateSubject(s), []byte(`{"CONFIG":{}}`), 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got api.ValidateReply
+		if err := json.Unmarshal(msg.Data, &got); err != nil {
+			t.Fatal(err)
+		}
+		if got.OK || len(got.Errors) != 1 || got.Errors[0].Field != "CONFIG" {
+			t.Errorf("reply %+v, want CONFIG refused", got)
+		}
+	})
 }

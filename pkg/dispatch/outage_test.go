@@ -53,7 +53,12 @@ func TestKubernetesOutageEndsBackendUnavailable(t *testing.T) {
 	runCtx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- d.Run(runCtx) }()
-	t.Cleanup(func() { cancel(); <-done })
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	})
 
 	// What the tenant-worker leaves before it hands a lease over: the lease record and the
 	// company's claim on its namespace.

@@ -215,15 +215,15 @@ func (d *Dispatcher) sweepAgent(ctx context.Context, subj string) error {
 // on meanwhile (released while it waited).
 func (d *Dispatcher) failParked(ctx context.Context, req events.DispatchRequest, waited time.Duration) error {
 	ref := events.Ref(req.CompanyID, req.RunID)
-	te := events.Terminalf(events.CodeAgentBusy, "agentId",
-		"agent %s was still busy with another run after %s; one run per agent at a time", req.AgentID, waited.Round(time.Second)).(*events.TerminalError)
-	if _, err := d.records.Modify(ctx, ref, lease.Fail(te.Code)); err != nil {
+	busy := events.Terminalf(events.CodeAgentBusy, "agentId",
+		"agent %s was still busy with another run after %s; one run per agent at a time", req.AgentID, waited.Round(time.Second))
+	if _, err := d.records.Modify(ctx, ref, lease.Fail(events.CodeAgentBusy)); err != nil {
 		if errors.Is(err, lease.ErrEnded) || errors.Is(err, lease.ErrFinished) || errors.Is(err, lease.ErrFailed) || errors.Is(err, lease.ErrNotFound) {
 			return nil
 		}
 		return err
 	}
-	if _, err := d.publisher.Publish(ctx, events.NewRunFailed(ref, events.LeaseAcquire, te)); err != nil {
+	if _, err := d.publisher.Publish(ctx, events.NewRunFailed(ref, events.LeaseAcquire, busy)); err != nil {
 		return fmt.Errorf("publishing the failed event of run %s: %w", ref.RunID, err)
 	}
 	d.log.Info().Str(events.LogKeyRunID, ref.RunID).Str(events.LogKeyTenant, ref.CompanyID).Msg("parked dispatch waited too long for its agent")

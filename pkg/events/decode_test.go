@@ -237,3 +237,22 @@ func TestTerminalErrors(t *testing.T) {
 		t.Errorf("NewRunFailed(quota).Message = %q", f.Message)
 	}
 }
+
+// A refused request's failed event fits in one message however much of the request its field and
+// message quote. An acquire well under the 1 MiB limit, with two 200 kB keys, once made a 1.2 MB
+// event that could not be published: the requester never heard why its acquire failed.
+func TestRunFailedFitsOneMessage(t *testing.T) {
+	var s events.Subjects
+	key := strings.Repeat("\xff", 200_000) // each byte decodes to U+FFFD, three bytes
+	_, err := s.DecodeAcquire(acquireSubject, []byte(`{"runId":"r1","companyId":"c1","`+key+`":1,"`+key+`":2}`))
+	if _, ok := events.AsTerminal(err); !ok {
+		t.Fatalf("DecodeAcquire = %v, want a TerminalError", err)
+	}
+	failed := events.NewRunFailed(events.Ref("c1", "r1"), events.LeaseAcquire, err)
+	if _, err := newPublisher(t, noPublish{}).Msg(failed); err != nil {
+		t.Fatalf("building the failed event: %v", err)
+	}
+	if failed.Code != events.CodeInvalidRequest || !strings.HasSuffix(failed.Message, "…") {
+		t.Errorf("failed event = %s %q…, want invalid_request with a cut message", failed.Code, failed.Message[:64])
+	}
+}

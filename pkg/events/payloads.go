@@ -455,6 +455,14 @@ type RunFailedEvent struct {
 	Request LeaseKind `json:"request"`
 }
 
+// A failed event's field and message can quote what the client sent (the path of a refused key,
+// every unknown field of a config), so NewRunFailed cuts them to these sizes: the event has to fit
+// in one message whatever the request held, or the requester never hears why it failed.
+const (
+	maxFailedField   = 1 << 10
+	maxFailedMessage = 16 << 10
+)
+
 // NewRunFailed builds the failed event of request for err: a TerminalError's code and field,
 // else CodeInternal.
 func NewRunFailed(ref RunRef, request LeaseKind, err error) RunFailedEvent {
@@ -467,7 +475,7 @@ func NewRunFailed(ref RunRef, request LeaseKind, err error) RunFailedEvent {
 	if !ok {
 		te = &TerminalError{Code: CodeInternal, Err: err}
 	}
-	ev.Code, ev.Field, ev.Message = te.Code, te.Field, te.Public()
+	ev.Code, ev.Field, ev.Message = te.Code, truncate(te.Field, maxFailedField), truncate(te.Public(), maxFailedMessage)
 	return ev
 }
 

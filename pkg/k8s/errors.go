@@ -33,7 +33,10 @@ const (
 //	nil, AlreadyExists on create, NotFound on delete   → nil: done (ack)
 //	exceeded ResourceQuota (Forbidden)                 → terminal quota_exceeded, naming the quota
 //	ErrRunConflict                                     → terminal internal (the name is another run's)
-//	Forbidden, Invalid, BadRequest, MethodNotSupported,
+//	Forbidden by RBAC                                  → retry, internal (the per-tenant RoleBinding
+//	                                                     the tenant-worker has just created is not in
+//	                                                     the authorizer's cache yet)
+//	Forbidden otherwise (admission), Invalid, BadRequest, MethodNotSupported,
 //	  RequestEntityTooLarge, UnsupportedMediaType,
 //	  NotAcceptable                                    → terminal internal (a retry fails alike)
 //	NotFound on create or apply                        → retry, internal once retries run out (a
@@ -65,6 +68,8 @@ func Meaning(op Op, err error) error {
 	switch {
 	case errors.Is(err, ErrRunConflict):
 		return events.Terminal(events.CodeInternal, "", err)
+	case apierrors.IsForbidden(err) && rbacDenialRE.MatchString(err.Error()):
+		return &events.RetryableError{Code: events.CodeInternal, Err: err}
 	case apierrors.IsForbidden(err), apierrors.IsInvalid(err), apierrors.IsBadRequest(err),
 		apierrors.IsMethodNotSupported(err), apierrors.IsRequestEntityTooLargeError(err),
 		apierrors.IsUnsupportedMediaType(err), apierrors.IsNotAcceptable(err):
@@ -76,6 +81,12 @@ func Meaning(op Op, err error) error {
 	}
 	return &events.RetryableError{Code: events.CodeInternal, Err: err}
 }
+
+// rbacDenialRE reads the RBAC authorizer's refusal (`User "…" cannot create resource "secrets"
+// …`), as opposed to an admission plugin's (Pod Security, ValidatingAdmissionPolicy, quota),
+// which a retry would meet again. RBAC authorizes from informer caches, so a RoleBinding created
+// a moment ago can still be missing there.
+var rbacDenialRE = regexp.MustCompile(`User ".*" cannot [a-z]+ resource `)
 
 // unavailable reports an error that says the API server could not be reached or could not
 // answer now.

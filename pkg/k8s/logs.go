@@ -363,14 +363,18 @@ func (e *emitError) Unwrap() error { return e.err }
 // logDecoder turns kubelet log streams ("<RFC3339Nano> <text>\n" per line) into Lines and keeps
 // the cursor. One decoder spans every stream of one FollowLogs call.
 type logDecoder struct {
-	cur       Cursor
-	maxLine   int
+	cur     Cursor
+	maxLine int
+	// readSize is the read buffer's size. The pieces of a long line go out as the buffer fills,
+	// so a stream can break after part of a line was delivered. What is delivered does not
+	// depend on the size; the fuzz tests make it small to reach that case with small inputs.
+	readSize  int
 	delivered int
 	buf       []byte
 }
 
 func newLogDecoder(from Cursor, maxLine int) *logDecoder {
-	return &logDecoder{cur: from.Clone(), maxLine: maxLine}
+	return &logDecoder{cur: from.Clone(), maxLine: maxLine, readSize: 64 << 10}
 }
 
 // decode reads one stream that starts at or before d.cur's second and emits each line the cursor
@@ -381,7 +385,7 @@ func newLogDecoder(from Cursor, maxLine int) *logDecoder {
 // it arrives (memory stays bounded); the cut points depend on the line's bytes only, so a replayed
 // line yields the same pieces and the cursor's count skips the ones already delivered.
 func (d *logDecoder) decode(r io.Reader, final bool, emit func(Line) error) error {
-	br := bufio.NewReaderSize(r, 64<<10)
+	br := bufio.NewReaderSize(r, d.readSize)
 	st := decodeState{lastTime: d.cur.Time, skip: d.cur.skipper()}
 	for {
 		frag, err := br.ReadSlice('\n')

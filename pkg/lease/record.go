@@ -63,11 +63,20 @@ func (r Records) Get(ctx context.Context, ref events.RunRef) (Record, uint64, er
 	if err != nil {
 		return Record{}, 0, fmt.Errorf("reading lease record of run %s: %w", ref.RunID, err)
 	}
-	var rec Record
-	if err := json.Unmarshal(entry.Value(), &rec); err != nil {
+	rec, err := decodeRecord(entry.Value())
+	if err != nil {
 		return Record{}, 0, fmt.Errorf("decoding lease record of run %s: %w", ref.RunID, err)
 	}
 	return rec, entry.Revision(), nil
+}
+
+// decodeRecord reads a KUBECLIP_LEASES value.
+func decodeRecord(data []byte) (Record, error) {
+	var rec Record
+	if err := json.Unmarshal(data, &rec); err != nil {
+		return Record{}, err
+	}
+	return rec, nil
 }
 
 // Create stores rec unless the run already has a record, in which case it returns the existing

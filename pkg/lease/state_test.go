@@ -62,9 +62,9 @@ func TestTransitions(t *testing.T) {
 			r := lease.Record{State: tc.from, Ending: tc.ending}
 			changed, err := tc.apply(&r)
 			switch {
-			case tc.wantErr == errAny && err == nil:
+			case errors.Is(tc.wantErr, errAny) && err == nil:
 				t.Errorf("error nil, want a refused transition")
-			case tc.wantErr != errAny && !errors.Is(err, tc.wantErr):
+			case !errors.Is(tc.wantErr, errAny) && !errors.Is(err, tc.wantErr):
 				t.Errorf("error %v, want %v", err, tc.wantErr)
 			}
 			if changed != tc.wantChanged || r.State != tc.wantState {

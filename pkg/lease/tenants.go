@@ -34,9 +34,15 @@ func ReadTenant(ctx context.Context, kv jetstream.KeyValue, ns string) (TenantRe
 	if err != nil {
 		return TenantRecord{}, 0, false, fmt.Errorf("reading the tenant record of %s: %w", ns, err)
 	}
-	var rec TenantRecord
-	if json.Unmarshal(entry.Value(), &rec) != nil {
-		return TenantRecord{}, entry.Revision(), true, nil
-	}
+	rec, _ := decodeTenant(entry.Value())
 	return rec, entry.Revision(), true, nil
+}
+
+// decodeTenant reads a KUBECLIP_TENANTS value; ok is false, with a zero record, when it does
+// not decode.
+func decodeTenant(data []byte) (rec TenantRecord, ok bool) {
+	if json.Unmarshal(data, &rec) != nil {
+		return TenantRecord{}, false
+	}
+	return rec, true
 }

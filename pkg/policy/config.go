@@ -140,7 +140,7 @@ func ParseConfig(raw []byte) (Config, error) {
 	var doc any = map[string]any{}
 	if len(bytes.TrimSpace(raw)) > 0 {
 		var ok bool
-		if doc, ok = decodeJSON(raw, "config", &errs); !ok {
+		if doc, ok = decodeJSON(raw, "config", "", &errs); !ok {
 			return Config{}, errs.err()
 		}
 	}
@@ -157,10 +157,11 @@ func ParseConfig(raw []byte) (Config, error) {
 
 // decodeJSON decodes one JSON value (JSON null is nil) with numbers kept as json.Number. A key
 // given twice, or two keys differing only in case, are refused: decoding would keep one of
-// them silently.
-func decodeJSON(raw []byte, field string, errs *fieldErrors) (any, bool) {
+// them silently. field names the document in errors about all of it; root goes in front of a
+// refused key's path, as the caller names the document's fields.
+func decodeJSON(raw []byte, field, root string, errs *fieldErrors) (any, bool) {
 	var keyErr *strictjson.KeyError
-	if err := strictjson.CheckKeys(raw, ""); errors.As(err, &keyErr) {
+	if err := strictjson.CheckKeys(raw, root); errors.As(err, &keyErr) {
 		errs.add(orRoot(keyErr.Path), keyErr.Reason)
 		return nil, false
 	}

@@ -48,7 +48,7 @@ func ParseEgressGrant(executionWorkspaceSettings json.RawMessage) (EgressGrant, 
 	if len(bytes.TrimSpace(executionWorkspaceSettings)) == 0 {
 		return grant, nil
 	}
-	doc, ok := decodeJSON(executionWorkspaceSettings, root, &errs)
+	doc, ok := decodeJSON(executionWorkspaceSettings, root, root, &errs)
 	if !ok {
 		return EgressGrant{}, errs.err()
 	}

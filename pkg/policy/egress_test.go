@@ -38,6 +38,9 @@ func TestParseEgressGrant(t *testing.T) {
 			wantErr: []policy.FieldError{{p, "expected an object, got array"}}},
 		{name: "settings not object", raw: `"x"`,
 			wantErr: []policy.FieldError{{"executionWorkspaceSettings", "expected an object, got string"}}},
+		// Found by FuzzParseEgressGrant: a refused key was named relative to the settings.
+		{name: "duplicate key", raw: `{"networkEgress": {"allowFqdns": [], "allowFqdns": ["x"]}}`,
+			wantErr: []policy.FieldError{{p + ".allowFqdns", "duplicate key"}}},
 		{name: "invalid JSON", raw: `{`,
 			wantErr: []policy.FieldError{{"executionWorkspaceSettings", "invalid JSON: unexpected end of input"}}},
 		{name: "all problems reported", raw: `{"networkEgress": {"allowFqdns": ["a b"], "allowCidrs": ["1.2.3.4/8"]}}`,

@@ -87,11 +87,13 @@ func exitFrame(e *Exit) []byte {
 	return appendControlFrame(nil, frameExit, e.LastSeq, payload)
 }
 
-// readFrame reads one frame from r. hdr is scratch space of frameHeaderSize bytes.
+// readFrame reads one frame from r. hdr is scratch space of frameHeaderSize bytes. It returns
+// io.EOF only when r ends between frames; a stream cut inside a frame is an ErrProtocol that
+// also matches io.ErrUnexpectedEOF.
 func readFrame(r io.Reader, hdr []byte) (Frame, error) {
 	if _, err := io.ReadFull(r, hdr[:frameHeaderSize]); err != nil {
 		if errors.Is(err, io.ErrUnexpectedEOF) {
-			return nil, fmt.Errorf("%w: truncated header", ErrProtocol)
+			return nil, fmt.Errorf("%w: truncated header: %w", ErrProtocol, err)
 		}
 		return nil, err
 	}
@@ -103,6 +105,9 @@ func readFrame(r io.Reader, hdr []byte) (Frame, error) {
 	}
 	payload := make([]byte, n)
 	if _, err := io.ReadFull(r, payload); err != nil {
+		if errors.Is(err, io.EOF) {
+			err = io.ErrUnexpectedEOF // the header came, the payload did not: not the end between frames
+		}
 		return nil, fmt.Errorf("%w: truncated payload: %w", ErrProtocol, err)
 	}
 	switch typ {

@@ -67,3 +67,30 @@ func TestReadFrameRejects(t *testing.T) {
 		})
 	}
 }
+
+// A stream cut inside a frame is a truncated frame, never the clean end between frames that
+// io.EOF means. FuzzReadFrame found a stream cut right after a header read as its end.
+func TestReadFrameCutStream(t *testing.T) {
+	wire := make([]byte, frameHeaderSize+5)
+	copy(wire[frameHeaderSize:], "hello")
+	putHeader(wire, frameOutput, Stdout, 1, 5)
+	wire = appendControlFrame(wire, frameHeartbeat, 1, nil)
+	boundaries := map[int]bool{0: true, frameHeaderSize + 5: true, len(wire): true}
+	for cut := range len(wire) + 1 {
+		r := bytes.NewReader(wire[:cut])
+		hdr := make([]byte, frameHeaderSize)
+		var err error
+		for err == nil {
+			_, err = readFrame(r, hdr)
+		}
+		if boundaries[cut] {
+			if !errors.Is(err, io.EOF) || errors.Is(err, ErrProtocol) {
+				t.Errorf("cut at %d, a frame boundary: err = %v, want io.EOF", cut, err)
+			}
+			continue
+		}
+		if !errors.Is(err, ErrProtocol) || !errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
+			t.Errorf("cut at %d, inside a frame: err = %v, want ErrProtocol and io.ErrUnexpectedEOF", cut, err)
+		}
+	}
+}

@@ -185,6 +185,9 @@ func decodeStrict(r io.Reader, limit int64, v any) error {
 		}
 		return errors.New("decoding the request body: more than one JSON value")
 	}
+	if lr.N <= 0 {
+		return errBodyTooLarge // the value fit, but the byte past the limit was read too
+	}
 	return nil
 }
 

@@ -1,10 +1,13 @@
 package strictjson
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"strings"
 	"testing"
+	"unicode"
+	"unicode/utf8"
 )
 
 func TestCheckKeys(t *testing.T) {
@@ -115,5 +118,41 @@ func FuzzCheckKeys(f *testing.F) {
 		if errors.As(err, &ke) && ke.Path == "" {
 			t.Fatalf("KeyError without a path for %q", data)
 		}
+		if err != nil {
+			return
+		}
+		// An accepted object with its first key repeated in front, as given or in another
+		// case, is refused at that key: keys compare as decoded, not as written.
+		obj := bytes.TrimSpace(data)
+		dec := json.NewDecoder(bytes.NewReader(obj))
+		if tok, _ := dec.Token(); tok != json.Delim('{') {
+			return
+		}
+		tok, _ := dec.Token()
+		key, ok := tok.(string)
+		if !ok {
+			return
+		}
+		for _, repeated := range []string{key, otherCase(key)} {
+			if repeated == "" {
+				continue
+			}
+			quoted, _ := json.Marshal(repeated)
+			doc := append(append([]byte("{"), quoted...), ":0,"...)
+			err := CheckKeys(append(doc, obj[1:]...), "")
+			if !errors.As(err, &ke) || ke.Path != Join("", key) {
+				t.Fatalf("%q in front of %q: CheckKeys = %v, want a KeyError at %q", repeated, data, err, Join("", key))
+			}
+		}
 	})
+}
+
+// otherCase returns s with its first rune that has another case in it, or "" when none has.
+func otherCase(s string) string {
+	for i, r := range s {
+		if f := unicode.SimpleFold(r); f != r {
+			return s[:i] + string(f) + s[i+utf8.RuneLen(r):]
+		}
+	}
+	return ""
 }

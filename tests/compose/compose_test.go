@@ -1,6 +1,8 @@
-// Package compose_test brings up docker-compose.yaml (NATS with JetStream and the three
-// workers, images built here from Go sources and loaded into Docker) against the local cluster,
-// and runs one lease end to end through it.
+// Package compose_test brings up docker-compose.yaml (NATS with JetStream and kubeclip's users,
+// the four workers, images built here from Go sources and loaded into Docker, random secrets
+// from hack/compose/secrets.sh) against the local cluster, and runs one lease and one exec end
+// to end through it, as Paperclip's NATS user. The exec-worker takes compose's default route,
+// the Kubernetes exec API: containers outside a cluster rarely reach its pod IPs.
 //
 // It needs a Docker engine and Compose: internal/dockertest runs hack/docker/docker.sh, which
 // installs Debian's docker.io and docker-compose when they are missing and starts dockerd (with
@@ -11,6 +13,7 @@ package compose_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -36,6 +39,11 @@ func TestComposeStackRunsALease(t *testing.T) {
 	dockertest.Start(t)            // the engine, with the images built here loaded
 	// The workers run as uid 65532 and read the kubeconfig from a bind mount.
 	kubeconfig := dockertest.Kubeconfig(t)
+	// The NATS passwords and the sandbox key, as `make compose-up` makes them.
+	secretsDir := t.TempDir()
+	sh(t, "bash", filepath.Join(root, "hack/compose/secrets.sh"), secretsDir)
+	envFile := filepath.Join(secretsDir, "secrets.env")
+	secrets := readEnvFile(t, envFile)
 
 	project := "kubeclip-test-" + strings.ToLower(leasetest.NewID("")[1:])[20:]
 	compose := composeCommand(t)
@@ -46,7 +54,7 @@ func TestComposeStackRunsALease(t *testing.T) {
 	)
 	run := func(args ...string) string {
 		t.Helper()
-		full := append(append([]string(nil), compose...), append([]string{"-p", project, "-f", filepath.Join(root, "docker-compose.yaml")}, args...)...)
+		full := append(append([]string(nil), compose...), append([]string{"--env-file", envFile, "-p", project, "-f", filepath.Join(root, "docker-compose.yaml")}, args...)...)
 		cmd := exec.Command(full[0], full[1:]...)
 		cmd.Env = env
 		var out, stderr bytes.Buffer
@@ -67,24 +75,35 @@ func TestComposeStackRunsALease(t *testing.T) {
 	// NATS from this host through the published port; the workers' readiness on their own IPs.
 	port := strings.TrimSpace(run("port", "nats", "4222"))
 	workers := map[string]string{}
-	for _, w := range []string{"tenant-worker", "dispatcher", "run-watcher"} {
+	for _, w := range []string{"tenant-worker", "dispatcher", "run-watcher", "exec-worker"} {
 		id := strings.TrimSpace(run("ps", "-q", w))
 		workers[w] = strings.TrimSpace(sh(t, "docker", "inspect", "-f", "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}", id))
 	}
 	for w, ip := range workers {
+		want := "ok nats\nok kubernetes\n"
+		if w == "exec-worker" {
+			want += "ok exec\n"
+		}
 		eventually(t, 2*time.Minute, w+" ready", func() error {
 			body, err := get(fmt.Sprintf("http://%s:8080/readyz", ip))
 			if err != nil {
 				return err
 			}
-			if body != "ok nats\nok kubernetes\n" {
-				return fmt.Errorf("/readyz: %q", body)
+			if body != want {
+				return fmt.Errorf("/readyz: %q, want %q", body, want)
 			}
 			return nil
 		})
 	}
 
-	nc, err := nats.Connect("nats://"+port, nats.Name(t.Name()))
+	// NATS users are on: nobody gets in without credentials.
+	if nc, err := nats.Connect("nats://"+port, nats.NoReconnect()); !errors.Is(err, nats.ErrAuthorization) {
+		if err == nil {
+			nc.Close()
+		}
+		t.Errorf("connecting without credentials: %v, want %v", err, nats.ErrAuthorization)
+	}
+	nc, err := nats.Connect("nats://"+port, nats.Name(t.Name()), nats.UserInfo("paperclip", secrets["KUBECLIP_NATS_PASSWORD_PAPERCLIP"]))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -96,6 +115,31 @@ func TestComposeStackRunsALease(t *testing.T) {
 	res := leasetest.Run(t, js, cs)
 	t.Logf("lease %s through the compose stack: %d log events, result %s, released %s",
 		res.Created.ProviderLeaseID, len(res.Logs), res.Result.Outcome, res.Released.State)
+
+	x := leasetest.Exec(t, nc, js, cs)
+	t.Logf("exec in lease %s through the compose stack's exec-worker %s: %d bytes of output, released %s",
+		x.Created.ProviderLeaseID, x.Exec.Replica, len(x.Exec.Stdout)+len(x.Exec.Stderr), x.Released.State)
+}
+
+// readEnvFile reads the NAME=value lines of a compose env file.
+func readEnvFile(t *testing.T, path string) map[string]string {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]string{}
+	for _, line := range strings.Split(string(data), "\n") {
+		if k, v, ok := strings.Cut(line, "="); ok && !strings.HasPrefix(k, "#") {
+			out[k] = v
+		}
+	}
+	for _, k := range []string{"KUBECLIP_NATS_PASSWORD_WORKERS", "KUBECLIP_NATS_PASSWORD_EXEC_WORKER", "KUBECLIP_NATS_PASSWORD_PAPERCLIP", "KUBECLIP_NATS_PASSWORD_CLI", "KUBECLIP_COMPOSE_SANDBOX_KEY"} {
+		if out[k] == "" {
+			t.Fatalf("%s sets no %s", path, k)
+		}
+	}
+	return out
 }
 
 // composeCommand is `docker compose` (v2) when the Docker CLI has it, else docker-compose (v1).

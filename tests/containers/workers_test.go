@@ -1,6 +1,8 @@
 package containers
 
 import (
+	"crypto/rand"
+	"encoding/hex"
 	"io"
 	"net/http"
 	"strings"
@@ -24,16 +26,21 @@ contexts: [{name: none, context: {cluster: none, user: none}}]
 current-context: none
 `
 
+// sandboxKeyFile is where the exec-worker's container finds its sandbox master key.
+const sandboxKeyFile = "/etc/kubeclip/sandbox-key"
+
 func TestWorkerImagesAreStaticNonRoot(t *testing.T) {
 	cli := dockerClient(t)
 	for _, tc := range []struct {
 		image    string
 		wantFlag string // one of the worker's own flags, so the image holds the right binary
 		wantEnv  string
+		needsKey bool // the worker does not start without a sandbox key
 	}{
 		{image: "tenant-worker", wantFlag: "--tenant-resync", wantEnv: "KUBECLIP_TENANT_RESYNC"},
 		{image: "dispatcher", wantFlag: "--agent-busy-timeout", wantEnv: "KUBECLIP_AGENT_BUSY_TIMEOUT"},
 		{image: "run-watcher", wantFlag: "--log-flush-interval", wantEnv: "KUBECLIP_LOG_FLUSH_INTERVAL"},
+		{image: "exec-worker", wantFlag: "--exec-route", wantEnv: "KUBECLIP_EXEC_ROUTE", needsKey: true},
 	} {
 		t.Run(tc.image, func(t *testing.T) {
 			ref := dockertest.Image(tc.image)
@@ -68,7 +75,7 @@ func TestWorkerImagesAreStaticNonRoot(t *testing.T) {
 			}
 
 			// Running: with NATS unreachable the worker stays up, live but not ready.
-			worker := start(t, testcontainers.ContainerRequest{
+			req := testcontainers.ContainerRequest{
 				Image: ref,
 				Env: map[string]string{
 					"KUBECLIP_NATS_URL":   "nats://127.0.0.1:1",
@@ -82,7 +89,14 @@ func TestWorkerImagesAreStaticNonRoot(t *testing.T) {
 				}},
 				ExposedPorts: []string{"8080/tcp"},
 				WaitingFor:   wait.ForHTTP("/healthz").WithPort("8080/tcp").WithStartupTimeout(time.Minute),
-			})
+			}
+			if tc.needsKey {
+				req.Env["KUBECLIP_SANDBOX_KEY_FILE"] = sandboxKeyFile
+				req.Files = append(req.Files, testcontainers.ContainerFile{
+					Reader: strings.NewReader(randomHex(t, 32)), ContainerFilePath: sandboxKeyFile, FileMode: 0o444,
+				})
+			}
+			worker := start(t, req)
 			if code, body := get(t, endpoint(t, worker, "8080/tcp")+"/readyz"); code != http.StatusServiceUnavailable {
 				t.Errorf("/readyz without NATS: %d %q, want %d", code, body, http.StatusServiceUnavailable)
 			}
@@ -100,4 +114,14 @@ func TestWorkerImagesAreStaticNonRoot(t *testing.T) {
 			}
 		})
 	}
+}
+
+// randomHex is n random bytes in hex, as `openssl rand -hex n` writes them.
+func randomHex(t *testing.T, n int) string {
+	t.Helper()
+	b := make([]byte, n)
+	if _, err := rand.Read(b); err != nil {
+		t.Fatal(err)
+	}
+	return hex.EncodeToString(b)
 }

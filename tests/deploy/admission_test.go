@@ -18,7 +18,8 @@ import (
 // TestWorkersCannotWriteOutsideTenants is issue 8's defence in depth, proven in the cluster: as
 // each worker's ServiceAccount, writes to kube-system, default and kubeclip's own namespace are
 // refused by the API server (RBAC, or the admission policy where RBAC must be cluster-wide),
-// while the same writes in a kubeclip tenant pass.
+// while the same writes in a kubeclip tenant pass. The exec-worker's exec into pods (its one
+// write, a CONNECT) likewise.
 func TestWorkersCannotWriteOutsideTenants(t *testing.T) {
 	t.Parallel()
 	c := newCluster(t)
@@ -32,7 +33,7 @@ func TestWorkersCannotWriteOutsideTenants(t *testing.T) {
 	as := func(worker string) kubernetes.Interface {
 		return c.impersonate(t, fmt.Sprintf("system:serviceaccount:%s:%s%s", ns, worker, suffix), ns)
 	}
-	tenantWorker, dispatcher := as("tenant-worker"), as("dispatcher")
+	tenantWorker, dispatcher, execWorker := as("tenant-worker"), as("dispatcher"), as("exec-worker")
 	ctx := t.Context()
 
 	netpol := func(namespace string) error {
@@ -44,7 +45,7 @@ func TestWorkersCannotWriteOutsideTenants(t *testing.T) {
 	// The policies take effect once the API server's admission sees them: wait for a refusal.
 	eventually(t, time.Minute, "the admission policy in force", func() error {
 		if err := netpol("default"); !apierrors.IsForbidden(err) {
-			return fmt.Errorf("a NetworkPolicy in default as the tenant-worker: %v", err)
+			return fmt.Errorf("a NetworkPolicy in default as the tenant-worker: %w", err)
 		}
 		return nil
 	})
@@ -65,6 +66,18 @@ func TestWorkersCannotWriteOutsideTenants(t *testing.T) {
 			metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
 		return err
 	}
+	// An exec into a pod that does not exist: authorization and admission come first, so a
+	// refusal is Forbidden and a request they let through is answered NotFound.
+	podExec := func(verb, namespace string) error {
+		return execWorker.CoreV1().RESTClient().Verb(verb).Namespace(namespace).Resource("pods").Name("vap-probe-"+id).
+			SubResource("exec").Param("command", "true").Param("stdout", "true").Do(ctx).Error()
+	}
+	pod := func(namespace string) error {
+		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "vap-probe-" + id},
+			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "kubeclip.local/sandbox:dev"}}}}
+		_, err := execWorker.CoreV1().Pods(namespace).Create(ctx, p, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		return err
+	}
 	refused := []struct {
 		what string
 		do   func() error
@@ -81,6 +94,12 @@ func TestWorkersCannotWriteOutsideTenants(t *testing.T) {
 		{"dispatcher: Secret in kube-system", func() error { return secret("kube-system") }},
 		{"dispatcher: Secret in default", func() error { return secret("default") }},
 		{"dispatcher: Secret in kubeclip's namespace", func() error { return secret(ns) }},
+		{"exec-worker: exec (POST) in kube-system", func() error { return podExec("POST", "kube-system") }},
+		{"exec-worker: exec (GET) in kube-system", func() error { return podExec("GET", "kube-system") }},
+		{"exec-worker: exec in default", func() error { return podExec("POST", "default") }},
+		{"exec-worker: exec in kubeclip's namespace", func() error { return podExec("POST", ns) }},
+		{"exec-worker: a Pod in a tenant", func() error { return pod(tenantNS) }},
+		{"exec-worker: a Pod in kube-system", func() error { return pod("kube-system") }},
 	}
 	for _, tc := range refused {
 		if err := tc.do(); !apierrors.IsForbidden(err) {
@@ -100,6 +119,11 @@ func TestWorkersCannotWriteOutsideTenants(t *testing.T) {
 	for _, tc := range allowed {
 		if err := tc.do(); err != nil {
 			t.Errorf("%s: %v, want allowed", tc.what, err)
+		}
+	}
+	for _, verb := range []string{"POST", "GET"} {
+		if err := podExec(verb, tenantNS); !apierrors.IsNotFound(err) {
+			t.Errorf("exec-worker: exec (%s) in a tenant: %v, want NotFound (authorized and admitted; no such pod)", verb, err)
 		}
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -26,18 +27,31 @@ import (
 
 	"github.com/kubeclip/kubeclip/internal/clustertest"
 	"github.com/kubeclip/kubeclip/internal/leasetest"
+	"github.com/kubeclip/kubeclip/pkg/execclient"
 )
 
 // workers are the Deployments of the overlay, before the test's name suffix.
-var workers = []string{"tenant-worker", "dispatcher", "run-watcher"}
+var workers = []string{"tenant-worker", "dispatcher", "run-watcher", "exec-worker"}
+
+// wantReady is each worker's /readyz body once it is connected to NATS and the API server
+// answers (and, for the exec-worker, takes exec requests).
+var wantReady = map[string]string{
+	"tenant-worker": "ok nats\nok kubernetes\n",
+	"dispatcher":    "ok nats\nok kubernetes\n",
+	"run-watcher":   "ok nats\nok kubernetes\n",
+	"exec-worker":   "ok nats\nok kubernetes\nok exec\n",
+}
 
 // volumeRoot holds the hostPath volumes the test provides for NATS: the local cluster has no
 // storage provisioner.
 const volumeRoot = "/var/lib/kubeclip/test-volumes"
 
-// TestDevOverlayRunsALeaseInCluster deploys the dev overlay with images built here, then runs a
-// lease end to end through the workers running in the cluster under their own ServiceAccounts,
-// and checks that every worker's /metrics counted it.
+// TestDevOverlayRunsALeaseInCluster deploys the dev overlay with images built here and random
+// Secrets (hack/deploy/secrets.sh), then, as Paperclip's NATS user, runs a lease end to end
+// through the workers running in the cluster under their own ServiceAccounts and a command in an
+// exec-capable lease's pod through the exec-worker, and checks that every worker's /metrics
+// counted it. NATS refuses clients without credentials, and Paperclip's user may not publish
+// run events.
 func TestDevOverlayRunsALeaseInCluster(t *testing.T) {
 	t.Parallel()
 	c := newCluster(t)
@@ -46,13 +60,22 @@ func TestDevOverlayRunsALeaseInCluster(t *testing.T) {
 	ns := "kubeclip-e2e-" + id
 	suffix := "-" + id
 
-	// 1. NATS first: the workers are pointed at its pod IP (no cluster DNS, no kube-proxy here).
+	// 1. The namespace and the installation's Secrets, then NATS: the workers are pointed at its
+	// pod IP (no cluster DNS, no kube-proxy here).
 	base := render(t, rendering{overlay: "dev", namespace: ns, suffix: suffix})
 	c.deleteAtEnd(t, ns, base)
 	providePV(t, c, ns, "data-nats"+suffix+"-0", id)
 	ctx := t.Context()
 	for _, o := range base {
-		if isNATS(o) {
+		if o.GetKind() == "Namespace" {
+			if err := c.apply(ctx, t, o, false); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	passwords := installSecrets(t, c, ns)
+	for _, o := range base {
+		if isNATS(o) && o.GetKind() != "Namespace" {
 			if err := c.apply(ctx, t, o, false); err != nil {
 				t.Fatal(err)
 			}
@@ -87,15 +110,20 @@ func TestDevOverlayRunsALeaseInCluster(t *testing.T) {
 
 	// The kubelet reached /readyz (the pods are Ready); so does anyone on the pod network.
 	for w, p := range pods {
-		body := get(t, opsURL(p, "/readyz"))
-		if body != "ok nats\nok kubernetes\n" {
-			t.Errorf("%s /readyz = %q", w, body)
+		if body := get(t, opsURL(p, "/readyz")); body != wantReady[w] {
+			t.Errorf("%s /readyz = %q, want %q", w, body, wantReady[w])
 		}
 	}
 	before := scrapeAll(t, pods)
 
-	// 3. A lease, end to end, through the in-cluster workers.
-	nc, err := nats.Connect(natsURL, nats.Name(t.Name()))
+	// 3. NATS users are on: no credentials, no connection; Paperclip's user publishes no run
+	// event.
+	t.Run("nats users", func(t *testing.T) {
+		checkNATSUsers(t, natsURL, passwords)
+	})
+
+	// 4. A lease, end to end, through the in-cluster workers, as Paperclip.
+	nc, err := nats.Connect(natsURL, nats.Name(t.Name()), nats.UserInfo("paperclip", passwords["paperclip"]))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -119,12 +147,26 @@ func TestDevOverlayRunsALeaseInCluster(t *testing.T) {
 			})
 		}
 	})
+	// A command in an exec-capable lease's pod, through the deployed exec-worker; in a load run
+	// also as many concurrent commands as leases, each printing execLoadBytes.
+	t.Run("exec", func(t *testing.T) {
+		var load []func(*testing.T, *execclient.Client, execclient.Lease)
+		if leases > 1 {
+			load = append(load, func(t *testing.T, c *execclient.Client, l execclient.Lease) { execLoad(t, c, l, leases) })
+		}
+		res := leasetest.Exec(t, nc, js, cs, load...)
+		if want := pods["exec-worker"].Name; res.Exec.Replica != want {
+			t.Errorf("the exit came from replica %q, want the exec-worker pod %s", res.Exec.Replica, want)
+		}
+		t.Logf("exec in lease %s (pod %s/%s) through %s: %d bytes of output, released %s", res.Created.ProviderLeaseID,
+			res.Created.Namespace, res.Created.WorkloadName, res.Exec.Replica, len(res.Exec.Stdout)+len(res.Exec.Stderr), res.Released.State)
+	})
 	stopSampling()
 	if t.Failed() {
 		return
 	}
 
-	// 4. The metrics moved.
+	// 5. The metrics moved.
 	var after map[string]map[string]*dto.MetricFamily
 	eventually(t, 30*time.Second, "metrics reflecting the lease", func() error {
 		after = scrapeAll(t, pods)
@@ -138,6 +180,40 @@ func TestDevOverlayRunsALeaseInCluster(t *testing.T) {
 	if err := json.Unmarshal([]byte(get(t, fmt.Sprintf("http://%s:8222/varz", natsPod.Status.PodIP))), &varz); err == nil {
 		t.Logf("nats: RSS %.1f MiB, CPU %.1f%% (nats-server's /varz)", float64(varz.Mem)/(1<<20), varz.CPU)
 	}
+}
+
+// execLoadBytes is what each command of a load run prints: enough for the exec-worker's flow
+// control (an 8 MiB window per stream, acknowledged every 2 MiB) to matter.
+const execLoadBytes = 16 << 20
+
+// execLoad runs n commands at once in the lease, each printing execLoadBytes, and checks that
+// every byte arrived.
+func execLoad(t *testing.T, c *execclient.Client, l execclient.Lease, n int) {
+	var wg sync.WaitGroup
+	start := time.Now()
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
+			defer cancel()
+			var stdout counter
+			res, err := c.Run(ctx, execclient.Exec{Lease: l, Command: "head", Args: []string{"-c", fmt.Sprint(execLoadBytes), "/dev/zero"}, Stdout: &stdout})
+			if err != nil || stdout != execLoadBytes || res.ExitCode == nil || *res.ExitCode != 0 {
+				t.Errorf("load exec %d: %d bytes, exit %v, %v; want %d bytes, exit 0", i, stdout, res.ExitCode, err, execLoadBytes)
+			}
+		}()
+	}
+	wg.Wait()
+	t.Logf("%d concurrent execs of %d MiB each through the exec-worker in %s", n, execLoadBytes>>20, time.Since(start).Round(time.Millisecond))
+}
+
+// counter is an io.Writer that counts what it is written.
+type counter int
+
+func (c *counter) Write(b []byte) (int, error) {
+	*c += counter(len(b))
+	return len(b), nil
 }
 
 // checkMetrics compares two scrapes of every worker: each must have counted its part of one
@@ -160,6 +236,8 @@ func checkMetrics(before, after map[string]map[string]*dto.MetricFamily) error {
 		{"run-watcher", "kubeclip_events_published_total", map[string]string{"subject": "paperclip.run.*.*.result", "outcome": "stored"}, 1},
 		{"run-watcher", "kubeclip_log_lines_total", nil, leasetest.StubLines},
 		{"run-watcher", "kubeclip_log_bytes_total", nil, 50 * leasetest.StubLines},
+		{"exec-worker", "kubeclip_exec_requests_total", map[string]string{"op": "start", "code": "ok"}, 1},
+		{"exec-worker", "kubeclip_exec_output_bytes_total", nil, 1},
 	}
 	var problems []string
 	for _, w := range wants {
@@ -170,6 +248,9 @@ func checkMetrics(before, after map[string]map[string]*dto.MetricFamily) error {
 	}
 	if n := sum(after["run-watcher"], "kubeclip_runs_in_flight", nil); n != 0 {
 		problems = append(problems, fmt.Sprintf("run-watcher kubeclip_runs_in_flight = %v after the run ended, want 0", n))
+	}
+	if n := sum(after["exec-worker"], "kubeclip_exec_streams", nil); n != 0 {
+		problems = append(problems, fmt.Sprintf("exec-worker kubeclip_exec_streams = %v after the exec ended, want 0", n))
 	}
 	if len(problems) > 0 {
 		return fmt.Errorf("%s", strings.Join(problems, "; "))

@@ -20,11 +20,11 @@ func TestProductionOverlayPassesServerSideDryRun(t *testing.T) {
 		kinds[o.GetKind()]++
 	}
 	want := map[string]int{
-		// Per worker a ServiceAccount, a cluster-wide ClusterRole (and binding), and a ClusterRole
-		// the tenant-worker binds in each tenant (none for the tenant-worker itself); the exec-
-		// worker's RBAC ships before its Deployment.
+		// Per worker a Deployment, a ServiceAccount, a cluster-wide ClusterRole (and binding), and
+		// a ClusterRole the tenant-worker binds in each tenant (none for the tenant-worker itself).
+		// No Secret: those are the operator's, per installation.
 		"Namespace": 1, "ServiceAccount": 4, "ClusterRole": 7, "ClusterRoleBinding": 4, "ConfigMap": 3,
-		"Service": 2, "Deployment": 3, "StatefulSet": 1, "PodDisruptionBudget": 4, "NetworkPolicy": 1,
+		"Service": 2, "Deployment": 4, "StatefulSet": 1, "PodDisruptionBudget": 5, "NetworkPolicy": 1, "Secret": 0,
 		"ValidatingAdmissionPolicy": 2, "ValidatingAdmissionPolicyBinding": 2,
 	}
 	for k, n := range want {

@@ -1,7 +1,9 @@
 // Package deploy_test proves deploy/kustomize on the local cluster: the production overlay
-// passes the API server's server-side dry-run, the dev overlay runs kubeclip inside the cluster
-// (images built here and imported into containerd) and carries a lease end to end, each worker's
-// RBAC allows what its code does and denies the rest, and the workers' /metrics move.
+// passes the API server's server-side dry-run, both overlays reach the installation's Secrets
+// (made per installation, never rendered) the same way, the dev overlay runs kubeclip inside the
+// cluster (images built here and imported into containerd, random Secrets from
+// hack/deploy/secrets.sh, NATS users on) and carries a lease and an exec end to end, each
+// worker's RBAC allows what its code does and denies the rest, and the workers' /metrics move.
 //
 // Networking on the local cluster: there is no kube-proxy and no cluster DNS, so the workers
 // cannot reach NATS through its Service name. The test deploys NATS first, then points the
@@ -417,4 +419,39 @@ func unstructuredInt(o *unstructured.Unstructured, fields ...string) int64 {
 		return int64(n)
 	}
 	return -1
+}
+
+// natsUsers are the NATS users nats-auth.conf defines: the keys of the Secret kubeclip-nats-users.
+var natsUsers = []string{"kubeclip", "exec-worker", "paperclip", "cli"}
+
+// installSecrets makes the installation's Secrets in ns with hack/deploy/secrets.sh (what `make
+// deploy-dev` runs: random values, made only when missing) and returns the NATS users' passwords.
+func installSecrets(t *testing.T, c *cluster, ns string) map[string]string {
+	t.Helper()
+	cmd := exec.Command("bash", filepath.Join(root, "hack/deploy/secrets.sh"), ns)
+	cmd.Env = append(os.Environ(), "KUBECTL="+kubectl(t), "KUBECONFIG="+clustertest.Kubeconfig())
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("hack/deploy/secrets.sh %s: %v\n%s", ns, err, out)
+	}
+	users, err := c.cs.CoreV1().Secrets(ns).Get(t.Context(), "kubeclip-nats-users", metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("reading the NATS users' Secret: %v", err)
+	}
+	passwords := map[string]string{}
+	for _, u := range natsUsers {
+		pw := string(users.Data[u])
+		if len(pw) < 32 || strings.Contains(string(out), pw) {
+			t.Fatalf("the password of NATS user %s is %d bytes long or was printed, want a random one of at least 32, kept secret", u, len(pw))
+		}
+		passwords[u] = pw
+	}
+	key, err := c.cs.CoreV1().Secrets(ns).Get(t.Context(), "kubeclip-sandbox-key", metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("reading the sandbox key's Secret: %v", err)
+	}
+	if k := string(key.Data["key"]); len(k) != 64 || strings.Contains(string(out), k) {
+		t.Fatalf("the sandbox key holds %d hex digits or was printed, want 64, kept secret", len(k))
+	}
+	return passwords
 }

@@ -145,11 +145,21 @@ func TestRBACAllowsWhatTheCodeDoesAndNothingElse(t *testing.T) {
 			worker: "exec-worker",
 			allowed: []access{
 				{"list", "", "pods", "", "", ""}, {"watch", "", "pods", "", "", ""},
-				{"create", "", "pods", "exec", tenantNS, ""}, {"get", "", "pods", "", tenantNS, ""},
+				// --exec-route kube-exec: POST (SPDY) or GET (WebSocket) on pods/exec.
+				{"create", "", "pods", "exec", tenantNS, ""}, {"get", "", "pods", "exec", tenantNS, ""},
+				{"get", "", "pods", "", tenantNS, ""},
 			},
 			denied: []access{
-				{"create", "", "pods", "exec", "kube-system", ""}, {"create", "", "pods", "exec", other, ""},
-				{"get", "", "secrets", "", tenantNS, ""}, {"delete", "", "pods", "", tenantNS, ""},
+				// Exec in its tenants only: not in Kubernetes', kubeclip's or anyone else's pods.
+				{"create", "", "pods", "exec", "kube-system", ""}, {"get", "", "pods", "exec", "kube-system", ""},
+				{"create", "", "pods", "exec", "default", ""}, {"create", "", "pods", "exec", ns, ""},
+				{"create", "", "pods", "exec", other, ""}, {"create", "", "pods", "exec", "", ""},
+				{"create", "", "pods", "attach", tenantNS, ""}, {"create", "", "pods", "portforward", tenantNS, ""},
+				{"get", "", "pods", "log", tenantNS, ""}, {"get", "", "pods", "", "kube-system", ""},
+				{"create", "", "pods", "", tenantNS, ""}, {"patch", "", "pods", "", tenantNS, ""},
+				{"delete", "", "pods", "", tenantNS, ""},
+				{"get", "", "secrets", "", tenantNS, ""}, {"list", "", "secrets", "", "", ""},
+				{"create", "batch", "jobs", "", tenantNS, ""},
 			},
 		},
 	}

@@ -59,7 +59,12 @@ func TestSandboxCRLease(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- sandboxtest.Run(ctx, cs, dyn) }()
-	t.Cleanup(func() { cancel(); <-done })
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	})
 
 	company := pt.NewID("co")
 	pt.CleanupTenant(t, cs, company)

@@ -256,10 +256,16 @@ func startSandboxController(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	cs := clustertest.Clientset(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- sandboxtest.Run(ctx, clustertest.Clientset(t), dyn) }()
-	t.Cleanup(func() { cancel(); <-done })
+	go func() { done <- sandboxtest.Run(ctx, cs, dyn) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	})
 }
 
 type outcome struct {
