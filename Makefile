@@ -11,7 +11,7 @@ TEST_FLAGS    ?= -race -count=1 -timeout 45m
 
 .PHONY: all build test unit fuzz vet fmt-check lint cluster-up cluster-down cluster-status images demo bench clean \
 	images-prod images-import deploy-dev undeploy-dev compose-up compose-down \
-	plugin-deps plugin-build plugin-lint plugin-test plugin-pack plugin-e2e
+	plugin-deps plugin-build plugin-lint plugin-test plugin-pack plugin-e2e demo-paperclip
 
 all: build
 
@@ -24,9 +24,13 @@ vet:
 fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 
-# test: vet, gofmt, then every test (unit, embedded NATS, the local cluster, end to end) with -race.
-test: vet fmt-check build cluster-up
-	KUBECLIP_BIN=$(BIN) $(GO) test $(TEST_FLAGS) ./...
+# test: vet, gofmt, the Paperclip plugin's lint/typecheck and unit tests, then every Go test (unit,
+# embedded NATS, the local cluster, end to end: tests/paperclip runs the real Paperclip server
+# with the plugin and the worker binaries) with -race; then the Paperclip run figures.
+test: vet fmt-check build plugin-lint plugin-test cluster-up
+	@rm -f $(BIN)/paperclip-e2e.txt
+	KUBECLIP_BIN=$(BIN) KUBECLIP_CACHE=$(CACHE) KUBECLIP_PAPERCLIP_REPORT=$(BIN)/paperclip-e2e.txt $(GO) test $(TEST_FLAGS) ./...
+	@cat $(BIN)/paperclip-e2e.txt
 
 # unit: the tests that need neither a cluster nor the worker binaries (quick feedback while editing).
 unit:
@@ -111,8 +115,8 @@ clean:
 	rm -rf $(BIN)
 
 # ---- the Paperclip plugin (plugins/paperclip, TypeScript) ----
-# Node 24 comes from hack/node/node.sh (npm registry, cached under $(CACHE)/node); npm's cache is
-# $(CACHE)/npm. plugin-test needs the nats-server kubeclip pins, built with Go into $(CACHE)/bin.
+# Node 24 and npm come from hack/node/node.sh (the npm registry's tarballs, pinned, cached under
+# $(CACHE)/node); npm's cache is $(CACHE)/npm. plugin-test needs the nats-server kubeclip pins, built with Go into $(CACHE)/bin.
 PLUGIN_DIR          := plugins/paperclip
 NODE_EXEC           := $(CURDIR)/hack/node/node.sh exec
 NATS_SERVER_VERSION := $(shell grep -m1 -oE 'github.com/nats-io/nats-server/v2 v[^ ]+' go.mod | cut -d' ' -f2)
@@ -140,11 +144,19 @@ plugin-pack: plugin-build
 	@mkdir -p $(BIN)
 	cd $(PLUGIN_DIR) && KUBECLIP_CACHE=$(CACHE) $(NODE_EXEC) npm pack --pack-destination $(BIN)
 
-# plugin-e2e: the real Paperclip server from npm (hack/paperclip/paperclip.sh, run as root: it
-# creates the unprivileged user the server runs as) with this plugin installed, against a fake
-# kubeclip on a real nats-server. About 2 minutes with an empty cache, 30 s warm.
-plugin-e2e: plugin-build $(NATS_SERVER_BIN)
-	cd $(PLUGIN_DIR) && KUBECLIP_CACHE=$(CACHE) NATS_SERVER_BIN=$(NATS_SERVER_BIN) $(NODE_EXEC) npm run test:e2e
+# plugin-e2e: tests/paperclip alone, the part of `make test` that runs the real Paperclip server
+# from npm (hack/paperclip/paperclip.sh, run as root: it creates the unprivileged user the server
+# runs as) with this plugin and kubeclip's worker binaries on the local cluster.
+plugin-e2e: build cluster-up
+	@rm -f $(BIN)/paperclip-e2e.txt
+	KUBECLIP_BIN=$(BIN) KUBECLIP_CACHE=$(CACHE) KUBECLIP_PAPERCLIP_REPORT=$(BIN)/paperclip-e2e.txt $(GO) test $(TEST_FLAGS) ./tests/paperclip
+	@cat $(BIN)/paperclip-e2e.txt
+
+# demo-paperclip: the real Paperclip server, the plugin and kubeclip (a local JetStream server and
+# the worker binaries) on the local cluster; one agent run with its live log here, then
+# Paperclip's address; Ctrl-C stops it all (hack/paperclip/demo.sh; needs root, like make test).
+demo-paperclip: build plugin-deps cluster-up $(NATS_SERVER_BIN)
+	KUBECLIP_CACHE=$(CACHE) bash hack/paperclip/demo.sh $(BIN) $(NATS_SERVER_BIN) "$$($(CLUSTER) kubeconfig)"
 
 $(NATS_SERVER_BIN): go.mod
 	@mkdir -p $(dir $@)

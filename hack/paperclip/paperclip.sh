@@ -7,6 +7,8 @@
 #   paperclip.sh stop                 stop it (server and embedded PostgreSQL) and remove its data dir
 #   paperclip.sh plugin-install DIR   pack the plugin in DIR and install it into the running server
 #   paperclip.sh env                  print the running instance's variables (PAPERCLIP_URL, …)
+#   paperclip.sh cli ARG…             run the paperclipai CLI against the running instance, as the
+#                                     server's user (`cli heartbeat run -a AGENT` streams a run's log)
 #
 # Paperclip's embedded PostgreSQL refuses to run as root, so the server runs as the unprivileged
 # user $KUBECLIP_PAPERCLIP_USER (default kubeclip-pc, created when missing). Everything it runs is
@@ -59,6 +61,13 @@ as_user() {
 
 setup() {
 	ensure_user
+	# curl: node.sh fetches Node with it, start asks the server's API with it. As the server's
+	# user node.sh cannot install it; as root, here, it can.
+	if ! command -v curl >/dev/null && [[ $(id -u) -eq 0 ]]; then
+		# shellcheck source=hack/lib/apt.sh
+		. "$ROOT/hack/lib/apt.sh"
+		apt_install curl ca-certificates
+	fi
 	CACHE=${KUBECLIP_PAPERCLIP_CACHE:-$(pc_home)/.cache/kubeclip}
 	APP=$CACHE/paperclip/$PAPERCLIP_VERSION
 	if [[ $(id -un) != "$PC_USER" ]]; then
@@ -219,6 +228,21 @@ plugin_install() {
 	log "plugin installed from $dest in $((SECONDS - t0)) s"
 }
 
+# cli ARG…: the installed paperclipai CLI, as the server's user, with the instance's data dir.
+cli() {
+	[[ -f $STATE/state.env ]] || die "not running: paperclip.sh start first"
+	# shellcheck disable=SC1091
+	. "$STATE/state.env"
+	setup
+	local args=("$@")
+	# The commands that work on an instance get its data dir.
+	case "${1:-}" in
+	heartbeat | plugin) args+=(-d "$PAPERCLIP_DATA") ;;
+	esac
+	# shellcheck disable=SC2016 # $0 and $@ are the inner shell's
+	as_user sh -c 'cd "$0" && exec ./node_modules/.bin/paperclipai "$@"' "$APP" "${args[@]}"
+}
+
 cmd=${1:-}
 shift || true
 case "$cmd" in
@@ -227,5 +251,6 @@ start) start ;;
 stop) stop ;;
 plugin-install) plugin_install "$@" ;;
 env) cat "$STATE/state.env" ;;
-*) die "usage: paperclip.sh install|start|stop|plugin-install DIR|env" ;;
+cli) cli "$@" ;;
+*) die "usage: paperclip.sh install|start|stop|plugin-install DIR|env|cli ARG…" ;;
 esac

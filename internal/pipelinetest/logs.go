@@ -14,6 +14,13 @@ type LogRecord struct {
 	Subject string `json:"subject"`
 	RunID   string `json:"run_id"`
 	Attempt uint64 `json:"attempt"`
+	// The exec-worker's: the exec, the replica serving it, the request (start, attach,
+	// signal), the command's base name and whether its output is recorded.
+	ExecID  string `json:"exec_id"`
+	Replica string `json:"replica"`
+	Op      string `json:"op"`
+	Command string `json:"command"`
+	Record  bool   `json:"record"`
 }
 
 // Records returns the records of every process of kind the suite started (live or not) that

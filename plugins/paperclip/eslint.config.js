@@ -16,7 +16,7 @@ export default tseslint.config(
     },
   },
   {
-    files: ["**/*.test.ts", "**/*.e2e.ts"],
+    files: ["**/*.test.ts", "**/*.real.ts"],
     rules: {
       // node:test's describe/it return promises the runner tracks itself.
       "@typescript-eslint/no-floating-promises": [

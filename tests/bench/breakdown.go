@@ -63,12 +63,19 @@ type cpuUsage struct {
 	at          time.Time
 	busy, total uint64 // jiffies over all CPUs, /proc/stat
 	process     time.Duration
+	// load is /proc/loadavg's 1, 5 and 15 minute averages: other work on a shared node shows.
+	load string
 }
 
-// readCPU reads /proc/stat and this process's rusage; on a system without them it returns
-// the zero value and the phase's note says nothing about CPU.
+// readCPU reads /proc/stat, /proc/loadavg and this process's rusage; on a system without them
+// it returns the zero value and the phase's note says nothing about CPU.
 func readCPU() cpuUsage {
-	u := cpuUsage{at: time.Now()}
+	u := cpuUsage{at: time.Now(), load: "?"}
+	if data, err := os.ReadFile("/proc/loadavg"); err == nil {
+		if f := strings.Fields(string(data)); len(f) >= 3 {
+			u.load = strings.Join(f[:3], " ")
+		}
+	}
 	var ru syscall.Rusage
 	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) == nil {
 		u.process = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
@@ -108,5 +115,5 @@ func cpuNote(phase string, from, to cpuUsage) string {
 	}
 	node := nodeBusy(from, to)
 	proc := 100 * (to.process - from.process).Seconds() / to.at.Sub(from.at).Seconds()
-	return fmt.Sprintf("%s: node CPU %.0f%% busy (all cores); the bench process (NATS server, workers, bench) used %.0f%% of one core", phase, node, proc)
+	return fmt.Sprintf("%s: node CPU %.0f%% busy (all cores), load average %s → %s; the bench process (NATS server, workers, bench) used %.0f%% of one core", phase, node, from.load, to.load, proc)
 }

@@ -14,8 +14,8 @@ import (
 )
 
 // collector reads every run event with one ordered consumer (new events only) and records when
-// the bench received each run's created, terminal status and result events and each of its log
-// lines. It also subscribes (core NATS) to the internal dispatch subjects, to see when the
+// the bench received each run's created, ready, terminal status, result and released events and
+// each of its log lines. It also subscribes (core NATS) to the internal dispatch subjects, to see when the
 // tenant-worker handed each run to the dispatcher.
 type collector struct {
 	mu      sync.Mutex
@@ -32,6 +32,12 @@ type collector struct {
 type runEvents struct {
 	dispatched time.Time
 	created    time.Time
+	// lease and namespace are the created event's providerLeaseId and namespace.
+	lease, namespace string
+	// ready is the first status Running/Ready: an exec-capable lease's pod accepts exec.
+	ready time.Time
+	// released is the released event (release or destroy done: commands and pod gone).
+	released time.Time
 	// ended is the first status event saying Succeeded or Failed: the run-watcher decided the
 	// run is over and is reading the log's tail before it publishes the result.
 	ended   time.Time
@@ -158,10 +164,16 @@ func (c *collector) record(ev events.Event, at time.Time) {
 	switch e := ev.(type) {
 	case events.RunCreatedEvent:
 		setOnce(&r.created, at)
+		r.lease, r.namespace = e.ProviderLeaseID, e.Namespace
 	case events.RunStatusEvent:
 		if e.Phase == events.PhaseSucceeded || e.Phase == events.PhaseFailed {
 			setOnce(&r.ended, at)
 		}
+		if e.Phase == events.PhaseRunning && e.Reason == events.ReasonReady {
+			setOnce(&r.ready, at)
+		}
+	case events.RunReleasedEvent:
+		setOnce(&r.released, at)
 	case events.RunResultEvent:
 		setOnce(&r.result, at)
 		r.outcome = e.Outcome
@@ -226,6 +238,24 @@ func (c *collector) waitFor(ctx context.Context, runID string, done func(*runEve
 func (c *collector) created(ctx context.Context, runID string) (time.Time, error) {
 	r, err := c.waitFor(ctx, runID, func(r *runEvents) bool { return !r.created.IsZero() })
 	return r.created, err
+}
+
+// createdEvent waits for the run's created event and returns what was received of the run.
+func (c *collector) createdEvent(ctx context.Context, runID string) (runEvents, error) {
+	return c.waitFor(ctx, runID, func(r *runEvents) bool { return !r.created.IsZero() })
+}
+
+// ready waits for the run's status Running/Ready event (an exec-capable lease's pod accepts
+// exec) and returns when it arrived.
+func (c *collector) ready(ctx context.Context, runID string) (time.Time, error) {
+	r, err := c.waitFor(ctx, runID, func(r *runEvents) bool { return !r.ready.IsZero() })
+	return r.ready, err
+}
+
+// released waits for the run's released event.
+func (c *collector) released(ctx context.Context, runID string) error {
+	_, err := c.waitFor(ctx, runID, func(r *runEvents) bool { return !r.released.IsZero() })
+	return err
 }
 
 // result waits for the run's result event.

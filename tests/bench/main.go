@@ -11,7 +11,11 @@
 //	    (run-watcher processes from ./bin)                                vs  the owner's KV key expiry
 //	(h) replay of a 100k-line run with events.Follow, decoding included  vs  a bare ordered consumer
 //	(i) exec of `true` in a pod lease through NATS, daemon and kube-exec routes  vs  a client-go exec
-//	(j) sustained execs/s, short polls on 4 leases × 4 in flight         vs  client-go execs, same concurrency
+//	(j) 50 agents polling like Paperclip's bridge (a short command every 116 ms each) on up to 50
+//	    pod leases, then saturating; achieved execs/s, latency and the API server's CPU, both
+//	    routes                                                           vs  client-go execs, same pollers
+//	(k) acquire → ready to exec (status Ready; first exec), cold tenant  vs  client-go pod create → Ready
+//	(l) 64 MiB through stdin and out of stdout, both routes              vs  client-go exec streams
 //
 // The pipeline is the real one, in process: an embedded JetStream server and the tenant-worker,
 // dispatcher and run-watcher, each with its own NATS connection and Kubernetes client (so its

@@ -223,6 +223,8 @@ func num(v *float64, unit string) string {
 		return fmt.Sprintf("%.1f ms", *v)
 	case "×":
 		return fmt.Sprintf("%.2f×", *v)
+	case "cores":
+		return fmt.Sprintf("%.2f cores", *v)
 	}
 	return fmt.Sprintf("%.1f %s", *v, unit)
 }

@@ -48,6 +48,14 @@ type settings struct {
 	replayLines  int
 	replayRounds int
 
+	pollAgents   int
+	pollInterval time.Duration
+	pollWindow   time.Duration
+	pollInflight int
+	readySamples int
+	streamBytes  int
+	streamRounds int
+
 	phases string
 
 	waitTimeout    time.Duration
@@ -80,6 +88,13 @@ func parseSettings(args []string, lookupEnv config.LookupEnv, stdout io.Writer) 
 	fs.Duration(&s.takeoverInterval, "takeover-interval", "KUBECLIP_BENCH_TAKEOVER_INTERVAL", 100*time.Millisecond, "(g) pause between two lines of the streaming runs")
 	fs.Int(&s.replayLines, "replay-lines", "KUBECLIP_BENCH_REPLAY_LINES", 100_000, "(h) log lines of each synthetic run replayed")
 	fs.Int(&s.replayRounds, "replay-rounds", "KUBECLIP_BENCH_REPLAY_ROUNDS", 3, "(h) replays of each synthetic run (and as many raw reads); the median is reported")
+	fs.Int(&s.pollAgents, "poll-agents", "KUBECLIP_BENCH_POLL_AGENTS", 50, "(j) agents polling like Paperclip's bridge, each on a pod lease of its own company as far as the node's free CPU admits them (the rest share those round-robin)")
+	fs.Duration(&s.pollInterval, "poll-interval", "KUBECLIP_BENCH_POLL_INTERVAL", 116*time.Millisecond, "(j) an agent's bridge poll cadence, start to start (Paperclip's, contract §3.3)")
+	fs.Duration(&s.pollWindow, "poll-window", "KUBECLIP_BENCH_POLL_WINDOW", 15*time.Second, "(j) length of each measured window (raw, daemon and kube-exec route; at the cadence and saturating)")
+	fs.Int(&s.pollInflight, "poll-inflight", "KUBECLIP_BENCH_POLL_INFLIGHT", 4, "(j) polls in flight per lease, back to back, in the saturating windows")
+	fs.Int(&s.readySamples, "ready-samples", "KUBECLIP_BENCH_READY_SAMPLES", 6, "(k) cold pod leases measured, and as many raw pod creates (one warm-up pair more)")
+	fs.Int(&s.streamBytes, "stream-bytes", "KUBECLIP_BENCH_STREAM_BYTES", 64<<20, "(l) bytes sent through stdin, and received from stdout, per transfer")
+	fs.Int(&s.streamRounds, "stream-rounds", "KUBECLIP_BENCH_STREAM_ROUNDS", 3, "(l) transfers each way per route (and raw); the median is reported")
 	fs.String(&s.phases, "phases", "KUBECLIP_BENCH_PHASES", "all", "phases to run, as letters (\"g,h\" or \"gh\"); set-up always runs, (c) measures the runs of (a), (b) and (d)")
 	fs.Duration(&s.waitTimeout, "wait-timeout", "KUBECLIP_BENCH_WAIT_TIMEOUT", 60*time.Second, "longest wait for one event")
 	fs.Duration(&s.cleanupTimeout, "cleanup-timeout", "KUBECLIP_BENCH_CLEANUP_TIMEOUT", 3*time.Minute, "longest wait for the bench's namespaces to be gone")
@@ -102,6 +117,8 @@ func (s settings) validate(fs *config.Set) error {
 		"warm-samples": s.warmSamples, "cold-samples": s.coldSamples, "log-runs": s.logRuns,
 		"log-lines": s.logLines, "burst": s.burst, "burst-companies": s.burstCompanies, "raw-concurrency": s.rawConcurrency,
 		"replica-rounds": s.replicaRounds, "takeover-kills": s.takeoverKills, "replay-lines": s.replayLines, "replay-rounds": s.replayRounds,
+		"poll-agents": s.pollAgents, "poll-inflight": s.pollInflight, "ready-samples": s.readySamples,
+		"stream-bytes": s.streamBytes, "stream-rounds": s.streamRounds,
 	}
 	for name, v := range positive {
 		if v <= 0 {
@@ -126,8 +143,11 @@ func (s settings) validate(fs *config.Set) error {
 	if s.ownershipTTL < time.Second || s.takeoverInterval <= 0 {
 		errs = append(errs, fmt.Errorf("%s must be at least 1s and %s > 0", fs.Names("ownership-ttl"), fs.Names("takeover-interval")))
 	}
-	if strings.Trim(s.phases, "abcdefghij, ") != "" && s.phases != "all" {
-		errs = append(errs, fmt.Errorf("%s takes phase letters a to j, or all", fs.Names("phases")))
+	if s.pollInterval <= 0 || s.pollWindow < time.Second {
+		errs = append(errs, fmt.Errorf("%s must be > 0 and %s at least 1s", fs.Names("poll-interval"), fs.Names("poll-window")))
+	}
+	if strings.Trim(s.phases, "abcdefghijkl, ") != "" && s.phases != "all" {
+		errs = append(errs, fmt.Errorf("%s takes phase letters a to l, or all", fs.Names("phases")))
 	}
 	return errors.Join(errs...)
 }

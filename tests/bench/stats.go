@@ -24,6 +24,15 @@ func (s *samples) add(d time.Duration, err error) {
 	s.d = append(s.d, d)
 }
 
+// merge adds o's samples and failures to s.
+func (s *samples) merge(o samples) {
+	s.d = append(s.d, o.d...)
+	s.errs += o.errs
+	if s.firstErr == nil {
+		s.firstErr = o.firstErr
+	}
+}
+
 // percentile is the nearest-rank percentile (p in (0, 1]) in milliseconds, or nil without
 // samples. With n samples, p99 is the ⌈0.99·n⌉-th smallest: the maximum for n ≤ 100.
 func (s samples) percentile(p float64) *float64 {

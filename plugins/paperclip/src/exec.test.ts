@@ -1,10 +1,12 @@
 import assert from "node:assert/strict";
 import { createHash } from "node:crypto";
-import { after, before, beforeEach, describe, it } from "node:test";
+import { after, afterEach, before, beforeEach, describe, it } from "node:test";
+import { headers as natsHeaders, type Msg } from "@nats-io/transport-node";
 import { KubeclipError } from "./errors.js";
-import { newExecId, runExec, splitText, type ExecSpec, type Stream } from "./exec.js";
+import { KILL_WAIT_MS, newExecId, runExec, splitText, type ExecSpec, type Stream } from "./exec.js";
 import { FakeExecReplica } from "../test/support/fake-exec.js";
 import { startEnv, type Env } from "../test/support/harness.js";
+import { execSchemaNames, schemaErrors } from "../test/support/schemas.js";
 
 const C = "7d2f1c9e-3b4a-4e8d-a6f1-0c5b9e2d7a13";
 const R = "0e8b6f4a-5a7c-4c1e-9f0b-2a9d7c3e1b44";
@@ -55,6 +57,11 @@ describe("exec protocol", () => {
     for (const r of env.replicas.splice(0)) r.die();
     env.replicas.push(new FakeExecReplica(env.nc, env.sandbox, "ew-a"));
     await env.nc.flush();
+  });
+  afterEach(() => {
+    // The fake checks every request against docs/schemas and every io message against the
+    // protocol: nothing the plugin sent may have broken them.
+    assert.deepEqual(env.sandbox.invalid.splice(0), []);
   });
 
   it("keeps stdout and stderr apart, streams chunks in order and returns the exit code", async () => {
@@ -111,7 +118,8 @@ describe("exec protocol", () => {
       const r = await runExec(env.nc, "paperclip", spec("true", [], { timeoutMs: 300 }), { silenceMs: 200, graceMs: 300 });
       assert.equal(r.timedOut, true);
       assert.equal(r.metadata.clientTimeout, true);
-      assert.ok(Date.now() - t0 < 3_000);
+      // The command's 300 ms, the 300 ms grace, then SIGKILL and a brief wait for the exit.
+      assert.ok(Date.now() - t0 < 300 + 300 + KILL_WAIT_MS + 1_000);
     } finally {
       silent.unsubscribe();
     }
@@ -216,11 +224,141 @@ describe("exec protocol", () => {
       ac.abort();
     }, 300);
     const t0 = Date.now();
+    const closedBefore = env.sandbox.closed;
     const r = await runExec(env.nc, "paperclip", spec("sleep", ["30"]), { ...fast, signal: ac.signal });
     assert.equal(r.metadata.cancelled, true);
     assert.equal(r.exitCode, null);
     assert.equal(r.signal, "SIGKILL");
     assert.ok(Date.now() - t0 < 5_000);
+    // The signal was answered by `signaled` (not an error ending the stream): the exit still
+    // came, so the client closed the exec.
+    assert.deepEqual(env.sandbox.signals.at(-1), { execId: r.metadata.execId, signal: "SIGKILL", delivered: true });
+    assert.equal(r.metadata.clientTimeout, undefined);
+    await eventually(() => env.sandbox.closed === closedBefore + 1, "the exit arrived and the client closed the exec");
+  });
+
+  it("stops sending stdin once kubeclip says closed (the command stopped reading)", async () => {
+    const stdin = "z".repeat(16 << 20); // 32 chunks
+    const r = await runExec(env.nc, "paperclip", spec("head", ["-c", "10"], { stdin }), fast);
+    assert.equal(r.exitCode, 0);
+    assert.equal(r.stdout, "z".repeat(10));
+    // The first chunk does not fit the pipe of a command that reads 10 bytes: its write fails,
+    // the answer says closed, and the client sends nothing more.
+    assert.deepEqual(env.sandbox.stdinMessages.get(r.metadata.execId), { received: 1, closedReplies: 1 });
+  });
+
+  it("retries `unavailable` with the same exec id", async () => {
+    for (const r of env.replicas.splice(0)) r.die();
+    const busy = new FakeExecReplica(env.nc, env.sandbox, "ew-busy", { unavailableFirst: 2 });
+    env.replicas.push(busy);
+    await env.nc.flush();
+    const before = env.sandbox.startRequests.length;
+    const r = await runExec(env.nc, "paperclip", spec("echo", ["served"]), { ...fast, retryMs: 100 });
+    assert.equal(r.stdout, "served\n");
+    assert.equal(busy.unavailableSent, 2);
+    const starts = env.sandbox.startRequests.slice(before);
+    assert.deepEqual(
+      starts.map((s) => s.execId),
+      [r.metadata.execId],
+      "only the third start reached the sandbox, with the same exec id",
+    );
+  });
+
+  it("gives up after unavailableMs of `unavailable`", async () => {
+    for (const r of env.replicas.splice(0)) r.die();
+    env.replicas.push(new FakeExecReplica(env.nc, env.sandbox, "ew-full", { unavailableFirst: 1_000 }));
+    await env.nc.flush();
+    await assert.rejects(runExec(env.nc, "paperclip", spec("true", []), { ...fast, retryMs: 100, unavailableMs: 800 }), {
+      name: "KubeclipError",
+      message: /^unavailable: the exec-worker serves its maximum of streams/,
+    });
+  });
+
+  it("attaches when a heartbeat names a seq it lacks", async () => {
+    for (const r of env.replicas.splice(0)) r.die();
+    env.replicas.push(new FakeExecReplica(env.nc, env.sandbox, "ew-lossy", { dropSeq: 1 }));
+    await env.nc.flush();
+    const t0 = Date.now();
+    const seen: { text: string; at: number }[] = [];
+    // No silence resume: only the heartbeat (after 1 s) can reveal the lost chunk before "b".
+    const r = await runExec(env.nc, "paperclip", spec("sh", ["-c", "echo a; sleep 2.5; echo b"]), {
+      silenceMs: 60_000,
+      graceMs: 2_000,
+      onOutput: (_s, text) => seen.push({ text, at: Date.now() - t0 }),
+    });
+    assert.equal(r.stdout, "a\nb\n");
+    assert.deepEqual(seen.map((x) => x.text), ["a\n", "b\n"]);
+    assert.ok((seen[0]?.at ?? Infinity) < 2_400, `"a" arrived after ${seen[0]?.at} ms, want before "b" is printed`);
+    assert.ok((r.metadata.attaches ?? 0) >= 1);
+  });
+
+  it("sends only messages that match docs/schemas and the io rules", async () => {
+    assert.deepEqual(execSchemaNames(), [
+      "exec-attach",
+      "exec-error",
+      "exec-exit",
+      "exec-signal",
+      "exec-signaled",
+      "exec-start",
+      "exec-started",
+      "exec-stdin-reply",
+    ]);
+    const sent: Msg[] = [];
+    const spy = env.nc.subscribe("paperclip.exec.>", {
+      callback: (_e, m) => {
+        sent.push(m);
+      },
+    });
+    await env.nc.flush();
+    try {
+      // A start with stdin, an attach after a replica dies mid-stream, a signal.
+      for (const r of env.replicas.splice(0)) r.die();
+      env.replicas.push(new FakeExecReplica(env.nc, env.sandbox, "ew-dying", { dieAfterChunks: 2 }));
+      await env.nc.flush();
+      const run = runExec(env.nc, "paperclip", spec("sh", ["-c", "cat >/dev/null; for i in 1 2 3 4; do echo $i; sleep 0.1; done"], { stdin: "x".repeat(600_000), env: { A: "1" }, cwd: "/tmp" }), fast);
+      env.replicas.push(new FakeExecReplica(env.nc, env.sandbox, "ew-b"));
+      await env.nc.flush();
+      assert.equal((await run).stdout, "1\n2\n3\n4\n");
+      const ac = new AbortController();
+      setTimeout(() => {
+        ac.abort();
+      }, 200);
+      await runExec(env.nc, "paperclip", spec("sleep", ["30"]), { ...fast, signal: ac.signal });
+      await env.nc.flush();
+    } finally {
+      spy.unsubscribe();
+    }
+    const kinds = new Map<string, number>();
+    for (const m of sent) {
+      const op = m.subject.split(".")[4] ?? "";
+      if (op === "start" || op === "attach" || op === "signal") {
+        const body: unknown = JSON.parse(new TextDecoder().decode(m.data));
+        assert.equal(schemaErrors(`exec-${op}`, body), undefined, `${op} ${JSON.stringify(body).slice(0, 200)}`);
+        assert.ok(m.reply?.startsWith("_INBOX."), `${op} has the client's inbox as reply subject`);
+        kinds.set(op, (kinds.get(op) ?? 0) + 1);
+        continue;
+      }
+      assert.equal(op, "io", m.subject);
+      assert.match(m.subject, /^paperclip\.exec\.[^.]+\.[^.]+\.io\.[0-9A-Z]{26}\.[0-9a-f]+$/, "io goes to a started.ioSubject");
+      const h = m.headers ?? natsHeaders();
+      const kind = h.get("Kubeclip-Exec");
+      kinds.set(kind, (kinds.get(kind) ?? 0) + 1);
+      switch (kind) {
+        case "stdin":
+          assert.match(h.get("Kubeclip-Exec-Offset"), /^\d+$/);
+          assert.ok(["", "1"].includes(h.get("Kubeclip-Exec-Eof")));
+          assert.ok(m.data.byteLength <= 512 << 10);
+          assert.ok(m.reply, "stdin is a request");
+          break;
+        case "ack":
+        case "close":
+          assert.match(h.get("Kubeclip-Exec-Seq"), /^\d+$/);
+          break;
+        default:
+          assert.fail(`io message of kind ${kind}`);
+      }
+    }
+    for (const k of ["start", "attach", "signal", "stdin", "close"]) assert.ok((kinds.get(k) ?? 0) > 0, `no ${k} sent: ${JSON.stringify([...kinds])}`);
   });
 
   it("throws kubeclip's error frame as <code>: <message>", async () => {

@@ -2,12 +2,16 @@
 // kubeclip's exec-workers on core NATS (never JetStream: requests carry API keys and stdin).
 //
 //   start  → <prefix>.exec.<companyId>.<runId>.start, reply to the client's own inbox
-//   inbox  ← started {ioSubject, stdinOffset} | out (seq, stream, bytes) | heartbeat | exit | error
-//   io     → stdin chunks (≤ 512 KiB, with offsets, answered {offset}), acks, close
+//   inbox  ← started {ioSubject, stdinOffset, stdinClosed} | out (seq, stream, bytes) | heartbeat
+//            (last seq sent) | exit | error | signaled (the answer to a signal, no part of the stream)
+//   io     → on the latest started.ioSubject (this stream's own session): stdin chunks (≤ 512 KiB,
+//            with offsets, answered {offset, closed}), acks, close
 //
-// A replica can die mid-stream: 3 s of silence or a gap in seq makes the client `attach` from
-// the next seq it needs; any replica continues from sandboxd's journal, so no chunk is lost or
-// repeated. Everything is bounded by the command's timeout plus a grace for the exit frame.
+// A replica can die mid-stream: 3 s of silence, a gap in seq, or a heartbeat naming a seq the
+// client lacks makes the client `attach` from the next seq it needs; any replica continues from
+// sandboxd's journal, so no chunk is lost or repeated. `unavailable` is retried with the same
+// execId after a pause (a repeated start is an attach, never a second run). Everything is bounded
+// by the command's timeout plus a grace for the exit frame.
 
 import { createInbox, headers, type Msg, type NatsConnection } from "@nats-io/transport-node";
 import { randomBytes } from "node:crypto";
@@ -38,14 +42,21 @@ export interface ExecOptions {
   onOutput?: ((stream: Stream, text: string) => void) | undefined;
   /** Cap on the stdout and stderr kept for the result, each (default 64 MiB). */
   maxOutputBytes?: number;
-  /** Silence after which the client attaches again (default 3 s). */
+  /** Silence after which the client attaches again (default 3 s, the protocol's). */
   silenceMs?: number;
   /** Extra wait for the exit frame after timeoutMs (default 5 s). */
   graceMs?: number;
   /** How long one stdin chunk may wait for its answer before the client attaches again (default 10 s). */
   stdinTimeoutMs?: number;
-  /** How long to retry a start nobody receives (no exec-worker) before failing (default 10 s). */
+  /** How long to retry a request nobody receives (no exec-worker) before failing (default 10 s). */
   noResponderMs?: number;
+  /**
+   * How long to keep retrying while every answer is `unavailable` (a replica at capacity or
+   * stopping, NATS or the lease store unreachable) before failing (default 2 min).
+   */
+  unavailableMs?: number;
+  /** Pause before a request is sent again after `unavailable` or no responders (default 1 s). */
+  retryMs?: number;
   /** Largest live log chunk (Paperclip drops chunks over 1,000,000 characters). */
   maxLogChars?: number;
 }
@@ -68,15 +79,17 @@ export interface ExecResult {
 
 export const DEFAULT_MAX_OUTPUT_BYTES = 64 << 20;
 export const STDIN_CHUNK_BYTES = 512 << 10;
-/** Ack at least this often; a replica holds at most 8 MiB unacknowledged. */
+/** Ack at least this often: below the protocol's 2 MiB, far below the 8 MiB a replica holds unacked. */
 export const ACK_BYTES = 1 << 20;
 export const MAX_LOG_CHARS = 1_000_000;
+/** After giving up (abort, own timeout) and sending SIGKILL, how long the client still waits for the exit. */
+export const KILL_WAIT_MS = 2_000;
 
-const H_KIND = "Kubeclip-Exec";
-const H_SEQ = "Kubeclip-Exec-Seq";
-const H_STREAM = "Kubeclip-Exec-Stream";
-const H_OFFSET = "Kubeclip-Exec-Offset";
-const H_EOF = "Kubeclip-Exec-Eof";
+export const H_KIND = "Kubeclip-Exec";
+export const H_SEQ = "Kubeclip-Exec-Seq";
+export const H_STREAM = "Kubeclip-Exec-Stream";
+export const H_OFFSET = "Kubeclip-Exec-Offset";
+export const H_EOF = "Kubeclip-Exec-Eof";
 
 /** A ULID (Crockford base32, 26 characters): the client-chosen exec id. */
 export function newExecId(now = Date.now()): string {
@@ -182,8 +195,21 @@ interface ExitFrame {
   exitCode: number | null;
   signal: string | null;
   timedOut: boolean;
-  lastSeq: number | undefined;
+  lastSeq: number;
   truncated: boolean;
+}
+
+/** The answer to a stdin message (docs/schemas/exec-stdin-reply.json). */
+export interface StdinReply {
+  offset: number;
+  closed: boolean;
+}
+
+export function decodeStdinReply(data: Uint8Array): StdinReply {
+  const f = new Fields(parseObject(data, "stdin reply"), "stdin reply");
+  const offset = f.optInt("offset");
+  if (offset === undefined || offset < 0) throw new ProtocolError("stdin reply: field offset must be an integer >= 0");
+  return { offset, closed: f.bool("closed") };
 }
 
 /**
@@ -197,6 +223,8 @@ export async function runExec(nc: NatsConnection, prefix: string, spec: ExecSpec
   const graceMs = opts.graceMs ?? 5_000;
   const maxLog = opts.maxLogChars ?? MAX_LOG_CHARS;
   const noResponderMs = opts.noResponderMs ?? 10_000;
+  const unavailableMs = opts.unavailableMs ?? 120_000;
+  const retryMs = opts.retryMs ?? 1_000;
   const cap = opts.maxOutputBytes ?? DEFAULT_MAX_OUTPUT_BYTES;
   const stdin = Buffer.from(spec.stdin ?? "", "utf8");
   const out = { stdout: new Output(cap), stderr: new Output(cap) };
@@ -221,13 +249,16 @@ export async function runExec(nc: NatsConnection, prefix: string, spec: ExecSpec
   let unackedBytes = 0;
   let attaches = 0;
   let lastHeard = Date.now();
-  let lastResume = 0;
+  let lastResume = Date.now();
   let pendingExit: ExitFrame | undefined;
   let exit: ExitFrame | undefined;
   let stdinGen = 0;
   let killSentAt = 0;
   let cancelled = false;
+  let clientTimeout = false;
+  let ended = false; // the stream ended without an exit while the client was giving up
   let noResponderSince = 0;
+  let unavailableSince = 0;
   const deadline = Date.now() + spec.timeoutMs + graceMs;
 
   const startPayload = encode({
@@ -238,21 +269,40 @@ export async function runExec(nc: NatsConnection, prefix: string, spec: ExecSpec
     cwd: spec.cwd ?? "",
     env: spec.env,
     timeoutMs: spec.timeoutMs,
+    // The plugin always knows its stdin's length (Paperclip passes a string): never -1.
     stdinBytes: stdin.byteLength,
     record: spec.record,
     maxOutputBytes: cap,
   });
-  const sendStart = (): void => {
-    nc.publish(`${base}.start`, startPayload, { reply: replyTo });
-  };
-  const sendAttach = (): void => {
-    attaches++;
+  const request = (): void => {
     lastResume = Date.now();
+    lastHeard = lastResume;
+    // Before `started` nothing may be running yet: a repeated start is an attach from seq 1
+    // (same exec id, never a second run).
+    if (!started) {
+      nc.publish(`${base}.start`, startPayload, { reply: replyTo });
+      return;
+    }
     nc.publish(`${base}.attach`, encode({ execId, providerLeaseId: spec.providerLeaseId, fromSeq: next }), { reply: replyTo });
   };
-  const sendSignal = (signal: string): void => {
+  const resume = (): void => {
+    attaches++;
+    request();
+  };
+  /** Attach again soon: now if the last request is a second old, else once it is. */
+  const resumeSoon = (): void => {
+    if (Date.now() - lastResume >= Math.min(1_000, silenceMs)) resume();
+    else lastHeard = Math.min(lastHeard, lastResume + Math.min(1_000, silenceMs) - silenceMs);
+  };
+  /** Send the request again after retryMs (the silence check fires then). */
+  const retryLater = (): void => {
+    lastHeard = Date.now() - silenceMs + retryMs;
+  };
+  const giveUp = (): void => {
     killSentAt = Date.now();
-    nc.publish(`${base}.signal`, encode({ execId, providerLeaseId: spec.providerLeaseId, signal }), { reply: replyTo });
+    // Answered by one `signaled` on the inbox, which is no part of the stream: the exit still
+    // comes (signal SIGKILL) and the loop waits for it a little.
+    nc.publish(`${base}.signal`, encode({ execId, providerLeaseId: spec.providerLeaseId, signal: "SIGKILL" }), { reply: replyTo });
   };
   const io = (kind: string, extra: Record<string, string> = {}, data?: Uint8Array): void => {
     if (!ioSubject) return;
@@ -269,42 +319,38 @@ export async function runExec(nc: NatsConnection, prefix: string, spec: ExecSpec
     }
   };
 
-  /** Sends stdin from offset; a newer generation (after a resume) supersedes this one. */
-  const sendStdin = async (from: number, gen: number): Promise<void> => {
+  /**
+   * Sends stdin from offset to the session on subject, one chunk at a time, each answered with
+   * how much stdin sandboxd holds; a newer generation (a later `started`) supersedes this one.
+   */
+  const sendStdin = async (subject: string, from: number, gen: number): Promise<void> => {
     let offset = from;
-    while (gen === stdinGen && offset < stdin.byteLength) {
+    while (gen === stdinGen) {
       const end = Math.min(offset + STDIN_CHUNK_BYTES, stdin.byteLength);
+      const eof = end === stdin.byteLength;
       const h = headers();
       h.set(H_KIND, "stdin");
       h.set(H_OFFSET, String(offset));
-      if (end === stdin.byteLength) h.set(H_EOF, "1");
-      let reply: Msg;
+      if (eof) h.set(H_EOF, "1");
+      let reply: StdinReply;
       try {
-        reply = await nc.request(ioSubject, stdin.subarray(offset, end), { headers: h, timeout: opts.stdinTimeoutMs ?? 10_000 });
+        const m = await nc.request(subject, stdin.subarray(offset, end), { headers: h, timeout: opts.stdinTimeoutMs ?? 10_000 });
+        reply = decodeStdinReply(m.data);
       } catch {
-        // The replica is gone or stuck: attach again; its `started` restarts stdin from the
-        // offset sandboxd has.
+        // No answer (the replica died, or the write failed in transport), or a malformed one:
+        // attach again; the new `started` says where sandboxd is.
         if (gen === stdinGen) inbox.push(new ResumeMarker());
         return;
       }
-      try {
-        const got = new Fields(parseObject(reply.data, "stdin reply"), "stdin reply").optInt("offset");
-        offset = got ?? end;
-      } catch {
-        offset = end;
+      // closed: sandboxd takes no more (eof went through, or the command stopped reading and
+      // exited, say `head -c 10`): send nothing more.
+      if (reply.closed || (eof && reply.offset === stdin.byteLength)) return;
+      if (reply.offset > stdin.byteLength) {
+        if (gen === stdinGen) inbox.push(new ResumeMarker());
+        return;
       }
+      offset = reply.offset;
     }
-  };
-
-  const resume = (): void => {
-    // Before `started` nothing may be running yet: a repeated start is an attach (same exec id).
-    if (started) sendAttach();
-    else {
-      attaches++;
-      lastResume = Date.now();
-      sendStart();
-    }
-    lastHeard = Date.now();
   };
 
   const onAbort = (): void => {
@@ -313,27 +359,29 @@ export async function runExec(nc: NatsConnection, prefix: string, spec: ExecSpec
   opts.signal?.addEventListener("abort", onAbort, { once: true });
 
   try {
-    sendStart();
+    request();
     for (;;) {
       if (opts.signal?.aborted && !cancelled) {
         cancelled = true;
-        sendSignal("SIGKILL");
+        if (!killSentAt) giveUp();
       }
+      if (exit || ended) break;
       const now = Date.now();
-      if (exit) break;
-      if (cancelled && now - killSentAt > 3_000) break;
-      if (now >= deadline) {
-        if (!killSentAt) sendSignal("SIGKILL");
-        break;
+      if (killSentAt && now - killSentAt >= KILL_WAIT_MS) break;
+      if (!killSentAt && now >= deadline) {
+        clientTimeout = true;
+        giveUp();
+        continue;
       }
-      const item = await inbox.next(Math.min(500, deadline - now));
+      const until = killSentAt ? killSentAt + KILL_WAIT_MS : deadline;
+      const item = await inbox.next(Math.min(500, until - now));
       if (item === undefined) {
         if (Date.now() - lastHeard >= silenceMs) resume();
         continue;
       }
       if (item instanceof AbortMarker) continue;
       if (item instanceof ResumeMarker) {
-        resume();
+        resumeSoon();
         continue;
       }
       if (item instanceof Error) {
@@ -342,13 +390,16 @@ export async function runExec(nc: NatsConnection, prefix: string, spec: ExecSpec
       lastHeard = Date.now();
       const h = item.headers;
       if (h && h.hasError && h.code === 503) {
-        // No exec-worker subscribed (yet): retry until the command's budget says otherwise,
-        // giving up after noResponderMs without any worker.
+        // No exec-worker subscribed (yet): ask again in a moment, for at most noResponderMs.
         noResponderSince ||= Date.now();
         if (Date.now() - noResponderSince > noResponderMs) {
-          throw new KubeclipError("unavailable", `no kubeclip exec-worker answers ${base}.start`);
+          if (killSentAt) {
+            ended = true;
+            continue;
+          }
+          throw new KubeclipError("unavailable", `no kubeclip exec-worker answers ${base}.${started ? "attach" : "start"}`);
         }
-        lastHeard = Date.now() - silenceMs + 1_000; // try again in about a second
+        retryLater();
         continue;
       }
       noResponderSince = 0;
@@ -356,13 +407,16 @@ export async function runExec(nc: NatsConnection, prefix: string, spec: ExecSpec
       switch (kind) {
         case "started": {
           const f = new Fields(parseObject(item.data, "started"), "started");
+          if (f.str("execId") !== execId) break; // not this exec's (never sent by kubeclip)
           ioSubject = f.str("ioSubject");
           replica = f.optStr("replica");
           started = true;
+          unavailableSince = 0;
+          // The latest `started` owns stdin: an older sender stops at its next step.
+          const gen = ++stdinGen;
           const offset = f.optInt("stdinOffset") ?? 0;
-          if (offset < stdin.byteLength) {
-            const gen = ++stdinGen;
-            void sendStdin(offset, gen);
+          if (stdin.byteLength > 0 && !f.bool("stdinClosed") && offset <= stdin.byteLength) {
+            void sendStdin(ioSubject, offset, gen);
           }
           break;
         }
@@ -370,37 +424,58 @@ export async function runExec(nc: NatsConnection, prefix: string, spec: ExecSpec
           const seq = Number(h?.get(H_SEQ));
           const stream = h?.get(H_STREAM);
           if (!Number.isSafeInteger(seq) || seq < 1 || (stream !== "stdout" && stream !== "stderr")) {
-            throw new ProtocolError(`exec ${execId}: out frame without a valid seq or stream`);
+            throw new ProtocolError(`exec ${execId}: out message without a valid seq or stream`);
           }
           if (seq < next) break; // a duplicate after a resume
           if (seq > next) {
-            // A gap: attach from the first missing seq (at most once per silence period).
-            if (Date.now() - lastResume >= Math.min(1_000, silenceMs)) sendAttach();
+            resumeSoon(); // a gap: attach from the first missing seq
             break;
           }
           next++;
           emit(stream, out[stream].add(item.data));
           unackedBytes += item.data.byteLength;
           if (unackedBytes >= ACK_BYTES) ack();
-          if (pendingExit && pendingExit.lastSeq !== undefined && next > pendingExit.lastSeq) exit = pendingExit;
+          if (pendingExit && next > pendingExit.lastSeq) exit = pendingExit;
           break;
         }
-        case "heartbeat":
+        case "heartbeat": {
+          // A heartbeat names the last seq its session sent: one this client lacks was lost.
+          const last = h?.get(H_SEQ) ?? "";
+          if (last !== "" && Number(last) >= next) resumeSoon();
           if (unackedBytes > 0) ack();
           break;
+        }
         case "exit": {
           const frame = decodeExit(item.data);
-          if (frame.lastSeq !== undefined && frame.lastSeq >= next) {
+          if (frame.lastSeq >= next) {
             pendingExit = frame; // chunks still missing: get them first
-            sendAttach();
+            resumeSoon();
           } else exit = frame;
           break;
         }
+        case "signaled":
+          // The answer to giveUp's SIGKILL (delivered, or `exited`): the exit, if any, follows.
+          break;
         case "error": {
           const f = new Fields(parseObject(item.data, "exec error"), "exec error");
+          const code = f.optStr("code") ?? "internal";
+          if (killSentAt) {
+            // Giving up already (cancelled, timed out; the lease may be ending under it): the
+            // result says so, whatever ended the stream.
+            ended = true;
+            break;
+          }
+          if (code === "unavailable") {
+            // The replica could not serve it; the same request again is safe (same exec id).
+            unavailableSince ||= Date.now();
+            if (Date.now() - unavailableSince <= unavailableMs) {
+              retryLater();
+              break;
+            }
+          }
           const field = f.optStr("field");
           const message = f.optStr("message") ?? "exec failed";
-          throw new KubeclipError(f.optStr("code") ?? "internal", field && !message.includes(field) ? `${field}: ${message}` : message, field);
+          throw new KubeclipError(code, field && !message.includes(field) ? `${field}: ${message}` : message, field);
         }
         default:
           break; // unknown kinds are for newer clients
@@ -416,6 +491,7 @@ export async function runExec(nc: NatsConnection, prefix: string, spec: ExecSpec
   emit("stderr", out.stderr.flush());
   if (exit) {
     ack();
+    // Only the exec's own client closes it: the stream ends and sandboxd drops the journal.
     io("close", { [H_SEQ]: String(next - 1) });
   }
   const truncated = out.stdout.truncated || out.stderr.truncated || exit?.truncated === true;
@@ -424,16 +500,15 @@ export async function runExec(nc: NatsConnection, prefix: string, spec: ExecSpec
   if (truncated) metadata.truncated = true;
   if (attaches > 0) metadata.attaches = attaches;
   if (cancelled) metadata.cancelled = true;
-  const result: ExecResult = {
+  if (clientTimeout) metadata.clientTimeout = true;
+  return {
     exitCode: exit ? exit.exitCode : null,
-    signal: exit ? exit.signal : cancelled ? "SIGKILL" : null,
-    timedOut: exit ? exit.timedOut : !cancelled,
+    signal: exit ? exit.signal : killSentAt ? "SIGKILL" : null,
+    timedOut: (exit?.timedOut ?? false) || clientTimeout,
     stdout: out.stdout.text(),
     stderr: out.stderr.text(),
     metadata,
   };
-  if (!exit && !cancelled) metadata.clientTimeout = true;
-  return result;
 }
 
 function decodeExit(data: Uint8Array): ExitFrame {
@@ -447,7 +522,7 @@ function decodeExit(data: Uint8Array): ExitFrame {
     exitCode: typeof code === "number" ? code : null,
     signal: f.optStr("signal") || null,
     timedOut: f.bool("timedOut"),
-    lastSeq: f.optInt("lastSeq"),
+    lastSeq: f.optInt("lastSeq") ?? 0,
     truncated: f.bool("truncated"),
   };
 }

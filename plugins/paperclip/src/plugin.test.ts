@@ -146,6 +146,13 @@ describe("plugin hooks", () => {
       const rel = env.kubeclip.requests.find((q) => q.payload.runId === runId && q.kind === "release");
       assert.deepEqual(rel?.payload, { runId, companyId: C, providerLeaseId: lease.providerLeaseId });
       assertLeaseLifecycle(h.harness.environmentEvents, "env-1");
+      // One log line tells what the lease cost: every hook call, the execute latencies.
+      const released = h.harness.logs.find((l) => l.message === "lease released" && l.meta?.runId === runId);
+      assert.ok(released, "a lease released line");
+      const meta = released.meta ?? {};
+      assert.deepEqual(meta.hooks, { acquireLease: 1, realizeWorkspace: 1, execute: 2, releaseLease: 1 });
+      assert.equal(meta.executes, 2);
+      assert.ok(typeof meta.execP50Ms === "number" && typeof meta.execP99Ms === "number" && meta.execP50Ms <= meta.execP99Ms, JSON.stringify(meta));
     });
 
     it("throws a failed acquire as <code>: <message> naming the field", async () => {

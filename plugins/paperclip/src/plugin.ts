@@ -42,6 +42,7 @@ import { runExec } from "./exec.js";
 import { findCaseVariantKey, isObject, type JsonObject } from "./json.js";
 import { Leases } from "./leases.js";
 import { ConnectionPool } from "./nats.js";
+import { StatsBook } from "./stats.js";
 
 /** Where the workspace lives in kubeclip's pods. */
 export const REMOTE_CWD = "/workspace";
@@ -71,6 +72,8 @@ export function createPlugin(options: PluginOptions = {}): PaperclipPlugin {
   const pool = new ConnectionPool();
   /** In-flight executes per lease, aborted by a release with cancelActiveWork. */
   const inflight = new Map<string, Set<AbortController>>();
+  /** Hook calls and execute durations per lease, logged when it ends. */
+  const stats = new StatsBook();
   let ctx: PluginContext | undefined;
   /**
    * Plugin settings delivered by configChanged, per company (null: an instance-wide save).
@@ -162,17 +165,71 @@ export function createPlugin(options: PluginOptions = {}): PaperclipPlugin {
     const leases = new Leases(nc, conn.prefix);
     const log = context().logger;
     log.info(`lease ${kind} requested`, { runId: meta.runId, providerLeaseId, cancelActiveWork: cancel });
+    const t0 = Date.now();
     try {
       const released = await leases.release(
         { runId: meta.runId, companyId: meta.companyId || params.companyId, providerLeaseId, cancelActiveWork: cancel },
         kind,
         { timeoutMs: conn.timeoutMs ?? DEFAULT_RPC_BUDGET_MS, display: conn.display },
       );
-      log.info(`lease ${kind}d`, { runId: meta.runId, providerLeaseId, state: released.state });
+      const s = stats.take(providerLeaseId);
+      s?.hook(`${kind}Lease`);
+      // One line per lease with what it cost: the hook calls and the execute latencies.
+      log.info(`lease ${kind}d`, { runId: meta.runId, providerLeaseId, state: released.state, [`${kind}Ms`]: Date.now() - t0, ...s?.summary() });
       return { providerLeaseId, state: released.state };
     } catch (err) {
       log.warn(`lease ${kind} failed`, { runId: meta.runId, providerLeaseId, error: scrub(errorMessage(err), conn.secrets) });
       throw err;
+    }
+  }
+
+  /** One execute call: the command through kubeclip's exec service, output forwarded live. */
+  async function execute(params: PluginEnvironmentExecuteParams, providerLeaseId: string): Promise<PluginEnvironmentExecuteResult> {
+    const meta = leaseMetadata(params.lease.metadata, "lease.metadata");
+    const conn = await connectionFor(params.config, params.companyId);
+    const nc = await pool.get(conn);
+    let command = params.command;
+    let args = params.args ?? [];
+    if (args.length === 0 && /\s/.test(command)) {
+      args = ["-c", command];
+      command = "/bin/sh";
+    }
+    const timeoutMs = params.timeoutMs && params.timeoutMs > 0 ? params.timeoutMs : (conn.timeoutMs ?? DEFAULT_RPC_BUDGET_MS);
+    const record = isAgentCommand(command, args, meta.adapterType);
+    const controller = new AbortController();
+    let set = inflight.get(providerLeaseId);
+    if (!set) inflight.set(providerLeaseId, (set = new Set()));
+    set.add(controller);
+    // Bound to this hook's async context: the SDK routes execute.log by the active invocation.
+    const c = context();
+    const forward = AsyncResource.bind((stream: "stdout" | "stderr", chunk: string) => {
+      c.execution.log(stream, chunk);
+    });
+    try {
+      const r = await runExec(
+        nc,
+        conn.prefix,
+        {
+          companyId: meta.companyId || params.companyId,
+          runId: meta.runId,
+          providerLeaseId,
+          command,
+          args,
+          cwd: params.cwd,
+          env: params.env ?? {},
+          stdin: params.stdin,
+          timeoutMs,
+          record,
+        },
+        { signal: controller.signal, onOutput: forward, ...options.exec },
+      );
+      if (record || r.exitCode !== 0) {
+        c.logger.debug("exec finished", { runId: meta.runId, execId: r.metadata.execId, exitCode: r.exitCode, timedOut: r.timedOut, record });
+      }
+      return { exitCode: r.exitCode, signal: r.signal, timedOut: r.timedOut, stdout: r.stdout, stderr: r.stderr, metadata: { ...r.metadata } };
+    } finally {
+      set.delete(controller);
+      if (set.size === 0) inflight.delete(providerLeaseId);
     }
   }
 
@@ -310,6 +367,7 @@ export function createPlugin(options: PluginOptions = {}): PaperclipPlugin {
       const leases = new Leases(nc, conn.prefix);
       const log = context().logger;
       log.info("lease acquire requested", { runId: params.runId });
+      const t0 = Date.now();
       const created = await leases.acquire(
         {
           runId: params.runId,
@@ -327,7 +385,8 @@ export function createPlugin(options: PluginOptions = {}): PaperclipPlugin {
         log.warn("lease acquire failed", { runId: params.runId, error: scrub(errorMessage(err), conn.secrets) });
         throw err;
       });
-      log.info("lease acquired", { runId: params.runId, providerLeaseId: created.providerLeaseId, backend: created.backend });
+      log.info("lease acquired", { runId: params.runId, providerLeaseId: created.providerLeaseId, backend: created.backend, acquireMs: Date.now() - t0 });
+      stats.of(created.providerLeaseId).hook("acquireLease");
       const kubeclip: KubeclipLeaseMetadata = {
         runId: params.runId,
         companyId: params.companyId,
@@ -345,6 +404,7 @@ export function createPlugin(options: PluginOptions = {}): PaperclipPlugin {
 
     onEnvironmentRealizeWorkspace(params) {
       // Nothing to provision: the pod's /workspace (an emptyDir) is the workspace.
+      if (params.lease.providerLeaseId) stats.of(params.lease.providerLeaseId).hook("realizeWorkspace");
       const cwd = params.workspace.remotePath?.trim() || REMOTE_CWD;
       return Promise.resolve({ cwd, metadata: { remoteCwd: cwd } });
     },
@@ -354,51 +414,11 @@ export function createPlugin(options: PluginOptions = {}): PaperclipPlugin {
       if (!providerLeaseId) {
         return { exitCode: 1, timedOut: false, stdout: "", stderr: "No provider lease ID available for execution." };
       }
-      const meta = leaseMetadata(params.lease.metadata, "lease.metadata");
-      const conn = await connectionFor(params.config, params.companyId);
-      const nc = await pool.get(conn);
-      let command = params.command;
-      let args = params.args ?? [];
-      if (args.length === 0 && /\s/.test(command)) {
-        args = ["-c", command];
-        command = "/bin/sh";
-      }
-      const timeoutMs = params.timeoutMs && params.timeoutMs > 0 ? params.timeoutMs : (conn.timeoutMs ?? DEFAULT_RPC_BUDGET_MS);
-      const record = isAgentCommand(command, args, meta.adapterType);
-      const controller = new AbortController();
-      let set = inflight.get(providerLeaseId);
-      if (!set) inflight.set(providerLeaseId, (set = new Set()));
-      set.add(controller);
-      // Bound to this hook's async context: the SDK routes execute.log by the active invocation.
-      const c = context();
-      const forward = AsyncResource.bind((stream: "stdout" | "stderr", chunk: string) => {
-        c.execution.log(stream, chunk);
-      });
+      const t0 = Date.now();
       try {
-        const r = await runExec(
-          nc,
-          conn.prefix,
-          {
-            companyId: meta.companyId || params.companyId,
-            runId: meta.runId,
-            providerLeaseId,
-            command,
-            args,
-            cwd: params.cwd,
-            env: params.env ?? {},
-            stdin: params.stdin,
-            timeoutMs,
-            record,
-          },
-          { signal: controller.signal, onOutput: forward, ...options.exec },
-        );
-        if (record || r.exitCode !== 0) {
-          c.logger.debug("exec finished", { runId: meta.runId, execId: r.metadata.execId, exitCode: r.exitCode, timedOut: r.timedOut, record });
-        }
-        return { exitCode: r.exitCode, signal: r.signal, timedOut: r.timedOut, stdout: r.stdout, stderr: r.stderr, metadata: { ...r.metadata } };
+        return await execute(params, providerLeaseId);
       } finally {
-        set.delete(controller);
-        if (set.size === 0) inflight.delete(providerLeaseId);
+        stats.of(providerLeaseId).execute(Date.now() - t0);
       }
     },
 

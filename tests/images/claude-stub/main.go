@@ -8,9 +8,10 @@
 // between them so that a test can watch them stream: a system/init line (session_id, model), an
 // assistant line about the prompt, one line on stderr, an assistant line per Paperclip API call,
 // a closing assistant line, and a result line (subtype "success", is_error false, usage,
-// modelUsage and total_cost_usd). `claude --version` prints a version. Other flags Paperclip
-// passes (--allowedTools, --append-system-prompt-file, --mcp-config, --add-dir, ...) are
-// accepted and ignored.
+// modelUsage and total_cost_usd). Every line also carries `timestamp`, when the stub wrote it,
+// so that a test can measure how long a line takes to reach Paperclip. `claude --version` prints
+// a version. Other flags Paperclip passes (--allowedTools, --append-system-prompt-file,
+// --mcp-config, --add-dir, ...) are accepted and ignored.
 //
 // With PAPERCLIP_API_URL and PAPERCLIP_API_KEY set (Paperclip's in-sandbox API bridge), it calls
 // GET $PAPERCLIP_API_URL/api/agents/me with "Authorization: Bearer $PAPERCLIP_API_KEY" and, when

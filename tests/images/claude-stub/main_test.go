@@ -305,16 +305,18 @@ func TestBadArgumentsExit2(t *testing.T) {
 	}
 }
 
-// timedWriter records when each write happened.
+// timedWriter records each write and when it happened.
 type timedWriter struct {
-	mu    sync.Mutex
-	times []time.Time
+	mu     sync.Mutex
+	times  []time.Time
+	writes []string
 }
 
 func (w *timedWriter) Write(p []byte) (int, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.times = append(w.times, time.Now())
+	w.writes = append(w.writes, string(p))
 	return len(p), nil
 }
 
@@ -333,10 +335,26 @@ func TestLinesArePaced(t *testing.T) {
 	if len(out.times) != 4 {
 		t.Fatalf("%d writes, want one per line (4)", len(out.times))
 	}
-	// Each line is its own write, at least one interval after the one before.
+	// Each line is its own write, at least one interval after the one before, and says when it
+	// was written: after the write before it, not after its own (the stamp has milliseconds).
 	for i := 1; i < len(out.times); i++ {
 		if gap := out.times[i].Sub(out.times[i-1]); gap < interval {
 			t.Errorf("line %d came %s after line %d, want >= %s", i+1, gap, i, interval)
+		}
+	}
+	for i, w := range out.writes {
+		var ev struct {
+			Timestamp string `json:"timestamp"`
+		}
+		if err := json.Unmarshal([]byte(w), &ev); err != nil {
+			t.Fatalf("line %d: %v", i+1, err)
+		}
+		ts, err := time.Parse(time.RFC3339Nano, ev.Timestamp)
+		if err != nil {
+			t.Fatalf("line %d: timestamp %q: %v", i+1, ev.Timestamp, err)
+		}
+		if ts.After(out.times[i]) || i > 0 && ts.Before(out.times[i-1].Truncate(time.Millisecond)) {
+			t.Errorf("line %d stamped %s, written at %s (the line before at %s)", i+1, ts, out.times[i], out.times[max(i-1, 0)])
 		}
 	}
 }

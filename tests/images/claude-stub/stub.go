@@ -178,7 +178,7 @@ type session struct {
 
 func (s *session) run(ctx context.Context, cfg config, prompt string, getenv func(string) string, stderr io.Writer) error {
 	cwd, _ := os.Getwd()
-	if err := s.emit(ctx, initEvent{
+	if err := s.emit(ctx, &initEvent{
 		Type: "system", Subtype: "init", SessionID: s.id, Model: s.model, CWD: cwd,
 		Tools: []string{"Bash", "Read", "Edit", "Write"}, MCPServers: []any{},
 		PermissionMode: "default", APIKeySource: apiKeySource(getenv), UUID: randomUUID(),
@@ -264,7 +264,7 @@ func (s *session) call(ctx context.Context, cfg config, method, path string, bod
 // say emits an assistant message with one text block.
 func (s *session) say(ctx context.Context, text string) error {
 	s.turns++
-	return s.emit(ctx, assistantEvent{
+	return s.emit(ctx, &assistantEvent{
 		Type:      "assistant",
 		SessionID: s.id,
 		Message: message{
@@ -290,7 +290,7 @@ func (s *session) result(ctx context.Context, isError bool, text string) error {
 		subtype = "error_during_execution"
 	}
 	elapsed := time.Since(s.start).Milliseconds()
-	return s.emit(ctx, resultEvent{
+	return s.emit(ctx, &resultEvent{
 		Type: "result", Subtype: subtype, IsError: isError,
 		DurationMS: elapsed, DurationAPIMS: elapsed, NumTurns: s.turns,
 		Result: text, SessionID: s.id, TotalCostUSD: cost,
@@ -304,16 +304,17 @@ func (s *session) result(ctx context.Context, isError bool, text string) error {
 }
 
 // emit writes one line after the session's pause (none before the first): each line goes out in
-// one write as soon as it is made, as the real CLI streams.
-func (s *session) emit(ctx context.Context, v any) error {
-	b, err := json.Marshal(v)
-	if err != nil {
-		return fmt.Errorf("encoding an event: %w", err)
-	}
-	if _, ok := v.(initEvent); !ok {
+// one write as soon as it is made, as the real CLI streams, stamped with the time of the write.
+func (s *session) emit(ctx context.Context, ev line) error {
+	if _, ok := ev.(*initEvent); !ok {
 		if err := sleep(ctx, s.interval); err != nil {
 			return err
 		}
+	}
+	ev.stamp(time.Now())
+	b, err := json.Marshal(ev)
+	if err != nil {
+		return fmt.Errorf("encoding an event: %w", err)
 	}
 	if _, err := s.out.Write(append(b, '\n')); err != nil {
 		return fmt.Errorf("writing stdout: %w", err)
@@ -362,9 +363,22 @@ func randomUUID() string {
 }
 
 // The events, in the shape Claude Code writes them (the fields Paperclip's parser reads, and a
-// few more so that the lines look like the real ones).
+// few more so that the lines look like the real ones), plus the stub's own `timestamp`.
+
+// line is one event of the stream.
+type line interface{ stamp(time.Time) }
+
+// stamped is the stub's addition to every line: when it was written (RFC 3339, UTC, to the
+// millisecond), so that a test can tell how long the line took to reach Paperclip's run log.
+// Paperclip's parser, like Claude Code's other readers, ignores fields it does not know.
+type stamped struct {
+	Timestamp string `json:"timestamp"`
+}
+
+func (s *stamped) stamp(t time.Time) { s.Timestamp = t.UTC().Format("2006-01-02T15:04:05.000Z07:00") }
 
 type initEvent struct {
+	stamped
 	Type           string   `json:"type"`
 	Subtype        string   `json:"subtype"`
 	SessionID      string   `json:"session_id"`
@@ -378,6 +392,7 @@ type initEvent struct {
 }
 
 type assistantEvent struct {
+	stamped
 	Type            string  `json:"type"`
 	Message         message `json:"message"`
 	ParentToolUseID *string `json:"parent_tool_use_id"`
@@ -400,6 +415,7 @@ type content struct {
 }
 
 type resultEvent struct {
+	stamped
 	Type              string                `json:"type"`
 	Subtype           string                `json:"subtype"`
 	IsError           bool                  `json:"is_error"`

@@ -44,6 +44,8 @@ export async function startEnv(): Promise<Env> {
       await kubeclip.close();
       await nc.close();
       await server.stop();
+      // Every exec request and io message the suite sent kept to docs/exec.md and its schemas.
+      if (sandbox.invalid.length > 0) throw new Error(`exec protocol broken: ${JSON.stringify(sandbox.invalid.slice(0, 5))}`);
     },
   };
 }

@@ -13,7 +13,7 @@ export interface NatsServer {
   stop(): Promise<void>;
 }
 
-function repoRoot(): string {
+export function repoRoot(): string {
   let dir = process.cwd();
   for (;;) {
     if (existsSync(join(dir, "go.mod")) && existsSync(join(dir, "plugins"))) return dir;

@@ -1,0 +1,49 @@
+package paperclip
+
+import (
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+
+	"github.com/kubeclip/kubeclip/internal/clustertest"
+	pt "github.com/kubeclip/kubeclip/internal/pipelinetest"
+	"github.com/kubeclip/kubeclip/pkg/events"
+)
+
+// TestExecClientAgainstExecWorkers runs the plugin's exec client (plugins/paperclip/src/exec.ts)
+// against the real exec-workers on a real pod lease: the protocol-level cases the plugin's unit
+// tests check against their fake (plugins/paperclip/test/real/exec.real.ts), here against
+// pkg/execsvc and sandboxd.
+func TestExecClientAgainstExecWorkers(t *testing.T) {
+	root, err := repoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs := clustertest.Clientset(t)
+	company := pt.NewID("co")
+	pt.CleanupTenant(t, cs, company)
+	cfg, err := json.Marshal(providerConfig("pod"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := env.Acquire(t, company, pt.NewID("agent"), cfg)
+	created := pt.WaitKind[events.RunCreatedEvent](r, runTimeout)
+
+	cmd := exec.CommandContext(t.Context(), filepath.Join(root, "hack", "node", "node.sh"), "exec", "npm", "run", "--silent", "test:real")
+	cmd.Dir = filepath.Join(root, "plugins", "paperclip")
+	cmd.Env = append(os.Environ(),
+		"KUBECLIP_REAL_NATS_URL="+env.NATS.URL(), "KUBECLIP_REAL_COMPANY_ID="+company,
+		"KUBECLIP_REAL_RUN_ID="+r.RunID, "KUBECLIP_REAL_LEASE_ID="+created.ProviderLeaseID)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("the plugin's exec client against the exec-workers: %v\n%s", err, lastLines(string(out), 80))
+	}
+	t.Logf("the plugin's exec client against the exec-workers:\n%s", lastLines(string(out), 20))
+
+	r.Release(created.ProviderLeaseID, false)
+	if released := pt.WaitKind[events.RunReleasedEvent](r, runTimeout); released.State != events.ReleaseStopped {
+		t.Errorf("released %+v", released)
+	}
+}

@@ -1,0 +1,603 @@
+package paperclip
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/kubeclip/kubeclip/internal/clustertest"
+	pt "github.com/kubeclip/kubeclip/internal/pipelinetest"
+	"github.com/kubeclip/kubeclip/internal/sandboxtest"
+	"github.com/kubeclip/kubeclip/pkg/api"
+	"github.com/kubeclip/kubeclip/pkg/events"
+	"github.com/kubeclip/kubeclip/pkg/policy"
+)
+
+// sandboxImage is the local cluster's Paperclip sandbox: a Debian userland, node, the claude
+// stub (hack/cluster/sandbox-image.sh).
+const sandboxImage = "kubeclip.local/sandbox:dev"
+
+// runTimeout bounds one agent run on this shared 2-core machine: a pod start, ~90 commands, the
+// stub's ~5 s, a release.
+const runTimeout = 5 * time.Minute
+
+// stubPause is the stub's pause between its lines (CLAUDE_STUB_INTERVAL's default).
+const stubPause = time.Second
+
+// providerConfig is the kubeclip part of an environment config: an exec-capable backend on the
+// sandbox image, with room for node (Paperclip's bridge) and the stub.
+func providerConfig(backend string) map[string]any {
+	return map[string]any{
+		"backend":                backend,
+		"podActivityDeadlineSec": 900,
+		"adapters": []any{map[string]any{
+			"adapterType":  "claude_local",
+			"runtimeImage": sandboxImage,
+			"envKeys":      []string{"ANTHROPIC_API_KEY"},
+			"allowFqdns":   []string{"api.anthropic.com"},
+		}},
+		"defaultResources": map[string]any{
+			"requests": map[string]string{"cpu": "100m", "memory": "128Mi"},
+			"limits":   map[string]string{"cpu": "1", "memory": "512Mi"},
+		},
+	}
+}
+
+// environmentConfig is a whole environment config: kubeclip's NATS (the suite's JetStream
+// server), the provider config, and Paperclip's streamRunLogs: false (live output through the
+// plugin's execute.log) unless tailLogs asks for Paperclip's default (tail polling).
+func environmentConfig(backend string, tailLogs bool) map[string]any {
+	c := providerConfig(backend)
+	c["natsUrl"] = env.NATS.URL()
+	if !tailLogs {
+		c["streamRunLogs"] = false
+	}
+	return c
+}
+
+// TestPaperclip is issue 10's end-to-end list, in order, against one Paperclip instance and
+// one agent (kubeclip holds one run per agent at a time): the provider, validation and probe;
+// runs by `paperclipai heartbeat run` and by an issue assignment with live output; a cancelled
+// run; a run that loses its exec-worker; a run with Paperclip's default log tailing; a run on
+// the sandbox-cr backend. It records what each run cost and prints it.
+func TestPaperclip(t *testing.T) {
+	cs := clustertest.Clientset(t)
+	pc := startServer(t)
+	pt.CleanupTenant(t, cs, pc.CompanyID)
+	rep := &report{}
+	t.Cleanup(func() { rep.print(t) })
+
+	t.Run("ProviderIsThePlugin", func(t *testing.T) {
+		var caps struct {
+			SandboxProviders map[string]struct {
+				Status               string `json:"status"`
+				Source               string `json:"source"`
+				PluginKey            string `json:"pluginKey"`
+				SupportsRunExecution bool   `json:"supportsRunExecution"`
+			} `json:"sandboxProviders"`
+			Adapters []struct {
+				AdapterType      string            `json:"adapterType"`
+				SandboxProviders map[string]string `json:"sandboxProviders"`
+			} `json:"adapters"`
+		}
+		pc.must(t, http.MethodGet, "/companies/"+pc.CompanyID+"/environments/capabilities", nil, &caps)
+		k, ok := caps.SandboxProviders["kubernetes"]
+		if !ok || k.Status != "supported" || k.Source != "plugin" || k.PluginKey != "kubeclip.paperclip-sandbox-provider" || !k.SupportsRunExecution {
+			t.Errorf("the kubernetes provider: %+v (present %v), want the plugin's, supported, running agents", k, ok)
+		}
+		for _, a := range caps.Adapters {
+			if a.AdapterType == "claude_local" && a.SandboxProviders["kubernetes"] != "supported" {
+				t.Errorf("claude_local on kubernetes: %q, want supported", a.SandboxProviders["kubernetes"])
+			}
+		}
+	})
+
+	t.Run("InvalidConfigRefusedWithKubeclipsMessage", func(t *testing.T) {
+		// kubeclip's verdict (pkg/policy through the tenant-worker's api.validate) is the only
+		// source: the expected message is computed by the same code, not written here.
+		bad := providerConfig("pod")
+		bad["egressAllowCidrs"] = []string{"10.0.0.0/33"}
+		raw, err := json.Marshal(bad)
+		if err != nil {
+			t.Fatal(err)
+		}
+		verdict := api.Validate(raw, policy.DefaultOperator())
+		if verdict.OK || len(verdict.Errors) == 0 {
+			t.Fatalf("kubeclip accepts %s; the test needs a config it refuses", raw)
+		}
+		want := verdict.Errors[0].Field + ": " + verdict.Errors[0].Message
+		bad["natsUrl"] = env.NATS.URL()
+		bad["provider"] = "kubernetes"
+		checkRefused(t, pc, bad, want)
+
+		// The plugin's own refusals: a backend that cannot exec, and kubeclip out of reach.
+		job := environmentConfig("job", false)
+		job["provider"] = "kubernetes"
+		checkRefused(t, pc, job, `config.backend: "job" runs the agent as a Job and cannot serve Paperclip's execute calls (a run is ~90 commands in a pod that stays up); use "pod" (any cluster) or "sandbox-cr" (clusters with agent-sandbox)`)
+		dead := environmentConfig("pod", false)
+		dead["provider"], dead["natsUrl"] = "kubernetes", "nats://127.0.0.1:1"
+		checkRefusedLike(t, pc, dead, regexp.MustCompile(`^kubeclip unreachable at nats://127\.0\.0\.1:1: `))
+	})
+
+	t.Run("ProbeReachesTheWorkers", func(t *testing.T) {
+		cfg := environmentConfig("pod", false)
+		cfg["provider"] = "kubernetes"
+		var probe struct {
+			OK      bool   `json:"ok"`
+			Summary string `json:"summary"`
+		}
+		pc.must(t, http.MethodPost, "/companies/"+pc.CompanyID+"/environments/probe-config", map[string]any{"driver": "sandbox", "config": cfg}, &probe)
+		if !probe.OK {
+			t.Errorf("probe: %+v", probe)
+		}
+		for _, w := range []string{"tenant-worker×1", "dispatcher×1", "run-watcher×1", "exec-worker×2"} {
+			if !strings.Contains(probe.Summary, w) {
+				t.Errorf("probe summary %q does not name %s", probe.Summary, w)
+			}
+		}
+	})
+
+	live := pc.createEnvironment(t, "kubeclip", environmentConfig("pod", false))
+	// The stored config is kubeclip's normalized one: its defaults were applied by pkg/policy.
+	raw, _ := json.Marshal(providerConfig("pod"))
+	if v := api.Validate(raw, policy.DefaultOperator()); !v.OK || live.Config["namespacePrefix"] != v.NormalizedConfig.NamespacePrefix {
+		t.Errorf("the environment's config %v is not kubeclip's normalized config (namespacePrefix %q)", live.Config, v.NormalizedConfig.NamespacePrefix)
+	}
+	pc.useEnvironment(t, live.ID)
+
+	t.Run("HeartbeatRunCLI", func(t *testing.T) {
+		out, err := pc.sh(t.Context(), "cli", "heartbeat", "run", "-a", pc.AgentID, "--timeout-ms", fmt.Sprint(runTimeout.Milliseconds()))
+		if err != nil {
+			t.Fatalf("paperclipai heartbeat run: %v\n%s", err, lastLines(out, 40))
+		}
+		m := regexp.MustCompile(`Run ([0-9a-f-]{36}) completed with status (\w+)`).FindStringSubmatch(out)
+		if m == nil || m[2] != "succeeded" {
+			t.Fatalf("paperclipai heartbeat run did not report a succeeded run:\n%s", lastLines(out, 40))
+		}
+		// The CLI streamed the run's log: the stub's last assistant line is in it.
+		if !strings.Contains(out, "assistant: Done.") {
+			t.Errorf("the CLI's live log lacks the stub's lines:\n%s", lastLines(out, 20))
+		}
+		rep.add(checkRun(t, pc, cs, m[1], runWant{name: "heartbeat run (CLI)", env: live, source: "on_demand", backend: "pod", live: true}))
+	})
+
+	t.Run("IssueAssignmentRun", func(t *testing.T) {
+		var issue struct {
+			ID         string `json:"id"`
+			Identifier string `json:"identifier"`
+		}
+		pc.must(t, http.MethodPost, "/companies/"+pc.CompanyID+"/issues", map[string]any{"title": "Say hello", "assigneeAgentId": pc.AgentID, "status": "todo"}, &issue)
+		var runID string
+		pt.Eventually(t, time.Minute, "the assignment's run", func() bool {
+			var runs []struct {
+				RunID            string `json:"runId"`
+				InvocationSource string `json:"invocationSource"`
+			}
+			pc.must(t, http.MethodGet, "/issues/"+issue.ID+"/runs", nil, &runs)
+			for _, r := range runs {
+				if r.InvocationSource == "assignment" {
+					runID = r.RunID
+					return true
+				}
+			}
+			return false
+		})
+		rep.add(checkRun(t, pc, cs, runID, runWant{name: "issue " + issue.Identifier, env: live, source: "assignment", issueID: issue.ID, backend: "pod", live: true, apiCalls: 2}))
+		// The stub closed its issue through Paperclip's bridge in the sandbox.
+		var got struct {
+			Status string `json:"status"`
+		}
+		pc.must(t, http.MethodGet, "/issues/"+issue.ID, nil, &got)
+		if got.Status != "done" {
+			t.Errorf("issue %s is %s, want done (the stub's PATCH through the bridge)", issue.Identifier, got.Status)
+		}
+		pc.waitIdle(t, runTimeout)
+	})
+
+	t.Run("CancelMidRun", func(t *testing.T) {
+		runID := pc.invoke(t)
+		// Mid-run: the agent command printed its first line.
+		pt.Eventually(t, runTimeout, "the stub's first line in the run log", func() bool {
+			return len(stubLines(stdoutChunks(pc.runLog(t, runID)))) > 0
+		})
+		pc.must(t, http.MethodPost, "/heartbeat-runs/"+runID+"/cancel", map[string]any{}, nil)
+		rec := pc.waitRun(t, runID, runTimeout)
+		if rec.Status != "cancelled" {
+			t.Errorf("run %s is %s after the cancel, want cancelled", runID, rec.Status)
+		}
+		// Paperclip lets the agent command end, then releases: the lease ends with kubeclip's
+		// receipt, the pod is gone and nothing of the run is left in the namespace.
+		lease := pc.leaseOf(t, live.ID, runID, runTimeout)
+		checkReceipt(t, lease, "released", "expired")
+		r := follow(t, pc, runID)
+		released := pt.WaitKind[events.RunReleasedEvent](r, runTimeout)
+		if released.ProviderLeaseID != lease.ProviderLeaseID || released.State != events.ReleaseStopped {
+			t.Errorf("released %+v, want lease %s stopped", released, lease.ProviderLeaseID)
+		}
+		checkPodGone(t, cs, lease.Metadata.Kubeclip.Namespace, lease.Metadata.Kubeclip.WorkloadName)
+		pods, err := cs.CoreV1().Pods(lease.Metadata.Kubeclip.Namespace).List(t.Context(), metav1.ListOptions{})
+		if err != nil || len(pods.Items) != 0 {
+			t.Errorf("pods left in %s after the cancelled run: %d (%v)", lease.Metadata.Kubeclip.Namespace, len(pods.Items), err)
+		}
+		rep.add(runStats{name: "cancelled", status: rec.Status, wall: wall(rec)})
+		pc.waitIdle(t, runTimeout)
+	})
+
+	t.Run("ExecWorkerKilledDuringAgent", func(t *testing.T) {
+		runID := pc.invoke(t)
+		// The replica serving the agent command: the one that started its recorded exec.
+		var serving, agentExec string
+		pt.Eventually(t, runTimeout, "the agent command's exec", func() bool {
+			recs, err := env.Records(pt.ExecWorker, func(r pt.LogRecord) bool {
+				return r.RunID == runID && r.Message == "exec started" && r.Record
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, rs := range recs {
+				serving, agentExec = rs[0].Replica, rs[0].ExecID
+				return true
+			}
+			return false
+		})
+		w := env.Worker(serving)
+		if w == nil {
+			t.Fatalf("exec-worker %s, serving the agent command, is not running", serving)
+		}
+		if err := w.Kill(); err != nil {
+			t.Fatal(err)
+		}
+		killedAt := time.Now()
+		t.Cleanup(func() {
+			// Two replicas again for the tests after this one.
+			if _, err := env.StartWorker(pt.ExecWorker); err != nil {
+				t.Error(err)
+			}
+		})
+		// Not live across the kill: the lines printed meanwhile arrive together once the client
+		// attached through the other replica (after 3 s of silence). Complete, once each, in order.
+		st := checkRun(t, pc, cs, runID, runWant{name: "exec-worker killed", env: live, source: "on_demand", backend: "pod"})
+		if !st.resultPrinted.After(killedAt) {
+			t.Errorf("the stub printed its result at %s, before the kill at %s: the kill was not during the agent command", st.resultPrinted, killedAt)
+		}
+		// Another replica took the agent's stream over and saw its exit.
+		exited, err := env.Records(pt.ExecWorker, func(r pt.LogRecord) bool { return r.ExecID == agentExec && r.Message == "exec exited" })
+		if err != nil {
+			t.Fatal(err)
+		}
+		var by []string
+		for id, rs := range exited {
+			for range rs {
+				by = append(by, id)
+			}
+		}
+		if len(by) != 1 || by[0] == serving {
+			t.Errorf("the agent command's exit was served by %v, want once, by a replica other than %s", by, serving)
+		}
+		rep.add(st)
+	})
+
+	t.Run("DefaultStreamRunLogs", func(t *testing.T) {
+		tail := pc.createEnvironment(t, "kubeclip-tail", environmentConfig("pod", true))
+		pc.useEnvironment(t, tail.ID)
+		defer pc.useEnvironment(t, live.ID)
+		rep.add(checkRun(t, pc, cs, pc.invoke(t), runWant{name: "default streamRunLogs", env: tail, source: "on_demand", backend: "pod"}))
+	})
+
+	t.Run("SandboxCRBackend", func(t *testing.T) {
+		// The agent-sandbox controller cannot be installed here (no registry):
+		// internal/sandboxtest makes each Sandbox's pod as the controller does.
+		dyn, err := dynamic.NewForConfig(clustertest.Config(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- sandboxtest.Run(ctx, cs, dyn) }()
+		defer func() { cancel(); <-done }()
+		sbx := pc.createEnvironment(t, "kubeclip-sandbox-cr", environmentConfig("sandbox-cr", false))
+		pc.useEnvironment(t, sbx.ID)
+		defer pc.useEnvironment(t, live.ID)
+		rep.add(checkRun(t, pc, cs, pc.invoke(t), runWant{name: "sandbox-cr backend", env: sbx, source: "on_demand", backend: "sandbox-cr", live: true}))
+	})
+}
+
+// checkRefused creates an environment with config and expects Paperclip's 422 with message.
+func checkRefused(t *testing.T, pc *server, config map[string]any, message string) {
+	t.Helper()
+	checkRefusedLike(t, pc, config, regexp.MustCompile("^"+regexp.QuoteMeta(message)+"$"))
+}
+
+func checkRefusedLike(t *testing.T, pc *server, config map[string]any, message *regexp.Regexp) {
+	t.Helper()
+	err := pc.call(t.Context(), http.MethodPost, "/companies/"+pc.CompanyID+"/environments", map[string]any{"name": "refused", "driver": "sandbox", "config": config}, nil)
+	var ae *apiError
+	if !errors.As(err, &ae) || ae.Status != http.StatusUnprocessableEntity {
+		t.Fatalf("creating an environment with %v: %v, want HTTP 422", config, err)
+	}
+	var body struct {
+		Error string `json:"error"`
+	}
+	if err := json.Unmarshal([]byte(ae.Body), &body); err != nil || !message.MatchString(body.Error) {
+		t.Errorf("Paperclip's refusal %q, want %s", ae.Body, message)
+	}
+}
+
+// runWant is what a successful run must show.
+type runWant struct {
+	name    string
+	env     environment
+	source  string // Paperclip's invocationSource
+	issueID string
+	backend string
+	// live: streamRunLogs false, so each stub line reaches the run log as the stub prints it.
+	live bool
+	// apiCalls is how many Paperclip API calls the stub makes through the bridge (1: GET
+	// /api/agents/me; 2 with an issue: and its PATCH).
+	apiCalls int
+}
+
+// checkRun waits for run runID to end and checks it succeeded as Paperclip, kubeclip and the
+// cluster each saw it; it returns the run's figures for the report.
+func checkRun(t *testing.T, pc *server, cs kubernetes.Interface, runID string, want runWant) runStats {
+	t.Helper()
+	if want.apiCalls == 0 {
+		want.apiCalls = 1
+	}
+	st := runStats{name: want.name}
+	rec := pc.waitRun(t, runID, runTimeout)
+	st.status, st.wall = rec.Status, wall(rec)
+	if rec.Status != "succeeded" || rec.ExitCode == nil || *rec.ExitCode != 0 || rec.Error != nil {
+		t.Fatalf("run %s: status %s, exit %v, error %v; want succeeded with exit 0\nlog:\n%s", runID, rec.Status, deref(rec.ExitCode), deref(rec.Error), logText(pc.runLog(t, runID)))
+	}
+	if rec.InvocationSource != want.source || rec.ContextSnapshot.IssueID != want.issueID {
+		t.Errorf("run %s: source %s, issue %q; want %s, %q", runID, rec.InvocationSource, rec.ContextSnapshot.IssueID, want.source, want.issueID)
+	}
+
+	// Paperclip's record holds the session, usage and cost its parser took from the stub's
+	// returned stdout, and they are the stub's own.
+	log := pc.runLog(t, runID)
+	lines := stubLines(stdoutChunks(log))
+	wantKinds := []string{"system/init"}
+	for i := range want.apiCalls + 2 {
+		wantKinds = append(wantKinds, fmt.Sprintf("assistant/msg_stub_%02d", i+1))
+	}
+	wantKinds = append(wantKinds, "result/success")
+	if got := kinds(lines); !slices.Equal(got, wantKinds) {
+		t.Fatalf("run %s: the stub's lines in Paperclip's log are %v, want each of %v once, in order\nlog:\n%s", runID, got, wantKinds, logText(log))
+	}
+	var init, result stubEvent
+	_ = json.Unmarshal([]byte(lines[0].Raw), &init)
+	_ = json.Unmarshal([]byte(lines[len(lines)-1].Raw), &result)
+	session := deref(rec.SessionIDAfter)
+	switch {
+	case rec.Usage == nil || rec.Result == nil:
+		t.Errorf("run %s has no usage or result: %+v", runID, rec)
+	case session == "" || session != init.SessionID || rec.Usage.PersistedSessionID != session || rec.Result.SessionID != session:
+		t.Errorf("run %s: session %q, usage's %q, result's %q; want the stub's %q", runID, session, rec.Usage.PersistedSessionID, rec.Result.SessionID, init.SessionID)
+	case rec.Usage.InputTokens != result.Usage.InputTokens || rec.Usage.OutputTokens != result.Usage.OutputTokens || rec.Usage.InputTokens == 0:
+		t.Errorf("run %s: usage %d in / %d out, want the stub's %d / %d", runID, rec.Usage.InputTokens, rec.Usage.OutputTokens, result.Usage.InputTokens, result.Usage.OutputTokens)
+	case rec.Usage.CostUSD != result.TotalCostUSD || rec.Usage.CostUSD <= 0:
+		t.Errorf("run %s: cost %v, want the stub's %v", runID, rec.Usage.CostUSD, result.TotalCostUSD)
+	}
+	if !strings.Contains(stderrText(log), "claude-stub: working on a prompt of") {
+		t.Errorf("run %s: the stub's stderr line is not in the run log", runID)
+	}
+
+	// Live: each line reached the run log as the stub printed it: before the stub, after its
+	// pause, printed the next one. So the log's timestamps follow the stub's pauses.
+	for _, l := range lines {
+		if l.Printed.IsZero() {
+			t.Fatalf("run %s: the stub's line %q has no timestamp: the cluster's sandbox image is older than tests/images/claude-stub (bash hack/cluster/cluster.sh up)", runID, cut(l.Raw, 120))
+		}
+	}
+	st.firstLine = lines[0].Logged.Sub(lines[0].Printed)
+	for _, l := range lines {
+		st.maxLine = max(st.maxLine, l.Logged.Sub(l.Printed))
+	}
+	st.agent = lines[len(lines)-1].Printed.Sub(lines[0].Printed)
+	st.resultPrinted = lines[len(lines)-1].Printed
+	if want.live {
+		for i := 1; i < len(lines); i++ {
+			if pause := lines[i].Printed.Sub(lines[i-1].Printed); pause < stubPause {
+				t.Errorf("run %s: the stub printed line %d %s after line %d, want its %s pause", runID, i+1, pause, i, stubPause)
+			}
+			if !lines[i-1].Logged.Before(lines[i].Printed) {
+				t.Errorf("run %s: line %d reached the log at %s, after the stub printed line %d at %s: not live", runID, i, lines[i-1].Logged.Format("15:04:05.000"), i+1, lines[i].Printed.Format("15:04:05.000"))
+			}
+		}
+	}
+
+	// Paperclip's lease: released, with kubeclip's termination receipt.
+	lease := pc.leaseOf(t, want.env.ID, runID, runTimeout)
+	checkReceipt(t, lease, "released")
+	if lease.Metadata.Kubeclip.RunID != runID || lease.Metadata.Kubeclip.Backend != want.backend || lease.Metadata.RemoteCwd != "/workspace" {
+		t.Errorf("run %s: lease metadata %+v, want kubeclip's ids for this run on %s and remoteCwd /workspace", runID, lease.Metadata, want.backend)
+	}
+
+	// kubeclip's run stream: the lease's lifecycle and the agent's output.
+	r := follow(t, pc, runID)
+	released := pt.WaitKind[events.RunReleasedEvent](r, runTimeout)
+	checkRunStream(t, r.Events(), lease, released, lines, rec)
+	checkPodGone(t, cs, lease.Metadata.Kubeclip.Namespace, lease.Metadata.Kubeclip.WorkloadName)
+
+	// What the lease cost, as the plugin measured it at its hooks, and the exec-workers' count.
+	sums := pc.pluginLog(t, "lease released", runID)
+	if len(sums) != 1 {
+		t.Fatalf("run %s: %d 'lease released' records in Paperclip's log, want 1", runID, len(sums))
+	}
+	sum := sums[0]
+	st.hooks, _ = sum["hooks"].(map[string]any)
+	st.executes = int(num(sum["executes"]))
+	st.p50, st.p99, st.pmax = ms(sum["execP50Ms"]), ms(sum["execP99Ms"]), ms(sum["execMaxMs"])
+	st.release = ms(sum["releaseMs"])
+	if acq := pc.pluginLog(t, "lease acquired", runID); len(acq) == 1 {
+		st.acquire = ms(acq[0]["acquireMs"])
+	}
+	if num(st.hooks["acquireLease"]) != 1 || num(st.hooks["realizeWorkspace"]) != 1 || num(st.hooks["releaseLease"]) != 1 || int(num(st.hooks["execute"])) != st.executes {
+		t.Errorf("run %s: hook calls %v, want one acquire, realize and release and %d executes", runID, st.hooks, st.executes)
+	}
+	started, err := env.Records(pt.ExecWorker, func(l pt.LogRecord) bool { return l.RunID == runID && l.Message == "exec started" })
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := map[string]bool{}
+	for _, rs := range started {
+		for _, l := range rs {
+			ids[l.ExecID] = true
+		}
+	}
+	if len(ids) != st.executes || st.executes < 20 {
+		t.Errorf("run %s: the plugin counted %d executes, the exec-workers started %d execs; want equal, and the ~90 of a run", runID, st.executes, len(ids))
+	}
+	return st
+}
+
+// checkReceipt checks that the lease ended in one of statuses with kubeclip's receipt.
+func checkReceipt(t *testing.T, lease leaseRecord, statuses ...string) {
+	t.Helper()
+	term := lease.Metadata.Termination
+	if !slices.Contains(statuses, lease.Status) || term == nil || term.State != "stopped" || term.ProviderLeaseID != lease.ProviderLeaseID {
+		t.Errorf("lease %s: status %s, receipt %+v; want %v with a stopped receipt for %s", lease.ID, lease.Status, term, statuses, lease.ProviderLeaseID)
+	}
+}
+
+// follow collects run runID's events from kubeclip's run stream until the test ends.
+func follow(t *testing.T, pc *server, runID string) *pt.Run {
+	r := env.NewRun(t, pc.CompanyID, pc.AgentID)
+	r.RunID = runID
+	r.Collect()
+	return r
+}
+
+// checkRunStream checks kubeclip's run stream: created, the pod Ready, the agent command's
+// recorded output (the same lines Paperclip logged, and the same parsed result), released.
+func checkRunStream(t *testing.T, evs []events.Received, lease leaseRecord, released events.RunReleasedEvent, logged []stubLine, rec runRecord) {
+	t.Helper()
+	var order []string
+	var created *events.RunCreatedEvent
+	execs := map[string][]events.RunExecEvent{}
+	for _, e := range evs {
+		switch ev := e.Event.(type) {
+		case events.RunCreatedEvent:
+			created = &ev
+			order = append(order, "created")
+		case events.RunStatusEvent:
+			if ev.Phase == events.PhaseRunning && ev.Reason == events.ReasonReady {
+				order = append(order, "ready")
+			}
+		case events.RunExecEvent:
+			if len(execs[ev.ExecID]) == 0 {
+				order = append(order, "exec")
+			}
+			execs[ev.ExecID] = append(execs[ev.ExecID], ev)
+		case events.RunReleasedEvent:
+			order = append(order, "released")
+		}
+	}
+	if !slices.Equal(order, []string{"created", "ready", "exec", "released"}) {
+		t.Errorf("run %s's stream: %v, want created, ready, the agent's exec, released\n%s", rec.ID, order, pt.Describe(evs))
+		return
+	}
+	if created.ProviderLeaseID != lease.ProviderLeaseID || created.Namespace != lease.Metadata.Kubeclip.Namespace || created.ExpiresAt == nil {
+		t.Errorf("created %+v, want Paperclip's lease %s with its expiry", created, lease.ProviderLeaseID)
+	}
+	if released.ProviderLeaseID != lease.ProviderLeaseID || released.State != events.ReleaseStopped {
+		t.Errorf("released %+v, want lease %s stopped", released, lease.ProviderLeaseID)
+	}
+	for id, chunks := range execs {
+		slices.SortFunc(chunks, func(a, b events.RunExecEvent) int { return int(a.Seq) - int(b.Seq) })
+		var out []chunk
+		var final *events.RunExecEvent
+		for _, c := range chunks {
+			if c.Exit != nil {
+				final = &c
+			} else if c.Stream == events.ExecStdout {
+				out = append(out, chunk{at: c.At, text: c.Text})
+			}
+		}
+		// The same lines: each is told by its kind and the stub's timestamp (Paperclip redacts
+		// some values, such as apiKeySource, in what it logs).
+		recorded := stubLines(out)
+		if !slices.Equal(identities(recorded), identities(logged)) {
+			t.Errorf("exec %s in kubeclip's stream holds the stub lines %v, Paperclip logged %v", id, identities(recorded), identities(logged))
+		}
+		switch {
+		case final == nil || final.Exit.ExitCode == nil || *final.Exit.ExitCode != 0:
+			t.Errorf("exec %s: final event %+v, want exit 0", id, final)
+		case final.Agent == nil || final.Agent.SessionID != deref(rec.SessionIDAfter) || final.Agent.CostUSD == nil || *final.Agent.CostUSD != rec.Usage.CostUSD:
+			t.Errorf("exec %s: kubeclip parsed %+v; Paperclip recorded session %q cost %v", id, final.Agent, deref(rec.SessionIDAfter), rec.Usage.CostUSD)
+		}
+	}
+}
+
+func checkPodGone(t *testing.T, cs kubernetes.Interface, ns, name string) {
+	t.Helper()
+	if _, err := cs.CoreV1().Pods(ns).Get(t.Context(), name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("pod %s/%s after the lease was released: %v, want NotFound", ns, name, err)
+	}
+}
+
+// identities are lines' kinds with the stub's timestamps.
+func identities(lines []stubLine) []string {
+	out := kinds(lines)
+	for i, l := range lines {
+		out[i] += "@" + l.Printed.Format("15:04:05.000")
+	}
+	return out
+}
+
+func stderrText(log []logEntry) string {
+	var b strings.Builder
+	for _, e := range log {
+		if e.Stream == "stderr" {
+			b.WriteString(e.Chunk)
+		}
+	}
+	return b.String()
+}
+
+func logText(log []logEntry) string {
+	var b strings.Builder
+	for _, e := range log {
+		fmt.Fprintf(&b, "%s %s %s", e.TS.Format("15:04:05.000"), e.Stream, cut(e.Chunk, 300))
+		if !strings.HasSuffix(e.Chunk, "\n") {
+			b.WriteByte('\n')
+		}
+	}
+	return lastLines(b.String(), 60)
+}
+
+func wall(r runRecord) time.Duration {
+	if r.StartedAt == nil || r.FinishedAt == nil {
+		return 0
+	}
+	return r.FinishedAt.Sub(*r.StartedAt)
+}
+
+func deref[T any](p *T) T {
+	var zero T
+	if p == nil {
+		return zero
+	}
+	return *p
+}
+
+func num(v any) float64 {
+	f, _ := v.(float64)
+	return f
+}
+
+func ms(v any) time.Duration { return time.Duration(num(v) * float64(time.Millisecond)) }

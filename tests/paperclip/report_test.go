@@ -1,0 +1,101 @@
+package paperclip
+
+import (
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// ReportEnv names a file the suite also writes its figures to: `go test ./...` shows a passing
+// package's output only with -v, so `make test` prints this file instead.
+const ReportEnv = "KUBECLIP_PAPERCLIP_REPORT"
+
+// runStats are one run's figures.
+type runStats struct {
+	name   string
+	status string
+	// wall is Paperclip's run from start to finish; agent the stub's first line to its last.
+	wall, agent time.Duration
+	// firstLine is the stub's first line from its print to Paperclip's run log; maxLine the
+	// slowest line.
+	firstLine, maxLine time.Duration
+	// executes and their latencies at the plugin's hook (what Paperclip waited for each).
+	executes       int
+	p50, p99, pmax time.Duration
+	// acquire and release are those hooks' durations.
+	acquire, release time.Duration
+	hooks            map[string]any
+	// resultPrinted is when the stub printed its result line.
+	resultPrinted time.Time
+}
+
+type report struct {
+	mu   sync.Mutex
+	runs []runStats
+}
+
+func (r *report) add(s runStats) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.runs = append(r.runs, s)
+}
+
+func (r *report) print(t *testing.T) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var b strings.Builder
+	fmt.Fprintf(&b, "kubeclip under the real Paperclip server (%s):\n", time.Now().UTC().Format(time.RFC3339))
+	fmt.Fprintf(&b, "%-22s %-9s %7s %7s %9s %9s %9s %9s %9s %8s %8s  %s\n",
+		"run", "status", "wall", "agent", "1st line", "max line", "executes", "exec p50", "exec p99", "acquire", "release", "hooks")
+	for _, s := range r.runs {
+		fmt.Fprintf(&b, "%-22s %-9s %7s %7s %9s %9s %9s %9s %9s %8s %8s  %s\n", s.name, s.status,
+			round(s.wall), round(s.agent), msOf(s.firstLine), msOf(s.maxLine), countOf(s.executes), msOf(s.p50), msOf(s.p99),
+			msOf(s.acquire), msOf(s.release), hooks(s.hooks))
+	}
+	b.WriteString("wall: Paperclip's run record (start to finish); agent: the stub's first line to its result; " +
+		"1st/max line: a stub line's print to Paperclip's run log; exec p50/p99: execute calls at the plugin's hook.\n")
+	t.Log("\n" + b.String())
+	if path := os.Getenv(ReportEnv); path != "" {
+		if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
+			t.Errorf("writing the report: %v", err)
+		}
+	}
+}
+
+func round(d time.Duration) string {
+	if d == 0 {
+		return "-"
+	}
+	return d.Round(100 * time.Millisecond).String()
+}
+
+func msOf(d time.Duration) string {
+	if d == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%dms", d.Milliseconds())
+}
+
+func countOf(n int) string {
+	if n == 0 {
+		return "-"
+	}
+	return fmt.Sprint(n)
+}
+
+func hooks(h map[string]any) string {
+	var keys []string
+	for k := range h {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	var out []string
+	for _, k := range keys {
+		out = append(out, fmt.Sprintf("%s=%v", k, h[k]))
+	}
+	return strings.Join(out, " ")
+}
