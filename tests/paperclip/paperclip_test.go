@@ -430,7 +430,9 @@ func checkRun(t *testing.T, pc *server, cs kubernetes.Interface, runID string, w
 	// kubeclip's run stream: the lease's lifecycle and the agent's output.
 	r := follow(t, pc, runID)
 	released := pt.WaitKind[events.RunReleasedEvent](r, runTimeout)
-	checkRunStream(t, r.Events(), lease, released, lines, rec)
+	evs := r.Events()
+	checkRunStream(t, evs, lease, released, lines, rec)
+	st.streamEvents, st.streamBytes = len(evs), payloadBytes(t, evs)
 	checkPodGone(t, cs, lease.Metadata.Kubeclip.Namespace, lease.Metadata.Kubeclip.WorkloadName)
 
 	// What the lease cost, as the plugin measured it at its hooks, and the exec-workers' count.
@@ -601,3 +603,18 @@ func num(v any) float64 {
 }
 
 func ms(v any) time.Duration { return time.Duration(num(v) * float64(time.Millisecond)) }
+
+// payloadBytes is what the run's events weigh in kubeclip's stream: their JSON payloads, encoded
+// as the publisher encodes them (headers not counted).
+func payloadBytes(t *testing.T, evs []events.Received) int {
+	t.Helper()
+	n := 0
+	for _, e := range evs {
+		b, err := json.Marshal(e.Event)
+		if err != nil {
+			t.Fatalf("encoding %T: %v", e.Event, err)
+		}
+		n += len(b)
+	}
+	return n
+}

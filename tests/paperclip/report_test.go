@@ -29,6 +29,9 @@ type runStats struct {
 	// acquire and release are those hooks' durations.
 	acquire, release time.Duration
 	hooks            map[string]any
+	// streamEvents and streamBytes are the run's events in kubeclip's run stream and their
+	// payloads' size: uploads and bridge polls are not recorded, so they stay small.
+	streamEvents, streamBytes int
 	// resultPrinted is when the stub printed its result line.
 	resultPrinted time.Time
 }
@@ -49,15 +52,16 @@ func (r *report) print(t *testing.T) {
 	defer r.mu.Unlock()
 	var b strings.Builder
 	fmt.Fprintf(&b, "kubeclip under the real Paperclip server (%s):\n", time.Now().UTC().Format(time.RFC3339))
-	fmt.Fprintf(&b, "%-22s %-9s %7s %7s %9s %9s %9s %9s %9s %8s %8s  %s\n",
-		"run", "status", "wall", "agent", "1st line", "max line", "executes", "exec p50", "exec p99", "acquire", "release", "hooks")
+	fmt.Fprintf(&b, "%-22s %-9s %7s %7s %9s %9s %9s %9s %9s %8s %8s %7s %8s  %s\n",
+		"run", "status", "wall", "agent", "1st line", "max line", "executes", "exec p50", "exec p99", "acquire", "release", "events", "bytes", "hooks")
 	for _, s := range r.runs {
-		fmt.Fprintf(&b, "%-22s %-9s %7s %7s %9s %9s %9s %9s %9s %8s %8s  %s\n", s.name, s.status,
+		fmt.Fprintf(&b, "%-22s %-9s %7s %7s %9s %9s %9s %9s %9s %8s %8s %7s %8s  %s\n", s.name, s.status,
 			round(s.wall), round(s.agent), msOf(s.firstLine), msOf(s.maxLine), countOf(s.executes), msOf(s.p50), msOf(s.p99),
-			msOf(s.acquire), msOf(s.release), hooks(s.hooks))
+			msOf(s.acquire), msOf(s.release), countOf(s.streamEvents), countOf(s.streamBytes), hooks(s.hooks))
 	}
 	b.WriteString("wall: Paperclip's run record (start to finish); agent: the stub's first line to its result; " +
-		"1st/max line: a stub line's print to Paperclip's run log; exec p50/p99: execute calls at the plugin's hook.\n")
+		"1st/max line: a stub line's print to Paperclip's run log; exec p50/p99: execute calls at the plugin's hook; " +
+		"events/bytes: the run's events in kubeclip's run stream and their JSON payloads.\n")
 	t.Log("\n" + b.String())
 	if path := os.Getenv(ReportEnv); path != "" {
 		if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
