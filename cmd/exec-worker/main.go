@@ -78,8 +78,22 @@ func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout,
 		return err
 	}
 	// The pod cache is in before the first request is taken, so a start never misses a pod
-	// that exists; and it stops after the service drained.
-	return p.Serve(ctx, podWatch{pods}, svc)
+	// that exists; and it stops after the service drained. /readyz names the exec service
+	// beside NATS and Kubernetes: ready means taking exec requests.
+	ready := func() { p.Ops.Ready(p.NATS, p.Kube, ops.Check{Name: "exec", Func: serving(svc)}) }
+	return app.Serve(ctx, ready, podWatch{pods}, svc)
+}
+
+// serving is the readiness check of a worker: it passes once the worker serves.
+func serving(w app.Worker) func(context.Context) error {
+	return func(context.Context) error {
+		select {
+		case <-w.Ready():
+			return nil
+		default:
+			return errors.New("not serving exec requests yet")
+		}
+	}
 }
 
 // podWatch is the pod watcher as a worker: ready once its cache is in.
