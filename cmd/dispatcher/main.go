@@ -88,7 +88,7 @@ func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout,
 	if err != nil {
 		return err
 	}
-	return d.Run(ctx)
+	return p.Serve(ctx, d)
 }
 
 func (s *settings) Validate(fs *config.Set) (types.NamespacedName, error) {

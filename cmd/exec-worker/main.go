@@ -77,35 +77,35 @@ func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout,
 	if err != nil {
 		return err
 	}
-	p.Ops.Ready(p.NATS, p.Kube, ops.Check{Name: "exec", Func: func(context.Context) error {
+	// The pod cache is in before the first request is taken, so a start never misses a pod
+	// that exists; and it stops after the service drained. /readyz names the exec service
+	// beside NATS and Kubernetes: ready means taking exec requests.
+	ready := func() { p.Ops.Ready(p.NATS, p.Kube, ops.Check{Name: "exec", Func: serving(svc)}) }
+	return app.Serve(ctx, ready, podWatch{pods}, svc)
+}
+
+// serving is the readiness check of a worker: it passes once the worker serves.
+func serving(w app.Worker) func(context.Context) error {
+	return func(context.Context) error {
 		select {
-		case <-svc.Ready():
+		case <-w.Ready():
 			return nil
 		default:
 			return errors.New("not serving exec requests yet")
 		}
-	}})
-
-	// The pod cache is in before the first request is taken: a start then never misses a pod
-	// that exists.
-	watchCtx, stopWatching := context.WithCancel(context.WithoutCancel(ctx))
-	watched := make(chan error, 1)
-	go func() { watched <- pods.Run(watchCtx) }()
-	defer func() {
-		stopWatching()
-		if err := <-watched; err != nil && !errors.Is(err, context.Canceled) {
-			p.Log.Warn().Err(err).Msg("the pod watch ended with an error")
-		}
-	}()
-	select {
-	case <-pods.Synced():
-	case err := <-watched:
-		watched <- err
-		return fmt.Errorf("watching pods: %w", err)
-	case <-ctx.Done():
-		return nil
 	}
-	return svc.Run(ctx)
+}
+
+// podWatch is the pod watcher as a worker: ready once its cache is in.
+type podWatch struct{ *execsvc.PodWatcher }
+
+func (w podWatch) Ready() <-chan struct{} { return w.Synced() }
+
+func (w podWatch) Run(ctx context.Context) error {
+	if err := w.PodWatcher.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
+		return fmt.Errorf("watching pods: %w", err)
+	}
+	return nil
 }
 
 func (s *settings) Validate(fs *config.Set) error {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/kubeclip/kubeclip/internal/app"
 	"github.com/kubeclip/kubeclip/internal/config"
+	"github.com/kubeclip/kubeclip/internal/embeddednats"
 	"github.com/kubeclip/kubeclip/pkg/dispatch"
 	"github.com/kubeclip/kubeclip/pkg/events"
 	"github.com/kubeclip/kubeclip/pkg/runwatch"
@@ -71,11 +72,11 @@ func runDemo(ctx context.Context, args []string, lookupEnv config.LookupEnv, std
 			return err
 		}
 		defer os.RemoveAll(dir)
-		srv, err := events.StartEmbedded(events.EmbeddedOptions{StoreDir: dir, Port: -1})
+		srv, err := embeddednats.Start(embeddednats.Options{StoreDir: dir, Port: -1})
 		if err != nil {
 			return err
 		}
-		defer events.ShutdownEmbedded(srv)
+		defer embeddednats.Shutdown(srv)
 		natsURL = srv.ClientURL()
 		fmt.Fprintf(stdout, "embedded JetStream at %s\n", natsURL)
 	}
@@ -111,16 +112,12 @@ func runDemo(ctx context.Context, args []string, lookupEnv config.LookupEnv, std
 		return err
 	}
 	workers, stopWorkers := context.WithCancel(ctx)
-	errs := make(chan error, 3)
-	for _, w := range []interface{ Run(context.Context) error }{tw, d, rw} {
-		go func() { errs <- w.Run(workers) }()
-	}
+	served := make(chan error, 1)
+	go func() { served <- app.Serve(workers, nil, tw, d, rw) }()
 	defer func() {
 		stopWorkers()
-		for range 3 {
-			if err := <-errs; err != nil && !errors.Is(err, context.Canceled) {
-				log.Warn().Err(err).Msg("worker stopped with an error")
-			}
+		if err := <-served; err != nil && !errors.Is(err, context.Canceled) {
+			log.Warn().Err(err).Msg("a worker stopped with an error")
 		}
 	}()
 

@@ -64,7 +64,7 @@ func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout,
 	if err != nil {
 		return err
 	}
-	return w.Run(ctx)
+	return p.Serve(ctx, w)
 }
 
 func (s *settings) Validate(fs *config.Set) error {

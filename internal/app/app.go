@@ -14,6 +14,8 @@ import (
 
 	"github.com/kubeclip/kubeclip/internal/cli"
 	"github.com/kubeclip/kubeclip/internal/config"
+	"github.com/kubeclip/kubeclip/pkg/events"
+	"github.com/kubeclip/kubeclip/pkg/k8s"
 )
 
 // Common are the settings every worker has.
@@ -38,18 +40,16 @@ func (c *Common) Bind(s *config.Set) {
 	s.String(&c.NATSURL, "nats-url", "KUBECLIP_NATS_URL", nats.DefaultURL, "NATS server URL (comma-separated for a cluster)")
 	s.String(&c.SubjectPrefix, "subject-prefix", "KUBECLIP_SUBJECT_PREFIX", "paperclip", "first token of the lease and run subjects")
 	s.String(&c.Kubeconfig, "kubeconfig", "KUBECLIP_KUBECONFIG", "", "kubeconfig file; empty uses the in-cluster config, then $KUBECONFIG")
-	// client-go's default of 5 QPS would throttle a dispatcher far below the 50 acquisitions/s
-	// we aim for: each acquisition costs three writes (Secret, Job, the Secret's owner), so 50/s
-	// needs 150 QPS with bursts on top. The API server's priority and fairness is the real
-	// protection; this limit only stops a runaway loop.
-	s.Float(&c.KubeQPS, "kube-qps", "KUBECLIP_KUBE_QPS", 300, "client-side rate limit for Kubernetes API requests per second")
-	s.Int(&c.KubeBurst, "kube-burst", "KUBECLIP_KUBE_BURST", 600, "client-side burst for Kubernetes API requests")
+	// The defaults and their reason are pkg/k8s's (DefaultQPS).
+	s.Float(&c.KubeQPS, "kube-qps", "KUBECLIP_KUBE_QPS", float64(k8s.DefaultQPS), "client-side rate limit for Kubernetes API requests per second")
+	s.Int(&c.KubeBurst, "kube-burst", "KUBECLIP_KUBE_BURST", k8s.DefaultBurst, "client-side burst for Kubernetes API requests")
 	level := c.DefaultLogLevel
 	if level == "" {
 		level = "info"
 	}
 	s.String(&c.LogLevel, "log-level", "KUBECLIP_LOG_LEVEL", level, "log level: debug, info, warn or error")
-	s.Duration(&c.ShutdownTimeout, "shutdown-timeout", "KUBECLIP_SHUTDOWN_TIMEOUT", 20*time.Second, "how long in-flight work may take to finish after SIGTERM")
+	// The default and its reason are pkg/events's (DefaultDrainTimeout).
+	s.Duration(&c.ShutdownTimeout, "shutdown-timeout", "KUBECLIP_SHUTDOWN_TIMEOUT", events.DefaultDrainTimeout, "how long in-flight work may take to finish after SIGTERM")
 	c.NATS.Bind(s)
 	// Off by default: several workers (or replicas in tests) on one host would fight over one
 	// port. The manifests and the compose file set it.
@@ -121,6 +121,11 @@ func ExitCode(err error) int { return cli.ExitCode(err) }
 // Usage maps a flag parse error: --help is not an error, anything else is a UsageError.
 func Usage(err error) error { return cli.Usage(err) }
 
+// natsDrainTimeout bounds the NATS connection's drain at the end of a worker's shutdown, after
+// the workers' own drain (events.DefaultDrainTimeout): the manifests' terminationGracePeriodSeconds
+// (40 s) covers both.
+const natsDrainTimeout = 10 * time.Second
+
 // Drain drains the NATS connection last, after the workers stopped, so published events and
 // acks in flight reach the server.
 func Drain(nc *nats.Conn, log zerolog.Logger) {
@@ -133,8 +138,8 @@ func Drain(nc *nats.Conn, log zerolog.Logger) {
 	}
 	select {
 	case <-closed:
-	case <-time.After(10 * time.Second):
-		log.Warn().Msg("NATS connection did not drain in 10s; closing it")
+	case <-time.After(natsDrainTimeout):
+		log.Warn().Dur("timeout", natsDrainTimeout).Msg("NATS connection did not drain; closing it")
 		nc.Close()
 	}
 }

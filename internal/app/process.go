@@ -26,7 +26,8 @@ type Process struct {
 }
 
 // Start sets up the process of component. The ops server starts first so probes answer (not
-// ready) while the connections come up; it turns ready once they are. Close undoes it.
+// ready) while the connections come up; Serve turns it ready once the workers serve. Close
+// undoes it.
 func (c *Common) Start(ctx context.Context, component string, st Streams, stderr io.Writer) (p *Process, err error) {
 	p = &Process{Log: NewLogger(stderr, c.LogLevel, component)}
 	defer func() {
@@ -51,7 +52,6 @@ func (c *Common) Start(ctx context.Context, component string, st Streams, stderr
 	if _, err = api.ServePing(p.NATS, p.Subjects, api.PingReply{Worker: component, Replica: host, Version: Version()}); err != nil {
 		return p, err
 	}
-	p.Ops.Ready(p.NATS, p.Kube)
 	return p, nil
 }
 

@@ -16,6 +16,7 @@ import (
 	"github.com/kubeclip/kubeclip/internal/config"
 	"github.com/kubeclip/kubeclip/pkg/events"
 	"github.com/kubeclip/kubeclip/pkg/k8s"
+	"github.com/kubeclip/kubeclip/pkg/lease"
 )
 
 // Streams are the JetStream settings every worker applies on start (idempotently, so whichever
@@ -36,6 +37,11 @@ func (st *Streams) Bind(s *config.Set) {
 // Options returns the events.Options for prefix.
 func (st Streams) Options(prefix string) events.Options {
 	return events.Options{Prefix: prefix, Replicas: st.Replicas, LeaseMaxAge: st.LeaseRetention, RunMaxAge: st.RunRetention}
+}
+
+// Buckets returns the options of the lease and tenant buckets, which every worker reads.
+func (st Streams) Buckets() lease.BucketOptions {
+	return lease.BucketOptions{Replicas: st.Replicas, LeaseMaxAge: st.LeaseRetention}
 }
 
 // Kube is a worker's Kubernetes clients.
@@ -68,7 +74,8 @@ func (c *Common) Kubernetes(component string) (*Kube, error) {
 	return &Kube{Config: cfg, Clientset: cs, Dynamic: dyn, Applier: applier}, nil
 }
 
-// JetStream connects to NATS and makes sure the streams and buckets exist. The caller drains
+// JetStream connects to NATS and makes sure the streams and the lease and tenant buckets exist
+// (the other buckets are created by the worker that owns them). The caller drains
 // the connection last.
 func (c *Common) JetStream(ctx context.Context, component string, st Streams, log zerolog.Logger) (*nats.Conn, jetstream.JetStream, error) {
 	auth, err := c.NATS.Options()
@@ -98,6 +105,10 @@ func (c *Common) JetStream(ctx context.Context, component string, st Streams, lo
 		return nil, nil, fmt.Errorf("opening JetStream: %w", err)
 	}
 	if err := events.EnsureStreams(ctx, js, st.Options(c.SubjectPrefix)); err != nil {
+		nc.Close()
+		return nil, nil, err
+	}
+	if err := lease.EnsureBuckets(ctx, js, st.Buckets()); err != nil {
 		nc.Close()
 		return nil, nil, err
 	}

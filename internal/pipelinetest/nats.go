@@ -7,7 +7,7 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 
-	"github.com/kubeclip/kubeclip/pkg/events"
+	"github.com/kubeclip/kubeclip/internal/embeddednats"
 )
 
 // NATS is the suite's embedded JetStream server. Its port and store are fixed at the first
@@ -34,7 +34,7 @@ func StartNATS(storeDir string) (*NATS, error) {
 func (n *NATS) URL() string {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	return fmt.Sprintf("nats://%s:%d", events.DefaultEmbeddedHost, n.Port)
+	return fmt.Sprintf("nats://%s:%d", embeddednats.DefaultHost, n.Port)
 }
 
 // Running reports whether the server is up.
@@ -51,14 +51,14 @@ func (n *NATS) Start() error {
 	if n.srv != nil {
 		return nil
 	}
-	srv, err := events.StartEmbedded(events.EmbeddedOptions{StoreDir: n.StoreDir, Port: n.Port})
+	srv, err := embeddednats.Start(embeddednats.Options{StoreDir: n.StoreDir, Port: n.Port})
 	if err != nil {
 		return fmt.Errorf("starting nats-server on port %d: %w", n.Port, err)
 	}
 	if n.Port <= 0 {
 		addr, ok := srv.Addr().(*net.TCPAddr)
 		if !ok {
-			events.ShutdownEmbedded(srv)
+			embeddednats.Shutdown(srv)
 			return fmt.Errorf("nats-server listens on %v, not TCP", srv.Addr())
 		}
 		n.Port = addr.Port
@@ -71,7 +71,7 @@ func (n *NATS) Start() error {
 func (n *NATS) Stop() {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	events.ShutdownEmbedded(n.srv)
+	embeddednats.Shutdown(n.srv)
 	n.srv = nil
 }
 

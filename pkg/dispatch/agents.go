@@ -12,6 +12,37 @@ import (
 	"github.com/kubeclip/kubeclip/pkg/events"
 )
 
+// AgentBucket holds the agent guards: one key per agent whose value is the run holding it, so
+// the dispatcher keeps one active run per agent across replicas (created with compare-and-set).
+// Only the dispatcher uses it, so only the dispatcher creates it (AgentBucketConfig).
+const AgentBucket = "KUBECLIP_AGENTS"
+
+const (
+	// agentGuardMarkerTTL is how long the marker of an agent guard that expired stays in the
+	// bucket: long enough for a watcher to see the guard went away, short enough not to pile up.
+	agentGuardMarkerTTL = 5 * time.Minute
+	// maxAgentGuardBytes bounds a guard's value, the run id holding the agent.
+	maxAgentGuardBytes = 1 << 10
+)
+
+// AgentBucketConfig is the KUBECLIP_AGENTS bucket. Keys carry their own TTL (jetstream.KeyTTL,
+// the run's deadline plus agentGuardMargin) so a guard whose holder died is freed; the bucket has
+// none of its own.
+func AgentBucketConfig(replicas int) jetstream.KeyValueConfig {
+	if replicas <= 0 {
+		replicas = 1
+	}
+	return jetstream.KeyValueConfig{
+		Bucket:         AgentBucket,
+		Description:    "kubeclip agent guards: the run holding each agent",
+		History:        1,
+		MaxValueSize:   maxAgentGuardBytes,
+		LimitMarkerTTL: agentGuardMarkerTTL, // enables per-key TTLs
+		Storage:        jetstream.FileStorage,
+		Replicas:       replicas,
+	}
+}
+
 // agentGuardMargin is added to a run's deadline for its guard's TTL: the guard outlives the
 // run's own deadline, so it never lapses under a live run, yet a dispatcher that died without
 // freeing it blocks the agent for a bounded time only.

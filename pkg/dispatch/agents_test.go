@@ -10,14 +10,13 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/kubeclip/kubeclip/internal/natstest"
-	"github.com/kubeclip/kubeclip/pkg/events"
 )
 
 // newAgentGuard returns a guard over a fresh KUBECLIP_AGENTS bucket on a real JetStream server.
 func newAgentGuard(t *testing.T) (agentGuard, jetstream.JetStream) {
 	t.Helper()
 	_, _, js := natstest.Start(t)
-	kv, err := js.CreateKeyValue(t.Context(), events.Options{}.AgentBucketConfig())
+	kv, err := js.CreateKeyValue(t.Context(), AgentBucketConfig(1))
 	if err != nil {
 		t.Fatalf("creating the agent bucket: %v", err)
 	}
@@ -128,5 +127,18 @@ func TestAgentGuardTTLFreesAnAbandonedAgent(t *testing.T) {
 	})
 	if got := holder(t, g, company, agent); got != "run-next" {
 		t.Errorf("agent held by %q, want run-next", got)
+	}
+}
+
+// TestAgentBucketAllowsKeyTTLs: agent guards carry their own TTL, which the bucket must allow,
+// and a second guard of the same agent is refused.
+func TestAgentBucketAllowsKeyTTLs(t *testing.T) {
+	g, _ := newAgentGuard(t)
+	ctx := t.Context()
+	if _, err := g.kv.Create(ctx, "c1/agent-1", []byte("r1"), jetstream.KeyTTL(time.Minute)); err != nil {
+		t.Errorf("creating an agent guard with a TTL: %v", err)
+	}
+	if _, err := g.kv.Create(ctx, "c1/agent-1", []byte("r2"), jetstream.KeyTTL(time.Minute)); !errors.Is(err, jetstream.ErrKeyExists) {
+		t.Errorf("a second guard for the same agent: got %v, want ErrKeyExists", err)
 	}
 }

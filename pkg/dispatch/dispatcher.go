@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/oklog/ulid/v2"
 	"github.com/rs/zerolog"
+	"golang.org/x/sync/errgroup"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -93,7 +94,7 @@ type Options struct {
 	ReconcileInterval time.Duration
 	// Observer is told about consumed and published messages (metrics); nil means none.
 	Observer events.Observer
-	// StreamReplicas is the replica count of the parking stream (default 1).
+	// StreamReplicas is the replica count of the parking stream and the agent bucket (default 1).
 	StreamReplicas int
 	// Backoff is the retry schedule of failed messages (events.DefaultBackoff when nil).
 	Backoff func(attempt uint64) time.Duration
@@ -179,6 +180,8 @@ type Dispatcher struct {
 	secretMu      sync.Mutex
 	secretValues  map[string]string
 	secretFetched time.Time
+
+	ready chan struct{}
 }
 
 // New validates opts and returns a Dispatcher; Run starts it.
@@ -191,23 +194,29 @@ func New(opts Options) (*Dispatcher, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Dispatcher{opts: opts, log: opts.Logger, publisher: pub}, nil
+	return &Dispatcher{opts: opts, log: opts.Logger, publisher: pub, ready: make(chan struct{})}, nil
 }
 
-// Run consumes dispatch, release/destroy and result messages until ctx is done, then drains.
+// Ready is closed once the dispatcher consumes its three streams.
+func (d *Dispatcher) Ready() <-chan struct{} { return d.ready }
+
+// Run starts the dispatcher (its buckets, the parking stream, its consumers), consumes dispatch,
+// release/destroy and result messages until ctx is done, then drains for Options.DrainTimeout.
+// Reconciliation and the parked-dispatch sweep run beside the consumers; one consumer failing
+// stops the others, so the process restarts whole.
 func (d *Dispatcher) Run(ctx context.Context) error {
 	js := d.opts.JetStream
-	leases, err := js.KeyValue(ctx, events.LeaseBucket)
+	leases, err := js.KeyValue(ctx, lease.Bucket)
 	if err != nil {
-		return fmt.Errorf("opening KV bucket %s: %w", events.LeaseBucket, err)
+		return fmt.Errorf("opening KV bucket %s: %w", lease.Bucket, err)
 	}
-	agents, err := js.KeyValue(ctx, events.AgentBucket)
+	agents, err := js.CreateOrUpdateKeyValue(ctx, AgentBucketConfig(d.opts.StreamReplicas))
 	if err != nil {
-		return fmt.Errorf("opening KV bucket %s: %w", events.AgentBucket, err)
+		return fmt.Errorf("opening KV bucket %s: %w", AgentBucket, err)
 	}
 	d.records = lease.Records{KV: leases}
-	if d.tenants, err = js.KeyValue(ctx, events.TenantBucket); err != nil {
-		return fmt.Errorf("opening KV bucket %s: %w", events.TenantBucket, err)
+	if d.tenants, err = js.KeyValue(ctx, lease.TenantBucket); err != nil {
+		return fmt.Errorf("opening KV bucket %s: %w", lease.TenantBucket, err)
 	}
 	if d.runs, err = js.Stream(ctx, d.opts.Subjects.RunStream()); err != nil {
 		return fmt.Errorf("opening stream %s: %w", d.opts.Subjects.RunStream(), err)
@@ -230,16 +239,16 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 		// A result that cannot be handled has nobody to report to: it already ended its run.
 		{s.RunStream(), events.DispatcherResultConsumerConfig(s), d.handleResult, nil},
 	}
-	errs := make(chan error, len(consumers))
-	runCtx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	for _, c := range consumers {
-		cons, err := js.CreateOrUpdateConsumer(ctx, c.stream, c.cfg)
-		if err != nil {
+	conss := make([]jetstream.Consumer, len(consumers))
+	for i, c := range consumers {
+		if conss[i], err = js.CreateOrUpdateConsumer(ctx, c.stream, c.cfg); err != nil {
 			return fmt.Errorf("creating consumer %s: %w", c.cfg.Durable, err)
 		}
-		go func() {
-			errs <- events.Consume(runCtx, cons, c.handle, events.ConsumeOptions{
+	}
+	g, gctx := errgroup.WithContext(ctx)
+	for i, c := range consumers {
+		g.Go(func() error {
+			return events.Consume(gctx, conss[i], c.handle, events.ConsumeOptions{
 				Logger:       d.log,
 				Concurrency:  d.opts.Concurrency,
 				DrainTimeout: d.opts.DrainTimeout,
@@ -248,25 +257,13 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 				OnTerminal:   c.onTerminal,
 				Observer:     d.opts.Observer,
 			})
-		}()
+		})
 	}
-	var loops sync.WaitGroup
-	loops.Add(2)
-	go func() { defer loops.Done(); d.reconcileLoop(runCtx) }()
-	go func() { defer loops.Done(); d.sweepLoop(runCtx) }()
-	defer func() {
-		cancel()
-		loops.Wait()
-	}()
+	g.Go(func() error { d.reconcileLoop(gctx); return nil })
+	g.Go(func() error { d.sweepLoop(gctx); return nil })
+	close(d.ready)
 	d.log.Info().Msg("consuming dispatch, release and result messages")
-	var first error
-	for range consumers {
-		if err := <-errs; err != nil && first == nil {
-			first = err
-			cancel() // one consumer failing stops the others: the process restarts whole
-		}
-	}
-	return first
+	return g.Wait()
 }
 
 // handleDispatch creates the run's workload and Secret and publishes `created`.

@@ -44,11 +44,11 @@ func deliveredMsg(t *testing.T, js jetstream.JetStream) (jetstream.Msg, time.Tim
 // guardTTL reads the per-key TTL the guard of the agent was written with.
 func guardTTL(t *testing.T, js jetstream.JetStream, companyID, agentID string) string {
 	t.Helper()
-	stream, err := js.Stream(t.Context(), "KV_"+events.AgentBucket)
+	stream, err := js.Stream(t.Context(), "KV_"+AgentBucket)
 	if err != nil {
 		t.Fatalf("looking up the agent bucket's stream: %v", err)
 	}
-	msg, err := stream.GetLastMsgForSubject(t.Context(), "$KV."+events.AgentBucket+"."+agentKey(companyID, agentID))
+	msg, err := stream.GetLastMsgForSubject(t.Context(), "$KV."+AgentBucket+"."+agentKey(companyID, agentID))
 	if err != nil {
 		t.Fatalf("reading the guard: %v", err)
 	}

@@ -30,6 +30,9 @@ func TestKubernetesOutageEndsBackendUnavailable(t *testing.T) {
 	if err := events.EnsureStreams(ctx, js, events.Options{}); err != nil {
 		t.Fatal(err)
 	}
+	if err := lease.EnsureBuckets(ctx, js, lease.BucketOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	cfg := &rest.Config{Host: "https://127.0.0.1:1", Timeout: time.Second}
 	cs, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
@@ -63,11 +66,11 @@ func TestKubernetesOutageEndsBackendUnavailable(t *testing.T) {
 	// What the tenant-worker leaves before it hands a lease over: the lease record and the
 	// company's claim on its namespace.
 	ref := events.Ref("acme", "run-outage")
-	leases, _ := js.KeyValue(ctx, events.LeaseBucket)
+	leases, _ := js.KeyValue(ctx, lease.Bucket)
 	if _, _, err := (lease.Records{KV: leases}).Create(ctx, lease.Record{RunID: ref.RunID, CompanyID: ref.CompanyID, AgentID: "agent-1", State: lease.StateRequested}); err != nil {
 		t.Fatal(err)
 	}
-	tenants, _ := js.KeyValue(ctx, events.TenantBucket)
+	tenants, _ := js.KeyValue(ctx, lease.TenantBucket)
 	owner, _ := json.Marshal(lease.TenantRecord{CompanyID: "acme"})
 	if _, err := tenants.Put(ctx, "paperclip-acme", owner); err != nil {
 		t.Fatal(err)
@@ -101,7 +104,7 @@ func TestKubernetesOutageEndsBackendUnavailable(t *testing.T) {
 	if err != nil || rec.State != lease.StateFailed || rec.Failure != events.CodeBackendUnavailable {
 		t.Errorf("lease after the outage: %+v (%v), want failed with backend_unavailable", rec, err)
 	}
-	agents, _ := js.KeyValue(ctx, events.AgentBucket)
+	agents, _ := js.KeyValue(ctx, AgentBucket)
 	if _, err := agents.Get(ctx, agentKey("acme", "agent-1")); !errors.Is(err, jetstream.ErrKeyNotFound) {
 		t.Errorf("agent guard after the outage: %v, want freed", err)
 	}

@@ -32,12 +32,12 @@ func TestClassify(t *testing.T) {
 		{name: "retryable while stopping naks at once", err: errors.New("503"), attempt: 3, stopping: true, want: actionNak},
 		{name: "retryable on the last delivery is terminal", err: errors.New("503"), attempt: 8, want: actionTerm, wantCode: CodeInternal},
 		{name: "interrupted on the last delivery is terminal", err: errShutdown, attempt: 8, stopping: true, want: actionTerm, wantCode: CodeInternal},
-		{name: "deferred naks after its own delay", err: Defer(CodeAgentBusy, 7*time.Second, errors.New("agent busy")), attempt: 2, want: actionNak, wantDelay: 7 * time.Second},
-		{name: "deferred while stopping keeps its delay", err: Defer(CodeAgentBusy, 7*time.Second, errors.New("agent busy")), attempt: 2, stopping: true, want: actionNak, wantDelay: 7 * time.Second},
-		{name: "exhausted deferral fails with its code", err: Defer(CodeAgentBusy, time.Second, errors.New("agent busy")), attempt: 8, want: actionTerm, wantCode: CodeAgentBusy},
-		{name: "exhausted retryable keeps its code", err: Retryable(CodeBackendUnavailable, errors.New("dial tcp: refused")), attempt: 9, want: actionTerm, wantCode: CodeBackendUnavailable},
-		{name: "deferral may use the raised MaxDeliver", err: Defer(CodeAgentBusy, time.Second, errors.New("agent busy")), attempt: 50, maxDeliver: 400, want: actionNak, wantDelay: time.Second},
-		{name: "deferral ends at MaxDeliver", err: Defer(CodeAgentBusy, time.Second, errors.New("agent busy")), attempt: 400, maxDeliver: 400, want: actionTerm, wantCode: CodeAgentBusy},
+		{name: "deferred naks after its own delay", err: &RetryableError{Code: CodeAgentBusy, After: 7 * time.Second, Err: errors.New("agent busy")}, attempt: 2, want: actionNak, wantDelay: 7 * time.Second},
+		{name: "deferred while stopping keeps its delay", err: &RetryableError{Code: CodeAgentBusy, After: 7 * time.Second, Err: errors.New("agent busy")}, attempt: 2, stopping: true, want: actionNak, wantDelay: 7 * time.Second},
+		{name: "exhausted deferral fails with its code", err: &RetryableError{Code: CodeAgentBusy, After: time.Second, Err: errors.New("agent busy")}, attempt: 8, want: actionTerm, wantCode: CodeAgentBusy},
+		{name: "exhausted retryable keeps its code", err: &RetryableError{Code: CodeBackendUnavailable, Err: errors.New("dial tcp: refused")}, attempt: 9, want: actionTerm, wantCode: CodeBackendUnavailable},
+		{name: "deferral may use the raised MaxDeliver", err: &RetryableError{Code: CodeAgentBusy, After: time.Second, Err: errors.New("agent busy")}, attempt: 50, maxDeliver: 400, want: actionNak, wantDelay: time.Second},
+		{name: "deferral ends at MaxDeliver", err: &RetryableError{Code: CodeAgentBusy, After: time.Second, Err: errors.New("agent busy")}, attempt: 400, maxDeliver: 400, want: actionTerm, wantCode: CodeAgentBusy},
 		{name: "real failures still stop at MaxAttempts", err: errors.New("503"), attempt: 8, maxDeliver: 400, want: actionTerm, wantCode: CodeInternal},
 	}
 	for _, tc := range tests {
@@ -64,5 +64,13 @@ func TestClassify(t *testing.T) {
 				t.Errorf("(-want +got):\n%s", diff)
 			}
 		})
+	}
+}
+
+// TestExponentialBackoffDoesNotOverflow: DefaultBackoff's doubling stops at its cap, whatever
+// the attempt.
+func TestExponentialBackoffDoesNotOverflow(t *testing.T) {
+	if d := exponentialBackoff(time.Millisecond, time.Hour)(1000); d != time.Hour {
+		t.Errorf("a large attempt must not overflow: got %s", d)
 	}
 }

@@ -29,9 +29,11 @@ const (
 	// DefaultConcurrency handlers run at once per Consume call: enough to overlap Kubernetes
 	// round-trips, few enough not to flood the API server from one replica.
 	DefaultConcurrency = 8
-	// DefaultDrainTimeout is how long a shutdown waits for running handlers: it fits in
-	// Kubernetes' default 30 s termination grace period with time left for nc.Drain().
-	DefaultDrainTimeout = 25 * time.Second
+	// DefaultDrainTimeout is how long a stopping worker lets the work in hand finish (running
+	// handlers, exec streams), and the default of every worker's --shutdown-timeout. The
+	// manifests give a worker pod 40 s (terminationGracePeriodSeconds), which covers this plus
+	// the NATS connection's drain (up to 10 s) with room to spare.
+	DefaultDrainTimeout = 20 * time.Second
 	// DefaultPollTimeout is how long one pull request waits on the server for messages.
 	DefaultPollTimeout = 30 * time.Second
 	// DefaultSettleTimeout bounds OnTerminal plus the ack that follows.
@@ -57,7 +59,8 @@ type ConsumeOptions struct {
 	Logger zerolog.Logger
 	// Concurrency is the number of messages handled at once (default 8).
 	Concurrency int
-	// DrainTimeout bounds how long a cancelled Consume waits for running handlers (default 25 s).
+	// DrainTimeout bounds how long a cancelled Consume waits for running handlers (default
+	// DefaultDrainTimeout).
 	DrainTimeout time.Duration
 	// Backoff is the NakWithDelay delay after the attempt-th delivery failed (default
 	// DefaultBackoff). The consumer's BackOff does not apply to Nak, so this is the schedule.
@@ -74,8 +77,8 @@ type ConsumeOptions struct {
 	// SettleTimeout bounds OnTerminal plus the ack (default 10 s).
 	SettleTimeout time.Duration
 	// MaxAttempts bounds the deliveries of a message whose handler keeps failing (default: the
-	// consumer's MaxDeliver). Deferrals (Defer) are bounded by MaxDeliver alone, so a consumer
-	// can allow a long wait without retrying real failures as often.
+	// consumer's MaxDeliver). Deferrals (a RetryableError with After) are bounded by MaxDeliver
+	// alone, so a consumer can allow a long wait without retrying real failures as often.
 	MaxAttempts int
 	// Observer is told the fate of every settled message (metrics); nil means none.
 	Observer ConsumeObserver
@@ -123,11 +126,11 @@ func (o ConsumeOptions) withDefaults(cfg jetstream.ConsumerConfig) (ConsumeOptio
 
 // DefaultBackoff waits 1 s after the first failed delivery and doubles up to 30 s.
 func DefaultBackoff(attempt uint64) time.Duration {
-	return ExponentialBackoff(time.Second, 30*time.Second)(attempt)
+	return exponentialBackoff(time.Second, 30*time.Second)(attempt)
 }
 
-// ExponentialBackoff returns base·2^(attempt-1), capped at limit.
-func ExponentialBackoff(base, limit time.Duration) func(attempt uint64) time.Duration {
+// exponentialBackoff returns base·2^(attempt-1), capped at limit.
+func exponentialBackoff(base, limit time.Duration) func(attempt uint64) time.Duration {
 	return func(attempt uint64) time.Duration {
 		d := base
 		for i := uint64(1); i < attempt && d < limit; i++ {
@@ -529,13 +532,9 @@ func (l *consumeLoop) terminate(ctx context.Context, d *delivery, te *TerminalEr
 	}
 }
 
-// KeepAlive sends m.InProgress() every interval until stop is called, so a long handler keeps
-// its message's ack deadline from expiring. stop waits for the sender to exit and may be
-// called more than once. Consume does this for every handler; use it for work outside Consume.
-func KeepAlive(m jetstream.Msg, every time.Duration) (stop func()) {
-	return keepAlive(m, every, func(error) {})
-}
-
+// keepAlive sends m.InProgress() every interval until the returned stop is called, so a long
+// handler keeps its message's ack deadline from expiring. stop waits for the sender to exit and
+// may be called more than once.
 func keepAlive(m jetstream.Msg, every time.Duration, onErr func(error)) func() {
 	if every <= 0 {
 		return func() {}

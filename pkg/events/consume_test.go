@@ -160,7 +160,7 @@ func TestConsumeTermsTerminalErrors(t *testing.T) {
 	rec := &terminalRecorder{}
 	stop := startConsume(t, f.cons, func(ctx context.Context, m jetstream.Msg) error {
 		calls.Add(1)
-		return fmt.Errorf("validating: %w", events.InvalidConfig("config.egressMode", "must be cilium or standard"))
+		return fmt.Errorf("validating: %w", events.Terminalf(events.CodeInvalidConfig, "config.egressMode", "must be cilium or standard"))
 	}, events.ConsumeOptions{Logger: testLogger(t), OnTerminal: rec.onTerminal})
 	eventually(t, "the message termed", f.settledAll(t, 1))
 	eventually(t, "OnTerminal called", func() bool { return len(rec.got()) == 1 })
@@ -184,7 +184,7 @@ func TestConsumeRetriesThenGivesUp(t *testing.T) {
 		wantCode events.Code
 	}{
 		{"plain error fails as internal", errors.New("api server unreachable"), events.CodeInternal},
-		{"retryable error keeps its code", events.Retryable(events.CodeBackendUnavailable, errors.New("api server unreachable")), events.CodeBackendUnavailable},
+		{"retryable error keeps its code", &events.RetryableError{Code: events.CodeBackendUnavailable, Err: errors.New("api server unreachable")}, events.CodeBackendUnavailable},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

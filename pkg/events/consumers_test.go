@@ -101,9 +101,6 @@ func TestBackoff(t *testing.T) {
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("(-want +got):\n%s", diff)
 	}
-	if d := events.ExponentialBackoff(time.Millisecond, time.Hour)(1000); d != time.Hour {
-		t.Errorf("a large attempt must not overflow: got %s", d)
-	}
 }
 
 // TestNakDelayIsNotStretched pins what Consume relies on for deferred and retried work (a busy
@@ -150,5 +147,15 @@ func TestNakDelayIsNotStretched(t *testing.T) {
 			t.Fatal(err)
 		}
 		nakAt = time.Now()
+	}
+}
+
+// TestDrainTimeoutFitsTheGracePeriod pins the workers' drain bound (--shutdown-timeout's
+// default): with the NATS connection's drain (10 s) after it, it must fit in the 40 s the
+// manifests give a worker pod to stop.
+func TestDrainTimeoutFitsTheGracePeriod(t *testing.T) {
+	const gracePeriod, natsDrain = 40 * time.Second, 10 * time.Second
+	if events.DefaultDrainTimeout != 20*time.Second || events.DefaultDrainTimeout+natsDrain > gracePeriod {
+		t.Errorf("DefaultDrainTimeout = %s, want 20s (and with %s of NATS drain within %s)", events.DefaultDrainTimeout, natsDrain, gracePeriod)
 	}
 }

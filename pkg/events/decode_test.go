@@ -5,7 +5,6 @@ import (
 	"errors"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/google/go-cmp/cmp"
 
@@ -122,17 +121,6 @@ func TestDecodeAcquire(t *testing.T) {
 	}
 }
 
-func TestAcquireExpiresAt(t *testing.T) {
-	r := events.AcquireRequest{RequestedExpiresAt: "2026-08-24T12:00:00+02:00"}
-	got, ok := r.ExpiresAt()
-	if want := time.Date(2026, 8, 24, 10, 0, 0, 0, time.UTC); !ok || !got.Equal(want) {
-		t.Errorf("ExpiresAt = %v, %v", got, ok)
-	}
-	if _, ok := (events.AcquireRequest{}).ExpiresAt(); ok {
-		t.Errorf("ExpiresAt of an empty value should not be ok")
-	}
-}
-
 func TestDecodeRelease(t *testing.T) {
 	var s events.Subjects
 	data := []byte(`{"runId":"r1","companyId":"c1","providerLeaseId":"pc-01j9","cancelActiveWork":true}`)
@@ -207,7 +195,7 @@ func TestTerminalErrors(t *testing.T) {
 	if !ok || te.Code != events.CodeInternal || !errors.Is(err, base) || err.Error() != "x: boom" {
 		t.Errorf("Terminal with an unknown code: %#v", te)
 	}
-	wrapped := errors.Join(errors.New("context"), events.InvalidConfig("config.egressMode", "must be cilium or standard"))
+	wrapped := errors.Join(errors.New("context"), events.Terminalf(events.CodeInvalidConfig, "config.egressMode", "must be cilium or standard"))
 	te, ok = events.AsTerminal(wrapped)
 	if !ok || te.Code != events.CodeInvalidConfig || te.Field != "config.egressMode" {
 		t.Errorf("AsTerminal through a wrapper: %#v", te)

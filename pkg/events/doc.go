@@ -1,10 +1,14 @@
-// Package events is kubeclip's public event contract and its JetStream plumbing.
+// Package events is kubeclip's public event contract, with the JetStream plumbing beside it.
 //
-// It holds the subjects and their parsers, the payload types Paperclip and kubeclip exchange,
-// the CloudEvents headers and message ids every message carries, the settings of every stream,
-// KV bucket and durable consumer, the Publisher, the consume loop with the one classifier that
-// decides each message's fate (Consume), the log batcher, and the embedded nats-server used for
-// development. docs/events.md describes the contract for consumers in other languages.
+// The contract: the subjects and their parsers, the payload types Paperclip and kubeclip
+// exchange (the contract's own types), the CloudEvents headers and message ids every message
+// carries, the failure codes and the terminal error that carries one, strict decoding, and the
+// JSON Schemas in docs/schemas. docs/events.md describes it for consumers in other languages.
+//
+// The plumbing: the settings of the contract's streams and of every durable consumer, the
+// Publisher, Follow, and the consume loop with the one classifier that decides each message's
+// fate (Consume). KV buckets belong to their owners (pkg/lease, pkg/dispatch, pkg/runwatch,
+// pkg/execsvc); the development nats-server is internal/embeddednats.
 //
 // The package does NATS I/O only; it never talks to Kubernetes.
 package events

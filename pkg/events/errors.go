@@ -130,11 +130,6 @@ func InvalidRequest(field, format string, args ...any) error {
 	return Terminalf(CodeInvalidRequest, field, format, args...)
 }
 
-// InvalidConfig reports a provider config that pkg/policy rejected.
-func InvalidConfig(field, format string, args ...any) error {
-	return Terminalf(CodeInvalidConfig, field, format, args...)
-}
-
 // AsTerminal finds a TerminalError in err's chain.
 func AsTerminal(err error) (*TerminalError, bool) {
 	var te *TerminalError
@@ -163,22 +158,3 @@ func (e *RetryableError) Error() string {
 }
 
 func (e *RetryableError) Unwrap() error { return e.Err }
-
-// Retryable wraps err as a RetryableError with the code to fail with once retries run out.
-func Retryable(code Code, err error) error {
-	if !code.Valid() {
-		code = CodeInternal
-	}
-	return &RetryableError{Code: code, Err: err}
-}
-
-// Defer asks for the message again after exactly delay, for work that has to wait rather than
-// failed (an agent busy with its previous run). Every redelivery counts against the consumer's
-// MaxDeliver like any retry, so the wait is bounded by about MaxDeliver × delay; when it runs
-// out, the run fails with code.
-func Defer(code Code, delay time.Duration, err error) error {
-	if !code.Valid() {
-		code = CodeInternal
-	}
-	return &RetryableError{Code: code, After: delay, Err: err}
-}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"net/url"
 	"regexp"
 	"strings"
 	"testing"
@@ -192,13 +193,15 @@ func FuzzRunKey(f *testing.F) {
 	})
 }
 
-func FuzzParseSource(f *testing.F) {
+// FuzzSource: a ce-source names its company and run unambiguously (kubeclip never parses one
+// back, consumers may: the path-escaped ids come back out), and every header value is printable.
+func FuzzSource(f *testing.F) {
 	f.Add("7d2f1c9e-3b4a-4e8d-a6f1-0c5b9e2d7a13", "0e8b6f4a-5a7c-4c1e-9f0b-2a9d7c3e1b44")
 	f.Fuzz(func(t *testing.T, companyID, runID string) {
 		source := events.Source(companyID, runID)
 		if companyID != "" && runID != "" {
-			if c, r, ok := events.ParseSource(source); !ok || c != companyID || r != runID {
-				t.Fatalf("ParseSource(%q) = %q, %q, %v", source, c, r, ok)
+			if c, r, ok := parseSource(source); !ok || c != companyID || r != runID {
+				t.Fatalf("Source(%q, %q) = %q, which splits into %q, %q, %v", companyID, runID, source, c, r, ok)
 			}
 		}
 		// A header value is printable ASCII without spaces or quotes, and decodes to what was encoded.
@@ -209,83 +212,18 @@ func FuzzParseSource(f *testing.F) {
 					t.Fatalf("EncodeHeaderValue(%q) = %q: byte %#x", v, header, c)
 				}
 			}
-			if got, err := events.DecodeHeaderValue(header); err != nil || got != v {
-				t.Fatalf("DecodeHeaderValue(%q) = %q, %v; want %q", header, got, err, v)
+			if got, err := url.PathUnescape(header); err != nil || got != v {
+				t.Fatalf("EncodeHeaderValue(%q) = %q, which unescapes to %q, %v", v, header, got, err)
 			}
 		}
 		// Any source that parses is the source of the run it names.
-		if c, r, ok := events.ParseSource(companyID); ok {
+		if c, r, ok := parseSource(companyID); ok {
 			if c == "" || r == "" {
-				t.Fatalf("ParseSource(%q) = %q, %q: an empty id", companyID, c, r)
+				t.Fatalf("parseSource(%q) = %q, %q: an empty id", companyID, c, r)
 			}
-			if c2, r2, ok := events.ParseSource(events.Source(c, r)); !ok || c2 != c || r2 != r {
-				t.Fatalf("ParseSource(%q) = %q, %q, but Source of those parses to %q, %q, %v", companyID, c, r, c2, r2, ok)
+			if c2, r2, ok := parseSource(events.Source(c, r)); !ok || c2 != c || r2 != r {
+				t.Fatalf("parseSource(%q) = %q, %q, but Source of those parses to %q, %q, %v", companyID, c, r, c2, r2, ok)
 			}
-		}
-	})
-}
-
-func FuzzLogBatcher(f *testing.F) {
-	f.Add([]byte("{\"type\":\"system\",\"subtype\":\"init\"}\nplain <text> & more\n"), "2026-08-24T10:30:09.502118734Z", uint8(0), uint8(0))
-	f.Fuzz(func(t *testing.T, text []byte, ts string, maxBytesStep, maxLines uint8) {
-		maxBytes := min(events.MaxLogEventBytes, 1<<10+int(maxBytesStep)<<8)
-		b, err := events.NewLogBatcher(events.LogBatcherOptions{
-			RunID: "0e8b6f4a-5a7c-4c1e-9f0b-2a9d7c3e1b44", CompanyID: "7d2f1c9e-3b4a-4e8d-a6f1-0c5b9e2d7a13",
-			Pod: "pc-01k3b7r2m9x4c8v5n6t1q0w2ey-7xk2p", Container: "agent",
-			MaxBytes: maxBytes, MaxLines: int(maxLines), Now: clock,
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		lineLimit := int(maxLines)
-		if lineLimit == 0 {
-			lineLimit = events.DefaultLogMaxLines
-		}
-		var evs []events.RunLogEvent
-		var lines []string
-		for _, l := range bytes.Split(text, []byte("\n")) {
-			evs = append(evs, b.Add(events.LogLine{TS: ts, Text: string(l)})...)
-			lines = append(lines, string(l))
-		}
-		if ev, ok := b.Flush(); ok {
-			evs = append(evs, ev)
-		}
-		// Every event fits, seq counts from 1, and putting the pieces back together gives the
-		// lines, in valid UTF-8, each with (a prefix of at most 64 bytes of) its timestamp.
-		validTS := strings.ToValidUTF8(ts, "\uFFFD")
-		var got []string
-		var line *events.LogLine
-		for i, ev := range evs {
-			if size := len(encodeJSON(t, ev)); size > maxBytes {
-				t.Fatalf("event %d is %d bytes, more than %d", ev.Seq, size, maxBytes)
-			}
-			if ev.Seq != uint64(i+1) || len(ev.Lines) == 0 || len(ev.Lines) > lineLimit {
-				t.Fatalf("event %d has seq %d and %d lines (at most %d)", i, ev.Seq, len(ev.Lines), lineLimit)
-			}
-			for _, piece := range ev.Lines {
-				if len(piece.TS) > 64 || !strings.HasPrefix(validTS, piece.TS) || (len(validTS) <= 64 && piece.TS != validTS) {
-					t.Fatalf("piece timestamp %q of %q", piece.TS, ts)
-				}
-				if line == nil {
-					line = &events.LogLine{TS: piece.TS}
-				} else if piece.TS != line.TS {
-					t.Fatalf("pieces of one line with timestamps %q and %q", line.TS, piece.TS)
-				}
-				line.Text += piece.Text
-				if !piece.Partial {
-					got = append(got, line.Text)
-					line = nil
-				}
-			}
-		}
-		if line != nil {
-			t.Fatalf("the last piece is partial")
-		}
-		for i, l := range lines {
-			lines[i] = strings.ToValidUTF8(l, "\uFFFD")
-		}
-		if diff := cmp.Diff(lines, got); diff != "" {
-			t.Fatalf("lines (-added +published):\n%s", diff)
 		}
 	})
 }
@@ -348,3 +286,21 @@ type received struct {
 
 func (m received) Subject() string { return m.subject }
 func (m received) Data() []byte    { return m.data }
+
+// parseSource splits a ce-source as a consumer would.
+func parseSource(source string) (companyID, runID string, ok bool) {
+	rest, found := strings.CutPrefix(source, "/companies/")
+	if !found {
+		return "", "", false
+	}
+	c, r, found := strings.Cut(rest, "/runs/")
+	if !found || strings.Contains(r, "/") {
+		return "", "", false
+	}
+	c, err1 := url.PathUnescape(c)
+	r, err2 := url.PathUnescape(r)
+	if err1 != nil || err2 != nil || c == "" || r == "" {
+		return "", "", false
+	}
+	return c, r, true
+}

@@ -40,24 +40,6 @@ func Source(companyID, runID string) string {
 	return "/companies/" + url.PathEscape(companyID) + "/runs/" + url.PathEscape(runID)
 }
 
-// ParseSource splits a Source back into its ids.
-func ParseSource(source string) (companyID, runID string, ok bool) {
-	rest, found := strings.CutPrefix(source, "/companies/")
-	if !found {
-		return "", "", false
-	}
-	c, r, found := strings.Cut(rest, "/runs/")
-	if !found || strings.Contains(r, "/") {
-		return "", "", false
-	}
-	c, err1 := url.PathUnescape(c)
-	r, err2 := url.PathUnescape(r)
-	if err1 != nil || err2 != nil || c == "" || r == "" {
-		return "", "", false
-	}
-	return c, r, true
-}
-
 // sequenceString formats the ce-sequence value.
 func sequenceString(seq uint64) string { return fmt.Sprintf("%0*d", sequenceWidth, seq) }
 
@@ -104,18 +86,6 @@ func EncodeHeaderValue(s string) string {
 		b.WriteByte(c)
 	}
 	return b.String()
-}
-
-// DecodeHeaderValue reverses EncodeHeaderValue.
-func DecodeHeaderValue(s string) (string, error) {
-	if !strings.Contains(s, "%") {
-		return s, nil
-	}
-	v, err := url.PathUnescape(s)
-	if err != nil {
-		return "", fmt.Errorf("decoding header value: %w", err)
-	}
-	return v, nil
 }
 
 func mustEscape(c byte) bool { return c <= 0x20 || c >= 0x7f || c == '"' || c == '%' }

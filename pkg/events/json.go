@@ -14,8 +14,15 @@ import (
 // max_payload. A lease request is a few KiB; a log event at most MaxLogEventBytes.
 const DefaultMaxMsgSize = 1 << 20
 
+// MaxLogEventBytes bounds a log event's encoded JSON payload: big enough to carry hundreds of
+// typical lines per message, small enough that a slow reader never has to swallow a large
+// message, and far under the 1 MiB stream limit. A line too long for one event is split
+// (LogLine.Partial), never truncated.
+const MaxLogEventBytes = 64 << 10
+
 // marshal encodes a payload without HTML escaping: log text full of '<' and '&' stays readable
-// and compact, and the log batcher's size accounting matches what is published byte for byte.
+// and compact, and the run-watcher's log batcher (which encodes the same way) sizes events byte
+// for byte as they are published.
 func marshal(v any) ([]byte, error) {
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)

@@ -16,7 +16,6 @@ const (
 	LogKeyDelay     = "delay"
 	LogKeyCode      = "code"
 	LogKeyField     = "field"
-	LogKeyComponent = "component"
 	LogKeyStack     = "stack"
 	LogKeyPanic     = "panic"
 	LogKeySeq       = "seq"

@@ -29,3 +29,6 @@ func testLogger(t *testing.T) zerolog.Logger {
 var fixedNow = time.Date(2026, 8, 24, 10, 30, 0, 123456789, time.UTC)
 
 func clock() time.Time { return fixedNow }
+
+// ts is a kubelet log timestamp.
+const ts = "2026-08-24T10:29:59.123456789Z"

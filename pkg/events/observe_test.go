@@ -59,7 +59,7 @@ func TestConsumeReportsEveryFate(t *testing.T) {
 		},
 		{
 			name:    "terminal error",
-			handler: func(uint64) error { return events.InvalidConfig("config.backend", "unknown") },
+			handler: func(uint64) error { return events.Terminalf(events.CodeInvalidConfig, "config.backend", "unknown") },
 			want:    []fate{{1, events.FateTerminated, events.CodeInvalidConfig}},
 		},
 		{
@@ -76,7 +76,7 @@ func TestConsumeReportsEveryFate(t *testing.T) {
 			name: "deferred, then acked",
 			handler: func(a uint64) error {
 				if a == 1 {
-					return events.Defer(events.CodeAgentBusy, 50*time.Millisecond, errors.New("busy"))
+					return &events.RetryableError{Code: events.CodeAgentBusy, After: 50 * time.Millisecond, Err: errors.New("busy")}
 				}
 				return nil
 			},

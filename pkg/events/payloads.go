@@ -7,8 +7,6 @@ import (
 	"time"
 	"unicode"
 	"unicode/utf8"
-
-	"github.com/kubeclip/kubeclip/pkg/streamjson"
 )
 
 // maxIDLen bounds free-form ids (environment, agent, issue, provider lease) in payloads.
@@ -75,14 +73,8 @@ const (
 	ReleaseDestroyed ReleaseState = "destroyed"
 )
 
-// Backends a run can use.
-const (
-	BackendJob       = "job"
-	BackendSandboxCR = "sandbox-cr"
-	BackendPod       = "pod"
-)
-
-// Well-known result and status reasons, from the pod and Job status. Others may appear.
+// Result and status reasons. The Kubernetes causes are passed on as Kubernetes words them (the
+// ones listed are those kubeclip acts on; others may appear); the rest are kubeclip's own.
 const (
 	ReasonOOMKilled                  = "OOMKilled"
 	ReasonDeadlineExceeded           = "DeadlineExceeded"
@@ -91,17 +83,57 @@ const (
 	ReasonUnschedulable              = "Unschedulable"
 	ReasonCreateContainerConfigError = "CreateContainerConfigError"
 	ReasonEvicted                    = "Evicted"
+
+	// ReasonCompleted: the agent exited 0.
+	ReasonCompleted = "Completed"
+	// ReasonError: the agent exited non-zero and its runtime gave no reason.
+	ReasonError = "Error"
+	// ReasonPodFailed: the pod failed without a reason of its own.
+	ReasonPodFailed = "PodFailed"
+	// ReasonInitContainerFailed: an init container (sandboxd's installer) exited non-zero.
+	ReasonInitContainerFailed = "InitContainerFailed"
+	// ReasonSuspended, with phase Pending: the run's Job is suspended.
+	ReasonSuspended = "Suspended"
+	// ReasonPodDeleted: the run's pod was deleted before the run finished.
+	ReasonPodDeleted = "PodDeleted"
+	// ReasonJobDeleted, with outcome cancelled: the run's workload was deleted (released or
+	// destroyed) before the run finished.
+	ReasonJobDeleted = "JobDeleted"
+	// ReasonWorkloadLost: the run's workload disappeared while no run-watcher followed it.
+	ReasonWorkloadLost = "WorkloadLost"
 	// ReasonQuotaExceeded: the tenant's ResourceQuota refused the run's pod.
 	ReasonQuotaExceeded = "QuotaExceeded"
 	// ReasonReady, with phase Running: an exec-capable lease's pod is ready and accepts exec.
 	ReasonReady = "Ready"
 )
 
-// AgentResult is the parsed Claude Code stream-json summary carried by a result event.
-type AgentResult = streamjson.Result
+// AgentResult is what the agent's own transcript (Claude Code stream-json) says about a run:
+// the `agent` object of result and exec events. pkg/streamjson fills it from the log.
+type AgentResult struct {
+	// SessionID is the Claude session to resume; empty when none was reported or when the
+	// session is poisoned (claude_poisoned_previous_message_id) and must not be resumed.
+	SessionID string `json:"sessionId"`
+	// Model is the model named by the init event, else by the result event.
+	Model string `json:"model"`
+	// Usage is nil when the run produced no result event.
+	Usage *AgentUsage `json:"usage,omitempty"`
+	// CostUSD is the result event's total_cost_usd when it is a number.
+	CostUSD *float64 `json:"costUsd,omitempty"`
+	// Summary is the result text, else the assistant text blocks joined by blank lines, trimmed.
+	Summary string `json:"summary"`
+	// IsError reports a failed run: the result says so, the exit code is non-zero without a
+	// successful result, or the stream ended without a result event.
+	IsError bool `json:"isError"`
+	// ErrorCode classifies the failure (or a refusal); empty when there is nothing to say.
+	ErrorCode string `json:"errorCode,omitempty"`
+}
 
 // AgentUsage is the token accounting inside AgentResult.
-type AgentUsage = streamjson.Usage
+type AgentUsage struct {
+	InputTokens       int64 `json:"inputTokens"`
+	OutputTokens      int64 `json:"outputTokens"`
+	CachedInputTokens int64 `json:"cachedInputTokens"`
+}
 
 // ---- lease requests (Paperclip → kubeclip, stream <PREFIX>_LEASES) ----
 
@@ -115,7 +147,8 @@ type AcquireRequest struct {
 	AdapterType   string `json:"adapterType,omitempty"`
 	// ExecutionWorkspaceSettings is passed through as the raw JSON object Paperclip sent.
 	ExecutionWorkspaceSettings json.RawMessage `json:"executionWorkspaceSettings,omitempty"`
-	// RequestedExpiresAt is an RFC 3339 time; see ExpiresAt.
+	// RequestedExpiresAt is an RFC 3339 time: when Paperclip wants the lease to end (pkg/lease
+	// bounds it).
 	RequestedExpiresAt string `json:"requestedExpiresAt,omitempty"`
 	// Config is the provider config object, validated by pkg/policy.
 	Config json.RawMessage `json:"config"`
@@ -159,15 +192,6 @@ func (r AcquireRequest) Validate() error {
 		return InvalidRequest("config", "must be a JSON object")
 	}
 	return nil
-}
-
-// ExpiresAt parses RequestedExpiresAt; ok is false when it is absent or invalid.
-func (r AcquireRequest) ExpiresAt() (t time.Time, ok bool) {
-	if r.RequestedExpiresAt == "" {
-		return time.Time{}, false
-	}
-	t, err := time.Parse(time.RFC3339, r.RequestedExpiresAt)
-	return t, err == nil
 }
 
 // Type implements Event.
@@ -355,7 +379,8 @@ type LogLine struct {
 }
 
 // RunLogEvent carries a batch of log lines: <prefix>.run.<c>.<r>.log. Seq counts a run's log
-// events from 1 without gaps; build them with a LogBatcher so the 64 KiB bound holds.
+// events from 1 without gaps; an event encodes to at most MaxLogEventBytes (the run-watcher's
+// batcher splits longer lines into Partial pieces).
 type RunLogEvent struct {
 	RunID     string    `json:"runId"`
 	CompanyID string    `json:"companyId"`

@@ -3,6 +3,7 @@ package events_test
 import (
 	"context"
 	"encoding/json"
+	"net/url"
 	"testing"
 	"time"
 
@@ -38,13 +39,13 @@ func samples() []sample {
 		{ev: events.ReleaseRequest{RunID: "r1", CompanyID: "c1", ProviderLeaseID: "pc-1"}, wantSubject: "paperclip.lease.c1.release", wantID: "c1.r1.release", wantType: "io.paperclip.lease.release.v1", wantTime: fixedNow},
 		{ev: events.ReleaseRequest{RunID: "r1", CompanyID: "c1", ProviderLeaseID: "pc-1", Destroy: true}, wantSubject: "paperclip.lease.c1.destroy", wantID: "c1.r1.destroy", wantType: "io.paperclip.lease.destroy.v1", wantTime: fixedNow},
 		{ev: events.DispatchRequest{AcquireRequest: acquire, Namespace: "paperclip-c1"}, wantSubject: "kubeclip.dispatch.c1.r1", wantID: "c1.r1.dispatch", wantType: "io.kubeclip.dispatch.v1", wantTime: fixedNow},
-		{ev: events.RunCreatedEvent{RunID: "r1", CompanyID: "c1", At: eventAt, ProviderLeaseID: "pc-1", Namespace: "paperclip-c1", WorkloadName: "pc-1", SecretName: "pc-1-env", Backend: events.BackendJob, Phase: events.PhasePending}, wantSubject: "paperclip.run.c1.r1.created", wantID: "c1.r1.created", wantType: "io.paperclip.run.created.v1", wantTime: eventAt},
+		{ev: events.RunCreatedEvent{RunID: "r1", CompanyID: "c1", At: eventAt, ProviderLeaseID: "pc-1", Namespace: "paperclip-c1", WorkloadName: "pc-1", SecretName: "pc-1-env", Backend: "job", Phase: events.PhasePending}, wantSubject: "paperclip.run.c1.r1.created", wantID: "c1.r1.created", wantType: "io.paperclip.run.created.v1", wantTime: eventAt},
 		{ev: events.RunStatusEvent{RunID: "r1", CompanyID: "c1", Phase: events.PhasePending, Reason: events.ReasonImagePullBackOff}, wantSubject: "paperclip.run.c1.r1.status", wantID: "c1.r1.status.Pending.ImagePullBackOff", wantType: "io.paperclip.run.status.v1", wantTime: fixedNow},
 		{ev: events.RunStatusEvent{RunID: "r1", CompanyID: "c1", Phase: events.PhaseRunning}, wantSubject: "paperclip.run.c1.r1.status", wantID: "c1.r1.status.Running", wantType: "io.paperclip.run.status.v1", wantTime: fixedNow},
 		{ev: events.RunLogEvent{RunID: "r1", CompanyID: "c1", At: eventAt, Seq: 7, Pod: "p", Container: "agent", Lines: []events.LogLine{{TS: "2026-08-24T10:29:59.123456789Z", Text: "hello <world> & more"}}}, wantSubject: "paperclip.run.c1.r1.log", wantID: "c1.r1.log.7", wantType: "io.paperclip.run.log.v1", wantTime: eventAt, wantSeq: "00000000000000000007"},
 		{ev: events.RunResultEvent{RunID: "r1", CompanyID: "c1", Outcome: events.OutcomeFailed, ExitCode: ptr(137), Reason: events.ReasonOOMKilled, Agent: &events.AgentResult{SessionID: "s", Model: "m", IsError: true, ErrorCode: "claude_truncated"}}, wantSubject: "paperclip.run.c1.r1.result", wantID: "c1.r1.result", wantType: "io.paperclip.run.result.v1", wantTime: fixedNow},
 		{ev: events.RunReleasedEvent{RunID: "r1", CompanyID: "c1", ProviderLeaseID: "pc-1", State: events.ReleaseDestroyed}, wantSubject: "paperclip.run.c1.r1.released", wantID: "c1.r1.released.destroyed", wantType: "io.paperclip.run.released.v1", wantTime: fixedNow},
-		{ev: events.NewRunFailed(events.Ref("c1", "r1"), events.LeaseAcquire, events.InvalidConfig("config.backend", "must be job or sandbox-cr")), wantSubject: "paperclip.run.c1.r1.failed", wantID: "c1.r1.failed.acquire", wantType: "io.paperclip.run.failed.v1", wantTime: fixedNow},
+		{ev: events.NewRunFailed(events.Ref("c1", "r1"), events.LeaseAcquire, events.Terminalf(events.CodeInvalidConfig, "config.backend", "must be job or sandbox-cr")), wantSubject: "paperclip.run.c1.r1.failed", wantID: "c1.r1.failed.acquire", wantType: "io.paperclip.run.failed.v1", wantTime: fixedNow},
 		{ev: events.RunExecEvent{RunID: "r1", CompanyID: "c1", ExecID: "01K3X", Seq: 3, Command: "claude", Stream: events.ExecStderr, Text: "warn"}, wantSubject: "paperclip.run.c1.r1.exec", wantID: "c1.r1.exec.01K3X.3", wantType: "io.paperclip.run.exec.v1", wantTime: fixedNow},
 		{ev: events.RunExecEvent{RunID: "r1", CompanyID: "c1", ExecID: "01K3X", Seq: 4, Command: "claude", Exit: &events.ExecExit{ExitCode: ptr(0)}}, wantSubject: "paperclip.run.c1.r1.exec", wantID: "c1.r1.exec.01K3X.4", wantType: "io.paperclip.run.exec.v1", wantTime: fixedNow},
 	}
@@ -171,9 +172,10 @@ func TestHeaderValueEncoding(t *testing.T) {
 		if got != tc.want {
 			t.Errorf("EncodeHeaderValue(%q) = %q, want %q", tc.in, got, tc.want)
 		}
-		back, err := events.DecodeHeaderValue(got)
+		// A reader percent-decodes the value (docs/events.md).
+		back, err := url.PathUnescape(got)
 		if err != nil || back != tc.in {
-			t.Errorf("DecodeHeaderValue(%q) = %q, %v; want %q", got, back, err, tc.in)
+			t.Errorf("decoding %q = %q, %v; want %q", got, back, err, tc.in)
 		}
 	}
 }

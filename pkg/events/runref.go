@@ -62,3 +62,17 @@ func parseKeyPart(part string) (string, bool) {
 	b, err := base64.RawURLEncoding.DecodeString(rest)
 	return string(b), err == nil && len(b) > 0
 }
+
+// isKVKey mirrors the KV key rule: [-/_=.a-zA-Z0-9]+, not starting or ending with '.'.
+func isKVKey(k string) bool {
+	if k == "" || k[0] == '.' || k[len(k)-1] == '.' {
+		return false
+	}
+	for i := 0; i < len(k); i++ {
+		c := k[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '/' || c == '_' || c == '=' || c == '.') {
+			return false
+		}
+	}
+	return true
+}

@@ -11,47 +11,32 @@ import (
 
 // Stream and bucket defaults. Each is explained where Options documents its field.
 const (
-	DefaultLeaseMaxAge    = 7 * 24 * time.Hour
-	DefaultRunMaxAge      = 14 * 24 * time.Hour
-	DefaultWorkMaxAge     = 24 * time.Hour
-	DefaultDuplicates     = 10 * time.Minute
-	DefaultLeaseRecordTTL = DefaultRunMaxAge
-	DefaultReplicas       = 1
-
-	// agentGuardMarkerTTL is how long the marker of an agent guard that expired stays in the
-	// bucket: long enough for a watcher to see the guard went away, short enough not to pile up.
-	agentGuardMarkerTTL = 5 * time.Minute
-	// maxAgentGuardBytes bounds a guard's value, the run id holding the agent.
-	maxAgentGuardBytes = 1 << 10
-
-	// leaseRecordHistory keeps a run's last few lease-record revisions for debugging; compare-
-	// and-set only needs the latest.
-	leaseRecordHistory = 5
-	// maxLeaseRecordBytes and maxTenantRecordBytes bound KV values: a lease record (namespace,
-	// workload, agent, state) and a tenant record (config hash) are a few hundred bytes, so a
-	// bigger value is a bug, and the server says so at write time.
-	maxLeaseRecordBytes  = 64 << 10
-	maxTenantRecordBytes = 4 << 10
+	DefaultLeaseMaxAge = 7 * 24 * time.Hour
+	DefaultRunMaxAge   = 14 * 24 * time.Hour
+	DefaultWorkMaxAge  = 24 * time.Hour
+	DefaultDuplicates  = 10 * time.Minute
+	DefaultReplicas    = 1
 )
 
-// Options configures the streams and KV buckets EnsureStreams creates. The zero value of every
-// field means its default.
+// Options configures the streams EnsureStreams creates. The zero value of every field means its
+// default. The KV buckets are their owners' (pkg/lease, pkg/dispatch, pkg/runwatch,
+// pkg/execsvc).
 type Options struct {
 	// Prefix is the subject prefix (default "paperclip"); stream names derive from it.
 	Prefix string
 
-	// Replicas of every stream and bucket (default 1). 1 fits the single-node embedded server
+	// Replicas of every stream (default 1). 1 fits the single-node embedded server
 	// and small clusters; use 3 on a 3-node JetStream cluster so a node loss loses no requests.
 	Replicas int
 
-	// Storage of every stream and bucket (default file). Lease requests, run events and lease
-	// records must survive a server restart: a lost acquire is a run that never starts, a lost
-	// result is a run Paperclip waits on forever.
+	// Storage of every stream (default file). Lease requests and run events must survive a
+	// server restart: a lost acquire is a run that never starts, a lost result is a run
+	// Paperclip waits on forever.
 	Storage jetstream.StorageType
 
 	// LeaseMaxAge is how long lease requests are kept (default 7 days). The lease stream is an
 	// audit log of what Paperclip asked for; a week covers incident review, and it must not
-	// outlive LeaseRecordTTL (see there).
+	// outlive the lease records (lease.BucketOptions.RecordTTL).
 	LeaseMaxAge time.Duration
 
 	// RunMaxAge is how long run events are kept (default 14 days, Armada's event retention):
@@ -74,12 +59,6 @@ type Options struct {
 	// default max_payload). Log events are at most 64 KiB and requests a few KiB, so anything
 	// near the bound is a bug or abuse and the server rejects it at publish time.
 	MaxMsgSize int32
-
-	// LeaseRecordTTL is how long a run's lease record lives after its last update (default 14
-	// days). It must be at least LeaseMaxAge: while an acquire can still be redelivered from
-	// the lease stream (say, to a recreated consumer), its lease record must still be there so
-	// the redelivery reuses the run's workload instead of creating a second one.
-	LeaseRecordTTL time.Duration
 }
 
 func (o Options) withDefaults() Options {
@@ -104,9 +83,6 @@ func (o Options) withDefaults() Options {
 	if o.MaxMsgSize == 0 {
 		o.MaxMsgSize = DefaultMaxMsgSize
 	}
-	if o.LeaseRecordTTL == 0 {
-		o.LeaseRecordTTL = DefaultLeaseRecordTTL
-	}
 	return o
 }
 
@@ -128,7 +104,7 @@ func (o Options) Validate() error {
 		v    time.Duration
 	}{
 		{"lease max age", o.LeaseMaxAge}, {"run max age", o.RunMaxAge}, {"work max age", o.WorkMaxAge},
-		{"duplicate window", o.Duplicates}, {"lease record TTL", o.LeaseRecordTTL},
+		{"duplicate window", o.Duplicates},
 	} {
 		if d.v < 0 {
 			errs = append(errs, fmt.Errorf("%s must be positive, got %s", d.name, d.v))
@@ -142,9 +118,6 @@ func (o Options) Validate() error {
 		if o.Duplicates > age.v {
 			errs = append(errs, fmt.Errorf("duplicate window %s must not exceed the %s %s", o.Duplicates, age.name, age.v))
 		}
-	}
-	if o.LeaseRecordTTL < o.LeaseMaxAge {
-		errs = append(errs, fmt.Errorf("lease record TTL %s must be at least the lease max age %s, or a redelivered acquire could start a run twice", o.LeaseRecordTTL, o.LeaseMaxAge))
 	}
 	if o.MaxMsgSize < 64<<10 {
 		errs = append(errs, fmt.Errorf("max message size must be at least 64 KiB (one log event), got %d", o.MaxMsgSize))
@@ -204,8 +177,8 @@ func (o Options) RunStreamConfig() jetstream.StreamConfig {
 		Duplicates:        o.Duplicates,
 		Storage:           o.Storage,
 		Replicas:          o.Replicas,
-		// Direct gets let a restarted run-watcher read a run's last log event (LastLogSeq) from
-		// any replica without a consumer.
+		// Direct gets let a restarted run-watcher read a run's last status, log chunk and result
+		// (GetLastMsgForSubject) from any replica without a consumer.
 		AllowDirect: true,
 	}
 }
@@ -234,64 +207,15 @@ func (o Options) WorkStreamConfig() jetstream.StreamConfig {
 	}
 }
 
-// LeaseBucketConfig is the KUBECLIP_LEASES KV bucket: lease records keyed by RunRef.Key,
-// created with compare-and-set so a redelivered acquire reuses the run's workload name.
-func (o Options) LeaseBucketConfig() jetstream.KeyValueConfig {
-	o = o.withDefaults()
-	return jetstream.KeyValueConfig{
-		Bucket:       LeaseBucket,
-		Description:  "kubeclip lease records, keyed by company and run",
-		History:      leaseRecordHistory,
-		TTL:          o.LeaseRecordTTL,
-		MaxValueSize: maxLeaseRecordBytes,
-		Storage:      o.Storage,
-		Replicas:     o.Replicas,
-	}
-}
-
-// TenantBucketConfig is the KUBECLIP_TENANTS KV bucket: the hash of the tenant config last
-// applied, keyed by namespace, so the tenant-worker skips the server-side apply when nothing
-// changed. No TTL: a tenant lives as long as its namespace, and a lost entry only costs one
-// re-apply.
-func (o Options) TenantBucketConfig() jetstream.KeyValueConfig {
-	o = o.withDefaults()
-	return jetstream.KeyValueConfig{
-		Bucket:       TenantBucket,
-		Description:  "kubeclip applied tenant config hash, keyed by namespace",
-		History:      1,
-		MaxValueSize: maxTenantRecordBytes,
-		Storage:      o.Storage,
-		Replicas:     o.Replicas,
-	}
-}
-
-// AgentBucketConfig is the KUBECLIP_AGENTS KV bucket: one key per agent whose value is the run
-// holding it, so the dispatcher keeps one active run per agent across replicas (created with
-// compare-and-set). Keys carry their own TTL (jetstream.KeyTTL, the run's deadline plus a
-// margin) so a guard whose holder died is freed; the bucket has none of its own.
-func (o Options) AgentBucketConfig() jetstream.KeyValueConfig {
-	o = o.withDefaults()
-	return jetstream.KeyValueConfig{
-		Bucket:         AgentBucket,
-		Description:    "kubeclip agent guards: the run holding each agent",
-		History:        1,
-		MaxValueSize:   maxAgentGuardBytes,
-		LimitMarkerTTL: agentGuardMarkerTTL, // enables per-key TTLs
-		Storage:        o.Storage,
-		Replicas:       o.Replicas,
-	}
-}
-
 // StreamManager is the part of jetstream.JetStream EnsureStreams needs.
 type StreamManager interface {
 	CreateOrUpdateStream(ctx context.Context, cfg jetstream.StreamConfig) (jetstream.Stream, error)
-	CreateOrUpdateKeyValue(ctx context.Context, cfg jetstream.KeyValueConfig) (jetstream.KeyValue, error)
 }
 
 var _ StreamManager = (jetstream.JetStream)(nil)
 
-// EnsureStreams creates the lease, run and work streams and the lease, tenant and agent buckets, or
-// updates them to opts. It is idempotent: every binary calls it at start-up.
+// EnsureStreams creates the lease, run and work streams, or updates them to opts. It is
+// idempotent: every binary calls it at start-up.
 func EnsureStreams(ctx context.Context, js StreamManager, opts Options) error {
 	if err := opts.Validate(); err != nil {
 		return fmt.Errorf("stream options: %w", err)
@@ -301,50 +225,5 @@ func EnsureStreams(ctx context.Context, js StreamManager, opts Options) error {
 			return fmt.Errorf("creating or updating stream %s: %w", cfg.Name, err)
 		}
 	}
-	for _, cfg := range []jetstream.KeyValueConfig{opts.LeaseBucketConfig(), opts.TenantBucketConfig(), opts.AgentBucketConfig()} {
-		if _, err := js.CreateOrUpdateKeyValue(ctx, cfg); err != nil {
-			return fmt.Errorf("creating or updating KV bucket %s: %w", cfg.Bucket, err)
-		}
-	}
 	return nil
-}
-
-// isKVKey mirrors the KV key rule: [-/_=.a-zA-Z0-9]+, not starting or ending with '.'.
-func isKVKey(k string) bool {
-	if k == "" || k[0] == '.' || k[len(k)-1] == '.' {
-		return false
-	}
-	for i := 0; i < len(k); i++ {
-		c := k[i]
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '/' || c == '_' || c == '=' || c == '.') {
-			return false
-		}
-	}
-	return true
-}
-
-// LastLogSeq returns the seq of a run's last log event in the run stream, 0 when it has none.
-// A restarted run-watcher continues from it (NewSequence(last)) so seq keeps counting without
-// gaps or repeats.
-func LastLogSeq(ctx context.Context, stream jetstream.Stream, s Subjects, companyID, runID string) (uint64, error) {
-	subj, err := s.Run(companyID, runID, KindLog)
-	if err != nil {
-		return 0, err
-	}
-	msg, err := stream.GetLastMsgForSubject(ctx, subj)
-	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		return 0, nil
-	}
-	if err != nil {
-		return 0, fmt.Errorf("reading last log event of run %s: %w", runID, err)
-	}
-	ev, err := s.DecodeRunEvent(msg.Subject, msg.Data)
-	if err != nil {
-		return 0, fmt.Errorf("decoding last log event of run %s: %w", runID, err)
-	}
-	logEv, ok := ev.(RunLogEvent)
-	if !ok {
-		return 0, fmt.Errorf("last log event of run %s decoded as %T", runID, ev)
-	}
-	return logEv.Seq, nil
 }

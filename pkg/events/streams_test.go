@@ -1,7 +1,6 @@
 package events_test
 
 import (
-	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -53,41 +52,6 @@ func TestEnsureStreamsIsIdempotentAndApplied(t *testing.T) {
 		}
 	}
 
-	leases, err := js.KeyValue(ctx, events.LeaseBucket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ls, err := leases.Status(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if ls.TTL() != 14*24*time.Hour || ls.History() != 5 || ls.BackingStore() != "JetStream" {
-		t.Errorf("lease bucket: ttl %s history %d", ls.TTL(), ls.History())
-	}
-	tenants, err := js.KeyValue(ctx, events.TenantBucket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ts, err := tenants.Status(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if ts.TTL() != 0 || ts.History() != 1 {
-		t.Errorf("tenant bucket: ttl %s history %d", ts.TTL(), ts.History())
-	}
-
-	agents, err := js.KeyValue(ctx, events.AgentBucket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Agent guards carry their own TTL, which the bucket must allow.
-	if _, err := agents.Create(ctx, "c1/agent-1", []byte("r1"), jetstream.KeyTTL(time.Minute)); err != nil {
-		t.Errorf("creating an agent guard with a TTL: %v", err)
-	}
-	if _, err := agents.Create(ctx, "c1/agent-1", []byte("r2"), jetstream.KeyTTL(time.Minute)); !errors.Is(err, jetstream.ErrKeyExists) {
-		t.Errorf("a second guard for the same agent: got %v, want ErrKeyExists", err)
-	}
-
 	// A changed setting is applied on the next call.
 	if err := events.EnsureStreams(ctx, js, events.Options{RunMaxAge: 30 * 24 * time.Hour}); err != nil {
 		t.Fatal(err)
@@ -127,7 +91,6 @@ func TestOptionsValidate(t *testing.T) {
 		{name: "replicas", opts: events.Options{Replicas: 7}, wantErr: "replicas"},
 		{name: "negative age", opts: events.Options{RunMaxAge: -time.Hour}, wantErr: "run max age must be positive"},
 		{name: "window longer than work age", opts: events.Options{WorkMaxAge: time.Minute}, wantErr: "must not exceed the work max age"},
-		{name: "lease records shorter than requests", opts: events.Options{LeaseMaxAge: 30 * 24 * time.Hour}, wantErr: "lease record TTL"},
 		{name: "tiny messages", opts: events.Options{MaxMsgSize: 1024}, wantErr: "max message size"},
 	}
 	for _, tc := range tests {
@@ -177,49 +140,15 @@ func TestRunRefKey(t *testing.T) {
 	}
 }
 
-func TestRunKeysAreUsableInTheBucket(t *testing.T) {
+func TestStreamsRejectOversizedMessages(t *testing.T) {
 	_, _, js := natstest.Start(t)
-	ctx := t.Context()
-	if err := events.EnsureStreams(ctx, js, events.Options{}); err != nil {
+	if err := events.EnsureStreams(t.Context(), js, events.Options{MaxMsgSize: 64 << 10}); err != nil {
 		t.Fatal(err)
 	}
-	kv, err := js.KeyValue(ctx, events.LeaseBucket)
-	if err != nil {
-		t.Fatal(err)
+	if _, err := js.Publish(t.Context(), "paperclip.lease.c1.acquire", make([]byte, 64<<10+1)); err == nil {
+		t.Error("the lease stream stored a message over its MaxMsgSize")
 	}
-	for _, id := range []string{"r1", "run:1", "société", `r%"1`, "a/b"} {
-		if _, err := kv.Create(ctx, events.Ref(id, id).Key(), []byte("{}")); err != nil {
-			t.Errorf("creating the lease record of %q: %v", id, err)
-		}
-	}
-}
-
-func TestLastLogSeq(t *testing.T) {
-	_, _, js := natstest.Start(t)
-	ctx := t.Context()
-	if err := events.EnsureStreams(ctx, js, events.Options{}); err != nil {
-		t.Fatal(err)
-	}
-	var s events.Subjects
-	stream, err := js.Stream(ctx, s.RunStream())
-	if err != nil {
-		t.Fatal(err)
-	}
-	got, err := events.LastLogSeq(ctx, stream, s, "c1", "r1")
-	if err != nil || got != 0 {
-		t.Fatalf("LastLogSeq of a run without logs = %d, %v; want 0", got, err)
-	}
-	p := newPublisher(t, js)
-	for seq := uint64(1); seq <= 3; seq++ {
-		if _, err := p.Publish(ctx, events.RunLogEvent{RunID: "r1", CompanyID: "c1", Seq: seq, Pod: "p", Container: "c"}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if _, err := p.Publish(ctx, events.RunLogEvent{RunID: "r2", CompanyID: "c1", Seq: 9}); err != nil {
-		t.Fatal(err)
-	}
-	got, err = events.LastLogSeq(ctx, stream, s, "c1", "r1")
-	if err != nil || got != 3 {
-		t.Errorf("LastLogSeq = %d, %v; want 3", got, err)
+	if _, err := js.Publish(t.Context(), "paperclip.lease.c1.acquire", make([]byte, 1024)); err != nil {
+		t.Errorf("a small message was refused: %v", err)
 	}
 }

@@ -25,13 +25,6 @@ const (
 	workSubjectPrefix = "kubeclip.dispatch"
 )
 
-// KV buckets kubeclip keeps its own state in.
-const (
-	LeaseBucket  = "KUBECLIP_LEASES"
-	TenantBucket = "KUBECLIP_TENANTS"
-	AgentBucket  = "KUBECLIP_AGENTS"
-)
-
 // ErrInvalidToken is wrapped by every error about a company or run id that cannot be a subject
 // token.
 var ErrInvalidToken = errors.New("not a valid subject token")
@@ -204,14 +197,6 @@ func (s Subjects) AnyCompanyRunFilter(runID string) (string, error) {
 		return "", err
 	}
 	return s.Prefix() + ".run.*." + runID + ".*", nil
-}
-
-// CompanyRunFilter matches every run event of one company: <prefix>.run.<companyId>.>.
-func (s Subjects) CompanyRunFilter(companyID string) (string, error) {
-	if err := ValidateToken("companyId", companyID); err != nil {
-		return "", err
-	}
-	return s.Prefix() + ".run." + companyID + ".>", nil
 }
 
 // ParseLeaseSubject splits <prefix>.lease.<companyId>.<kind>.

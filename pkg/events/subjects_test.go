@@ -114,7 +114,6 @@ func TestSubjectBuilders(t *testing.T) {
 		must(s.Lease("c1", events.LeaseDestroy)),
 		must(s.Run("c1", "r1", events.KindLog)),
 		must(s.RunFilter("c1", "r1")),
-		must(s.CompanyRunFilter("c1")),
 		must(events.DispatchSubject("c1", "r1")),
 		s.LeaseAll(), s.RunAll(), s.LeaseFilter(events.LeaseAcquire), events.DispatchAll(),
 	}
@@ -124,7 +123,6 @@ func TestSubjectBuilders(t *testing.T) {
 		"paperclip.lease.c1.destroy",
 		"paperclip.run.c1.r1.log",
 		"paperclip.run.c1.r1.*",
-		"paperclip.run.c1.>",
 		"kubeclip.dispatch.c1.r1",
 		"paperclip.lease.>", "paperclip.run.>", "paperclip.lease.*.acquire", "kubeclip.dispatch.>",
 	}

@@ -32,9 +32,6 @@ type Subjects struct{ prefix string }
 // NewSubjects returns the exec subjects under the prefix of s.
 func NewSubjects(s events.Subjects) Subjects { return Subjects{prefix: s.Prefix()} }
 
-// All matches every exec subject, requests and io: <prefix>.exec.>.
-func (s Subjects) All() string { return s.prefix + ".exec.>" }
-
 // RequestFilter matches one op's requests for every run: <prefix>.exec.*.*.<op>.
 func (s Subjects) RequestFilter(op Op) string { return s.prefix + ".exec.*.*." + string(op) }
 

@@ -27,6 +27,7 @@ import (
 	"github.com/kubeclip/kubeclip/pkg/execproto"
 	"github.com/kubeclip/kubeclip/pkg/execsvc"
 	"github.com/kubeclip/kubeclip/pkg/lease"
+	"github.com/kubeclip/kubeclip/pkg/policy"
 	"github.com/kubeclip/kubeclip/pkg/sandboxd"
 )
 
@@ -99,7 +100,10 @@ func newEnvOn(t *testing.T, srv *server.Server, r roles, replicas int) *env {
 	if err := events.EnsureStreams(ctx, js, events.Options{}); err != nil {
 		t.Fatal(err)
 	}
-	kv, err := js.KeyValue(ctx, events.LeaseBucket)
+	if err := lease.EnsureBuckets(ctx, js, lease.BucketOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	kv, err := js.KeyValue(ctx, lease.Bucket)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -256,7 +260,7 @@ func (e *env) newLease(company string) *testLease {
 	workload := "pc-" + strings.ToLower(ulid.Make().String())
 	rec := lease.Record{
 		RunID: runID, CompanyID: company, State: lease.StateCreated, Namespace: "paperclip-" + company,
-		WorkloadName: workload, SecretName: workload + "-env", Backend: events.BackendPod, CreatedAt: time.Now().UTC(),
+		WorkloadName: workload, SecretName: workload + "-env", Backend: string(policy.BackendPod), CreatedAt: time.Now().UTC(),
 	}
 	if _, _, err := e.records.Create(t.Context(), rec); err != nil {
 		t.Fatal(err)

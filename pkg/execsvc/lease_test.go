@@ -10,10 +10,10 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/kubeclip/kubeclip/pkg/events"
 	"github.com/kubeclip/kubeclip/pkg/execclient"
 	"github.com/kubeclip/kubeclip/pkg/execproto"
 	"github.com/kubeclip/kubeclip/pkg/lease"
+	"github.com/kubeclip/kubeclip/pkg/policy"
 )
 
 // TestRefusals: every request is checked against the lease record of the subject's company and
@@ -26,7 +26,7 @@ func TestRefusals(t *testing.T) {
 	finished := e.newLease(newID("co"))
 	e.setState(finished, lease.StateFinished)
 	job := e.newLease(newID("co"))
-	if _, err := e.records.Modify(t.Context(), job.ref, func(r *lease.Record) (bool, error) { r.Backend = events.BackendJob; return true, nil }); err != nil {
+	if _, err := e.records.Modify(t.Context(), job.ref, func(r *lease.Record) (bool, error) { r.Backend = string(policy.BackendJob); return true, nil }); err != nil {
 		t.Fatal(err)
 	}
 

@@ -39,9 +39,6 @@ const (
 	// DefaultReconnect is how long a broken output stream is reopened while the pod lives
 	// before the exec is answered unavailable.
 	DefaultReconnect = 15 * time.Second
-	// DefaultDrainTimeout is how long a stopping replica lets its streams finish before it
-	// cuts them; their clients attach through another replica.
-	DefaultDrainTimeout = 10 * time.Second
 )
 
 // Options configure a Service.
@@ -65,8 +62,10 @@ type Options struct {
 	// Now is the clock (default time.Now); NewID makes session ids (default a ULID).
 	Now   func() time.Time
 	NewID func() string
-	// MaxSessions, ReadyTimeout, Heartbeat, Linger, AckPatience, Reconnect and DrainTimeout
-	// default to the constants above.
+	// MaxSessions, ReadyTimeout, Heartbeat, Linger, AckPatience and Reconnect default to the
+	// constants above. DrainTimeout is how long a stopping replica lets its streams finish
+	// before it cuts them (their clients attach through another replica); it defaults to
+	// events.DefaultDrainTimeout, as every worker's drain does.
 	MaxSessions  int
 	ReadyTimeout time.Duration
 	Heartbeat    time.Duration
@@ -128,7 +127,7 @@ func (o Options) withDefaults() (Options, error) {
 		p *time.Duration
 		v time.Duration
 	}{{&o.ReadyTimeout, DefaultReadyTimeout}, {&o.Heartbeat, DefaultHeartbeat}, {&o.Linger, DefaultLinger},
-		{&o.AckPatience, DefaultAckPatience}, {&o.Reconnect, DefaultReconnect}, {&o.DrainTimeout, DefaultDrainTimeout}}
+		{&o.AckPatience, DefaultAckPatience}, {&o.Reconnect, DefaultReconnect}, {&o.DrainTimeout, events.DefaultDrainTimeout}}
 	for _, d := range defaults {
 		if *d.p == 0 {
 			*d.p = d.v

@@ -53,8 +53,8 @@ func TestRESTConfigExplicitPath(t *testing.T) {
 		t.Errorf("Host = %q, want the explicit file's server", cfg.Host)
 	}
 	// Pins DefaultQPS/DefaultBurst (see their comment for why they are above client-go's 5/10).
-	if cfg.QPS != 50 || cfg.Burst != 100 {
-		t.Errorf("QPS/Burst = %v/%d, want 50/100", cfg.QPS, cfg.Burst)
+	if cfg.QPS != 300 || cfg.Burst != 600 {
+		t.Errorf("QPS/Burst = %v/%d, want 300/600", cfg.QPS, cfg.Burst)
 	}
 	if cfg.UserAgent != "kubeclip" {
 		t.Errorf("UserAgent = %q, want kubeclip", cfg.UserAgent)

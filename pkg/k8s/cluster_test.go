@@ -165,6 +165,16 @@ func stubRun(ns, name, runID string, env map[string]string) (*corev1.Secret, *ba
 }
 
 // runName returns a fresh workload name in the pc-<lowercase ULID> shape.
+// createJobRun creates a Job run whole, as the dispatcher does with StartJobRun and
+// AdoptSecret.
+func createJobRun(ctx context.Context, cs kubernetes.Interface, secret *corev1.Secret, job *batchv1.Job) (CreatedRun, error) {
+	run, err := StartJobRun(ctx, cs, secret, job)
+	if err != nil {
+		return CreatedRun{}, err
+	}
+	return run, run.AdoptSecret(ctx, cs)
+}
+
 func runName() string {
 	return "pc-" + strings.ToLower(ulid.Make().String())
 }

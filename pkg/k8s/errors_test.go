@@ -56,7 +56,7 @@ func TestMeaning(t *testing.T) {
 		{"connection refused", OpCreate, refused, retry(events.CodeBackendUnavailable)},
 		{"deadline", OpDelete, fmt.Errorf("waiting: %w", context.DeadlineExceeded), retry(events.CodeBackendUnavailable)},
 		{"something else", OpCreate, errors.New("odd"), retry(events.CodeInternal)},
-		{"a decision already made", OpCreate, events.InvalidConfig("config.x", "bad"), terminal(events.CodeInvalidConfig)},
+		{"a decision already made", OpCreate, events.Terminalf(events.CodeInvalidConfig, "config.x", "bad"), terminal(events.CodeInvalidConfig)},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

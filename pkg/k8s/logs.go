@@ -354,6 +354,18 @@ func containerDone(p *corev1.Pod, container string) bool {
 	return st != nil && st.State.Terminated != nil && p.Spec.RestartPolicy == corev1.RestartPolicyNever
 }
 
+// findContainerStatus returns the status of the named container (regular, then init), or nil.
+func findContainerStatus(pod *corev1.Pod, name string) *corev1.ContainerStatus {
+	for _, statuses := range [][]corev1.ContainerStatus{pod.Status.ContainerStatuses, pod.Status.InitContainerStatuses} {
+		for i := range statuses {
+			if statuses[i].Name == name {
+				return &statuses[i]
+			}
+		}
+	}
+	return nil
+}
+
 // emitError marks an error returned by the caller's emit so FollowLogs returns it unchanged.
 type emitError struct{ err error }
 

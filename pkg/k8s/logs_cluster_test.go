@@ -17,6 +17,9 @@ import (
 	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+
+	"github.com/kubeclip/kubeclip/pkg/events"
+	"github.com/kubeclip/kubeclip/pkg/runwatch/verdict"
 )
 
 // stubLineRE finds the number of the stub's assistant line "stub line <i>".
@@ -128,7 +131,7 @@ func TestClusterFollowLogsSurvivesCutStreams(t *testing.T) {
 	secret, job := stubRun(ns, name, "run-logs", map[string]string{
 		"STUB_LINES": strconv.Itoa(lines), "STUB_BURST": "25", "STUB_INTERVAL": "300ms", "STUB_STDERR": stderr,
 	})
-	if _, err := CreateJobRun(ctx, setup.cs, secret, job); err != nil {
+	if _, err := createJobRun(ctx, setup.cs, secret, job); err != nil {
 		t.Fatal(err)
 	}
 	pod := jobPod(ctx, t, setup.cs, ns, name, time.Minute, anyPod)
@@ -185,7 +188,7 @@ func TestClusterFollowLogsResumeFromCursor(t *testing.T) {
 	secret, job := stubRun(ns, name, "run-resume", map[string]string{
 		"STUB_LINES": strconv.Itoa(lines), "STUB_BURST": "40", "STUB_INTERVAL": "200ms", "STUB_STDERR": stderr,
 	})
-	if _, err := CreateJobRun(ctx, c.cs, secret, job); err != nil {
+	if _, err := createJobRun(ctx, c.cs, secret, job); err != nil {
 		t.Fatal(err)
 	}
 	pod := jobPod(ctx, t, c.cs, ns, name, time.Minute, anyPod)
@@ -215,8 +218,9 @@ func TestClusterFollowLogsResumeFromCursor(t *testing.T) {
 	checkStubLog(t, texts, lines, stderr)
 }
 
-// TestClusterClassify runs stubs that end in different ways and checks the verdicts the real
-// kubelet's statuses produce.
+// TestClusterClassify runs stubs that end in different ways and checks the verdicts
+// (pkg/runwatch/verdict) the real kubelet's statuses produce. The pod is judged on its own, as
+// a run without a Job is: the Job's conditions would speak first.
 func TestClusterClassify(t *testing.T) {
 	t.Parallel()
 	c := newTestClients(t, clusterConfig(t))
@@ -228,21 +232,21 @@ func TestClusterClassify(t *testing.T) {
 		env        map[string]string
 		mutate     func(*corev1.PodSpec)
 		wantReason string
-		wantExit   *int32
-		outcome    Outcome
+		wantExit   *int
+		outcome    events.Outcome
 		// grace is StartErrorGrace; default 10s, which a transient "failed to sync secret
 		// cache" clears well within.
 		grace time.Duration
 	}{
-		{name: "exit 0", env: map[string]string{"STUB_LINES": "1"}, outcome: OutcomeSucceeded, wantReason: "Completed", wantExit: ptr[int32](0)},
-		{name: "exit 3", env: map[string]string{"STUB_LINES": "1", "STUB_EXIT_CODE": "3"}, outcome: OutcomeFailed, wantReason: "Error", wantExit: ptr[int32](3)},
-		{name: "OOM", env: map[string]string{"STUB_LINES": "1", "STUB_OOM": "true"}, outcome: OutcomeFailed, wantReason: "OOMKilled", wantExit: ptr[int32](137),
+		{name: "exit 0", env: map[string]string{"STUB_LINES": "1"}, outcome: events.OutcomeSucceeded, wantReason: "Completed", wantExit: ptr(0)},
+		{name: "exit 3", env: map[string]string{"STUB_LINES": "1", "STUB_EXIT_CODE": "3"}, outcome: events.OutcomeFailed, wantReason: "Error", wantExit: ptr(3)},
+		{name: "OOM", env: map[string]string{"STUB_LINES": "1", "STUB_OOM": "true"}, outcome: events.OutcomeFailed, wantReason: "OOMKilled", wantExit: ptr(137),
 			mutate: func(s *corev1.PodSpec) {
 				s.Containers[0].Resources.Limits[corev1.ResourceMemory] = resource.MustParse("48Mi")
 			}},
-		{name: "image never pulled", outcome: OutcomeFailed, wantReason: "ErrImageNeverPull",
+		{name: "image never pulled", outcome: events.OutcomeFailed, wantReason: "ErrImageNeverPull",
 			mutate: func(s *corev1.PodSpec) { s.Containers[0].Image = "kubeclip.local/no-such-image:dev" }},
-		{name: "missing secret", outcome: OutcomeFailed, wantReason: "CreateContainerConfigError", grace: 2 * time.Second,
+		{name: "missing secret", outcome: events.OutcomeFailed, wantReason: "CreateContainerConfigError", grace: 2 * time.Second,
 			mutate: func(s *corev1.PodSpec) { s.Containers[0].EnvFrom[0].SecretRef.Name = "no-such-secret" }},
 	}
 	for _, tc := range tests {
@@ -253,18 +257,21 @@ func TestClusterClassify(t *testing.T) {
 			if tc.mutate != nil {
 				tc.mutate(&job.Spec.Template.Spec)
 			}
-			if _, err := CreateJobRun(ctx, c.cs, secret, job); err != nil {
+			if _, err := createJobRun(ctx, c.cs, secret, job); err != nil {
 				t.Fatal(err)
 			}
-			opts := ClassifyOptions{StartErrorGrace: 10 * time.Second}
+			grace := 10 * time.Second
 			if tc.grace != 0 {
-				opts.StartErrorGrace = tc.grace
+				grace = tc.grace
 			}
 			start := time.Now()
 			pod := jobPod(ctx, t, c.cs, ns, name, 2*time.Minute, func(p *corev1.Pod) bool {
-				return ClassifyPod(p, "agent", opts).Terminal
+				return podEnd(p, grace) != nil
 			})
-			v := ClassifyPod(pod, "agent", opts)
+			v := podEnd(pod, grace)
+			if v == nil {
+				t.Fatalf("pod %s has no verdict", pod.Name)
+			}
 			t.Logf("terminal verdict after %v: %+v (exit %s)", time.Since(start), v, fmtExit(v.ExitCode))
 			if v.Outcome != tc.outcome || v.Reason != tc.wantReason {
 				t.Errorf("verdict %s/%s (%s), want %s/%s", v.Outcome, v.Reason, v.Message, tc.outcome, tc.wantReason)
@@ -276,7 +283,16 @@ func TestClusterClassify(t *testing.T) {
 	}
 }
 
-func fmtExit(p *int32) string {
+// podEnd is how the run-watcher's verdict (pkg/runwatch/verdict) says the run of pod ended, with
+// the pod judged on its own as for a run without a Job (the Job's conditions would speak
+// first); nil while it goes on.
+func podEnd(pod *corev1.Pod, startErrorGrace time.Duration) *verdict.End {
+	p := pod.DeepCopy()
+	p.OwnerReferences = nil
+	return verdict.Decide(verdict.Input{Pod: p}, verdict.Options{Container: "agent", Now: time.Now(), StartErrorGrace: startErrorGrace}).End
+}
+
+func fmtExit(p *int) string {
 	if p == nil {
 		return "none"
 	}

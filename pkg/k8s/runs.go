@@ -18,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 )
 
 // LabelRunID carries the Paperclip run id on a run's workload and Secret. Two requests for the
@@ -28,8 +29,7 @@ const LabelRunID = "paperclip.io/run-id"
 // (its LabelRunID differs). Retrying cannot fix it.
 var ErrRunConflict = errors.New("object belongs to another run")
 
-// CreatedRun is the outcome of a successful CreateJobRun or CreateWorkloadRun (or their Start
-// halves).
+// CreatedRun is the outcome of a successful StartJobRun, StartPodRun or CreateWorkloadRun.
 type CreatedRun struct {
 	// JobUID is the UID of the workload (the Job, or the Sandbox CR for CreateWorkloadRun).
 	JobUID types.UID
@@ -56,8 +56,8 @@ func (r CreatedRun) AdoptSecret(ctx context.Context, cs kubernetes.Interface) er
 	return nil
 }
 
-// CreateJobRun creates a run's Secret and Job so that a redelivered or duplicated request never
-// starts a second workload and bad input leaves nothing behind:
+// A Job run is created in three steps, so that a redelivered or duplicated request never starts
+// a second workload and bad input leaves nothing behind:
 //
 //  1. Create the Secret without an owner. AlreadyExists is fine when its LabelRunID matches,
 //     ErrRunConflict otherwise.
@@ -75,18 +75,11 @@ func (r CreatedRun) AdoptSecret(ctx context.Context, cs kubernetes.Interface) er
 // secret and job must be in the same namespace and both carry LabelRunID with the same value.
 // Neither argument is modified. A retryable error (network, 5xx, 429, Conflict) may leave the
 // Secret without an owner; calling again with the same input completes the run.
-func CreateJobRun(ctx context.Context, cs kubernetes.Interface, secret *corev1.Secret, job *batchv1.Job) (CreatedRun, error) {
-	run, err := StartJobRun(ctx, cs, secret, job)
-	if err != nil {
-		return CreatedRun{}, err
-	}
-	return run, run.AdoptSecret(ctx, cs)
-}
-
-// StartJobRun is steps 1 and 2 of CreateJobRun: the run's pod can start once it returns. The
-// caller finishes with AdoptSecret, after reporting the run created if it is in a hurry; a
-// crash in between leaves a Secret without owner that a second StartJobRun plus AdoptSecret
-// (a redelivered request) completes.
+//
+// StartJobRun is steps 1 and 2: the run's pod can start once it returns. The caller finishes
+// with AdoptSecret (step 3), after reporting the run created if it is in a hurry; a crash in
+// between leaves a Secret without owner that a second StartJobRun plus AdoptSecret (a
+// redelivered request) completes.
 func StartJobRun(ctx context.Context, cs kubernetes.Interface, secret *corev1.Secret, job *batchv1.Job) (CreatedRun, error) {
 	if job == nil {
 		return CreatedRun{}, fmt.Errorf("creating run: nil Job: %w", ErrInvalidObject)
@@ -439,13 +432,20 @@ func waitJobGone(ctx context.Context, jobs jobGetWatcher, name string) error {
 // metav1.ListOptions{FieldSelector: "metadata.name=<name>"} is the usual choice.
 func DeleteWorkloadRun(ctx context.Context, cs kubernetes.Interface, dyn dynamic.Interface, gvr schema.GroupVersionResource, namespace, name string, pods metav1.ListOptions, opts RunDeleteOptions) error {
 	opts = opts.withDefaults()
+	if pods.LabelSelector == "" && pods.FieldSelector == "" {
+		return fmt.Errorf("deleting pods of %s %s/%s: empty pod selector: %w", gvr.Resource, namespace, name, ErrInvalidObject)
+	}
+	// The pods first, with opts' grace period: the workload's garbage collection would delete
+	// them with their own terminationGracePeriodSeconds, and a kubelet does not shorten a
+	// termination it has begun. A pod being deleted still exists, so the workload's controller
+	// does not replace it before the workload itself goes.
+	if err := startPodDeletion(ctx, cs, namespace, pods, opts.PodGracePeriod); err != nil {
+		return fmt.Errorf("deleting pods of %s %s/%s: %w", gvr.Resource, namespace, name, err)
+	}
 	prop := opts.Propagation
 	err := dyn.Resource(gvr).Namespace(namespace).Delete(ctx, name, metav1.DeleteOptions{PropagationPolicy: &prop})
 	if err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("deleting %s %s/%s: %w", gvr.Resource, namespace, name, err)
-	}
-	if pods.LabelSelector == "" && pods.FieldSelector == "" {
-		return fmt.Errorf("deleting pods of %s %s/%s: empty pod selector: %w", gvr.Resource, namespace, name, ErrInvalidObject)
 	}
 	if err := deletePodsAndWait(ctx, cs, namespace, pods, opts.PodGracePeriod); err != nil {
 		return fmt.Errorf("deleting pods of %s %s/%s: %w", gvr.Resource, namespace, name, err)
@@ -466,21 +466,7 @@ func DeleteSecret(ctx context.Context, cs kubernetes.Interface, namespace, name 
 // deletePodsAndWait deletes every pod sel matches and returns when none is left.
 func deletePodsAndWait(ctx context.Context, cs kubernetes.Interface, namespace string, sel metav1.ListOptions, grace time.Duration) error {
 	pods := cs.CoreV1().Pods(namespace)
-	graceSec := int64(grace / time.Second)
-	deletePod := func(p *corev1.Pod) error {
-		if p.DeletionTimestamp != nil && p.DeletionGracePeriodSeconds != nil && *p.DeletionGracePeriodSeconds <= graceSec {
-			return nil // already going at least as fast
-		}
-		uid := p.UID
-		err := pods.Delete(ctx, p.Name, metav1.DeleteOptions{
-			GracePeriodSeconds: &graceSec,
-			Preconditions:      &metav1.Preconditions{UID: &uid},
-		})
-		if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
-			return fmt.Errorf("deleting pod %s: %w", p.Name, err)
-		}
-		return nil
-	}
+	deletePod := podDeleter(ctx, pods, grace)
 	for {
 		list, err := pods.List(ctx, sel)
 		if err != nil {
@@ -512,6 +498,42 @@ func deletePodsAndWait(ctx context.Context, cs kubernetes.Interface, namespace s
 			return err
 		}
 		// The watch ended (server timeout, 410 Gone, connection reset): list again.
+	}
+}
+
+// startPodDeletion deletes every pod sel matches with the grace period and does not wait.
+func startPodDeletion(ctx context.Context, cs kubernetes.Interface, namespace string, sel metav1.ListOptions, grace time.Duration) error {
+	pods := cs.CoreV1().Pods(namespace)
+	list, err := pods.List(ctx, sel)
+	if err != nil {
+		return fmt.Errorf("listing pods: %w", err)
+	}
+	deletePod := podDeleter(ctx, pods, grace)
+	for i := range list.Items {
+		if err := deletePod(&list.Items[i]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// podDeleter deletes a pod with the grace period, unless it is already being deleted at least
+// as fast. Gone already, or replaced by a pod of the same name, is success.
+func podDeleter(ctx context.Context, pods typedcorev1.PodInterface, grace time.Duration) func(*corev1.Pod) error {
+	graceSec := int64(grace / time.Second)
+	return func(p *corev1.Pod) error {
+		if p.DeletionTimestamp != nil && p.DeletionGracePeriodSeconds != nil && *p.DeletionGracePeriodSeconds <= graceSec {
+			return nil
+		}
+		uid := p.UID
+		err := pods.Delete(ctx, p.Name, metav1.DeleteOptions{
+			GracePeriodSeconds: &graceSec,
+			Preconditions:      &metav1.Preconditions{UID: &uid},
+		})
+		if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+			return fmt.Errorf("deleting pod %s: %w", p.Name, err)
+		}
+		return nil
 	}
 }
 

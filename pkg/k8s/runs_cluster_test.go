@@ -15,6 +15,8 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/kubeclip/kubeclip/pkg/events"
 )
 
 func TestClusterCreateJobRunIdempotent(t *testing.T) {
@@ -25,14 +27,14 @@ func TestClusterCreateJobRunIdempotent(t *testing.T) {
 	name := runName()
 	secret, job := stubRun(ns, name, "run-1", map[string]string{"STUB_LINES": "1"})
 
-	first, err := CreateJobRun(ctx, c.cs, secret, job)
+	first, err := createJobRun(ctx, c.cs, secret, job)
 	if err != nil {
 		t.Fatalf("first CreateJobRun: %v", err)
 	}
 	if first.Existed || first.JobUID == "" {
 		t.Fatalf("first CreateJobRun = %+v, want a new Job", first)
 	}
-	second, err := CreateJobRun(ctx, c.cs, secret, job)
+	second, err := createJobRun(ctx, c.cs, secret, job)
 	if err != nil {
 		t.Fatalf("second CreateJobRun: %v", err)
 	}
@@ -60,7 +62,7 @@ func TestClusterCreateJobRunIdempotent(t *testing.T) {
 
 	// The same names for another run: a terminal conflict that changes nothing.
 	otherSecret, otherJob := stubRun(ns, name, "run-2", nil)
-	if _, err := CreateJobRun(ctx, c.cs, otherSecret, otherJob); !errors.Is(err, ErrRunConflict) {
+	if _, err := createJobRun(ctx, c.cs, otherSecret, otherJob); !errors.Is(err, ErrRunConflict) {
 		t.Errorf("CreateJobRun for another run id: %v, want ErrRunConflict", err)
 	}
 	got, err := c.cs.BatchV1().Jobs(ns).Get(ctx, name, metav1.GetOptions{})
@@ -69,13 +71,12 @@ func TestClusterCreateJobRunIdempotent(t *testing.T) {
 	}
 
 	// The pod starts (the Secret existed first) and succeeds. The grace covers the kubelet's
-	// transient "failed to sync secret cache" (see fatalWaitingReasons).
-	opts := ClassifyOptions{StartErrorGrace: 10 * time.Second}
+	// transient "failed to sync secret cache" (see pkg/runwatch/verdict's fatalWaitingReasons).
 	pod := jobPod(ctx, t, c.cs, ns, name, time.Minute, func(p *corev1.Pod) bool {
-		return ClassifyPod(p, "agent", opts).Terminal
+		return podEnd(p, 10*time.Second) != nil
 	})
-	if v := ClassifyPod(pod, "agent", opts); v.Outcome != OutcomeSucceeded || v.ExitCode == nil || *v.ExitCode != 0 {
-		t.Errorf("ClassifyPod = %+v, want succeeded with exit 0", v)
+	if v := podEnd(pod, 10*time.Second); v == nil || v.Outcome != events.OutcomeSucceeded || v.ExitCode == nil || *v.ExitCode != 0 {
+		t.Errorf("verdict = %+v, want succeeded with exit 0", v)
 	}
 }
 
@@ -91,7 +92,7 @@ func TestClusterCreateJobRunConcurrentDuplicates(t *testing.T) {
 	errs := make([]error, n)
 	var wg sync.WaitGroup
 	for i := range n {
-		wg.Go(func() { results[i], errs[i] = CreateJobRun(ctx, c.cs, secret, job) })
+		wg.Go(func() { results[i], errs[i] = createJobRun(ctx, c.cs, secret, job) })
 	}
 	wg.Wait()
 	created := 0
@@ -127,7 +128,7 @@ func TestClusterCreateJobRunInvalidLeavesNothing(t *testing.T) {
 	t.Run("invalid Job", func(t *testing.T) {
 		secret, job := stubRun(ns, runName(), "run-bad", nil)
 		job.Spec.Template.Spec.RestartPolicy = corev1.RestartPolicyAlways // not allowed for Jobs
-		_, err := CreateJobRun(ctx, c.cs, secret, job)
+		_, err := createJobRun(ctx, c.cs, secret, job)
 		if !apierrors.IsInvalid(err) {
 			t.Fatalf("CreateJobRun = %v, want an Invalid error", err)
 		}
@@ -140,7 +141,7 @@ func TestClusterCreateJobRunInvalidLeavesNothing(t *testing.T) {
 			t.Fatal(err)
 		}
 		job.Spec.Template.Spec.Containers[0].Name = "Not_Valid"
-		if _, err := CreateJobRun(ctx, c.cs, secret, job); !apierrors.IsInvalid(err) {
+		if _, err := createJobRun(ctx, c.cs, secret, job); !apierrors.IsInvalid(err) {
 			t.Fatalf("CreateJobRun = %v, want an Invalid error", err)
 		}
 		secretGone(t, secret.Name)
@@ -160,7 +161,7 @@ func TestClusterCreateJobRunInvalidLeavesNothing(t *testing.T) {
 		// bite, so retry on new names until it does.
 		deadline := time.Now().Add(30 * time.Second)
 		for {
-			_, err = CreateJobRun(ctx, c.cs, secret, job)
+			_, err = createJobRun(ctx, c.cs, secret, job)
 			if err != nil || time.Now().After(deadline) {
 				break
 			}
@@ -180,7 +181,7 @@ func TestClusterCreateJobRunInvalidLeavesNothing(t *testing.T) {
 	t.Run("input rejected before any request", func(t *testing.T) {
 		secret, job := stubRun(ns, runName(), "run-a", nil)
 		secret.Labels[LabelRunID] = "run-b"
-		if _, err := CreateJobRun(ctx, c.cs, secret, job); !errors.Is(err, ErrInvalidObject) {
+		if _, err := createJobRun(ctx, c.cs, secret, job); !errors.Is(err, ErrInvalidObject) {
 			t.Fatalf("CreateJobRun = %v, want ErrInvalidObject", err)
 		}
 		secretGone(t, secret.Name)
@@ -238,7 +239,7 @@ func TestClusterDeleteRunWaitsForPods(t *testing.T) {
 	ns := testNamespace(ctx, t, c.cs)
 	name := runName()
 	secret, job := stubRun(ns, name, "run-del", map[string]string{"STUB_LINES": "1", "STUB_SLEEP": "1h"})
-	if _, err := CreateJobRun(ctx, c.cs, secret, job); err != nil {
+	if _, err := createJobRun(ctx, c.cs, secret, job); err != nil {
 		t.Fatal(err)
 	}
 	pod := jobPod(ctx, t, c.cs, ns, name, time.Minute, func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodRunning })
@@ -300,7 +301,7 @@ func TestClusterDeleteRunTiming(t *testing.T) {
 	ns := testNamespace(ctx, t, c.cs)
 	name := runName()
 	secret, job := stubRun(ns, name, "run-del-2", map[string]string{"STUB_LINES": "1", "STUB_SLEEP": "1h"})
-	if _, err := CreateJobRun(ctx, c.cs, secret, job); err != nil {
+	if _, err := createJobRun(ctx, c.cs, secret, job); err != nil {
 		t.Fatal(err)
 	}
 	jobPod(ctx, t, c.cs, ns, name, time.Minute, func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodRunning })

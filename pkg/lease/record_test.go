@@ -16,7 +16,7 @@ import (
 func newRecords(t *testing.T) lease.Records {
 	t.Helper()
 	_, _, js := natstest.Start(t)
-	kv, err := js.CreateKeyValue(t.Context(), events.Options{}.LeaseBucketConfig())
+	kv, err := js.CreateKeyValue(t.Context(), lease.BucketOptions{}.RecordBucketConfig())
 	if err != nil {
 		t.Fatalf("creating the lease bucket: %v", err)
 	}

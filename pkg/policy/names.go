@@ -29,9 +29,6 @@ const (
 
 	// AnnotationIssueID records the Paperclip issue a run works on, when it has one.
 	AnnotationIssueID = "paperclip.io/issue-id"
-
-	// FieldManager is kubeclip's server-side apply field manager.
-	FieldManager = "kubeclip"
 )
 
 // Pod Security Admission labels of a tenant namespace.

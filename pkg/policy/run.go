@@ -18,7 +18,6 @@ import (
 const (
 	SandboxAPIVersionV1beta1  = "agents.x-k8s.io/v1beta1"
 	SandboxAPIVersionV1alpha1 = "agents.x-k8s.io/v1alpha1"
-	DefaultSandboxAPIVersion  = SandboxAPIVersionV1beta1
 	SandboxKind               = "Sandbox"
 )
 

@@ -56,16 +56,6 @@ var workerTenantRoles = []struct{ serviceAccount, clusterRole string }{
 	{"exec-worker", "kubeclip-tenant-exec-worker"},
 }
 
-// WorkerTenantClusterRoles names the ClusterRoles the tenant-worker binds in every tenant; its
-// own RBAC lets it bind exactly these.
-func WorkerTenantClusterRoles() []string {
-	out := make([]string, len(workerTenantRoles))
-	for i, w := range workerTenantRoles {
-		out[i] = w.clusterRole
-	}
-	return out
-}
-
 // Names and labels of the sandboxd ingress rule.
 const (
 	SandboxdIngressPolicyName = "paperclip-sandboxd-ingress"

@@ -4,13 +4,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/go-cmp/cmp"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kubeclip/kubeclip/pkg/events"
-	"github.com/kubeclip/kubeclip/pkg/k8s"
 )
 
 const agentContainer = "agent"
@@ -86,26 +84,16 @@ func unschedulableFor(d time.Duration) func(*corev1.Pod) {
 	}
 }
 
-func intPtr(i int) *int { return &i }
-
-// decision is what decide returns, in one comparable value.
-type decision struct {
-	Phase   events.Phase
-	Reason  string
-	Message string
-	Verdict *verdict
-}
-
-// newDecideTracker returns a tracker of a Watcher with only what decide reads.
+// newDecideTracker returns a tracker with only what decide reads.
 func newDecideTracker(t *testing.T) *tracker {
 	t.Helper()
-	w := &Watcher{opts: Options{
+	d := &deps{opts: Options{
 		Now:                clock,
 		Container:          agentContainer,
 		UnschedulableGrace: 5 * time.Second,
 		StartErrorGrace:    10 * time.Second,
-	}, log: testLogger(t)}
-	tr := newTracker(w, nil, "paperclip-acme", events.Ref("acme", "run-1"))
+	}, log: testLogger(t), cluster: &clusterCache{}}
+	tr := newTracker(d, "paperclip-acme", events.Ref("acme", "run-1"))
 	t.Cleanup(func() {
 		if tr.recheck != nil {
 			tr.recheck.Stop()
@@ -114,185 +102,14 @@ func newDecideTracker(t *testing.T) *tracker {
 	return tr
 }
 
-func TestTrackerDecide(t *testing.T) {
-	const (
-		exit3Msg   = `container "agent" exited with code 3`
-		oomMsg     = `container "agent" was killed for exceeding its memory limit`
-		releaseMsg = "the Job was deleted before the run finished"
-		jobDelMsg  = releaseMsg
-	)
-	tests := []struct {
-		name        string
-		job         *batchv1.Job
-		pod         *corev1.Pod
-		seenJob     bool // the tracker saw the run's Job earlier
-		want        decision
-		wantRecheck bool
-	}{
-		{
-			name: "Job active, pod not created yet",
-			job:  job(active),
-			want: decision{Phase: events.PhasePending},
-		},
-		{
-			name: "Job active, pod pending",
-			job:  job(active),
-			pod:  pod(corev1.PodPending, waiting("ContainerCreating")),
-			want: decision{Phase: events.PhasePending},
-		},
-		{
-			name: "pod running",
-			job:  job(active),
-			pod:  pod(corev1.PodRunning, running()),
-			want: decision{Phase: events.PhaseRunning},
-		},
-		{
-			name: "container exited 0 before the Job noticed",
-			job:  job(active),
-			pod:  pod(corev1.PodRunning, exited(0, "Completed")),
-			want: decision{Phase: events.PhaseSucceeded, Reason: k8s.ReasonCompleted,
-				Verdict: &verdict{outcome: events.OutcomeSucceeded, reason: k8s.ReasonCompleted, exitCode: intPtr(0)}},
-		},
-		{
-			name: "container exited 3",
-			job:  job(active),
-			pod:  pod(corev1.PodFailed, exited(3, "Error")),
-			want: decision{Phase: events.PhaseFailed, Reason: "Error", Message: exit3Msg,
-				Verdict: &verdict{outcome: events.OutcomeFailed, reason: "Error", message: exit3Msg, exitCode: intPtr(3)}},
-		},
-		{
-			name: "container OOMKilled without an exit code",
-			job:  job(active),
-			pod:  pod(corev1.PodRunning, exited(0, k8s.ReasonOOMKilled)),
-			want: decision{Phase: events.PhaseFailed, Reason: k8s.ReasonOOMKilled, Message: oomMsg,
-				Verdict: &verdict{outcome: events.OutcomeFailed, reason: k8s.ReasonOOMKilled, message: oomMsg, exitCode: intPtr(137)}},
-		},
-		{
-			name: "Job complete",
-			job:  job(jobCondition(batchv1.JobComplete, "", "")),
-			pod:  pod(corev1.PodSucceeded, exited(0, "Completed")),
-			want: decision{Phase: events.PhaseSucceeded, Reason: k8s.ReasonCompleted,
-				Verdict: &verdict{outcome: events.OutcomeSucceeded, reason: k8s.ReasonCompleted, exitCode: intPtr(0)}},
-		},
-		{
-			name: "Job failed: the pod says why",
-			job:  job(jobCondition(batchv1.JobFailed, "BackoffLimitExceeded", "Job has reached the specified backoff limit")),
-			pod:  pod(corev1.PodFailed, exited(3, "Error")),
-			want: decision{Phase: events.PhaseFailed, Reason: "Error", Message: exit3Msg,
-				Verdict: &verdict{outcome: events.OutcomeFailed, reason: "Error", message: exit3Msg, exitCode: intPtr(3)}},
-		},
-		{
-			name: "Job deadline exceeded while its pod is deleted",
-			job:  job(jobCondition(batchv1.JobFailed, batchv1.JobReasonDeadlineExceeded, "Job was active longer than specified deadline")),
-			pod:  pod(corev1.PodRunning, running(), podDeleting),
-			want: decision{Phase: events.PhaseFailed, Reason: batchv1.JobReasonDeadlineExceeded, Message: "Job was active longer than specified deadline",
-				Verdict: &verdict{outcome: events.OutcomeTimedOut, reason: batchv1.JobReasonDeadlineExceeded, message: "Job was active longer than specified deadline"}},
-		},
-		{
-			name: "Job deadline exceeded (interim condition) with the pod gone",
-			job:  job(jobCondition(batchv1.JobFailureTarget, batchv1.JobReasonDeadlineExceeded, "deadline")),
-			want: decision{Phase: events.PhaseFailed, Reason: batchv1.JobReasonDeadlineExceeded, Message: "deadline",
-				Verdict: &verdict{outcome: events.OutcomeTimedOut, reason: batchv1.JobReasonDeadlineExceeded, message: "deadline"}},
-		},
-		{
-			name: "pod being deleted, Job not terminal yet: wait for the Job",
-			job:  job(active),
-			pod:  pod(corev1.PodRunning, running(), podDeleting),
-			want: decision{Phase: events.PhaseFailed, Reason: k8s.ReasonPodDeleted, Message: "the pod was deleted before the run finished"},
-		},
-		{
-			name:    "Job deleted after it was seen, pod still running",
-			pod:     pod(corev1.PodRunning, running()),
-			seenJob: true,
-			want: decision{Phase: events.PhaseFailed, Reason: k8s.ReasonJobDeleted, Message: jobDelMsg,
-				Verdict: &verdict{outcome: events.OutcomeCancelled, reason: k8s.ReasonJobDeleted, message: releaseMsg}},
-		},
-		{
-			name:    "Job deleted after it was seen, pod gone",
-			seenJob: true,
-			want: decision{Phase: events.PhaseFailed, Reason: k8s.ReasonJobDeleted, Message: jobDelMsg,
-				Verdict: &verdict{outcome: events.OutcomeCancelled, reason: k8s.ReasonJobDeleted, message: releaseMsg}},
-		},
-		{
-			name: "Job being deleted, pod running",
-			job:  job(active, jobDeleting),
-			pod:  pod(corev1.PodRunning, running()),
-			want: decision{Phase: events.PhaseFailed, Reason: k8s.ReasonJobDeleted, Message: jobDelMsg,
-				Verdict: &verdict{outcome: events.OutcomeCancelled, reason: k8s.ReasonJobDeleted, message: releaseMsg}},
-		},
-		{
-			name: "Job being deleted, pod being killed: keep its exit code",
-			job:  job(active, jobDeleting),
-			pod:  pod(corev1.PodRunning, exited(143, "Error"), podDeleting),
-			want: decision{Phase: events.PhaseFailed, Reason: k8s.ReasonJobDeleted, Message: jobDelMsg,
-				Verdict: &verdict{outcome: events.OutcomeCancelled, reason: k8s.ReasonJobDeleted, message: releaseMsg, exitCode: intPtr(143)}},
-		},
-		{
-			name: "Job deleted just after the container failed on its own",
-			pod:  pod(corev1.PodFailed, exited(3, "Error")),
-			want: decision{Phase: events.PhaseFailed, Reason: "Error", Message: exit3Msg,
-				Verdict: &verdict{outcome: events.OutcomeFailed, reason: "Error", message: exit3Msg, exitCode: intPtr(3)}},
-		},
-		{
-			name: "ErrImageNeverPull fails at once",
-			job:  job(active),
-			pod:  pod(corev1.PodPending, waiting("ErrImageNeverPull"), startedAgo(0)),
-			want: decision{Phase: events.PhaseFailed, Reason: "ErrImageNeverPull", Message: `container "agent": ErrImageNeverPull`,
-				Verdict: &verdict{outcome: events.OutcomeFailed, reason: "ErrImageNeverPull", message: `container "agent": ErrImageNeverPull`}},
-		},
-		{
-			name:        "ImagePullBackOff within the start grace",
-			job:         job(active),
-			pod:         pod(corev1.PodPending, waiting("ImagePullBackOff"), startedAgo(3*time.Second)),
-			want:        decision{Phase: events.PhasePending, Reason: "ImagePullBackOff", Message: `container "agent": ImagePullBackOff`},
-			wantRecheck: true,
-		},
-		{
-			name: "ImagePullBackOff past the start grace",
-			job:  job(active),
-			pod:  pod(corev1.PodPending, waiting("ImagePullBackOff"), startedAgo(10*time.Second)),
-			want: decision{Phase: events.PhaseFailed, Reason: "ImagePullBackOff", Message: `container "agent": ImagePullBackOff`,
-				Verdict: &verdict{outcome: events.OutcomeFailed, reason: "ImagePullBackOff", message: `container "agent": ImagePullBackOff`}},
-		},
-		{
-			name:        "unschedulable within its grace",
-			job:         job(active),
-			pod:         pod(corev1.PodPending, corev1.ContainerState{}, unschedulableFor(time.Second)),
-			want:        decision{Phase: events.PhasePending, Reason: k8s.ReasonUnschedulable, Message: "0/1 nodes are available"},
-			wantRecheck: true,
-		},
-		{
-			name: "unschedulable past its grace",
-			job:  job(active),
-			pod:  pod(corev1.PodPending, corev1.ContainerState{}, unschedulableFor(time.Minute)),
-			want: decision{Phase: events.PhaseFailed, Reason: k8s.ReasonUnschedulable, Message: "0/1 nodes are available",
-				Verdict: &verdict{outcome: events.OutcomeFailed, reason: k8s.ReasonUnschedulable, message: "0/1 nodes are available"}},
-		},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			tr := newDecideTracker(t)
-			tr.seenJob = tc.seenJob
-			phase, reason, message, v := tr.decide(tc.job, tc.pod)
-			got := decision{Phase: phase, Reason: reason, Message: message, Verdict: v}
-			if diff := cmp.Diff(tc.want, got, cmp.AllowUnexported(verdict{})); diff != "" {
-				t.Errorf("decide() (-want +got):\n%s", diff)
-			}
-			if gotRecheck := tr.recheck != nil; gotRecheck != tc.wantRecheck {
-				t.Errorf("recheck timer set = %v, want %v", gotRecheck, tc.wantRecheck)
-			}
-		})
-	}
-}
-
 // TestTrackerDecideRecheckPokes checks that a verdict waiting out a grace wakes the tracker
 // when the grace ends, with no informer event.
 func TestTrackerDecideRecheckPokes(t *testing.T) {
 	tr := newDecideTracker(t)
-	tr.w.opts.StartErrorGrace = 50 * time.Millisecond
+	tr.d.opts.StartErrorGrace = 50 * time.Millisecond
 	startedNow := pod(corev1.PodPending, waiting("ErrImagePull"), startedAgo(0))
-	if _, _, _, v := tr.decide(job(active), startedNow); v != nil {
-		t.Fatalf("decide() verdict %+v within the grace, want none", v)
+	if d := tr.decide(job(active), startedNow); d.End != nil {
+		t.Fatalf("decide() verdict %+v within the grace, want none", d.End)
 	}
 	select {
 	case <-tr.wakeCh:

@@ -13,6 +13,7 @@ import (
 
 	"github.com/kubeclip/kubeclip/pkg/events"
 	"github.com/kubeclip/kubeclip/pkg/lease"
+	"github.com/kubeclip/kubeclip/pkg/runwatch/verdict"
 )
 
 // TestStatusIsFenced is issue 8.12: a replica that lost a run without noticing (paused, cut
@@ -25,18 +26,18 @@ func TestStatusIsFenced(t *testing.T) {
 	stale := h.tracker(t, runID)
 	owner := h.tracker(t, runID)
 	ctx := t.Context()
-	if err := stale.publishStatus(ctx, events.PhaseRunning, "", "", nil); err != nil {
+	if err := stale.publishStatus(ctx, verdict.Decision{Phase: events.PhaseRunning}, nil); err != nil {
 		t.Fatalf("first owner's status: %v", err)
 	}
 	// The run moves to another replica, which reads the history and goes on.
 	if err := owner.load(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if err := owner.publishStatus(ctx, events.PhaseSucceeded, "Completed", "", nil); err != nil {
+	if err := owner.publishStatus(ctx, verdict.Decision{Phase: events.PhaseSucceeded, Reason: "Completed"}, nil); err != nil {
 		t.Fatalf("new owner's status: %v", err)
 	}
 	// The paused first owner wakes up and reports what it saw last.
-	err := stale.publishStatus(ctx, events.PhaseFailed, "Error", "", nil)
+	err := stale.publishStatus(ctx, verdict.Decision{Phase: events.PhaseFailed, Reason: "Error"}, nil)
 	if !errors.Is(err, errFenced) {
 		t.Fatalf("stale owner's status: error %v, want errFenced", err)
 	}
@@ -54,7 +55,7 @@ func TestStatusIsFenced(t *testing.T) {
 // fails the run at once, naming the quota.
 func TestQuotaRefusalFailsTheRun(t *testing.T) {
 	tr := newDecideTracker(t)
-	tr.w.jobEvents = cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{jobEventIndex: indexByJob})
+	tr.d.cluster.jobEvents = cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{jobEventIndex: indexByJob})
 	job := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: "pc-q", Namespace: "paperclip-acme", UID: types.UID("job-uid"), Labels: runLabels("run-1")}}
 	event := func(name string, uid types.UID, msg string) *corev1.Event {
 		return &corev1.Event{
@@ -63,29 +64,29 @@ func TestQuotaRefusalFailsTheRun(t *testing.T) {
 			Reason:         "FailedCreate", Message: msg,
 		}
 	}
-	phase, _, _, v := tr.decide(job, nil)
-	if v != nil || phase != events.PhasePending {
-		t.Fatalf("before any event: phase %s, verdict %+v; want Pending, none", phase, v)
+	d := tr.decide(job, nil)
+	if d.End != nil || d.Phase != events.PhasePending {
+		t.Fatalf("before any event: phase %s, verdict %+v; want Pending, none", d.Phase, d.End)
 	}
 	// An older Job of the same name, and a refusal that is not the quota's, change nothing.
 	for _, ev := range []*corev1.Event{
 		event("old", "old-uid", `Error creating: pods "pc-q-1" is forbidden: exceeded quota: paperclip-quota, requested: pods=1, used: pods=20, limited: pods=20`),
 		event("psa", "job-uid", `Error creating: pods "pc-q-2" is forbidden: violates PodSecurity "restricted:latest"`),
 	} {
-		if err := tr.w.jobEvents.Add(ev); err != nil {
+		if err := tr.d.cluster.jobEvents.Add(ev); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if _, _, _, v := tr.decide(job, nil); v != nil {
-		t.Fatalf("verdict %+v from an unrelated refusal", v)
+	if d := tr.decide(job, nil); d.End != nil {
+		t.Fatalf("verdict %+v from an unrelated refusal", d.End)
 	}
-	if err := tr.w.jobEvents.Add(event("quota", "job-uid", `Error creating: pods "pc-q-3" is forbidden: exceeded quota: paperclip-quota, requested: pods=1, used: pods=20, limited: pods=20`)); err != nil {
+	if err := tr.d.cluster.jobEvents.Add(event("quota", "job-uid", `Error creating: pods "pc-q-3" is forbidden: exceeded quota: paperclip-quota, requested: pods=1, used: pods=20, limited: pods=20`)); err != nil {
 		t.Fatal(err)
 	}
-	phase, reason, msg, v := tr.decide(job, nil)
+	d = tr.decide(job, nil)
 	want := "the tenant's ResourceQuota paperclip-quota refuses the run (requested: pods=1, used: pods=20, limited: pods=20)"
-	if phase != events.PhaseFailed || reason != events.ReasonQuotaExceeded || msg != want || v == nil || v.outcome != events.OutcomeFailed {
-		t.Errorf("decide = %s, %s, %q, %+v; want Failed, QuotaExceeded, %q", phase, reason, msg, v, want)
+	if d.Phase != events.PhaseFailed || d.Reason != events.ReasonQuotaExceeded || d.Message != want || d.End == nil || d.End.Outcome != events.OutcomeFailed {
+		t.Errorf("decide = %s, %s, %q, %+v; want Failed, QuotaExceeded, %q", d.Phase, d.Reason, d.Message, d.End, want)
 	}
 }
 
@@ -98,22 +99,22 @@ func TestReconcileSkipsRunsItFollows(t *testing.T) {
 	ctx := t.Context()
 	created := lease.Record{RunID: runID, CompanyID: testCompany, Namespace: testNamespace, WorkloadName: "pc-rec",
 		State: lease.StateCreated, CreatedAt: clock().Add(-time.Hour)}
-	if _, _, err := h.w.leases.Create(ctx, created); err != nil {
+	if _, _, err := h.d.leases.Create(ctx, created); err != nil {
 		t.Fatal(err)
 	}
 	ref := events.Ref(testCompany, runID)
-	h.w.trackers[ref] = newTracker(h.w, h.stream, testNamespace, ref)
-	h.w.reconcile(ctx, h.stream)
+	h.w.trackers[ref] = newTracker(h.d, testNamespace, ref)
+	h.w.reconcile(ctx, h.d)
 	if got := runEvents[events.RunResultEvent](t, h, runID, events.KindResult); len(got) != 0 {
 		t.Fatalf("reconcile published %+v for a run this replica follows", got)
 	}
 
 	// Once nobody follows it and its lease was released, the run was cancelled, not lost.
 	delete(h.w.trackers, ref)
-	if _, err := h.w.leases.Modify(ctx, ref, lease.BeginRelease(events.LeaseRelease, false)); err != nil {
+	if _, err := h.d.leases.Modify(ctx, ref, lease.BeginRelease(events.LeaseRelease, false)); err != nil {
 		t.Fatal(err)
 	}
-	h.w.reconcile(ctx, h.stream)
+	h.w.reconcile(ctx, h.d)
 	res := runEvents[events.RunResultEvent](t, h, runID, events.KindResult)
 	if len(res) != 1 || res[0].Outcome != events.OutcomeCancelled {
 		t.Errorf("results %+v, want one, cancelled", res)

@@ -17,10 +17,13 @@ const (
 	testCompany   = "acme"
 )
 
-// harness is a Watcher wired to a real JetStream server, without informers or a cluster.
+// harness is the run goroutines' dependencies wired to a real JetStream server, without
+// informers or a cluster, and a Watcher around them (for reconcile).
 type harness struct {
 	js     jetstream.JetStream
 	stream jetstream.Stream
+	pub    *events.Publisher
+	d      *deps
 	w      *Watcher
 }
 
@@ -30,6 +33,9 @@ func newHarness(t *testing.T) *harness {
 	if err := events.EnsureStreams(t.Context(), js, events.Options{}); err != nil {
 		t.Fatalf("creating streams: %v", err)
 	}
+	if err := lease.EnsureBuckets(t.Context(), js, lease.BucketOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	stream, err := js.Stream(t.Context(), events.Subjects{}.RunStream())
 	if err != nil {
 		t.Fatalf("looking up the run stream: %v", err)
@@ -38,45 +44,45 @@ func newHarness(t *testing.T) *harness {
 	if err != nil {
 		t.Fatalf("creating publisher: %v", err)
 	}
-	leases, err := js.KeyValue(t.Context(), events.LeaseBucket)
+	leases, err := js.KeyValue(t.Context(), lease.Bucket)
 	if err != nil {
 		t.Fatalf("opening the lease bucket: %v", err)
 	}
-	w := &Watcher{
-		leases: lease.Records{KV: leases},
-		opts: Options{
-			JetStream: js, Now: clock, Container: agentContainer,
-			// Chunks go out when a test flushes, not when a timer says.
-			FlushInterval: time.Hour,
-		},
-		log:       testLogger(t),
-		publisher: pub,
-		trackers:  map[events.RunRef]*tracker{},
+	opts := Options{
+		JetStream: js, Now: clock, Container: agentContainer,
+		// Chunks go out when a test flushes, not when a timer says.
+		FlushInterval: time.Hour,
 	}
-	return &harness{js: js, stream: stream, w: w}
+	d := &deps{
+		opts: opts, log: testLogger(t), pub: pub, stream: stream,
+		leases: lease.Records{KV: leases}, cluster: &clusterCache{},
+	}
+	w := &Watcher{opts: opts, log: d.log, publisher: pub, trackers: map[events.RunRef]*tracker{}}
+	return &harness{js: js, stream: stream, pub: pub, d: d, w: w}
 }
 
 // lease records a lease for runID, as the dispatcher does before it creates the workload; the
 // watcher follows only leased runs.
 func (h *harness) lease(t *testing.T, runID string) {
 	t.Helper()
-	if _, _, err := h.w.leases.Create(t.Context(), lease.Record{RunID: runID, CompanyID: testCompany, Namespace: testNamespace, State: lease.StateCreated}); err != nil {
+	if _, _, err := h.d.leases.Create(t.Context(), lease.Record{RunID: runID, CompanyID: testCompany, Namespace: testNamespace, State: lease.StateCreated}); err != nil {
 		t.Fatalf("creating the lease of %s: %v", runID, err)
 	}
 }
 
-// tracker returns a tracker of runID with fresh log state.
+// tracker returns a tracker of runID with a fresh journal.
 func (h *harness) tracker(t *testing.T, runID string) *tracker {
 	t.Helper()
-	tr := newTracker(h.w, h.stream, testNamespace, events.Ref(testCompany, runID))
-	tr.logs = newLogState(t.Context(), tr, h.w.opts.FlushInterval)
+	ref := events.Ref(testCompany, runID)
+	tr := newTracker(h.d, testNamespace, ref)
+	tr.journal = newJournal(ref, h.d.journalOptions())
 	return tr
 }
 
 // publish publishes ev and returns its stream sequence.
 func (h *harness) publish(t *testing.T, ev events.Event) uint64 {
 	t.Helper()
-	ack, err := h.w.publisher.Publish(t.Context(), ev)
+	ack, err := h.pub.Publish(t.Context(), ev)
 	if err != nil {
 		t.Fatalf("publishing %T: %v", ev, err)
 	}

@@ -16,9 +16,8 @@ type Observer interface {
 	RunsInFlight(delta int)
 }
 
-// runStarted counts a run in flight; the returned func ends it and may be called again.
-func (w *Watcher) runStarted() (ended func()) {
-	obs := w.opts.Observer
+// countInFlight counts a run in flight; the returned func ends it and may be called again.
+func countInFlight(obs Observer) (ended func()) {
 	if obs == nil {
 		return func() {}
 	}

@@ -16,7 +16,7 @@ func TestTrackerStepWaitsForTheJob(t *testing.T) {
 	_, pods := withInformerCaches(t, h)
 	const runID = "run-no-job"
 	h.lease(t, runID)
-	tr := newTracker(h.w, h.stream, testNamespace, events.Ref(testCompany, runID))
+	tr := newTracker(h.d, testNamespace, events.Ref(testCompany, runID))
 
 	if err := tr.step(t.Context()); err != nil {
 		t.Fatalf("step() error: %v", err)
@@ -31,8 +31,8 @@ func TestTrackerStepWaitsForTheJob(t *testing.T) {
 	if err := tr.step(t.Context()); err != nil {
 		t.Fatalf("step() error: %v", err)
 	}
-	if tr.done || tr.verdict != nil {
-		t.Errorf("done %v, verdict %+v; want neither before the Job was seen", tr.done, tr.verdict)
+	if tr.done || tr.end != nil {
+		t.Errorf("done %v, verdict %+v; want neither before the Job was seen", tr.done, tr.end)
 	}
 	for _, kind := range []events.RunKind{events.KindStatus, events.KindResult} {
 		if got := runEvents[events.RunStatusEvent](t, h, runID, kind); len(got) != 0 {
@@ -48,7 +48,7 @@ func TestTrackerStepPodWithoutJob(t *testing.T) {
 	_, pods := withInformerCaches(t, h)
 	const runID = "run-sandbox"
 	h.lease(t, runID)
-	tr := newTracker(h.w, h.stream, testNamespace, events.Ref(testCompany, runID))
+	tr := newTracker(h.d, testNamespace, events.Ref(testCompany, runID))
 	p := pod(corev1.PodPending, waiting("ErrImageNeverPull"))
 	p.Labels = runLabels(runID)
 	if err := pods.Add(p); err != nil {
@@ -69,7 +69,7 @@ func TestTrackerIgnoresRunsWithoutALease(t *testing.T) {
 	h := newHarness(t)
 	_, pods := withInformerCaches(t, h)
 	const runID = "run-elsewhere"
-	tr := newTracker(h.w, h.stream, testNamespace, events.Ref(testCompany, runID))
+	tr := newTracker(h.d, testNamespace, events.Ref(testCompany, runID))
 	p := pod(corev1.PodPending, waiting("ErrImageNeverPull"))
 	p.Labels = runLabels(runID)
 	if err := pods.Add(p); err != nil {
@@ -78,8 +78,8 @@ func TestTrackerIgnoresRunsWithoutALease(t *testing.T) {
 	if err := tr.step(t.Context()); err != nil {
 		t.Fatalf("step() error: %v", err)
 	}
-	if !tr.done || tr.w.owners.owns(events.Ref(testCompany, runID)) {
-		t.Errorf("done %v, owned %v; want the run ignored without claiming it", tr.done, tr.w.owners.owns(events.Ref(testCompany, runID)))
+	if !tr.done || tr.d.owners.owns(events.Ref(testCompany, runID)) {
+		t.Errorf("done %v, owned %v; want the run ignored without claiming it", tr.done, tr.d.owners.owns(events.Ref(testCompany, runID)))
 	}
 	for _, kind := range []events.RunKind{events.KindStatus, events.KindResult} {
 		if got := runEvents[events.RunResultEvent](t, h, runID, kind); len(got) != 0 {

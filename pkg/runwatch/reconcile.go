@@ -8,8 +8,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/kubeclip/kubeclip/pkg/events"
-	"github.com/kubeclip/kubeclip/pkg/k8s"
 	"github.com/kubeclip/kubeclip/pkg/lease"
+	"github.com/kubeclip/kubeclip/pkg/runwatch/verdict"
 )
 
 // DefaultReconcileInterval is how often the watcher looks for runs whose workload disappeared
@@ -20,15 +20,12 @@ const DefaultReconcileInterval = 5 * time.Minute
 // the informer cache.
 const reconcileGrace = time.Minute
 
-// ReasonWorkloadLost is the result reason of a run whose workload vanished unobserved.
-const ReasonWorkloadLost = "WorkloadLost"
-
 // reconcileLoop runs reconcile at start and then every interval.
-func (w *Watcher) reconcileLoop(ctx context.Context, stream jetstream.Stream) {
+func (w *Watcher) reconcileLoop(ctx context.Context, d *deps) {
 	tick := time.NewTicker(w.opts.ReconcileInterval)
 	defer tick.Stop()
 	for {
-		w.reconcile(ctx, stream)
+		w.reconcile(ctx, d)
 		select {
 		case <-ctx.Done():
 			return
@@ -39,8 +36,8 @@ func (w *Watcher) reconcileLoop(ctx context.Context, stream jetstream.Stream) {
 
 // reconcile gives a result to every created lease whose run has neither Job nor pod any more
 // and no result yet, so Paperclip never waits forever on a run nobody can follow.
-func (w *Watcher) reconcile(ctx context.Context, stream jetstream.Stream) {
-	lister, err := w.leases.KV.ListKeys(ctx)
+func (w *Watcher) reconcile(ctx context.Context, d *deps) {
+	lister, err := d.leases.KV.ListKeys(ctx)
 	if errors.Is(err, jetstream.ErrNoKeysFound) {
 		return
 	}
@@ -55,14 +52,14 @@ func (w *Watcher) reconcile(ctx context.Context, stream jetstream.Stream) {
 		if !ok {
 			continue
 		}
-		rec, _, err := w.leases.Get(ctx, ref)
+		rec, _, err := d.leases.Get(ctx, ref)
 		if err != nil || !awaitsResult(rec) || w.opts.Now().Sub(rec.CreatedAt) < reconcileGrace {
 			continue
 		}
-		if job, pod := w.objects(ref, rec.Namespace); job != nil || pod != nil || w.following(ref) {
+		if job, pod := d.cluster.objects(ref, rec.Namespace); job != nil || pod != nil || w.following(ref) {
 			continue // followed by its tracker, here or on another replica
 		}
-		if w.reportLost(ctx, stream, rec) {
+		if reportLost(ctx, d, rec) {
 			lost++
 		}
 	}
@@ -81,42 +78,37 @@ func awaitsResult(rec lease.Record) bool {
 	return false
 }
 
-// lostVerdict is how a run whose workload vanished unobserved ended: cancelled when its lease
-// was released or destroyed (that is what deleted it), else failed, its workload lost.
-func lostVerdict(rec lease.Record) *verdict {
-	if rec.State.Ended() {
-		const msg = "the run's workload was deleted by a release while no watcher followed it"
-		return &verdict{outcome: events.OutcomeCancelled, reason: k8s.ReasonJobDeleted, message: msg}
+// reportLost publishes the end of a run whose workload is gone: a failed status and its
+// result, with whatever its published log says about the agent. It claims the run first, so
+// it never races a replica that follows it. It reports whether it published a result.
+func reportLost(ctx context.Context, d *deps, rec lease.Record) bool {
+	ref := rec.Ref()
+	log := d.log.With().Str(events.LogKeyRunID, ref.RunID).Str(events.LogKeyTenant, ref.CompanyID).Logger()
+	if finished, err := resultPublished(ctx, d.stream, d.opts.Subjects, ref); err != nil || finished {
+		return false // finished, or NATS trouble: next pass
 	}
-	const msg = "the run's workload disappeared while no watcher followed it"
-	return &verdict{outcome: events.OutcomeFailed, reason: ReasonWorkloadLost, message: msg}
-}
-
-// reportLost publishes the result of a run whose workload is gone, with whatever its published
-// log says about the agent. It reports whether it published one.
-func (w *Watcher) reportLost(ctx context.Context, stream jetstream.Stream, rec lease.Record) bool {
-	t := newTracker(w, stream, rec.Namespace, rec.Ref())
-	defer func() {
-		if t.logs != nil {
-			t.logs.stop()
-		}
-		w.owners.release(context.WithoutCancel(ctx), rec.Ref())
-	}()
-	owned, err := t.own(ctx)
-	if err != nil || !owned {
-		return false // finished, owned by another replica, or NATS trouble: next pass
+	if owned, err := d.owners.claim(ctx, ref); err != nil || !owned {
+		return false // owned by another replica, or NATS trouble: next pass
 	}
-	if err := t.load(ctx); err != nil {
-		t.log.Warn().Err(err).Msg("reconcile: reading the run's history failed")
+	defer d.owners.release(context.WithoutCancel(ctx), ref)
+	status := newStatusLine()
+	if err := status.load(ctx, d.stream, d.opts.Subjects, ref); err != nil {
+		log.Warn().Err(err).Msg("reconcile: reading the run's history failed")
 		return false
 	}
-	t.verdict = lostVerdict(rec)
-	if err := t.publishStatus(ctx, events.PhaseFailed, t.verdict.reason, t.verdict.message, nil); err != nil {
-		t.log.Warn().Err(err).Msg("reconcile: publishing status failed")
+	j, err := loadJournal(ctx, ref, d.journalOptions())
+	if err != nil {
+		log.Warn().Err(err).Msg("reconcile: reading the run's history failed")
 		return false
 	}
-	if err := t.publishResult(ctx); err != nil {
-		t.log.Warn().Err(err).Msg("reconcile: publishing result failed")
+	defer j.stop()
+	end := verdict.Lost(rec.State.Ended())
+	if err := status.publish(ctx, d.pub, ref, events.PhaseFailed, end.Reason, end.Message, ""); err != nil {
+		log.Warn().Err(err).Msg("reconcile: publishing status failed")
+		return false
+	}
+	if err := publishResult(ctx, d.pub, log, ref, end, j.agentResult(end.AgentExitCode())); err != nil {
+		log.Warn().Err(err).Msg("reconcile: publishing result failed")
 		return false
 	}
 	return true

@@ -10,11 +10,10 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/kubeclip/kubeclip/pkg/events"
-	"github.com/kubeclip/kubeclip/pkg/k8s"
 	"github.com/kubeclip/kubeclip/pkg/policy"
 )
 
-// withInformerCaches gives the harness's Watcher the indexers its informers would fill, and an
+// withInformerCaches gives the harness's trackers the indexers its informers would fill, and an
 // ownership bucket, so tracker.step runs without a cluster.
 func withInformerCaches(t *testing.T, h *harness) (jobs, pods cache.Indexer) {
 	t.Helper()
@@ -22,11 +21,11 @@ func withInformerCaches(t *testing.T, h *harness) (jobs, pods cache.Indexer) {
 	if err != nil {
 		t.Fatalf("creating the ownership bucket: %v", err)
 	}
-	h.w.owners = newOwners(kv, "replica-1", time.Minute, h.w.log)
-	h.w.opts.StartErrorGrace = DefaultStartErrorGrace
+	h.d.owners = newOwners(kv, "replica-1", time.Minute, h.d.log)
+	h.d.opts.StartErrorGrace = DefaultStartErrorGrace
 	jobs = cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{runIndex: indexByRun})
 	pods = cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{runIndex: indexByRun})
-	h.w.jobs, h.w.pods = jobs, pods
+	h.d.cluster = &clusterCache{jobs: jobs, pods: pods}
 	return jobs, pods
 }
 
@@ -42,7 +41,7 @@ func TestTrackerStepRunReleasedBeforeItStarted(t *testing.T) {
 	jobs, pods := withInformerCaches(t, h)
 	const runID = "run-step"
 	h.lease(t, runID)
-	tr := newTracker(h.w, h.stream, testNamespace, events.Ref(testCompany, runID))
+	tr := newTracker(h.d, testNamespace, events.Ref(testCompany, runID))
 	t.Cleanup(func() {
 		if tr.recheck != nil {
 			tr.recheck.Stop()
@@ -56,8 +55,8 @@ func TestTrackerStepRunReleasedBeforeItStarted(t *testing.T) {
 	}
 
 	step("with neither Job nor pod")
-	if tr.verdict != nil || tr.done || tr.seenJob {
-		t.Fatalf("after a step with nothing seen: verdict %+v, done %v, seenJob %v; want none", tr.verdict, tr.done, tr.seenJob)
+	if tr.end != nil || tr.done || tr.seenJob {
+		t.Fatalf("after a step with nothing seen: verdict %+v, done %v, seenJob %v; want none", tr.end, tr.done, tr.seenJob)
 	}
 
 	j := job(active)
@@ -90,7 +89,7 @@ func TestTrackerStepRunReleasedBeforeItStarted(t *testing.T) {
 	wantStatus := []events.RunStatusEvent{
 		{RunID: runID, CompanyID: testCompany, Phase: events.PhasePending, Reason: "ImagePullBackOff",
 			Message: `container "agent": ImagePullBackOff`, PodName: p.Name},
-		{RunID: runID, CompanyID: testCompany, Phase: events.PhaseFailed, Reason: k8s.ReasonJobDeleted,
+		{RunID: runID, CompanyID: testCompany, Phase: events.PhaseFailed, Reason: events.ReasonJobDeleted,
 			Message: "the Job was deleted before the run finished"},
 	}
 	gotStatus := runEvents[events.RunStatusEvent](t, h, runID, events.KindStatus)
@@ -100,17 +99,17 @@ func TestTrackerStepRunReleasedBeforeItStarted(t *testing.T) {
 	gotResults := runEvents[events.RunResultEvent](t, h, runID, events.KindResult)
 	wantResults := []events.RunResultEvent{{
 		RunID: runID, CompanyID: testCompany, Outcome: events.OutcomeCancelled,
-		Reason: k8s.ReasonJobDeleted, Message: "the Job was deleted before the run finished",
+		Reason: events.ReasonJobDeleted, Message: "the Job was deleted before the run finished",
 	}}
 	if diff := cmp.Diff(wantResults, gotResults, cmpopts.IgnoreFields(events.RunResultEvent{}, "At", "Agent")); diff != "" {
 		t.Errorf("result events (-want +got):\n%s", diff)
 	}
-	if h.w.owners.owns(events.Ref(testCompany, runID)) {
+	if h.d.owners.owns(events.Ref(testCompany, runID)) {
 		t.Error("the replica still owns the finished run")
 	}
 
 	// A restarted watcher finds the result and publishes nothing more, whatever the caches say.
-	again := newTracker(h.w, h.stream, testNamespace, events.Ref(testCompany, runID))
+	again := newTracker(h.d, testNamespace, events.Ref(testCompany, runID))
 	if err := jobs.Add(j); err != nil {
 		t.Fatal(err)
 	}

@@ -2,38 +2,48 @@ package runwatch
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
-	"fmt"
-	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kubeclip/kubeclip/pkg/events"
-	"github.com/kubeclip/kubeclip/pkg/k8s"
 	"github.com/kubeclip/kubeclip/pkg/lease"
 	"github.com/kubeclip/kubeclip/pkg/policy"
-	"github.com/kubeclip/kubeclip/pkg/streamjson"
+	"github.com/kubeclip/kubeclip/pkg/runwatch/verdict"
 )
 
-// tracker follows one run: it publishes the run's status changes, runs its log follower and
-// publishes its result once the run is over and its last log line is out.
+// deps is what every run goroutine shares, built once by Watcher.Run: the settings, the
+// publisher, the run stream, the ownership and lease buckets and the informer caches. None of
+// it points back at the Watcher.
+type deps struct {
+	opts    Options
+	log     zerolog.Logger
+	pub     publisher
+	stream  runStream
+	owners  *owners
+	leases  lease.Records
+	cluster *clusterCache
+}
+
+// journalOptions is how the run's journal is made.
+func (d *deps) journalOptions() journalOptions {
+	return journalOptions{subjects: d.opts.Subjects, pub: d.pub, stream: d.stream, now: d.opts.Now, interval: d.opts.FlushInterval}
+}
+
+// tracker follows one run: it wires the run's verdict (pkg/runwatch/verdict), its journal and
+// its log follower. It publishes the run's status changes, runs the follower and publishes the
+// result once the run is over and its last log line is out.
 //
 // Its state starts from what the run stream already holds, so a watcher that restarts (or takes
 // over) resumes the log after the last published chunk and never publishes a second result.
 type tracker struct {
-	w         *Watcher
-	stream    jetstream.Stream
-	namespace string
+	d         *deps
 	ref       events.RunRef
-	companyID string
-	runID     string
+	namespace string
 	log       zerolog.Logger
 
 	wakeCh chan struct{}
@@ -42,59 +52,30 @@ type tracker struct {
 	ownerEvents atomic.Uint64
 
 	// Owned by the run goroutine.
-	backend    policy.Backend // the lease's, once ours
-	blocked    bool           // another replica owns the run
-	blockedAt  uint64         // ownerEvents when the claim was lost
-	ours       bool           // the run has a lease in this installation's KUBECLIP_LEASES
-	loaded     bool
-	done       bool
-	seenJob    bool
-	lastPhase  events.Phase
-	lastReason string
-	// lastStatusSeq is the stream sequence of the run's last status event, which every status
-	// publish expects (0: none yet).
-	lastStatusSeq uint64
-	follow        *follower
-	verdict       *verdict
-	recheck       *time.Timer
+	backend   policy.Backend // the lease's, once ours
+	blocked   bool           // another replica owns the run
+	blockedAt uint64         // ownerEvents when the claim was lost
+	ours      bool           // the run has a lease in this installation's KUBECLIP_LEASES
+	loaded    bool
+	done      bool
+	seenJob   bool
+	status    statusLine
+	follow    *follower
+	end       *verdict.End // the run is over
+	recheck   *time.Timer
 
 	// Shared with the follower.
-	logs *logState
+	journal *journal
 }
 
-// verdict is a run's end as decided from its Job and pod.
-type verdict struct {
-	outcome  events.Outcome
-	reason   string
-	message  string
-	exitCode *int
-}
-
-// agentExitCode is the exit code the agent's transcript is judged with: the container's, or,
-// when the agent never exited on its own (deleted, timed out, never started), 0 for a run that
-// succeeded and 1 for one that did not.
-func (v *verdict) agentExitCode() int {
-	switch {
-	case v.exitCode != nil:
-		return *v.exitCode
-	case v.outcome == events.OutcomeSucceeded:
-		return 0
-	}
-	return 1
-}
-
-func newTracker(w *Watcher, stream jetstream.Stream, namespace string, ref events.RunRef) *tracker {
+func newTracker(d *deps, namespace string, ref events.RunRef) *tracker {
 	return &tracker{
-		w:         w,
-		stream:    stream,
-		namespace: namespace,
+		d:         d,
 		ref:       ref,
-		companyID: ref.CompanyID,
-		runID:     ref.RunID,
-		log:       w.log.With().Str(events.LogKeyRunID, ref.RunID).Str(events.LogKeyTenant, ref.CompanyID).Logger(),
+		namespace: namespace,
+		log:       d.log.With().Str(events.LogKeyRunID, ref.RunID).Str(events.LogKeyTenant, ref.CompanyID).Logger(),
 		wakeCh:    make(chan struct{}, 1),
-		// The created event already says Pending: a status event starts with the first change.
-		lastPhase: events.PhasePending,
+		status:    newStatusLine(),
 	}
 }
 
@@ -106,8 +87,10 @@ func (t *tracker) poke() {
 	}
 }
 
-func (t *tracker) run(ctx context.Context) {
-	inFlightEnded := t.w.runStarted()
+// run steps the run whenever it is poked until ctx ends, or until the run is done and neither
+// its Job nor its pods are left, when it reports finished: the watcher then forgets the run.
+func (t *tracker) run(ctx context.Context) (finished bool) {
+	inFlightEnded := countInFlight(t.d.opts.Observer)
 	defer inFlightEnded()
 	defer func() {
 		if t.recheck != nil {
@@ -121,7 +104,7 @@ func (t *tracker) run(ctx context.Context) {
 	for {
 		select {
 		case <-ctx.Done():
-			return
+			return false
 		case <-t.wakeCh:
 		}
 		err := t.step(ctx)
@@ -129,7 +112,7 @@ func (t *tracker) run(ctx context.Context) {
 		case err == nil:
 			backoff = 100 * time.Millisecond
 		case ctx.Err() != nil:
-			return
+			return false
 		default:
 			// Publishing failed (NATS unreachable) or the stream could not be read: try again
 			// with a growing pause; the Kubernetes state is still in the informer cache.
@@ -139,10 +122,8 @@ func (t *tracker) run(ctx context.Context) {
 		}
 		if t.done {
 			inFlightEnded()
-			job, pod := t.w.objects(t.ref, t.namespace)
-			if job == nil && pod == nil {
-				t.w.forget(t.ref)
-				return
+			if job, pod := t.d.cluster.objects(t.ref, t.namespace); job == nil && pod == nil {
+				return true
 			}
 		}
 	}
@@ -158,7 +139,7 @@ func (t *tracker) ownerChanged() {
 // own makes sure this replica owns the run before it acts on it. It returns false when another
 // replica owns it, or when the run already has its result.
 func (t *tracker) own(ctx context.Context) (bool, error) {
-	owners := t.w.owners
+	owners := t.d.owners
 	if owners.owns(t.ref) {
 		return true, nil
 	}
@@ -173,7 +154,7 @@ func (t *tracker) own(ctx context.Context) (bool, error) {
 		// Another kubeclip installation (its own NATS) may share the cluster: only the runs
 		// leased here are this watcher's. The lease record exists before the workload does,
 		// and names the namespace it went into: objects claiming the run elsewhere are not it.
-		rec, _, err := t.w.leases.Get(ctx, t.ref)
+		rec, _, err := t.d.leases.Get(ctx, t.ref)
 		if errors.Is(err, lease.ErrNotFound) {
 			t.log.Debug().Msg("run has no lease here; another installation's, ignored")
 			t.done = true
@@ -189,7 +170,7 @@ func (t *tracker) own(ctx context.Context) (bool, error) {
 		t.backend = policy.Backend(rec.Backend)
 		t.ours = true
 	}
-	finished, err := t.resultPublished(ctx)
+	finished, err := resultPublished(ctx, t.d.stream, t.d.opts.Subjects, t.ref)
 	if err != nil {
 		return false, err
 	}
@@ -220,36 +201,36 @@ func (t *tracker) reset(why string) {
 		t.recheck.Stop()
 		t.recheck = nil
 	}
-	if t.logs != nil {
-		t.logs.stop()
+	if t.journal != nil {
+		t.journal.stop()
 	}
-	t.loaded, t.logs, t.verdict = false, nil, nil
-	t.lastPhase, t.lastReason, t.lastStatusSeq = events.PhasePending, "", 0
+	t.loaded, t.journal, t.end = false, nil, nil
+	t.status = newStatusLine()
 }
 
-// fenced handles a log publish refused because another replica wrote the run's log: this
+// fenced handles a publish refused because another replica wrote the run's events: this
 // replica gives the run up and, if the run is free again, reloads it from the stream.
 func (t *tracker) fenced(ctx context.Context) {
-	t.w.owners.release(ctx, t.ref)
+	t.d.owners.release(ctx, t.ref)
 	t.reset("another replica wrote this run's log")
 	t.poke()
 }
 
-// resultPublished reports whether the run's result is already in the stream.
-func (t *tracker) resultPublished(ctx context.Context) (bool, error) {
-	subj, err := t.w.opts.Subjects.Run(t.companyID, t.runID, events.KindResult)
+// load reads what was already published for the run (own checked it has no result yet): its
+// last status, and its log, which the journal continues.
+func (t *tracker) load(ctx context.Context) error {
+	if err := t.status.load(ctx, t.d.stream, t.d.opts.Subjects, t.ref); err != nil {
+		return err
+	}
+	j, err := loadJournal(ctx, t.ref, t.d.journalOptions())
 	if err != nil {
-		return true, nil //nolint:nilerr // a run whose ids cannot be subject tokens is never followed
+		return err
 	}
-	_, err = t.stream.GetLastMsgForSubject(ctx, subj)
-	switch {
-	case err == nil:
-		return true, nil
-	case errors.Is(err, jetstream.ErrMsgNotFound):
-		return false, nil
-	default:
-		return false, fmt.Errorf("reading the published result: %w", err)
+	t.journal = j
+	if seq := j.lastSeq(); seq > 0 {
+		t.log.Info().Uint64("seq", seq).Msg("resuming run after its last published log chunk")
 	}
+	return nil
 }
 
 // step looks at the run's current Job and pod and publishes whatever changed.
@@ -266,10 +247,7 @@ func (t *tracker) step(ctx context.Context) error {
 		}
 		t.loaded = true
 	}
-	if t.done {
-		return nil
-	}
-	job, pod := t.w.objects(t.ref, t.namespace)
+	job, pod := t.d.cluster.objects(t.ref, t.namespace)
 	if job != nil {
 		t.seenJob = true
 	}
@@ -277,43 +255,45 @@ func (t *tracker) step(ctx context.Context) error {
 		return nil // a pod's event raced ahead of the informer's view of the Job
 	}
 
-	if t.verdict == nil {
-		phase, reason, message, v := t.decide(job, pod)
-		if err := t.publishStatus(ctx, phase, reason, message, pod); errors.Is(err, errFenced) {
+	if t.end == nil {
+		d := t.decide(job, pod)
+		if err := t.publishStatus(ctx, d, pod); errors.Is(err, errFenced) {
 			t.fenced(ctx)
 			return nil
 		} else if err != nil {
 			return err
 		}
-		t.verdict = v
+		t.end = d.End
 	}
 
 	if t.follow != nil && t.follow.finished() && errors.Is(t.follow.err(), errFenced) {
 		t.fenced(ctx)
 		return nil
 	}
-	if t.follow != nil && t.verdict == nil && t.follow.finished() {
+	if t.follow != nil && t.end == nil && t.follow.finished() {
 		// The follower gave up while the run goes on (a publish failed, the API server went
 		// away): publish what it read, then follow again from the cursor.
 		t.log.Warn().Err(t.follow.err()).Msg("log follower stopped early; restarting it")
 		if err := t.flush(ctx); err != nil {
 			return err
 		}
-		if t.logs == nil {
+		if t.journal == nil {
 			return nil // fenced while flushing: the run is reloaded from the stream
 		}
 		t.follow = nil
 	}
 	// An exec-capable lease's container log is sandboxd's own: its commands' output reaches
 	// clients through the exec service (and, when recorded, as exec events), not from here.
-	if t.follow == nil && pod != nil && !t.backend.ExecCapable() && containerStarted(pod, t.w.opts.Container) {
-		if err := t.logs.setPod(pod.Name, t.w.opts.Container); err != nil {
+	container := t.d.opts.Container
+	if t.follow == nil && pod != nil && !t.backend.ExecCapable() && containerStarted(pod, container) {
+		if err := t.journal.setPod(pod.Name, container); err != nil {
 			return err
 		}
-		t.follow = startFollower(ctx, t, pod.Name)
+		target := followTarget{clientset: t.d.opts.Clientset, namespace: t.namespace, pod: pod.Name, container: container}
+		t.follow = startFollower(ctx, target, t.journal, t.log, t.poke)
 	}
 
-	if t.verdict == nil {
+	if t.end == nil {
 		return nil
 	}
 	// The run is over: let the follower read the rest of the log, then publish the result.
@@ -329,571 +309,65 @@ func (t *tracker) step(ctx context.Context) error {
 	if err := t.flush(ctx); err != nil {
 		return err
 	}
-	if t.logs == nil {
+	if t.journal == nil {
 		return nil // fenced while flushing
 	}
-	if err := t.publishResult(ctx); err != nil {
+	if err := publishResult(ctx, t.d.pub, t.log, t.ref, *t.end, t.journal.agentResult(t.end.AgentExitCode())); err != nil {
 		return err
 	}
 	t.done = true
-	t.logs.stop()
-	t.logs = nil // a finished run keeps no log state while its Job waits for its TTL
-	t.w.owners.release(ctx, t.ref)
+	t.journal.stop()
+	t.journal = nil // a finished run keeps no log state while its Job waits for its TTL
+	t.d.owners.release(ctx, t.ref)
 	return nil
 }
 
-// decide returns the phase to report and, once the run is over, its verdict.
-func (t *tracker) decide(job *batchv1.Job, pod *corev1.Pod) (events.Phase, string, string, *verdict) {
-	opts := t.w.opts
-	pv := k8s.ClassifyPod(pod, opts.Container, k8s.ClassifyOptions{
-		Now: opts.Now(), UnschedulableGrace: opts.UnschedulableGrace, StartErrorGrace: opts.StartErrorGrace,
+// decide asks for the run's verdict on its Job and pod; a verdict that changes with time alone
+// (a grace running out) has the tracker look again then.
+func (t *tracker) decide(job *batchv1.Job, pod *corev1.Pod) verdict.Decision {
+	opts := t.d.opts
+	in := verdict.Input{Job: job, Pod: pod, SeenJob: t.seenJob, ExecCapable: t.backend.ExecCapable()}
+	if job != nil {
+		if q, refused := t.d.cluster.quotaRefusal(job); refused {
+			in.QuotaRefusal = q.String()
+		}
+	}
+	d := verdict.Decide(in, verdict.Options{
+		Container: opts.Container, Now: opts.Now(),
+		UnschedulableGrace: opts.UnschedulableGrace, StartErrorGrace: opts.StartErrorGrace,
 	})
-	if pv.RecheckAfter > 0 {
+	if d.RecheckAfter > 0 {
 		if t.recheck != nil {
 			t.recheck.Stop()
 		}
-		t.recheck = time.AfterFunc(pv.RecheckAfter, t.poke)
+		t.recheck = time.AfterFunc(d.RecheckAfter, t.poke)
 	}
-	exit := func() *int {
-		if pv.ExitCode == nil {
-			return nil
-		}
-		c := int(*pv.ExitCode)
-		return &c
-	}
-
-	podVerdict := func() (events.Phase, string, string, *verdict) {
-		if !pv.Terminal {
-			if t.backend.ExecCapable() && pv.Phase == k8s.PhaseRunning && pv.Reason == "" && podReady(pod) {
-				// The lease accepts exec from now on.
-				return events.PhaseRunning, events.ReasonReady, "", nil
-			}
-			return events.Phase(pv.Phase), pv.Reason, pv.Message, nil
-		}
-		return events.Phase(pv.Phase), pv.Reason, pv.Message,
-			&verdict{outcome: events.Outcome(pv.Outcome), reason: pv.Reason, message: pv.Message, exitCode: exit()}
-	}
-	cancelled := func() (events.Phase, string, string, *verdict) {
-		const msg = "the Job was deleted before the run finished" // as k8s.ClassifyJob says it
-		return events.PhaseFailed, k8s.ReasonJobDeleted, msg,
-			&verdict{outcome: events.OutcomeCancelled, reason: k8s.ReasonJobDeleted, message: msg, exitCode: exit()}
-	}
-
-	switch {
-	case job != nil:
-		// A Job's own verdict comes first and is authoritative: a deadline deletes the pod,
-		// which alone would look cancelled, and a Job being deleted after it ended still
-		// ended the way its conditions say.
-		if jv := k8s.ClassifyJob(job); jv.Terminal {
-			reason, message := jv.Reason, jv.Message
-			if pv.Terminal && jv.Outcome == k8s.OutcomeFailed && pv.Reason != "" && pv.Reason != k8s.ReasonPodDeleted {
-				reason, message = pv.Reason, pv.Message // the pod knows why (OOMKilled, exit code)
-			}
-			return events.Phase(jv.Phase), reason, message,
-				&verdict{outcome: events.Outcome(jv.Outcome), reason: reason, message: message, exitCode: exit()}
-		}
-		if job.DeletionTimestamp != nil {
-			return cancelled() // released or destroyed before it ended
-		}
-		if pod != nil && pod.DeletionTimestamp != nil {
-			// Someone deleted the pod of a live Job (its deadline, an eviction): the Job's
-			// next condition says how the run ended.
-			return events.Phase(pv.Phase), pv.Reason, pv.Message, nil
-		}
-		if q, refused := t.w.quotaRefusal(job); refused && pod == nil {
-			// The tenant's ResourceQuota refuses the Job's pod: the Job controller would retry
-			// until the deadline while the run holds its agent. Fail now, naming the quota.
-			msg := q.String()
-			return events.PhaseFailed, events.ReasonQuotaExceeded, msg,
-				&verdict{outcome: events.OutcomeFailed, reason: events.ReasonQuotaExceeded, message: msg}
-		}
-		return podVerdict()
-	case t.seenJob:
-		// The Job is gone before it ended: released or destroyed, unless its pod had ended on
-		// its own just before.
-		if pv.Terminal && pod != nil && pod.DeletionTimestamp == nil {
-			return podVerdict()
-		}
-		return cancelled()
-	case pod != nil && ownedByJob(pod):
-		// The pod's event came before the informer saw its Job: wait for the Job.
-		return events.Phase(pv.Phase), pv.Reason, pv.Message, nil
-	default:
-		// A run without a Job (a Sandbox's pod): the pod decides.
-		return podVerdict()
-	}
+	return d
 }
 
-// podReady reports the pod's Ready condition.
-func podReady(pod *corev1.Pod) bool {
-	if pod == nil || pod.Status.PodIP == "" {
-		return false
-	}
-	for _, c := range pod.Status.Conditions {
-		if c.Type == corev1.PodReady {
-			return c.Status == corev1.ConditionTrue
-		}
-	}
-	return false
-}
-
-// ownedByJob reports whether a Job controls pod.
-func ownedByJob(pod *corev1.Pod) bool {
-	ref := metav1.GetControllerOf(pod)
-	return ref != nil && ref.Kind == "Job"
-}
-
-// load reads what was already published for the run (own checked it has no result yet): its
-// last status, and its last log chunk, where the log resumes.
-func (t *tracker) load(ctx context.Context) error {
-	s := t.w.opts.Subjects
-	statusSubj, _ := s.Run(t.companyID, t.runID, events.KindStatus)
-	if msg, err := t.stream.GetLastMsgForSubject(ctx, statusSubj); err == nil {
-		var st events.RunStatusEvent
-		if json.Unmarshal(msg.Data, &st) == nil {
-			t.lastPhase, t.lastReason = st.Phase, st.Reason
-		}
-		t.lastStatusSeq = msg.Sequence
-	} else if !errors.Is(err, jetstream.ErrMsgNotFound) {
-		return fmt.Errorf("reading the last published status: %w", err)
-	}
-
-	t.logs = newLogState(ctx, t, t.w.opts.FlushInterval)
-	logSubj, _ := s.Run(t.companyID, t.runID, events.KindLog)
-	msg, err := t.stream.GetLastMsgForSubject(ctx, logSubj)
-	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("reading the last published log chunk: %w", err)
-	}
-	var last events.RunLogEvent
-	if err := json.Unmarshal(msg.Data, &last); err != nil {
-		return fmt.Errorf("decoding the last published log chunk: %w", err)
-	}
-	if err := t.logs.resume(ctx, last, msg.Sequence); err != nil {
-		return err
-	}
-	t.log.Info().Uint64("seq", last.Seq).Msg("resuming run after its last published log chunk")
-	return nil
-}
-
-func (t *tracker) publishStatus(ctx context.Context, phase events.Phase, reason, message string, pod *corev1.Pod) error {
-	if phase == t.lastPhase && reason == t.lastReason {
-		return nil
-	}
-	ev := events.RunStatusEvent{RunID: t.runID, CompanyID: t.companyID, Phase: phase, Reason: reason, Message: message}
+// publishStatus publishes the run's status as decided, fenced on the last one this replica
+// knows.
+func (t *tracker) publishStatus(ctx context.Context, d verdict.Decision, pod *corev1.Pod) error {
+	podName := ""
 	if pod != nil {
-		ev.PodName = pod.Name
+		podName = pod.Name
 	}
-	// Fenced like the log: the publish expects the run's last status to be the one this replica
-	// knows, so a replica that lost the run without noticing (paused, cut off) cannot append a
-	// stale status after the new owner's.
-	ack, err := t.w.publisher.Publish(ctx, ev, jetstream.WithExpectLastSequencePerSubject(t.lastStatusSeq))
-	if isWrongLastSequence(err) {
-		return fmt.Errorf("publishing status %s: %w", phase, errFenced)
-	}
-	if err != nil {
+	before := t.status.seq
+	if err := t.status.publish(ctx, t.d.pub, t.ref, d.Phase, d.Reason, d.Message, podName); err != nil {
 		return err
 	}
-	t.lastStatusSeq = ack.Sequence
-	t.lastPhase, t.lastReason = phase, reason
-	t.log.Debug().Str("phase", string(phase)).Str("reason", reason).Msg("published status")
+	if t.status.seq != before {
+		t.log.Debug().Str("phase", string(d.Phase)).Str("reason", d.Reason).Msg("published status")
+	}
 	return nil
 }
 
-// flush publishes the pending log lines; a fenced publish gives the run up.
+// flush publishes the journal's pending lines; a fenced publish gives the run up.
 func (t *tracker) flush(ctx context.Context) error {
-	err := t.logs.flush()
+	err := t.journal.flush(ctx)
 	if errors.Is(err, errFenced) {
 		t.fenced(ctx)
 		return nil
 	}
 	return err
-}
-
-// publishResult publishes the run's one result. The stream enforces "one": the publish expects
-// no earlier message on the result subject, so a second result (another replica's, or this
-// one's after the duplicate window) is refused, and that refusal means the run is done.
-func (t *tracker) publishResult(ctx context.Context) error {
-	v := t.verdict
-	ev := events.RunResultEvent{
-		RunID: t.runID, CompanyID: t.companyID,
-		Outcome: v.outcome, ExitCode: v.exitCode, Reason: v.reason, Message: v.message,
-		Agent: t.logs.agentResult(v.agentExitCode()),
-	}
-	_, err := t.w.publisher.Publish(ctx, ev, jetstream.WithExpectLastSequencePerSubject(0))
-	if isWrongLastSequence(err) {
-		t.log.Info().Msg("the run's result was already published")
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	t.log.Info().Str("outcome", string(v.outcome)).Str("reason", v.reason).Msg("published result")
-	return nil
-}
-
-// containerStarted reports whether the container has run, so its log can be read.
-func containerStarted(pod *corev1.Pod, container string) bool {
-	for _, st := range pod.Status.ContainerStatuses {
-		if st.Name == container {
-			return st.State.Running != nil || st.State.Terminated != nil || st.LastTerminationState.Terminated != nil
-		}
-	}
-	return false
-}
-
-// follower runs k8s.FollowLogs for one pod in its own goroutine.
-type follower struct {
-	cancel  context.CancelFunc
-	mu      sync.Mutex
-	stopReq bool
-	doneCh  chan struct{}
-	lastErr error
-}
-
-func startFollower(ctx context.Context, t *tracker, pod string) *follower {
-	fctx, cancel := context.WithCancel(ctx)
-	f := &follower{cancel: cancel, doneCh: make(chan struct{})}
-	opts := t.w.opts
-	go func() {
-		defer close(f.doneCh)
-		defer t.poke()
-		logs := t.logs
-		cur, err := k8s.FollowLogs(fctx, opts.Clientset, t.namespace, pod, opts.Container, logs.cursor(), logs.add, k8s.FollowOptions{Logger: t.log})
-		if errors.Is(err, context.Canceled) && ctx.Err() == nil && f.stopRequested() {
-			// The run is over and the follow stream was cut short rather than waiting for the
-			// kubelet to notice the exit: read the tail once, without following.
-			_, err = k8s.ReadLogs(ctx, opts.Clientset, t.namespace, pod, opts.Container, cur, logs.add)
-		}
-		f.mu.Lock()
-		f.lastErr = err
-		f.mu.Unlock()
-	}()
-	return f
-}
-
-func (f *follower) stop() {
-	f.mu.Lock()
-	already := f.stopReq
-	f.stopReq = true
-	f.mu.Unlock()
-	if !already {
-		f.cancel()
-	}
-}
-
-func (f *follower) stopRequested() bool {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.stopReq
-}
-
-func (f *follower) stopAndWait() {
-	f.cancel()
-	<-f.doneCh
-}
-
-func (f *follower) finished() bool {
-	select {
-	case <-f.doneCh:
-		return true
-	default:
-		return false
-	}
-}
-
-func (f *follower) err() error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.lastErr
-}
-
-// logState numbers, batches and publishes a run's log lines and feeds them to the agent parser.
-// The follower adds lines; a timer publishes a partial chunk once its first line has waited
-// the flush interval; the tracker flushes before it publishes the result.
-type logState struct {
-	// ctx is the watcher's: chunks flushed by the timer outlive any one follow stream.
-	ctx      context.Context //nolint:containedctx // see above
-	t        *tracker
-	interval time.Duration
-
-	mu  sync.Mutex
-	seq *events.Sequence
-	// lastStreamSeq is the stream sequence of the run's last log event. Every publish expects
-	// it, so a second writer of the same run's log (a replica that lost the run without
-	// noticing) is refused by the stream instead of interleaving its chunks.
-	lastStreamSeq uint64
-	stopped       bool
-	cur           k8s.Cursor
-	batcher       *events.LogBatcher
-	// outbox holds sealed chunks not yet published, in seq order. Their seq numbers are taken,
-	// so they are retried (idempotently, by message id) before anything newer goes out.
-	outbox []events.RunLogEvent
-	timer  *time.Timer
-	parser streamjson.Parser
-	// feedPiece and rememberPiece hold the pieces of a split line until its last piece, which
-	// may come in a later chunk.
-	feedPiece, rememberPiece []byte
-}
-
-// maxOutbox bounds the chunks kept while NATS is unreachable; past it the follower stops and
-// resumes from its cursor later.
-const maxOutbox = 64
-
-var errOutboxFull = errors.New("log chunks are not being published")
-
-// errFenced: the stream refused a log chunk because another replica wrote the run's log.
-var errFenced = errors.New("another replica wrote this run's log")
-
-func newLogState(ctx context.Context, t *tracker, interval time.Duration) *logState {
-	return &logState{ctx: ctx, t: t, interval: interval, seq: events.NewSequence(0)}
-}
-
-// setPod starts batching for the pod's container; lines of a previous pod were flushed.
-func (l *logState) setPod(pod, container string) error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	b, err := events.NewLogBatcher(events.LogBatcherOptions{
-		RunID: l.t.runID, CompanyID: l.t.companyID, Pod: pod, Container: container,
-		Seq: l.seq, Now: l.t.w.opts.Now,
-		// The timer below decides when a partial chunk goes out.
-		FlushInterval: l.interval,
-	})
-	if err != nil {
-		return err
-	}
-	l.batcher = b
-	return nil
-}
-
-func (l *logState) cursor() k8s.Cursor {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.cur.Clone()
-}
-
-// resume continues after the last published chunk: the next seq follows it, and the run's
-// whole published log is replayed into the cursor (where the container log resumes) and the
-// agent parser.
-func (l *logState) resume(ctx context.Context, last events.RunLogEvent, streamSeq uint64) error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.seq = events.NewSequence(last.Seq)
-	l.lastStreamSeq = streamSeq
-	return l.replay(ctx, last.Seq)
-}
-
-// replay feeds every line already published for the run, up to seq last, to the cursor and the
-// parser.
-func (l *logState) replay(ctx context.Context, last uint64) error {
-	t := l.t
-	subj, _ := t.w.opts.Subjects.Run(t.companyID, t.runID, events.KindLog)
-	cons, err := t.stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{FilterSubjects: []string{subj}})
-	if err != nil {
-		return fmt.Errorf("replaying the published log: %w", err)
-	}
-	for {
-		batch, err := cons.FetchNoWait(256)
-		if err != nil {
-			return fmt.Errorf("replaying the published log: %w", err)
-		}
-		n := 0
-		for msg := range batch.Messages() {
-			n++
-			var ev events.RunLogEvent
-			if json.Unmarshal(msg.Data(), &ev) != nil {
-				continue
-			}
-			l.feed(ev.Lines)
-			if err := l.remember(ev.Lines); err != nil {
-				return err
-			}
-			if ev.Seq >= last {
-				return nil
-			}
-		}
-		if err := batch.Error(); err != nil {
-			return fmt.Errorf("replaying the published log: %w", err)
-		}
-		if n == 0 {
-			return nil
-		}
-	}
-}
-
-// remember adds published lines to the cursor, joining the pieces the batcher split a line
-// into, so the cursor sees the lines as the container log has them.
-func (l *logState) remember(lines []events.LogLine) error {
-	for _, line := range lines {
-		l.rememberPiece = append(l.rememberPiece, line.Text...)
-		if line.Partial {
-			continue // the rest of the line is in this chunk or the next
-		}
-		ts, err := time.Parse(time.RFC3339Nano, line.TS)
-		if err != nil {
-			return fmt.Errorf("parsing the timestamp of a published line: %w", err)
-		}
-		l.cur.Add(k8s.Line{Time: ts, TimeRaw: line.TS, Text: string(l.rememberPiece)})
-		l.rememberPiece = l.rememberPiece[:0]
-	}
-	return nil
-}
-
-// feed hands complete lines to the agent parser, joining the pieces of a split line, which may
-// span chunks.
-func (l *logState) feed(lines []events.LogLine) {
-	for _, line := range lines {
-		if line.Partial {
-			l.feedPiece = append(l.feedPiece, line.Text...)
-			continue
-		}
-		if len(l.feedPiece) > 0 {
-			l.parser.Feed(append(l.feedPiece, line.Text...))
-			l.feedPiece = l.feedPiece[:0]
-			continue
-		}
-		l.parser.Feed([]byte(line.Text))
-	}
-}
-
-// add takes a line from the follower. Full chunks go out at once; a partial one when the flush
-// timer fires. A line is delivered (the cursor moves past it) once it is in a chunk.
-func (l *logState) add(line k8s.Line) error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.stopped {
-		return errFenced
-	}
-	if len(l.outbox) >= maxOutbox {
-		if err := l.publishOutboxLocked(); err != nil {
-			return fmt.Errorf("%w: %w", errOutboxFull, err)
-		}
-	}
-	ts := line.TimeRaw
-	if ts == "" {
-		ts = line.Time.UTC().Format(time.RFC3339Nano)
-	}
-	l.outbox = append(l.outbox, l.batcher.Add(events.LogLine{TS: ts, Text: line.Text})...)
-	l.cur.Add(line)
-	if len(l.outbox) > 0 {
-		// A failure here leaves the chunks in the outbox for the next attempt, except a
-		// fenced one, which ends this follower.
-		if err := l.publishOutboxLocked(); errors.Is(err, errFenced) {
-			return err
-		}
-	}
-	if l.timer == nil && l.batcher.Pending() > 0 {
-		l.timer = time.AfterFunc(l.interval, func() {
-			l.mu.Lock()
-			defer l.mu.Unlock()
-			l.timer = nil
-			_ = l.flushLocked()
-		})
-	}
-	return nil
-}
-
-// flush publishes everything pending.
-func (l *logState) flush() error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.timer != nil {
-		l.timer.Stop()
-		l.timer = nil
-	}
-	return l.flushLocked()
-}
-
-// stop ends the flush timer; nothing is published after it.
-func (l *logState) stop() {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.stopped = true
-	if l.timer != nil {
-		l.timer.Stop()
-		l.timer = nil
-	}
-}
-
-func (l *logState) flushLocked() error {
-	if l.stopped {
-		return errFenced
-	}
-	if l.batcher != nil {
-		if ev, ok := l.batcher.Flush(); ok {
-			l.outbox = append(l.outbox, ev)
-		}
-	}
-	return l.publishOutboxLocked()
-}
-
-func (l *logState) publishOutboxLocked() error {
-	for len(l.outbox) > 0 {
-		ev := l.outbox[0]
-		ack, err := l.t.w.publisher.Publish(l.ctx, ev, jetstream.WithExpectLastSequencePerSubject(l.lastStreamSeq))
-		if isWrongLastSequence(err) {
-			return fmt.Errorf("publishing log chunk %d: %w", ev.Seq, errFenced)
-		}
-		if err != nil {
-			return err
-		}
-		if ack.Duplicate {
-			// The stream already had this seq: our own retry (same lines) or another
-			// replica's chunk (different lines), which means we no longer own the log.
-			same, err := l.storedMatches(ack.Sequence, ev)
-			if err != nil {
-				return err
-			}
-			if !same {
-				return fmt.Errorf("log chunk %d was written by another replica: %w", ev.Seq, errFenced)
-			}
-		}
-		l.lastStreamSeq = ack.Sequence
-		l.feed(ev.Lines)
-		l.outbox = l.outbox[1:]
-	}
-	l.outbox = nil
-	return nil
-}
-
-// storedMatches reports whether the stream's message at seq carries ev's lines.
-func (l *logState) storedMatches(seq uint64, ev events.RunLogEvent) (bool, error) {
-	msg, err := l.t.stream.GetMsg(l.ctx, seq)
-	if err != nil {
-		return false, fmt.Errorf("reading back log chunk %d: %w", ev.Seq, err)
-	}
-	var stored events.RunLogEvent
-	if err := json.Unmarshal(msg.Data, &stored); err != nil {
-		return false, fmt.Errorf("decoding log chunk %d: %w", ev.Seq, err)
-	}
-	if stored.Seq != ev.Seq || len(stored.Lines) != len(ev.Lines) {
-		return false, nil
-	}
-	for i := range ev.Lines {
-		if stored.Lines[i] != ev.Lines[i] {
-			return false, nil
-		}
-	}
-	return true, nil
-}
-
-// isWrongLastSequence reports the stream refusing a publish whose expected last sequence did
-// not match (codes 10071, and 10164 on replicated streams).
-func isWrongLastSequence(err error) bool {
-	var apiErr *jetstream.APIError
-	if !errors.As(err, &apiErr) {
-		return false
-	}
-	return apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
-		apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant
-}
-
-// agentResult is what the agent's stream-json log says about the run, judged with the
-// agent's exit code: a non-zero exit makes it an error whatever the stream's last word.
-func (l *logState) agentResult(exitCode int) *events.AgentResult {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.parser.ResultWithExitCode(exitCode)
 }

@@ -1,139 +1,30 @@
-// Package runwatch follows kubeclip's runs in the cluster and publishes what they do as run
-// events: status transitions, live log chunks and exactly one result per run.
+// Package runwatch is the run-watcher: it follows kubeclip's runs in the cluster and publishes
+// what they do as run events: status transitions, live log chunks and exactly one result per
+// run.
 //
 // It is watch-driven: one shared informer over Jobs and one over Pods, both filtered to the
-// objects kubeclip manages, wake a goroutine per live run. Nothing polls.
+// objects kubeclip manages, wake a goroutine per live run (tracker.go). Each run's goroutine
+// wires three parts with explicit inputs: the pure verdict on its Job and pod
+// (pkg/runwatch/verdict), its journal (journal.go: numbering, batching, fencing and replay of
+// its log chunks) and its log follower (follower.go). Replicas share the runs through an
+// ownership bucket (ownership.go); reconcile.go ends runs whose workload vanished unobserved.
+// Nothing polls.
 package runwatch
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"os"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/oklog/ulid/v2"
 	"github.com/rs/zerolog"
-	batchv1 "k8s.io/api/batch/v1"
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/kubernetes"
+	"golang.org/x/sync/errgroup"
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/kubeclip/kubeclip/pkg/events"
-	"github.com/kubeclip/kubeclip/pkg/k8s"
 	"github.com/kubeclip/kubeclip/pkg/lease"
-	"github.com/kubeclip/kubeclip/pkg/policy"
 )
-
-// jobEventIndex indexes FailedCreate events by the namespace/name of their Job.
-const jobEventIndex = "job"
-
-// quotaEventSelector selects the events the Job controller records when it cannot create a
-// Job's pod; a ResourceQuota refusal is one of them, and the only sign of it.
-const quotaEventSelector = "reason=FailedCreate,involvedObject.kind=Job"
-
-// runIndex indexes Jobs and Pods by their run: the RunRef.Key of their company-id and run-id
-// labels, so two companies' runs with the same run id never meet.
-const runIndex = "run"
-
-// Defaults of Options.
-const (
-	// DefaultContainer is the container the agent runs in (pkg/policy renders it so).
-	DefaultContainer = "agent"
-	// DefaultFlushInterval is how long a log line may wait for company before its chunk is
-	// published. Lines that arrive together share a chunk; a lone line waits at most this long.
-	DefaultFlushInterval = 5 * time.Millisecond
-	// DefaultUnschedulableGrace lets a transient Unschedulable (capacity freed a moment later)
-	// pass before the run fails.
-	DefaultUnschedulableGrace = 5 * time.Second
-	// DefaultStartErrorGrace lets start errors that clear by themselves pass: right after a pod
-	// is bound, the kubelet may report CreateContainerConfigError ("failed to sync secret
-	// cache") until the node authorizer lets it read the run's Secret. An image that cannot be
-	// pulled still fails the run seconds after the pod starts, not at its deadline.
-	DefaultStartErrorGrace = 10 * time.Second
-)
-
-// Options configures a Watcher.
-type Options struct {
-	// Clientset reads the cluster; required.
-	Clientset kubernetes.Interface
-	// JetStream publishes the events and reads back what was already published; required.
-	JetStream jetstream.JetStream
-	// Subjects carries the subject prefix.
-	Subjects events.Subjects
-	// Logger receives the watcher's records.
-	Logger zerolog.Logger
-	// Now is the clock; defaults to time.Now.
-	Now func() time.Time
-	// Container is the agent's container name; defaults to DefaultContainer.
-	Container string
-	// FlushInterval bounds how long a log line waits before it is published.
-	FlushInterval time.Duration
-	// UnschedulableGrace is how long a pod may stay unschedulable before its run fails.
-	UnschedulableGrace time.Duration
-	// StartErrorGrace is how long a pod may report a start error (image pull, container config)
-	// before its run fails. Zero means DefaultStartErrorGrace; negative fails at once.
-	StartErrorGrace time.Duration
-	// ReplicaID names this replica in the ownership bucket; it must differ between replicas.
-	// Defaults to the host name plus a random suffix.
-	ReplicaID string
-	// OwnershipTTL is how long a run stays owned by a replica that stopped renewing it, which
-	// bounds takeover after a crash (default DefaultOwnershipTTL). Every replica must agree.
-	OwnershipTTL time.Duration
-	// StreamReplicas is the replica count of the ownership bucket (default 1).
-	StreamReplicas int
-	// ReconcileInterval is how often runs whose workload vanished unobserved get a result
-	// (default DefaultReconcileInterval); the first pass runs at start.
-	ReconcileInterval time.Duration
-	// Observer is told about published events and runs in flight (metrics); nil means none.
-	Observer Observer
-}
-
-func (o Options) withDefaults() (Options, error) {
-	if o.Clientset == nil {
-		return o, errors.New("runwatch: Options.Clientset is required")
-	}
-	if o.JetStream == nil {
-		return o, errors.New("runwatch: Options.JetStream is required")
-	}
-	if o.Now == nil {
-		o.Now = time.Now
-	}
-	if o.Container == "" {
-		o.Container = DefaultContainer
-	}
-	if o.FlushInterval <= 0 {
-		o.FlushInterval = DefaultFlushInterval
-	}
-	if o.ReconcileInterval <= 0 {
-		o.ReconcileInterval = DefaultReconcileInterval
-	}
-	if o.OwnershipTTL == 0 {
-		o.OwnershipTTL = DefaultOwnershipTTL
-	}
-	if o.OwnershipTTL < time.Second {
-		return o, errors.New("runwatch: Options.OwnershipTTL must be at least 1s")
-	}
-	if o.ReplicaID == "" {
-		host, _ := os.Hostname()
-		o.ReplicaID = fmt.Sprintf("%s-%s", host, strings.ToLower(ulid.Make().String()[20:]))
-	}
-	if o.UnschedulableGrace < 0 {
-		return o, errors.New("runwatch: Options.UnschedulableGrace must not be negative")
-	}
-	switch {
-	case o.StartErrorGrace == 0:
-		o.StartErrorGrace = DefaultStartErrorGrace
-	case o.StartErrorGrace < 0:
-		o.StartErrorGrace = 0
-	}
-	return o, nil
-}
 
 // Watcher publishes the run events of every run kubeclip manages in the cluster.
 type Watcher struct {
@@ -141,15 +32,10 @@ type Watcher struct {
 	log       zerolog.Logger
 	publisher *events.Publisher
 
-	jobs, pods cache.Indexer
-	// jobEvents holds the Job controller's FailedCreate events, by Job.
-	jobEvents cache.Indexer
-	owners    *owners
-	leases    lease.Records
-
 	mu       sync.Mutex
 	trackers map[events.RunRef]*tracker
 	wg       sync.WaitGroup
+	ready    chan struct{}
 }
 
 // New validates opts and returns a Watcher; Run starts it.
@@ -171,96 +57,77 @@ func New(opts Options) (*Watcher, error) {
 		log:       opts.Logger,
 		publisher: pub,
 		trackers:  map[events.RunRef]*tracker{},
+		ready:     make(chan struct{}),
 	}, nil
 }
 
-// Run watches until ctx is done. Runs in flight when it returns are picked up again, from the
-// last published log chunk, by the next watcher to start.
+// Ready is closed once the watcher follows runs: its caches are in and its loops run.
+func (w *Watcher) Ready() <-chan struct{} { return w.ready }
+
+// Run starts the watcher (the run stream, the ownership and lease buckets, the informer caches),
+// follows runs until ctx is done, then stops: the run goroutines end (a run's state is in the
+// stream, not in memory) and the runs it owned are handed over at once. Runs in flight are
+// picked up again, from the last published log chunk, by the next watcher to own them.
 func (w *Watcher) Run(ctx context.Context) error {
-	stream, err := w.opts.JetStream.Stream(ctx, w.opts.Subjects.RunStream())
+	js := w.opts.JetStream
+	stream, err := js.Stream(ctx, w.opts.Subjects.RunStream())
 	if err != nil {
 		return fmt.Errorf("looking up stream %s: %w", w.opts.Subjects.RunStream(), err)
 	}
-	kv, err := w.opts.JetStream.CreateOrUpdateKeyValue(ctx, OwnershipBucketConfig(w.opts.OwnershipTTL, w.opts.StreamReplicas))
+	kv, err := js.CreateOrUpdateKeyValue(ctx, OwnershipBucketConfig(w.opts.OwnershipTTL, w.opts.StreamReplicas))
 	if err != nil {
 		return fmt.Errorf("opening KV bucket %s: %w", OwnershipBucket, err)
 	}
-	w.owners = newOwners(kv, w.opts.ReplicaID, w.opts.OwnershipTTL, w.log)
-	leases, err := w.opts.JetStream.KeyValue(ctx, events.LeaseBucket)
+	leases, err := js.KeyValue(ctx, lease.Bucket)
 	if err != nil {
-		return fmt.Errorf("opening KV bucket %s: %w", events.LeaseBucket, err)
+		return fmt.Errorf("opening KV bucket %s: %w", lease.Bucket, err)
 	}
-	w.leases = lease.Records{KV: leases}
-	factory := informers.NewSharedInformerFactoryWithOptions(w.opts.Clientset, 0,
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-			o.LabelSelector = policy.LabelManagedBy + "=" + policy.ManagedBy
-		}),
-		informers.WithTransform(stripManagedFields),
-	)
-	jobInf := factory.Batch().V1().Jobs().Informer()
-	podInf := factory.Core().V1().Pods().Informer()
-	for _, inf := range []cache.SharedIndexInformer{jobInf, podInf} {
-		if err := inf.AddIndexers(cache.Indexers{runIndex: indexByRun}); err != nil {
-			return fmt.Errorf("adding run index: %w", err)
-		}
-		if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-			AddFunc:    func(obj any) { w.wake(ctx, stream, obj) },
-			UpdateFunc: func(_, obj any) { w.wake(ctx, stream, obj) },
-			DeleteFunc: func(obj any) { w.wake(ctx, stream, obj) },
-		}); err != nil {
-			return fmt.Errorf("adding event handler: %w", err)
-		}
+	d := &deps{
+		opts: w.opts, log: w.log, pub: w.publisher, stream: stream,
+		owners: newOwners(kv, w.opts.ReplicaID, w.opts.OwnershipTTL, w.log),
+		leases: lease.Records{KV: leases},
 	}
-	w.jobs, w.pods = jobInf.GetIndexer(), podInf.GetIndexer()
-
-	// Events carry no labels of kubeclip's: their informer selects by field instead.
-	eventFactory := informers.NewSharedInformerFactoryWithOptions(w.opts.Clientset, 0,
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.FieldSelector = quotaEventSelector }),
-		informers.WithTransform(stripManagedFields),
-	)
-	eventInf := eventFactory.Core().V1().Events().Informer()
-	if err := eventInf.AddIndexers(cache.Indexers{jobEventIndex: indexByJob}); err != nil {
-		return fmt.Errorf("adding job index: %w", err)
-	}
-	if _, err := eventInf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(obj any) { w.wakeJobOf(obj) },
-		UpdateFunc: func(_, obj any) { w.wakeJobOf(obj) },
-	}); err != nil {
-		return fmt.Errorf("adding event handler: %w", err)
-	}
-	w.jobEvents = eventInf.GetIndexer()
-
-	factory.Start(ctx.Done())
-	eventFactory.Start(ctx.Done())
-	defer eventFactory.Shutdown()
-	for _, f := range []informers.SharedInformerFactory{factory, eventFactory} {
-		for typ, ok := range f.WaitForCacheSync(ctx.Done()) {
-			if !ok {
-				factory.Shutdown()
-				return fmt.Errorf("syncing the %v informer: %w", typ, context.Cause(ctx))
+	g, gctx := errgroup.WithContext(ctx)
+	d.cluster, err = newClusterCache(w.opts.Clientset, clusterHandlers{
+		object: func(obj any) { w.wake(gctx, d, obj) },
+		jobEvent: func(obj any) {
+			if ref, ok := d.cluster.runOfJobEvent(obj); ok {
+				w.pokeRun(ref)
 			}
-		}
+		},
+	})
+	if err != nil {
+		return err
 	}
-	var loops sync.WaitGroup
-	loops.Add(3)
-	go func() { defer loops.Done(); w.renewOwnership(ctx) }()
-	go func() { defer loops.Done(); w.watchOwnership(ctx, kv) }()
-	go func() { defer loops.Done(); w.reconcileLoop(ctx, stream) }()
+	if err := d.cluster.start(gctx); err != nil {
+		return err
+	}
+	g.Go(func() error { w.renewOwnership(gctx, d); return nil })
+	g.Go(func() error { w.watchOwnership(gctx, kv); return nil })
+	g.Go(func() error { w.reconcileLoop(gctx, d); return nil })
+	g.Go(func() error {
+		<-gctx.Done()
+		d.cluster.stop()
+		w.wg.Wait() // the run goroutines
+		return nil
+	})
+	close(w.ready)
 	w.log.Info().Str("replica", w.opts.ReplicaID).Msg("watching runs")
-	<-ctx.Done()
-	factory.Shutdown()
-	w.wg.Wait()
-	loops.Wait()
+	err = g.Wait()
 	// Hand the runs over now rather than after the ownership TTL.
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
 	defer cancel()
-	w.owners.releaseAll(rctx)
-	return nil
+	d.owners.releaseAll(rctx)
+	return err
 }
+
+// releaseTimeout bounds handing the owned runs over at shutdown; what is not released by then
+// expires after the ownership TTL.
+const releaseTimeout = 5 * time.Second
 
 // renewOwnership renews the owned runs every third of the ownership TTL and hands the runs it
 // lost back to their trackers, which drop their state.
-func (w *Watcher) renewOwnership(ctx context.Context) {
+func (w *Watcher) renewOwnership(ctx context.Context, d *deps) {
 	tick := time.NewTicker(w.opts.OwnershipTTL / 3)
 	defer tick.Stop()
 	for {
@@ -269,7 +136,7 @@ func (w *Watcher) renewOwnership(ctx context.Context) {
 			return
 		case <-tick.C:
 		}
-		for _, ref := range w.owners.renewAll(ctx) {
+		for _, ref := range d.owners.renewAll(ctx) {
 			w.log.Warn().Str(events.LogKeyRunID, ref.RunID).Str(events.LogKeyTenant, ref.CompanyID).Msg("lost ownership of a run")
 			w.pokeRun(ref)
 		}
@@ -333,10 +200,11 @@ func (w *Watcher) pokeAll() {
 	}
 }
 
-// wake hands an informer event to the run's tracker, starting one for a run seen first.
-func (w *Watcher) wake(ctx context.Context, stream jetstream.Stream, obj any) {
-	if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
-		obj = d.Obj
+// wake hands an informer event to the run's tracker, starting one for a run seen first. The
+// tracker runs until the run is done and its objects are gone; then it is forgotten.
+func (w *Watcher) wake(ctx context.Context, d *deps, obj any) {
+	if tomb, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = tomb.Obj
 	}
 	m, err := metaOf(obj)
 	if err != nil {
@@ -353,12 +221,14 @@ func (w *Watcher) wake(ctx context.Context, stream jetstream.Stream, obj any) {
 	}
 	t, ok := w.trackers[ref]
 	if !ok {
-		t = newTracker(w, stream, m.GetNamespace(), ref)
+		t = newTracker(d, m.GetNamespace(), ref)
 		w.trackers[ref] = t
 		w.wg.Add(1)
 		go func() {
 			defer w.wg.Done()
-			t.run(ctx)
+			if t.run(ctx) {
+				w.forget(ref)
+			}
 		}()
 	}
 	t.poke()
@@ -379,111 +249,4 @@ func (w *Watcher) forget(ref events.RunRef) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	delete(w.trackers, ref)
-}
-
-// objects returns the run's Job (nil once deleted) and its newest pod (nil before it exists) in
-// namespace.
-func (w *Watcher) objects(ref events.RunRef, namespace string) (*batchv1.Job, *corev1.Pod) {
-	var job *batchv1.Job
-	if objs, err := w.jobs.ByIndex(runIndex, ref.Key()); err == nil {
-		for _, o := range objs {
-			if j, ok := o.(*batchv1.Job); ok && j.Namespace == namespace {
-				job = j
-			}
-		}
-	}
-	var pod *corev1.Pod
-	if objs, err := w.pods.ByIndex(runIndex, ref.Key()); err == nil {
-		for _, o := range objs {
-			p, ok := o.(*corev1.Pod)
-			if !ok || p.Namespace != namespace {
-				continue
-			}
-			if pod == nil || p.CreationTimestamp.After(pod.CreationTimestamp.Time) {
-				pod = p
-			}
-		}
-	}
-	return job, pod
-}
-
-// wakeJobOf wakes the tracker of the Job a FailedCreate event is about.
-func (w *Watcher) wakeJobOf(obj any) {
-	ev, ok := obj.(*corev1.Event)
-	if !ok {
-		return
-	}
-	o, exists, err := w.jobs.GetByKey(ev.InvolvedObject.Namespace + "/" + ev.InvolvedObject.Name)
-	if err != nil || !exists {
-		return
-	}
-	if job, ok := o.(*batchv1.Job); ok {
-		if ref, ok := runOf(job); ok {
-			w.pokeRun(ref)
-		}
-	}
-}
-
-// quotaRefusal reports whether the Job controller recorded that a ResourceQuota refused to let
-// this Job (this incarnation: by UID) create its pod, and which quota.
-func (w *Watcher) quotaRefusal(job *batchv1.Job) (k8s.Quota, bool) {
-	if w.jobEvents == nil {
-		return k8s.Quota{}, false
-	}
-	objs, err := w.jobEvents.ByIndex(jobEventIndex, job.Namespace+"/"+job.Name)
-	if err != nil {
-		return k8s.Quota{}, false
-	}
-	for _, o := range objs {
-		ev, ok := o.(*corev1.Event)
-		if !ok || ev.InvolvedObject.UID != job.UID {
-			continue
-		}
-		if q, ok := k8s.QuotaFromMessage(ev.Message); ok {
-			return q, true
-		}
-	}
-	return k8s.Quota{}, false
-}
-
-func indexByJob(obj any) ([]string, error) {
-	ev, ok := obj.(*corev1.Event)
-	if !ok {
-		return nil, nil
-	}
-	return []string{ev.InvolvedObject.Namespace + "/" + ev.InvolvedObject.Name}, nil
-}
-
-func indexByRun(obj any) ([]string, error) {
-	m, err := metaOf(obj)
-	if err != nil {
-		return nil, nil //nolint:nilerr // objects without metadata are not indexed
-	}
-	if ref, ok := runOf(m); ok {
-		return []string{ref.Key()}, nil
-	}
-	return nil, nil
-}
-
-// runOf is the run an object's labels name.
-func runOf(m metav1.Object) (events.RunRef, bool) {
-	ref := events.Ref(m.GetLabels()[policy.LabelCompanyID], m.GetLabels()[policy.LabelRunID])
-	return ref, ref.CompanyID != "" && ref.RunID != ""
-}
-
-func metaOf(obj any) (metav1.Object, error) {
-	m, ok := obj.(metav1.Object)
-	if !ok {
-		return nil, fmt.Errorf("%T has no object metadata", obj)
-	}
-	return m, nil
-}
-
-// stripManagedFields drops managedFields from cached objects: the watcher never reads them and
-// they are often the largest part of an object.
-func stripManagedFields(obj any) (any, error) {
-	if m, ok := obj.(metav1.Object); ok {
-		m.SetManagedFields(nil)
-	}
-	return obj, nil
 }

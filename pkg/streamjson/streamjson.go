@@ -2,8 +2,9 @@
 //
 // It is a port of Paperclip's claude-local parser (parseClaudeStreamJson plus the parts of
 // toAdapterResult that can be derived from the stream alone), made incremental: the run-watcher
-// calls Parser.Feed for every log line as it streams and Parser.Result once the container has
-// stopped. Memory is bounded no matter how long the run is: the parser keeps the final result
+// calls Parser.Feed for every log line as it streams and Parser.ResultWithExitCode once the
+// container has stopped. The result is the contract's events.AgentResult, the `agent` object of
+// a run's `result` event (and of a recorded exec's). Memory is bounded no matter how long the run is: the parser keeps the final result
 // event's few interesting fields, a capped tail of the assistant text and a handful of flags.
 //
 // Deviations from the TypeScript original, all deliberate:
@@ -29,13 +30,15 @@ import (
 	"regexp"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/kubeclip/kubeclip/pkg/events"
 )
 
-// DefaultMaxSummaryBytes bounds Result.Summary and the assistant text kept to build it. 64 KiB is
+// DefaultMaxSummaryBytes bounds AgentResult.Summary and the assistant text kept to build it. 64 KiB is
 // the size of one log event: enough for any human-facing summary, small enough for a result event.
 const DefaultMaxSummaryBytes = 64 << 10
 
-// Error codes reported in Result.ErrorCode. The first group are Paperclip's claude_local codes,
+// Error codes reported in AgentResult.ErrorCode. The first group are Paperclip's claude_local codes,
 // the last two come from the claude-k8s adapter and only apply when no result event was seen.
 const (
 	ErrorAuthRequired              = "claude_auth_required"
@@ -48,34 +51,6 @@ const (
 	ErrorLLMAPI                    = "llm_api_error"
 	ErrorTruncated                 = "claude_truncated"
 )
-
-// Usage is the token accounting of a run.
-type Usage struct {
-	InputTokens       int64 `json:"inputTokens"`
-	OutputTokens      int64 `json:"outputTokens"`
-	CachedInputTokens int64 `json:"cachedInputTokens"`
-}
-
-// Result is what a Claude Code run reported about itself. It is the `agent` object of a
-// run's `result` event.
-type Result struct {
-	// SessionID is the Claude session to resume; empty when none was reported or when the
-	// session is poisoned (ErrorPoisonedPreviousMessageID) and must not be resumed.
-	SessionID string `json:"sessionId"`
-	// Model is the model named by the init event, else by the result event.
-	Model string `json:"model"`
-	// Usage is nil when the run produced no result event.
-	Usage *Usage `json:"usage,omitempty"`
-	// CostUSD is the result event's total_cost_usd when it is a number.
-	CostUSD *float64 `json:"costUsd,omitempty"`
-	// Summary is the result text, else the assistant text blocks joined by blank lines, trimmed.
-	Summary string `json:"summary"`
-	// IsError reports a failed run: the result says so, the exit code is non-zero without a
-	// successful result, or the stream ended without a result event.
-	IsError bool `json:"isError"`
-	// ErrorCode classifies the failure (or a refusal); empty when there is nothing to say.
-	ErrorCode string `json:"errorCode,omitempty"`
-}
 
 // Parser accumulates a stream-json transcript line by line. The zero value is ready to use with
 // the default summary bound. A Parser is not safe for concurrent use.
@@ -124,7 +99,7 @@ type finalResult struct {
 	text         string // result text, capped
 	model        string
 	costUSD      *float64
-	usage        Usage
+	usage        events.AgentUsage
 	stopReasons  []string // stop_reason, stopReason, error_code, errorCode (lower-cased, trimmed)
 	poisoned     bool
 	unknownSess  bool
@@ -246,7 +221,7 @@ func (p *Parser) newFinal(ev *event) *finalResult {
 	if totals, ok := modelUsageTotals(ev.ModelUsage); ok {
 		f.usage = totals
 	} else {
-		f.usage = Usage{
+		f.usage = events.AgentUsage{
 			InputTokens:       toInt(asNumber(objectField(ev.Usage, "input_tokens"))),
 			CachedInputTokens: toInt(asNumber(objectField(ev.Usage, "cache_read_input_tokens"))),
 			OutputTokens:      toInt(asNumber(objectField(ev.Usage, "output_tokens"))),
@@ -270,17 +245,11 @@ func (p *Parser) newFinal(ev *event) *finalResult {
 	return f
 }
 
-// Result classifies the transcript fed so far as if the agent exited with code 0: only the
-// stream says whether it failed. Use ResultWithExitCode once the exit code is known.
-func (p *Parser) Result() *Result { return p.result(0) }
-
 // ResultWithExitCode classifies the transcript fed so far for an agent that exited with
 // exitCode, using Paperclip's rule: a run failed unless its result event is a non-error
 // success, and only if the exit code is non-zero or the result says is_error.
-func (p *Parser) ResultWithExitCode(exitCode int) *Result { return p.result(exitCode) }
-
-func (p *Parser) result(exitCode int) *Result {
-	r := &Result{SessionID: p.sessionID, Model: p.model}
+func (p *Parser) ResultWithExitCode(exitCode int) *events.AgentResult {
+	r := &events.AgentResult{SessionID: p.sessionID, Model: p.model}
 	f := p.final
 	if f == nil {
 		// A stream without a result event did not complete: it is a failure whatever the exit
@@ -385,10 +354,10 @@ func (f *finalResult) isRefusal() bool {
 // modelUsageTotals sums the per-model ledger: input = Σ(inputTokens + cacheCreationInputTokens),
 // output = Σ outputTokens, cached = Σ cacheReadInputTokens. ok is false when the ledger has no
 // non-empty entry, in which case the result event's top-level usage is used instead.
-func modelUsageTotals(raw json.RawMessage) (Usage, bool) {
+func modelUsageTotals(raw json.RawMessage) (events.AgentUsage, bool) {
 	var byModel map[string]json.RawMessage
 	if !isObject(raw) || json.Unmarshal(raw, &byModel) != nil {
-		return Usage{}, false
+		return events.AgentUsage{}, false
 	}
 	var in, out, cached float64
 	saw := false
@@ -403,9 +372,9 @@ func modelUsageTotals(raw json.RawMessage) (Usage, bool) {
 		cached += asNumber(entry["cacheReadInputTokens"])
 	}
 	if !saw {
-		return Usage{}, false
+		return events.AgentUsage{}, false
 	}
-	return Usage{InputTokens: toInt(in), OutputTokens: toInt(out), CachedInputTokens: toInt(cached)}, true
+	return events.AgentUsage{InputTokens: toInt(in), OutputTokens: toInt(out), CachedInputTokens: toInt(cached)}, true
 }
 
 // maxErrorMessages and maxMarkerLine bound what a hostile or broken transcript can make us hold.

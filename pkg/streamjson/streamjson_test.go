@@ -11,6 +11,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"go.uber.org/goleak"
 
+	"github.com/kubeclip/kubeclip/pkg/events"
 	"github.com/kubeclip/kubeclip/pkg/streamjson"
 )
 
@@ -41,17 +42,17 @@ func TestParserFixtures(t *testing.T) {
 	tests := []struct {
 		name     string
 		fixture  string
-		exitCode *int // nil: Result(), the stream alone
-		want     *streamjson.Result
+		exitCode *int // nil: ResultWithExitCode(0), the stream alone
+		want     *events.AgentResult
 	}{
 		{
 			name:    "success sums modelUsage across models",
 			fixture: "success.jsonl",
-			want: &streamjson.Result{
+			want: &events.AgentResult{
 				SessionID: "6f1c2a9e-3b7d-4f0e-9a51-2d8c4e7b1a03",
 				Model:     "claude-sonnet-4-5-20250929",
 				// input = (10+5420) + (812+0); output = 137+64; cached = 5120+0.
-				Usage:   &streamjson.Usage{InputTokens: 6242, OutputTokens: 201, CachedInputTokens: 5120},
+				Usage:   &events.AgentUsage{InputTokens: 6242, OutputTokens: 201, CachedInputTokens: 5120},
 				CostUSD: ptr(0.0841275),
 				Summary: "Fixed the stale fixture in parse_test.go; all tests pass.",
 			},
@@ -60,10 +61,10 @@ func TestParserFixtures(t *testing.T) {
 			name:     "success stays success with exit code 0",
 			fixture:  "success.jsonl",
 			exitCode: ptr(0),
-			want: &streamjson.Result{
+			want: &events.AgentResult{
 				SessionID: "6f1c2a9e-3b7d-4f0e-9a51-2d8c4e7b1a03",
 				Model:     "claude-sonnet-4-5-20250929",
-				Usage:     &streamjson.Usage{InputTokens: 6242, OutputTokens: 201, CachedInputTokens: 5120},
+				Usage:     &events.AgentUsage{InputTokens: 6242, OutputTokens: 201, CachedInputTokens: 5120},
 				CostUSD:   ptr(0.0841275),
 				Summary:   "Fixed the stale fixture in parse_test.go; all tests pass.",
 			},
@@ -71,20 +72,20 @@ func TestParserFixtures(t *testing.T) {
 		{
 			name:    "empty modelUsage falls back to usage; string cost is dropped; empty result uses assistant text",
 			fixture: "usage_fallback.jsonl",
-			want: &streamjson.Result{
+			want: &events.AgentResult{
 				SessionID: "a0000000-0000-4000-8000-000000000001",
 				Model:     "claude-opus-4-1-20250805",
-				Usage:     &streamjson.Usage{InputTokens: 1200, OutputTokens: 3, CachedInputTokens: 300},
+				Usage:     &events.AgentUsage{InputTokens: 1200, OutputTokens: 3, CachedInputTokens: 300},
 				Summary:   "Done.",
 			},
 		},
 		{
 			name:    "max turns without is_error is not a failure on its own",
 			fixture: "max_turns.jsonl",
-			want: &streamjson.Result{
+			want: &events.AgentResult{
 				SessionID: "b0000000-0000-4000-8000-000000000002",
 				Model:     "claude-sonnet-4-5-20250929",
-				Usage:     &streamjson.Usage{InputTokens: 100, OutputTokens: 900},
+				Usage:     &events.AgentUsage{InputTokens: 100, OutputTokens: 900},
 				CostUSD:   ptr(1.25),
 				Summary:   "Still working through the migration.",
 			},
@@ -93,10 +94,10 @@ func TestParserFixtures(t *testing.T) {
 			name:     "max turns with a non-zero exit is max_turns_exhausted",
 			fixture:  "max_turns.jsonl",
 			exitCode: ptr(1),
-			want: &streamjson.Result{
+			want: &events.AgentResult{
 				SessionID: "b0000000-0000-4000-8000-000000000002",
 				Model:     "claude-sonnet-4-5-20250929",
-				Usage:     &streamjson.Usage{InputTokens: 100, OutputTokens: 900},
+				Usage:     &events.AgentUsage{InputTokens: 100, OutputTokens: 900},
 				CostUSD:   ptr(1.25),
 				Summary:   "Still working through the migration.",
 				IsError:   true,
@@ -106,10 +107,10 @@ func TestParserFixtures(t *testing.T) {
 		{
 			name:    "refusal",
 			fixture: "refusal.jsonl",
-			want: &streamjson.Result{
+			want: &events.AgentResult{
 				SessionID: "c0000000-0000-4000-8000-000000000003",
 				Model:     "claude-sonnet-4-5-20250929",
-				Usage:     &streamjson.Usage{InputTokens: 20},
+				Usage:     &events.AgentUsage{InputTokens: 20},
 				IsError:   true,
 				ErrorCode: streamjson.ErrorRefusal,
 			},
@@ -117,10 +118,10 @@ func TestParserFixtures(t *testing.T) {
 		{
 			name:    "auth required from the result text",
 			fixture: "auth_required.jsonl",
-			want: &streamjson.Result{
+			want: &events.AgentResult{
 				SessionID: "d0000000-0000-4000-8000-000000000004",
 				Model:     "claude-sonnet-4-5-20250929",
-				Usage:     &streamjson.Usage{},
+				Usage:     &events.AgentUsage{},
 				CostUSD:   ptr(0.0),
 				Summary:   "Invalid API key · Please run /login",
 				IsError:   true,
@@ -130,14 +131,14 @@ func TestParserFixtures(t *testing.T) {
 		{
 			name:    "auth required from a raw stderr line and no result",
 			fixture: "stderr_login.jsonl",
-			want:    &streamjson.Result{IsError: true, ErrorCode: streamjson.ErrorAuthRequired},
+			want:    &events.AgentResult{IsError: true, ErrorCode: streamjson.ErrorAuthRequired},
 		},
 		{
 			name:    "poisoned previous_message_id drops the session",
 			fixture: "poisoned.jsonl",
-			want: &streamjson.Result{
+			want: &events.AgentResult{
 				Model:     "claude-sonnet-4-5-20250929",
-				Usage:     &streamjson.Usage{},
+				Usage:     &events.AgentUsage{},
 				CostUSD:   ptr(0.0),
 				Summary:   "API Error: 400 {\"type\":\"error\",\"error\":{\"type\":\"invalid_request_error\",\"message\":\"diagnostics.previous_message_id: must be the `id` from a prior /v1/messages response (starts with `msg_`)\"}}",
 				IsError:   true,
@@ -147,10 +148,10 @@ func TestParserFixtures(t *testing.T) {
 		{
 			name:    "provider quota wins over transient upstream",
 			fixture: "quota.jsonl",
-			want: &streamjson.Result{
+			want: &events.AgentResult{
 				SessionID: "f0000000-0000-4000-8000-000000000006",
 				Model:     "claude-opus-4-1-20250805",
-				Usage:     &streamjson.Usage{},
+				Usage:     &events.AgentUsage{},
 				CostUSD:   ptr(0.0),
 				Summary:   "Claude AI usage limit reached. Your limit resets at 3pm (UTC).",
 				IsError:   true,
@@ -160,10 +161,10 @@ func TestParserFixtures(t *testing.T) {
 		{
 			name:    "transient upstream from the errors array",
 			fixture: "transient.jsonl",
-			want: &streamjson.Result{
+			want: &events.AgentResult{
 				SessionID: "a1000000-0000-4000-8000-000000000007",
 				Model:     "claude-sonnet-4-5-20250929",
-				Usage:     &streamjson.Usage{InputTokens: 10},
+				Usage:     &events.AgentUsage{InputTokens: 10},
 				IsError:   true,
 				ErrorCode: streamjson.ErrorTransientUpstream,
 			},
@@ -171,10 +172,10 @@ func TestParserFixtures(t *testing.T) {
 		{
 			name:    "model not found from an error object",
 			fixture: "model_not_found.jsonl",
-			want: &streamjson.Result{
+			want: &events.AgentResult{
 				SessionID: "a2000000-0000-4000-8000-000000000008",
 				Model:     "claude-nope-9",
-				Usage:     &streamjson.Usage{},
+				Usage:     &events.AgentUsage{},
 				IsError:   true,
 				ErrorCode: streamjson.ErrorModelNotFound,
 			},
@@ -182,7 +183,7 @@ func TestParserFixtures(t *testing.T) {
 		{
 			name:    "stream cut after assistant output is claude_truncated",
 			fixture: "truncated.jsonl",
-			want: &streamjson.Result{
+			want: &events.AgentResult{
 				SessionID: "a3000000-0000-4000-8000-000000000009",
 				Model:     "claude-sonnet-4-5-20250929",
 				Summary:   "Refactoring the reconciler",
@@ -193,7 +194,7 @@ func TestParserFixtures(t *testing.T) {
 		{
 			name:    "empty LLM response is llm_api_error",
 			fixture: "llm_empty.jsonl",
-			want: &streamjson.Result{
+			want: &events.AgentResult{
 				SessionID: "a4000000-0000-4000-8000-000000000010",
 				Model:     "MiniMax-M2",
 				IsError:   true,
@@ -203,10 +204,10 @@ func TestParserFixtures(t *testing.T) {
 		{
 			name:    "last result wins and junk lines are skipped",
 			fixture: "last_result_wins.jsonl",
-			want: &streamjson.Result{
+			want: &events.AgentResult{
 				SessionID: "a5000000-0000-4000-8000-000000000012",
 				Model:     "claude-sonnet-4-5-20250929",
-				Usage:     &streamjson.Usage{InputTokens: 7, OutputTokens: 5, CachedInputTokens: 2},
+				Usage:     &events.AgentUsage{InputTokens: 7, OutputTokens: 5, CachedInputTokens: 2},
 				CostUSD:   ptr(0.02),
 				Summary:   "second attempt worked",
 			},
@@ -215,10 +216,10 @@ func TestParserFixtures(t *testing.T) {
 			name:     "markers in assistant prose and tool output do not classify a failure",
 			fixture:  "prose_markers.jsonl",
 			exitCode: ptr(1),
-			want: &streamjson.Result{
+			want: &events.AgentResult{
 				SessionID: "a6000000-0000-4000-8000-000000000013",
 				Model:     "claude-sonnet-4-5-20250929",
-				Usage:     &streamjson.Usage{InputTokens: 3, OutputTokens: 40},
+				Usage:     &events.AgentUsage{InputTokens: 3, OutputTokens: 40},
 				Summary:   "The API returned 429 (rate limit) and said I am not logged in; retrying with the cached token.",
 				IsError:   true,
 			},
@@ -227,9 +228,9 @@ func TestParserFixtures(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			p := feedFile(t, tc.fixture)
-			var got *streamjson.Result
+			var got *events.AgentResult
 			if tc.exitCode == nil {
-				got = p.Result()
+				got = p.ResultWithExitCode(0)
 			} else {
 				got = p.ResultWithExitCode(*tc.exitCode)
 			}
@@ -242,8 +243,8 @@ func TestParserFixtures(t *testing.T) {
 
 func TestParserEmpty(t *testing.T) {
 	var p streamjson.Parser
-	want := &streamjson.Result{IsError: true}
-	if diff := cmp.Diff(want, p.Result()); diff != "" {
+	want := &events.AgentResult{IsError: true}
+	if diff := cmp.Diff(want, p.ResultWithExitCode(0)); diff != "" {
 		t.Errorf("result of an empty stream (-want +got):\n%s", diff)
 	}
 }
@@ -257,7 +258,7 @@ func TestParserSummaryIsBoundedTail(t *testing.T) {
 			p.Feed([]byte(`{"type":"assistant","message":{"content":[{"type":"text","text":"THE END"}]}}`))
 		}
 	}
-	got := p.Result().Summary
+	got := p.ResultWithExitCode(0).Summary
 	if len(got) > 1024+len("…") {
 		t.Errorf("summary is %d bytes, want at most %d", len(got), 1024+len("…"))
 	}
@@ -270,7 +271,7 @@ func TestParserSummaryIsBoundedTail(t *testing.T) {
 
 	long := strings.Repeat("x", 5000) + "tail"
 	p.Feed([]byte(`{"type":"result","subtype":"success","is_error":false,"result":"` + long + `"}`))
-	got = p.Result().Summary
+	got = p.ResultWithExitCode(0).Summary
 	if len(got) > 1024+len("…") || !strings.HasSuffix(got, "tail") {
 		t.Errorf("result summary should be the last 1024 bytes, got %d bytes", len(got))
 	}

@@ -68,7 +68,7 @@ func rec(hash string, appliedAt time.Time) record {
 // Applier, so any apply would fail the test.
 func TestEnsureTenantSkipsAnUnchangedTenant(t *testing.T) {
 	_, _, js := natstest.Start(t)
-	kv, err := js.CreateKeyValue(t.Context(), events.Options{}.TenantBucketConfig())
+	kv, err := js.CreateKeyValue(t.Context(), lease.BucketOptions{}.TenantBucketConfig())
 	if err != nil {
 		t.Fatalf("creating the tenant bucket: %v", err)
 	}

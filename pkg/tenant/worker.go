@@ -13,6 +13,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
+	"golang.org/x/sync/errgroup"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/informers"
@@ -68,6 +69,7 @@ type Worker struct {
 	// namespaces lists the managed namespaces that exist, from an informer: a tenant whose
 	// namespace was deleted is applied again at once, whatever its record says.
 	namespaces cache.Indexer
+	ready      chan struct{}
 }
 
 // New validates opts and returns a Worker; Run starts it.
@@ -96,20 +98,24 @@ func New(opts Options) (*Worker, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Worker{opts: opts, log: opts.Logger, publisher: pub}, nil
+	return &Worker{opts: opts, log: opts.Logger, publisher: pub, ready: make(chan struct{})}, nil
 }
 
-// Run consumes acquire requests until ctx is done, then drains.
+// Ready is closed once the worker consumes acquire requests.
+func (w *Worker) Ready() <-chan struct{} { return w.ready }
+
+// Run starts the worker (its buckets, its consumer, the namespace cache, the validate service),
+// consumes acquire requests until ctx is done, then drains for Options.DrainTimeout.
 func (w *Worker) Run(ctx context.Context) error {
 	js := w.opts.JetStream
-	kv, err := js.KeyValue(ctx, events.TenantBucket)
+	kv, err := js.KeyValue(ctx, lease.TenantBucket)
 	if err != nil {
-		return fmt.Errorf("opening KV bucket %s: %w", events.TenantBucket, err)
+		return fmt.Errorf("opening KV bucket %s: %w", lease.TenantBucket, err)
 	}
 	w.tenants = kv
-	leases, err := js.KeyValue(ctx, events.LeaseBucket)
+	leases, err := js.KeyValue(ctx, lease.Bucket)
 	if err != nil {
-		return fmt.Errorf("opening KV bucket %s: %w", events.LeaseBucket, err)
+		return fmt.Errorf("opening KV bucket %s: %w", lease.Bucket, err)
 	}
 	w.records = lease.Records{KV: leases}
 	cons, err := js.CreateOrUpdateConsumer(ctx, w.opts.Subjects.LeaseStream(), events.TenantWorkerConsumerConfig(w.opts.Subjects))
@@ -133,14 +139,19 @@ func (w *Worker) Run(ctx context.Context) error {
 	if _, err := api.ServeValidate(js.Conn(), w.opts.Subjects, w.opts.Operator, w.log); err != nil {
 		return err
 	}
-	w.log.Info().Msg("consuming acquire requests")
-	return events.Consume(ctx, cons, w.handle, events.ConsumeOptions{
-		Logger:       w.log,
-		Concurrency:  w.opts.Concurrency,
-		DrainTimeout: w.opts.DrainTimeout,
-		OnTerminal:   w.reportFailure,
-		Observer:     w.opts.Observer,
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error {
+		return events.Consume(gctx, cons, w.handle, events.ConsumeOptions{
+			Logger:       w.log,
+			Concurrency:  w.opts.Concurrency,
+			DrainTimeout: w.opts.DrainTimeout,
+			OnTerminal:   w.reportFailure,
+			Observer:     w.opts.Observer,
+		})
 	})
+	close(w.ready)
+	w.log.Info().Msg("consuming acquire requests")
+	return g.Wait()
 }
 
 // handle provisions the acquire's tenant and hands the lease to the dispatcher. It records the

@@ -11,6 +11,7 @@ import (
 
 	"github.com/kubeclip/kubeclip/pkg/events"
 	"github.com/kubeclip/kubeclip/pkg/policy"
+	"github.com/kubeclip/kubeclip/pkg/runwatch"
 )
 
 // replayTarget is (h)'s target: a 100k-event run replays in under a second (the anchors:
@@ -38,7 +39,7 @@ func (r syntheticRun) events() int { return r.logEvents + 1 }
 // It does so twice. First with one line per event, as the run-watcher publishes an agent that
 // writes its lines one at a time (its flush interval is 5 ms; stream-json lines come further
 // apart), so events = lines = 100k: the count the target is about. Then with the lines packed
-// by events.LogBatcher as the run-watcher packs a burst (≤ 1000 lines, ≤ 64 KiB per event):
+// by runwatch.LogBatcher as the run-watcher packs a burst (≤ 1000 lines, ≤ 64 KiB per event):
 // lines per second, the rate at which a reader gets a burst-heavy log back.
 func (b *bench) replayPhase(ctx context.Context, rep *report) error {
 	js, err := b.pipe.jetStream(ctx, "bench-replay", zerolog.Nop())
@@ -91,7 +92,7 @@ func (b *bench) replayPhase(ctx context.Context, rep *report) error {
 		b.s.replayRounds,
 		single.logEvents, float64(single.bytes)/float64(single.logEvents), mib(single.bytes), median(sFollow).Round(time.Millisecond),
 		rate0(median(evRate)), rate0(median(evRate)), joinRates(evRate),
-		batched.logEvents, events.DefaultLogMaxLines, events.MaxLogEventBytes>>10, mib(batched.bytes), median(bFollow).Round(time.Millisecond),
+		batched.logEvents, runwatch.DefaultLogMaxLines, events.MaxLogEventBytes>>10, mib(batched.bytes), median(bFollow).Round(time.Millisecond),
 		rate0(median(lineRate)), rate0(median(rates(bFollow, batched.events()))), batched.lines/max(1, batched.logEvents), joinRates(lineRate),
 		replayTarget)
 	return nil
@@ -123,9 +124,9 @@ func (b *bench) publishSyntheticRun(ctx context.Context, batched bool) (syntheti
 	}
 	lineMaxPerEvent := 1
 	if batched {
-		lineMaxPerEvent = events.DefaultLogMaxLines
+		lineMaxPerEvent = runwatch.DefaultLogMaxLines
 	}
-	batcher, err := events.NewLogBatcher(events.LogBatcherOptions{
+	batcher, err := runwatch.NewLogBatcher(runwatch.LogBatcherOptions{
 		RunID: r.runID, CompanyID: r.companyID, Pod: "synthetic-" + r.runID, Container: policy.AgentContainerName,
 		MaxLines: lineMaxPerEvent,
 	})

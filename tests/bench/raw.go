@@ -71,7 +71,7 @@ type rendered struct {
 	job    *batchv1.Job
 }
 
-// render renders req's run. The Secret has no owner, as k8s.CreateJobRun creates it (the owner
+// render renders req's run. The Secret has no owner, as k8s.StartJobRun creates it (the owner
 // is patched in once the Job has a UID).
 func render(req events.AcquireRequest) (rendered, error) {
 	plan, err := lease.New(req, time.Now(), benchOperator())

@@ -9,6 +9,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/kubeclip/kubeclip/pkg/events"
+	"github.com/kubeclip/kubeclip/pkg/lease"
 )
 
 // timedJS is the JetStream handle the bench gives a worker: the real one, with publishes and
@@ -85,7 +86,7 @@ func (k timedKV) done(what string, start time.Time, err error) {
 
 func (k timedKV) Get(ctx context.Context, key string) (jetstream.KeyValueEntry, error) {
 	start := time.Now()
-	if ref, ok := events.ParseRunKey(key); ok && k.bucket == events.LeaseBucket {
+	if ref, ok := events.ParseRunKey(key); ok && k.bucket == lease.Bucket {
 		k.stats.mark(markLeaseRead, ref.RunID, start)
 	}
 	e, err := k.KeyValue.Get(ctx, key)

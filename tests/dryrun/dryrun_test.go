@@ -30,6 +30,7 @@ import (
 	"k8s.io/client-go/restmapper"
 
 	"github.com/kubeclip/kubeclip/internal/clustertest"
+	"github.com/kubeclip/kubeclip/pkg/k8s"
 	"github.com/kubeclip/kubeclip/pkg/policy"
 )
 
@@ -132,7 +133,7 @@ func (c cluster) apply(ctx context.Context, t *testing.T, obj *unstructured.Unst
 	if err != nil {
 		t.Fatal(err)
 	}
-	opts := metav1.PatchOptions{FieldManager: policy.FieldManager, Force: ptr(true), FieldValidation: strict}
+	opts := metav1.PatchOptions{FieldManager: k8s.DefaultFieldManager, Force: ptr(true), FieldValidation: strict}
 	if dryRun {
 		opts.DryRun = dryRunAll
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/kubeclip/kubeclip/internal/clustertest"
 	pt "github.com/kubeclip/kubeclip/internal/pipelinetest"
 	"github.com/kubeclip/kubeclip/pkg/events"
+	"github.com/kubeclip/kubeclip/pkg/lease"
 	"github.com/kubeclip/kubeclip/pkg/policy"
 )
 
@@ -397,7 +398,7 @@ func TestReleaseRacingItsDispatch(t *testing.T) {
 	company := pt.NewID("co")
 	pt.CleanupTenant(t, cs, company)
 	agent := pt.NewID("agent")
-	leases, err := env.JS.KeyValue(t.Context(), events.LeaseBucket)
+	leases, err := env.JS.KeyValue(t.Context(), lease.Bucket)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"go.uber.org/goleak"
 
+	"github.com/kubeclip/kubeclip/pkg/events"
 	"github.com/kubeclip/kubeclip/pkg/streamjson"
 )
 
@@ -98,12 +99,12 @@ func TestStreamParsesAsASuccessfulRun(t *testing.T) {
 	if err != nil {
 		t.Fatalf("run: %v\nstderr: %s", err, stderr)
 	}
-	events, p := parse(t, stdout)
-	if diff := cmp.Diff([]string{"system/init", "assistant/", "assistant/", "result/success"}, types(events)); diff != "" {
+	evs, p := parse(t, stdout)
+	if diff := cmp.Diff([]string{"system/init", "assistant/", "assistant/", "result/success"}, types(evs)); diff != "" {
 		t.Errorf("events (-want +got):\n%s", diff)
 	}
-	if !strings.Contains(events[1].Message.Content[0].Text, "Received a prompt of 37 bytes") {
-		t.Errorf("first assistant text %q does not report the prompt read from stdin", events[1].Message.Content[0].Text)
+	if !strings.Contains(evs[1].Message.Content[0].Text, "Received a prompt of 37 bytes") {
+		t.Errorf("first assistant text %q does not report the prompt read from stdin", evs[1].Message.Content[0].Text)
 	}
 	if n := strings.Count(stderr, "\n"); n != 1 || !strings.HasPrefix(stderr, "claude-stub: working") {
 		t.Errorf("stderr = %q, want one progress line", stderr)
@@ -111,10 +112,10 @@ func TestStreamParsesAsASuccessfulRun(t *testing.T) {
 
 	// What Paperclip makes of it: a successful run with usage and cost, in the init's session.
 	got := p.ResultWithExitCode(0)
-	want := &streamjson.Result{
-		SessionID: events[0].SessionID,
+	want := &events.AgentResult{
+		SessionID: evs[0].SessionID,
 		Model:     "claude-opus-5",
-		Usage:     &streamjson.Usage{InputTokens: 1020, OutputTokens: 100},
+		Usage:     &events.AgentUsage{InputTokens: 1020, OutputTokens: 100},
 		CostUSD:   ptr(1020*inputPrice + 100*outputPrice),
 		Summary:   "The stub read a prompt of 37 bytes and finished.",
 	}
@@ -138,7 +139,7 @@ func TestResumeKeepsTheSession(t *testing.T) {
 			t.Errorf("%s line in session %q", ev.Type, ev.SessionID)
 		}
 	}
-	if got := p.Result().SessionID; got != "6f1c2a9e-3b7d-4f0e-9a51-2d8c4e7b1a03" {
+	if got := p.ResultWithExitCode(0).SessionID; got != "6f1c2a9e-3b7d-4f0e-9a51-2d8c4e7b1a03" {
 		t.Errorf("parsed session %q", got)
 	}
 }

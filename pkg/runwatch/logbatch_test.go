@@ -1,27 +1,26 @@
-package events_test
+package runwatch
 
 import (
 	"context"
-	"errors"
 	"strings"
-	"sync"
 	"testing"
-	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/kubeclip/kubeclip/pkg/events"
 )
 
 const ts = "2026-08-24T10:29:59.123456789Z"
 
-func newBatcher(t *testing.T, mod func(*events.LogBatcherOptions)) *events.LogBatcher {
+func newBatcher(t *testing.T, mod func(*LogBatcherOptions)) *LogBatcher {
 	t.Helper()
-	opts := events.LogBatcherOptions{RunID: "r1", CompanyID: "c1", Pod: "pc-01j9x-abcde", Container: "agent", Now: clock}
+	opts := LogBatcherOptions{RunID: "r1", CompanyID: "c1", Pod: "pc-01j9x-abcde", Container: "agent", Now: clock}
 	if mod != nil {
 		mod(&opts)
 	}
-	b, err := events.NewLogBatcher(opts)
+	b, err := NewLogBatcher(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -69,7 +68,11 @@ func TestLogBatcherBoundsEveryEvent(t *testing.T) {
 		{name: "mixed", lines: append(append(repeatLines("short", 10), strings.Repeat("x", 100_000)), repeatLines("after", 10)...)},
 		{name: "a line exactly at the bound is split only if it must be", lines: []string{strings.Repeat("y", 65_000), "z"}},
 	}
-	p := newPublisher(t, noPublish{})
+	// Sizes are measured with the Publisher's own encoding (Msg builds the message only).
+	p, err := events.NewPublisher(events.PublisherOptions{JS: noPublish{}, Now: clock})
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			b := newBatcher(t, nil)
@@ -130,7 +133,7 @@ func repeatLines(s string, n int) []string {
 }
 
 func TestLogBatcherMaxLines(t *testing.T) {
-	b := newBatcher(t, func(o *events.LogBatcherOptions) { o.MaxLines = 3 })
+	b := newBatcher(t, func(o *LogBatcherOptions) { o.MaxLines = 3 })
 	var sizes []int
 	for range 7 {
 		for _, ev := range b.Add(events.LogLine{TS: ts, Text: "line"}) {
@@ -153,11 +156,11 @@ func TestLogBatcherMaxLines(t *testing.T) {
 }
 
 func TestLogBatcherSharedSequence(t *testing.T) {
-	seq := events.NewSequence(41) // continuing a restarted run
-	a := newBatcher(t, func(o *events.LogBatcherOptions) { o.Seq = seq; o.Container = "init" })
-	b := newBatcher(t, func(o *events.LogBatcherOptions) { o.Seq = seq })
+	seq := newSequence(41) // continuing a restarted run
+	a := newBatcher(t, func(o *LogBatcherOptions) { o.seq = seq; o.Container = "init" })
+	b := newBatcher(t, func(o *LogBatcherOptions) { o.seq = seq })
 	var got []uint64
-	for _, bt := range []*events.LogBatcher{a, b, a} {
+	for _, bt := range []*LogBatcher{a, b, a} {
 		bt.Add(events.LogLine{TS: ts, Text: "x"})
 		ev, _ := bt.Flush()
 		got = append(got, ev.Seq)
@@ -165,115 +168,27 @@ func TestLogBatcherSharedSequence(t *testing.T) {
 	if diff := cmp.Diff([]uint64{42, 43, 44}, got); diff != "" {
 		t.Errorf("seqs (-want +got):\n%s", diff)
 	}
-	if seq.Last() != 44 {
-		t.Errorf("Last = %d", seq.Last())
+	if seq.lastIssued() != 44 {
+		t.Errorf("Last = %d", seq.lastIssued())
 	}
 }
 
 func TestNewLogBatcherValidates(t *testing.T) {
-	for name, opts := range map[string]events.LogBatcherOptions{
+	for name, opts := range map[string]LogBatcherOptions{
 		"bad run id":      {RunID: "r.1", CompanyID: "c1"},
 		"bound too big":   {RunID: "r1", CompanyID: "c1", MaxBytes: 1 << 20},
 		"bound too small": {RunID: "r1", CompanyID: "c1", MaxBytes: 100},
 		"negative lines":  {RunID: "r1", CompanyID: "c1", MaxLines: -1},
 	} {
-		if _, err := events.NewLogBatcher(opts); err == nil {
+		if _, err := NewLogBatcher(opts); err == nil {
 			t.Errorf("%s: NewLogBatcher accepted %+v", name, opts)
 		}
 	}
 }
 
-// emitter collects what Run emits; it fails the first fail calls.
-type emitter struct {
-	mu   sync.Mutex
-	evs  []events.RunLogEvent
-	fail int
-	ch   chan events.RunLogEvent
-}
+// noPublish is a publisher that must not be reached: Msg never publishes.
+type noPublish struct{}
 
-func (e *emitter) emit(_ context.Context, ev events.RunLogEvent) error {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.fail > 0 {
-		e.fail--
-		return errors.New("nats: timeout")
-	}
-	e.evs = append(e.evs, ev)
-	if e.ch != nil {
-		e.ch <- ev
-	}
-	return nil
-}
-
-func TestLogBatcherRunFlushesALoneLineQuickly(t *testing.T) {
-	b := newBatcher(t, func(o *events.LogBatcherOptions) { o.FlushInterval = 20 * time.Millisecond })
-	lines := make(chan events.LogLine)
-	e := &emitter{ch: make(chan events.RunLogEvent, 10)}
-	done := make(chan error, 1)
-	go func() { done <- b.Run(t.Context(), lines, e.emit) }()
-
-	lines <- events.LogLine{TS: ts, Text: "the only line for a while"}
-	select {
-	case ev := <-e.ch:
-		if len(ev.Lines) != 1 || ev.Lines[0].Text != "the only line for a while" || ev.Seq != 1 {
-			t.Errorf("emitted %+v", ev)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("a lone line was held back")
-	}
-	lines <- events.LogLine{TS: ts, Text: "later"}
-	close(lines)
-	if err := <-done; err != nil {
-		t.Fatalf("Run = %v", err)
-	}
-	if len(e.evs) != 2 || e.evs[1].Seq != 2 || e.evs[1].Lines[0].Text != "later" {
-		t.Errorf("emitted %+v", e.evs)
-	}
-}
-
-func TestLogBatcherRunBatchesABurstAndFlushesOnClose(t *testing.T) {
-	b := newBatcher(t, func(o *events.LogBatcherOptions) { o.FlushInterval = time.Hour; o.MaxLines = 4 })
-	lines := make(chan events.LogLine, 10)
-	for range 6 {
-		lines <- events.LogLine{TS: ts, Text: "burst"}
-	}
-	close(lines)
-	e := &emitter{}
-	if err := b.Run(t.Context(), lines, e.emit); err != nil {
-		t.Fatal(err)
-	}
-	var sizes []int
-	for _, ev := range e.evs {
-		sizes = append(sizes, len(ev.Lines))
-	}
-	if diff := cmp.Diff([]int{4, 2}, sizes); diff != "" {
-		t.Errorf("event sizes (-want +got):\n%s", diff)
-	}
-}
-
-func TestLogBatcherRunRetriesEmitWithoutGaps(t *testing.T) {
-	b := newBatcher(t, nil)
-	lines := make(chan events.LogLine, 1)
-	lines <- events.LogLine{TS: ts, Text: "x"}
-	close(lines)
-	e := &emitter{fail: 2}
-	if err := b.Run(t.Context(), lines, e.emit); err != nil {
-		t.Fatal(err)
-	}
-	if len(e.evs) != 1 || e.evs[0].Seq != 1 {
-		t.Errorf("emitted %+v, want the same event (seq 1) once it succeeded", e.evs)
-	}
-}
-
-func TestLogBatcherRunStopsOnTerminalEmitErrors(t *testing.T) {
-	b := newBatcher(t, nil)
-	lines := make(chan events.LogLine, 1)
-	lines <- events.LogLine{TS: ts, Text: "x"}
-	close(lines)
-	err := b.Run(t.Context(), lines, func(context.Context, events.RunLogEvent) error {
-		return events.InvalidRequest("seq", "must be at least 1")
-	})
-	if _, ok := events.AsTerminal(err); !ok {
-		t.Errorf("Run = %v, want the terminal error", err)
-	}
+func (noPublish) PublishMsg(context.Context, *nats.Msg, ...jetstream.PublishOpt) (*jetstream.PubAck, error) {
+	panic("Msg must not publish")
 }

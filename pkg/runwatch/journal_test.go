@@ -48,7 +48,7 @@ func partialLine(ts, text string) events.LogLine {
 	return events.LogLine{TS: ts, Text: text, Partial: true}
 }
 
-func TestLogStateResume(t *testing.T) {
+func TestJournalResume(t *testing.T) {
 	h := newHarness(t)
 	tests := []struct {
 		name        string
@@ -114,17 +114,17 @@ func TestLogStateResume(t *testing.T) {
 			h.publish(t, logEvent("run-other", 1, line(ts0, `{"type":"system","subtype":"init","session_id":"other"}`)))
 
 			tr := h.tracker(t, runID)
-			l := tr.logs
-			if err := l.resume(t.Context(), last, lastStreamSeq); err != nil {
+			j := tr.journal
+			if err := j.resume(t.Context(), last, lastStreamSeq); err != nil {
 				t.Fatalf("resume() error: %v", err)
 			}
-			if diff := cmp.Diff(cursorOf(t, tc.wantLines...), l.cursor()); diff != "" {
+			if diff := cmp.Diff(cursorOf(t, tc.wantLines...), j.cursor()); diff != "" {
 				t.Errorf("cursor (-want +got):\n%s", diff)
 			}
-			if got := l.seq.Last(); got != last.Seq {
+			if got := j.seq.lastIssued(); got != last.Seq {
 				t.Errorf("sequence continues after %d, want %d", got, last.Seq)
 			}
-			res := l.agentResult(0)
+			res := j.agentResult(0)
 			got := [3]string{res.SessionID, res.Model, res.Summary}
 			if diff := cmp.Diff([3]string{tc.wantSession, tc.wantModel, tc.wantSummary}, got); diff != "" {
 				t.Errorf("parser (session, model, summary) after replay (-want +got):\n%s", diff)
@@ -133,17 +133,17 @@ func TestLogStateResume(t *testing.T) {
 	}
 }
 
-// TestLogStateResumeWithoutLines: an event without lines leaves the cursor at the start.
-func TestLogStateResumeWithoutLines(t *testing.T) {
+// TestJournalResumeWithoutLines: an event without lines leaves the cursor at the start.
+func TestJournalResumeWithoutLines(t *testing.T) {
 	h := newHarness(t)
 	tr := h.tracker(t, "run-empty")
-	if err := tr.logs.resume(t.Context(), logEvent("run-empty", 4), 0); err != nil {
+	if err := tr.journal.resume(t.Context(), logEvent("run-empty", 4), 0); err != nil {
 		t.Fatalf("resume() error: %v", err)
 	}
-	if diff := cmp.Diff(k8s.Cursor{}, tr.logs.cursor()); diff != "" {
+	if diff := cmp.Diff(k8s.Cursor{}, tr.journal.cursor()); diff != "" {
 		t.Errorf("cursor (-want +got):\n%s", diff)
 	}
-	if got := tr.logs.seq.Last(); got != 4 {
+	if got := tr.journal.seq.lastIssued(); got != 4 {
 		t.Errorf("sequence continues after %d, want 4", got)
 	}
 }
@@ -152,18 +152,18 @@ func kline(t *testing.T, ts, text string) k8s.Line {
 	return k8s.Line{Time: mustTime(t, ts), TimeRaw: ts, Text: text}
 }
 
-func TestLogStateAddFlushPublishesInOrder(t *testing.T) {
+func TestJournalAddFlushPublishesInOrder(t *testing.T) {
 	h := newHarness(t)
 	const runID = "run-batch"
 	tr := h.tracker(t, runID)
-	l := tr.logs
-	if err := l.setPod("pc-x-abcde", agentContainer); err != nil {
+	j := tr.journal
+	if err := j.setPod("pc-x-abcde", agentContainer); err != nil {
 		t.Fatalf("setPod() error: %v", err)
 	}
 	add := func(lines ...k8s.Line) {
 		t.Helper()
 		for _, ln := range lines {
-			if err := l.add(ln); err != nil {
+			if err := j.add(t.Context(), ln); err != nil {
 				t.Fatalf("add(%q) error: %v", ln.Text, err)
 			}
 		}
@@ -173,14 +173,14 @@ func TestLogStateAddFlushPublishesInOrder(t *testing.T) {
 	if got := runEvents[events.RunLogEvent](t, h, runID, events.KindLog); len(got) != 0 {
 		t.Fatalf("%d log events published before the flush, want 0", len(got))
 	}
-	if err := l.flush(); err != nil {
+	if err := j.flush(t.Context()); err != nil {
 		t.Fatalf("flush() error: %v", err)
 	}
 	add(kline(t, ts2, "three"))
-	if err := l.flush(); err != nil {
+	if err := j.flush(t.Context()); err != nil {
 		t.Fatalf("second flush() error: %v", err)
 	}
-	if err := l.flush(); err != nil {
+	if err := j.flush(t.Context()); err != nil {
 		t.Fatalf("flush() with nothing pending: %v", err)
 	}
 
@@ -193,29 +193,29 @@ func TestLogStateAddFlushPublishesInOrder(t *testing.T) {
 		t.Errorf("published log events (-want +got):\n%s", diff)
 	}
 	wantCursor := cursorOf(t, line(ts0, initLine), line(ts1, "one"), line(ts1, "two"), line(ts2, "three"))
-	if diff := cmp.Diff(wantCursor, l.cursor()); diff != "" {
+	if diff := cmp.Diff(wantCursor, j.cursor()); diff != "" {
 		t.Errorf("cursor (-want +got):\n%s", diff)
 	}
-	if got := l.agentResult(0).SessionID; got != "sess-1" {
+	if got := j.agentResult(0).SessionID; got != "sess-1" {
 		t.Errorf("parser session %q, want sess-1 (published lines feed the parser)", got)
 	}
 }
 
-// TestLogStateRetriesItsOutbox makes the run stream refuse new messages (a limit with
+// TestJournalRetriesItsOutbox makes the run stream refuse new messages (a limit with
 // DiscardNew, on the real server) so a chunk fails to publish, then lets it accept them again:
 // the chunk keeps its seq and goes out before anything newer.
-func TestLogStateRetriesItsOutbox(t *testing.T) {
+func TestJournalRetriesItsOutbox(t *testing.T) {
 	h := newHarness(t)
 	const runID = "run-outbox"
 	tr := h.tracker(t, runID)
-	l := tr.logs
-	if err := l.setPod("pc-x-abcde", agentContainer); err != nil {
+	j := tr.journal
+	if err := j.setPod("pc-x-abcde", agentContainer); err != nil {
 		t.Fatalf("setPod() error: %v", err)
 	}
-	if err := l.add(kline(t, ts0, "first")); err != nil {
+	if err := j.add(t.Context(), kline(t, ts0, "first")); err != nil {
 		t.Fatal(err)
 	}
-	if err := l.flush(); err != nil {
+	if err := j.flush(t.Context()); err != nil {
 		t.Fatalf("flush() error: %v", err)
 	}
 
@@ -225,23 +225,23 @@ func TestLogStateRetriesItsOutbox(t *testing.T) {
 	if _, err := h.js.UpdateStream(t.Context(), full); err != nil {
 		t.Fatalf("limiting the run stream: %v", err)
 	}
-	if err := l.add(kline(t, ts1, "second")); err != nil {
+	if err := j.add(t.Context(), kline(t, ts1, "second")); err != nil {
 		t.Fatalf("add() error: %v", err)
 	}
-	if err := l.flush(); err == nil {
+	if err := j.flush(t.Context()); err == nil {
 		t.Fatal("flush() to a stream that refuses messages succeeded")
 	}
-	if err := l.add(kline(t, ts1, "third")); err != nil {
+	if err := j.add(t.Context(), kline(t, ts1, "third")); err != nil {
 		t.Fatalf("add() while the outbox holds a chunk: %v", err)
 	}
 
 	if _, err := h.js.UpdateStream(t.Context(), cfg); err != nil {
 		t.Fatalf("restoring the run stream: %v", err)
 	}
-	if err := l.add(kline(t, ts2, "fourth")); err != nil {
+	if err := j.add(t.Context(), kline(t, ts2, "fourth")); err != nil {
 		t.Fatalf("add() error: %v", err)
 	}
-	if err := l.flush(); err != nil {
+	if err := j.flush(t.Context()); err != nil {
 		t.Fatalf("flush() after the stream recovered: %v", err)
 	}
 
@@ -253,5 +253,55 @@ func TestLogStateRetriesItsOutbox(t *testing.T) {
 	got := runEvents[events.RunLogEvent](t, h, runID, events.KindLog)
 	if diff := cmp.Diff(want, got, cmpopts.IgnoreFields(events.RunLogEvent{}, "At")); diff != "" {
 		t.Errorf("published log events (-want +got):\n%s", diff)
+	}
+}
+
+// TestJournalFlushesALoneLineQuickly: a line that completes no chunk waits at most the flush
+// interval, then goes out on its own, with the context it was added with.
+func TestJournalFlushesALoneLineQuickly(t *testing.T) {
+	h := newHarness(t)
+	const runID = "run-lone"
+	opts := h.d.journalOptions()
+	opts.interval = 20 * time.Millisecond
+	j := newJournal(events.Ref(testCompany, runID), opts)
+	t.Cleanup(j.stop)
+	if err := j.setPod("pc-x-abcde", agentContainer); err != nil {
+		t.Fatal(err)
+	}
+	if err := j.add(t.Context(), kline(t, ts0, "the only line for a while")); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	var got []events.RunLogEvent
+	for len(got) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("a lone line was held back")
+		}
+		time.Sleep(10 * time.Millisecond)
+		got = runEvents[events.RunLogEvent](t, h, runID, events.KindLog)
+	}
+	want := []events.RunLogEvent{logEvent(runID, 1, line(ts0, "the only line for a while"))}
+	if diff := cmp.Diff(want, got, cmpopts.IgnoreFields(events.RunLogEvent{}, "At")); diff != "" {
+		t.Errorf("published log events (-want +got):\n%s", diff)
+	}
+}
+
+// TestLastLogChunk: a restarted run-watcher continues a run's log after the seq of its last
+// published chunk, 0 when it has none; other runs' chunks do not count.
+func TestLastLogChunk(t *testing.T) {
+	h := newHarness(t)
+	ref := events.Ref("c1", "r1")
+	_, got, found, err := lastLogChunk(t.Context(), h.stream, events.Subjects{}, ref)
+	if err != nil || found || got != 0 {
+		t.Fatalf("lastLogChunk of a run without logs = %d, %v, %v; want none", got, found, err)
+	}
+	var streamSeq uint64
+	for seq := uint64(1); seq <= 3; seq++ {
+		streamSeq = h.publish(t, events.RunLogEvent{RunID: "r1", CompanyID: "c1", Seq: seq, Pod: "p", Container: "c"})
+	}
+	h.publish(t, events.RunLogEvent{RunID: "r2", CompanyID: "c1", Seq: 9})
+	last, gotStreamSeq, found, err := lastLogChunk(t.Context(), h.stream, events.Subjects{}, ref)
+	if err != nil || !found || last.Seq != 3 || gotStreamSeq != streamSeq {
+		t.Errorf("lastLogChunk = seq %d at %d, %v, %v; want seq 3 at %d", last.Seq, gotStreamSeq, found, err, streamSeq)
 	}
 }

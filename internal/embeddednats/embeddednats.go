@@ -1,4 +1,7 @@
-package events
+// Package embeddednats runs a nats-server with JetStream inside this process, for the kubeclip
+// demo and the test harnesses. It lives under internal/ so that no worker binary links
+// nats-server: production deployments use a real NATS cluster.
+package embeddednats
 
 import (
 	"errors"
@@ -9,15 +12,19 @@ import (
 	"github.com/rs/zerolog"
 )
 
-// Embedded server defaults.
+// Defaults of Options.
 const (
-	DefaultEmbeddedHost         = "127.0.0.1"
-	DefaultEmbeddedServerName   = "kubeclip-embedded"
-	DefaultEmbeddedReadyTimeout = 10 * time.Second
+	// DefaultHost keeps a development server off the network.
+	DefaultHost = "127.0.0.1"
+	// defaultServerName names the server in JetStream metadata.
+	defaultServerName = "kubeclip-embedded"
+	// defaultReadyTimeout bounds the wait for the server to accept connections on a loaded
+	// machine.
+	defaultReadyTimeout = 10 * time.Second
 )
 
-// EmbeddedOptions configures the in-process nats-server for development and demos.
-type EmbeddedOptions struct {
+// Options configures the in-process nats-server.
+type Options struct {
 	// StoreDir holds JetStream's file storage; required, so streams survive a restart.
 	StoreDir string
 	// Host to listen on (default 127.0.0.1: a dev server is not for the network).
@@ -33,20 +40,20 @@ type EmbeddedOptions struct {
 	Logger *zerolog.Logger
 }
 
-// StartEmbedded starts a nats-server with JetStream in this process and waits until it accepts
-// connections. Stop it with ShutdownEmbedded. Production deployments use a real NATS cluster.
-func StartEmbedded(opts EmbeddedOptions) (*server.Server, error) {
+// Start starts a nats-server with JetStream in this process and waits until it accepts
+// connections. Stop it with Shutdown.
+func Start(opts Options) (*server.Server, error) {
 	if opts.StoreDir == "" {
-		return nil, errors.New("events: EmbeddedOptions.StoreDir is required")
+		return nil, errors.New("embeddednats: Options.StoreDir is required")
 	}
 	if opts.Host == "" {
-		opts.Host = DefaultEmbeddedHost
+		opts.Host = DefaultHost
 	}
 	if opts.ServerName == "" {
-		opts.ServerName = DefaultEmbeddedServerName
+		opts.ServerName = defaultServerName
 	}
 	if opts.ReadyTimeout <= 0 {
-		opts.ReadyTimeout = DefaultEmbeddedReadyTimeout
+		opts.ReadyTimeout = defaultReadyTimeout
 	}
 	s, err := server.NewServer(&server.Options{
 		ServerName: opts.ServerName,
@@ -66,18 +73,18 @@ func StartEmbedded(opts EmbeddedOptions) (*server.Server, error) {
 	}
 	go s.Start()
 	if !s.ReadyForConnections(opts.ReadyTimeout) {
-		ShutdownEmbedded(s)
+		Shutdown(s)
 		return nil, fmt.Errorf("embedded nats-server on %s:%d not ready after %s", opts.Host, opts.Port, opts.ReadyTimeout)
 	}
 	if !s.JetStreamEnabled() {
-		ShutdownEmbedded(s)
+		Shutdown(s)
 		return nil, fmt.Errorf("embedded nats-server: JetStream failed to start (store dir %s)", opts.StoreDir)
 	}
 	return s, nil
 }
 
-// ShutdownEmbedded stops s and waits until it has released its ports and store.
-func ShutdownEmbedded(s *server.Server) {
+// Shutdown stops s and waits until it has released its ports and store.
+func Shutdown(s *server.Server) {
 	if s == nil {
 		return
 	}

@@ -1,0 +1,354 @@
+package runwatch
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/kubeclip/kubeclip/pkg/events"
+	"github.com/kubeclip/kubeclip/pkg/k8s"
+	"github.com/kubeclip/kubeclip/pkg/streamjson"
+)
+
+// journal is one run's log as the run stream holds it. It owns the chunks' numbering (seq 1,
+// 2, 3, ... without gaps, continued after a takeover), their batching, the fence that keeps a
+// second writer out, and the replay of what was published, which positions the container log's
+// cursor and feeds the agent parser. The follower adds lines; a timer publishes a partial chunk
+// once its first line has waited the flush interval; the tracker flushes before it publishes the
+// run's result.
+//
+// It is given what it needs when it is made (the publisher, the run stream, the clock) and a
+// context with every call that may publish; it knows nothing of the tracker.
+type journal struct {
+	ref      events.RunRef
+	subjects events.Subjects
+	pub      publisher
+	stream   runStream
+	now      func() time.Time
+	interval time.Duration
+
+	mu  sync.Mutex
+	seq *sequence
+	// lastStreamSeq is the stream sequence of the run's last log event. Every publish expects
+	// it, so a second writer of the same run's log (a replica that lost the run without
+	// noticing) is refused by the stream instead of interleaving its chunks.
+	lastStreamSeq uint64
+	stopped       bool
+	cur           k8s.Cursor
+	batcher       *LogBatcher
+	// outbox holds sealed chunks not yet published, in seq order. Their seq numbers are taken,
+	// so they are retried (idempotently, by message id) before anything newer goes out.
+	outbox []events.RunLogEvent
+	timer  *time.Timer
+	parser streamjson.Parser
+	// feedPiece and rememberPiece hold the pieces of a split line until its last piece, which
+	// may come in a later chunk.
+	feedPiece, rememberPiece []byte
+}
+
+// journalOptions are what a journal is made with.
+type journalOptions struct {
+	subjects events.Subjects
+	pub      publisher
+	stream   runStream
+	now      func() time.Time
+	// interval is the longest a line waits before its chunk is published (Options.FlushInterval).
+	interval time.Duration
+}
+
+// maxOutbox bounds the chunks kept while NATS is unreachable; past it the follower stops and
+// resumes from its cursor later.
+const maxOutbox = 64
+
+var errOutboxFull = errors.New("log chunks are not being published")
+
+// newJournal is the journal of a run with nothing published yet.
+func newJournal(ref events.RunRef, o journalOptions) *journal {
+	return &journal{
+		ref: ref, subjects: o.subjects, pub: o.pub, stream: o.stream, now: o.now, interval: o.interval,
+		seq: newSequence(0),
+	}
+}
+
+// loadJournal is the journal of a run as the stream holds it: it continues after the run's last
+// published chunk, with the whole published log replayed.
+func loadJournal(ctx context.Context, ref events.RunRef, o journalOptions) (*journal, error) {
+	j := newJournal(ref, o)
+	last, streamSeq, found, err := lastLogChunk(ctx, o.stream, o.subjects, ref)
+	if err != nil || !found {
+		return j, err
+	}
+	if err := j.resume(ctx, last, streamSeq); err != nil {
+		return nil, err
+	}
+	return j, nil
+}
+
+// lastLogChunk reads the run's last published log chunk and its stream sequence; found is false
+// when the run has none.
+func lastLogChunk(ctx context.Context, stream runStream, subjects events.Subjects, ref events.RunRef) (last events.RunLogEvent, streamSeq uint64, found bool, err error) {
+	subj, err := subjects.Run(ref.CompanyID, ref.RunID, events.KindLog)
+	if err != nil {
+		return last, 0, false, err
+	}
+	msg, err := stream.GetLastMsgForSubject(ctx, subj)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return last, 0, false, nil
+	}
+	if err != nil {
+		return last, 0, false, fmt.Errorf("reading the last published log chunk: %w", err)
+	}
+	if err := json.Unmarshal(msg.Data, &last); err != nil {
+		return last, 0, false, fmt.Errorf("decoding the last published log chunk: %w", err)
+	}
+	return last, msg.Sequence, true, nil
+}
+
+// lastSeq is the seq of the last chunk numbered (published or waiting in the outbox).
+func (j *journal) lastSeq() uint64 {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.seq.lastIssued()
+}
+
+// setPod starts batching for the pod's container; lines of a previous pod were flushed.
+func (j *journal) setPod(pod, container string) error {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	b, err := NewLogBatcher(LogBatcherOptions{
+		RunID: j.ref.RunID, CompanyID: j.ref.CompanyID, Pod: pod, Container: container,
+		Now: j.now, seq: j.seq,
+	})
+	if err != nil {
+		return err
+	}
+	j.batcher = b
+	return nil
+}
+
+// cursor is where the container log resumes: after the last line in a chunk.
+func (j *journal) cursor() k8s.Cursor {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.cur.Clone()
+}
+
+// resume continues after the last published chunk: the next seq follows it, and the run's
+// whole published log is replayed into the cursor and the agent parser.
+func (j *journal) resume(ctx context.Context, last events.RunLogEvent, streamSeq uint64) error {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	j.seq = newSequence(last.Seq)
+	j.lastStreamSeq = streamSeq
+	return j.replay(ctx, last.Seq)
+}
+
+// replay feeds every line already published for the run, up to seq last, to the cursor and the
+// parser.
+func (j *journal) replay(ctx context.Context, last uint64) error {
+	subj, err := j.subjects.Run(j.ref.CompanyID, j.ref.RunID, events.KindLog)
+	if err != nil {
+		return err
+	}
+	cons, err := j.stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{FilterSubjects: []string{subj}})
+	if err != nil {
+		return fmt.Errorf("replaying the published log: %w", err)
+	}
+	for {
+		batch, err := cons.FetchNoWait(256)
+		if err != nil {
+			return fmt.Errorf("replaying the published log: %w", err)
+		}
+		n := 0
+		for msg := range batch.Messages() {
+			n++
+			var ev events.RunLogEvent
+			if json.Unmarshal(msg.Data(), &ev) != nil {
+				continue
+			}
+			j.feed(ev.Lines)
+			if err := j.remember(ev.Lines); err != nil {
+				return err
+			}
+			if ev.Seq >= last {
+				return nil
+			}
+		}
+		if err := batch.Error(); err != nil {
+			return fmt.Errorf("replaying the published log: %w", err)
+		}
+		if n == 0 {
+			return nil
+		}
+	}
+}
+
+// remember adds published lines to the cursor, joining the pieces the batcher split a line
+// into, so the cursor sees the lines as the container log has them.
+func (j *journal) remember(lines []events.LogLine) error {
+	for _, line := range lines {
+		j.rememberPiece = append(j.rememberPiece, line.Text...)
+		if line.Partial {
+			continue // the rest of the line is in this chunk or the next
+		}
+		ts, err := time.Parse(time.RFC3339Nano, line.TS)
+		if err != nil {
+			return fmt.Errorf("parsing the timestamp of a published line: %w", err)
+		}
+		j.cur.Add(k8s.Line{Time: ts, TimeRaw: line.TS, Text: string(j.rememberPiece)})
+		j.rememberPiece = j.rememberPiece[:0]
+	}
+	return nil
+}
+
+// feed hands complete lines to the agent parser, joining the pieces of a split line, which may
+// span chunks.
+func (j *journal) feed(lines []events.LogLine) {
+	for _, line := range lines {
+		if line.Partial {
+			j.feedPiece = append(j.feedPiece, line.Text...)
+			continue
+		}
+		if len(j.feedPiece) > 0 {
+			j.parser.Feed(append(j.feedPiece, line.Text...))
+			j.feedPiece = j.feedPiece[:0]
+			continue
+		}
+		j.parser.Feed([]byte(line.Text))
+	}
+}
+
+// add takes a line from the follower. Full chunks go out at once; a partial one when the flush
+// timer fires, published with ctx (the run's, which outlives any one follow stream). A line is
+// delivered (the cursor moves past it) once it is in a chunk.
+func (j *journal) add(ctx context.Context, line k8s.Line) error {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.stopped {
+		return errFenced
+	}
+	if len(j.outbox) >= maxOutbox {
+		if err := j.publishOutboxLocked(ctx); err != nil {
+			return fmt.Errorf("%w: %w", errOutboxFull, err)
+		}
+	}
+	ts := line.TimeRaw
+	if ts == "" {
+		ts = line.Time.UTC().Format(time.RFC3339Nano)
+	}
+	j.outbox = append(j.outbox, j.batcher.Add(events.LogLine{TS: ts, Text: line.Text})...)
+	j.cur.Add(line)
+	if len(j.outbox) > 0 {
+		// A failure here leaves the chunks in the outbox for the next attempt, except a
+		// fenced one, which ends this follower.
+		if err := j.publishOutboxLocked(ctx); errors.Is(err, errFenced) {
+			return err
+		}
+	}
+	if j.timer == nil && j.batcher.Pending() > 0 {
+		j.timer = time.AfterFunc(j.interval, func() {
+			j.mu.Lock()
+			defer j.mu.Unlock()
+			j.timer = nil
+			_ = j.flushLocked(ctx)
+		})
+	}
+	return nil
+}
+
+// flush publishes everything pending.
+func (j *journal) flush(ctx context.Context) error {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.timer != nil {
+		j.timer.Stop()
+		j.timer = nil
+	}
+	return j.flushLocked(ctx)
+}
+
+// stop ends the flush timer; nothing is published after it.
+func (j *journal) stop() {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	j.stopped = true
+	if j.timer != nil {
+		j.timer.Stop()
+		j.timer = nil
+	}
+}
+
+func (j *journal) flushLocked(ctx context.Context) error {
+	if j.stopped {
+		return errFenced
+	}
+	if j.batcher != nil {
+		if ev, ok := j.batcher.Flush(); ok {
+			j.outbox = append(j.outbox, ev)
+		}
+	}
+	return j.publishOutboxLocked(ctx)
+}
+
+func (j *journal) publishOutboxLocked(ctx context.Context) error {
+	for len(j.outbox) > 0 {
+		ev := j.outbox[0]
+		ack, err := j.pub.Publish(ctx, ev, jetstream.WithExpectLastSequencePerSubject(j.lastStreamSeq))
+		if isWrongLastSequence(err) {
+			return fmt.Errorf("publishing log chunk %d: %w", ev.Seq, errFenced)
+		}
+		if err != nil {
+			return err
+		}
+		if ack.Duplicate {
+			// The stream already had this seq: our own retry (same lines) or another
+			// replica's chunk (different lines), which means we no longer own the log.
+			same, err := j.storedMatches(ctx, ack.Sequence, ev)
+			if err != nil {
+				return err
+			}
+			if !same {
+				return fmt.Errorf("log chunk %d was written by another replica: %w", ev.Seq, errFenced)
+			}
+		}
+		j.lastStreamSeq = ack.Sequence
+		j.feed(ev.Lines)
+		j.outbox = j.outbox[1:]
+	}
+	j.outbox = nil
+	return nil
+}
+
+// storedMatches reports whether the stream's message at seq carries ev's lines.
+func (j *journal) storedMatches(ctx context.Context, seq uint64, ev events.RunLogEvent) (bool, error) {
+	msg, err := j.stream.GetMsg(ctx, seq)
+	if err != nil {
+		return false, fmt.Errorf("reading back log chunk %d: %w", ev.Seq, err)
+	}
+	var stored events.RunLogEvent
+	if err := json.Unmarshal(msg.Data, &stored); err != nil {
+		return false, fmt.Errorf("decoding log chunk %d: %w", ev.Seq, err)
+	}
+	if stored.Seq != ev.Seq || len(stored.Lines) != len(ev.Lines) {
+		return false, nil
+	}
+	for i := range ev.Lines {
+		if stored.Lines[i] != ev.Lines[i] {
+			return false, nil
+		}
+	}
+	return true, nil
+}
+
+// agentResult is what the agent's stream-json log says about the run, judged with the
+// agent's exit code: a non-zero exit makes it an error whatever the stream's last word.
+func (j *journal) agentResult(exitCode int) *events.AgentResult {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.parser.ResultWithExitCode(exitCode)
+}

@@ -1,0 +1,141 @@
+package runwatch
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+
+	"github.com/kubeclip/kubeclip/pkg/events"
+	"github.com/kubeclip/kubeclip/pkg/runwatch/verdict"
+)
+
+// publisher is the part of events.Publisher the run-watcher needs: publishing a contract event
+// with publish expectations (the fences below).
+type publisher interface {
+	Publish(ctx context.Context, ev events.Event, opts ...jetstream.PublishOpt) (*jetstream.PubAck, error)
+}
+
+var _ publisher = (*events.Publisher)(nil)
+
+// runStream is the part of the run stream the run-watcher reads back: a run's last status, log
+// chunk and result, a stored chunk, and a run's whole published log.
+type runStream interface {
+	GetLastMsgForSubject(ctx context.Context, subject string) (*jetstream.RawStreamMsg, error)
+	GetMsg(ctx context.Context, seq uint64, opts ...jetstream.GetMsgOpt) (*jetstream.RawStreamMsg, error)
+	OrderedConsumer(ctx context.Context, cfg jetstream.OrderedConsumerConfig) (jetstream.Consumer, error)
+}
+
+var _ runStream = (jetstream.Stream)(nil)
+
+// errFenced: the stream refused a status or log chunk because another replica wrote the run's
+// events after the ones this replica knows.
+var errFenced = errors.New("another replica wrote this run's log")
+
+// isWrongLastSequence reports the stream refusing a publish whose expected last sequence did
+// not match (codes 10071, and 10164 on replicated streams).
+func isWrongLastSequence(err error) bool {
+	var apiErr *jetstream.APIError
+	if !errors.As(err, &apiErr) {
+		return false
+	}
+	return apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
+		apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant
+}
+
+// statusLine is a run's published status as this replica knows it: the phase and reason of its
+// last status event and that event's stream sequence, which the next status publish expects.
+type statusLine struct {
+	phase  events.Phase
+	reason string
+	// seq is the stream sequence of the run's last status event (0: none yet).
+	seq uint64
+}
+
+// newStatusLine is a run with no status event yet: its created event already says Pending, so
+// a status event starts with the first change.
+func newStatusLine() statusLine { return statusLine{phase: events.PhasePending} }
+
+// load reads the run's last published status.
+func (s *statusLine) load(ctx context.Context, stream runStream, subjects events.Subjects, ref events.RunRef) error {
+	subj, err := subjects.Run(ref.CompanyID, ref.RunID, events.KindStatus)
+	if err != nil {
+		return err
+	}
+	msg, err := stream.GetLastMsgForSubject(ctx, subj)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("reading the last published status: %w", err)
+	}
+	var st events.RunStatusEvent
+	if json.Unmarshal(msg.Data, &st) == nil {
+		s.phase, s.reason = st.Phase, st.Reason
+	}
+	s.seq = msg.Sequence
+	return nil
+}
+
+// publish publishes the run's status unless it says what the last one said. It is fenced like
+// the log: the publish expects the run's last status to be the one this replica knows, so a
+// replica that lost the run without noticing (paused, cut off) cannot append a stale status
+// after the new owner's (errFenced).
+func (s *statusLine) publish(ctx context.Context, pub publisher, ref events.RunRef, phase events.Phase, reason, message, podName string) error {
+	if phase == s.phase && reason == s.reason {
+		return nil
+	}
+	ev := events.RunStatusEvent{RunID: ref.RunID, CompanyID: ref.CompanyID, Phase: phase, Reason: reason, Message: message, PodName: podName}
+	ack, err := pub.Publish(ctx, ev, jetstream.WithExpectLastSequencePerSubject(s.seq))
+	if isWrongLastSequence(err) {
+		return fmt.Errorf("publishing status %s: %w", phase, errFenced)
+	}
+	if err != nil {
+		return err
+	}
+	s.seq, s.phase, s.reason = ack.Sequence, phase, reason
+	return nil
+}
+
+// publishResult publishes a run's one result: how it ended and what the agent's transcript says
+// about it. The stream enforces "one": the publish expects no earlier message on the result
+// subject, so a second result (another replica's, or this one's after the duplicate window) is
+// refused, and that refusal means the run is done. The tracker publishes a followed run's result
+// with it, reconcile a lost run's.
+func publishResult(ctx context.Context, pub publisher, log zerolog.Logger, ref events.RunRef, end verdict.End, agent *events.AgentResult) error {
+	ev := events.RunResultEvent{
+		RunID: ref.RunID, CompanyID: ref.CompanyID,
+		Outcome: end.Outcome, ExitCode: end.ExitCode, Reason: end.Reason, Message: end.Message,
+		Agent: agent,
+	}
+	_, err := pub.Publish(ctx, ev, jetstream.WithExpectLastSequencePerSubject(0))
+	if isWrongLastSequence(err) {
+		log.Info().Msg("the run's result was already published")
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	log.Info().Str("outcome", string(end.Outcome)).Str("reason", end.Reason).Msg("published result")
+	return nil
+}
+
+// resultPublished reports whether the run's result is already in the stream.
+func resultPublished(ctx context.Context, stream runStream, subjects events.Subjects, ref events.RunRef) (bool, error) {
+	subj, err := subjects.Run(ref.CompanyID, ref.RunID, events.KindResult)
+	if err != nil {
+		return true, nil //nolint:nilerr // a run whose ids cannot be subject tokens is never followed
+	}
+	_, err = stream.GetLastMsgForSubject(ctx, subj)
+	switch {
+	case err == nil:
+		return true, nil
+	case errors.Is(err, jetstream.ErrMsgNotFound):
+		return false, nil
+	default:
+		return false, fmt.Errorf("reading the published result: %w", err)
+	}
+}
