@@ -56,8 +56,8 @@ func (r CreatedRun) AdoptSecret(ctx context.Context, cs kubernetes.Interface) er
 	return nil
 }
 
-// A Job run is created in three steps, so that a redelivered or duplicated request never starts
-// a second workload and bad input leaves nothing behind:
+// StartJobRun is steps 1 and 2 of the three in which a Job run is created, so that a redelivered
+// or duplicated request never starts a second workload and bad input leaves nothing behind:
 //
 //  1. Create the Secret without an owner. AlreadyExists is fine when its LabelRunID matches,
 //     ErrRunConflict otherwise.
@@ -76,8 +76,8 @@ func (r CreatedRun) AdoptSecret(ctx context.Context, cs kubernetes.Interface) er
 // Neither argument is modified. A retryable error (network, 5xx, 429, Conflict) may leave the
 // Secret without an owner; calling again with the same input completes the run.
 //
-// StartJobRun is steps 1 and 2: the run's pod can start once it returns. The caller finishes
-// with AdoptSecret (step 3), after reporting the run created if it is in a hurry; a crash in
+// The run's pod can start once StartJobRun returns. The caller finishes with AdoptSecret
+// (step 3), after reporting the run created if it is in a hurry; a crash in
 // between leaves a Secret without owner that a second StartJobRun plus AdoptSecret (a
 // redelivered request) completes.
 func StartJobRun(ctx context.Context, cs kubernetes.Interface, secret *corev1.Secret, job *batchv1.Job) (CreatedRun, error) {

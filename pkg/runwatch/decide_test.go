@@ -24,17 +24,6 @@ func job(mods ...func(*batchv1.Job)) *batchv1.Job {
 
 func active(j *batchv1.Job) { j.Status.Active = 1 }
 
-func jobCondition(typ batchv1.JobConditionType, reason, msg string) func(*batchv1.Job) {
-	return func(j *batchv1.Job) {
-		j.Status.Conditions = append(j.Status.Conditions, batchv1.JobCondition{Type: typ, Status: corev1.ConditionTrue, Reason: reason, Message: msg})
-	}
-}
-
-func jobDeleting(j *batchv1.Job) {
-	ts := metav1.NewTime(now.Add(-time.Second))
-	j.DeletionTimestamp = &ts
-}
-
 // pod builds the run's Job pod (restartPolicy Never) in phase with the agent container in state.
 func pod(phase corev1.PodPhase, state corev1.ContainerState, mods ...func(*corev1.Pod)) *corev1.Pod {
 	p := &corev1.Pod{
@@ -51,37 +40,12 @@ func pod(phase corev1.PodPhase, state corev1.ContainerState, mods ...func(*corev
 	return p
 }
 
-func running() corev1.ContainerState {
-	return corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: metav1.NewTime(now.Add(-time.Minute))}}
-}
-
 func waiting(reason string) corev1.ContainerState {
 	return corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: reason}}
 }
 
-func exited(code int32, reason string) corev1.ContainerState {
-	return corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{
-		ExitCode: code, Reason: reason, FinishedAt: metav1.NewTime(now.Add(-30 * time.Second)),
-	}}
-}
-
-func podDeleting(p *corev1.Pod) {
-	ts := metav1.NewTime(now.Add(-time.Second))
-	grace := int64(0)
-	p.DeletionTimestamp, p.DeletionGracePeriodSeconds = &ts, &grace
-}
-
 func startedAgo(d time.Duration) func(*corev1.Pod) {
 	return func(p *corev1.Pod) { ts := metav1.NewTime(now.Add(-d)); p.Status.StartTime = &ts }
-}
-
-func unschedulableFor(d time.Duration) func(*corev1.Pod) {
-	return func(p *corev1.Pod) {
-		p.Status.Conditions = append(p.Status.Conditions, corev1.PodCondition{
-			Type: corev1.PodScheduled, Status: corev1.ConditionFalse, Reason: corev1.PodReasonUnschedulable,
-			Message: "0/1 nodes are available", LastTransitionTime: metav1.NewTime(now.Add(-d)),
-		})
-	}
 }
 
 // newDecideTracker returns a tracker with only what decide reads.

@@ -306,7 +306,12 @@ func TestPaperclip(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan error, 1)
 		go func() { done <- sandboxtest.Run(ctx, cs, dyn) }()
-		defer func() { cancel(); <-done }()
+		defer func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("the Sandbox stand-in: %v", err)
+			}
+		}()
 		sbx := pc.createEnvironment(t, "kubeclip-sandbox-cr", environmentConfig("sandbox-cr", false))
 		pc.useEnvironment(t, sbx.ID)
 		defer pc.useEnvironment(t, live.ID)
