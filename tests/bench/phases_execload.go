@@ -163,9 +163,14 @@ func (b *bench) execLoadPhase(ctx context.Context, rep *report, key []byte) (err
 	}
 
 	interval, window, inflight := b.s.pollInterval, b.s.pollWindow, b.s.pollInflight
+	// Each window starts on a quiet node, so none pays for the one before it (the raw exec
+	// API's windows leave the API server and kubelet busy for a while). A ctx that ends also
+	// ends drive, so waitQuiet's error needs no handling of its own.
 	run := func(name string, poll func(context.Context, int) error) (cadence, saturating loadWindow) {
+		_ = b.waitQuiet(ctx)
 		b.logf("(j) %s: %s, one poll every %s each, for %s", name, shape, interval, window)
 		cadence = drive(ctx, agents, interval, window, func(ctx context.Context, i int) error { return poll(ctx, i%n) })
+		_ = b.waitQuiet(ctx)
 		b.logf("(j) %s: saturating, %d leases × %d polls in flight, for %s", name, n, inflight, window)
 		saturating = drive(ctx, n*inflight, 0, window, func(ctx context.Context, i int) error { return poll(ctx, i%n) })
 		for _, w := range []struct {

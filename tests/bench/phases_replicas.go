@@ -207,7 +207,7 @@ func (b *bench) scalingNote(one, many []burstResult, n int) string {
 }
 
 // waitQuiet waits until the node's CPU use over quietWindow is below quietCPU percent or
-// quietTimeout passed; either way the burst goes ahead, and the log says which.
+// quietTimeout passed; either way the measurement goes ahead, and the log says which.
 func (b *bench) waitQuiet(ctx context.Context) error {
 	start := time.Now()
 	for {
@@ -223,7 +223,7 @@ func (b *bench) waitQuiet(ctx context.Context) error {
 			b.logf("node quiet (CPU %.0f%% busy) after %s", busy, waited)
 			return nil
 		case time.Since(start) >= quietTimeout:
-			b.logf("node still busy (CPU %.0f%%) after %s: the burst starts anyway", busy, waited)
+			b.logf("node still busy (CPU %.0f%%) after %s: measuring anyway", busy, waited)
 			return nil
 		}
 	}
