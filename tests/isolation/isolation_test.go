@@ -467,6 +467,16 @@ func TestQuotaRefusalFailsTheRun(t *testing.T) {
 	if _, err := cs.CoreV1().ResourceQuotas(created.Namespace).Patch(ctx, policy.TenantResourceQuota, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	// Admission enforces the quota's status, which the quota controller brings to the new spec
+	// a moment later (seconds on a busy node): only then is the tighter quota in force.
+	pt.Eventually(t, time.Minute, "the quota controller to enforce pods: 1", func() bool {
+		q, err := cs.CoreV1().ResourceQuotas(created.Namespace).Get(ctx, policy.TenantResourceQuota, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		hard := q.Status.Hard[corev1.ResourcePods]
+		return hard.Value() == 1
+	})
 	second := env.Acquire(t, company, pt.NewID("agent"), pt.StubConfig(map[string]string{"STUB_LINES": "1"}))
 	start := time.Now()
 	res := pt.WaitKind[events.RunResultEvent](second, runTimeout)
