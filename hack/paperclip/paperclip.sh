@@ -51,7 +51,10 @@ as_user() {
 	local envs=(HOME="$(pc_home)" PATH="$NODE_BIN:/usr/local/bin:/usr/bin:/bin" npm_config_cache="$CACHE/npm"
 		npm_config_update_notifier=false NODE_EXTRA_CA_CERTS=/etc/ssl/certs/ca-certificates.crt
 		# No telemetry: the machine reaches nothing but the package registries.
-		DO_NOT_TRACK=1 PAPERCLIP_TELEMETRY_DISABLED=1)
+		DO_NOT_TRACK=1 PAPERCLIP_TELEMETRY_DISABLED=1
+		# Plain output, which this script and tests/paperclip read: Paperclip's CLI colours it
+		# whenever CI is set (picocolors), as it is in CI.
+		NO_COLOR=1)
 	if [[ $(id -un) == "$PC_USER" ]]; then
 		env "${envs[@]}" "$@"
 	else
@@ -161,7 +164,7 @@ start() {
 	# test-drive says "Paperclip is ready at <url>" once it created the company and agent.
 	local url=""
 	for ((i = 0; i < 240; i++)); do
-		url=$(sed -n 's|.*Paperclip is ready at \(http://127\.0\.0\.1:[0-9]*\).*|\1|p' "$STATE/server.log" 2>/dev/null | head -1)
+		url=$(sed -e 's/\x1b\[[0-9;]*m//g' -n -e 's|.*Paperclip is ready at \(http://127\.0\.0\.1:[0-9]*\).*|\1|p' "$STATE/server.log" 2>/dev/null | head -1)
 		[[ -z $url ]] || break
 		kill -0 -- "-$pgid" 2>/dev/null || fail_start "the server exited"
 		sleep 0.5
