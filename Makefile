@@ -27,9 +27,14 @@ fmt-check:
 # test: vet, gofmt, the Paperclip plugin's lint/typecheck and unit tests, then every Go test (unit,
 # embedded NATS, the local cluster, end to end: tests/paperclip runs the real Paperclip server
 # with the plugin and the worker binaries) with -race; then the Paperclip run figures.
+# The log names every test that ran (hack/testreport over go test -json: a line per passing test,
+# the whole output of a failing or skipped one); pipefail keeps go test's own exit status.
+test: SHELL := /bin/bash
+test: .SHELLFLAGS := -o pipefail -c
 test: vet fmt-check build plugin-lint plugin-test cluster-up
 	@rm -f $(BIN)/paperclip-e2e.txt
-	KUBECLIP_BIN=$(BIN) KUBECLIP_CACHE=$(CACHE) KUBECLIP_PAPERCLIP_REPORT=$(BIN)/paperclip-e2e.txt $(GO) test $(TEST_FLAGS) ./...
+	$(GO) build -o $(BIN)/testreport ./hack/testreport
+	KUBECLIP_BIN=$(BIN) KUBECLIP_CACHE=$(CACHE) KUBECLIP_PAPERCLIP_REPORT=$(BIN)/paperclip-e2e.txt $(GO) test $(TEST_FLAGS) -json ./... 2>&1 | $(BIN)/testreport
 	@cat $(BIN)/paperclip-e2e.txt
 
 # unit: the tests that need neither a cluster nor the worker binaries (quick feedback while editing).
