@@ -16,6 +16,7 @@ import (
 	"github.com/kubeclip/kubeclip/internal/app"
 	"github.com/kubeclip/kubeclip/internal/config"
 	"github.com/kubeclip/kubeclip/pkg/events"
+	"github.com/kubeclip/kubeclip/pkg/inbox"
 )
 
 // client are the settings every command that talks to NATS has.
@@ -40,7 +41,8 @@ func (c *client) connect() (*nats.Conn, jetstream.JetStream, events.Subjects, er
 	if err != nil {
 		return nil, nil, events.Subjects{}, &app.UsageError{Err: err}
 	}
-	nc, err := nats.Connect(c.NATSURL, append(auth, nats.Name("kubeclip-cli"))...)
+	// The CLI's user (cli) may subscribe to its own inboxes only (nats-auth.conf).
+	nc, err := nats.Connect(c.NATSURL, append(auth, nats.Name("kubeclip-cli"), nats.CustomInboxPrefix(inbox.CLIPrefix))...)
 	if err != nil {
 		return nil, nil, events.Subjects{}, fmt.Errorf("connecting to NATS at %s: %w", c.NATSURL, err)
 	}

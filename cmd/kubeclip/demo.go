@@ -96,7 +96,7 @@ func runDemo(ctx context.Context, args []string, lookupEnv config.LookupEnv, std
 	}
 	defer app.Drain(nc, log)
 
-	tw, err := tenant.New(tenant.Options{Clientset: kube.Clientset, Applier: kube.Applier, JetStream: js, Subjects: subjects, Logger: log})
+	tw, err := tenant.New(tenant.Options{Clientset: kube.Clientset, Applier: kube.Applier, JetStream: js, Subjects: subjects, Logger: log, Replies: common.Replies()})
 	if err != nil {
 		return err
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/kubeclip/kubeclip/internal/cli"
 	"github.com/kubeclip/kubeclip/internal/config"
 	"github.com/kubeclip/kubeclip/pkg/events"
+	"github.com/kubeclip/kubeclip/pkg/inbox"
 	"github.com/kubeclip/kubeclip/pkg/k8s"
 )
 
@@ -33,6 +34,9 @@ type Common struct {
 	OpsAddr string
 	// DefaultLogLevel, when set before Bind, replaces "info" as --log-level's default.
 	DefaultLogLevel string
+	// ClientInboxPrefixes are the inbox prefixes of the client users (Paperclip's plugin, the
+	// CLI), comma-separated: the only subjects a worker's responders answer into (pkg/inbox).
+	ClientInboxPrefixes string
 }
 
 // Bind registers the common settings on s.
@@ -51,6 +55,8 @@ func (c *Common) Bind(s *config.Set) {
 	// The default and its reason are pkg/events's (DefaultDrainTimeout).
 	s.Duration(&c.ShutdownTimeout, "shutdown-timeout", "KUBECLIP_SHUTDOWN_TIMEOUT", events.DefaultDrainTimeout, "how long in-flight work may take to finish after SIGTERM")
 	c.NATS.Bind(s)
+	s.String(&c.ClientInboxPrefixes, "client-inbox-prefixes", "KUBECLIP_CLIENT_INBOX_PREFIXES", strings.Join(inbox.DefaultClientPrefixes(), ","),
+		"comma-separated inbox prefixes of the client users (nats-auth.conf): the only subjects the workers answer requests into")
 	// Off by default: several workers (or replicas in tests) on one host would fight over one
 	// port. The manifests and the compose file set it.
 	s.String(&c.OpsAddr, "ops-addr", "KUBECLIP_OPS_ADDR", "", "listen address of /healthz, /readyz and /metrics, such as :8080; empty: not served")
@@ -77,7 +83,27 @@ func (c *Common) Validate(s *config.Set) error {
 	if err := c.NATS.Validate(s); err != nil {
 		errs = append(errs, err)
 	}
+	if _, err := c.replies(); err != nil {
+		errs = append(errs, fmt.Errorf("%s: %w", s.Names("client-inbox-prefixes"), err))
+	}
 	return errors.Join(errs...)
+}
+
+// Replies is the rule of --client-inbox-prefixes: where the worker's responders answer. Call it
+// after Validate.
+func (c *Common) Replies() inbox.Rule {
+	r, _ := c.replies()
+	return r
+}
+
+func (c *Common) replies() (inbox.Rule, error) {
+	var prefixes []string
+	for _, p := range strings.Split(c.ClientInboxPrefixes, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			prefixes = append(prefixes, p)
+		}
+	}
+	return inbox.NewRule(prefixes)
 }
 
 // NewLogger returns a JSON logger for component writing to w (see cli.NewLogger).

@@ -49,7 +49,8 @@ func (c *Common) Start(ctx context.Context, component string, st Streams, stderr
 	}
 	// Clients (the Paperclip plugin's probe) ask which workers are up.
 	host, _ := os.Hostname()
-	if _, err = api.ServePing(p.NATS, p.Subjects, api.PingReply{Worker: component, Replica: host, Version: Version()}); err != nil {
+	serve := api.ServeOptions{Subjects: p.Subjects, Replies: c.Replies(), Logger: p.Log, Observer: p.Ops.Metrics}
+	if _, err = api.ServePing(p.NATS, serve, api.PingReply{Worker: component, Replica: host, Version: Version()}); err != nil {
 		return p, err
 	}
 	return p, nil

@@ -15,6 +15,7 @@ import (
 
 	"github.com/kubeclip/kubeclip/internal/config"
 	"github.com/kubeclip/kubeclip/pkg/events"
+	"github.com/kubeclip/kubeclip/pkg/inbox"
 	"github.com/kubeclip/kubeclip/pkg/k8s"
 	"github.com/kubeclip/kubeclip/pkg/lease"
 )
@@ -74,6 +75,15 @@ func (c *Common) Kubernetes(component string) (*Kube, error) {
 	return &Kube{Config: cfg, Clientset: cs, Dynamic: dyn, Applier: applier}, nil
 }
 
+// InboxPrefix is the inbox prefix of the workers that connect through Common, all of them user
+// kubeclip but the exec-worker (nats-auth.conf lets each user subscribe to its own inboxes only).
+func InboxPrefix(component string) string {
+	if component == "exec-worker" {
+		return inbox.ExecWorkerPrefix
+	}
+	return inbox.WorkersPrefix
+}
+
 // JetStream connects to NATS and makes sure the streams and the lease and tenant buckets exist
 // (the other buckets are created by the worker that owns them). The caller drains
 // the connection last.
@@ -87,7 +97,8 @@ func (c *Common) JetStream(ctx context.Context, component string, st Streams, lo
 	connected := make(chan struct{})
 	var once sync.Once
 	onConnect := nats.ConnectHandler(func(*nats.Conn) { once.Do(func() { close(connected) }) })
-	nc, err := ConnectNATS(c.NATSURL, "kubeclip-"+component, log, append(auth, onConnect)...)
+	opts := append(auth, onConnect, nats.CustomInboxPrefix(InboxPrefix(component)))
+	nc, err := ConnectNATS(c.NATSURL, "kubeclip-"+component, log, opts...)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -24,6 +24,7 @@ type Metrics struct {
 	logBytes     prometheus.Counter
 	logLines     prometheus.Counter
 	exec         *execMetrics
+	apiDropped   *prometheus.CounterVec
 }
 
 var _ events.Observer = (*Metrics)(nil)
@@ -93,6 +94,9 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		return nil, err
 	}
 	m.exec = exec
+	if m.apiDropped, err = newAPIDropped(reg); err != nil {
+		return nil, err
+	}
 	return m, nil
 }
 

@@ -15,6 +15,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/kubeclip/kubeclip/pkg/events"
+	"github.com/kubeclip/kubeclip/pkg/inbox"
 	"github.com/kubeclip/kubeclip/pkg/policy"
 	"github.com/kubeclip/kubeclip/pkg/strictjson"
 )
@@ -118,22 +119,70 @@ func configField(path string) string {
 	return "config." + path
 }
 
+// ServeOptions are what both services need to answer.
+type ServeOptions struct {
+	Subjects events.Subjects
+	// Replies are the inboxes the services answer into (pkg/inbox): a reply is published with
+	// the worker's permissions wherever the requester says, so a request with any other reply
+	// subject is dropped without an answer. The zero Rule allows nothing.
+	Replies inbox.Rule
+	Logger  zerolog.Logger
+	// Observer counts dropped requests; nil means none.
+	Observer Observer
+}
+
+// Observer is told about requests the services drop.
+type Observer interface {
+	// APIRequestDropped reports a request of service ("validate", "ping") dropped without an
+	// answer, and why (DropReplyNotInbox).
+	APIRequestDropped(service, reason string)
+}
+
+// DropReplyNotInbox is the reason of a request whose reply subject is not a client's inbox.
+const DropReplyNotInbox = "reply_not_inbox"
+
+// Service names, in logs and metrics.
+const (
+	serviceValidate = "validate"
+	servicePing     = "ping"
+)
+
+// answerable reports whether m may be answered: its reply subject is one of the rule's inboxes.
+// Otherwise the request is counted and logged at debug, its subject and reply only (the payload
+// is the requester's: a config may carry anything).
+func (o ServeOptions) answerable(service string, m *nats.Msg) bool {
+	if o.Replies.Allows(m.Reply) {
+		return true
+	}
+	if o.Observer != nil {
+		o.Observer.APIRequestDropped(service, DropReplyNotInbox)
+	}
+	o.Logger.Debug().Str("service", service).Str("reply", cut(m.Reply, maxFieldBytes)).
+		Msg("dropped a request whose reply subject is not a client's inbox")
+	return false
+}
+
 // ServeValidate answers validate requests in the queue group until the subscription is drained
 // with the connection. A request that is not a JSON object with a config gets an error naming
-// the request's field; the config's content is never logged.
-func ServeValidate(nc *nats.Conn, s events.Subjects, op policy.Operator, log zerolog.Logger) (*nats.Subscription, error) {
-	sub, err := nc.QueueSubscribe(ValidateSubject(s), QueueGroup, func(m *nats.Msg) {
+// the request's field; the config's content is never logged. A request whose reply subject is
+// not a client's inbox is dropped (ServeOptions.Replies).
+func ServeValidate(nc *nats.Conn, o ServeOptions, op policy.Operator) (*nats.Subscription, error) {
+	subject := ValidateSubject(o.Subjects)
+	sub, err := nc.QueueSubscribe(subject, QueueGroup, func(m *nats.Msg) {
+		if !o.answerable(serviceValidate, m) {
+			return
+		}
 		reply := validateMsg(m.Data, op)
 		data, err := json.Marshal(reply)
 		if err == nil {
 			err = m.Respond(data)
 		}
 		if err != nil {
-			log.Warn().Err(err).Msg("answering a validate request failed")
+			o.Logger.Warn().Err(err).Msg("answering a validate request failed")
 		}
 	})
 	if err != nil {
-		return nil, fmt.Errorf("subscribing to %s: %w", ValidateSubject(s), err)
+		return nil, fmt.Errorf("subscribing to %s: %w", subject, err)
 	}
 	return sub, nil
 }
@@ -195,15 +244,21 @@ func cut(s string, n int) string {
 	return s[:n] + "…"
 }
 
-// ServePing answers every ping with this replica's name, until the connection is drained.
-func ServePing(nc *nats.Conn, s events.Subjects, reply PingReply) (*nats.Subscription, error) {
+// ServePing answers every ping with this replica's name, until the connection is drained. A
+// ping whose reply subject is not a client's inbox is dropped (ServeOptions.Replies).
+func ServePing(nc *nats.Conn, o ServeOptions, reply PingReply) (*nats.Subscription, error) {
 	data, err := json.Marshal(reply)
 	if err != nil {
 		return nil, fmt.Errorf("encoding the ping reply: %w", err)
 	}
-	sub, err := nc.Subscribe(PingSubject(s), func(m *nats.Msg) { _ = m.Respond(data) })
+	subject := PingSubject(o.Subjects)
+	sub, err := nc.Subscribe(subject, func(m *nats.Msg) {
+		if o.answerable(servicePing, m) {
+			_ = m.Respond(data)
+		}
+	})
 	if err != nil {
-		return nil, fmt.Errorf("subscribing to %s: %w", PingSubject(s), err)
+		return nil, fmt.Errorf("subscribing to %s: %w", subject, err)
 	}
 	return sub, nil
 }

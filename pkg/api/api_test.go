@@ -8,23 +8,42 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
 	"github.com/rs/zerolog"
 	"go.uber.org/goleak"
 
 	"github.com/kubeclip/kubeclip/internal/natstest"
 	"github.com/kubeclip/kubeclip/pkg/api"
 	"github.com/kubeclip/kubeclip/pkg/events"
+	"github.com/kubeclip/kubeclip/pkg/inbox"
 	"github.com/kubeclip/kubeclip/pkg/policy"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
+// serveOptions answer into the client users' inboxes; the tests' connections use the CLI's.
+func serveOptions(t *testing.T) api.ServeOptions {
+	return api.ServeOptions{Replies: inbox.MustRule(inbox.DefaultClientPrefixes()...), Logger: zerolog.New(zerolog.NewTestWriter(t))}
+}
+
+// client connects as the CLI does, its inbox under its own prefix.
+func client(t *testing.T) (*server.Server, *nats.Conn) {
+	srv, _, _ := natstest.Start(t)
+	nc, err := nats.Connect(srv.ClientURL(), nats.CustomInboxPrefix(inbox.CLIPrefix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	return srv, nc
+}
+
 // TestValidateOverNATS asks the validate service as the Paperclip plugin does and gets
 // pkg/policy's verdict, fields named under config as an acquire's failed event names them.
 func TestValidateOverNATS(t *testing.T) {
-	_, nc, _ := natstest.Start(t)
+	_, nc := client(t)
 	var s events.Subjects
-	sub, err := api.ServeValidate(nc, s, policy.DefaultOperator(), zerolog.New(zerolog.NewTestWriter(t)))
+	sub, err := api.ServeValidate(nc, serveOptions(t), policy.DefaultOperator())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -74,10 +93,10 @@ func TestValidateOverNATS(t *testing.T) {
 }
 
 func TestPing(t *testing.T) {
-	_, nc, _ := natstest.Start(t)
+	_, nc := client(t)
 	var s events.Subjects
 	for _, w := range []string{"dispatcher", "run-watcher"} {
-		sub, err := api.ServePing(nc, s, api.PingReply{Worker: w, Replica: w + "-0", Version: "dev"})
+		sub, err := api.ServePing(nc, serveOptions(t), api.PingReply{Worker: w, Replica: w + "-0", Version: "dev"})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -112,9 +131,9 @@ func TestPing(t *testing.T) {
 // reply bigger than a NATS message, which the server refused: the plugin then timed out instead
 // of showing what to fix.
 func TestValidateReplyFitsOneMessage(t *testing.T) {
-	_, nc, _ := natstest.Start(t)
+	_, nc := client(t)
 	var s events.Subjects
-	sub, err := api.ServeValidate(nc, s, policy.DefaultOperator(), zerolog.New(zerolog.NewTestWriter(t)))
+	sub, err := api.ServeValidate(nc, serveOptions(t), policy.DefaultOperator())
 	if err != nil {
 		t.Fatal(err)
 	}

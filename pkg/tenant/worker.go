@@ -22,6 +22,7 @@ import (
 
 	"github.com/kubeclip/kubeclip/pkg/api"
 	"github.com/kubeclip/kubeclip/pkg/events"
+	"github.com/kubeclip/kubeclip/pkg/inbox"
 	"github.com/kubeclip/kubeclip/pkg/k8s"
 	"github.com/kubeclip/kubeclip/pkg/lease"
 	"github.com/kubeclip/kubeclip/pkg/policy"
@@ -57,6 +58,9 @@ type Options struct {
 	// reserved namespaces, adapter keys, the namespace cap); zero fields take
 	// policy.DefaultOperator's.
 	Operator policy.Operator
+	// Replies are the inboxes the validate service answers into (api.ServeOptions.Replies); the
+	// zero Rule answers nothing.
+	Replies inbox.Rule
 }
 
 // Worker is the tenant-worker.
@@ -136,7 +140,9 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 
 	// Clients (the Paperclip plugin) ask for the verdict on a config without acquiring.
-	if _, err := api.ServeValidate(js.Conn(), w.opts.Subjects, w.opts.Operator, w.log); err != nil {
+	apiObs, _ := w.opts.Observer.(api.Observer)
+	serve := api.ServeOptions{Subjects: w.opts.Subjects, Replies: w.opts.Replies, Logger: w.log, Observer: apiObs}
+	if _, err := api.ServeValidate(js.Conn(), serve, w.opts.Operator); err != nil {
 		return err
 	}
 	g, gctx := errgroup.WithContext(ctx)
