@@ -1,0 +1,203 @@
+package natsauth_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/kubeclip/kubeclip/pkg/api"
+	"github.com/kubeclip/kubeclip/pkg/lease"
+)
+
+// clients are the users a company's traffic can come from.
+var clients = []string{"paperclip", "cli"}
+
+// TestReplyDeputies: a client asks a worker's service with a reply subject aimed at what the
+// worker may write (issue 15, item 3): a failed event into another company's run, a lease record,
+// a stream purge or delete. Nothing is written.
+func TestReplyDeputies(t *testing.T) {
+	srv := authServer(t)
+	in := install(t, srv)
+	replies := []string{
+		in.runSubject("failed"),
+		"$KV." + lease.Bucket + "." + in.victim.Key(),
+		"$JS.API.STREAM.PURGE." + in.subjects.RunStream(),
+		"$JS.API.STREAM.PURGE.KV_" + lease.Bucket,
+		"$JS.API.STREAM.DELETE." + in.subjects.RunStream(),
+		"$JS.API.CONSUMER.DELETE." + in.subjects.LeaseStream() + ".tenant-worker",
+	}
+	for _, user := range clients {
+		t.Run(user, func(t *testing.T) {
+			c := connect(t, srv, user)
+			for _, service := range []string{api.ValidateSubject(in.subjects), api.PingSubject(in.subjects)} {
+				for _, reply := range replies {
+					if err := c.PublishRequest(service, reply, []byte(`{"config":{}}`)); err != nil {
+						t.Fatal(err)
+					}
+				}
+				answered(t, c, service)
+			}
+			in.intact(t)
+		})
+	}
+}
+
+// TestJetStreamAckDeputy: JetStream acknowledges a publish on the publisher's reply subject, from
+// inside the account. A client publishing a lease request with a reply aimed at the JS API does
+// not purge or delete anything: the JS API ignores a request that carries no client's identity
+// (the server adds it only to a client's own publishes).
+//
+// Not covered, because it is not closed: a reply aimed at a stream's subject (another company's
+// run subject, a bucket's $KV subject) is stored there, the ack as the body. nats-server checks
+// no reply subject against the publisher's permissions; closing it needs the clients in their
+// own account, importing what they use (docs/boundary/natsauth.md, "Open").
+func TestJetStreamAckDeputy(t *testing.T) {
+	srv := authServer(t)
+	in := install(t, srv)
+	replies := []string{
+		"$JS.API.STREAM.PURGE.KV_" + lease.Bucket,
+		"$JS.API.STREAM.PURGE." + in.subjects.RunStream(),
+		"$JS.API.STREAM.DELETE." + in.subjects.RunStream(),
+		"$JS.API.CONSUMER.DELETE." + in.subjects.LeaseStream() + ".tenant-worker",
+	}
+	for _, user := range clients {
+		t.Run(user, func(t *testing.T) {
+			c := connect(t, srv, user)
+			for _, reply := range replies {
+				// A release request: the tenant-worker's consumer does not take it, nothing acts on it.
+				subject := in.subjects.Prefix() + ".lease.attacker.r9.release"
+				if err := c.PublishRequest(subject, reply, []byte(`{}`)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			// A request with an inbox is acknowledged after all the above were stored.
+			if _, err := c.js.Publish(t.Context(), in.subjects.Prefix()+".lease.attacker.r9.release", []byte(`{}`)); err != nil {
+				t.Fatal(err)
+			}
+			in.intact(t)
+		})
+	}
+}
+
+// TestPushConsumerDeputy: a push consumer delivers the stream's messages to its deliver subject
+// with the account's rights. A client creating one aimed at a bucket or the JS API must be
+// refused (or deliver nothing there).
+func TestPushConsumerDeputy(t *testing.T) {
+	srv := authServer(t)
+	in := install(t, srv)
+	for _, user := range clients {
+		t.Run(user, func(t *testing.T) {
+			c := connect(t, srv, user)
+			js, err := c.JetStream()
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, deliver := range []string{"$KV." + lease.Bucket + "." + in.victim.Key(), "$JS.API.STREAM.PURGE.KV_" + lease.Bucket} {
+				ci, err := js.AddConsumer(in.subjects.RunStream(), &nats.ConsumerConfig{DeliverSubject: deliver, AckPolicy: nats.AckNonePolicy}, nats.MaxWait(2*time.Second))
+				if err != nil {
+					continue
+				}
+				t.Logf("%s created a push consumer delivering to %s", user, deliver)
+				// Wait until it delivered what the stream holds (or could not).
+				deadline := time.Now().Add(3 * time.Second)
+				for time.Now().Before(deadline) {
+					info, err := in.worker.js.Consumer(t.Context(), in.subjects.RunStream(), ci.Name)
+					if err == nil && info.CachedInfo().Delivered.Stream >= 1 {
+						t.Logf("it delivered up to seq %d", info.CachedInfo().Delivered.Stream)
+						break
+					}
+					time.Sleep(20 * time.Millisecond)
+				}
+			}
+			in.intact(t)
+		})
+	}
+}
+
+// TestClientsCannot: what a client's user may not do at all (issue 15, item 12): delete a
+// consumer, purge or delete a stream, read the workers' buckets, read the other client's inbox.
+func TestClientsCannot(t *testing.T) {
+	srv := authServer(t)
+	in := install(t, srv)
+	for _, user := range clients {
+		t.Run(user, func(t *testing.T) {
+			c := connect(t, srv, user)
+			for _, subject := range []string{
+				"$JS.API.CONSUMER.DELETE." + in.subjects.LeaseStream() + ".tenant-worker",
+				"$JS.API.STREAM.PURGE.KV_" + lease.Bucket,
+				"$JS.API.STREAM.DELETE." + in.subjects.RunStream(),
+				"$JS.API.STREAM.MSG.DELETE." + in.subjects.RunStream(),
+				"$JS.API.DIRECT.GET.KV_" + lease.Bucket + ".$KV." + lease.Bucket + "." + in.victim.Key(),
+				"$JS.API.DIRECT.GET.KV_" + lease.Bucket,
+				"$JS.API.STREAM.MSG.GET.KV_" + lease.Bucket,
+				"$JS.API.DIRECT.GET.KV_" + lease.TenantBucket + ".$KV." + lease.TenantBucket + ".victim",
+				"$JS.API.CONSUMER.CREATE.KV_" + lease.Bucket + ".x.$KV." + lease.Bucket + ".>",
+				"$KV." + lease.Bucket + "." + in.victim.Key(),
+				in.runSubject("failed"),
+			} {
+				if _, err := c.Request(subject, []byte(`{"seq":1,"last_by_subj":"$KV.`+lease.Bucket+`.`+in.victim.Key()+`"}`), 500*time.Millisecond); err == nil {
+					t.Errorf("%s answered", subject)
+				}
+				c.refused(t, user+" publishing", subject)
+			}
+			in.intact(t)
+
+			// The other client's inbox: the subscription is refused and hears nothing.
+			other := "cli"
+			if user == "cli" {
+				other = "paperclip"
+			}
+			for _, subject := range []string{inboxes[other] + ".>", "_INBOX.>", ">", inboxes["exec-worker"] + ".>"} {
+				sub, err := c.SubscribeSync(subject)
+				if err != nil {
+					t.Fatal(err)
+				}
+				c.refused(t, user+" subscribing", subject)
+				o := connect(t, srv, other)
+				if err := in.worker.Publish(o.NewRespInbox(), []byte("exec output")); err != nil {
+					t.Fatal(err)
+				}
+				if m, err := sub.NextMsg(200 * time.Millisecond); err == nil {
+					t.Errorf("%s read %s on %s", user, m.Subject, subject)
+				}
+			}
+		})
+	}
+}
+
+// TestWorkersCannot: the workers' users publish only what their code needs.
+func TestWorkersCannot(t *testing.T) {
+	srv := authServer(t)
+	in := install(t, srv)
+	for user, subjects := range map[string][]string{
+		"kubeclip": {
+			in.subjects.Prefix() + ".exec.victim.r1.start",
+			"$JS.API.STREAM.PURGE." + in.subjects.RunStream(),
+			"$JS.API.STREAM.DELETE." + in.subjects.RunStream(),
+			"$JS.API.STREAM.DELETE.KV_" + lease.Bucket,
+			"_INBOX.x", inboxes["exec-worker"] + ".x",
+		},
+		"exec-worker": {
+			"$JS.API.STREAM.PURGE.>",
+			"$JS.API.STREAM.PURGE.KV_" + lease.Bucket,
+			"$JS.API.STREAM.DELETE." + in.subjects.RunStream(),
+			"$JS.API.CONSUMER.DELETE." + in.subjects.LeaseStream() + ".tenant-worker",
+			"$KV." + lease.Bucket + "." + in.victim.Key(),
+			in.runSubject("failed"),
+			in.subjects.Prefix() + ".lease.victim.r1.release",
+			"_INBOX.x", inboxes["kubeclip"] + ".x",
+		},
+	} {
+		t.Run(user, func(t *testing.T) {
+			c := connect(t, srv, user)
+			for _, subject := range subjects {
+				if err := c.Publish(subject, []byte(`{}`)); err != nil {
+					t.Fatal(err)
+				}
+				c.refused(t, user+" publishing", subject)
+			}
+			in.intact(t)
+		})
+	}
+}
