@@ -23,6 +23,14 @@ const (
 	defaultReadyTimeout = 10 * time.Second
 )
 
+// DefaultMaxConsumers is the consumers a stream may hold unless it sets its own bound, as the
+// shipped server configs set it (default_max_consumers in deploy/kustomize/base/nats.conf, the
+// production overlay's and hack/compose/nats.conf). nats-server's own default, 1,000, applies
+// even to a stream with MaxConsumers -1; every lease the Paperclip plugin follows holds an
+// ordered consumer on the run stream, so an installation stopped acquiring at about 1,000
+// concurrent leases. The bound stays: a client that leaks consumers cannot grow them without end.
+const DefaultMaxConsumers = 50_000
+
 // Options configures the in-process nats-server.
 type Options struct {
 	// StoreDir holds JetStream's file storage; required, so streams survive a restart.
@@ -56,11 +64,12 @@ func Start(opts Options) (*server.Server, error) {
 		opts.ReadyTimeout = defaultReadyTimeout
 	}
 	s, err := server.NewServer(&server.Options{
-		ServerName: opts.ServerName,
-		Host:       opts.Host,
-		Port:       opts.Port,
-		JetStream:  true,
-		StoreDir:   opts.StoreDir,
+		ServerName:      opts.ServerName,
+		Host:            opts.Host,
+		Port:            opts.Port,
+		JetStream:       true,
+		StoreDir:        opts.StoreDir,
+		JetStreamLimits: server.JSLimitOpts{DefaultMaxConsumers: DefaultMaxConsumers},
 		// The caller's main owns signal handling (signal.NotifyContext).
 		NoSigs: true,
 		NoLog:  opts.Logger == nil,

@@ -10,6 +10,8 @@ import (
 	natsservertest "github.com/nats-io/nats-server/v2/test"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/kubeclip/kubeclip/internal/embeddednats"
 )
 
 // readyTimeout bounds server start-up and connection close on a loaded CI machine.
@@ -24,6 +26,9 @@ func Start(t testing.TB) (*server.Server, *nats.Conn, jetstream.JetStream) {
 	opts.Port = -1
 	opts.JetStream = true
 	opts.StoreDir = t.TempDir()
+	// As the shipped servers are configured: nats-server's default refuses a stream's 1,001st
+	// consumer.
+	opts.JetStreamLimits.DefaultMaxConsumers = embeddednats.DefaultMaxConsumers
 	s, err := server.NewServer(&opts)
 	if err != nil {
 		t.Fatalf("natstest: configuring nats-server: %v", err)

@@ -2,6 +2,7 @@ package natstest_test
 
 import (
 	"testing"
+	"time"
 
 	"go.uber.org/goleak"
 
@@ -39,5 +40,22 @@ func TestStartServesJetStream(t *testing.T) {
 	nc2, _ := natstest.Connect(t, s)
 	if !nc2.IsConnected() {
 		t.Fatal("second connection is not connected")
+	}
+}
+
+// TestManyConsumersOnAStream: every lease the plugin follows holds an ordered consumer on the run
+// stream. nats-server refuses the 1,001st consumer of a stream, even one with MaxConsumers -1,
+// unless its config raises default_max_consumers; the test server is configured as the shipped
+// ones are (embeddednats.DefaultMaxConsumers).
+func TestManyConsumersOnAStream(t *testing.T) {
+	_, _, js := natstest.Start(t)
+	stream, err := js.CreateStream(t.Context(), jetstream.StreamConfig{Name: "RUNS", Subjects: []string{"runs.>"}, MaxConsumers: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 1100 {
+		if _, err := stream.CreateConsumer(t.Context(), jetstream.ConsumerConfig{AckPolicy: jetstream.AckNonePolicy, InactiveThreshold: time.Minute}); err != nil {
+			t.Fatalf("consumer %d: %v", i+1, err)
+		}
 	}
 }
