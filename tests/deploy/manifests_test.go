@@ -8,8 +8,12 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/kubeclip/kubeclip/pkg/policy"
 )
@@ -178,4 +182,98 @@ func cutDir(file, dir string) (string, bool) {
 		return "", false
 	}
 	return rel[len(dir):], true
+}
+
+// TestNATSMonitoringClosedToTenants renders both overlays and asks NATS's NetworkPolicy who may
+// reach the monitoring port (8222: /varz, /connz, /jsz name every connection, subject and
+// stream): pods in kubeclip's own namespace and a namespace the operator labels
+// kubeclip.io/nats-monitoring=true, never a tenant's or Paperclip's namespace (issue 15, item 12).
+// The client port stays open to the workers and Paperclip's namespace.
+func TestNATSMonitoringClosedToTenants(t *testing.T) {
+	t.Parallel()
+	const natsNS = "kubeclip"
+	type source struct {
+		name      string
+		namespace string
+		nsLabels  map[string]string
+		podLabels map[string]string
+	}
+	tenant := source{"a tenant pod", "paperclip-acme", map[string]string{"kubernetes.io/metadata.name": "paperclip-acme", "app.kubernetes.io/managed-by": "kubeclip"}, map[string]string{"app.kubernetes.io/component": "worker", "app.kubernetes.io/name": "nats"}}
+	paperclip := source{"Paperclip's pod", "paperclip", map[string]string{"kubernetes.io/metadata.name": "paperclip", "kubeclip.io/nats-client": "true"}, map[string]string{"app": "paperclip"}}
+	worker := source{"a worker", natsNS, map[string]string{"kubernetes.io/metadata.name": natsNS}, map[string]string{"app.kubernetes.io/component": "worker"}}
+	monitoring := source{"the operator's monitoring", "monitoring", map[string]string{"kubernetes.io/metadata.name": "monitoring", "kubeclip.io/nats-monitoring": "true"}, map[string]string{"app": "prometheus"}}
+	for _, overlay := range []string{"dev", "production"} {
+		t.Run(overlay, func(t *testing.T) {
+			var np *networkingv1.NetworkPolicy
+			for _, o := range render(t, rendering{overlay: overlay, namespace: natsNS}) {
+				if o.GetKind() == "NetworkPolicy" && o.GetName() == "nats" {
+					np = &networkingv1.NetworkPolicy{}
+					convert(t, o, np)
+				}
+			}
+			if np == nil {
+				t.Fatal("no NetworkPolicy nats rendered")
+			}
+			for _, tc := range []struct {
+				port int
+				from source
+				want bool
+			}{
+				{8222, tenant, false}, {8222, paperclip, false}, {8222, worker, true}, {8222, monitoring, true},
+				{4222, tenant, false}, {4222, paperclip, true}, {4222, worker, true},
+			} {
+				if got := admits(t, np, tc.port, tc.from.namespace, tc.from.nsLabels, tc.from.podLabels); got != tc.want {
+					t.Errorf("port %d from %s: admitted %v, want %v", tc.port, tc.from.name, got, tc.want)
+				}
+			}
+		})
+	}
+}
+
+// admits reports whether np lets a pod (namespace, its labels, the pod's labels) reach port.
+func admits(t *testing.T, np *networkingv1.NetworkPolicy, port int, namespace string, nsLabels, podLabels map[string]string) bool {
+	t.Helper()
+	matches := func(sel *metav1.LabelSelector, set map[string]string) bool {
+		if sel == nil {
+			return true
+		}
+		s, err := metav1.LabelSelectorAsSelector(sel)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s.Matches(labels.Set(set))
+	}
+	for _, rule := range np.Spec.Ingress {
+		if !hasPort(rule.Ports, port) {
+			continue
+		}
+		if len(rule.From) == 0 {
+			return true
+		}
+		for _, peer := range rule.From {
+			switch {
+			case peer.IPBlock != nil:
+				return true // an address range may hold any pod
+			case peer.NamespaceSelector == nil:
+				if namespace == np.Namespace && matches(peer.PodSelector, podLabels) {
+					return true
+				}
+			case matches(peer.NamespaceSelector, nsLabels) && matches(peer.PodSelector, podLabels):
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func hasPort(ports []networkingv1.NetworkPolicyPort, port int) bool {
+	if len(ports) == 0 {
+		return true
+	}
+	for _, p := range ports {
+		if p.Port == nil || *p.Port == intstr.FromInt32(int32(port)) {
+			return true
+		}
+	}
+	return false
 }
