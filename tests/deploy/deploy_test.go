@@ -28,6 +28,7 @@ import (
 	"github.com/kubeclip/kubeclip/internal/clustertest"
 	"github.com/kubeclip/kubeclip/internal/leasetest"
 	"github.com/kubeclip/kubeclip/pkg/execclient"
+	"github.com/kubeclip/kubeclip/pkg/inbox"
 )
 
 // workers are the Deployments of the overlay, before the test's name suffix.
@@ -123,7 +124,7 @@ func TestDevOverlayRunsALeaseInCluster(t *testing.T) {
 	})
 
 	// 4. A lease, end to end, through the in-cluster workers, as Paperclip.
-	nc, err := nats.Connect(natsURL, nats.Name(t.Name()), nats.UserInfo("paperclip", passwords["paperclip"]))
+	nc, err := nats.Connect(natsURL, nats.Name(t.Name()), nats.UserInfo("paperclip", passwords["paperclip"]), nats.CustomInboxPrefix(inbox.PaperclipPrefix))
 	if err != nil {
 		t.Fatal(err)
 	}

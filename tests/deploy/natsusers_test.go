@@ -12,6 +12,7 @@ import (
 
 	"github.com/kubeclip/kubeclip/internal/leasetest"
 	"github.com/kubeclip/kubeclip/pkg/events"
+	"github.com/kubeclip/kubeclip/pkg/inbox"
 )
 
 // checkNATSUsers checks the deployed NATS server's users (nats-auth.conf, passwords from the
@@ -43,7 +44,7 @@ func checkNATSUsers(t *testing.T, url string, passwords map[string]string) {
 
 	// Paperclip publishes a result for a run: the server refuses it and the stream holds none.
 	violations := make(chan error, 16)
-	nc, err := nats.Connect(url, nats.UserInfo("paperclip", passwords["paperclip"]),
+	nc, err := nats.Connect(url, nats.UserInfo("paperclip", passwords["paperclip"]), nats.CustomInboxPrefix(inbox.PaperclipPrefix),
 		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
 			select {
 			case violations <- err:
@@ -68,16 +69,26 @@ func checkNATSUsers(t *testing.T, url string, passwords map[string]string) {
 	if err := nc.Flush(); err != nil {
 		t.Fatal(err)
 	}
+	// Nor may it read the CLI's inbox (exec output, stdin) or delete the workers' consumer.
+	if _, err := nc.SubscribeSync(inbox.CLIPrefix + ".>"); err != nil {
+		t.Fatal(err)
+	}
+	deleteConsumer := "$JS.API.CONSUMER.DELETE." + subjects.LeaseStream() + "." + events.TenantWorkerConsumer
+	if err := nc.Publish(deleteConsumer, nil); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]bool{"Publish to \"" + subject + "\"": true, "Subscription to \"" + inbox.CLIPrefix + ".>\"": true, "Publish to \"" + deleteConsumer + "\"": true}
 	timeout := time.After(10 * time.Second)
-wait:
-	for {
+	for len(want) > 0 {
 		select {
 		case err := <-violations:
-			if errors.Is(err, nats.ErrPermissionViolation) && strings.Contains(err.Error(), "Publish") && strings.Contains(err.Error(), subject) {
-				break wait
+			for w := range want {
+				if errors.Is(err, nats.ErrPermissionViolation) && strings.Contains(err.Error(), w) {
+					delete(want, w)
+				}
 			}
 		case <-timeout:
-			t.Fatalf("publishing %s as paperclip: no permission violation", subject)
+			t.Fatalf("as paperclip: no permission violation for %v", want)
 		}
 	}
 	js, err := jetstream.New(nc)
