@@ -28,6 +28,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/kubeclip/kubeclip/internal/clustertest"
+	"github.com/kubeclip/kubeclip/pkg/inbox"
 	"github.com/kubeclip/kubeclip/internal/dockertest"
 	"github.com/kubeclip/kubeclip/internal/leasetest"
 )
@@ -103,7 +104,7 @@ func TestComposeStackRunsALease(t *testing.T) {
 		}
 		t.Errorf("connecting without credentials: %v, want %v", err, nats.ErrAuthorization)
 	}
-	nc, err := nats.Connect("nats://"+port, nats.Name(t.Name()), nats.UserInfo("paperclip", secrets["KUBECLIP_NATS_PASSWORD_PAPERCLIP"]))
+	nc, err := nats.Connect("nats://"+port, nats.Name(t.Name()), nats.UserInfo("paperclip", secrets["KUBECLIP_NATS_PASSWORD_PAPERCLIP"]), nats.CustomInboxPrefix(inbox.PaperclipPrefix))
 	if err != nil {
 		t.Fatal(err)
 	}
