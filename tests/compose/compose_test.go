@@ -28,9 +28,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/kubeclip/kubeclip/internal/clustertest"
-	"github.com/kubeclip/kubeclip/pkg/inbox"
 	"github.com/kubeclip/kubeclip/internal/dockertest"
 	"github.com/kubeclip/kubeclip/internal/leasetest"
+	"github.com/kubeclip/kubeclip/pkg/inbox"
 )
 
 const root = "../.."
