@@ -138,6 +138,9 @@ type Observer interface {
 	APIRequestDropped(service, reason string)
 }
 
+// logKeyReply is the log field of a dropped request's reply subject (beside events.LogKeySubject).
+const logKeyReply = "reply"
+
 // DropReplyNotInbox is the reason of a request whose reply subject is not a client's inbox.
 const DropReplyNotInbox = "reply_not_inbox"
 
@@ -157,7 +160,7 @@ func (o ServeOptions) answerable(service string, m *nats.Msg) bool {
 	if o.Observer != nil {
 		o.Observer.APIRequestDropped(service, DropReplyNotInbox)
 	}
-	o.Logger.Debug().Str("service", service).Str("reply", cut(m.Reply, maxFieldBytes)).
+	o.Logger.Debug().Str(events.LogKeySubject, m.Subject).Str(logKeyReply, cut(m.Reply, maxFieldBytes)).
 		Msg("dropped a request whose reply subject is not a client's inbox")
 	return false
 }
