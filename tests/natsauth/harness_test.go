@@ -7,7 +7,6 @@
 package natsauth_test
 
 import (
-	"errors"
 	"strings"
 	"sync"
 	"testing"
@@ -215,5 +214,3 @@ func answered(t *testing.T, c *conn, subject string) {
 		t.Fatalf("%s: no answer into the inbox: %v", subject, err)
 	}
 }
-
-var errNoAnswer = errors.New("no answer")
