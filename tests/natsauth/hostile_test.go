@@ -100,7 +100,7 @@ func TestPushConsumerDeputy(t *testing.T) {
 				}
 				t.Logf("%s created a push consumer delivering to %s", user, deliver)
 				// Wait until it delivered what the stream holds (or could not).
-				deadline := time.Now().Add(3 * time.Second)
+				deadline := time.Now().Add(time.Second)
 				for time.Now().Before(deadline) {
 					info, err := in.worker.js.Consumer(t.Context(), in.subjects.RunStream(), ci.Name)
 					if err == nil && info.CachedInfo().Delivered.Stream >= 1 {
