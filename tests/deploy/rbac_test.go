@@ -10,6 +10,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
@@ -223,12 +224,20 @@ func applyRBAC(t *testing.T, c *cluster, objs []*unstructured.Unstructured) {
 // rendered by pkg/policy for an installation in kubeclipNS) and returns its name.
 func applyTenant(t *testing.T, c *cluster, kubeclipNS, suffix, company string) string {
 	t.Helper()
+	return applyTenantWith(t, c, kubeclipNS, suffix, company, func(*policy.Tenant) {})
+}
+
+// applyTenantWith is applyTenant with the rendered tenant changed by edit first (as an
+// administrator could change it behind kubeclip's back).
+func applyTenantWith(t *testing.T, c *cluster, kubeclipNS, suffix, company string, edit func(*policy.Tenant)) string {
+	t.Helper()
 	op := policy.DefaultOperator()
 	op.KubeclipNamespace, op.RBACNameSuffix = kubeclipNS, suffix
 	ten, err := policy.RenderTenant(policy.DefaultConfig(), company, op)
 	if err != nil {
 		t.Fatal(err)
 	}
+	edit(&ten)
 	objs, err := ten.Objects()
 	if err != nil {
 		t.Fatal(err)
@@ -271,4 +280,19 @@ func (c *cluster) impersonate(t *testing.T, user, saNamespace string) kubernetes
 		t.Fatal(err)
 	}
 	return cs
+}
+
+// impersonateDynamic returns a dynamic client acting as the ServiceAccount user.
+func (c *cluster) impersonateDynamic(t *testing.T, user, saNamespace string) dynamic.Interface {
+	t.Helper()
+	cfg := rest.CopyConfig(c.cfg)
+	cfg.Impersonate = rest.ImpersonationConfig{
+		UserName: user,
+		Groups:   []string{"system:serviceaccounts", "system:serviceaccounts:" + saNamespace, "system:authenticated"},
+	}
+	dyn, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dyn
 }
