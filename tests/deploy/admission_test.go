@@ -14,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/kubeclip/kubeclip/pkg/policy"
@@ -339,4 +340,40 @@ func TestAdmissionPinsTenantSecurity(t *testing.T) {
 			t.Errorf("%s: %v, want allowed", tc.what, err)
 		}
 	}
+
+	// Tenants still work (item 20 too): as the tenant-worker, with its RBAC (no Role, no
+	// pods/log) and every policy above, a whole rendered tenant is server-side applied.
+	t.Run("tenant-worker provisions a tenant", func(t *testing.T) {
+		fresh, err := policy.RenderTenant(policy.DefaultConfig(), "new-"+id, op)
+		if err != nil {
+			t.Fatal(err)
+		}
+		objs, err := fresh.Objects()
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.deleteAtEnd(t, fresh.Namespace.Name, nil)
+		as := c.impersonateDynamic(t, sa("tenant-worker"), ns)
+		force := true
+		for _, o := range objs {
+			data, err := o.MarshalJSON()
+			if err != nil {
+				t.Fatal(err)
+			}
+			gvk := o.GroupVersionKind()
+			m, err := c.mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
+			if err != nil {
+				t.Fatalf("mapping %s: %v", gvk, err)
+			}
+			var ri dynamic.ResourceInterface = as.Resource(m.Resource)
+			if o.GetNamespace() != "" {
+				ri = as.Resource(m.Resource).Namespace(o.GetNamespace())
+			}
+			// RBAC authorizes from caches: a RoleBinding may need a moment after its namespace.
+			eventually(t, 30*time.Second, "applying "+o.GetKind()+" "+o.GetName()+" as the tenant-worker", func() error {
+				_, err := ri.Patch(ctx, o.GetName(), types.ApplyPatchType, data, metav1.PatchOptions{FieldManager: "kubeclip-test", Force: &force})
+				return err
+			})
+		}
+	})
 }
