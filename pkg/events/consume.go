@@ -82,6 +82,14 @@ type ConsumeOptions struct {
 	MaxAttempts int
 	// Observer is told the fate of every settled message (metrics); nil means none.
 	Observer ConsumeObserver
+	// Retries, when set, moves a message whose handler failed retryably out of this consumer
+	// into the worker's retry queue, and acknowledges it here: retries waiting for their backoff
+	// hold no slot of the consumer's window and are never redelivered ahead of new messages, so
+	// one company's failing backlog does not delay another company's first attempt. Work the
+	// queue through with a second Consume, with the same Retries, on
+	// RetryConsumerConfig(Retries.Name). Deferrals (a RetryableError with After) stay on their
+	// consumer. nil keeps retries on the consumer (NakWithDelay).
+	Retries *RetryQueue
 }
 
 func (o ConsumeOptions) withDefaults(cfg jetstream.ConsumerConfig) (ConsumeOptions, error) {
@@ -216,6 +224,10 @@ type delivery struct {
 	stopKeepAlive func()
 	// started is when the handler started (zero if it never did); for the Observer.
 	started time.Time
+	// due is when a retry from a RetryQueue may run (zero for any other message), and before
+	// how many deliveries it had until then.
+	due    time.Time
+	before uint64
 }
 
 func (l *consumeLoop) run(ctx context.Context) error {
@@ -325,9 +337,16 @@ func fatalPullError(err error) bool {
 
 func (l *consumeLoop) newDelivery(m jetstream.Msg) *delivery {
 	d := &delivery{m: m, attempt: 1, stopKeepAlive: func() {}}
-	lc := l.log.With().Str(LogKeySubject, m.Subject())
-	if meta, err := m.Metadata(); err == nil {
+	meta, metaErr := m.Metadata()
+	if metaErr == nil {
 		d.attempt = meta.NumDelivered
+	}
+	if rm, before, due, ok := l.opts.Retries.asRetry(m); ok {
+		// A retry counts the deliveries of every copy, from the first consumer on.
+		d.m, m, d.before, d.attempt, d.due = rm, rm, before, before+1, due
+	}
+	lc := l.log.With().Str(LogKeySubject, m.Subject())
+	if metaErr == nil {
 		lc = lc.Uint64(LogKeyStreamSeq, meta.Sequence.Stream)
 	}
 	if id := m.Headers().Get(HeaderMsgID); id != "" {
@@ -347,6 +366,13 @@ func (l *consumeLoop) newDelivery(m jetstream.Msg) *delivery {
 func (l *consumeLoop) handle(ctx, workCtx context.Context, d *delivery) {
 	if size := len(d.m.Data()); size > l.opts.MaxMsgSize {
 		l.settle(ctx, d, InvalidRequest("", "payload is %d bytes, more than the %d-byte limit", size, l.opts.MaxMsgSize))
+		return
+	}
+	if wait := time.Until(d.due); !d.due.IsZero() && wait > 0 {
+		// Taken before its time (the retry consumer delivers a copy at once): it waits again,
+		// as the attempt it was, without running the handler.
+		d.attempt = d.before
+		l.settle(ctx, d, &RetryableError{Code: CodeInternal, After: wait, Err: notDue{wait}})
 		return
 	}
 	d.stopKeepAlive = keepAlive(d.m, l.opts.KeepAliveInterval, func(err error) {
@@ -465,15 +491,24 @@ func (l *consumeLoop) settle(ctx context.Context, d *delivery, err error) {
 			}
 			d.log.Debug().Msg("message handled")
 		case actionNak:
+			if l.opts.Retries != nil && !dec.deferred && dec.delay > 0 {
+				if l.moveToRetries(sctx, d, err, dec.delay) {
+					return
+				}
+			}
 			var nakErr error
 			if dec.delay > 0 {
 				nakErr = d.m.NakWithDelay(dec.delay)
 			} else {
 				nakErr = d.m.Nak()
 			}
-			if errors.Is(err, errShutdown) {
+			var early notDue
+			switch {
+			case errors.As(err, &early):
+				d.log.Debug().Dur(LogKeyDelay, dec.delay).Msg("retry not due yet; waiting")
+			case errors.Is(err, errShutdown):
 				d.log.Info().Msg("shutting down; message handed back for redelivery")
-			} else {
+			default:
 				d.log.Warn().Err(err).Dur(LogKeyDelay, dec.delay).Msg("handler failed; message will be retried")
 			}
 			if nakErr != nil {
@@ -483,6 +518,22 @@ func (l *consumeLoop) settle(ctx context.Context, d *delivery, err error) {
 			l.terminate(sctx, d, dec.terminal)
 		}
 	})
+}
+
+// moveToRetries moves d's message to the retry queue, due after delay, and acknowledges it here;
+// it reports false, having done nothing, if the move failed (the caller naks instead).
+func (l *consumeLoop) moveToRetries(ctx context.Context, d *delivery, err error, delay time.Duration) bool {
+	if mvErr := l.opts.Retries.move(ctx, d, delay, time.Now()); mvErr != nil {
+		d.log.Warn().Err(mvErr).Msg("moving the message to the retry queue failed; retrying it on its consumer")
+		return false
+	}
+	d.log.Warn().Err(err).Dur(LogKeyDelay, delay).Msg("handler failed; message moved to the retry queue")
+	if ackErr := d.m.DoubleAck(ctx); ackErr != nil {
+		// The copy waits in the retry queue; the original comes back after its ack deadline and
+		// is handled once more (handlers are idempotent).
+		d.log.Warn().Err(ackErr).Msg("ack of a message moved to the retry queue not confirmed; it may be handled twice")
+	}
+	return true
 }
 
 // observe reports a settled delivery to the Observer.

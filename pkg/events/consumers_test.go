@@ -45,6 +45,11 @@ func TestConsumerConfigs(t *testing.T) {
 			c.DeliverPolicy = jetstream.DeliverNewPolicy
 			return c
 		}},
+		// Retries count their attempts against the same MaxDeliver as first attempts.
+		{"tenant-worker-retry", events.RetryConsumerConfig(events.TenantWorkerConsumer), func(c jetstream.ConsumerConfig) jetstream.ConsumerConfig {
+			c.Durable, c.Description, c.FilterSubject = "tenant-worker-retry", "kubeclip tenant-worker: retries", "kubeclip.retry.tenant-worker.>"
+			return c
+		}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -71,11 +76,15 @@ func TestConsumerConfigsAreAccepted(t *testing.T) {
 	if err := events.EnsureStreams(ctx, js, events.Options{}); err != nil {
 		t.Fatal(err)
 	}
+	if _, err := js.CreateOrUpdateStream(ctx, events.RetryStreamConfig(1)); err != nil {
+		t.Fatal(err)
+	}
 	var s events.Subjects
 	for stream, cfg := range map[string][]jetstream.ConsumerConfig{
-		s.LeaseStream():   {events.TenantWorkerConsumerConfig(s), events.DispatcherEndConsumerConfig(s)},
-		events.WorkStream: {events.DispatcherConsumerConfig()},
-		s.RunStream():     {events.DispatcherResultConsumerConfig(s)},
+		s.LeaseStream():    {events.TenantWorkerConsumerConfig(s), events.DispatcherEndConsumerConfig(s)},
+		events.WorkStream:  {events.DispatcherConsumerConfig()},
+		s.RunStream():      {events.DispatcherResultConsumerConfig(s)},
+		events.RetryStream: {events.RetryConsumerConfig(events.TenantWorkerConsumer)},
 	} {
 		for _, c := range cfg {
 			for range 2 { // idempotent

@@ -18,8 +18,6 @@ import (
 // Names of a tenant's objects (tenant-orchestrator.ts, plugin.ts).
 const (
 	TenantServiceAccount = "paperclip-tenant-sa"
-	TenantRole           = "paperclip-tenant-role"
-	TenantRoleBinding    = "paperclip-tenant-rb"
 	TenantResourceQuota  = "paperclip-quota"
 	TenantLimitRange     = "paperclip-limits"
 )
@@ -30,11 +28,15 @@ const (
 // Upstream creates these once and never updates them ("frozen at first provisioning");
 // kubeclip server-side applies them, and uses Hash to skip an unchanged tenant and Stale to
 // delete the other egress mode's policy after a mode switch.
+//
+// Deviation: upstream also gives the tenant ServiceAccount a Role (paperclip-tenant-role, get
+// pods/log) and its RoleBinding (paperclip-tenant-rb). kubeclip renders neither: every tenant
+// pod runs with automountServiceAccountToken false (RenderRun), so nothing in a tenant can use
+// them, and granting that Role required the tenant-worker to hold get pods/log cluster-wide
+// (issue 15 item 20). Tenants provisioned before keep theirs; they grant nothing usable.
 type Tenant struct {
 	Namespace      *corev1.Namespace
 	ServiceAccount *corev1.ServiceAccount
-	Role           *rbacv1.Role
-	RoleBinding    *rbacv1.RoleBinding
 	ResourceQuota  *corev1.ResourceQuota
 	LimitRange     *corev1.LimitRange
 	// WorkerBindings grant kubeclip's workers what they do in this namespace, and only here
@@ -107,17 +109,6 @@ func RenderTenant(cfg Config, companyID string, op Operator, adapters ...Adapter
 				Annotations: nilIfEmpty(cfg.ServiceAccountAnnotations),
 			},
 		},
-		Role: &rbacv1.Role{
-			TypeMeta:   metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "Role"},
-			ObjectMeta: metav1.ObjectMeta{Name: TenantRole, Namespace: ns, Labels: managedByLabels()},
-			Rules:      []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"pods/log"}, Verbs: []string{"get"}}},
-		},
-		RoleBinding: &rbacv1.RoleBinding{
-			TypeMeta:   metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "RoleBinding"},
-			ObjectMeta: metav1.ObjectMeta{Name: TenantRoleBinding, Namespace: ns, Labels: managedByLabels()},
-			RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "Role", Name: TenantRole},
-			Subjects:   []rbacv1.Subject{{Kind: "ServiceAccount", Name: TenantServiceAccount, Namespace: ns}},
-		},
 		ResourceQuota: &corev1.ResourceQuota{
 			TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "ResourceQuota"},
 			ObjectMeta: metav1.ObjectMeta{Name: TenantResourceQuota, Namespace: ns, Labels: managedByLabels()},
@@ -170,12 +161,12 @@ func RenderTenant(cfg Config, companyID string, op Operator, adapters ...Adapter
 	return t, nil
 }
 
-// Objects returns the tenant's objects in apply order (Namespace, ServiceAccount, Role,
-// RoleBinding, the workers' RoleBindings, ResourceQuota, LimitRange, deny-all, sandboxd
+// Objects returns the tenant's objects in apply order (Namespace, ServiceAccount, the workers'
+// RoleBindings, ResourceQuota, LimitRange, deny-all, sandboxd
 // ingress, egress policy), with apiVersion and kind set, ready for server-side apply. They are
 // copies.
 func (t Tenant) Objects() ([]*unstructured.Unstructured, error) {
-	typed := []runtime.Object{t.Namespace, t.ServiceAccount, t.Role, t.RoleBinding}
+	typed := []runtime.Object{t.Namespace, t.ServiceAccount}
 	for _, b := range t.WorkerBindings {
 		typed = append(typed, b)
 	}

@@ -48,7 +48,7 @@ func TestTenantGolden(t *testing.T) {
 		t.Fatal(err)
 	}
 	files := []string{
-		"tenant/namespace.yaml", "tenant/serviceaccount.yaml", "tenant/role.yaml", "tenant/rolebinding.yaml",
+		"tenant/namespace.yaml", "tenant/serviceaccount.yaml",
 		// The workers' per-tenant RBAC.
 		"tenant/rolebinding-kubeclip-dispatcher.yaml", "tenant/rolebinding-kubeclip-run-watcher.yaml", "tenant/rolebinding-kubeclip-exec-worker.yaml",
 		"tenant/resourcequota.yaml", "tenant/limitrange.yaml", "tenant/networkpolicy-deny-all.yaml",
@@ -59,7 +59,7 @@ func TestTenantGolden(t *testing.T) {
 	if len(objs) != len(files) {
 		t.Fatalf("Objects() returned %d objects, want %d", len(objs), len(files))
 	}
-	wantKinds := []string{"Namespace", "ServiceAccount", "Role", "RoleBinding", "RoleBinding", "RoleBinding", "RoleBinding", "ResourceQuota", "LimitRange", "NetworkPolicy", "NetworkPolicy", "NetworkPolicy"}
+	wantKinds := []string{"Namespace", "ServiceAccount", "RoleBinding", "RoleBinding", "RoleBinding", "ResourceQuota", "LimitRange", "NetworkPolicy", "NetworkPolicy", "NetworkPolicy"}
 	for i, o := range objs {
 		if o.GetKind() != wantKinds[i] || o.GetAPIVersion() == "" {
 			t.Errorf("object %d is %s %s, want kind %s (apply order)", i, o.GetAPIVersion(), o.GetKind(), wantKinds[i])

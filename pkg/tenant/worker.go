@@ -61,6 +61,8 @@ type Options struct {
 	// Replies are the inboxes the validate service answers into (api.ServeOptions.Replies); the
 	// zero Rule answers nothing.
 	Replies inbox.Rule
+	// StreamReplicas is the replica count of the retry stream (default 1).
+	StreamReplicas int
 }
 
 // Worker is the tenant-worker.
@@ -126,6 +128,16 @@ func (w *Worker) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("creating consumer %s: %w", events.TenantWorkerConsumer, err)
 	}
+	// Acquires that failed retryably wait in the retry queue, worked through by a consumer of
+	// their own, so no company's retries delay another company's first attempt.
+	if _, err := js.CreateOrUpdateStream(ctx, events.RetryStreamConfig(w.opts.StreamReplicas)); err != nil {
+		return fmt.Errorf("creating stream %s: %w", events.RetryStream, err)
+	}
+	retryCfg := events.RetryConsumerConfig(events.TenantWorkerConsumer)
+	retryCons, err := js.CreateOrUpdateConsumer(ctx, events.RetryStream, retryCfg)
+	if err != nil {
+		return fmt.Errorf("creating consumer %s: %w", retryCfg.Durable, err)
+	}
 
 	factory := informers.NewSharedInformerFactoryWithOptions(w.opts.Clientset, 0,
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
@@ -145,16 +157,18 @@ func (w *Worker) Run(ctx context.Context) error {
 	if _, err := api.ServeValidate(js.Conn(), serve, w.opts.Operator); err != nil {
 		return err
 	}
+	consume := events.ConsumeOptions{
+		Logger:       w.log,
+		Concurrency:  w.opts.Concurrency,
+		DrainTimeout: w.opts.DrainTimeout,
+		OnTerminal:   w.reportFailure,
+		Observer:     w.opts.Observer,
+		Retries:      &events.RetryQueue{Publisher: js, Name: events.TenantWorkerConsumer},
+	}
 	g, gctx := errgroup.WithContext(ctx)
-	g.Go(func() error {
-		return events.Consume(gctx, cons, w.handle, events.ConsumeOptions{
-			Logger:       w.log,
-			Concurrency:  w.opts.Concurrency,
-			DrainTimeout: w.opts.DrainTimeout,
-			OnTerminal:   w.reportFailure,
-			Observer:     w.opts.Observer,
-		})
-	})
+	// First attempts and retries each get Concurrency handler slots.
+	g.Go(func() error { return events.Consume(gctx, cons, w.handle, consume) })
+	g.Go(func() error { return events.Consume(gctx, retryCons, w.handle, consume) })
 	close(w.ready)
 	w.log.Info().Msg("consuming acquire requests")
 	return g.Wait()

@@ -156,7 +156,7 @@ func render(t *testing.T, r rendering) []*unstructured.Unstructured {
 			// Cluster-scoped, but this kustomize does not know it and namespaces them.
 			o.SetNamespace("")
 			if r.namespace != "" && o.GetKind() == "ValidatingAdmissionPolicy" {
-				installPolicyIn(t, o, r.namespace) // what an operator's overlay patches
+				installPolicyIn(t, o, r.namespace, r.suffix) // what an operator's overlay patches
 			}
 		case "ClusterRole":
 			// resourceNames are not references kustomize follows: bind the suffixed roles.
@@ -168,8 +168,9 @@ func render(t *testing.T, r rendering) []*unstructured.Unstructured {
 	return objs
 }
 
-// installPolicyIn points an admission policy's "install:" literals at namespace.
-func installPolicyIn(t *testing.T, policy *unstructured.Unstructured, namespace string) {
+// installPolicyIn points an admission policy's "install:" literals at namespace and the name
+// suffix.
+func installPolicyIn(t *testing.T, policy *unstructured.Unstructured, namespace, suffix string) {
 	t.Helper()
 	for _, field := range []string{"matchConditions", "variables"} {
 		items, _, _ := unstructured.NestedSlice(policy.Object, "spec", field)
@@ -177,8 +178,11 @@ func installPolicyIn(t *testing.T, policy *unstructured.Unstructured, namespace 
 			m := it.(map[string]any)
 			expr := m["expression"].(string)
 			expr = strings.ReplaceAll(expr, "'system:serviceaccount:kubeclip:'", "'system:serviceaccount:"+namespace+":'")
-			if m["name"] == "kubeclipNamespace" {
+			switch m["name"] {
+			case "kubeclipNamespace":
 				expr = "'" + namespace + "'"
+			case "nameSuffix":
+				expr = "'" + suffix + "'"
 			}
 			m["expression"] = expr
 		}

@@ -10,6 +10,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
@@ -72,13 +73,13 @@ func TestRBACAllowsWhatTheCodeDoesAndNothingElse(t *testing.T) {
 				{"create", "", "namespaces", "", "", ""}, {"patch", "", "namespaces", "", "", ""}, {"get", "", "namespaces", "", "", ""},
 				{"list", "", "namespaces", "", "", ""}, {"watch", "", "namespaces", "", "", ""},
 				{"patch", "", "serviceaccounts", "", tenantNS, ""}, {"create", "", "resourcequotas", "", tenantNS, ""},
-				{"patch", "", "limitranges", "", tenantNS, ""}, {"create", "rbac.authorization.k8s.io", "roles", "", tenantNS, ""},
+				{"patch", "", "limitranges", "", tenantNS, ""},
+				{"create", "rbac.authorization.k8s.io", "rolebindings", "", tenantNS, ""},
 				{"patch", "rbac.authorization.k8s.io", "rolebindings", "", tenantNS, ""},
 				{"patch", "networking.k8s.io", "networkpolicies", "", tenantNS, ""},
 				{"delete", "networking.k8s.io", "networkpolicies", "", tenantNS, ""},
 				{"patch", "cilium.io", "ciliumnetworkpolicies", "", tenantNS, ""},
 				{"delete", "cilium.io", "ciliumnetworkpolicies", "", tenantNS, ""},
-				{"bind", "rbac.authorization.k8s.io", "roles", "", tenantNS, policy.TenantRole},
 				{"bind", "rbac.authorization.k8s.io", "clusterroles", "", "", "kubeclip-tenant-dispatcher" + suffix},
 			},
 			denied: []access{
@@ -92,6 +93,13 @@ func TestRBACAllowsWhatTheCodeDoesAndNothingElse(t *testing.T) {
 				{"bind", "rbac.authorization.k8s.io", "clusterroles", "", "", "cluster-admin"},
 				{"create", "rbac.authorization.k8s.io", "clusterroles", "", "", ""},
 				{"get", "", "pods", "", tenantNS, ""},
+				// Issue 15 item 20: no pod's log anywhere (it held get pods/log cluster-wide only
+				// to grant the tenant Role, which is gone), and no Role to write or bind.
+				{"get", "", "pods", "log", "kube-system", ""}, {"get", "", "pods", "log", tenantNS, ""},
+				{"get", "", "pods", "log", "", ""},
+				{"create", "rbac.authorization.k8s.io", "roles", "", tenantNS, ""},
+				{"patch", "rbac.authorization.k8s.io", "roles", "", tenantNS, ""},
+				{"bind", "rbac.authorization.k8s.io", "roles", "", tenantNS, "paperclip-tenant-role"},
 			},
 		},
 		{
@@ -179,20 +187,20 @@ func TestRBACAllowsWhatTheCodeDoesAndNothingElse(t *testing.T) {
 		})
 	}
 
-	// The escalation check for real: as the tenant-worker, a tenant Role with get pods/log (what
-	// pkg/policy renders) is accepted; a Role granting more than the worker holds is refused.
+	// The escalation check for real: as the tenant-worker, no Role can be written at all, not
+	// even upstream's tenant Role (get pods/log), which kubeclip no longer renders.
 	t.Run("tenant-worker cannot escalate", func(t *testing.T) {
 		as := c.impersonate(t, fmt.Sprintf("system:serviceaccount:%s:tenant-worker%s", ns, suffix), ns)
 		ctx := t.Context()
-		role := func(name string, rule rbacv1.PolicyRule) *rbacv1.Role {
-			return &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: tenantNS}, Rules: []rbacv1.PolicyRule{rule}}
-		}
-		if _, err := as.RbacV1().Roles(tenantNS).Create(ctx, role("logs", rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"pods/log"}, Verbs: []string{"get"}}), metav1.CreateOptions{}); err != nil {
-			t.Errorf("creating the tenant Role (get pods/log) as the tenant-worker: %v", err)
-		}
-		_, err := as.RbacV1().Roles(tenantNS).Create(ctx, role("secrets", rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"secrets"}, Verbs: []string{"get"}}), metav1.CreateOptions{})
-		if !apierrors.IsForbidden(err) {
-			t.Errorf("creating a Role granting get secrets as the tenant-worker: %v, want Forbidden (escalation)", err)
+		for _, rule := range []rbacv1.PolicyRule{
+			{APIGroups: []string{""}, Resources: []string{"pods/log"}, Verbs: []string{"get"}},
+			{APIGroups: []string{""}, Resources: []string{"secrets"}, Verbs: []string{"get"}},
+		} {
+			role := &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: "probe", Namespace: tenantNS}, Rules: []rbacv1.PolicyRule{rule}}
+			_, err := as.RbacV1().Roles(tenantNS).Create(ctx, role, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+			if !apierrors.IsForbidden(err) {
+				t.Errorf("creating a Role granting %v %v as the tenant-worker: %v, want Forbidden", rule.Verbs, rule.Resources, err)
+			}
 		}
 	})
 }
@@ -216,12 +224,20 @@ func applyRBAC(t *testing.T, c *cluster, objs []*unstructured.Unstructured) {
 // rendered by pkg/policy for an installation in kubeclipNS) and returns its name.
 func applyTenant(t *testing.T, c *cluster, kubeclipNS, suffix, company string) string {
 	t.Helper()
+	return applyTenantWith(t, c, kubeclipNS, suffix, company, func(*policy.Tenant) {})
+}
+
+// applyTenantWith is applyTenant with the rendered tenant changed by edit first (as an
+// administrator could change it behind kubeclip's back).
+func applyTenantWith(t *testing.T, c *cluster, kubeclipNS, suffix, company string, edit func(*policy.Tenant)) string {
+	t.Helper()
 	op := policy.DefaultOperator()
 	op.KubeclipNamespace, op.RBACNameSuffix = kubeclipNS, suffix
 	ten, err := policy.RenderTenant(policy.DefaultConfig(), company, op)
 	if err != nil {
 		t.Fatal(err)
 	}
+	edit(&ten)
 	objs, err := ten.Objects()
 	if err != nil {
 		t.Fatal(err)
@@ -264,4 +280,19 @@ func (c *cluster) impersonate(t *testing.T, user, saNamespace string) kubernetes
 		t.Fatal(err)
 	}
 	return cs
+}
+
+// impersonateDynamic returns a dynamic client acting as the ServiceAccount user.
+func (c *cluster) impersonateDynamic(t *testing.T, user, saNamespace string) dynamic.Interface {
+	t.Helper()
+	cfg := rest.CopyConfig(c.cfg)
+	cfg.Impersonate = rest.ImpersonationConfig{
+		UserName: user,
+		Groups:   []string{"system:serviceaccounts", "system:serviceaccounts:" + saNamespace, "system:authenticated"},
+	}
+	dyn, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dyn
 }
