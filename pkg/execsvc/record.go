@@ -104,6 +104,15 @@ func openBudgets(ctx context.Context, js jetstream.JetStream, replicas int, limi
 	return events.NewBudgets(opts)
 }
 
+// execBudgetHook tells observer, when it is a BudgetObserver, that the exec budget stopped a
+// recording.
+func execBudgetHook(observer Observer) func() {
+	if o, ok := observer.(BudgetObserver); ok {
+		return func() { o.BudgetExceeded(budgetSource, events.BudgetExec) }
+	}
+	return nil
+}
+
 // budgetSource names recorded execs' counters in KUBECLIP_BUDGETS and the metric.
 const budgetSource = "exec"
 
@@ -117,6 +126,9 @@ type recordingDeps struct {
 	progress recordedExecs
 	limits   RecordLimits
 	onRetry  func(error)
+	// onExecBudget is told when the exec budget stops a recording (the run's and company's
+	// budgets tell their own OnExceeded); nil means nobody.
+	onExecBudget func()
 }
 
 // recording publishes a recorded exec's `exec` events from its journal, read from seq 1 without
@@ -206,6 +218,9 @@ func (r *recording) chunk(ctx context.Context, c *sandboxd.Chunk) error {
 	if r.execUsed+int64(len(r.pending))+int64(len(c.Data)) > r.deps.limits.ExecBytes {
 		if err := r.flush(ctx, true); err != nil {
 			return err
+		}
+		if r.deps.onExecBudget != nil {
+			r.deps.onExecBudget()
 		}
 		return r.publishStop(ctx, c, events.BudgetExec, true)
 	}
