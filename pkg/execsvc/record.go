@@ -25,6 +25,15 @@ const (
 	DefaultExecBudget      = 64 << 20
 )
 
+// eventOverhead is what an event costs the run stream besides its text: subject, headers
+// (message id, CloudEvents), the JSON fields and the store's per-message record, about 600
+// bytes. Budgets count it, so output that defeats coalescing (stdout and stderr in turn, one
+// byte each, every switch an event) is charged what it stores.
+const eventOverhead = 512
+
+// eventCost is what an event of n bytes of output is charged.
+func eventCost(n int) int64 { return int64(n) + eventOverhead }
+
 // lineKeep is the largest stdout line buffer the recorder keeps between lines: a longer line's
 // buffer is dropped once the line ends, so one long line does not hold its memory for the
 // rest of the session.
@@ -152,7 +161,7 @@ type recording struct {
 	progress recordedExec // the last event published or being published
 	rev      uint64       // progress's revision
 	err      error        // what a timed flush failed with, returned by the next call
-	execUsed int64        // bytes of this exec's output recorded (or replayed)
+	execUsed int64        // what this exec's events cost before the pending ones (eventCost each)
 
 	pending  []byte
 	pendSt   sandboxd.Stream
@@ -176,7 +185,7 @@ func startRecording(ctx context.Context, deps recordingDeps, ref events.RunRef, 
 		return nil, fmt.Errorf("exec %s is recorded but has no entry in %s", execID, RecordedBucket)
 	}
 	return &recording{
-		deps: deps, ref: ref, execID: execID, command: rec.Command, progress: rec, rev: rev,
+		deps: deps, ref: ref, execID: execID, command: rec.Command, progress: rec, rev: rev, execUsed: rec.Used,
 		lines: lineParser{max: deps.limits.MaxLine},
 	}, nil
 }
@@ -196,8 +205,7 @@ func (r *recording) chunk(ctx context.Context, c *sandboxd.Chunk) error {
 	case p.Stopped != "" && c.Seq > p.From:
 		return nil // recording stopped at a budget; the parser still reads on
 	case c.Seq < p.From:
-		// Stored by an earlier event: only the budget and a character split at its end matter.
-		r.execUsed += int64(len(c.Data))
+		// Stored by an earlier event: only a character split at its end matters.
 		r.text(c.Stream, c.Data)
 		return nil
 	case p.Stopped != "" && c.Seq == p.From:
@@ -215,7 +223,7 @@ func (r *recording) chunk(ctx context.Context, c *sandboxd.Chunk) error {
 			return err
 		}
 	}
-	if r.execUsed+int64(len(r.pending))+int64(len(c.Data)) > r.deps.limits.ExecBytes {
+	if r.execUsed+eventCost(len(r.pending)+len(c.Data)) > r.deps.limits.ExecBytes {
 		if err := r.flush(ctx, true); err != nil {
 			return err
 		}
@@ -266,7 +274,7 @@ func (r *recording) flush(ctx context.Context, live bool) error {
 	}
 	from, to, st, data := r.pendFrom, r.pendTo, r.pendSt, r.pending
 	if live && r.deps.budgets != nil {
-		err := retrying(ctx, r.deps.onRetry, func() error { return r.deps.budgets.Charge(ctx, r.ref, int64(len(data))) })
+		err := retrying(ctx, r.deps.onRetry, func() error { return r.deps.budgets.Charge(ctx, r.ref, eventCost(len(data))) })
 		var be *events.BudgetExceededError
 		if errors.As(err, &be) {
 			r.dropPending()
@@ -277,7 +285,7 @@ func (r *recording) flush(ctx context.Context, live bool) error {
 		}
 	}
 	if live {
-		if err := r.announce(ctx, recordedExec{Command: r.command, Inbox: r.progress.Inbox, From: from, To: to}); err != nil {
+		if err := r.announce(ctx, recordedExec{Command: r.command, Inbox: r.progress.Inbox, From: from, To: to, Used: r.execUsed}); err != nil {
 			return err
 		}
 	}
@@ -289,7 +297,7 @@ func (r *recording) flush(ctx context.Context, live bool) error {
 		RunID: r.ref.RunID, CompanyID: r.ref.CompanyID, ExecID: r.execID, Seq: to,
 		Command: r.command, Stream: stream, Text: r.text(st, data),
 	}
-	r.execUsed += int64(len(data))
+	r.execUsed += eventCost(len(data))
 	r.dropPending()
 	return r.publish(ctx, ev)
 }
@@ -307,7 +315,7 @@ func (r *recording) dropPending() {
 // output reaches the client only.
 func (r *recording) publishStop(ctx context.Context, c *sandboxd.Chunk, kind events.BudgetKind, live bool) error {
 	if live {
-		if err := r.announce(ctx, recordedExec{Command: r.command, Inbox: r.progress.Inbox, From: c.Seq, To: c.Seq, Stopped: string(kind)}); err != nil {
+		if err := r.announce(ctx, recordedExec{Command: r.command, Inbox: r.progress.Inbox, From: c.Seq, To: c.Seq, Used: r.execUsed, Stopped: string(kind)}); err != nil {
 			return err
 		}
 	}

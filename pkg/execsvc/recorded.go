@@ -14,8 +14,8 @@ import (
 
 // RecordedBucket remembers which execs are recorded: key <RunRef.Key>.<execId>, value the
 // command's base name, the inbox of the client that started it and how far its recording got
-// (the journal seqs of the last event published or being published, and the budget that
-// stopped it, if one did). A client's attach does not
+// (the journal seqs of the last event published or being published, what the events before it
+// cost, and the budget that stopped it, if one did). A client's attach does not
 // repeat its start's spec, so a replica that takes a recorded exec's stream over learns here
 // that it must keep publishing its events, and under which command name; an observer's attach
 // (another inbox) publishes nothing.
@@ -57,8 +57,10 @@ type recordedExec struct {
 	Inbox   string `json:"inbox"`
 	// From and To are the journal seqs of the last event published or being published (0: none
 	// yet). Stopped is the events.BudgetKind that stopped recording at seq From.
-	From    uint64 `json:"from,omitempty"`
-	To      uint64 `json:"to,omitempty"`
+	From uint64 `json:"from,omitempty"`
+	To   uint64 `json:"to,omitempty"`
+	// Used is what the exec's events cost its budget before that event.
+	Used    int64  `json:"used,omitempty"`
 	Stopped string `json:"stopped,omitempty"`
 }
 
