@@ -24,6 +24,8 @@ type Metrics struct {
 	logBytes     prometheus.Counter
 	logLines     prometheus.Counter
 	exec         *execMetrics
+	// budgetExceeded is kubeclip_budget_exceeded_total (budget.go).
+	budgetExceeded *prometheus.CounterVec
 }
 
 var _ events.Observer = (*Metrics)(nil)
@@ -93,6 +95,9 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		return nil, err
 	}
 	m.exec = exec
+	if m.budgetExceeded, err = newBudgetMetric(reg); err != nil {
+		return nil, err
+	}
 	return m, nil
 }
 
