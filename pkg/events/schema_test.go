@@ -47,7 +47,7 @@ func schemaCases() []schemaCase {
 		{file: "kubeclip-dispatch.json", full: events.DispatchRequest{AcquireRequest: fullAcquire(), Namespace: "paperclip-c1"}, zero: events.DispatchRequest{}},
 		{file: "run-created.json", full: events.RunCreatedEvent{RunID: "r1", CompanyID: "c1", At: at, ProviderLeaseID: "pc-1", Namespace: "n", WorkloadName: "pc-1", SecretName: "pc-1-env", Backend: "job", PodName: "p", Phase: events.PhaseRunning, ExpiresAt: &at}, zero: events.RunCreatedEvent{}},
 		{file: "run-status.json", full: events.RunStatusEvent{RunID: "r1", CompanyID: "c1", At: at, Phase: events.PhasePending, Reason: "Unschedulable", Message: "0/1 nodes", PodName: "p"}, zero: events.RunStatusEvent{}},
-		{file: "run-log.json", full: events.RunLogEvent{RunID: "r1", CompanyID: "c1", At: at, Seq: 1, Pod: "p", Container: "c", Lines: []events.LogLine{line}}, zero: events.RunLogEvent{}},
+		{file: "run-log.json", full: events.RunLogEvent{RunID: "r1", CompanyID: "c1", At: at, Seq: 1, Pod: "p", Container: "c", Lines: []events.LogLine{line}, LogStopped: events.BudgetRun}, zero: events.RunLogEvent{}},
 		{file: "run-log.json", path: []string{"lines", "items"}, full: line, zero: events.LogLine{}},
 		{file: "run-result.json", full: events.RunResultEvent{RunID: "r1", CompanyID: "c1", At: at, Outcome: events.OutcomeFailed, ExitCode: ptr(1), Reason: "OOMKilled", Message: "m", Agent: &agent}, zero: events.RunResultEvent{}},
 		{file: "run-result.json", path: []string{"agent"}, full: agent, zero: events.AgentResult{}},
