@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	natsservertest "github.com/nats-io/nats-server/v2/test"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/kubeclip/kubeclip/internal/natstest"
@@ -228,5 +229,38 @@ func TestStreamsAreSizedFromTheStore(t *testing.T) {
 	}
 	if refused == nil {
 		t.Error("the work queue took twice its byte limit")
+	}
+}
+
+// TestStreamsFitTheShippedStore: with the shipped nats.conf's store (max_file_store 8GB,
+// max_memory_store 64MB) the default streams and the budget bucket are created; a server with a
+// smaller store refuses them, which is why --store-bytes must be the server's.
+func TestStreamsFitTheShippedStore(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		maxStore int64
+		wantErr  bool
+	}{
+		{"shipped 8GB", 8 << 30, false},
+		{"a 1 GiB server with the default --store-bytes", 1 << 30, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			opts := natsservertest.DefaultTestOptions
+			opts.Port = -1
+			opts.JetStream = true
+			opts.StoreDir = t.TempDir()
+			opts.JetStreamMaxStore = tc.maxStore
+			opts.JetStreamMaxMemory = 64 << 20
+			srv := natsservertest.RunServer(&opts)
+			t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
+			_, js := natstest.Connect(t, srv)
+			err := events.EnsureStreams(t.Context(), js, events.Options{})
+			if err == nil {
+				_, err = js.CreateOrUpdateKeyValue(t.Context(), events.BudgetBucketConfig(1, 0))
+			}
+			if (err != nil) != tc.wantErr {
+				t.Errorf("creating the streams and the budget bucket: %v, want an error: %v", err, tc.wantErr)
+			}
+		})
 	}
 }
