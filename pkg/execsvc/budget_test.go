@@ -97,3 +97,40 @@ func recorded(t *testing.T, e *env, l *testLease) recordedRun {
 	got.text = text.Len()
 	return got
 }
+
+// TestInterleavedOutputPaysWhatItStores: stdout and stderr one byte each in turn defeat
+// coalescing (an event holds one stream), but every event is charged its fixed cost, so the run
+// stream grows by about the exec budget, not by ~700 bytes per byte printed.
+func TestInterleavedOutputPaysWhatItStores(t *testing.T) {
+	const budget = 32 << 10
+	e := newEnv(t, 0)
+	e.record = execsvc.RecordLimits{ExecBytes: budget}
+	e.startReplica()
+	l := e.newLease(newID("co"))
+	stream, err := e.js.Stream(t.Context(), e.subjects.RunStream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	size := func() uint64 {
+		info, err := stream.Info(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return info.State.Bytes
+	}
+	before := size()
+	res := e.run(l, execclient.Exec{Command: "sh", Args: []string{"-c", `i=0; while [ $i -lt 300 ]; do printf o; sleep 0.002; printf e >&2; sleep 0.002; i=$((i+1)); done`}, Record: true})
+	got := recorded(t, e, l)
+	grown := size() - before
+	t.Logf("600 interleaved bytes in %d journal chunks grew the run stream by %d bytes; recording stopped by %q", res.LastSeq, grown, got.stopped)
+	if len(res.Stdout) != 300 || len(res.Stderr) != 300 {
+		t.Errorf("the client received %d/%d bytes, want 300/300", len(res.Stdout), len(res.Stderr))
+	}
+	if res.LastSeq < 200 || got.stopped != events.BudgetExec {
+		t.Errorf("%d journal chunks, recording stopped by %q: want the streams' turns in chunks of their own and the exec budget to stop recording", res.LastSeq, got.stopped)
+	}
+	// The budget, plus the stop and the exit events.
+	if limit := uint64(budget + 4<<10); grown > limit {
+		t.Errorf("the run stream grew by %d bytes, want at most %d (the %d-byte exec budget and its slack)", grown, limit, budget)
+	}
+}

@@ -26,10 +26,11 @@ const (
 )
 
 // eventOverhead is what an event costs the run stream besides its text: subject, headers
-// (message id, CloudEvents), the JSON fields and the store's per-message record, about 600
-// bytes. Budgets count it, so output that defeats coalescing (stdout and stderr in turn, one
-// byte each, every switch an event) is charged what it stores.
-const eventOverhead = 512
+// (message id, CloudEvents), the JSON fields and the store's per-message record; a one-byte
+// event grows the stream by about 910 bytes (TestInterleavedOutputPaysWhatItStores). Budgets
+// count it, so output that defeats coalescing (stdout and stderr in turn, one byte each, every
+// switch an event) is charged what it stores.
+const eventOverhead = 1 << 10
 
 // eventCost is what an event of n bytes of output is charged.
 func eventCost(n int) int64 { return int64(n) + eventOverhead }

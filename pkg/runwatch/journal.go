@@ -66,8 +66,8 @@ type budgetCharger interface {
 var _ budgetCharger = (*events.Budgets)(nil)
 
 // logEventOverhead is what a log event costs the stream besides its lines (subject, headers,
-// ids, JSON), charged with every chunk.
-const logEventOverhead = 512
+// ids, JSON, the store's record: about 900 bytes), charged with every chunk, as execsvc does.
+const logEventOverhead = 1 << 10
 
 // journalOptions are what a journal is made with.
 type journalOptions struct {
