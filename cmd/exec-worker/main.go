@@ -13,13 +13,17 @@ import (
 	"github.com/kubeclip/kubeclip/internal/app"
 	"github.com/kubeclip/kubeclip/internal/config"
 	"github.com/kubeclip/kubeclip/internal/ops"
+	"github.com/kubeclip/kubeclip/pkg/events"
 	"github.com/kubeclip/kubeclip/pkg/execsvc"
 	"github.com/kubeclip/kubeclip/pkg/sandboxd"
 )
 
 const summary = "exec-worker runs commands in the pods of exec-capable leases for Paperclip and the kubeclip CLI."
 
-var _ execsvc.Observer = (*ops.Metrics)(nil)
+var (
+	_ execsvc.Observer       = (*ops.Metrics)(nil)
+	_ execsvc.BudgetObserver = (*ops.Metrics)(nil)
+)
 
 func main() { os.Exit(app.Main("exec-worker", run)) }
 
@@ -31,6 +35,25 @@ type settings struct {
 	MaxExecs       int
 	ReadyTimeout   time.Duration
 	ReplicaID      string
+	Record         recordSettings
+}
+
+// recordSettings bound recorded execs (execsvc.RecordLimits, docs/boundary/budgets.md).
+type recordSettings struct {
+	MaxLine, ExecBytes, RunBytes, CompanyBytes int
+	CompanyWindow                              time.Duration
+}
+
+func (r *recordSettings) bind(fs *config.Set) {
+	fs.Int(&r.MaxLine, "record-max-line", "KUBECLIP_RECORD_MAX_LINE", execsvc.DefaultMaxRecordedLine, "longest stdout line of a recorded exec parsed for the agent's result, in bytes; longer lines are skipped, never buffered")
+	fs.Int(&r.ExecBytes, "record-exec-budget", "KUBECLIP_RECORD_EXEC_BUDGET", execsvc.DefaultExecBudget, "bytes one recorded exec may store in the run stream (each event's fixed cost included)")
+	fs.Int(&r.RunBytes, "record-run-budget", "KUBECLIP_RECORD_RUN_BUDGET", events.DefaultRunBudget, "bytes one run's recorded execs may store in the run stream")
+	fs.Int(&r.CompanyBytes, "record-company-budget", "KUBECLIP_RECORD_COMPANY_BUDGET", events.DefaultCompanyBudget, "bytes one company's recorded execs may store in the run stream per --record-budget-window")
+	fs.Duration(&r.CompanyWindow, "record-budget-window", "KUBECLIP_RECORD_BUDGET_WINDOW", events.DefaultBudgetWindow, "the window of --record-company-budget")
+}
+
+func (r recordSettings) limits() execsvc.RecordLimits {
+	return execsvc.RecordLimits{MaxLine: r.MaxLine, ExecBytes: int64(r.ExecBytes), RunBytes: int64(r.RunBytes), CompanyBytes: int64(r.CompanyBytes), CompanyWindow: r.CompanyWindow}
 }
 
 func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout, stderr io.Writer) error {
@@ -42,6 +65,7 @@ func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout,
 	fs.String(&s.SandboxKeyFile, "sandbox-key-file", "KUBECLIP_SANDBOX_KEY_FILE", "", "file holding the installation's sandbox master key, the dispatcher's (hex or raw, at least 32 bytes); required")
 	fs.Int(&s.MaxExecs, "max-execs", "KUBECLIP_MAX_EXECS", execsvc.DefaultMaxSessions, "exec streams this replica serves at once; past it requests are answered unavailable and clients try again")
 	fs.Duration(&s.ReadyTimeout, "ready-timeout", "KUBECLIP_EXEC_READY_TIMEOUT", execsvc.DefaultReadyTimeout, "longest a start waits for its lease's pod to become ready (less when the exec's own timeout is shorter)")
+	s.Record.bind(fs)
 	fs.String(&s.ReplicaID, "replica-id", "KUBECLIP_REPLICA_ID", "", "this replica's name in exec answers and logs (set it to the pod name); empty: host name plus a random suffix")
 	if err := fs.Parse(args); err != nil {
 		fs.Usage(stdout, summary)
@@ -73,6 +97,7 @@ func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout,
 		NATS: p.NATS, JetStream: p.JS, Subjects: p.Subjects, Pods: pods, Route: route, MasterKey: masterKey,
 		Replica: s.ReplicaID, Logger: p.Log, MaxSessions: s.MaxExecs, ReadyTimeout: s.ReadyTimeout,
 		DrainTimeout: s.ShutdownTimeout, StreamReplicas: s.Streams.Replicas, Observer: p.Ops.Metrics,
+		Record: s.Record.limits(),
 	})
 	if err != nil {
 		return err

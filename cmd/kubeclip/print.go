@@ -32,6 +32,9 @@ func (p printer) print(r events.Received) {
 		}
 		p.line("status", "%s%s%s", ev.Phase, detail, pod)
 	case events.RunLogEvent:
+		if ev.LogStopped != "" {
+			p.line(fmt.Sprintf("log %d", ev.Seq), "log stopped: the %s budget is used up (docs/boundary/budgets.md)", ev.LogStopped)
+		}
 		for _, l := range ev.Lines {
 			ts := l.TS
 			if t, err := time.Parse(time.RFC3339Nano, l.TS); err == nil {
@@ -91,6 +94,10 @@ func (p printer) exec(ev events.RunExecEvent) {
 			how = fmt.Sprintf("exit=%d", *e.ExitCode)
 		}
 		p.line("exec", "%s %s %s", ev.ExecID, ev.Command, how)
+		return
+	}
+	if ev.RecordingStopped != "" {
+		p.line("exec", "%s %s recording stopped: the %s budget is used up (docs/boundary/budgets.md)", ev.ExecID, ev.Command, ev.RecordingStopped)
 		return
 	}
 	for _, l := range strings.Split(strings.TrimSuffix(ev.Text, "\n"), "\n") {

@@ -11,6 +11,8 @@ import (
 
 	"github.com/kubeclip/kubeclip/internal/app"
 	"github.com/kubeclip/kubeclip/internal/config"
+	"github.com/kubeclip/kubeclip/internal/ops"
+	"github.com/kubeclip/kubeclip/pkg/events"
 	"github.com/kubeclip/kubeclip/pkg/runwatch"
 )
 
@@ -27,7 +29,12 @@ type settings struct {
 	ReplicaID          string
 	OwnershipTTL       time.Duration
 	Reconcile          time.Duration
+	LogRunBudget       int
+	LogCompanyBudget   int
+	LogBudgetWindow    time.Duration
 }
+
+var _ runwatch.BudgetObserver = (*ops.Metrics)(nil)
 
 func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout, stderr io.Writer) error {
 	var s settings
@@ -40,6 +47,9 @@ func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout,
 	fs.String(&s.ReplicaID, "replica-id", "KUBECLIP_REPLICA_ID", "", "this replica's name in the run ownership bucket (set it to the pod name); empty: host name plus a random suffix")
 	fs.Duration(&s.Reconcile, "reconcile-interval", "KUBECLIP_RECONCILE_INTERVAL", runwatch.DefaultReconcileInterval, "how often runs whose workload vanished unobserved get a result (also at start)")
 	fs.Duration(&s.OwnershipTTL, "ownership-ttl", "KUBECLIP_OWNERSHIP_TTL", runwatch.DefaultOwnershipTTL, "how long a run stays with a replica that stopped renewing it; bounds takeover after a crash (same on every replica)")
+	fs.Int(&s.LogRunBudget, "log-run-budget", "KUBECLIP_LOG_RUN_BUDGET", events.DefaultRunBudget, "bytes of container log one run may store in the run stream (each event's fixed cost included); past it the run's log stops with a logStopped event")
+	fs.Int(&s.LogCompanyBudget, "log-company-budget", "KUBECLIP_LOG_COMPANY_BUDGET", events.DefaultCompanyBudget, "bytes of container log one company's runs may store in the run stream per --log-budget-window")
+	fs.Duration(&s.LogBudgetWindow, "log-budget-window", "KUBECLIP_LOG_BUDGET_WINDOW", events.DefaultBudgetWindow, "the window of --log-company-budget")
 	if err := fs.Parse(args); err != nil {
 		fs.Usage(stdout, summary)
 		return app.Usage(err)
@@ -59,6 +69,7 @@ func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout,
 		FlushInterval: s.FlushInterval, UnschedulableGrace: s.UnschedulableGrace, StartErrorGrace: s.StartErrorGrace,
 		ReplicaID: s.ReplicaID, OwnershipTTL: s.OwnershipTTL, StreamReplicas: s.Streams.Replicas,
 		ReconcileInterval: s.Reconcile,
+		LogBudget:         runwatch.LogBudget{RunBytes: int64(s.LogRunBudget), CompanyBytes: int64(s.LogCompanyBudget), Window: s.LogBudgetWindow},
 		Observer:          p.Ops.Metrics,
 	})
 	if err != nil {

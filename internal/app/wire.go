@@ -26,6 +26,7 @@ type Streams struct {
 	Replicas       int
 	LeaseRetention time.Duration
 	RunRetention   time.Duration
+	StoreBytes     int
 }
 
 // Bind registers the stream settings on s.
@@ -33,11 +34,12 @@ func (st *Streams) Bind(s *config.Set) {
 	s.Int(&st.Replicas, "stream-replicas", "KUBECLIP_STREAM_REPLICAS", events.DefaultReplicas, "replicas of every stream and KV bucket (1 in development, 3 on a 3-node NATS cluster)")
 	s.Duration(&st.LeaseRetention, "lease-retention", "KUBECLIP_LEASE_RETENTION", events.DefaultLeaseMaxAge, "how long lease requests are kept")
 	s.Duration(&st.RunRetention, "run-retention", "KUBECLIP_RUN_RETENTION", events.DefaultRunMaxAge, "how long run events (logs included) are kept")
+	s.Int(&st.StoreBytes, "store-bytes", "KUBECLIP_STORE_BYTES", events.DefaultStoreBytes, "the NATS server's JetStream max_file_store in bytes: each stream's byte limit is its share of it (run events 60%, lease requests 5%, dispatches 5%)")
 }
 
 // Options returns the events.Options for prefix.
 func (st Streams) Options(prefix string) events.Options {
-	return events.Options{Prefix: prefix, Replicas: st.Replicas, LeaseMaxAge: st.LeaseRetention, RunMaxAge: st.RunRetention}
+	return events.Options{Prefix: prefix, Replicas: st.Replicas, LeaseMaxAge: st.LeaseRetention, RunMaxAge: st.RunRetention, StoreBytes: int64(st.StoreBytes)}
 }
 
 // Buckets returns the options of the lease and tenant buckets, which every worker reads.

@@ -25,6 +25,8 @@ type Metrics struct {
 	logLines     prometheus.Counter
 	exec         *execMetrics
 	apiDropped   *prometheus.CounterVec
+	// budgetExceeded is kubeclip_budget_exceeded_total (budget.go).
+	budgetExceeded *prometheus.CounterVec
 }
 
 var _ events.Observer = (*Metrics)(nil)
@@ -95,6 +97,9 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	}
 	m.exec = exec
 	if m.apiDropped, err = newAPIDropped(reg); err != nil {
+		return nil, err
+	}
+	if m.budgetExceeded, err = newBudgetMetric(reg); err != nil {
 		return nil, err
 	}
 	return m, nil

@@ -14,12 +14,13 @@ const (
 // maxExecIDLen is the longest exec id: sandboxd's limit, and short enough for a message id.
 const maxExecIDLen = 64
 
-// RunExecEvent is one output chunk of a recorded exec or, with Exit set, how it ended:
+// RunExecEvent is a recorded exec's output, coalesced, or, with Exit set, how it ended:
 // <prefix>.run.<c>.<r>.exec. Recorded execs are the ones a client started with `record: true`
 // (the Paperclip plugin's agent command); uploads and bridge polls are never recorded.
 //
-// Seq is the chunk's seq in sandboxd's journal of the exec (1, 2, … across stdout and stderr,
-// without gaps); the final event has the exec's last seq plus one. The message id is
+// Seq is the seq in sandboxd's journal of the exec (1, 2, … across stdout and stderr) of the
+// last chunk the event holds: consecutive chunks of one stream are coalesced into one event, so
+// seqs rise with gaps. The final event has the exec's last seq plus one. The message id is
 // <companyId>.<runId>.exec.<execId>.<seq>, so an exec-worker that takes a stream over from a
 // replica that died republishes what it cannot know was stored, and the stream keeps one copy.
 type RunExecEvent struct {
@@ -37,6 +38,10 @@ type RunExecEvent struct {
 	Text string `json:"text,omitempty"`
 	// Exit is set on the final event only.
 	Exit *ExecExit `json:"exit,omitempty"`
+	// RecordingStopped names the budget that stopped the recording (BudgetExec, BudgetRun,
+	// BudgetCompany): set on the event at the first chunk not recorded (its Text empty) and on
+	// the final event. The exec itself runs on; its client still receives all of its output.
+	RecordingStopped BudgetKind `json:"recordingStopped,omitempty"`
 	// Agent is the agent's stream-json result parsed from the exec's whole stdout (pkg/streamjson),
 	// on the final event of an exec whose stdout had stream-json in it.
 	Agent *AgentResult `json:"agent,omitempty"`
@@ -79,6 +84,8 @@ func (e RunExecEvent) address(s Subjects) (address, error) {
 		return address{}, InvalidRequest("stream", "must be stdout or stderr, got %q", truncate(e.Stream, 16))
 	case e.Exit != nil && (e.Stream != "" || e.Text != ""):
 		return address{}, InvalidRequest("stream", "must be empty on the final event")
+	case e.RecordingStopped != "" && !e.RecordingStopped.valid():
+		return address{}, InvalidRequest("recordingStopped", "must be exec, run or company, got %q", truncate(string(e.RecordingStopped), 16))
 	}
 	return runAddress(s, e.CompanyID, e.RunID, KindExec, ExecEventMsgID(Ref(e.CompanyID, e.RunID), e.ExecID, e.Seq), 0)
 }

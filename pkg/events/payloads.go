@@ -389,6 +389,10 @@ type RunLogEvent struct {
 	Pod       string    `json:"pod"`
 	Container string    `json:"container"`
 	Lines     []LogLine `json:"lines"`
+	// LogStopped names the budget (BudgetRun, BudgetCompany) that stopped the run's log: set on
+	// the last log event, which carries no lines. The run goes on and gets its result; its
+	// later log lines are not stored.
+	LogStopped BudgetKind `json:"logStopped,omitempty"`
 }
 
 // Type implements Event.

@@ -16,6 +16,20 @@ const (
 	DefaultWorkMaxAge  = 24 * time.Hour
 	DefaultDuplicates  = 10 * time.Minute
 	DefaultReplicas    = 1
+	// DefaultStoreBytes is the shipped nats.conf's max_file_store (8GB).
+	DefaultStoreBytes = 8 << 30
+)
+
+// Each stream's share of Options.StoreBytes, in percent. The three add up to 70: the rest is
+// the KV buckets' (each has its own fixed byte limit, together well under 1 GiB) and headroom,
+// so the streams' limits are reached before the server's max_file_store and a full stream never
+// makes the store refuse another stream's or bucket's writes.
+const (
+	// RunStreamShare: run events are what companies write (logs, recorded execs), the bulk.
+	RunStreamShare = 60
+	// LeaseStreamShare and WorkStreamShare: requests of a few KiB each.
+	LeaseStreamShare = 5
+	WorkStreamShare  = 5
 )
 
 // Options configures the streams EnsureStreams creates. The zero value of every field means its
@@ -59,9 +73,17 @@ type Options struct {
 	// default max_payload). Log events are at most 64 KiB and requests a few KiB, so anything
 	// near the bound is a bug or abuse and the server rejects it at publish time.
 	MaxMsgSize int32
+
+	// StoreBytes is the JetStream file store the streams share (default 8 GiB, the shipped
+	// nats.conf's max_file_store; set it to the server's): each stream's byte limit is its
+	// share of it (RunStreamShare, LeaseStreamShare, WorkStreamShare).
+	StoreBytes int64
 }
 
 func (o Options) withDefaults() Options {
+	if o.StoreBytes == 0 {
+		o.StoreBytes = DefaultStoreBytes
+	}
 	if o.Prefix == "" {
 		o.Prefix = DefaultPrefix
 	}
@@ -119,11 +141,17 @@ func (o Options) Validate() error {
 			errs = append(errs, fmt.Errorf("duplicate window %s must not exceed the %s %s", o.Duplicates, age.name, age.v))
 		}
 	}
+	if o.StoreBytes < 1<<20 {
+		errs = append(errs, fmt.Errorf("store bytes must be at least 1 MiB, got %d", o.StoreBytes))
+	}
 	if o.MaxMsgSize < 64<<10 {
 		errs = append(errs, fmt.Errorf("max message size must be at least 64 KiB (one log event), got %d", o.MaxMsgSize))
 	}
 	return errors.Join(errs...)
 }
+
+// share is percent of the store, in bytes.
+func (o Options) share(percent int64) int64 { return o.StoreBytes * percent / 100 }
 
 // subjects uses the prefix as given: Validate reports a bad one, and the server refuses the
 // stream names it would produce.
@@ -141,12 +169,14 @@ func (o Options) LeaseStreamConfig() jetstream.StreamConfig {
 		// dispatcher takes release and destroy) and operators replay it, so acked requests
 		// must stay until they age out.
 		Retention: jetstream.LimitsPolicy,
-		Discard:   jetstream.DiscardOld,
-		MaxAge:    o.LeaseMaxAge,
-		// Age is the only bound; counts and bytes are left unlimited so a burst is never
-		// dropped before it is handled.
+		// Full, it drops its oldest requests: handled ones kept for audit, days old.
+		// DiscardNew would refuse every company's acquires once a week of audit filled it.
+		Discard: jetstream.DiscardOld,
+		MaxAge:  o.LeaseMaxAge,
+		// Counts are not bounded, so a burst is never dropped before it is handled; bytes are
+		// the stream's share of the store.
 		MaxMsgs:           -1,
-		MaxBytes:          -1,
+		MaxBytes:          o.share(LeaseStreamShare),
 		MaxMsgsPerSubject: -1,
 		MaxConsumers:      -1,
 		MaxMsgSize:        o.MaxMsgSize,
@@ -166,11 +196,18 @@ func (o Options) RunStreamConfig() jetstream.StreamConfig {
 		Subjects:    []string{s.RunAll()},
 		// Limits: every reader (Paperclip, the CLI, dashboards) replays a run's history with
 		// its own ordered or durable consumer.
-		Retention:         jetstream.LimitsPolicy,
-		Discard:           jetstream.DiscardOld,
-		MaxAge:            o.RunMaxAge,
-		MaxMsgs:           -1,
-		MaxBytes:          -1,
+		Retention: jetstream.LimitsPolicy,
+		// Full, it drops its oldest events, the runs of about RunMaxAge ago whose readers are
+		// long done: a new result is always stored. DiscardNew would refuse every company's
+		// results once the stream filled. What one company may write is bounded upstream,
+		// per exec, run and company (KUBECLIP_BUDGETS, docs/boundary/budgets.md), so filling
+		// the stream takes many companies' budgets and turns over weeks-old runs first.
+		Discard:  jetstream.DiscardOld,
+		MaxAge:   o.RunMaxAge,
+		MaxMsgs:  -1,
+		MaxBytes: o.share(RunStreamShare),
+		// No per-subject bound: it would drop the first log or exec events of a long run
+		// silently; the run budget bounds a run instead.
 		MaxMsgsPerSubject: -1,
 		MaxConsumers:      -1,
 		MaxMsgSize:        o.MaxMsgSize,
@@ -191,11 +228,13 @@ func (o Options) WorkStreamConfig() jetstream.StreamConfig {
 		Description: "kubeclip dispatch requests (tenant-worker → dispatcher)",
 		Subjects:    []string{DispatchAll()},
 		// Work queue: each dispatch is done once by one dispatcher, then deleted.
-		Retention:         jetstream.WorkQueuePolicy,
-		Discard:           jetstream.DiscardOld,
+		Retention: jetstream.WorkQueuePolicy,
+		// Full, it refuses new dispatches: what it holds is unhandled work, never to be dropped
+		// for newer; the tenant-worker's publish fails and its acquire is retried.
+		Discard:           jetstream.DiscardNew,
 		MaxAge:            o.WorkMaxAge,
 		MaxMsgs:           -1,
-		MaxBytes:          -1,
+		MaxBytes:          o.share(WorkStreamShare),
 		MaxMsgsPerSubject: -1,
 		MaxConsumers:      -1,
 		MaxMsgSize:        o.MaxMsgSize,

@@ -1,11 +1,13 @@
 package events_test
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	natsservertest "github.com/nats-io/nats-server/v2/test"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/kubeclip/kubeclip/internal/natstest"
@@ -150,5 +152,115 @@ func TestStreamsRejectOversizedMessages(t *testing.T) {
 	}
 	if _, err := js.Publish(t.Context(), "paperclip.lease.c1.acquire", make([]byte, 1024)); err != nil {
 		t.Errorf("a small message was refused: %v", err)
+	}
+}
+
+// TestStreamsAreSizedFromTheStore: every stream has a byte limit, its share of the operator's
+// store. A full run stream still stores a new result (the oldest events go: DiscardOld), a full
+// work queue refuses a new dispatch (DiscardNew: a request is never dropped unhandled), so one
+// company's output can never make the store refuse every company's writes.
+func TestStreamsAreSizedFromTheStore(t *testing.T) {
+	_, _, js := natstest.Start(t)
+	ctx := t.Context()
+	const store = 16 << 20
+	opts := events.Options{StoreBytes: store}
+	if err := events.EnsureStreams(ctx, js, opts); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name    string
+		share   int64
+		discard jetstream.DiscardPolicy
+	}{
+		{"PAPERCLIP_RUNS", store * events.RunStreamShare / 100, jetstream.DiscardOld},
+		{"PAPERCLIP_LEASES", store * events.LeaseStreamShare / 100, jetstream.DiscardOld},
+		{"KUBECLIP_WORK", store * events.WorkStreamShare / 100, jetstream.DiscardNew},
+	} {
+		st, err := js.Stream(ctx, tc.name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c := st.CachedInfo().Config; c.MaxBytes != tc.share || c.Discard != tc.discard {
+			t.Errorf("%s: max bytes %d, discard %v; want %d, %v", tc.name, c.MaxBytes, c.Discard, tc.share, tc.discard)
+		}
+	}
+
+	// Fill the run stream past its limit with one company's events.
+	pub, err := events.NewPublisher(events.PublisherOptions{JS: js})
+	if err != nil {
+		t.Fatal(err)
+	}
+	big := strings.Repeat("x", 60<<10)
+	runs, _ := js.Stream(ctx, "PAPERCLIP_RUNS")
+	limit := runs.CachedInfo().Config.MaxBytes
+	for i := 0; ; i++ {
+		ev := events.RunLogEvent{RunID: "r-flood", CompanyID: "c-flood", Seq: uint64(i + 1), Pod: "p", Container: "agent", Lines: []events.LogLine{{TS: "2026-08-24T10:30:00.000000001Z", Text: big}}}
+		if _, err := pub.Publish(ctx, ev); err != nil {
+			t.Fatalf("log event %d: %v", i+1, err)
+		}
+		if int64(i)*int64(len(big)) > 2*limit {
+			break
+		}
+	}
+	info, err := runs.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if int64(info.State.Bytes) > limit {
+		t.Errorf("the run stream holds %d bytes, over its %d limit", info.State.Bytes, limit)
+	}
+	ok := true
+	if _, err := pub.Publish(ctx, events.RunResultEvent{RunID: "r-other", CompanyID: "c-other", Outcome: events.OutcomeSucceeded}); err != nil {
+		ok = false
+		t.Errorf("a result after the flood was refused: %v", err)
+	}
+	if ok {
+		if _, err := runs.GetLastMsgForSubject(ctx, "paperclip.run.c-other.r-other.result"); err != nil {
+			t.Errorf("the result is not in the full stream: %v", err)
+		}
+	}
+
+	// A full work queue refuses new dispatches instead of dropping one nobody handled.
+	work, _ := js.Stream(ctx, "KUBECLIP_WORK")
+	wlimit := work.CachedInfo().Config.MaxBytes
+	var refused error
+	for i := 0; refused == nil && int64(i)*int64(len(big)) <= 2*wlimit; i++ {
+		_, refused = js.Publish(ctx, fmt.Sprintf("kubeclip.dispatch.c-flood.r-%d", i), []byte(big))
+	}
+	if refused == nil {
+		t.Error("the work queue took twice its byte limit")
+	}
+}
+
+// TestStreamsFitTheShippedStore: with the shipped nats.conf's store (max_file_store 8GB,
+// max_memory_store 64MB) the default streams and the budget bucket are created; a server with a
+// smaller store refuses them, which is why --store-bytes must be the server's.
+func TestStreamsFitTheShippedStore(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		maxStore int64
+		wantErr  bool
+	}{
+		{"shipped 8GB", 8 << 30, false},
+		{"a 1 GiB server with the default --store-bytes", 1 << 30, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			opts := natsservertest.DefaultTestOptions
+			opts.Port = -1
+			opts.JetStream = true
+			opts.StoreDir = t.TempDir()
+			opts.JetStreamMaxStore = tc.maxStore
+			opts.JetStreamMaxMemory = 64 << 20
+			srv := natsservertest.RunServer(&opts)
+			t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
+			_, js := natstest.Connect(t, srv)
+			err := events.EnsureStreams(t.Context(), js, events.Options{})
+			if err == nil {
+				_, err = js.CreateOrUpdateKeyValue(t.Context(), events.BudgetBucketConfig(1, 0))
+			}
+			if (err != nil) != tc.wantErr {
+				t.Errorf("creating the streams and the budget bucket: %v, want an error: %v", err, tc.wantErr)
+			}
+		})
 	}
 }

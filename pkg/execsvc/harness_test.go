@@ -74,6 +74,8 @@ type env struct {
 	clientNC  *nats.Conn
 	// replicaOpts are the replicas' connection options (credentials).
 	replicaOpts []nats.Option
+	// record is the replicas' recording limits (zero: the defaults).
+	record execsvc.RecordLimits
 
 	mu       sync.Mutex
 	replicas []*replica
@@ -153,6 +155,7 @@ type replica struct {
 	cancel   context.CancelFunc
 	done     chan error
 	sessions atomic.Int64
+	budgets  atomic.Int64 // budget refusals observed
 	crashed  atomic.Bool
 	stopOnce sync.Once
 }
@@ -176,7 +179,7 @@ func (e *env) startReplica() *replica {
 		NATS: nc, JetStream: js, Subjects: e.subjects, Pods: e.pods, Route: execsvc.DaemonRoute{},
 		MasterKey: e.masterKey, Replica: name, Observer: &countingObserver{r: r},
 		Logger:       zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.InfoLevel),
-		DrainTimeout: 2 * time.Second, Linger: 2 * time.Second,
+		DrainTimeout: 2 * time.Second, Linger: 2 * time.Second, Record: e.record,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -225,6 +228,9 @@ type countingObserver struct{ r *replica }
 func (o *countingObserver) ExecRequest(execproto.Op, execproto.Code, time.Duration) {}
 func (o *countingObserver) ExecSessions(d int)                                      { o.r.sessions.Add(int64(d)) }
 func (o *countingObserver) ExecOutput(int)                                          {}
+func (o *countingObserver) BudgetExceeded(source string, kind events.BudgetKind) {
+	o.r.budgets.Add(1)
+}
 
 // serving returns the replica serving a stream now, waiting for one.
 func (e *env) serving() *replica {

@@ -75,6 +75,9 @@ type Options struct {
 	DrainTimeout time.Duration
 	// StreamReplicas is the replica count of RecordedBucket (default 1).
 	StreamReplicas int
+	// Record bounds recorded execs: the parser's line, coalescing, and the exec, run and
+	// company budgets (record.go).
+	Record RecordLimits
 	// Observer is told about requests and streams (metrics); nil means none.
 	Observer Observer
 }

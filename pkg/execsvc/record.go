@@ -4,6 +4,9 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -14,9 +17,68 @@ import (
 	"github.com/kubeclip/kubeclip/pkg/streamjson"
 )
 
-// maxRecordedLine bounds the stdout line the agent-result parser is fed: stream-json lines carry
-// whole tool results, so they can be large, but not without end.
-const maxRecordedLine = 8 << 20
+// Recording defaults; RecordLimits documents each.
+const (
+	DefaultMaxRecordedLine = 1 << 20
+	DefaultFlushBytes      = 16 << 10
+	DefaultFlushAfter      = 100 * time.Millisecond
+	DefaultExecBudget      = 64 << 20
+)
+
+// eventOverhead is what an event costs the run stream besides its text: subject, headers
+// (message id, CloudEvents), the JSON fields and the store's per-message record; a one-byte
+// event grows the stream by about 910 bytes (TestInterleavedOutputPaysWhatItStores). Budgets
+// count it, so output that defeats coalescing (stdout and stderr in turn, one byte each, every
+// switch an event) is charged what it stores.
+const eventOverhead = 1 << 10
+
+// eventCost is what an event of n bytes of output is charged.
+func eventCost(n int) int64 { return int64(n) + eventOverhead }
+
+// lineKeep is the largest stdout line buffer the recorder keeps between lines: a longer line's
+// buffer is dropped once the line ends, so one long line does not hold its memory for the
+// rest of the session.
+const lineKeep = 64 << 10
+
+// RecordLimits bound what a recorded exec costs the exec-worker and the run stream.
+type RecordLimits struct {
+	// MaxLine bounds the stdout line the agent-result parser is fed (default 1 MiB): a longer
+	// line is skipped, never buffered past the bound. A stream-json line holds a whole tool
+	// result; decoding one costs about ten times its size, so the bound is what keeps a session
+	// to a few MiB.
+	MaxLine int
+	// FlushBytes and FlushAfter coalesce output into events (default 16 KiB, 100 ms): an
+	// event is published when FlushBytes are pending or FlushAfter after the first pending
+	// byte, whichever comes first. An event costs about 700 bytes of headers and JSON in the
+	// stream; a byte-at-a-time command made one per byte before.
+	FlushBytes int
+	FlushAfter time.Duration
+	// ExecBytes is the most output one exec records (default 64 MiB, the plugin's own cap on
+	// what it keeps of an execute): past it, recording stops with a `recordingStopped` event.
+	ExecBytes int64
+	// RunBytes, CompanyBytes and CompanyWindow are the run's and the company's budgets of
+	// recorded output, across replicas (events.BudgetOptions; defaults 256 MiB a run, 1 GiB a
+	// company a day).
+	RunBytes      int64
+	CompanyBytes  int64
+	CompanyWindow time.Duration
+}
+
+func (l RecordLimits) withDefaults() RecordLimits {
+	if l.MaxLine <= 0 {
+		l.MaxLine = DefaultMaxRecordedLine
+	}
+	if l.FlushBytes <= 0 {
+		l.FlushBytes = DefaultFlushBytes
+	}
+	if l.FlushAfter <= 0 {
+		l.FlushAfter = DefaultFlushAfter
+	}
+	if l.ExecBytes <= 0 {
+		l.ExecBytes = DefaultExecBudget
+	}
+	return l
+}
 
 // eventPublisher publishes run events; *events.Publisher is the real one.
 type eventPublisher interface {
@@ -25,63 +87,312 @@ type eventPublisher interface {
 
 var _ eventPublisher = (*events.Publisher)(nil)
 
-// recorder turns a recorded exec's journal, read from seq 1 without gaps, into its `exec` run
-// events. Everything it carries between chunks (a character split by a read, the line the
-// agent-result parser has not seen the end of) is rebuilt by reading the journal again, which
-// is how a replica that takes a stream over continues one.
-type recorder struct {
+// budgetCharger charges recorded bytes to the run's and the company's budgets;
+// *events.Budgets is the real one.
+type budgetCharger interface {
+	Charge(ctx context.Context, ref events.RunRef, n int64) error
+}
+
+var _ budgetCharger = (*events.Budgets)(nil)
+
+// BudgetObserver is told when a budget stops a recording (the exec-worker's metrics implement
+// it); an Observer that does not implement it is not told.
+type BudgetObserver interface {
+	BudgetExceeded(source string, kind events.BudgetKind)
+}
+
+// openBudgets opens KUBECLIP_BUDGETS and returns the recorded execs' budgets.
+func openBudgets(ctx context.Context, js jetstream.JetStream, replicas int, limits RecordLimits, observer Observer) (*events.Budgets, error) {
+	kv, err := js.CreateOrUpdateKeyValue(ctx, events.BudgetBucketConfig(replicas, 0))
+	if err != nil {
+		return nil, fmt.Errorf("opening KV bucket %s: %w", events.BudgetBucket, err)
+	}
+	opts := events.BudgetOptions{KV: kv, Source: budgetSource, RunBytes: limits.RunBytes, CompanyBytes: limits.CompanyBytes, Window: limits.CompanyWindow}
+	if o, ok := observer.(BudgetObserver); ok {
+		opts.OnExceeded = func(kind events.BudgetKind) { o.BudgetExceeded(budgetSource, kind) }
+	}
+	return events.NewBudgets(opts)
+}
+
+// execBudgetHook tells observer, when it is a BudgetObserver, that the exec budget stopped a
+// recording.
+func execBudgetHook(observer Observer) func() {
+	if o, ok := observer.(BudgetObserver); ok {
+		return func() { o.BudgetExceeded(budgetSource, events.BudgetExec) }
+	}
+	return nil
+}
+
+// budgetSource names recorded execs' counters in KUBECLIP_BUDGETS and the metric.
+const budgetSource = "exec"
+
+// errRecordingTakenOver ends a session whose recording another session (a takeover) continues.
+var errRecordingTakenOver = errors.New("another session records the exec now")
+
+// recordingDeps is what a recording needs from its session.
+type recordingDeps struct {
+	events   eventPublisher
+	budgets  budgetCharger // nil: no run or company budget
+	progress recordedExecs
+	limits   RecordLimits
+	onRetry  func(error)
+	// onExecBudget is told when the exec budget stops a recording (the run's and company's
+	// budgets tell their own OnExceeded); nil means nobody.
+	onExecBudget func()
+}
+
+// recording publishes a recorded exec's `exec` events from its journal, read from seq 1 without
+// gaps. Chunks of one stream are coalesced into one event (RecordLimits); an event carries the
+// last journal seq it holds, so its message id stays <…>.exec.<execId>.<seq>.
+//
+// Exactly once across replicas: before an event is published, the seqs it covers are written
+// to the exec's RecordedBucket entry (compare-and-set on the entry's revision). A session that
+// takes the stream over reads the journal from seq 1 again, rebuilding the parser and the
+// budget, republishes the one event the entry names (the stream drops it if it was stored) and
+// carries on from there. A session whose write finds a newer revision stops recording: the
+// newer session records. Output a client was sent may reach the run stream up to FlushAfter
+// later; recording no longer holds the client back.
+type recording struct {
+	deps    recordingDeps
 	ref     events.RunRef
 	execID  string
 	command string
 
-	carry   [3][]byte // per stream: the start of a character split by the chunk's end
-	line    []byte    // stdout since its last newline
-	skip    bool      // the current stdout line is over maxRecordedLine: not parsed
-	parser  streamjson.Parser
-	sawJSON bool
+	mu       sync.Mutex
+	progress recordedExec // the last event published or being published
+	rev      uint64       // progress's revision
+	err      error        // what a timed flush failed with, returned by the next call
+	execUsed int64        // what this exec's events cost before the pending ones (eventCost each)
+
+	pending  []byte
+	pendSt   sandboxd.Stream
+	pendFrom uint64 // first seq pending, 0: nothing pending
+	pendTo   uint64
+	timer    *time.Timer
+	gen      uint64 // bumped at every flush: a timer armed for an older batch does nothing
+
+	carry [3][]byte // per stream: the start of a character split by an event's end
+	lines lineParser
 }
 
-func newRecorder(ref events.RunRef, execID, command string) *recorder {
-	return &recorder{ref: ref, execID: execID, command: command}
+// startRecording reads the exec's progress entry: what a previous session of it recorded.
+func startRecording(ctx context.Context, deps recordingDeps, ref events.RunRef, execID string) (*recording, error) {
+	deps.limits = deps.limits.withDefaults()
+	rec, rev, ok, err := deps.progress.get(ctx, ref, execID)
+	if err != nil {
+		return nil, err
+	}
+	if !ok {
+		return nil, fmt.Errorf("exec %s is recorded but has no entry in %s", execID, RecordedBucket)
+	}
+	return &recording{
+		deps: deps, ref: ref, execID: execID, command: rec.Command, progress: rec, rev: rev, execUsed: rec.Used,
+		lines: lineParser{max: deps.limits.MaxLine},
+	}, nil
 }
 
-// chunk returns the event of c and feeds c to the agent-result parser.
-func (r *recorder) chunk(c *sandboxd.Chunk) events.RunExecEvent {
+// chunk records c: fed to the agent-result parser, then held, coalesced or published.
+func (r *recording) chunk(ctx context.Context, c *sandboxd.Chunk) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.err != nil {
+		return r.err
+	}
 	if c.Stream == sandboxd.Stdout {
-		r.feed(c.Data)
+		r.lines.feed(c.Data)
+	}
+	p := r.progress
+	switch {
+	case p.Stopped != "" && c.Seq > p.From:
+		return nil // recording stopped at a budget; the parser still reads on
+	case c.Seq < p.From:
+		// Stored by an earlier event: only a character split at its end matters.
+		r.text(c.Stream, c.Data)
+		return nil
+	case p.Stopped != "" && c.Seq == p.From:
+		return r.publishStop(ctx, c, events.BudgetKind(p.Stopped), false)
+	case c.Seq <= p.To:
+		// The event a previous session announced: rebuilt exactly, published again.
+		r.hold(c)
+		if c.Seq == p.To {
+			return r.flush(ctx, false)
+		}
+		return nil
+	}
+	if r.pendFrom != 0 && r.pendSt != c.Stream {
+		if err := r.flush(ctx, true); err != nil {
+			return err
+		}
+	}
+	if r.execUsed+eventCost(len(r.pending)+len(c.Data)) > r.deps.limits.ExecBytes {
+		if err := r.flush(ctx, true); err != nil {
+			return err
+		}
+		if r.deps.onExecBudget != nil {
+			r.deps.onExecBudget()
+		}
+		return r.publishStop(ctx, c, events.BudgetExec, true)
+	}
+	r.hold(c)
+	if len(r.pending) >= r.deps.limits.FlushBytes {
+		return r.flush(ctx, true)
+	}
+	if r.timer == nil {
+		gen := r.gen
+		r.timer = time.AfterFunc(r.deps.limits.FlushAfter, func() { r.flushTimed(ctx, gen) })
+	}
+	return nil
+}
+
+func (r *recording) hold(c *sandboxd.Chunk) {
+	if r.pendFrom == 0 {
+		r.pendFrom, r.pendSt = c.Seq, c.Stream
+	}
+	r.pendTo = c.Seq
+	r.pending = append(r.pending, c.Data...)
+}
+
+// flushTimed publishes the batch gen, FlushAfter after its first byte, unless it went already.
+func (r *recording) flushTimed(ctx context.Context, gen uint64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.gen != gen || r.err != nil || r.pendFrom == 0 {
+		return
+	}
+	r.err = r.flush(ctx, true)
+}
+
+// flush publishes what is pending as one event. live: the event is new (its bytes are charged
+// and announced in the progress entry); otherwise it is the one the entry names.
+func (r *recording) flush(ctx context.Context, live bool) error {
+	if r.timer != nil {
+		r.timer.Stop()
+		r.timer = nil
+	}
+	r.gen++
+	if r.pendFrom == 0 {
+		return nil
+	}
+	from, to, st, data := r.pendFrom, r.pendTo, r.pendSt, r.pending
+	if live && r.deps.budgets != nil {
+		err := retrying(ctx, r.deps.onRetry, func() error { return r.deps.budgets.Charge(ctx, r.ref, eventCost(len(data))) })
+		var be *events.BudgetExceededError
+		if errors.As(err, &be) {
+			r.dropPending()
+			return r.publishStop(ctx, &sandboxd.Chunk{Seq: from, Stream: st}, be.Kind, true)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	if live {
+		if err := r.announce(ctx, recordedExec{Command: r.command, Inbox: r.progress.Inbox, From: from, To: to, Used: r.execUsed}); err != nil {
+			return err
+		}
+	}
+	stream := events.ExecStdout
+	if st == sandboxd.Stderr {
+		stream = events.ExecStderr
+	}
+	ev := events.RunExecEvent{
+		RunID: r.ref.RunID, CompanyID: r.ref.CompanyID, ExecID: r.execID, Seq: to,
+		Command: r.command, Stream: stream, Text: r.text(st, data),
+	}
+	r.execUsed += eventCost(len(data))
+	r.dropPending()
+	return r.publish(ctx, ev)
+}
+
+// dropPending empties the batch; a buffer grown past two batches is released.
+func (r *recording) dropPending() {
+	r.pendFrom, r.pendTo = 0, 0
+	r.pending = r.pending[:0]
+	if cap(r.pending) > 2*r.deps.limits.FlushBytes {
+		r.pending = nil
+	}
+}
+
+// publishStop publishes the event that says recording stopped at c, over budget kind; later
+// output reaches the client only.
+func (r *recording) publishStop(ctx context.Context, c *sandboxd.Chunk, kind events.BudgetKind, live bool) error {
+	if live {
+		if err := r.announce(ctx, recordedExec{Command: r.command, Inbox: r.progress.Inbox, From: c.Seq, To: c.Seq, Used: r.execUsed, Stopped: string(kind)}); err != nil {
+			return err
+		}
 	}
 	stream := events.ExecStdout
 	if c.Stream == sandboxd.Stderr {
 		stream = events.ExecStderr
 	}
-	return events.RunExecEvent{
+	return r.publish(ctx, events.RunExecEvent{
 		RunID: r.ref.RunID, CompanyID: r.ref.CompanyID, ExecID: r.execID, Seq: c.Seq,
-		Command: r.command, Stream: stream, Text: r.text(c.Stream, c.Data),
-	}
+		Command: r.command, Stream: stream, RecordingStopped: kind,
+	})
 }
 
-// exit returns the final event.
-func (r *recorder) exit(e *sandboxd.Exit) events.RunExecEvent {
-	if len(r.line) > 0 && !r.skip {
-		r.parseLine(r.line)
+// announce writes the next event's seqs to the progress entry before it is published.
+func (r *recording) announce(ctx context.Context, next recordedExec) error {
+	var rev uint64
+	err := retrying(ctx, r.deps.onRetry, func() (err error) {
+		rev, err = r.deps.progress.advance(ctx, r.ref, r.execID, next, r.rev)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	r.progress, r.rev = next, rev
+	return nil
+}
+
+// exit publishes what is pending and the final event. The final event is never charged to a
+// budget: it carries the agent's result.
+func (r *recording) exit(ctx context.Context, e *sandboxd.Exit) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.err != nil {
+		return r.err
+	}
+	if r.progress.Stopped == "" {
+		if err := r.flush(ctx, true); err != nil {
+			return err
+		}
 	}
 	ev := events.RunExecEvent{
 		RunID: r.ref.RunID, CompanyID: r.ref.CompanyID, ExecID: r.execID, Seq: e.LastSeq + 1, Command: r.command,
-		Exit: &events.ExecExit{ExitCode: e.ExitCode, Signal: e.Signal, TimedOut: e.TimedOut, Truncated: e.Truncated},
+		Exit: &events.ExecExit{
+			ExitCode: e.ExitCode, Signal: e.Signal, TimedOut: e.TimedOut,
+			Truncated: e.Truncated || r.progress.Stopped != "",
+		},
+		RecordingStopped: events.BudgetKind(r.progress.Stopped),
 	}
-	if r.sawJSON {
+	if r.lines.flushLine() {
 		code := 1
 		if e.ExitCode != nil {
 			code = *e.ExitCode
 		}
-		ev.Agent = r.parser.ResultWithExitCode(code)
+		ev.Agent = r.lines.parser.ResultWithExitCode(code)
 	}
-	return ev
+	return r.publish(ctx, ev)
+}
+
+// stop ends the timer of a recording whose session ends.
+func (r *recording) stop() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.timer != nil {
+		r.timer.Stop()
+		r.timer = nil
+	}
+	r.gen++
+}
+
+func (r *recording) publish(ctx context.Context, ev events.RunExecEvent) error {
+	return publishRetrying(ctx, r.deps.events, ev, r.deps.onRetry)
 }
 
 // text decodes data as UTF-8 for stream s: the start of a character that data's end splits is
-// held back for the stream's next chunk, whose text begins with it.
-func (r *recorder) text(s sandboxd.Stream, data []byte) string {
+// held back for the stream's next event, whose text begins with it.
+func (r *recording) text(s sandboxd.Stream, data []byte) string {
 	b := append(r.carry[s][:len(r.carry[s]):len(r.carry[s])], data...)
 	r.carry[s] = nil
 	if cut := incompleteTail(b); cut > 0 {
@@ -120,54 +431,96 @@ func leadLen(c byte) int {
 	}
 }
 
-// feed splits stdout into lines for the parser.
-func (r *recorder) feed(data []byte) {
+// lineParser splits stdout into lines for the agent-result parser. A line over max is skipped:
+// its bytes are dropped as they come, so the buffer never grows past max, and a buffer grown
+// past lineKeep is released when its line ends.
+type lineParser struct {
+	max     int
+	line    []byte // stdout since its last newline
+	skip    bool   // the current line is over max: not parsed
+	parser  streamjson.Parser
+	sawJSON bool
+}
+
+func (p *lineParser) feed(data []byte) {
 	for len(data) > 0 {
 		i := bytes.IndexByte(data, '\n')
 		if i < 0 {
-			r.appendLine(data)
+			p.appendLine(data)
 			return
 		}
-		r.appendLine(data[:i])
-		if !r.skip {
-			r.parseLine(r.line)
+		p.appendLine(data[:i])
+		if !p.skip {
+			p.parseLine(p.line)
 		}
-		r.line, r.skip = r.line[:0], false
+		p.endLine()
 		data = data[i+1:]
 	}
 }
 
-func (r *recorder) appendLine(b []byte) {
-	if r.skip {
-		return
+func (p *lineParser) endLine() {
+	p.line, p.skip = p.line[:0], false
+	if cap(p.line) > lineKeep {
+		p.line = nil
 	}
-	if len(r.line)+len(b) > maxRecordedLine {
-		r.skip, r.line = true, r.line[:0]
-		return
-	}
-	r.line = append(r.line, b...)
 }
 
-func (r *recorder) parseLine(line []byte) {
+// flushLine parses the last line, which no newline ended; it reports whether it was JSON.
+func (p *lineParser) flushLine() bool {
+	if len(p.line) > 0 && !p.skip {
+		p.parseLine(p.line)
+	}
+	p.endLine()
+	return p.sawJSON
+}
+
+func (p *lineParser) appendLine(b []byte) {
+	if p.skip {
+		return
+	}
+	if len(p.line)+len(b) > p.max {
+		p.skip = true
+		p.line = nil
+		return
+	}
+	if need := len(p.line) + len(b); need > cap(p.line) {
+		// Doubling, capped at max: a line of max bytes costs at most 2×max in buffers
+		// (append's own growth of large slices, 1.25×, costs five times that).
+		grown := make([]byte, len(p.line), min(max(2*cap(p.line), need), p.max))
+		copy(grown, p.line)
+		p.line = grown
+	}
+	p.line = append(p.line, b...)
+}
+
+func (p *lineParser) parseLine(line []byte) {
 	if t := bytes.TrimSpace(line); len(t) > 0 && t[0] == '{' && utf8.Valid(t) && json.Valid(t) {
-		r.sawJSON = true
+		p.sawJSON = true
 	}
-	r.parser.Feed(line)
+	p.parser.Feed(line)
 }
 
-// publish stores ev, retrying until it is stored or ctx ends: a chunk is relayed to the client
-// only after its event is in the stream, so a replica that takes over from the client's
-// position never leaves an event unpublished.
+// publishRetrying stores ev, retrying until it is stored or ctx ends.
 func publishRetrying(ctx context.Context, pub eventPublisher, ev events.Event, onRetry func(error)) error {
+	return retrying(ctx, onRetry, func() error {
+		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		_, err := pub.Publish(pctx, ev)
+		return err
+	})
+}
+
+// retrying calls try until it succeeds, fails for good (a terminal error, a budget, a
+// takeover) or ctx ends.
+func retrying(ctx context.Context, onRetry func(error), try func() error) error {
 	backoff := 100 * time.Millisecond
 	for {
-		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		_, err := pub.Publish(pctx, ev)
-		cancel()
+		err := try()
 		if err == nil {
 			return nil
 		}
-		if _, terminal := events.AsTerminal(err); terminal {
+		var be *events.BudgetExceededError
+		if _, terminal := events.AsTerminal(err); terminal || errors.As(err, &be) || errors.Is(err, errRecordingTakenOver) {
 			return err
 		}
 		onRetry(err)

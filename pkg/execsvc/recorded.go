@@ -13,7 +13,9 @@ import (
 )
 
 // RecordedBucket remembers which execs are recorded: key <RunRef.Key>.<execId>, value the
-// command's base name and the inbox of the client that started it. A client's attach does not
+// command's base name, the inbox of the client that started it and how far its recording got
+// (the journal seqs of the last event published or being published, what the events before it
+// cost, and the budget that stopped it, if one did). A client's attach does not
 // repeat its start's spec, so a replica that takes a recorded exec's stream over learns here
 // that it must keep publishing its events, and under which command name; an observer's attach
 // (another inbox) publishes nothing.
@@ -22,6 +24,9 @@ const RecordedBucket = "KUBECLIP_EXECS"
 // recordedTTL outlasts any exec that can still be attached: sandboxd keeps a journal ten
 // minutes after exit, and an agent command runs for hours at most.
 const recordedTTL = 7 * 24 * time.Hour
+
+// recordedMaxBytes bounds RecordedBucket in the store.
+const recordedMaxBytes = 64 << 20
 
 // RecordedBucketConfig is the KUBECLIP_EXECS bucket. Only recorded execs (one agent command per
 // run) write it.
@@ -35,8 +40,12 @@ func RecordedBucketConfig(replicas int) jetstream.KeyValueConfig {
 		History:      1,
 		TTL:          recordedTTL,
 		MaxValueSize: 1 << 10,
-		Storage:      jetstream.FileStorage,
-		Replicas:     replicas,
+		// History 1 keeps one value per exec: about 300 bytes with headers, so 64 MiB holds
+		// every exec of some 200,000 runs in the TTL. Past it, new recorded execs are refused
+		// (the KV's DiscardNew) rather than another exec's progress dropped.
+		MaxBytes: recordedMaxBytes,
+		Storage:  jetstream.FileStorage,
+		Replicas: replicas,
 	}
 }
 
@@ -46,6 +55,13 @@ type recordedExecs struct{ kv jetstream.KeyValue }
 type recordedExec struct {
 	Command string `json:"command"`
 	Inbox   string `json:"inbox"`
+	// From and To are the journal seqs of the last event published or being published (0: none
+	// yet). Stopped is the events.BudgetKind that stopped recording at seq From.
+	From uint64 `json:"from,omitempty"`
+	To   uint64 `json:"to,omitempty"`
+	// Used is what the exec's events cost its budget before that event.
+	Used    int64  `json:"used,omitempty"`
+	Stopped string `json:"stopped,omitempty"`
 }
 
 func recordedKey(ref events.RunRef, execID string) string { return ref.Key() + "." + execID }
@@ -59,17 +75,32 @@ func (r recordedExecs) put(ctx context.Context, ref events.RunRef, execID, comma
 	return nil
 }
 
-// get returns what was noted of a recorded exec; ok is false for an exec that is not recorded.
-func (r recordedExecs) get(ctx context.Context, ref events.RunRef, execID string) (rec recordedExec, ok bool, err error) {
+// get returns what was noted of a recorded exec and its revision; ok is false for an exec that
+// is not recorded.
+func (r recordedExecs) get(ctx context.Context, ref events.RunRef, execID string) (rec recordedExec, rev uint64, ok bool, err error) {
 	entry, err := r.kv.Get(ctx, recordedKey(ref, execID))
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
-		return recordedExec{}, false, nil
+		return recordedExec{}, 0, false, nil
 	}
 	if err != nil {
-		return recordedExec{}, false, fmt.Errorf("reading whether exec %s is recorded: %w", execID, err)
+		return recordedExec{}, 0, false, fmt.Errorf("reading whether exec %s is recorded: %w", execID, err)
 	}
 	if err := json.Unmarshal(entry.Value(), &rec); err != nil || rec.Command == "" {
-		return recordedExec{}, false, fmt.Errorf("decoding the record of exec %s: %w", execID, err)
+		return recordedExec{}, 0, false, fmt.Errorf("decoding the record of exec %s: %w", execID, err)
 	}
-	return rec, true, nil
+	return rec, entry.Revision(), true, nil
+}
+
+// advance replaces the exec's entry at revision rev with next and returns the new revision.
+// errRecordingTakenOver: another session wrote it since.
+func (r recordedExecs) advance(ctx context.Context, ref events.RunRef, execID string, next recordedExec, rev uint64) (uint64, error) {
+	data, _ := json.Marshal(next)
+	rev, err := r.kv.Update(ctx, recordedKey(ref, execID), data, rev)
+	if errors.Is(err, jetstream.ErrKeyExists) {
+		return 0, errRecordingTakenOver
+	}
+	if err != nil {
+		return 0, fmt.Errorf("noting the recording of exec %s: %w", execID, err)
+	}
+	return rev, nil
 }

@@ -141,7 +141,7 @@ func (s *Service) attach(ctx context.Context, r *request) {
 	started := execproto.Started{ExecID: req.ExecID, Replica: s.opts.Replica, StdinOffset: offset, StdinClosed: closed}
 	// An attach does not repeat the start's spec: whether the exec is recorded, and under
 	// which command name, is in RecordedBucket. Only its own client's stream records.
-	noted, recorded, err := s.recorded.get(ctx, r.ref, req.ExecID)
+	noted, _, recorded, err := s.recorded.get(ctx, r.ref, req.ExecID)
 	if err != nil {
 		s.refuse(r, err)
 		return

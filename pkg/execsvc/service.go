@@ -28,6 +28,7 @@ type Service struct {
 	// leases and recorded are opened by Run, before the first request.
 	leases   leaseReader
 	recorded recordedExecs
+	budgets  *events.Budgets
 
 	ready chan struct{} // closed once the subscriptions are in place
 
@@ -80,6 +81,9 @@ func (s *Service) Run(ctx context.Context) error {
 		return fmt.Errorf("opening KV bucket %s: %w", RecordedBucket, err)
 	}
 	s.recorded = recordedExecs{kv: rkv}
+	if s.budgets, err = openBudgets(ctx, s.opts.JetStream, s.opts.StreamReplicas, s.opts.Record, s.opts.Observer); err != nil {
+		return err
+	}
 	// Streams outlive ctx by the drain bound: they get their own context.
 	serveCtx, stopServing := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopServing()
@@ -188,6 +192,7 @@ func (s *Service) sessionDeps() sessionDeps {
 	return sessionDeps{
 		nc: s.opts.NATS, pods: s.opts.Pods, events: s.events, observer: s.opts.Observer, now: s.opts.Now,
 		heartbeat: s.opts.Heartbeat, linger: s.opts.Linger, patience: s.opts.AckPatience, reconnect: s.opts.Reconnect,
+		recording: recordingDeps{events: s.events, budgets: s.budgets, progress: s.recorded, limits: s.opts.Record, onExecBudget: execBudgetHook(s.opts.Observer)},
 	}
 }
 

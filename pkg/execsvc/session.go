@@ -45,6 +45,7 @@ type sessionDeps struct {
 	linger    time.Duration
 	patience  time.Duration
 	reconnect time.Duration
+	recording recordingDeps // a recorded exec's
 }
 
 // sessionSpec is one exec stream to serve.
@@ -179,12 +180,17 @@ func (s *session) onIO(m *nats.Msg) {
 
 // relayOutput streams the journal to the client until the exit frame, reopening a broken stream
 // from the next seq while the pod lives. A recorded exec is read from seq 1 whatever the
-// client needs, to rebuild the recorder's state; its events are stored before the chunks go.
+// client needs, to rebuild the recording's state (record.go).
 func (s *session) relayOutput(ctx context.Context) (*sandboxd.Exit, error) {
-	var rec *recorder
+	var rec *recording
 	read := s.from - 1 // the last seq read from the journal
 	if s.record {
-		rec, read = newRecorder(s.ref, s.execID, s.command), 0
+		var err error
+		if rec, err = startRecording(ctx, s.recordingDeps(), s.ref, s.execID); err != nil {
+			return nil, err
+		}
+		defer rec.stop()
+		read = 0
 	}
 	opened := false
 	var brokenSince time.Time
@@ -197,7 +203,7 @@ func (s *session) relayOutput(ctx context.Context) (*sandboxd.Exit, error) {
 			var exit *sandboxd.Exit
 			exit, err = s.pump(ctx, stream, rec, &read)
 			_ = stream.Close()
-			if exit != nil || errors.Is(err, errClientGone) || errors.Is(err, errUnreachable) || isTerminal(err) {
+			if exit != nil || errors.Is(err, errClientGone) || errors.Is(err, errUnreachable) || isTerminal(err) || errors.Is(err, errRecordingTakenOver) {
 				return exit, err
 			}
 			if read > before {
@@ -236,7 +242,7 @@ func (s *session) relayOutput(ctx context.Context) (*sandboxd.Exit, error) {
 }
 
 // pump relays one output stream's frames; read advances with every chunk read.
-func (s *session) pump(ctx context.Context, stream *sandboxd.OutputStream, rec *recorder, read *uint64) (*sandboxd.Exit, error) {
+func (s *session) pump(ctx context.Context, stream *sandboxd.OutputStream, rec *recording, read *uint64) (*sandboxd.Exit, error) {
 	for {
 		f, err := stream.Next()
 		if err != nil {
@@ -249,12 +255,11 @@ func (s *session) pump(ctx context.Context, stream *sandboxd.OutputStream, rec *
 			}
 			*read = f.Seq
 			if rec != nil {
-				ev := rec.chunk(f)
-				if f.Seq < s.from {
-					continue // the client has it, and so has the stream
-				}
-				if err := s.store(ctx, ev); err != nil {
+				if err := rec.chunk(ctx, f); err != nil {
 					return nil, err
+				}
+				if f.Seq < s.from {
+					continue // the client has it
 				}
 			}
 			if err := s.win.wait(ctx, len(f.Data), execproto.MaxUnacked, s.deps.patience); err != nil {
@@ -271,7 +276,7 @@ func (s *session) pump(ctx context.Context, stream *sandboxd.OutputStream, rec *
 			s.deps.observer.ExecOutput(len(f.Data))
 		case *sandboxd.Exit:
 			if rec != nil {
-				if err := s.store(ctx, rec.exit(f)); err != nil {
+				if err := rec.exit(ctx, f); err != nil {
 					return nil, err
 				}
 			}
@@ -285,11 +290,13 @@ func (s *session) pump(ctx context.Context, stream *sandboxd.OutputStream, rec *
 	}
 }
 
-// store publishes a recorded exec's event, retrying while the stream is unavailable.
-func (s *session) store(ctx context.Context, ev events.RunExecEvent) error {
-	return publishRetrying(ctx, s.deps.events, ev, func(err error) {
-		s.log.Warn().Err(err).Uint64(events.LogKeySeq, ev.Seq).Msg("storing a recorded exec's event failed; retrying")
-	})
+// recordingDeps is what the session's recording needs: its retries are logged.
+func (s *session) recordingDeps() recordingDeps {
+	deps := s.deps.recording
+	deps.onRetry = func(err error) {
+		s.log.Warn().Err(err).Msg("storing a recorded exec's event failed; retrying")
+	}
+	return deps
 }
 
 // heartbeats tells the client the stream is alive whenever it was sent nothing for a

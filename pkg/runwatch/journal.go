@@ -49,7 +49,25 @@ type journal struct {
 	// feedPiece and rememberPiece hold the pieces of a split line until its last piece, which
 	// may come in a later chunk.
 	feedPiece, rememberPiece []byte
+	budgets                  budgetCharger // nil: the log has no budget
+	// charged is the last seq charged to the budgets: an outbox chunk retried is not charged
+	// again. stoppedBy is the budget that stopped the log: later chunks are fed to the parser
+	// and dropped.
+	charged   uint64
+	stoppedBy events.BudgetKind
 }
+
+// budgetCharger charges a run's log to its run's and company's budgets; *events.Budgets is the
+// real one (source "log").
+type budgetCharger interface {
+	Charge(ctx context.Context, ref events.RunRef, n int64) error
+}
+
+var _ budgetCharger = (*events.Budgets)(nil)
+
+// logEventOverhead is what a log event costs the stream besides its lines (subject, headers,
+// ids, JSON, the store's record: about 900 bytes), charged with every chunk, as execsvc does.
+const logEventOverhead = 1 << 10
 
 // journalOptions are what a journal is made with.
 type journalOptions struct {
@@ -59,6 +77,7 @@ type journalOptions struct {
 	now      func() time.Time
 	// interval is the longest a line waits before its chunk is published (Options.FlushInterval).
 	interval time.Duration
+	budgets  budgetCharger
 }
 
 // maxOutbox bounds the chunks kept while NATS is unreachable; past it the follower stops and
@@ -71,7 +90,7 @@ var errOutboxFull = errors.New("log chunks are not being published")
 func newJournal(ref events.RunRef, o journalOptions) *journal {
 	return &journal{
 		ref: ref, subjects: o.subjects, pub: o.pub, stream: o.stream, now: o.now, interval: o.interval,
-		seq: newSequence(0),
+		seq: newSequence(0), budgets: o.budgets,
 	}
 }
 
@@ -145,6 +164,7 @@ func (j *journal) resume(ctx context.Context, last events.RunLogEvent, streamSeq
 	defer j.mu.Unlock()
 	j.seq = newSequence(last.Seq)
 	j.lastStreamSeq = streamSeq
+	j.charged, j.stoppedBy = last.Seq, last.LogStopped
 	return j.replay(ctx, last.Seq)
 }
 
@@ -298,6 +318,19 @@ func (j *journal) flushLocked(ctx context.Context) error {
 func (j *journal) publishOutboxLocked(ctx context.Context) error {
 	for len(j.outbox) > 0 {
 		ev := j.outbox[0]
+		if j.stoppedBy != "" {
+			j.feed(ev.Lines)
+			j.outbox = j.outbox[1:]
+			continue
+		}
+		stopped, err := j.charge(ctx, ev)
+		if err != nil {
+			return err
+		}
+		lines := ev.Lines
+		if stopped != "" {
+			ev.Lines, ev.LogStopped = []events.LogLine{}, stopped
+		}
 		ack, err := j.pub.Publish(ctx, ev, jetstream.WithExpectLastSequencePerSubject(j.lastStreamSeq))
 		if isWrongLastSequence(err) {
 			return fmt.Errorf("publishing log chunk %d: %w", ev.Seq, errFenced)
@@ -317,11 +350,34 @@ func (j *journal) publishOutboxLocked(ctx context.Context) error {
 			}
 		}
 		j.lastStreamSeq = ack.Sequence
-		j.feed(ev.Lines)
+		j.feed(lines)
 		j.outbox = j.outbox[1:]
+		j.stoppedBy = ev.LogStopped
 	}
 	j.outbox = nil
 	return nil
+}
+
+// charge counts a chunk's first publish against the run's and company's log budgets; stopped
+// names the budget it does not fit.
+func (j *journal) charge(ctx context.Context, ev events.RunLogEvent) (stopped events.BudgetKind, err error) {
+	if j.budgets == nil || ev.Seq <= j.charged {
+		return "", nil
+	}
+	n := int64(logEventOverhead)
+	for _, l := range ev.Lines {
+		n += int64(len(l.TS) + len(l.Text))
+	}
+	err = j.budgets.Charge(ctx, j.ref, n)
+	var be *events.BudgetExceededError
+	if errors.As(err, &be) {
+		return be.Kind, nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("charging log chunk %d: %w", ev.Seq, err)
+	}
+	j.charged = ev.Seq
+	return "", nil
 }
 
 // storedMatches reports whether the stream's message at seq carries ev's lines.

@@ -1,7 +1,11 @@
 package runwatch
 
 import (
+	"context"
+	"fmt"
 	"sync"
+
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/kubeclip/kubeclip/pkg/events"
 )
@@ -24,4 +28,29 @@ func countInFlight(obs Observer) (ended func()) {
 	obs.RunsInFlight(1)
 	var once sync.Once
 	return func() { once.Do(func() { obs.RunsInFlight(-1) }) }
+}
+
+// BudgetObserver is told when a log budget stops a run's log (the run-watcher's metrics
+// implement it); an Observer that does not implement it is not told.
+type BudgetObserver interface {
+	BudgetExceeded(source string, kind events.BudgetKind)
+}
+
+// logBudgetSource names the container logs' counters in KUBECLIP_BUDGETS and the metric.
+const logBudgetSource = "log"
+
+// openLogBudgets opens KUBECLIP_BUDGETS and returns the container logs' budgets.
+func openLogBudgets(ctx context.Context, js jetstream.JetStream, o Options) (*events.Budgets, error) {
+	kv, err := js.CreateOrUpdateKeyValue(ctx, events.BudgetBucketConfig(o.StreamReplicas, 0))
+	if err != nil {
+		return nil, fmt.Errorf("opening KV bucket %s: %w", events.BudgetBucket, err)
+	}
+	opts := events.BudgetOptions{
+		KV: kv, Source: logBudgetSource, Now: o.Now,
+		RunBytes: o.LogBudget.RunBytes, CompanyBytes: o.LogBudget.CompanyBytes, Window: o.LogBudget.Window,
+	}
+	if bo, ok := o.Observer.(BudgetObserver); ok {
+		opts.OnExceeded = func(kind events.BudgetKind) { bo.BudgetExceeded(logBudgetSource, kind) }
+	}
+	return events.NewBudgets(opts)
 }

@@ -64,8 +64,18 @@ type Options struct {
 	// ReconcileInterval is how often runs whose workload vanished unobserved get a result
 	// (default DefaultReconcileInterval); the first pass runs at start.
 	ReconcileInterval time.Duration
+	// LogBudget bounds what one run's and one company's container logs may store in the run
+	// stream (events.BudgetOptions, source "log"; defaults 256 MiB a run, 1 GiB a company a
+	// day). Over it, the run's log stops with a `logStopped` event; the run gets its result.
+	LogBudget LogBudget
 	// Observer is told about published events and runs in flight (metrics); nil means none.
 	Observer Observer
+}
+
+// LogBudget is Options.LogBudget; zero fields take events' defaults.
+type LogBudget struct {
+	RunBytes, CompanyBytes int64
+	Window                 time.Duration
 }
 
 func (o Options) withDefaults() (Options, error) {

@@ -27,11 +27,12 @@ type deps struct {
 	owners  *owners
 	leases  lease.Records
 	cluster *clusterCache
+	budgets budgetCharger // the container logs'
 }
 
 // journalOptions is how the run's journal is made.
 func (d *deps) journalOptions() journalOptions {
-	return journalOptions{subjects: d.opts.Subjects, pub: d.pub, stream: d.stream, now: d.opts.Now, interval: d.opts.FlushInterval}
+	return journalOptions{subjects: d.opts.Subjects, pub: d.pub, stream: d.stream, now: d.opts.Now, interval: d.opts.FlushInterval, budgets: d.budgets}
 }
 
 // tracker follows one run: it wires the run's verdict (pkg/runwatch/verdict), its journal and

@@ -82,10 +82,14 @@ func (w *Watcher) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("opening KV bucket %s: %w", lease.Bucket, err)
 	}
+	budgets, err := openLogBudgets(ctx, js, w.opts)
+	if err != nil {
+		return err
+	}
 	d := &deps{
 		opts: w.opts, log: w.log, pub: w.publisher, stream: stream,
 		owners: newOwners(kv, w.opts.ReplicaID, w.opts.OwnershipTTL, w.log),
-		leases: lease.Records{KV: leases},
+		leases: lease.Records{KV: leases}, budgets: budgets,
 	}
 	g, gctx := errgroup.WithContext(ctx)
 	d.cluster, err = newClusterCache(w.opts.Clientset, clusterHandlers{
