@@ -310,6 +310,9 @@ func TestParseConfigValidation(t *testing.T) {
 		{"server label value", `{"paperclipServerPodLabels": {"app": "paperclip server"}}`, []policy.FieldError{{`paperclipServerPodLabels["app"]`, msgLabelValue}}},
 		{"server label key", `{"paperclipServerPodLabels": {"bad key!": "x"}}`, []policy.FieldError{{`paperclipServerPodLabels["bad key!"]`, "must be a valid label key: " + msgQualified}}},
 		{"server labels type", `{"paperclipServerPodLabels": "app=x"}`, []policy.FieldError{{"paperclipServerPodLabels", "expected an object of strings, got string"}}},
+		// Issue 15 item 15: an empty selector would admit every pod of the server's namespace.
+		{"server labels empty", `{"paperclipServerPodLabels": {}}`, []policy.FieldError{{"paperclipServerPodLabels",
+			`must select the Paperclip server's pods with at least one label: an empty selector would let tenant pods reach every pod of namespace "paperclip" on port 3100`}}},
 		// Several problems at once are all reported, in field order.
 		{"several", `{"egressAllowCidrs": ["1.2.3.4/33", "10.0.0.0/8", "300.0.0.0/8"], "egressMode": "x", "podActivityDeadlineSec": 0}`, []policy.FieldError{
 			{"egressAllowCidrs[0]", `invalid IPv4 CIDR "1.2.3.4/33": prefix length 33 is out of range 0-32`},

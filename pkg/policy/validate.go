@@ -121,6 +121,12 @@ func (c Config) Validate() error {
 	if msg := checkDNSLabel(c.PaperclipServerNamespace); msg != "" {
 		errs.add("paperclipServerNamespace", msg)
 	}
+	if len(c.PaperclipServerPodLabels) == 0 {
+		// Deviation: an empty label selector selects every pod, so the egress rule for the
+		// server's callback port would open it on every pod of that namespace.
+		errs.add("paperclipServerPodLabels", fmt.Sprintf("must select the Paperclip server's pods with at least one label: an empty selector would let tenant pods reach every pod of namespace %s on port %d",
+			quoteShort(c.PaperclipServerNamespace), paperclipServerPort))
+	}
 	for _, k := range sortedKeys(c.PaperclipServerPodLabels) {
 		if msg := checkLabelKey(k); msg != "" {
 			errs.add(keyPath("paperclipServerPodLabels", k), msg)
