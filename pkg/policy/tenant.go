@@ -159,6 +159,7 @@ func RenderTenant(cfg Config, companyID string, op Operator, adapters ...Adapter
 		includeBase: true,
 		serverNS:    cfg.PaperclipServerNamespace,
 		serverPods:  cfg.PaperclipServerPodLabels,
+		denyCIDRs:   op.EgressDenyCIDRs(),
 	}
 	if cfg.EgressMode == EgressCilium {
 		in.name = EgressFQDNPolicyName
