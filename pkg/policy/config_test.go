@@ -167,6 +167,7 @@ const (
 	msgBuiltinTypes = "claude_local, codex_local, cursor_local, gemini_local, opencode_local, pi_local"
 	msgDNSNameRule  = ": want labels of letters, digits and '-' separated by '.', at most 253 characters"
 	msgQuantity     = "must be a Kubernetes quantity such as 500m or 1Gi, got "
+	msgImageRef     = "must be an image reference such as ghcr.io/org/image:tag or ghcr.io/org/image@sha256:<64 hex digits>: invalid reference format"
 )
 
 func TestParseConfigValidation(t *testing.T) {
@@ -301,7 +302,7 @@ func TestParseConfigValidation(t *testing.T) {
 		{"adapter enabled type", `{"adapters": [{"adapterType": "claude_local", "runtimeImage": "x", "enabled": "yes"}]}`,
 			[]policy.FieldError{{"adapters[0].enabled", "expected a boolean, got string"}}},
 		{"adapter image whitespace", `{"adapters": [{"adapterType": "claude_local", "runtimeImage": "ghcr.io/x y:1"}]}`,
-			[]policy.FieldError{{"adapters[0].runtimeImage", "must be an image reference without whitespace"}}},
+			[]policy.FieldError{{"adapters[0].runtimeImage", msgImageRef}}},
 		{"adapter probeCommand type", `{"adapters": [{"adapterType": "claude_local", "runtimeImage": "x", "probeCommand": "claude --version"}]}`,
 			[]policy.FieldError{{"adapters[0].probeCommand", "expected an array of strings, got string"}}},
 		// Paperclip server selector.
