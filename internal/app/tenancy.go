@@ -19,6 +19,14 @@ type Tenancy struct {
 	MaxNamespaces      int
 	RBACNameSuffix     string
 	PrivateEgressCIDRs string
+
+	// The operator's bounds on company knobs and tenant resources (issue 15 items 9, 10).
+	RuntimeClasses               string
+	DefaultRuntimeClass          string
+	ServiceAccountAnnotationKeys string
+	ImageAllowList               string
+	PreloadedImages              string
+	TenantQuota                  string
 }
 
 // Bind registers the tenancy settings on s.
@@ -37,6 +45,20 @@ func (t *Tenancy) Bind(s *config.Set) {
 		"comma-separated private or reserved IPv4 ranges a company's egress CIDRs may open (default none: tenants reach public addresses only)")
 	s.Int(&t.MaxNamespaces, "max-namespaces-per-company", "KUBECLIP_MAX_NAMESPACES_PER_COMPANY", policy.DefaultMaxNamespacesPerCompany,
 		"how many tenant namespaces one company may claim")
+
+	// Bounds on company knobs and tenant resources (issue 15 items 9, 10; docs/boundary/policy.md).
+	s.String(&t.RuntimeClasses, "runtime-classes", "KUBECLIP_RUNTIME_CLASSES", "",
+		"comma-separated runtimeClassName values a company's config may choose (default none: a company cannot opt out of --default-runtime-class)")
+	s.String(&t.DefaultRuntimeClass, "default-runtime-class", "KUBECLIP_DEFAULT_RUNTIME_CLASS", "",
+		"runtime class of every tenant pod whose config names none, such as gvisor or kata (default none: the cluster's default runtime)")
+	s.String(&t.ServiceAccountAnnotationKeys, "service-account-annotation-keys", "KUBECLIP_SERVICE_ACCOUNT_ANNOTATION_KEYS", "",
+		"comma-separated serviceAccountAnnotations keys a company may set on its tenant's ServiceAccount, such as eks.amazonaws.com/role-arn (default none)")
+	s.String(&t.ImageAllowList, "image-allow-list", "KUBECLIP_IMAGE_ALLOW_LIST", "",
+		"comma-separated image globs every tenant image must match, whatever a company's imageAllowList says (default none: the company's list alone; set it where nodes pull with their own registry credentials)")
+	s.String(&t.PreloadedImages, "preloaded-images", "KUBECLIP_PRELOADED_IMAGES", strings.Join(policy.DefaultPreloadedImages, ","),
+		"comma-separated image globs the nodes hold without a registry: tenant containers run them IfNotPresent, every other tenant image is pulled Always")
+	s.String(&t.TenantQuota, "tenant-quota", "KUBECLIP_TENANT_QUOTA", policy.FormatResourceList(policy.DefaultTenantQuota()),
+		"every tenant namespace's ResourceQuota, as name=quantity pairs separated by commas")
 }
 
 // Operator returns the policy the settings describe; errors name the flag.
@@ -49,10 +71,22 @@ func (t Tenancy) Operator(s *config.Set) (policy.Operator, error) {
 		AdapterEnvKeys:          splitList(t.AdapterEnvKeys),
 		MaxNamespacesPerCompany: t.MaxNamespaces,
 		PrivateEgressCIDRs:      splitList(t.PrivateEgressCIDRs),
+
+		RuntimeClasses:               splitList(t.RuntimeClasses),
+		DefaultRuntimeClass:          strings.TrimSpace(t.DefaultRuntimeClass),
+		ServiceAccountAnnotationKeys: splitList(t.ServiceAccountAnnotationKeys),
+		ImageAllowList:               splitList(t.ImageAllowList),
+		PreloadedImages:              splitList(t.PreloadedImages),
 	}
+	quota, err := policy.ParseResourceList(t.TenantQuota)
+	if err != nil {
+		return policy.Operator{}, fmt.Errorf("%s: %w", s.Names("tenant-quota"), err)
+	}
+	op.TenantQuota = quota
 	if err := op.Validate(); err != nil {
-		return policy.Operator{}, fmt.Errorf("%s, %s, %s, %s: %w",
-			s.Names("namespace-prefixes"), s.Names("adapter-env-keys"), s.Names("max-namespaces-per-company"), s.Names("private-egress-cidrs"), err)
+		return policy.Operator{}, fmt.Errorf("%s, %s, %s, %s, %s, %s, %s, %s: %w",
+			s.Names("namespace-prefixes"), s.Names("adapter-env-keys"), s.Names("max-namespaces-per-company"), s.Names("private-egress-cidrs"),
+			s.Names("runtime-classes"), s.Names("default-runtime-class"), s.Names("service-account-annotation-keys"), s.Names("tenant-quota"), err)
 	}
 	return op, nil
 }

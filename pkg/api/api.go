@@ -69,10 +69,7 @@ func Validate(raw json.RawMessage, op policy.Operator) ValidateReply {
 	op = op.WithDefaults()
 	cfg, err := policy.ParseConfig(raw)
 	if err == nil {
-		err = op.CheckAdapterEnv(cfg)
-	}
-	if err == nil {
-		err = op.CheckEgress(cfg)
+		err = op.CheckConfig(cfg)
 	}
 	if err == nil {
 		slug := cfg.CompanySlug
@@ -84,8 +81,11 @@ func Validate(raw json.RawMessage, op policy.Operator) ValidateReply {
 	if err == nil {
 		var adapter policy.AdapterDefaults
 		if adapter, err = cfg.Adapter(cfg.AdapterType); err == nil {
-			if _, ierr := policy.ResolveImage("", adapter, cfg); ierr != nil {
-				err = &policy.ValidationError{Errors: []policy.FieldError{{Field: "imageAllowList", Message: ierr.Error()}}}
+			if _, ierr := op.ResolveImage("", adapter, cfg); ierr != nil {
+				err = ierr
+				if ine := (*policy.ImageNotAllowedError)(nil); errors.As(ierr, &ine) {
+					err = &policy.ValidationError{Errors: []policy.FieldError{{Field: ine.Field, Message: ierr.Error()}}}
+				}
 			}
 		}
 	}

@@ -64,7 +64,7 @@ func TestValidateOverNATS(t *testing.T) {
 		{name: "a prefix the operator did not allow", request: `{"config":{"namespacePrefix":"kube-","companySlug":"system"}}`,
 			wantErrors: []api.FieldError{{Field: "config.namespacePrefix", Message: `"kube-" is not a namespace prefix this kubeclip installation allows (allowed: paperclip-)`}}},
 		{name: "an env key the operator does not hand out", request: `{"config":{"adapterType":"a","adapters":[{"adapterType":"a","runtimeImage":"r/a:1","envKeys":["KUBECLIP_NATS_PASSWORD"]}]}}`,
-			wantErrors: []api.FieldError{{Field: "config.adapters[0].envKeys[0]", Message: `"KUBECLIP_NATS_PASSWORD" is not an adapter key this kubeclip installation hands out (the built-in adapters' keys)`}}},
+			wantErrors: []api.FieldError{{Field: "config.adapters[0].envKeys[0]", Message: `"KUBECLIP_NATS_PASSWORD" is not a key of adapter "a" (its own: none)`}}},
 		{name: "odd key name", request: `{"config":{"a b":1}}`, wantErrors: []api.FieldError{{Field: `config["a b"]`, Message: "unknown field"}}},
 		{name: "no config", request: `{"cfg":{}}`, wantErrors: []api.FieldError{{Field: "config", Message: "the request must be an object with a config object"}}},
 		{name: "duplicate key", request: `{"config":{},"config":{"inCluster":true}}`, wantErrors: []api.FieldError{{Field: "config", Message: "duplicate key"}}},

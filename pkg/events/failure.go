@@ -8,6 +8,8 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
+
+	"github.com/kubeclip/kubeclip/pkg/strictjson"
 )
 
 // EventPublisher is the part of Publisher PublishFailure needs.
@@ -49,17 +51,27 @@ func FailureRef(m jetstream.Msg) (RunRef, LeaseKind) {
 	t := strings.Split(subject, ".")
 	switch {
 	case len(t) == 4 && t[1] == "lease":
-		var ids struct {
-			RunID json.RawMessage `json:"runId"`
-		}
-		if len(m.Data()) > DefaultMaxMsgSize || json.Unmarshal(m.Data(), &ids) != nil {
-			return RunRef{CompanyID: t[2]}, LeaseKind(t[3])
-		}
-		return RunRef{CompanyID: t[2], RunID: jsonString(ids.RunID)}, LeaseKind(t[3])
+		return RunRef{CompanyID: t[2], RunID: requestRunID(m.Data())}, LeaseKind(t[3])
 	case len(t) == 4 && t[0] == "kubeclip" && t[1] == "dispatch":
 		return RunRef{CompanyID: t[2], RunID: t[3]}, LeaseAcquire
 	}
 	return RunRef{}, ""
+}
+
+// requestRunID reads a lease request's runId the way the request decoders do (strictjson): a
+// key given twice or spelled in another case names no run, because encoding/json would pick one
+// of them silently and the failure could then be reported to a run the request was never about.
+func requestRunID(data []byte) string {
+	var ids struct {
+		RunID json.RawMessage `json:"runId"`
+	}
+	if len(data) > DefaultMaxMsgSize ||
+		strictjson.CheckKeys(data, "") != nil ||
+		strictjson.CheckFields(data, &ids, "") != nil ||
+		json.Unmarshal(data, &ids) != nil {
+		return ""
+	}
+	return jsonString(ids.RunID)
 }
 
 func jsonString(raw json.RawMessage) string {

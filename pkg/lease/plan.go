@@ -39,14 +39,13 @@ func New(req events.AcquireRequest, now time.Time, op policy.Operator) (Plan, er
 	if err != nil {
 		return Plan{}, fieldError(events.CodeInvalidConfig, "config.", err)
 	}
-	// Adapter keys come from the worker's environment: only the ones the operator hands out.
-	if err := op.CheckAdapterEnv(cfg); err != nil {
+	// The operator's bounds: adapter keys (from the worker's environment) only the adapter's
+	// own, egress only to the public internet, runtime class and ServiceAccount annotations only
+	// as the operator allows.
+	if err := op.CheckConfig(cfg); err != nil {
 		return Plan{}, fieldError(events.CodeInvalidConfig, "config.", err)
 	}
-	// Egress reaches the public internet, never the installation's own networks.
-	if err := op.CheckEgress(cfg); err != nil {
-		return Plan{}, fieldError(events.CodeInvalidConfig, "config.", err)
-	}
+	cfg.RuntimeClassName = op.RuntimeClass(cfg)
 	adapterType, err := policy.ResolveRunAdapterType(req.AdapterType, cfg)
 	if err != nil {
 		return Plan{}, adapterError(err)
@@ -55,9 +54,9 @@ func New(req events.AcquireRequest, now time.Time, op policy.Operator) (Plan, er
 	if err != nil {
 		return Plan{}, adapterError(err)
 	}
-	image, err := policy.ResolveImage("", adapter, cfg)
+	image, err := op.ResolveImage("", adapter, cfg)
 	if err != nil {
-		return Plan{}, events.Terminal(events.CodeImageNotAllowed, "config.imageAllowList", err)
+		return Plan{}, imageError(err)
 	}
 	ns, err := policy.TenantNamespace(cfg, req.CompanyID)
 	if err != nil {
@@ -124,7 +123,10 @@ func (p Plan) RunSpec(workloadName string) policy.RunSpec {
 		Namespace:    p.Namespace,
 		WorkloadName: workloadName,
 		Image:        p.Image,
-		Config:       p.Config,
+		// Pulled every time unless the nodes hold it preloaded: the registry then checks this
+		// pod's credentials, not another company's that brought the image to the node.
+		ImagePullPolicy: p.Operator.PullPolicy(p.Image),
+		Config:          p.Config,
 	}
 	if p.Deadline != nil {
 		secs := p.Deadline.ActiveDeadlineSeconds
@@ -157,6 +159,16 @@ func fieldError(code events.Code, prefix string, err error) error {
 	first := prefix + ve.Errors[0].Field
 	msg := strings.TrimPrefix(strings.Join(parts, "; "), first+": ")
 	return events.Terminal(code, first, errors.New(msg))
+}
+
+// imageError names the config field that chose a refused image: imageAllowList when the
+// company's own list refused it, else where the image came from.
+func imageError(err error) error {
+	var ine *policy.ImageNotAllowedError
+	if errors.As(err, &ine) {
+		return events.Terminal(events.CodeImageNotAllowed, "config."+ine.Field, err)
+	}
+	return fieldError(events.CodeInvalidConfig, "config.", err)
 }
 
 func adapterError(err error) error {

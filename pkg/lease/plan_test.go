@@ -2,11 +2,13 @@ package lease_test
 
 import (
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	corev1 "k8s.io/api/core/v1"
 
 	"github.com/kubeclip/kubeclip/pkg/events"
 	"github.com/kubeclip/kubeclip/pkg/lease"
@@ -220,7 +222,7 @@ func TestNewRefuses(t *testing.T) {
 		{
 			name: "envKeys naming the worker's NATS password",
 			mod: func(r *events.AcquireRequest) {
-				r.Config = json.RawMessage(`{"adapterType":"mine","adapters":[{"adapterType":"mine","runtimeImage":"reg.example.com/mine:v1","envKeys":["ANTHROPIC_API_KEY","KUBECLIP_NATS_PASSWORD"]}]}`)
+				r.Config = json.RawMessage(`{"adapters":[{"adapterType":"claude_local","runtimeImage":"reg.example.com/mine:v1","envKeys":["ANTHROPIC_API_KEY","KUBECLIP_NATS_PASSWORD"]}]}`)
 			},
 			wantCode: events.CodeInvalidConfig, wantField: "config.adapters[0].envKeys[1]",
 		},
@@ -245,6 +247,65 @@ func TestNewRefuses(t *testing.T) {
 			},
 			wantCode: events.CodeImageNotAllowed, wantField: "config.imageAllowList",
 		},
+		// Issue 15 item 9: a company's knobs stay inside the operator's bounds.
+		{
+			name:     "a runtime class the operator did not allow",
+			mod:      func(r *events.AcquireRequest) { r.Config = json.RawMessage(`{"runtimeClassName":"runc"}`) },
+			wantCode: events.CodeInvalidConfig, wantField: "config.runtimeClassName",
+		},
+		{
+			name: "a cloud identity annotation the operator did not allow",
+			mod: func(r *events.AcquireRequest) {
+				r.Config = json.RawMessage(`{"serviceAccountAnnotations":{"eks.amazonaws.com/role-arn":"arn:aws:iam::1:role/other-company"}}`)
+			},
+			wantCode: events.CodeInvalidConfig, wantField: `config.serviceAccountAnnotations["eks.amazonaws.com/role-arn"]`,
+		},
+		// Issue 15 item 18: bad input from the hostile-request corpus.
+		{
+			name: "an invalid image reference",
+			mod: func(r *events.AcquireRequest) {
+				r.Config = json.RawMessage(`{"adapterType":"mine","adapters":[{"adapterType":"mine","runtimeImage":"UPPER/Case@sha256:zz"}]}`)
+			},
+			wantCode: events.CodeInvalidConfig, wantField: "config.adapters[0].runtimeImage",
+		},
+		{
+			name: "40,000 egress FQDNs",
+			mod: func(r *events.AcquireRequest) {
+				fqdns := make([]string, 40000)
+				for i := range fqdns {
+					fqdns[i] = fmt.Sprintf("h%d.example.com", i)
+				}
+				cfg, _ := json.Marshal(map[string]any{"egressAllowFqdns": fqdns})
+				r.Config = cfg
+			},
+			wantCode: events.CodeInvalidConfig, wantField: "config.egressAllowFqdns",
+		},
+		{
+			name: "a custom adapter naming another adapter's key",
+			mod: func(r *events.AcquireRequest) {
+				r.Config = json.RawMessage(`{"adapterType":"mine","adapters":[{"adapterType":"mine","runtimeImage":"reg.example.com/mine:v1","envKeys":["ANTHROPIC_API_KEY","OPENAI_API_KEY"]}]}`)
+			},
+			wantCode: events.CodeInvalidConfig, wantField: "config.adapters[0].envKeys[0]",
+		},
+		{
+			name: "a built-in adapter naming another built-in's key",
+			mod: func(r *events.AcquireRequest) {
+				r.Config = json.RawMessage(`{"adapters":[{"adapterType":"claude_local","runtimeImage":"reg.example.com/claude:v1","envKeys":["ANTHROPIC_API_KEY","OPENAI_API_KEY"]}]}`)
+			},
+			wantCode: events.CodeInvalidConfig, wantField: "config.adapters[0].envKeys[1]",
+		},
+		{
+			name: "an egress grant of 40,000 FQDNs",
+			mod: func(r *events.AcquireRequest) {
+				fqdns := make([]string, 40000)
+				for i := range fqdns {
+					fqdns[i] = fmt.Sprintf("h%d.example.com", i)
+				}
+				ews, _ := json.Marshal(map[string]any{"networkEgress": map[string]any{"allowFqdns": fqdns}})
+				r.ExecutionWorkspaceSettings = ews
+			},
+			wantCode: events.CodeInvalidRequest, wantField: "executionWorkspaceSettings.networkEgress.allowFqdns",
+		},
 		{
 			name: "a deadline that overflows TTLs",
 			mod: func(r *events.AcquireRequest) {
@@ -264,7 +325,7 @@ func TestNewRefuses(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			plan, err := lease.New(acquire(tc.mod), now, testOperator)
 			if err == nil {
-				t.Fatalf("New() = %+v, want an error", plan)
+				t.Fatalf("New() planned image %s in %s, want an error", plan.Image, plan.Namespace)
 			}
 			te, ok := events.AsTerminal(err)
 			if !ok {
@@ -405,7 +466,7 @@ func TestNewPlans(t *testing.T) {
 			wantSpec := policy.RunSpec{
 				RunID: req.RunID, CompanyID: req.CompanyID, AgentID: req.AgentID, IssueID: req.IssueID,
 				AdapterType: tc.wantAdapter, Namespace: tc.wantNamespace, WorkloadName: "pc-01jabcdefghjkmnpqrstvwxyz0",
-				Image: tc.wantImage, Config: plan.Config, ActiveDeadlineSeconds: wantSecs,
+				Image: tc.wantImage, ImagePullPolicy: corev1.PullAlways, Config: plan.Config, ActiveDeadlineSeconds: wantSecs,
 			}
 			if diff := cmp.Diff(wantSpec, spec); diff != "" {
 				t.Errorf("RunSpec() (-want +got):\n%s", diff)

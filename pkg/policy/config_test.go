@@ -167,6 +167,7 @@ const (
 	msgBuiltinTypes = "claude_local, codex_local, cursor_local, gemini_local, opencode_local, pi_local"
 	msgDNSNameRule  = ": want labels of letters, digits and '-' separated by '.', at most 253 characters"
 	msgQuantity     = "must be a Kubernetes quantity such as 500m or 1Gi, got "
+	msgImageRef     = "must be an image reference such as ghcr.io/org/image:tag or ghcr.io/org/image@sha256:<64 hex digits>: invalid reference format"
 )
 
 func TestParseConfigValidation(t *testing.T) {
@@ -301,7 +302,7 @@ func TestParseConfigValidation(t *testing.T) {
 		{"adapter enabled type", `{"adapters": [{"adapterType": "claude_local", "runtimeImage": "x", "enabled": "yes"}]}`,
 			[]policy.FieldError{{"adapters[0].enabled", "expected a boolean, got string"}}},
 		{"adapter image whitespace", `{"adapters": [{"adapterType": "claude_local", "runtimeImage": "ghcr.io/x y:1"}]}`,
-			[]policy.FieldError{{"adapters[0].runtimeImage", "must be an image reference without whitespace"}}},
+			[]policy.FieldError{{"adapters[0].runtimeImage", msgImageRef}}},
 		{"adapter probeCommand type", `{"adapters": [{"adapterType": "claude_local", "runtimeImage": "x", "probeCommand": "claude --version"}]}`,
 			[]policy.FieldError{{"adapters[0].probeCommand", "expected an array of strings, got string"}}},
 		// Paperclip server selector.
@@ -310,6 +311,9 @@ func TestParseConfigValidation(t *testing.T) {
 		{"server label value", `{"paperclipServerPodLabels": {"app": "paperclip server"}}`, []policy.FieldError{{`paperclipServerPodLabels["app"]`, msgLabelValue}}},
 		{"server label key", `{"paperclipServerPodLabels": {"bad key!": "x"}}`, []policy.FieldError{{`paperclipServerPodLabels["bad key!"]`, "must be a valid label key: " + msgQualified}}},
 		{"server labels type", `{"paperclipServerPodLabels": "app=x"}`, []policy.FieldError{{"paperclipServerPodLabels", "expected an object of strings, got string"}}},
+		// Issue 15 item 15: an empty selector would admit every pod of the server's namespace.
+		{"server labels empty", `{"paperclipServerPodLabels": {}}`, []policy.FieldError{{"paperclipServerPodLabels",
+			`must select the Paperclip server's pods with at least one label: an empty selector would let tenant pods reach every pod of namespace "paperclip" on port 3100`}}},
 		// Several problems at once are all reported, in field order.
 		{"several", `{"egressAllowCidrs": ["1.2.3.4/33", "10.0.0.0/8", "300.0.0.0/8"], "egressMode": "x", "podActivityDeadlineSec": 0}`, []policy.FieldError{
 			{"egressAllowCidrs[0]", `invalid IPv4 CIDR "1.2.3.4/33": prefix length 33 is out of range 0-32`},

@@ -94,6 +94,9 @@ func grantList(obj map[string]any, key string, errs *fieldErrors, check func(str
 		errs.add(path, "expected an array of strings, got "+jsonKind(v))
 		return out
 	}
+	if !withinBound(errs, path, len(arr), MaxEgressEntries) {
+		return out
+	}
 	for i, ev := range arr {
 		s, ok := ev.(string)
 		if !ok {

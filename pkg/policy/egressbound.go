@@ -96,6 +96,64 @@ func clusterFQDN(name string) string {
 	return ""
 }
 
+// globalIPv6 is the IPv6 space of the public internet (global unicast). Everything outside it
+// (loopback, IPv4-mapped and NAT64 addresses, unique-local, link-local, multicast) leads into a
+// host, a cluster or a cloud, as the IPv4 ranges of reservedIPv4 do.
+var globalIPv6 = netip.MustParsePrefix("2000::/3")
+
+// EgressDenyCIDRs is the address space a tenant pod may never reach through an FQDN: every
+// private or reserved IPv4 range except those the operator opened (PrivateEgressCIDRs), and all
+// IPv6 outside global unicast. The ranges are disjoint and cover exactly that space, without
+// except lists: Cilium denies the excepted addresses of a deny rule too (cilium/cilium#20914).
+//
+// Why a deny list: a toFQDNs rule allows whatever addresses the name resolves to, and a company
+// owns names it can point at 10.0.0.1 or 169.254.169.254. Cilium has no except for FQDN rules,
+// but its deny rules take precedence over every allow rule, and a CIDR selector selects the
+// addresses an FQDN rule learned (their identities carry the enclosing prefixes' cidr labels).
+func (o Operator) EgressDenyCIDRs() []string {
+	var allowed []netip.Prefix
+	for _, c := range o.PrivateEgressCIDRs {
+		if p, err := netip.ParsePrefix(c); err == nil {
+			allowed = append(allowed, p.Masked())
+		}
+	}
+	var out []string
+	for _, r := range reservedIPv4 {
+		for _, p := range subtractPrefixes(r, allowed) {
+			out = append(out, p.String())
+		}
+	}
+	for _, p := range subtractPrefixes(netip.MustParsePrefix("::/0"), []netip.Prefix{globalIPv6}) {
+		out = append(out, p.String())
+	}
+	return out
+}
+
+// subtractPrefixes returns the prefixes that cover p except the addresses of holes: p itself
+// when no hole overlaps it, nothing when a hole covers it, else the pieces of its two halves.
+func subtractPrefixes(p netip.Prefix, holes []netip.Prefix) []netip.Prefix {
+	p = p.Masked()
+	overlaps := false
+	for _, h := range holes {
+		if h.Addr().Is4() != p.Addr().Is4() {
+			continue
+		}
+		if h.Bits() <= p.Bits() && h.Contains(p.Addr()) {
+			return nil
+		}
+		overlaps = overlaps || h.Overlaps(p)
+	}
+	if !overlaps {
+		return []netip.Prefix{p}
+	}
+	bits := p.Bits()
+	upper := p.Addr().AsSlice()
+	upper[bits/8] |= 0x80 >> (bits % 8)
+	hi, _ := netip.AddrFromSlice(upper)
+	return append(subtractPrefixes(netip.PrefixFrom(p.Addr(), bits+1), holes),
+		subtractPrefixes(netip.PrefixFrom(hi, bits+1), holes)...)
+}
+
 // checkPrivateEgressCIDRs validates the operator's ranges.
 func checkPrivateEgressCIDRs(cidrs []string) []error {
 	var errs []error

@@ -90,9 +90,18 @@ func (e *AdapterError) Is(target error) bool { return target == ErrUnknownAdapte
 type ImageNotAllowedError struct {
 	Image   string
 	Adapter string
+	// Field is the config field to change: imageAllowList when the company's own list refused
+	// the image, else where the image came from (adapters[i].runtimeImage, imageRegistry,
+	// adapterType).
+	Field string
+	// Operator is the operator's allow list when it, not the company's, refused the image.
+	Operator []string
 }
 
 func (e *ImageNotAllowedError) Error() string {
+	if len(e.Operator) > 0 {
+		return `Image "` + e.Image + `" is not an image this kubeclip installation allows (` + strings.Join(e.Operator, ", ") + `)`
+	}
 	if e.Adapter != "" {
 		return `Image "` + e.Image + `" of adapter ` + e.Adapter + ` (its runtimeImage, after imageRegistry) is not in imageAllowList`
 	}

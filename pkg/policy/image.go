@@ -1,8 +1,12 @@
 package policy
 
 import (
+	"errors"
 	"regexp"
 	"strings"
+
+	"github.com/distribution/reference"
+	"github.com/opencontainers/go-digest"
 )
 
 // GlobMatch matches an image reference against an allowlist glob (image-allowlist.ts): `*`
@@ -34,21 +38,80 @@ func GlobMatch(pattern, value string) bool {
 // through its adapters' runtimeImage or imageRegistry while its allowlist said otherwise. Here a
 // non-empty imageAllowList binds the image the run will actually use, whichever way it was
 // chosen.
-func ResolveImage(override string, defaults AdapterDefaults, cfg Config) (string, error) {
-	if override != "" {
-		if !allowed(override, cfg.ImageAllowList) {
-			return "", &ImageNotAllowedError{Image: override}
+//
+// The company's imageAllowList is its own; the operator's (Operator.ImageAllowList) binds it
+// too, so the effective list is their intersection: the image must match both (an empty list
+// binds nothing). The image must also be a valid reference (the distribution grammar), or the
+// error is a *ValidationError naming the config field it came from.
+func (o Operator) ResolveImage(override string, defaults AdapterDefaults, cfg Config) (string, error) {
+	image, field := override, "image"
+	if override == "" {
+		image, field = defaults.RuntimeImage, imageSource(defaults.AdapterType, cfg)
+		if cfg.ImageRegistry != "" {
+			image, field = RewriteRegistry(image, cfg.ImageRegistry), "imageRegistry"
 		}
-		return override, nil
 	}
-	image := defaults.RuntimeImage
-	if cfg.ImageRegistry != "" {
-		image = RewriteRegistry(image, cfg.ImageRegistry)
+	if msg := checkImageReference(image); msg != "" {
+		var errs fieldErrors
+		errs.add(field, msg)
+		return "", errs.err()
 	}
-	if len(cfg.ImageAllowList) > 0 && !allowed(image, cfg.ImageAllowList) {
-		return "", &ImageNotAllowedError{Image: image, Adapter: defaults.AdapterType}
+	if (override != "" || len(cfg.ImageAllowList) > 0) && !allowed(image, cfg.ImageAllowList) {
+		e := &ImageNotAllowedError{Image: image, Field: "imageAllowList"}
+		if override == "" {
+			e.Adapter = defaults.AdapterType
+		}
+		return "", e
+	}
+	if len(o.ImageAllowList) > 0 && !allowed(image, o.ImageAllowList) {
+		return "", &ImageNotAllowedError{Image: image, Adapter: defaults.AdapterType, Field: field, Operator: o.ImageAllowList}
 	}
 	return image, nil
+}
+
+// imageSource names the config field an adapter's image comes from: its registry entry's
+// runtimeImage, or adapterType for a built-in.
+func imageSource(adapterType string, cfg Config) string {
+	for i, a := range cfg.Adapters {
+		if a.AdapterType == adapterType {
+			return indexPath("adapters", i) + ".runtimeImage"
+		}
+	}
+	return "adapterType"
+}
+
+// checkImageReference says why ref is not an image reference a kubelet can pull (the
+// distribution reference grammar: lowercase repository path, optional tag, optional digest of a
+// known algorithm), "" when it is. The reason names the broken part, never echoing the value.
+func checkImageReference(ref string) string {
+	const rule = "must be an image reference such as ghcr.io/org/image:tag or ghcr.io/org/image@sha256:<64 hex digits>"
+	if ref == "" {
+		return "required"
+	}
+	name, _, _ := strings.Cut(ref, "@")
+	if i := strings.LastIndexByte(name, ':'); i > strings.LastIndexByte(name, '/') {
+		name = name[:i]
+	}
+	if strings.ToLower(name) != name {
+		// The library reports this with the value in its text; say it without.
+		return rule + ": " + reference.ErrNameContainsUppercase.Error()
+	}
+	_, err := reference.ParseNormalizedNamed(ref)
+	if err == nil {
+		return ""
+	}
+	for _, known := range []error{
+		reference.ErrNameContainsUppercase, reference.ErrNameTooLong, reference.ErrNameEmpty,
+		reference.ErrTagInvalidFormat, reference.ErrDigestInvalidFormat,
+	} {
+		if errors.Is(err, known) {
+			return rule + ": " + known.Error()
+		}
+	}
+	if errors.Is(err, digest.ErrDigestInvalidLength) || errors.Is(err, digest.ErrDigestUnsupported) || errors.Is(err, digest.ErrDigestInvalidFormat) {
+		return rule + ": invalid digest"
+	}
+	return rule + ": invalid reference format"
 }
 
 func allowed(image string, globs []string) bool {

@@ -2,6 +2,8 @@ package policy_test
 
 import (
 	"errors"
+	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/kubeclip/kubeclip/pkg/policy"
@@ -81,8 +83,15 @@ func TestResolveImage(t *testing.T) {
 	allowing.ImageRegistry = "registry.example.com"
 	allowingRuntime := allowing
 	allowingRuntime.ImageAllowList = []string{"registry.example.com/agent-runtime-*:v1"}
+	// Issue 15 item 9: the operator's list binds every company's (their intersection).
+	operator := policy.Operator{ImageAllowList: []string{"ghcr.io/paperclipai/*", "kubeclip.local/*"}}
+	companyNarrows := policy.DefaultConfig()
+	companyNarrows.ImageAllowList = []string{"ghcr.io/paperclipai/agent-runtime-codex:*"}
+	companyWidens := policy.DefaultConfig()
+	companyWidens.ImageAllowList = []string{"docker.io/evil/*"}
 	tests := []struct {
 		name     string
+		op       policy.Operator
 		override string
 		cfg      policy.Config
 		want     string
@@ -97,10 +106,17 @@ func TestResolveImage(t *testing.T) {
 		{name: "rewritten runtime image outside allowlist", cfg: allowing, wantErr: `Image "registry.example.com/agent-runtime-claude:v1" of adapter claude_local (its runtimeImage, after imageRegistry) is not in imageAllowList`},
 		{name: "runtime image inside allowlist", cfg: allowingRuntime, want: "registry.example.com/agent-runtime-claude:v1"},
 		{name: "empty allowlist allows no override", override: "kubeclip.local/agent-stub:dev", cfg: plain, wantErr: `Image override "kubeclip.local/agent-stub:dev" is not in allowlist`},
+		{name: "operator list allows the built-in image", op: operator, cfg: plain, want: "ghcr.io/paperclipai/agent-runtime-claude:v1"},
+		{name: "operator list refuses a mirror it does not name", op: operator, cfg: mirrored,
+			wantErr: `Image "registry.example.com/mirror/agent-runtime-claude:v1" is not an image this kubeclip installation allows (ghcr.io/paperclipai/*, kubeclip.local/*)`},
+		{name: "company list narrows the operator's", op: operator, cfg: companyNarrows,
+			wantErr: `Image "ghcr.io/paperclipai/agent-runtime-claude:v1" of adapter claude_local (its runtimeImage, after imageRegistry) is not in imageAllowList`},
+		{name: "company list cannot widen the operator's", op: operator, override: "docker.io/evil/agent:v1", cfg: companyWidens,
+			wantErr: `Image "docker.io/evil/agent:v1" is not an image this kubeclip installation allows (ghcr.io/paperclipai/*, kubeclip.local/*)`},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := policy.ResolveImage(tc.override, claude, tc.cfg)
+			got, err := tc.op.ResolveImage(tc.override, claude, tc.cfg)
 			if tc.wantErr != "" {
 				var ierr *policy.ImageNotAllowedError
 				if !errors.Is(err, policy.ErrImageNotAllowed) || !errors.As(err, &ierr) || err.Error() != tc.wantErr {
@@ -115,5 +131,45 @@ func TestResolveImage(t *testing.T) {
 				t.Errorf("ResolveImage = %q, %v; want %q", got, err, tc.want)
 			}
 		})
+	}
+}
+
+// Issue 15 item 18: an invalid image reference (UPPER/Case@sha256:zz) reached a Job. Every
+// image a run may use is a reference in the distribution grammar, or the config field it came
+// from is named.
+func TestImageReferences(t *testing.T) {
+	for _, ref := range []string{
+		"busybox", "kubeclip.local/agent-stub:dev", "ghcr.io/paperclipai/agent-runtime-claude:v1",
+		"registry.example.com:5000/a/b/c:1.2_3", "ghcr.io/x/y@sha256:" + strings.Repeat("ab", 32),
+		"ghcr.io/x/y:v1@sha256:" + strings.Repeat("0f", 32),
+	} {
+		cfg := mustConfig(t, `{"adapterType":"x","adapters":[{"adapterType":"x","runtimeImage":`+strconv.Quote(ref)+`}]}`)
+		if _, err := (policy.Operator{}).ResolveImage("", mustAdapter(t, cfg, "x"), cfg); err != nil {
+			t.Errorf("%s: %v", ref, err)
+		}
+	}
+	for ref, reason := range map[string]string{
+		"UPPER/Case@sha256:zz":                       "repository name must be lowercase",
+		"upper/case@sha256:zz":                       "invalid reference format",
+		"ghcr.io/Org/image:v1":                       "repository name must be lowercase",
+		"ghcr.io/x/y@sha256:abc":                     "invalid reference format",
+		"ghcr.io/x/y@md5:" + strings.Repeat("a", 32): "invalid digest",
+		"ghcr.io/x/y:" + strings.Repeat("t", 129):    "invalid reference format",
+		"ghcr.io/x y:v1":                             "invalid reference format",
+		"ghcr.io/x/y:v1:v2":                          "invalid reference format",
+	} {
+		_, err := policy.ParseConfig([]byte(`{"adapterType":"x","adapters":[{"adapterType":"x","runtimeImage":` + strconv.Quote(ref) + `}]}`))
+		var ve *policy.ValidationError
+		if !errors.As(err, &ve) || ve.Errors[0].Field != "adapters[0].runtimeImage" || !strings.HasSuffix(ve.Errors[0].Message, reason) {
+			t.Errorf("%s: error %v, want adapters[0].runtimeImage: ...%s", ref, err, reason)
+		}
+	}
+	// A registry that turns a valid image into an invalid one is named, not the image.
+	cfg := policy.DefaultConfig()
+	cfg.ImageRegistry = "registry.example.com/Mirror"
+	_, err := (policy.Operator{}).ResolveImage("", mustAdapter(t, cfg, "claude_local"), cfg)
+	var ve *policy.ValidationError
+	if !errors.As(err, &ve) || ve.Errors[0].Field != "imageRegistry" {
+		t.Errorf("rewritten into an invalid reference: %v, want a ValidationError naming imageRegistry", err)
 	}
 }

@@ -182,7 +182,7 @@ func TestRunSpecValidate(t *testing.T) {
 		{name: "namespace bad", mutate: func(s *policy.RunSpec) { s.Namespace = "Tenant" }, want: []policy.FieldError{{"namespace", msgDNSLabel}}},
 		{name: "workload bad", mutate: func(s *policy.RunSpec) { s.WorkloadName = "pc.x" }, want: []policy.FieldError{{"workloadName", msgDNSLabel}}},
 		{name: "image missing", mutate: func(s *policy.RunSpec) { s.Image = "" }, want: []policy.FieldError{{"image", "required"}}},
-		{name: "image whitespace", mutate: func(s *policy.RunSpec) { s.Image = "x :1" }, want: []policy.FieldError{{"image", "must be an image reference without whitespace"}}},
+		{name: "image whitespace", mutate: func(s *policy.RunSpec) { s.Image = "x :1" }, want: []policy.FieldError{{"image", msgImageRef}}},
 		{name: "pull policy", mutate: func(s *policy.RunSpec) { s.ImagePullPolicy = "Sometimes" }, want: []policy.FieldError{{"imagePullPolicy", `must be one of Always, IfNotPresent, Never, got "Sometimes"`}}},
 		{name: "deadline", mutate: func(s *policy.RunSpec) { zero := int64(0); s.ActiveDeadlineSeconds = &zero }, want: []policy.FieldError{{"activeDeadlineSeconds", "must be > 0"}}},
 	}

@@ -39,6 +39,8 @@ type egressInput struct {
 	serverNS    string
 	serverPods  map[string]string
 	owner       *metav1.OwnerReference
+	// denyCIDRs are ranges a Cilium policy denies outright (Operator.EgressDenyCIDRs).
+	denyCIDRs []string
 }
 
 func managedByLabels() map[string]string {
@@ -136,7 +138,10 @@ func egressNetworkPolicy(in egressInput) *networkingv1.NetworkPolicy {
 
 // ciliumPolicy renders the cilium-mode egress policy (cilium.io/v2 CiliumNetworkPolicy):
 // kube-dns with DNS inspection, the FQDNs on TCP 443, the Paperclip server on TCP 3100, and
-// the CIDRs (any port), in that order.
+// the CIDRs (any port), in that order; then, as egressDeny, the denied ranges. The deny rule
+// binds every policy that selects the same pods (deny wins over allow in Cilium), the run's
+// scoped egress policies included, and it does not touch the kube-dns and server rules: CIDR
+// selectors never select the cluster's own endpoints.
 //
 // Deviation: a "*.example.com" FQDN is rendered as toFQDNs matchPattern; upstream put every
 // FQDN in matchName, whose schema rejects '*'.
@@ -199,6 +204,13 @@ func ciliumPolicy(in egressInput) *unstructured.Unstructured {
 			"egress":           egress,
 		},
 	}}
+	if len(in.denyCIDRs) > 0 {
+		set := make([]any, 0, len(in.denyCIDRs))
+		for _, c := range in.denyCIDRs {
+			set = append(set, map[string]any{"cidr": c})
+		}
+		u.Object["spec"].(map[string]any)["egressDeny"] = []any{map[string]any{"toCIDRSet": set}}
+	}
 	if in.owner != nil {
 		u.SetOwnerReferences([]metav1.OwnerReference{*in.owner})
 	}

@@ -3,8 +3,13 @@ package policy
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/util/validation"
 )
 
 // Operator is what the installation's operator decides for every company, through worker
@@ -38,6 +43,111 @@ type Operator struct {
 	// (a corporate network, say). By default none: tenant pods reach public addresses only,
 	// never the cluster's pods, Services, nodes or the cloud's metadata service.
 	PrivateEgressCIDRs []string
+
+	// The operator's bounds on a company's isolation knobs and on what one tenant may use
+	// (issue 15 items 9 and 10); docs/boundary/policy.md lists each with its flag.
+
+	// RuntimeClasses are the runtimeClassName values a company's config may choose (default
+	// none). DefaultRuntimeClass is the runtime class of every tenant pod whose config names
+	// none (default none: the cluster's default runtime); it is always allowed.
+	RuntimeClasses      []string
+	DefaultRuntimeClass string
+	// ServiceAccountAnnotationKeys are the serviceAccountAnnotations keys a company may set on
+	// its tenant's ServiceAccount, such as eks.amazonaws.com/role-arn (default none: a cloud
+	// identity is the operator's to hand out).
+	ServiceAccountAnnotationKeys []string
+	// ImageAllowList are image globs (GlobMatch) every tenant image must match, whatever the
+	// company's own imageAllowList says; empty leaves images to the company's list.
+	ImageAllowList []string
+	// PreloadedImages are image globs the nodes hold without a registry (images loaded into the
+	// container runtime): tenant containers run them IfNotPresent. Every other tenant image is
+	// pulled Always, so the registry checks the pod's own credentials.
+	PreloadedImages []string
+	// TenantQuota is every tenant's ResourceQuota (default DefaultTenantQuota).
+	TenantQuota corev1.ResourceList
+}
+
+// DefaultTenantQuota is a tenant's ResourceQuota when the operator sets none: 20 pods, 10/20
+// CPUs and 20Gi/40Gi of memory requested/limited (as before issue 15), and 20Gi/240Gi of local
+// storage, so the pod count stays the binding bound (20 agent pods of
+// AgentEphemeralStorageRequest/AgentEphemeralStorageLimit each).
+func DefaultTenantQuota() corev1.ResourceList {
+	return corev1.ResourceList{
+		corev1.ResourcePods:                     resource.MustParse("20"),
+		corev1.ResourceRequestsCPU:              resource.MustParse("10"),
+		corev1.ResourceRequestsMemory:           resource.MustParse("20Gi"),
+		corev1.ResourceLimitsCPU:                resource.MustParse("20"),
+		corev1.ResourceLimitsMemory:             resource.MustParse("40Gi"),
+		corev1.ResourceRequestsEphemeralStorage: resource.MustParse("20Gi"),
+		corev1.ResourceLimitsEphemeralStorage:   resource.MustParse("240Gi"),
+	}
+}
+
+// DefaultPreloadedImages are the images of the project's local cluster (hack/cluster), which
+// it loads into the node rather than a registry; no production registry is named kubeclip.local.
+var DefaultPreloadedImages = []string{"kubeclip.local/*"}
+
+func (o Operator) tenantQuota() corev1.ResourceList {
+	if len(o.TenantQuota) == 0 {
+		return DefaultTenantQuota()
+	}
+	return o.TenantQuota.DeepCopy()
+}
+
+// PullPolicy is the pull policy of a tenant container running image: IfNotPresent for an image
+// the nodes hold preloaded, Always for every other.
+func (o Operator) PullPolicy(image string) corev1.PullPolicy {
+	if allowed(image, o.PreloadedImages) {
+		return corev1.PullIfNotPresent
+	}
+	return corev1.PullAlways
+}
+
+// RuntimeClass is the runtime class of cfg's pods: the config's own, or the operator's default.
+// CheckConfig has checked the config's own is allowed.
+func (o Operator) RuntimeClass(cfg Config) string {
+	if cfg.RuntimeClassName != "" {
+		return cfg.RuntimeClassName
+	}
+	return o.DefaultRuntimeClass
+}
+
+// ParseResourceList reads "name=quantity,name=quantity" (the --tenant-quota form).
+func ParseResourceList(s string) (corev1.ResourceList, error) {
+	out := corev1.ResourceList{}
+	for _, item := range strings.Split(s, ",") {
+		item = strings.TrimSpace(item)
+		if item == "" {
+			continue
+		}
+		name, value, ok := strings.Cut(item, "=")
+		if !ok {
+			return nil, fmt.Errorf("%q: want name=quantity", item)
+		}
+		name = strings.TrimSpace(name)
+		if len(validation.IsQualifiedName(name)) > 0 {
+			return nil, fmt.Errorf("%q is not a resource name", name)
+		}
+		q, err := resource.ParseQuantity(strings.TrimSpace(value))
+		if err != nil || q.Sign() < 0 {
+			return nil, fmt.Errorf("%s=%q: want a non-negative quantity such as 20 or 40Gi", name, value)
+		}
+		if _, dup := out[corev1.ResourceName(name)]; dup {
+			return nil, fmt.Errorf("%s is given twice", name)
+		}
+		out[corev1.ResourceName(name)] = q
+	}
+	return out, nil
+}
+
+// FormatResourceList writes l in ParseResourceList's form, names sorted.
+func FormatResourceList(l corev1.ResourceList) string {
+	parts := make([]string, 0, len(l))
+	for _, name := range slices.Sorted(maps.Keys(l)) {
+		q := l[name]
+		parts = append(parts, string(name)+"="+q.String())
+	}
+	return strings.Join(parts, ",")
 }
 
 // DefaultKubeclipNamespace is the namespace the kustomize base deploys kubeclip into.
@@ -68,6 +178,9 @@ func (o Operator) WithDefaults() Operator {
 	if o.KubeclipNamespace == "" {
 		o.KubeclipNamespace = def.KubeclipNamespace
 	}
+	if len(o.TenantQuota) == 0 {
+		o.TenantQuota = DefaultTenantQuota()
+	}
 	return o
 }
 
@@ -90,6 +203,21 @@ func (o Operator) Validate() error {
 		}
 	}
 	errs = append(errs, checkPrivateEgressCIDRs(o.PrivateEgressCIDRs)...)
+	for _, rc := range append(slices.Clone(o.RuntimeClasses), o.DefaultRuntimeClass) {
+		if msg := checkDNSSubdomain(rc); rc != "" && msg != "" {
+			errs = append(errs, fmt.Errorf("runtime class %q %s", rc, msg))
+		}
+	}
+	for _, k := range o.ServiceAccountAnnotationKeys {
+		if msg := checkAnnotationKey(k); msg != "" {
+			errs = append(errs, fmt.Errorf("service account annotation key %q %s", k, msg))
+		}
+	}
+	if lim, ok := o.TenantQuota[corev1.ResourceLimitsEphemeralStorage]; ok {
+		if agent := resource.MustParse(AgentEphemeralStorageLimit); lim.Cmp(agent) < 0 {
+			errs = append(errs, fmt.Errorf("tenant quota limits.ephemeral-storage %s is below one agent pod's %s: no run could start", lim.String(), agent.String()))
+		}
+	}
 	if o.MaxNamespacesPerCompany < 1 {
 		errs = append(errs, errors.New("the namespace cap per company must be at least 1"))
 	}
@@ -115,15 +243,67 @@ func (o Operator) CheckNamespace(cfg Config, ns string) error {
 	return errs.err()
 }
 
-// CheckAdapterEnv reports envKeys naming a variable the operator did not allow and defaultEnv
-// keys that would override what kubeclip or the runtime sets, naming each field.
+// CheckConfig applies the operator's bounds to a company's config, reporting every problem in
+// a *ValidationError naming its field: adapter keys (CheckAdapterEnv), egress (CheckEgress),
+// and the isolation knobs a company may not move past the operator: its runtime class and its
+// ServiceAccount's annotations.
+func (o Operator) CheckConfig(cfg Config) error {
+	var errs fieldErrors
+	for _, err := range []error{o.CheckAdapterEnv(cfg), o.CheckEgress(cfg), o.checkKnobs(cfg)} {
+		var ve *ValidationError
+		if errors.As(err, &ve) {
+			errs = append(errs, ve.Errors...)
+		}
+	}
+	return errs.err()
+}
+
+func (o Operator) checkKnobs(cfg Config) error {
+	var errs fieldErrors
+	if rc := cfg.RuntimeClassName; rc != "" && rc != o.DefaultRuntimeClass && !slices.Contains(o.RuntimeClasses, rc) {
+		errs.add("runtimeClassName", fmt.Sprintf("%s is not a runtime class this kubeclip installation allows (allowed: %s)",
+			quoteShort(rc), listOrNone(o.allowedRuntimeClasses())))
+	}
+	for _, k := range sortedKeys(cfg.ServiceAccountAnnotations) {
+		if !slices.Contains(o.ServiceAccountAnnotationKeys, k) {
+			// Never the value: it names a cloud identity.
+			errs.add(keyPath("serviceAccountAnnotations", k), fmt.Sprintf("is not a ServiceAccount annotation this kubeclip installation allows (allowed: %s)",
+				listOrNone(o.ServiceAccountAnnotationKeys)))
+		}
+	}
+	return errs.err()
+}
+
+func (o Operator) allowedRuntimeClasses() []string {
+	out := slices.Clone(o.RuntimeClasses)
+	if o.DefaultRuntimeClass != "" && !slices.Contains(out, o.DefaultRuntimeClass) {
+		out = append([]string{o.DefaultRuntimeClass}, out...)
+	}
+	return out
+}
+
+func listOrNone(l []string) string {
+	if len(l) == 0 {
+		return "none"
+	}
+	return strings.Join(l, ", ")
+}
+
+// CheckAdapterEnv reports envKeys naming a variable the adapter may not have and defaultEnv keys
+// that would override what kubeclip or the runtime sets, naming each field.
+//
+// An adapter's own keys are the API keys of the built-in adapter of its type (claude_local:
+// ANTHROPIC_API_KEY), whether it is the built-in or a registry entry of that type, plus the keys
+// the operator hands out to every adapter (AdapterEnvKeys). A custom adapter type has only the
+// operator's: naming a built-in adapter's key would copy the operator's secret for another
+// adapter into its pods.
 func (o Operator) CheckAdapterEnv(cfg Config) error {
 	var errs fieldErrors
 	for i, a := range cfg.Adapters {
 		for j, k := range a.EnvKeys {
-			if !o.adapterEnvAllowed(k) {
+			if !o.adapterEnvAllowed(a.AdapterType, k) {
 				errs.add(fmt.Sprintf("adapters[%d].envKeys[%d]", i, j),
-					fmt.Sprintf("%s is not an adapter key this kubeclip installation hands out (the built-in adapters' keys%s)", quoteShort(k), o.extraKeysNote()))
+					fmt.Sprintf("%s is not a key of adapter %s (its own: %s)", quoteShort(k), quoteShort(a.AdapterType), listOrNone(o.adapterKeys(a.AdapterType))))
 			}
 		}
 		for _, k := range sortedKeys(a.DefaultEnv) {
@@ -135,23 +315,20 @@ func (o Operator) CheckAdapterEnv(cfg Config) error {
 	return errs.err()
 }
 
-func (o Operator) adapterEnvAllowed(key string) bool {
-	if slices.Contains(o.AdapterEnvKeys, key) {
-		return true
-	}
-	for _, a := range builtinAdapters {
-		if slices.Contains(a.EnvKeys, key) {
-			return true
-		}
-	}
-	return false
+func (o Operator) adapterEnvAllowed(adapterType, key string) bool {
+	return slices.Contains(o.adapterKeys(adapterType), key)
 }
 
-func (o Operator) extraKeysNote() string {
-	if len(o.AdapterEnvKeys) == 0 {
-		return ""
+// adapterKeys are the keys an adapter of adapterType may name: its built-in's, then the
+// operator's.
+func (o Operator) adapterKeys(adapterType string) []string {
+	keys := slices.Clone(builtinAdapters[adapterType].EnvKeys)
+	for _, k := range o.AdapterEnvKeys {
+		if !slices.Contains(keys, k) {
+			keys = append(keys, k)
+		}
 	}
-	return " and " + strings.Join(o.AdapterEnvKeys, ", ")
+	return keys
 }
 
 // isSystemNamespace reports Kubernetes' own namespaces: default and every kube-* one.

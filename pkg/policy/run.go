@@ -42,7 +42,8 @@ type RunSpec struct {
 	WorkloadName string
 	// Image is the resolved image (ResolveImage).
 	Image string
-	// ImagePullPolicy defaults to IfNotPresent.
+	// ImagePullPolicy of the agent container defaults to Always (Operator.PullPolicy says when
+	// a cached copy may be used instead).
 	ImagePullPolicy corev1.PullPolicy
 	// Config must have passed Validate (ParseConfig does that).
 	Config Config
@@ -74,11 +75,8 @@ func (s RunSpec) Validate() error {
 	if msg := checkDNSLabel(s.WorkloadName); msg != "" {
 		errs.add("workloadName", msg)
 	}
-	switch {
-	case s.Image == "":
-		errs.add("image", "required")
-	case firstSpace(s.Image) >= 0:
-		errs.add("image", "must be an image reference without whitespace")
+	if msg := checkImageReference(s.Image); msg != "" {
+		errs.add("image", msg)
 	}
 	switch s.ImagePullPolicy {
 	case "", corev1.PullAlways, corev1.PullIfNotPresent, corev1.PullNever:
@@ -88,19 +86,12 @@ func (s RunSpec) Validate() error {
 	if s.ActiveDeadlineSeconds != nil && *s.ActiveDeadlineSeconds <= 0 {
 		errs.add("activeDeadlineSeconds", "must be > 0")
 	}
-	if firstSpace(s.SandboxdImage) >= 0 {
-		errs.add("sandboxdImage", "must be an image reference without whitespace")
-	}
-	return errs.err()
-}
-
-func firstSpace(s string) int {
-	for i, r := range s {
-		if isSpace(r) {
-			return i
+	if s.SandboxdImage != "" {
+		if msg := checkImageReference(s.SandboxdImage); msg != "" {
+			errs.add("sandboxdImage", msg)
 		}
 	}
-	return -1
+	return errs.err()
 }
 
 // Container names, paths and commands of the agent pod (pod-spec-builder.ts,
@@ -118,16 +109,33 @@ var jobCommand = []string{"/usr/bin/tini", "--", "/usr/local/bin/paperclip-agent
 //
 // Deviation: upstream replaces requests or limits wholesale, so {limits: {cpu: "1"}} dropped the
 // memory limit; kubeclip overrides field by field and keeps the default memory.
+//
+// Local storage is not the company's to choose: the agent asks for AgentEphemeralStorageRequest
+// and is bounded by AgentEphemeralStorageLimit, which the kubelet counts against everything the
+// pod writes locally (its emptyDirs, its logs, its writable layer) and evicts the pod beyond.
 func (c Config) ContainerResources() corev1.ResourceRequirements {
 	var reqs, lims *ResourceList
 	if c.DefaultResources != nil {
 		reqs, lims = c.DefaultResources.Requests, c.DefaultResources.Limits
 	}
-	return corev1.ResourceRequirements{
+	out := corev1.ResourceRequirements{
 		Requests: mergedResources(defaultRequests, reqs),
 		Limits:   mergedResources(defaultLimits, lims),
 	}
+	out.Requests[corev1.ResourceEphemeralStorage] = resource.MustParse(AgentEphemeralStorageRequest)
+	out.Limits[corev1.ResourceEphemeralStorage] = resource.MustParse(AgentEphemeralStorageLimit)
+	return out
 }
+
+// Local storage of a tenant pod (issue 15 item 10). The limit is the sum of the agent pod's
+// emptyDir sizes (workspace 8Gi, home 1Gi, cache 1Gi, tmp 2Gi): a pod may fill each of them, not
+// more than all of them together (an exec pod's sandboxd directory shares the same bound). The
+// request is what the scheduler reserves on the node; a pod using more than it is the first a
+// node short of disk evicts.
+const (
+	AgentEphemeralStorageRequest = "1Gi"
+	AgentEphemeralStorageLimit   = "12Gi"
+)
 
 func mergedResources(def ResourceList, over *ResourceList) corev1.ResourceList {
 	out := cpuMem(def)
@@ -160,7 +168,10 @@ func (s RunSpec) podTemplate() corev1.PodTemplateSpec {
 	podLabels[LabelRole] = RoleAgent
 	pull := s.ImagePullPolicy
 	if pull == "" {
-		pull = corev1.PullIfNotPresent
+		// A tenant's image is pulled every time, so the registry checks this pod's
+		// credentials: IfNotPresent would run another company's private image cached on the
+		// node without them.
+		pull = corev1.PullAlways
 	}
 	spec := corev1.PodSpec{
 		ServiceAccountName:           TenantServiceAccount,

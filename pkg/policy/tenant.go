@@ -81,6 +81,11 @@ func RenderTenant(cfg Config, companyID string, op Operator, adapters ...Adapter
 	if err := cfg.Validate(); err != nil {
 		return Tenant{}, err
 	}
+	// The ServiceAccount's annotations (cloud identities) are the operator's to allow; checked
+	// here too, where they are rendered, whoever called.
+	if err := op.checkKnobs(cfg); err != nil {
+		return Tenant{}, err
+	}
 	ns, err := TenantNamespace(cfg, companyID)
 	if err != nil {
 		return Tenant{}, err
@@ -112,23 +117,17 @@ func RenderTenant(cfg Config, companyID string, op Operator, adapters ...Adapter
 		ResourceQuota: &corev1.ResourceQuota{
 			TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "ResourceQuota"},
 			ObjectMeta: metav1.ObjectMeta{Name: TenantResourceQuota, Namespace: ns, Labels: managedByLabels()},
-			Spec: corev1.ResourceQuotaSpec{Hard: corev1.ResourceList{
-				corev1.ResourcePods:           resource.MustParse("20"),
-				corev1.ResourceRequestsCPU:    resource.MustParse("10"),
-				corev1.ResourceRequestsMemory: resource.MustParse("20Gi"),
-				corev1.ResourceLimitsCPU:      resource.MustParse("20"),
-				corev1.ResourceLimitsMemory:   resource.MustParse("40Gi"),
-			}},
+			Spec:       corev1.ResourceQuotaSpec{Hard: op.tenantQuota()},
 		},
 		LimitRange: &corev1.LimitRange{
 			TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "LimitRange"},
 			ObjectMeta: metav1.ObjectMeta{Name: TenantLimitRange, Namespace: ns, Labels: managedByLabels()},
 			Spec: corev1.LimitRangeSpec{Limits: []corev1.LimitRangeItem{{
 				Type:           corev1.LimitTypeContainer,
-				Max:            cpuMem(limitRangeMax),
+				Max:            withEphemeralStorage(cpuMem(limitRangeMax), AgentEphemeralStorageLimit),
 				Min:            cpuMem(limitRangeMin),
-				Default:        cpuMem(limitRangeDef),
-				DefaultRequest: cpuMem(limitRangeDefRq),
+				Default:        withEphemeralStorage(cpuMem(limitRangeDef), limitRangeDefEphemeral),
+				DefaultRequest: withEphemeralStorage(cpuMem(limitRangeDefRq), limitRangeDefRqEphemeral),
 			}}},
 		},
 		DenyAll:         denyAllPolicy(ns),
@@ -150,6 +149,7 @@ func RenderTenant(cfg Config, companyID string, op Operator, adapters ...Adapter
 		includeBase: true,
 		serverNS:    cfg.PaperclipServerNamespace,
 		serverPods:  cfg.PaperclipServerPodLabels,
+		denyCIDRs:   op.EgressDenyCIDRs(),
 	}
 	if cfg.EgressMode == EgressCilium {
 		in.name = EgressFQDNPolicyName
@@ -224,6 +224,19 @@ func (t Tenant) Stale() []ObjectRef {
 		return []ObjectRef{{GVK: NetworkPolicyGVK, GVR: NetworkPolicyGVR, Namespace: ns, Name: EgressAllowPolicyName}}
 	}
 	return []ObjectRef{{GVK: CiliumNetworkPolicyGVK, GVR: CiliumNetworkPolicyGVR, Namespace: ns, Name: EgressFQDNPolicyName}}
+}
+
+// The LimitRange's local storage for a container that names none (sandboxd's init container,
+// which copies one binary): the tenant quota counts ephemeral storage, so every container must
+// ask for some, and none may write without bound.
+const (
+	limitRangeDefEphemeral   = "1Gi"
+	limitRangeDefRqEphemeral = "64Mi"
+)
+
+func withEphemeralStorage(l corev1.ResourceList, q string) corev1.ResourceList {
+	l[corev1.ResourceEphemeralStorage] = resource.MustParse(q)
+	return l
 }
 
 func cpuMem(r ResourceList) corev1.ResourceList {

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/kubeclip/kubeclip/pkg/policy"
@@ -33,11 +34,20 @@ func mustAdapter(t *testing.T, cfg policy.Config, typ string) policy.AdapterDefa
 
 func mustTenant(t *testing.T, cfg policy.Config, adapters ...policy.AdapterDefaults) policy.Tenant {
 	t.Helper()
-	ten, err := policy.RenderTenant(cfg, testCompanyID, policy.DefaultOperator(), adapters...)
+	ten, err := policy.RenderTenant(cfg, testCompanyID, testOperator(), adapters...)
 	if err != nil {
 		t.Fatalf("RenderTenant: %v", err)
 	}
 	return ten
+}
+
+// testOperator allows what the golden configs use: the EKS identity annotation and a private
+// range the cilium golden opens (so its deny rule shows the split around it).
+func testOperator() policy.Operator {
+	op := policy.DefaultOperator()
+	op.ServiceAccountAnnotationKeys = []string{"eks.amazonaws.com/role-arn"}
+	op.PrivateEgressCIDRs = []string{"10.20.0.0/16"}
+	return op
 }
 
 func TestTenantGolden(t *testing.T) {
@@ -170,8 +180,18 @@ func TestTenantHash(t *testing.T) {
 		}},
 		{"annotation", func() policy.Tenant {
 			c := std
-			c.ServiceAccountAnnotations = map[string]string{"a": "b"}
+			c.ServiceAccountAnnotations = map[string]string{"eks.amazonaws.com/role-arn": "b"}
 			return mustTenant(t, c, claude)
+		}},
+		{"quota from the operator", func() policy.Tenant {
+			op := testOperator()
+			op.TenantQuota = policy.DefaultTenantQuota()
+			op.TenantQuota[corev1.ResourcePods] = resource.MustParse("5")
+			ten, err := policy.RenderTenant(std, testCompanyID, op, claude)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return ten
 		}},
 		{"other company", func() policy.Tenant {
 			ten, err := policy.RenderTenant(std, "other-company", policy.DefaultOperator(), claude)

@@ -54,20 +54,21 @@ func (c Config) Validate() error {
 	}
 
 	// imageAllowList: any string is a glob (parity with zod).
+	withinBound(&errs, "imageAllowList", len(c.ImageAllowList), MaxImageAllowList)
 
-	for i, s := range c.ImagePullSecrets {
+	for i, s := range boundedList(&errs, "imagePullSecrets", c.ImagePullSecrets, MaxSmallMap) {
 		// Deviation: Kubernetes requires a Secret name (DNS-1123 subdomain); zod takes any string.
 		if msg := checkDNSSubdomain(s); msg != "" {
 			errs.add(indexPath("imagePullSecrets", i), msg)
 		}
 	}
-	for i, s := range c.EgressAllowFqdns {
+	for i, s := range boundedList(&errs, "egressAllowFqdns", c.EgressAllowFqdns, MaxEgressEntries) {
 		// Deviation: zod takes any string; Cilium rejects names that are not DNS names.
 		if msg := checkFQDN(s); msg != "" {
 			errs.add(indexPath("egressAllowFqdns", i), msg)
 		}
 	}
-	for i, s := range c.EgressAllowCidrs {
+	for i, s := range boundedList(&errs, "egressAllowCidrs", c.EgressAllowCidrs, MaxEgressEntries) {
 		// Deviation: a real IPv4 CIDR check (zod's regex takes 999.1.1.1/99); see checkIPv4CIDR.
 		if msg := checkIPv4CIDR(s); msg != "" {
 			errs.add(indexPath("egressAllowCidrs", i), msg)
@@ -88,7 +89,7 @@ func (c Config) Validate() error {
 	}
 
 	total := 0
-	for _, k := range sortedKeys(c.ServiceAccountAnnotations) {
+	for _, k := range boundedKeys(&errs, "serviceAccountAnnotations", c.ServiceAccountAnnotations, MaxSmallMap) {
 		total += len(k) + len(c.ServiceAccountAnnotations[k])
 		// Deviation: Kubernetes validates annotation keys as qualified names (case-insensitively).
 		if msg := checkAnnotationKey(k); msg != "" {
@@ -111,7 +112,9 @@ func (c Config) Validate() error {
 	}
 
 	c.validateAdapterType(&errs)
-	validateAdapterEntries(c.Adapters, &errs)
+	if withinBound(&errs, "adapters", len(c.Adapters), MaxAdapters) {
+		validateAdapterEntries(c.Adapters, &errs)
+	}
 
 	if c.Backend != BackendSandboxCR && c.Backend != BackendJob && c.Backend != BackendPod {
 		// Deviation: "pod" is kubeclip's own exec-capable lease (docs/exec.md).
@@ -121,7 +124,13 @@ func (c Config) Validate() error {
 	if msg := checkDNSLabel(c.PaperclipServerNamespace); msg != "" {
 		errs.add("paperclipServerNamespace", msg)
 	}
-	for _, k := range sortedKeys(c.PaperclipServerPodLabels) {
+	if len(c.PaperclipServerPodLabels) == 0 {
+		// Deviation: an empty label selector selects every pod, so the egress rule for the
+		// server's callback port would open it on every pod of that namespace.
+		errs.add("paperclipServerPodLabels", fmt.Sprintf("must select the Paperclip server's pods with at least one label: an empty selector would let tenant pods reach every pod of namespace %s on port %d",
+			quoteShort(c.PaperclipServerNamespace), paperclipServerPort))
+	}
+	for _, k := range boundedKeys(&errs, "paperclipServerPodLabels", c.PaperclipServerPodLabels, MaxSmallMap) {
 		if msg := checkLabelKey(k); msg != "" {
 			errs.add(keyPath("paperclipServerPodLabels", k), msg)
 		} else if msg := checkLabelValue(c.PaperclipServerPodLabels[k]); msg != "" {
@@ -254,20 +263,24 @@ func validateAdapterEntries(entries []AdapterEntry, errs *fieldErrors) {
 				seen[e.AdapterType] = i
 			}
 		}
-		if e.RuntimeImage != "" && strings.IndexFunc(e.RuntimeImage, isSpace) >= 0 {
-			errs.add(p+".runtimeImage", "must be an image reference without whitespace")
+		if e.RuntimeImage != "" {
+			// Deviation: upstream takes any string; the kubelet would fail to pull it later.
+			if msg := checkImageReference(e.RuntimeImage); msg != "" {
+				errs.add(p+".runtimeImage", msg)
+			}
 		}
-		for j, k := range e.EnvKeys {
+		for j, k := range boundedList(errs, p+".envKeys", e.EnvKeys, MaxAdapterEntries) {
 			if msg := checkEnvKey(k); msg != "" {
 				errs.add(indexPath(p+".envKeys", j), msg)
 			}
 		}
-		for j, f := range e.AllowFqdns {
+		boundedList(errs, p+".probeCommand", e.ProbeCommand, MaxAdapterEntries)
+		for j, f := range boundedList(errs, p+".allowFqdns", e.AllowFqdns, MaxAdapterEntries) {
 			if msg := checkFQDN(f); msg != "" {
 				errs.add(indexPath(p+".allowFqdns", j), msg)
 			}
 		}
-		for _, k := range sortedKeys(e.DefaultEnv) {
+		for _, k := range boundedKeys(errs, p+".defaultEnv", e.DefaultEnv, MaxDefaultEnv) {
 			// Only the key is checked and named; the value may be a secret.
 			if msg := checkEnvKey(k); msg != "" {
 				errs.add(keyPath(p+".defaultEnv", k), msg)
@@ -486,6 +499,23 @@ func checkRegistry(s string) string {
 		}
 	}
 	return ""
+}
+
+// boundedList is l when it fits max, else nothing (the bound's error added): its entries are
+// not worth checking one by one.
+func boundedList(errs *fieldErrors, field string, l []string, max int) []string {
+	if !withinBound(errs, field, len(l), max) {
+		return nil
+	}
+	return l
+}
+
+// boundedKeys is boundedList for a map's keys, sorted.
+func boundedKeys(errs *fieldErrors, field string, m map[string]string, max int) []string {
+	if !withinBound(errs, field, len(m), max) {
+		return nil
+	}
+	return sortedKeys(m)
 }
 
 func sortedKeys(m map[string]string) []string {

@@ -102,7 +102,8 @@ func startPipeline(ctx context.Context, kubeconfig, workerLog string, stats *opS
 // benchOperator is the installation policy of the bench's workers: the bench's namespace
 // prefix is the one its tenants may use.
 func benchOperator() policy.Operator {
-	return policy.Operator{NamespacePrefixes: []string{namespacePrefix}}
+	// The bench's images are loaded into the node, not a registry: they must not be pulled.
+	return policy.Operator{NamespacePrefixes: []string{namespacePrefix}, PreloadedImages: policy.DefaultPreloadedImages}
 }
 
 // workerDefaults returns the common settings exactly as a binary started without flags or

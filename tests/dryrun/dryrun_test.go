@@ -179,13 +179,16 @@ func TestRenderedObjectsPassServerDryRun(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	standard, err := policy.RenderTenant(cfg, companyID, policy.DefaultOperator(), adapter)
+	// The operator allows the config's ServiceAccount annotation (default: none).
+	op := policy.DefaultOperator()
+	op.ServiceAccountAnnotationKeys = []string{"example.com/owner"}
+	standard, err := policy.RenderTenant(cfg, companyID, op, adapter)
 	if err != nil {
 		t.Fatalf("RenderTenant: %v", err)
 	}
 	ciliumCfg := cfg
 	ciliumCfg.EgressMode = policy.EgressCilium
-	cilium, err := policy.RenderTenant(ciliumCfg, companyID, policy.DefaultOperator(), adapter)
+	cilium, err := policy.RenderTenant(ciliumCfg, companyID, op, adapter)
 	if err != nil {
 		t.Fatalf("RenderTenant (cilium): %v", err)
 	}
