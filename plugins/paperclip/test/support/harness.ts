@@ -24,10 +24,13 @@ export interface Env {
   close(): Promise<void>;
 }
 
-/** A NATS server with JetStream, the fake kubeclip and one exec replica. */
-export async function startEnv(): Promise<Env> {
-  const server = await startNatsServer();
-  const nc = await connect({ servers: server.url });
+/**
+ * A NATS server with JetStream, the fake kubeclip and one exec replica. With config (a
+ * nats-server config), the fakes connect as `admin` (password `admin`), which it must define.
+ */
+export async function startEnv(config?: string): Promise<Env> {
+  const server = await startNatsServer(config);
+  const nc = await connect({ servers: server.url, ...(config !== undefined ? { user: "admin", pass: "admin" } : {}) });
   const kubeclip = await FakeKubeclip.start(nc);
   const sandbox = new FakeSandbox();
   const replicas = [new FakeExecReplica(nc, sandbox, "ew-a")];
@@ -87,6 +90,8 @@ export async function harnessed(options: PluginOptions = { exec: { silenceMs: 50
     },
   });
   await d.setup(harness.ctx);
+  // As Paperclip does at start: the stored settings, instance-wide (validateConfig reads these).
+  if (settings) await d.onConfigChanged?.(settings, { companyId: null });
   return {
     plugin,
     harness,
