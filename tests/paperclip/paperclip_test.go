@@ -1,11 +1,13 @@
 package paperclip
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
+	"os"
 	"regexp"
 	"slices"
 	"strings"
@@ -55,12 +57,12 @@ func providerConfig(backend string) map[string]any {
 	}
 }
 
-// environmentConfig is a whole environment config: kubeclip's NATS (the suite's JetStream
-// server), the provider config, and Paperclip's streamRunLogs: false (live output through the
-// plugin's execute.log) unless tailLogs asks for Paperclip's default (tail polling).
+// environmentConfig is a whole environment config: the provider config and Paperclip's
+// streamRunLogs: false (live output through the plugin's execute.log) unless tailLogs asks for
+// Paperclip's default (tail polling). kubeclip's NATS is no part of it: the connection is the
+// plugin settings' (pluginSettings), the operator's.
 func environmentConfig(backend string, tailLogs bool) map[string]any {
 	c := providerConfig(backend)
-	c["natsUrl"] = env.NATS.URL()
 	if !tailLogs {
 		c["streamRunLogs"] = false
 	}
@@ -78,6 +80,8 @@ func TestPaperclip(t *testing.T) {
 	pt.CleanupTenant(t, cs, pc.CompanyID)
 	rep := &report{}
 	t.Cleanup(func() { rep.print(t) })
+	// The operator's settings: kubeclip's NATS (the suite's JetStream server).
+	pc.configurePlugin(t, map[string]any{"natsUrl": env.NATS.URL()})
 
 	t.Run("ProviderIsThePlugin", func(t *testing.T) {
 		var caps struct {
@@ -118,7 +122,6 @@ func TestPaperclip(t *testing.T) {
 			t.Fatalf("kubeclip accepts %s; the test needs a config it refuses", raw)
 		}
 		want := verdict.Errors[0].Field + ": " + verdict.Errors[0].Message
-		bad["natsUrl"] = env.NATS.URL()
 		bad["provider"] = "kubernetes"
 		checkRefused(t, pc, bad, want)
 
@@ -126,9 +129,26 @@ func TestPaperclip(t *testing.T) {
 		job := environmentConfig("job", false)
 		job["provider"] = "kubernetes"
 		checkRefused(t, pc, job, `config.backend: "job" runs the agent as a Job and cannot serve Paperclip's execute calls (a run is ~90 commands in a pod that stays up); use "pod" (any cluster) or "sandbox-cr" (clusters with agent-sandbox)`)
-		dead := environmentConfig("pod", false)
-		dead["provider"], dead["natsUrl"] = "kubernetes", "nats://127.0.0.1:1"
-		checkRefusedLike(t, pc, dead, regexp.MustCompile(`^kubeclip unreachable at nats://127\.0\.0\.1:1: `))
+	})
+
+	// Issue 15 item 1: a company's environment cannot choose where the plugin connects (with
+	// the operator's credentials). Its natsUrl is refused, and the server it names hears nothing.
+	t.Run("EnvironmentConnectionRefused", func(t *testing.T) {
+		lst := startFakeNATS(t)
+		// The operator's settings carry credentials, which must never reach the company's server.
+		pc.configurePlugin(t, map[string]any{"natsUrl": env.NATS.URL(), "natsUser": "paperclip", "natsPassword": "operator-password-7c1d"})
+		defer pc.configurePlugin(t, map[string]any{"natsUrl": env.NATS.URL()})
+		for _, key := range []string{"natsUrl", "subjectPrefix", "inboxPrefix"} {
+			cfg := environmentConfig("pod", false)
+			cfg["provider"] = "kubernetes"
+			cfg[key] = map[string]string{"natsUrl": lst.URL(), "subjectPrefix": "evil", "inboxPrefix": "_INBOX"}[key]
+			checkRefusedLike(t, pc, cfg, regexp.MustCompile(`^config\.`+key+`: connection settings are the operator's: `))
+		}
+		// Nothing connects there, now or a little later.
+		time.Sleep(time.Second)
+		if n, got := lst.seen(); n != 0 || got != "" {
+			t.Errorf("the company's server got %d connections and %q, want none", n, cut(got, 300))
+		}
 	})
 
 	t.Run("ProbeReachesTheWorkers", func(t *testing.T) {
@@ -157,6 +177,11 @@ func TestPaperclip(t *testing.T) {
 	}
 	pc.useEnvironment(t, live.ID)
 
+	// Everything the plugin sends to kubeclip during the first run, to look for Paperclip's
+	// server secrets in it (issue 15 item 2).
+	wireLog := watchWire(t)
+	var cliRun string
+
 	t.Run("HeartbeatRunCLI", func(t *testing.T) {
 		out, err := pc.sh(t.Context(), "cli", "heartbeat", "run", "-a", pc.AgentID, "--timeout-ms", fmt.Sprint(runTimeout.Milliseconds()))
 		if err != nil {
@@ -170,7 +195,80 @@ func TestPaperclip(t *testing.T) {
 		if !strings.Contains(out, "assistant: Done.") {
 			t.Errorf("the CLI's live log lacks the stub's lines:\n%s", lastLines(out, 20))
 		}
+		cliRun = m[1]
 		rep.add(checkRun(t, pc, cs, m[1], runWant{name: "heartbeat run (CLI)", env: live, source: "on_demand", backend: "pod", live: true}))
+	})
+
+	// Issue 15 item 2: Paperclip's host sends its server's own environment with some executes
+	// (its JWT and signing secrets among it); none of it reaches a pod. A pod's commands get
+	// their environment only from the exec requests on kubeclip's NATS: none carries a server
+	// secret, by name or by value, while the agent's own keys arrive.
+	t.Run("NoServerSecretReachesThePod", func(t *testing.T) {
+		if cliRun == "" {
+			t.Fatal("HeartbeatRunCLI's run did not succeed: nothing to check")
+		}
+		_ = wireLog.sub.Unsubscribe()
+		msgs := wireLog.messages()
+		starts, agentEnv := 0, map[string]any{}
+		for _, m := range msgs {
+			for _, v := range serverSecrets {
+				if bytes.Contains(m.Data, []byte(v)) || strings.Contains(fmt.Sprint(m.Header), v) {
+					t.Errorf("a server secret's value went to kubeclip on %s", m.Subject)
+				}
+			}
+			if !strings.HasPrefix(m.Subject, "paperclip.exec.") || !strings.HasSuffix(m.Subject, ".start") || !strings.Contains(m.Subject, cliRun) {
+				continue
+			}
+			starts++
+			var req struct {
+				Env    map[string]any `json:"env"`
+				Record bool           `json:"record"`
+			}
+			if err := json.Unmarshal(m.Data, &req); err != nil {
+				t.Fatalf("exec start on %s: %v", m.Subject, err)
+			}
+			for k := range serverSecrets {
+				if _, ok := req.Env[k]; ok {
+					t.Errorf("exec start on %s carries %s", m.Subject, k)
+				}
+			}
+			if req.Record {
+				agentEnv = req.Env
+			}
+		}
+		if starts < 20 {
+			t.Fatalf("saw %d exec starts of run %s on the wire, want the ~90 of a run", starts, cliRun)
+		}
+		for _, k := range []string{"PAPERCLIP_API_URL", "PAPERCLIP_API_KEY", "PAPERCLIP_RUN_ID", "PAPERCLIP_AGENT_ID", "PAPERCLIP_COMPANY_ID"} {
+			if _, ok := agentEnv[k]; !ok {
+				t.Errorf("the agent command's env lacks %s (has %d keys)", k, len(agentEnv))
+			}
+		}
+		// The host did send them: the plugin dropped them by name (and logged only names).
+		dropped := map[string]bool{}
+		for _, rec := range pc.pluginLog(t, "execute env keys dropped", cliRun) {
+			keys, _ := rec["keys"].([]any)
+			for _, k := range keys {
+				dropped[fmt.Sprint(k)] = true
+			}
+		}
+		t.Logf("run %s: %d exec starts on the wire; the plugin dropped %d distinct env keys Paperclip's host sent", cliRun, starts, len(dropped))
+		for k := range serverSecrets {
+			if !dropped[k] {
+				t.Errorf("the plugin logged no drop of %s: Paperclip's host did not send it this time, so this test proved nothing about it", k)
+			}
+		}
+		data, err := os.ReadFile(pc.LogPath)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(string(data), "\n") {
+			for _, v := range serverSecrets {
+				if strings.Contains(line, "[plugin]") && strings.Contains(line, v) {
+					t.Errorf("a server secret's value is in a plugin log line")
+				}
+			}
+		}
 	})
 
 	t.Run("IssueAssignmentRun", func(t *testing.T) {
@@ -294,6 +392,14 @@ func TestPaperclip(t *testing.T) {
 		pc.useEnvironment(t, tail.ID)
 		defer pc.useEnvironment(t, live.ID)
 		rep.add(checkRun(t, pc, cs, pc.invoke(t), runWant{name: "default streamRunLogs", env: tail, source: "on_demand", backend: "pod"}))
+	})
+
+	// Issue 15 item 5: the plugin worker's peak RSS over every run above, from /proc.
+	t.Cleanup(func() {
+		if pid, peak := pluginWorkerPeakRSS(t); pid != 0 {
+			rep.pluginPeakRSS = peak
+			t.Logf("the plugin worker (pid %d) peak RSS: %d MiB", pid, peak>>20)
+		}
 	})
 
 	t.Run("SandboxCRBackend", func(t *testing.T) {

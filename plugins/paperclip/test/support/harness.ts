@@ -60,7 +60,15 @@ export interface Harnessed {
   shutdown(): Promise<void>;
 }
 
-export async function harnessed(options: PluginOptions = { exec: { silenceMs: 500, graceMs: 2_000 } }, settings?: Record<string, unknown>): Promise<Harnessed> {
+/**
+ * The plugin under the harness. keepLogs false: execute.log chunks are serialised as the SDK's
+ * notification would be and dropped, not kept (a test that measures the process's memory).
+ */
+export async function harnessed(
+  options: PluginOptions = { exec: { silenceMs: 500, graceMs: 2_000 } },
+  settings?: Record<string, unknown>,
+  keepLogs = true,
+): Promise<Harnessed> {
   const plugin = createPlugin(options);
   const d = plugin.definition;
   const need = <T>(h: T | undefined): T => {
@@ -85,7 +93,8 @@ export async function harnessed(options: PluginOptions = { exec: { silenceMs: 50
   Object.defineProperty(harness.ctx, "execution", {
     value: {
       log(stream: "stdout" | "stderr", chunk: string) {
-        logs.push({ stream, chunk });
+        if (keepLogs) logs.push({ stream, chunk });
+        else JSON.stringify({ jsonrpc: "2.0", method: "execute.log", params: { stream, chunk } });
       },
     },
   });
