@@ -49,7 +49,9 @@ ensure_user() {
 
 pc_home() { getent passwd "$PC_USER" | cut -d: -f6; }
 
-# as_user CMD…: run CMD as $PC_USER with the toolchain on PATH and npm's cache in the user's cache.
+# as_user CMD…: run CMD as $PC_USER with the toolchain on PATH and npm's cache in the user's cache,
+# in a clean environment (env -i): nothing of the caller's (a test's KUBECONFIG, its secrets)
+# reaches the server, whose environment Paperclip's host passes to sandboxes in some executes.
 as_user() {
 	local envs=(HOME="$(pc_home)" PATH="$NODE_BIN:/usr/local/bin:/usr/bin:/bin" npm_config_cache="$CACHE/npm"
 		npm_config_update_notifier=false NODE_EXTRA_CA_CERTS=/etc/ssl/certs/ca-certificates.crt
@@ -59,9 +61,9 @@ as_user() {
 		# whenever CI is set (picocolors), as it is in CI.
 		NO_COLOR=1)
 	if [[ $(id -un) == "$PC_USER" ]]; then
-		env "${envs[@]}" "$@"
+		env -i "${envs[@]}" "$@"
 	else
-		runuser -u "$PC_USER" -- env "${envs[@]}" "$@"
+		runuser -u "$PC_USER" -- env -i "${envs[@]}" "$@"
 	fi
 }
 

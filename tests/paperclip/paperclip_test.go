@@ -211,9 +211,9 @@ func TestPaperclip(t *testing.T) {
 		msgs := wireLog.messages()
 		starts, agentEnv := 0, map[string]any{}
 		for _, m := range msgs {
-			for _, v := range serverSecrets {
+			for name, v := range serverSecrets {
 				if bytes.Contains(m.Data, []byte(v)) || strings.Contains(fmt.Sprint(m.Header), v) {
-					t.Errorf("a server secret's value went to kubeclip on %s", m.Subject)
+					t.Errorf("%s's value went to kubeclip on %s%s", name, m.Subject, carriedBy(m.Data, v))
 				}
 			}
 			if !strings.HasPrefix(m.Subject, "paperclip.exec.") || !strings.HasSuffix(m.Subject, ".start") || !strings.Contains(m.Subject, cliRun) {
@@ -728,4 +728,25 @@ func payloadBytes(t *testing.T, evs []events.Received) int {
 		n += len(b)
 	}
 	return n
+}
+
+// carriedBy names the env keys of an exec start request whose values contain v (never v).
+func carriedBy(data []byte, v string) string {
+	var req struct {
+		Env map[string]string `json:"env"`
+	}
+	if json.Unmarshal(data, &req) != nil {
+		return ""
+	}
+	var keys []string
+	for k, val := range req.Env {
+		if strings.Contains(val, v) {
+			keys = append(keys, k)
+		}
+	}
+	slices.Sort(keys)
+	if len(keys) == 0 {
+		return " (not in env)"
+	}
+	return " in env " + strings.Join(keys, ", ")
 }

@@ -167,6 +167,26 @@ describe("exec protocol", () => {
     assert.equal(env.sandbox.startRequests.at(-1)?.maxOutputBytes, 64 << 20, "kubeclip still sends up to the protocol's cap");
   });
 
+  it("keeps the latest bytes however the chunks fall", () => {
+    for (const sizes of [[1], [7], [13, 1, 250], [400], [3, 997, 2]]) {
+      const o = new Output(40); // head 10, tail 30
+      let all = "";
+      let i = 0;
+      for (let round = 0; round < 100; round++) {
+        for (const n of sizes) {
+          const piece = Array.from({ length: n }, () => String.fromCharCode(97 + (i++ % 26))).join("");
+          all += piece;
+          o.add(new TextEncoder().encode(piece));
+        }
+      }
+      const text = o.text();
+      // No line breaks: the head and tail are cut nowhere else.
+      assert.equal(text.slice(0, 10), all.slice(0, 10), String(sizes));
+      assert.equal(text.slice(-30), all.slice(-30), String(sizes));
+      assert.equal(o.dropped, all.length - 40, String(sizes));
+    }
+  });
+
   it("keeps whole lines at the cuts", () => {
     const o = new Output(100);
     for (let i = 0; i < 50; i++) o.add(new TextEncoder().encode(`line ${String(i).padStart(3, "0")}\n`));

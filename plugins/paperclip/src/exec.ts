@@ -180,8 +180,15 @@ class Inbox {
 export class Output {
   private readonly head: Buffer[] = [];
   private headBytes = 0;
+  /** The tail while it fits: chunks as they came. */
   private readonly tail: Buffer[] = [];
   private tailBytes = 0;
+  /**
+   * The tail once it overflowed: one buffer of the tail's size written round (no allocation per
+   * chunk, so a long stream leaves no garbage behind); ringPos is where the oldest byte is.
+   */
+  private ring: Buffer | undefined;
+  private ringPos = 0;
   /** Bytes dropped from the middle. */
   dropped = 0;
   private readonly decoder = new TextDecoder("utf-8");
@@ -195,31 +202,42 @@ export class Output {
   add(data: Uint8Array): string {
     let rest = data;
     const room = this.headCap - this.headBytes;
-    if (room > 0 && this.tail.length === 0) {
+    if (room > 0 && this.tailBytes === 0) {
       const keep = rest.byteLength > room ? rest.subarray(0, room) : rest;
       this.head.push(Buffer.from(keep));
       this.headBytes += keep.byteLength;
       rest = rest.subarray(keep.byteLength);
     }
-    if (rest.byteLength > 0) {
-      this.tail.push(Buffer.from(rest));
-      this.tailBytes += rest.byteLength;
-      while (this.tailBytes > this.tailCap) {
-        const first = this.tail[0];
-        if (!first) break;
-        const over = this.tailBytes - this.tailCap;
-        if (first.byteLength <= over) {
-          this.tail.shift();
-          this.tailBytes -= first.byteLength;
-          this.dropped += first.byteLength;
-        } else {
-          this.tail[0] = first.subarray(over);
-          this.tailBytes -= over;
-          this.dropped += over;
-        }
-      }
-    }
+    if (rest.byteLength > 0) this.addTail(rest);
     return this.decoder.decode(data, { stream: true });
+  }
+  private addTail(data: Uint8Array): void {
+    if (!this.ring) {
+      if (this.tailBytes + data.byteLength <= this.tailCap) {
+        this.tail.push(Buffer.from(data));
+        this.tailBytes += data.byteLength;
+        return;
+      }
+      const all = Buffer.concat([...this.tail, data]);
+      this.ring = Buffer.allocUnsafe(this.tailCap);
+      all.copy(this.ring, 0, all.byteLength - this.tailCap);
+      this.dropped += all.byteLength - this.tailCap;
+      this.ringPos = 0;
+      this.tail.length = 0;
+      this.tailBytes = this.tailCap;
+      return;
+    }
+    let src = data;
+    if (src.byteLength > this.tailCap) {
+      this.dropped += src.byteLength - this.tailCap;
+      src = src.subarray(src.byteLength - this.tailCap);
+    }
+    // Each byte written replaces the oldest one.
+    this.dropped += src.byteLength;
+    const first = Math.min(src.byteLength, this.tailCap - this.ringPos);
+    this.ring.set(src.subarray(0, first), this.ringPos);
+    this.ring.set(src.subarray(first), 0);
+    this.ringPos = (this.ringPos + src.byteLength) % this.tailCap;
   }
   flush(): string {
     return this.decoder.decode();
@@ -227,7 +245,7 @@ export class Output {
   /** Everything held, the dropped middle (if any) replaced by one line saying so. */
   text(): string {
     let head = Buffer.concat(this.head, this.headBytes);
-    let tail = Buffer.concat(this.tail, this.tailBytes);
+    let tail = this.ring ? Buffer.concat([this.ring.subarray(this.ringPos), this.ring.subarray(0, this.ringPos)]) : Buffer.concat(this.tail, this.tailBytes);
     if (this.dropped === 0) return Buffer.concat([head, tail]).toString("utf8");
     // Whole lines only: the head up to its last line break, the tail from its first.
     let cut = 0;
