@@ -256,6 +256,10 @@ accounts: {
   it("validates, acquires, executes and releases as a user that may subscribe only _INBOX_paperclip.>", async () => {
     const v = await h.harness.validateConfig({ driverKey: "kubernetes", config: cfg });
     assert.equal(v.ok, true, JSON.stringify(v));
+    // JetStream's API (stream info) and the ping's replies come to the same inbox.
+    const p = await h.harness.probe({ driverKey: "kubernetes", companyId: C, environmentId: "env-1", config: cfg });
+    assert.ok(!JSON.stringify(p).includes("Permissions Violation"), JSON.stringify(p));
+    assert.ok(Object.keys((p.metadata?.workers as object | undefined) ?? {}).length > 0, JSON.stringify(p));
     const runId = newRun();
     env.sandbox.addLease(C, runId, `pc-${runId.slice(0, 8)}`);
     const lease = await h.harness.acquireLease({ driverKey: "kubernetes", companyId: C, environmentId: "env-1", config: cfg, runId, agentId: "a", adapterType: "claude_local" });
