@@ -147,9 +147,9 @@ export function createPlugin(options: PluginOptions = {}): PaperclipPlugin {
   }
 
   /**
-   * The company a lease hook acts for: Paperclip's (params.companyId, the environment's company,
-   * set by the host). The lease metadata's copy is only checked: a lease of another company is
-   * refused, never acted on.
+   * The company a lease hook acts for: Paperclip's (params.companyId, which the host sets from its
+   * own lease record, `lease.companyId` in environment-runtime.js). The lease metadata's copy is
+   * only checked: a lease of another company is refused, never acted on.
    */
   function companyOf(meta: KubeclipLeaseMetadata, hostCompanyId: string, where: string): string {
     if (!hostCompanyId) throw new Error("companyId: Paperclip sent no company id; refused");
