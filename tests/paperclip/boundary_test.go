@@ -146,3 +146,11 @@ func pluginWorkerPeakRSS(t *testing.T) (int, int64) {
 	}
 	return 0, 0
 }
+
+// resetPeakRSS resets process pid's peak resident set (VmHWM) to its current one.
+func resetPeakRSS(t *testing.T, pid int) {
+	t.Helper()
+	if err := os.WriteFile(filepath.Join("/proc", strconv.Itoa(pid), "clear_refs"), []byte("5"), 0); err != nil {
+		t.Fatalf("resetting the peak RSS of pid %d: %v", pid, err)
+	}
+}

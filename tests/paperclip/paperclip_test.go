@@ -3,6 +3,8 @@ package paperclip
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -269,6 +271,7 @@ func TestPaperclip(t *testing.T) {
 				}
 			}
 		}
+		checkPodEnvironments(t, pc, cliRun)
 	})
 
 	t.Run("IssueAssignmentRun", func(t *testing.T) {
@@ -394,8 +397,12 @@ func TestPaperclip(t *testing.T) {
 		rep.add(checkRun(t, pc, cs, pc.invoke(t), runWant{name: "default streamRunLogs", env: tail, source: "on_demand", backend: "pod"}))
 	})
 
-	// Issue 15 item 5: the plugin worker's peak RSS over every run above, from /proc.
+	// Issue 15 item 5: the plugin worker's peak RSS over every run above, from /proc (taken by
+	// LargeOutputRun before it resets the peak, when it runs).
 	t.Cleanup(func() {
+		if rep.pluginPeakRSS != 0 {
+			return
+		}
 		if pid, peak := pluginWorkerPeakRSS(t); pid != 0 {
 			rep.pluginPeakRSS = peak
 			t.Logf("the plugin worker (pid %d) peak RSS: %d MiB", pid, peak>>20)
@@ -423,6 +430,112 @@ func TestPaperclip(t *testing.T) {
 		defer pc.useEnvironment(t, live.ID)
 		rep.add(checkRun(t, pc, cs, pc.invoke(t), runWant{name: "sandbox-cr backend", env: sbx, source: "on_demand", backend: "sandbox-cr", live: true}))
 	})
+
+	// Issue 15 item 5: an agent command that prints 64 MiB. The plugin holds a bounded part of
+	// it (the head with the init line, the tail with the result) while it streams all of it to
+	// Paperclip's live log; the run completes with the stub's result parsed, and the plugin
+	// worker's peak RSS over this run (its process's VmHWM, reset before) stays bounded.
+	t.Run("LargeOutputRun", func(t *testing.T) {
+		pid, before := pluginWorkerPeakRSS(t)
+		if pid == 0 {
+			t.Fatal("no plugin worker process under Paperclip")
+		}
+		rep.pluginPeakRSS = before
+		resetPeakRSS(t, pid)
+		pc.setAgentEnv(t, map[string]string{"KUBECLIP_STUB_FILLER_BYTES": fmt.Sprint(largeOutput)})
+		defer pc.setAgentEnv(t, map[string]string{"KUBECLIP_STUB_FILLER_BYTES": ""})
+		runID := pc.invoke(t)
+		rec := pc.waitRun(t, runID, runTimeout)
+		if rec.Status != "succeeded" || rec.ExitCode == nil || *rec.ExitCode != 0 {
+			var raw map[string]any
+			pc.must(t, http.MethodGet, "/heartbeat-runs/"+runID, nil, &raw)
+			dbg, _ := json.Marshal(raw)
+			t.Fatalf("run %s: status %s, exit %v, error %v; want succeeded with exit 0\n%s", runID, rec.Status, deref(rec.ExitCode), deref(rec.Error), cut(string(dbg), 6000))
+		}
+		// Paperclip parsed the stub's result line, printed after the 64 MiB (the adapter found it
+		// in the returned stdout's tail) and the session of its init line (in the head).
+		wantSummary := fmt.Sprintf("printed %d bytes of filler and finished", largeOutput)
+		switch {
+		case rec.Result == nil || rec.Result.Subtype != "success" || !strings.Contains(rec.Result.Result, wantSummary):
+			t.Errorf("run %s: Paperclip's result %+v, want the stub's success saying %q", runID, rec.Result, wantSummary)
+		case deref(rec.SessionIDAfter) == "" || rec.Result.SessionID != deref(rec.SessionIDAfter):
+			t.Errorf("run %s: session %q, result's %q; want the stub's init session in both", runID, deref(rec.SessionIDAfter), rec.Result.SessionID)
+		case rec.Usage == nil || rec.Usage.InputTokens == 0 || rec.Usage.CostUSD <= 0:
+			t.Errorf("run %s: usage %+v, want the stub's", runID, rec.Usage)
+		}
+		pid2, peak := pluginWorkerPeakRSS(t)
+		if pid2 != pid {
+			t.Fatalf("the plugin worker is pid %d now, %d before the run: it restarted", pid2, pid)
+		}
+		rep.largeRun = largeRunStats{bytes: largeOutput, peakRSS: peak, wall: wall(rec)}
+		t.Logf("run %s: %d MiB of output in %s; the plugin worker's peak RSS %d MiB over it (%d MiB over the runs before)", runID, largeOutput>>20, wall(rec).Round(time.Second), peak>>20, before>>20)
+		if peak > largeRunRSSBound {
+			t.Errorf("the plugin worker's peak RSS over a %d MiB execute: %d MiB, want at most %d MiB", largeOutput>>20, peak>>20, largeRunRSSBound>>20)
+		}
+		pc.waitIdle(t, runTimeout)
+	})
+}
+
+// largeOutput is the filler LargeOutputRun's agent prints (the stub's KUBECLIP_STUB_FILLER_BYTES):
+// with its other lines, just under the 64 MiB kubeclip sends of one command's output (the plugin's
+// maxOutputBytes, sandboxd's journal cap), so that its result line arrives.
+const largeOutput = 64<<20 - 64<<10
+
+// largeRunRSSBound bounds the plugin worker's peak RSS over LargeOutputRun.
+const largeRunRSSBound = 400 << 20
+
+// checkPodEnvironments checks what the processes in run runID's pod got, as they reported it in
+// Paperclip's run log (tests/images/claude-stub/envdump.go): the agent command's own environment,
+// and the environment of every `sh -c` execute before it (the image's sh wrapper: a company image
+// whose shell dumps its environment). No report names a server secret or carries the hash of
+// its value; the agent has the keys it needs; and the sh reports include Paperclip's probes, the
+// executes the host sends with its server's whole environment (DO_NOT_TRACK is a key only the
+// server's environment has: hack/paperclip/paperclip.sh).
+func checkPodEnvironments(t *testing.T, pc *server, runID string) {
+	t.Helper()
+	reports, err := envReports(stubLines(stdoutChunks(pc.runLog(t, runID))))
+	if err != nil {
+		t.Fatalf("run %s: an environment report: %v", runID, err)
+	}
+	secretOf := map[string]string{} // hex(sha256(value)) → name
+	for name, v := range serverSecrets {
+		sum := sha256.Sum256([]byte(v))
+		secretOf[hex.EncodeToString(sum[:])] = name
+	}
+	var agentKeys []string
+	agents, shells, probes := 0, 0, 0
+	for _, r := range reports {
+		for _, k := range r.Keys {
+			if _, ok := serverSecrets[k]; ok {
+				t.Errorf("run %s: a process in the pod (%s) got %s", runID, r.Source, k)
+			}
+		}
+		for _, kv := range r.SHA256 {
+			if name, ok := secretOf[kv[1]]; ok {
+				t.Errorf("run %s: a process in the pod (%s) got %s's value, as %s", runID, r.Source, name, kv[0])
+			}
+		}
+		switch r.Source {
+		case "claude":
+			agents++
+			agentKeys = r.Keys
+		case "sh":
+			shells++
+			if slices.Contains(r.Keys, "DO_NOT_TRACK") {
+				probes++
+			}
+		}
+	}
+	t.Logf("run %s: %d environment reports from the pod (the agent's %d keys; %d sh environments, %d of them the server's)", runID, len(reports), len(agentKeys), shells, probes)
+	if agents != 1 || probes == 0 {
+		t.Fatalf("run %s: %d reports of the agent, %d sh environments with the server's keys; want the agent's one and Paperclip's probes (is the cluster's sandbox image older than tests/images/claude-stub? hack/cluster/cluster.sh images)", runID, agents, probes)
+	}
+	// What an agent needs: Paperclip's API through the bridge, its run token, the adapter's key.
+	for _, k := range []string{"PAPERCLIP_API_URL", "PAPERCLIP_API_KEY", "PAPERCLIP_RUN_ID", "ANTHROPIC_API_KEY"} {
+		if !slices.Contains(agentKeys, k) {
+			t.Errorf("run %s: the agent command's environment lacks %s (has %v)", runID, k, agentKeys)
+		}
+	}
 }
 
 // checkRefused creates an environment with config and expects Paperclip's 422 with message.
@@ -480,7 +593,7 @@ func checkRun(t *testing.T, pc *server, cs kubernetes.Interface, runID string, w
 	// Paperclip's record holds the session, usage and cost its parser took from the stub's
 	// returned stdout, and they are the stub's own.
 	log := pc.runLog(t, runID)
-	lines := stubLines(stdoutChunks(log))
+	lines := agentLines(stubLines(stdoutChunks(log)))
 	wantKinds := []string{"system/init"}
 	for i := range want.apiCalls + 2 {
 		wantKinds = append(wantKinds, fmt.Sprintf("assistant/msg_stub_%02d", i+1))
@@ -643,7 +756,7 @@ func checkRunStream(t *testing.T, evs []events.Received, lease leaseRecord, rele
 		}
 		// The same lines: each is told by its kind and the stub's timestamp (Paperclip redacts
 		// some values, such as apiKeySource, in what it logs).
-		recorded := stubLines(out)
+		recorded := agentLines(stubLines(out))
 		if !slices.Equal(identities(recorded), identities(logged)) {
 			t.Errorf("exec %s in kubeclip's stream holds the stub lines %v, Paperclip logged %v", id, identities(recorded), identities(logged))
 		}

@@ -41,6 +41,15 @@ type report struct {
 	runs []runStats
 	// pluginPeakRSS is the plugin worker's peak RSS under Paperclip over every run (bytes).
 	pluginPeakRSS int64
+	// largeRun is LargeOutputRun's.
+	largeRun largeRunStats
+}
+
+// largeRunStats are the figures of one agent run with a large output through Paperclip.
+type largeRunStats struct {
+	bytes   int64
+	peakRSS int64 // the plugin worker's, over this run alone
+	wall    time.Duration
 }
 
 // bigExec is the 64 MiB execute of TestExecClientAgainstExecWorkers: the plugin's execute
@@ -74,6 +83,10 @@ func (r *report) print(t *testing.T) {
 		"events/bytes: the run's events in kubeclip's run stream and their JSON payloads.\n")
 	if r.pluginPeakRSS > 0 {
 		fmt.Fprintf(&b, "plugin worker under Paperclip: peak RSS %d MiB over these runs (VmHWM of its process)\n", r.pluginPeakRSS>>20)
+	}
+	if r.largeRun.peakRSS > 0 {
+		fmt.Fprintf(&b, "one agent run printing %d MiB through Paperclip: succeeded in %s, the plugin worker's peak RSS over it %d MiB (VmHWM reset before it)\n",
+			r.largeRun.bytes>>20, round(r.largeRun.wall), r.largeRun.peakRSS>>20)
 	}
 	bigExec.mu.Lock()
 	if bigExec.peakRSS > 0 {

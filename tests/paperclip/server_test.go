@@ -212,7 +212,41 @@ func (s *server) useEnvironment(t *testing.T, envID string) {
 		t.Fatalf("test-drive's agent has adapter %q, want claude_local", agent.AdapterType)
 	}
 	agent.AdapterConfig["engine"] = "cli"
+	// Every run's agent reports its environment, and so does the image's sh wrapper for each
+	// shell (tests/images/claude-stub/envdump.go): names and hashes, never values.
+	setEnv(agent.AdapterConfig, map[string]string{stubEnvDump: "1"})
 	s.must(t, http.MethodPatch, "/agents/"+s.AgentID, map[string]any{"defaultEnvironmentId": envID, "adapterConfig": agent.AdapterConfig}, nil)
+}
+
+// stubEnvDump turns on the stub's environment reports (tests/images/claude-stub).
+const stubEnvDump = "KUBECLIP_STUB_ENV_DUMP"
+
+// setAgentEnv sets (or, for an empty value, removes) variables of the agent's adapterConfig.env,
+// which the claude_local adapter passes into the agent command's environment.
+func (s *server) setAgentEnv(t *testing.T, vars map[string]string) {
+	t.Helper()
+	var agent struct {
+		AdapterConfig map[string]any `json:"adapterConfig"`
+	}
+	s.must(t, http.MethodGet, "/agents/"+s.AgentID, nil, &agent)
+	setEnv(agent.AdapterConfig, vars)
+	s.must(t, http.MethodPatch, "/agents/"+s.AgentID, map[string]any{"adapterConfig": agent.AdapterConfig}, nil)
+}
+
+// setEnv sets vars in an adapterConfig's env as Paperclip's plain bindings (empty: removed).
+func setEnv(adapterConfig map[string]any, vars map[string]string) {
+	env, _ := adapterConfig["env"].(map[string]any)
+	if env == nil {
+		env = map[string]any{}
+	}
+	for k, v := range vars {
+		if v == "" {
+			delete(env, k)
+		} else {
+			env[k] = map[string]any{"type": "plain", "value": v}
+		}
+	}
+	adapterConfig["env"] = env
 }
 
 // runRecord is Paperclip's heartbeat run record, the fields the tests read.
@@ -235,6 +269,7 @@ type runRecord struct {
 		PersistedSessionID string  `json:"persistedSessionId"`
 	} `json:"usageJson"`
 	Result *struct {
+		Result       string  `json:"result"`
 		SessionID    string  `json:"session_id"`
 		Subtype      string  `json:"subtype"`
 		IsError      bool    `json:"is_error"`
