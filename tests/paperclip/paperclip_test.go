@@ -468,9 +468,9 @@ func TestPaperclip(t *testing.T) {
 			t.Fatalf("the plugin worker is pid %d now, %d before the run: it restarted", pid2, pid)
 		}
 		rep.largeRun = largeRunStats{bytes: largeOutput, peakRSS: peak, wall: wall(rec)}
-		t.Logf("run %s: %d MiB of output in %s; the plugin worker's peak RSS %d MiB over it (%d MiB over the runs before)", runID, largeOutput>>20, wall(rec).Round(time.Second), peak>>20, before>>20)
+		t.Logf("run %s: %.1f MiB of output in %s; the plugin worker's peak RSS %d MiB over it (%d MiB over the runs before)", runID, float64(largeOutput)/(1<<20), wall(rec).Round(time.Second), peak>>20, before>>20)
 		if peak > largeRunRSSBound {
-			t.Errorf("the plugin worker's peak RSS over a %d MiB execute: %d MiB, want at most %d MiB", largeOutput>>20, peak>>20, largeRunRSSBound>>20)
+			t.Errorf("the plugin worker's peak RSS over a %.1f MiB execute: %d MiB, want at most %d MiB", float64(largeOutput)/(1<<20), peak>>20, largeRunRSSBound>>20)
 		}
 		pc.waitIdle(t, runTimeout)
 	})
@@ -481,8 +481,10 @@ func TestPaperclip(t *testing.T) {
 // maxOutputBytes, sandboxd's journal cap), so that its result line arrives.
 const largeOutput = 64<<20 - 64<<10
 
-// largeRunRSSBound bounds the plugin worker's peak RSS over LargeOutputRun.
-const largeRunRSSBound = 400 << 20
+// largeRunRSSBound bounds the plugin worker's peak RSS over LargeOutputRun: its ~120 MiB before,
+// the held head and tail, and the live log's chunks in flight (270 MiB measured; 365 MiB before
+// the live log's backpressure, livelog.ts, and 490 MiB and growing while Paperclip's host stalled).
+const largeRunRSSBound = 320 << 20
 
 // checkPodEnvironments checks what the processes in run runID's pod got, as they reported it in
 // Paperclip's run log (tests/images/claude-stub/envdump.go): the agent command's own environment,

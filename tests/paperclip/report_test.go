@@ -85,8 +85,8 @@ func (r *report) print(t *testing.T) {
 		fmt.Fprintf(&b, "plugin worker under Paperclip: peak RSS %d MiB over these runs (VmHWM of its process)\n", r.pluginPeakRSS>>20)
 	}
 	if r.largeRun.peakRSS > 0 {
-		fmt.Fprintf(&b, "one agent run printing %d MiB through Paperclip: succeeded in %s, the plugin worker's peak RSS over it %d MiB (VmHWM reset before it)\n",
-			r.largeRun.bytes>>20, round(r.largeRun.wall), r.largeRun.peakRSS>>20)
+		fmt.Fprintf(&b, "one agent run printing %.1f MiB through Paperclip: succeeded in %s, the plugin worker's peak RSS over it %d MiB (VmHWM reset before it)\n",
+			float64(r.largeRun.bytes)/(1<<20), round(r.largeRun.wall), r.largeRun.peakRSS>>20)
 	}
 	bigExec.mu.Lock()
 	if bigExec.peakRSS > 0 {

@@ -46,6 +46,7 @@ import { runExec } from "./exec.js";
 import { CompanyLimiter } from "./limiter.js";
 import { findCaseVariantKey, isObject, type JsonObject } from "./json.js";
 import { Leases } from "./leases.js";
+import { LiveLog } from "./livelog.js";
 import { ConnectionPool } from "./nats.js";
 import { StatsBook } from "./stats.js";
 
@@ -234,9 +235,16 @@ export function createPlugin(options: PluginOptions = {}): PaperclipPlugin {
     if (!set) inflight.set(providerLeaseId, (set = new Set()));
     set.add(controller);
     // Bound to this hook's async context: the SDK routes execute.log by the active invocation.
-    const forward = AsyncResource.bind((stream: "stdout" | "stderr", chunk: string) => {
-      c.execution.log(stream, chunk);
-    });
+    // Left out while the host is not reading the worker's stdout (livelog.ts).
+    const live = new LiveLog(
+      AsyncResource.bind((stream: "stdout" | "stderr", chunk: string) => {
+        c.execution.log(stream, chunk);
+      }),
+      () => process.stdout.writableLength,
+    );
+    const forward = (stream: "stdout" | "stderr", chunk: string): void => {
+      live.write(stream, chunk);
+    };
     let release: (() => void) | undefined;
     try {
       release = await limiter.acquire(companyId, s.maxConcurrentExecutesPerCompany ?? DEFAULT_CONCURRENT_EXECUTES, controller.signal);
@@ -263,6 +271,7 @@ export function createPlugin(options: PluginOptions = {}): PaperclipPlugin {
           ...options.exec,
         },
       );
+      live.finish();
       if (record || r.exitCode !== 0 || r.metadata.truncated) {
         c.logger.debug("exec finished", { runId: meta.runId, execId: r.metadata.execId, exitCode: r.exitCode, timedOut: r.timedOut, record, truncated: r.metadata.truncated === true });
       }
