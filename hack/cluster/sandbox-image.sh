@@ -6,7 +6,8 @@
 #
 # The image is what Paperclip's host drives in a sandbox (its contract, §3.5): /bin/sh (dash),
 # coreutils, tar, findutils, grep, sed, gzip, `node` for Paperclip's bridge server and a `claude`
-# on PATH. It runs as uid/gid 1000 (`paperclip`, home /home/paperclip) with a read-only root
+# on PATH (the stub, also installed as /usr/local/bin/sh: a wrapper of /bin/sh that can report
+# the environment each shell gets). It runs as uid/gid 1000 (`paperclip`, home /home/paperclip) with a read-only root
 # filesystem; /workspace, /home/paperclip, /home/paperclip/.cache and /tmp are where the pod
 # mounts its emptyDirs.
 #
@@ -255,6 +256,10 @@ stage() {
   tar -xzf "$NODE_TGZ" -C "$root/usr/local/bin" --strip-components=2 package/bin/node
   tar -xzf "$NODE_TGZ" -C "$root/usr/local/share/doc/node" --strip-components=1 package/LICENSE
   install -m 0755 "$CLAUDE" "$root/usr/local/bin/claude"
+  # The stub is also an `sh` ahead of /bin/sh on the search path: it execs /bin/sh, after
+  # reporting its environment when KUBECLIP_STUB_ENV_DUMP is set (a company image whose shell
+  # dumps what each execute carries; tests/images/claude-stub/envdump.go).
+  ln -s claude "$root/usr/local/bin/sh"
 
   cat >"$root/etc/passwd" <<EOF
 root:x:0:0:root:/root:/bin/sh

@@ -105,12 +105,14 @@ bash "$PAPERCLIP_SH" start >"$DIR/paperclip.env"
 . "$DIR/paperclip.env"
 COMPANY=$PAPERCLIP_COMPANY_ID
 bash "$PAPERCLIP_SH" plugin-install "$ROOT/plugins/paperclip" >/dev/null
+# kubeclip's connection is the operator's: the plugin's settings, never an environment's config.
+api POST "/plugins/kubeclip.paperclip-sandbox-provider/config" "{\"companyId\":\"$COMPANY\",\"configJson\":{\"natsUrl\":\"$NATS_URL\"}}" >/dev/null
 
 say "an environment on kubeclip, and the agent on it"
 config=$(
 	cat <<EOF
 {"name": "kubeclip", "driver": "sandbox", "config": {
-  "provider": "kubernetes", "natsUrl": "$NATS_URL", "backend": "pod", "streamRunLogs": false,
+  "provider": "kubernetes", "backend": "pod", "streamRunLogs": false,
   "podActivityDeadlineSec": 900,
   "adapters": [{"adapterType": "claude_local", "runtimeImage": "$SANDBOX_IMAGE",
                 "envKeys": ["ANTHROPIC_API_KEY"], "allowFqdns": ["api.anthropic.com"]}],

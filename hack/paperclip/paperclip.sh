@@ -21,6 +21,9 @@
 #   KUBECLIP_PAPERCLIP_USER   the user the server runs as (default kubeclip-pc)
 #   KUBECLIP_PAPERCLIP_CACHE  where Node, npm's cache and Paperclip are installed
 #   KUBECLIP_PAPERCLIP_STATE  the running instance's state dir (default /tmp/kubeclip-paperclip)
+#   KUBECLIP_PAPERCLIP_SERVER_ENV  NAME=VALUE pairs (space-separated) added to the server's
+#                             environment at start: tests give Paperclip's own secrets known values
+#                             (PAPERCLIP_AGENT_JWT_SECRET, …) to look for where they must not be
 set -Eeuo pipefail
 
 PAPERCLIP_VERSION=2026.916.1
@@ -46,7 +49,9 @@ ensure_user() {
 
 pc_home() { getent passwd "$PC_USER" | cut -d: -f6; }
 
-# as_user CMD…: run CMD as $PC_USER with the toolchain on PATH and npm's cache in the user's cache.
+# as_user CMD…: run CMD as $PC_USER with the toolchain on PATH and npm's cache in the user's cache,
+# in a clean environment (env -i): nothing of the caller's (a test's KUBECONFIG, its secrets)
+# reaches the server, whose environment Paperclip's host passes to sandboxes in some executes.
 as_user() {
 	local envs=(HOME="$(pc_home)" PATH="$NODE_BIN:/usr/local/bin:/usr/bin:/bin" npm_config_cache="$CACHE/npm"
 		npm_config_update_notifier=false NODE_EXTRA_CA_CERTS=/etc/ssl/certs/ca-certificates.crt
@@ -56,9 +61,9 @@ as_user() {
 		# whenever CI is set (picocolors), as it is in CI.
 		NO_COLOR=1)
 	if [[ $(id -un) == "$PC_USER" ]]; then
-		env "${envs[@]}" "$@"
+		env -i "${envs[@]}" "$@"
 	else
-		runuser -u "$PC_USER" -- env "${envs[@]}" "$@"
+		runuser -u "$PC_USER" -- env -i "${envs[@]}" "$@"
 	fi
 }
 
@@ -150,7 +155,9 @@ start() {
 	# setsid: the server, its embedded PostgreSQL and plugin workers form one process group,
 	# whose id is the server's pid. test-drive picks the first free port from 3100 itself.
 	# In sh, $$ is then the new session's (and process group's) id.
-	as_user setsid sh -c "echo \$\$ >'$STATE/server.pgid'; cd '$APP' && exec ./node_modules/.bin/paperclipai test-drive \
+	local server_env=()
+	read -r -a server_env <<<"${KUBECLIP_PAPERCLIP_SERVER_ENV:-}"
+	as_user env "${server_env[@]}" setsid sh -c "echo \$\$ >'$STATE/server.pgid'; cd '$APP' && exec ./node_modules/.bin/paperclipai test-drive \
 		-d '$data' --no-browser --api-key $FAKE_API_KEY >'$STATE/server.log' 2>&1 </dev/null" >/dev/null 2>&1 </dev/null &
 	local pgid=""
 	for ((i = 0; i < 50; i++)); do

@@ -5,6 +5,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"testing"
 
 	"github.com/kubeclip/kubeclip/internal/clustertest"
@@ -41,9 +43,23 @@ func TestExecClientAgainstExecWorkers(t *testing.T) {
 		t.Fatalf("the plugin's exec client against the exec-workers: %v\n%s", err, lastLines(string(out), 80))
 	}
 	t.Logf("the plugin's exec client against the exec-workers:\n%s", lastLines(string(out), 20))
+	// Issue 15 item 5: one 64 MiB execute through the plugin's hook, its figures for the report.
+	m := regexp.MustCompile(`KUBECLIP_BIG_EXEC outputBytes=(\d+) held=(\d+) peakRSS=(\d+) baselineRSS=(\d+)`).FindStringSubmatch(string(out))
+	if m == nil {
+		t.Fatalf("the 64 MiB execute printed no figures:\n%s", lastLines(string(out), 40))
+	}
+	bigExec.mu.Lock()
+	bigExec.outputBytes, bigExec.held, bigExec.peakRSS, bigExec.baselineRSS = atoi(m[1]), atoi(m[2]), atoi(m[3]), atoi(m[4])
+	bigExec.mu.Unlock()
+	t.Logf("64 MiB execute: held %s bytes per stream, peak RSS %d MiB (baseline %d MiB)", m[2], atoi(m[3])>>20, atoi(m[4])>>20)
 
 	r.Release(created.ProviderLeaseID, false)
 	if released := pt.WaitKind[events.RunReleasedEvent](r, runTimeout); released.State != events.ReleaseStopped {
 		t.Errorf("released %+v", released)
 	}
+}
+
+func atoi(s string) int64 {
+	n, _ := strconv.ParseInt(s, 10, 64)
+	return n
 }

@@ -1,11 +1,15 @@
 package paperclip
 
 import (
+	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
+	"os"
 	"regexp"
 	"slices"
 	"strings"
@@ -55,12 +59,12 @@ func providerConfig(backend string) map[string]any {
 	}
 }
 
-// environmentConfig is a whole environment config: kubeclip's NATS (the suite's JetStream
-// server), the provider config, and Paperclip's streamRunLogs: false (live output through the
-// plugin's execute.log) unless tailLogs asks for Paperclip's default (tail polling).
+// environmentConfig is a whole environment config: the provider config and Paperclip's
+// streamRunLogs: false (live output through the plugin's execute.log) unless tailLogs asks for
+// Paperclip's default (tail polling). kubeclip's NATS is no part of it: the connection is the
+// plugin settings' (pluginSettings), the operator's.
 func environmentConfig(backend string, tailLogs bool) map[string]any {
 	c := providerConfig(backend)
-	c["natsUrl"] = env.NATS.URL()
 	if !tailLogs {
 		c["streamRunLogs"] = false
 	}
@@ -78,6 +82,8 @@ func TestPaperclip(t *testing.T) {
 	pt.CleanupTenant(t, cs, pc.CompanyID)
 	rep := &report{}
 	t.Cleanup(func() { rep.print(t) })
+	// The operator's settings: kubeclip's NATS (the suite's JetStream server).
+	pc.configurePlugin(t, map[string]any{"natsUrl": env.NATS.URL()})
 
 	t.Run("ProviderIsThePlugin", func(t *testing.T) {
 		var caps struct {
@@ -118,7 +124,6 @@ func TestPaperclip(t *testing.T) {
 			t.Fatalf("kubeclip accepts %s; the test needs a config it refuses", raw)
 		}
 		want := verdict.Errors[0].Field + ": " + verdict.Errors[0].Message
-		bad["natsUrl"] = env.NATS.URL()
 		bad["provider"] = "kubernetes"
 		checkRefused(t, pc, bad, want)
 
@@ -126,9 +131,26 @@ func TestPaperclip(t *testing.T) {
 		job := environmentConfig("job", false)
 		job["provider"] = "kubernetes"
 		checkRefused(t, pc, job, `config.backend: "job" runs the agent as a Job and cannot serve Paperclip's execute calls (a run is ~90 commands in a pod that stays up); use "pod" (any cluster) or "sandbox-cr" (clusters with agent-sandbox)`)
-		dead := environmentConfig("pod", false)
-		dead["provider"], dead["natsUrl"] = "kubernetes", "nats://127.0.0.1:1"
-		checkRefusedLike(t, pc, dead, regexp.MustCompile(`^kubeclip unreachable at nats://127\.0\.0\.1:1: `))
+	})
+
+	// Issue 15 item 1: a company's environment cannot choose where the plugin connects (with
+	// the operator's credentials). Its natsUrl is refused, and the server it names hears nothing.
+	t.Run("EnvironmentConnectionRefused", func(t *testing.T) {
+		lst := startFakeNATS(t)
+		// The operator's settings carry credentials, which must never reach the company's server.
+		pc.configurePlugin(t, map[string]any{"natsUrl": env.NATS.URL(), "natsUser": "paperclip", "natsPassword": "operator-password-7c1d"})
+		defer pc.configurePlugin(t, map[string]any{"natsUrl": env.NATS.URL()})
+		for _, key := range []string{"natsUrl", "subjectPrefix", "inboxPrefix"} {
+			cfg := environmentConfig("pod", false)
+			cfg["provider"] = "kubernetes"
+			cfg[key] = map[string]string{"natsUrl": lst.URL(), "subjectPrefix": "evil", "inboxPrefix": "_INBOX"}[key]
+			checkRefusedLike(t, pc, cfg, regexp.MustCompile(`^config\.`+key+`: connection settings are the operator's: `))
+		}
+		// Nothing connects there, now or a little later.
+		time.Sleep(time.Second)
+		if n, got := lst.seen(); n != 0 || got != "" {
+			t.Errorf("the company's server got %d connections and %q, want none", n, cut(got, 300))
+		}
 	})
 
 	t.Run("ProbeReachesTheWorkers", func(t *testing.T) {
@@ -157,6 +179,11 @@ func TestPaperclip(t *testing.T) {
 	}
 	pc.useEnvironment(t, live.ID)
 
+	// Everything the plugin sends to kubeclip during the first run, to look for Paperclip's
+	// server secrets in it (issue 15 item 2).
+	wireLog := watchWire(t)
+	var cliRun string
+
 	t.Run("HeartbeatRunCLI", func(t *testing.T) {
 		out, err := pc.sh(t.Context(), "cli", "heartbeat", "run", "-a", pc.AgentID, "--timeout-ms", fmt.Sprint(runTimeout.Milliseconds()))
 		if err != nil {
@@ -170,7 +197,81 @@ func TestPaperclip(t *testing.T) {
 		if !strings.Contains(out, "assistant: Done.") {
 			t.Errorf("the CLI's live log lacks the stub's lines:\n%s", lastLines(out, 20))
 		}
+		cliRun = m[1]
 		rep.add(checkRun(t, pc, cs, m[1], runWant{name: "heartbeat run (CLI)", env: live, source: "on_demand", backend: "pod", live: true}))
+	})
+
+	// Issue 15 item 2: Paperclip's host sends its server's own environment with some executes
+	// (its JWT and signing secrets among it); none of it reaches a pod. A pod's commands get
+	// their environment only from the exec requests on kubeclip's NATS: none carries a server
+	// secret, by name or by value, while the agent's own keys arrive.
+	t.Run("NoServerSecretReachesThePod", func(t *testing.T) {
+		if cliRun == "" {
+			t.Fatal("HeartbeatRunCLI's run did not succeed: nothing to check")
+		}
+		_ = wireLog.sub.Unsubscribe()
+		msgs := wireLog.messages()
+		starts, agentEnv := 0, map[string]any{}
+		for _, m := range msgs {
+			for name, v := range serverSecrets {
+				if bytes.Contains(m.Data, []byte(v)) || strings.Contains(fmt.Sprint(m.Header), v) {
+					t.Errorf("%s's value went to kubeclip on %s%s", name, m.Subject, carriedBy(m.Data, v))
+				}
+			}
+			if !strings.HasPrefix(m.Subject, "paperclip.exec.") || !strings.HasSuffix(m.Subject, ".start") || !strings.Contains(m.Subject, cliRun) {
+				continue
+			}
+			starts++
+			var req struct {
+				Env    map[string]any `json:"env"`
+				Record bool           `json:"record"`
+			}
+			if err := json.Unmarshal(m.Data, &req); err != nil {
+				t.Fatalf("exec start on %s: %v", m.Subject, err)
+			}
+			for k := range serverSecrets {
+				if _, ok := req.Env[k]; ok {
+					t.Errorf("exec start on %s carries %s", m.Subject, k)
+				}
+			}
+			if req.Record {
+				agentEnv = req.Env
+			}
+		}
+		if starts < 20 {
+			t.Fatalf("saw %d exec starts of run %s on the wire, want the ~90 of a run", starts, cliRun)
+		}
+		for _, k := range []string{"PAPERCLIP_API_URL", "PAPERCLIP_API_KEY", "PAPERCLIP_RUN_ID", "PAPERCLIP_AGENT_ID", "PAPERCLIP_COMPANY_ID"} {
+			if _, ok := agentEnv[k]; !ok {
+				t.Errorf("the agent command's env lacks %s (has %d keys)", k, len(agentEnv))
+			}
+		}
+		// The host did send them: the plugin dropped them by name (and logged only names).
+		dropped := map[string]bool{}
+		for _, rec := range pc.pluginLog(t, "execute env keys dropped", cliRun) {
+			keys, _ := rec["keys"].([]any)
+			for _, k := range keys {
+				dropped[fmt.Sprint(k)] = true
+			}
+		}
+		t.Logf("run %s: %d exec starts on the wire; the plugin dropped %d distinct env keys Paperclip's host sent", cliRun, starts, len(dropped))
+		for k := range serverSecrets {
+			if !dropped[k] {
+				t.Errorf("the plugin logged no drop of %s: Paperclip's host did not send it this time, so this test proved nothing about it", k)
+			}
+		}
+		data, err := os.ReadFile(pc.LogPath)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(string(data), "\n") {
+			for _, v := range serverSecrets {
+				if strings.Contains(line, "[plugin]") && strings.Contains(line, v) {
+					t.Errorf("a server secret's value is in a plugin log line")
+				}
+			}
+		}
+		checkPodEnvironments(t, pc, cliRun)
 	})
 
 	t.Run("IssueAssignmentRun", func(t *testing.T) {
@@ -296,6 +397,18 @@ func TestPaperclip(t *testing.T) {
 		rep.add(checkRun(t, pc, cs, pc.invoke(t), runWant{name: "default streamRunLogs", env: tail, source: "on_demand", backend: "pod"}))
 	})
 
+	// Issue 15 item 5: the plugin worker's peak RSS over every run above, from /proc (taken by
+	// LargeOutputRun before it resets the peak, when it runs).
+	t.Cleanup(func() {
+		if rep.pluginPeakRSS != 0 {
+			return
+		}
+		if pid, peak := pluginWorkerPeakRSS(t); pid != 0 {
+			rep.pluginPeakRSS = peak
+			t.Logf("the plugin worker (pid %d) peak RSS: %d MiB", pid, peak>>20)
+		}
+	})
+
 	t.Run("SandboxCRBackend", func(t *testing.T) {
 		// The agent-sandbox controller cannot be installed here (no registry):
 		// internal/sandboxtest makes each Sandbox's pod as the controller does.
@@ -317,6 +430,115 @@ func TestPaperclip(t *testing.T) {
 		defer pc.useEnvironment(t, live.ID)
 		rep.add(checkRun(t, pc, cs, pc.invoke(t), runWant{name: "sandbox-cr backend", env: sbx, source: "on_demand", backend: "sandbox-cr", live: true}))
 	})
+
+	// Issue 15 item 5: an agent command that prints 64 MiB. The plugin holds a bounded part of
+	// it (the head with the init line, the tail with the result) while it streams all of it to
+	// Paperclip's live log; the run completes with the stub's result parsed, and the plugin
+	// worker's peak RSS over this run (its process's VmHWM, reset before) stays bounded.
+	t.Run("LargeOutputRun", func(t *testing.T) {
+		pid, before := pluginWorkerPeakRSS(t)
+		if pid == 0 {
+			t.Fatal("no plugin worker process under Paperclip")
+		}
+		rep.pluginPeakRSS = before
+		resetPeakRSS(t, pid)
+		pc.setAgentEnv(t, map[string]string{"KUBECLIP_STUB_FILLER_BYTES": fmt.Sprint(largeOutput)})
+		defer pc.setAgentEnv(t, map[string]string{"KUBECLIP_STUB_FILLER_BYTES": ""})
+		runID := pc.invoke(t)
+		rec := pc.waitRun(t, runID, runTimeout)
+		if rec.Status != "succeeded" || rec.ExitCode == nil || *rec.ExitCode != 0 {
+			var raw map[string]any
+			pc.must(t, http.MethodGet, "/heartbeat-runs/"+runID, nil, &raw)
+			dbg, _ := json.Marshal(raw)
+			t.Fatalf("run %s: status %s, exit %v, error %v; want succeeded with exit 0\n%s", runID, rec.Status, deref(rec.ExitCode), deref(rec.Error), cut(string(dbg), 6000))
+		}
+		// Paperclip parsed the stub's result line, printed after the 64 MiB (the adapter found it
+		// in the returned stdout's tail) and the session of its init line (in the head).
+		wantSummary := fmt.Sprintf("printed %d bytes of filler and finished", largeOutput)
+		switch {
+		case rec.Result == nil || rec.Result.Subtype != "success" || !strings.Contains(rec.Result.Result, wantSummary):
+			t.Errorf("run %s: Paperclip's result %+v, want the stub's success saying %q", runID, rec.Result, wantSummary)
+		case deref(rec.SessionIDAfter) == "" || rec.Result.SessionID != deref(rec.SessionIDAfter):
+			t.Errorf("run %s: session %q, result's %q; want the stub's init session in both", runID, deref(rec.SessionIDAfter), rec.Result.SessionID)
+		case rec.Usage == nil || rec.Usage.InputTokens == 0 || rec.Usage.CostUSD <= 0:
+			t.Errorf("run %s: usage %+v, want the stub's", runID, rec.Usage)
+		}
+		pid2, peak := pluginWorkerPeakRSS(t)
+		if pid2 != pid {
+			t.Fatalf("the plugin worker is pid %d now, %d before the run: it restarted", pid2, pid)
+		}
+		rep.largeRun = largeRunStats{bytes: largeOutput, peakRSS: peak, wall: wall(rec)}
+		t.Logf("run %s: %.1f MiB of output in %s; the plugin worker's peak RSS %d MiB over it (%d MiB over the runs before)", runID, float64(largeOutput)/(1<<20), wall(rec).Round(time.Second), peak>>20, before>>20)
+		if peak > largeRunRSSBound {
+			t.Errorf("the plugin worker's peak RSS over a %.1f MiB execute: %d MiB, want at most %d MiB", float64(largeOutput)/(1<<20), peak>>20, largeRunRSSBound>>20)
+		}
+		pc.waitIdle(t, runTimeout)
+	})
+}
+
+// largeOutput is the filler LargeOutputRun's agent prints (the stub's KUBECLIP_STUB_FILLER_BYTES):
+// with its other lines, just under the 64 MiB kubeclip sends of one command's output (the plugin's
+// maxOutputBytes, sandboxd's journal cap), so that its result line arrives.
+const largeOutput = 64<<20 - 64<<10
+
+// largeRunRSSBound bounds the plugin worker's peak RSS over LargeOutputRun: its 120-160 MiB before,
+// the held head and tail, and the live log's chunks in flight (270-289 MiB measured; 346-365 MiB
+// without the live log's backpressure, livelog.ts, and 490 MiB and growing while Paperclip's host
+// stalled).
+const largeRunRSSBound = 336 << 20
+
+// checkPodEnvironments checks what the processes in run runID's pod got, as they reported it in
+// Paperclip's run log (tests/images/claude-stub/envdump.go): the agent command's own environment,
+// and the environment of every `sh -c` execute before it (the image's sh wrapper: a company image
+// whose shell dumps its environment). No report names a server secret or carries the hash of
+// its value; the agent has the keys it needs; and the sh reports include Paperclip's probes, the
+// executes the host sends with its server's whole environment (DO_NOT_TRACK is a key only the
+// server's environment has: hack/paperclip/paperclip.sh).
+func checkPodEnvironments(t *testing.T, pc *server, runID string) {
+	t.Helper()
+	reports, err := envReports(stubLines(stdoutChunks(pc.runLog(t, runID))))
+	if err != nil {
+		t.Fatalf("run %s: an environment report: %v", runID, err)
+	}
+	secretOf := map[string]string{} // hex(sha256(value)) → name
+	for name, v := range serverSecrets {
+		sum := sha256.Sum256([]byte(v))
+		secretOf[hex.EncodeToString(sum[:])] = name
+	}
+	var agentKeys []string
+	agents, shells, probes := 0, 0, 0
+	for _, r := range reports {
+		for _, k := range r.Keys {
+			if _, ok := serverSecrets[k]; ok {
+				t.Errorf("run %s: a process in the pod (%s) got %s", runID, r.Source, k)
+			}
+		}
+		for _, kv := range r.SHA256 {
+			if name, ok := secretOf[kv[1]]; ok {
+				t.Errorf("run %s: a process in the pod (%s) got %s's value, as %s", runID, r.Source, name, kv[0])
+			}
+		}
+		switch r.Source {
+		case "claude":
+			agents++
+			agentKeys = r.Keys
+		case "sh":
+			shells++
+			if slices.Contains(r.Keys, "DO_NOT_TRACK") {
+				probes++
+			}
+		}
+	}
+	t.Logf("run %s: %d environment reports from the pod (the agent's %d keys; %d sh environments, %d of them the server's)", runID, len(reports), len(agentKeys), shells, probes)
+	if agents != 1 || probes == 0 {
+		t.Fatalf("run %s: %d reports of the agent, %d sh environments with the server's keys; want the agent's one and Paperclip's probes (is the cluster's sandbox image older than tests/images/claude-stub? hack/cluster/cluster.sh images)", runID, agents, probes)
+	}
+	// What an agent needs: Paperclip's API through the bridge, its run token, the adapter's key.
+	for _, k := range []string{"PAPERCLIP_API_URL", "PAPERCLIP_API_KEY", "PAPERCLIP_RUN_ID", "ANTHROPIC_API_KEY"} {
+		if !slices.Contains(agentKeys, k) {
+			t.Errorf("run %s: the agent command's environment lacks %s (has %v)", runID, k, agentKeys)
+		}
+	}
 }
 
 // checkRefused creates an environment with config and expects Paperclip's 422 with message.
@@ -374,7 +596,7 @@ func checkRun(t *testing.T, pc *server, cs kubernetes.Interface, runID string, w
 	// Paperclip's record holds the session, usage and cost its parser took from the stub's
 	// returned stdout, and they are the stub's own.
 	log := pc.runLog(t, runID)
-	lines := stubLines(stdoutChunks(log))
+	lines := agentLines(stubLines(stdoutChunks(log)))
 	wantKinds := []string{"system/init"}
 	for i := range want.apiCalls + 2 {
 		wantKinds = append(wantKinds, fmt.Sprintf("assistant/msg_stub_%02d", i+1))
@@ -537,7 +759,7 @@ func checkRunStream(t *testing.T, evs []events.Received, lease leaseRecord, rele
 		}
 		// The same lines: each is told by its kind and the stub's timestamp (Paperclip redacts
 		// some values, such as apiKeySource, in what it logs).
-		recorded := stubLines(out)
+		recorded := agentLines(stubLines(out))
 		if !slices.Equal(identities(recorded), identities(logged)) {
 			t.Errorf("exec %s in kubeclip's stream holds the stub lines %v, Paperclip logged %v", id, identities(recorded), identities(logged))
 		}
@@ -622,4 +844,25 @@ func payloadBytes(t *testing.T, evs []events.Received) int {
 		n += len(b)
 	}
 	return n
+}
+
+// carriedBy names the env keys of an exec start request whose values contain v (never v).
+func carriedBy(data []byte, v string) string {
+	var req struct {
+		Env map[string]string `json:"env"`
+	}
+	if json.Unmarshal(data, &req) != nil {
+		return ""
+	}
+	var keys []string
+	for k, val := range req.Env {
+		if strings.Contains(val, v) {
+			keys = append(keys, k)
+		}
+	}
+	slices.Sort(keys)
+	if len(keys) == 0 {
+		return " (not in env)"
+	}
+	return " in env " + strings.Join(keys, ", ")
 }

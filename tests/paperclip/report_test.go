@@ -39,6 +39,25 @@ type runStats struct {
 type report struct {
 	mu   sync.Mutex
 	runs []runStats
+	// pluginPeakRSS is the plugin worker's peak RSS under Paperclip over every run (bytes).
+	pluginPeakRSS int64
+	// largeRun is LargeOutputRun's.
+	largeRun largeRunStats
+}
+
+// largeRunStats are the figures of one agent run with a large output through Paperclip.
+type largeRunStats struct {
+	bytes   int64
+	peakRSS int64 // the plugin worker's, over this run alone
+	wall    time.Duration
+}
+
+// bigExec is the 64 MiB execute of TestExecClientAgainstExecWorkers: the plugin's execute
+// hook against the real exec-workers, what it returned and the peak RSS of its process.
+var bigExec struct {
+	mu                         sync.Mutex
+	outputBytes, held, peakRSS int64
+	baselineRSS                int64
 }
 
 func (r *report) add(s runStats) {
@@ -62,6 +81,19 @@ func (r *report) print(t *testing.T) {
 	b.WriteString("wall: Paperclip's run record (start to finish); agent: the stub's first line to its result; " +
 		"1st/max line: a stub line's print to Paperclip's run log; exec p50/p99: execute calls at the plugin's hook; " +
 		"events/bytes: the run's events in kubeclip's run stream and their JSON payloads.\n")
+	if r.pluginPeakRSS > 0 {
+		fmt.Fprintf(&b, "plugin worker under Paperclip: peak RSS %d MiB over these runs (VmHWM of its process)\n", r.pluginPeakRSS>>20)
+	}
+	if r.largeRun.peakRSS > 0 {
+		fmt.Fprintf(&b, "one agent run printing %.1f MiB through Paperclip: succeeded in %s, the plugin worker's peak RSS over it %d MiB (VmHWM reset before it)\n",
+			float64(r.largeRun.bytes)/(1<<20), round(r.largeRun.wall), r.largeRun.peakRSS>>20)
+	}
+	bigExec.mu.Lock()
+	if bigExec.peakRSS > 0 {
+		fmt.Fprintf(&b, "one execute of %d MiB of output (plugin execute hook, real exec-workers): %d bytes held and returned per stream; process peak RSS %d MiB (%d MiB before it)\n",
+			bigExec.outputBytes>>20, bigExec.held, bigExec.peakRSS>>20, bigExec.baselineRSS>>20)
+	}
+	bigExec.mu.Unlock()
 	t.Log("\n" + b.String())
 	if path := os.Getenv(ReportEnv); path != "" {
 		if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {

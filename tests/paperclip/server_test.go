@@ -32,6 +32,17 @@ type server struct {
 	LogPath   string
 
 	client *http.Client
+	// serverEnv is added to the server's environment at start (paperclip.sh's
+	// KUBECLIP_PAPERCLIP_SERVER_ENV).
+	serverEnv string
+}
+
+// serverSecrets are Paperclip's own server secrets, given known values at start so that the
+// tests can look for them where they must never be (anything the plugin sends to kubeclip).
+var serverSecrets = map[string]string{
+	"PAPERCLIP_AGENT_JWT_SECRET":           "kubeclip-test-jwt-secret-5f1c0e7a",
+	"PAPERCLIP_TOOL_ACTION_SIGNING_SECRET": "kubeclip-test-signing-secret-9b2d4c6e",
+	"BETTER_AUTH_SECRET":                   "kubeclip-test-better-auth-3a8e1f20",
 }
 
 // startServer installs Paperclip (cached after the first time), starts an instance, installs the
@@ -48,6 +59,11 @@ func startServer(t *testing.T) *server {
 		t.Fatal(err)
 	}
 	s := &server{root: root, script: filepath.Join(root, "hack", "paperclip", "paperclip.sh"), state: state, client: &http.Client{Timeout: 30 * time.Second}}
+	var pairs []string
+	for k, v := range serverSecrets {
+		pairs = append(pairs, k+"="+v)
+	}
+	s.serverEnv = strings.Join(pairs, " ")
 	ctx := t.Context()
 	start := time.Now()
 	if _, err := s.sh(ctx, "install"); err != nil {
@@ -91,7 +107,7 @@ func startServer(t *testing.T) *server {
 // the error.
 func (s *server) sh(ctx context.Context, args ...string) (string, error) {
 	cmd := exec.CommandContext(ctx, "bash", append([]string{s.script}, args...)...)
-	cmd.Env = append(os.Environ(), "KUBECLIP_PAPERCLIP_STATE="+s.state)
+	cmd.Env = append(os.Environ(), "KUBECLIP_PAPERCLIP_STATE="+s.state, "KUBECLIP_PAPERCLIP_SERVER_ENV="+s.serverEnv)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {
@@ -153,6 +169,16 @@ func (s *server) must(t *testing.T, method, path string, body, out any) {
 	}
 }
 
+// pluginKey is the plugin's id in its manifest (plugins/paperclip/src/manifest.ts).
+const pluginKey = "kubeclip.paperclip-sandbox-provider"
+
+// configurePlugin saves the plugin's settings for the company, as an instance admin does (the
+// operator's: kubeclip's connection lives only there); Paperclip delivers them to the worker.
+func (s *server) configurePlugin(t *testing.T, settings map[string]any) {
+	t.Helper()
+	s.must(t, http.MethodPost, "/plugins/"+pluginKey+"/config", map[string]any{"companyId": s.CompanyID, "configJson": settings}, nil)
+}
+
 // environment is a Paperclip execution environment.
 type environment struct {
 	ID     string         `json:"id"`
@@ -186,7 +212,41 @@ func (s *server) useEnvironment(t *testing.T, envID string) {
 		t.Fatalf("test-drive's agent has adapter %q, want claude_local", agent.AdapterType)
 	}
 	agent.AdapterConfig["engine"] = "cli"
+	// Every run's agent reports its environment, and so does the image's sh wrapper for each
+	// shell (tests/images/claude-stub/envdump.go): names and hashes, never values.
+	setEnv(agent.AdapterConfig, map[string]string{stubEnvDump: "1"})
 	s.must(t, http.MethodPatch, "/agents/"+s.AgentID, map[string]any{"defaultEnvironmentId": envID, "adapterConfig": agent.AdapterConfig}, nil)
+}
+
+// stubEnvDump turns on the stub's environment reports (tests/images/claude-stub).
+const stubEnvDump = "KUBECLIP_STUB_ENV_DUMP"
+
+// setAgentEnv sets (or, for an empty value, removes) variables of the agent's adapterConfig.env,
+// which the claude_local adapter passes into the agent command's environment.
+func (s *server) setAgentEnv(t *testing.T, vars map[string]string) {
+	t.Helper()
+	var agent struct {
+		AdapterConfig map[string]any `json:"adapterConfig"`
+	}
+	s.must(t, http.MethodGet, "/agents/"+s.AgentID, nil, &agent)
+	setEnv(agent.AdapterConfig, vars)
+	s.must(t, http.MethodPatch, "/agents/"+s.AgentID, map[string]any{"adapterConfig": agent.AdapterConfig}, nil)
+}
+
+// setEnv sets vars in an adapterConfig's env as Paperclip's plain bindings (empty: removed).
+func setEnv(adapterConfig map[string]any, vars map[string]string) {
+	env, _ := adapterConfig["env"].(map[string]any)
+	if env == nil {
+		env = map[string]any{}
+	}
+	for k, v := range vars {
+		if v == "" {
+			delete(env, k)
+		} else {
+			env[k] = map[string]any{"type": "plain", "value": v}
+		}
+	}
+	adapterConfig["env"] = env
 }
 
 // runRecord is Paperclip's heartbeat run record, the fields the tests read.
@@ -209,6 +269,7 @@ type runRecord struct {
 		PersistedSessionID string  `json:"persistedSessionId"`
 	} `json:"usageJson"`
 	Result *struct {
+		Result       string  `json:"result"`
 		SessionID    string  `json:"session_id"`
 		Subtype      string  `json:"subtype"`
 		IsError      bool    `json:"is_error"`

@@ -110,3 +110,41 @@ func kinds(lines []stubLine) []string {
 	}
 	return out
 }
+
+// agentLines drops the stub's own reports (system/kubeclip_env, system/kubeclip_filler): what
+// stays is a Claude Code run's stream.
+func agentLines(lines []stubLine) []stubLine {
+	var out []stubLine
+	for _, l := range lines {
+		if l.Type == "system" && strings.HasPrefix(l.Subtype, "kubeclip_") {
+			continue
+		}
+		out = append(out, l)
+	}
+	return out
+}
+
+// envReport is one system/kubeclip_env line: a process's environment as names and the SHA-256 of
+// each value (tests/images/claude-stub/envdump.go). Source is "claude" (the agent command) or
+// "sh" (the image's sh wrapper, in every `sh -c` execute before the agent).
+type envReport struct {
+	Source string      `json:"source"`
+	Keys   []string    `json:"keys"`
+	SHA256 [][2]string `json:"sha256"`
+}
+
+// envReports are the kubeclip_env lines among lines.
+func envReports(lines []stubLine) ([]envReport, error) {
+	var out []envReport
+	for _, l := range lines {
+		if l.Type != "system" || l.Subtype != "kubeclip_env" {
+			continue
+		}
+		var r envReport
+		if err := json.Unmarshal([]byte(l.Raw), &r); err != nil {
+			return nil, err
+		}
+		out = append(out, r)
+	}
+	return out, nil
+}

@@ -5,7 +5,9 @@ import {
   isUnresolvedSecretRef,
   normalizedConfig,
   providerConfigSchema,
-  readPluginKeys,
+  settingsSchema,
+  readEnvironmentKeys,
+  readSettings,
   resolveConnection,
   splitConfig,
 } from "./config.js";
@@ -47,11 +49,11 @@ describe("splitConfig", () => {
   });
 
   it("normalizedConfig keeps kubeclip's normalization plus the plugin's and Paperclip's keys", () => {
-    const s = splitConfig({ backend: "pod", natsUrl: "nats://k:4222", streamRunLogs: false, inCluster: true });
+    const s = splitConfig({ backend: "pod", timeoutMs: 5000, streamRunLogs: false, inCluster: true });
     assert.deepEqual(normalizedConfig({ backend: "pod", egressMode: "standard" }, s), {
       backend: "pod",
       egressMode: "standard",
-      natsUrl: "nats://k:4222",
+      timeoutMs: 5000,
       streamRunLogs: false,
     });
   });
@@ -70,56 +72,76 @@ describe("checkProviderConfig", () => {
   });
 });
 
-describe("readPluginKeys", () => {
+describe("readEnvironmentKeys", () => {
+  it("takes only timeoutMs and refuses every connection key, naming it", () => {
+    assert.deepEqual(readEnvironmentKeys({ timeoutMs: 5000 }), { timeoutMs: 5000 });
+    assert.deepEqual(readEnvironmentKeys({ natsUrl: "", natsToken: null }), {});
+    assert.throws(() => readEnvironmentKeys({ natsUrl: "nats://evil:4222" }), /^ConfigError: config\.natsUrl: connection settings are the operator's/);
+    assert.throws(() => readEnvironmentKeys({ inboxPrefix: "_INBOX" }), /^ConfigError: config\.inboxPrefix: /);
+    assert.throws(() => readEnvironmentKeys({ timeoutMs: -1 }), /config\.timeoutMs: must be a positive integer/);
+    assert.throws(() => readEnvironmentKeys({ timeoutMs: 1.5 }), ConfigError);
+  });
+});
+
+describe("readSettings", () => {
   it("names the bad field", () => {
-    assert.throws(() => readPluginKeys({ natsUrl: 4222 }, "config"), { message: "config.natsUrl: must be a string" });
-    assert.throws(() => readPluginKeys({ subjectPrefix: "a.b" }, "settings"), /^ConfigError: settings\.subjectPrefix: must be/);
-    assert.throws(() => readPluginKeys({ timeoutMs: -1 }, "config"), /config\.timeoutMs: must be a positive integer/);
-    assert.throws(() => readPluginKeys({ timeoutMs: 1.5 }, "config"), ConfigError);
+    assert.throws(() => readSettings({ natsUrl: 4222 }), { message: "settings.natsUrl: must be a string" });
+    assert.throws(() => readSettings({ subjectPrefix: "a.b" }), /^ConfigError: settings\.subjectPrefix: must be/);
+    assert.throws(() => readSettings({ inboxPrefix: "_INBOX.>" }), /^ConfigError: settings\.inboxPrefix: must be/);
+    assert.throws(() => readSettings({ inboxPrefix: "$JS.API" }), /^ConfigError: settings\.inboxPrefix/);
+    assert.throws(() => readSettings({ maxExecuteOutputBytes: 1 << 30 }), /^ConfigError: settings\.maxExecuteOutputBytes: must be an integer from 65536 to 33554432/);
+    assert.throws(() => readSettings({ maxConcurrentExecutesPerCompany: 0 }), /settings\.maxConcurrentExecutesPerCompany/);
+    assert.throws(() => readSettings({ executeEnv: { mode: "open" } }), /settings\.executeEnv\.mode: must be "deny" or "allowlist"/);
+    assert.throws(() => readSettings({ executeEnv: { mode: "allowlist" } }), /settings\.executeEnv\.allow: mode "allowlist" needs/);
+    assert.throws(() => readSettings({ executeEnv: { deny: ["A B"] } }), /settings\.executeEnv\.deny\[0\]/);
   });
 
   it("treats empty strings as unset", () => {
-    assert.deepEqual(readPluginKeys({ natsUrl: "", natsToken: "  " }, "config"), {});
+    assert.deepEqual(readSettings({ natsUrl: "", natsToken: "  " }), {});
   });
 });
 
 describe("resolveConnection", () => {
-  it("takes each key from the environment, else the settings", () => {
-    const c = resolveConnection({ subjectPrefix: "acme" }, { natsUrl: "nats://a:4222,nats://b:4222", natsToken: "tok-secret", timeoutMs: 7000 });
+  it("takes the connection from the settings, the budget from the environment first", () => {
+    const c = resolveConnection({ natsUrl: "nats://a:4222,nats://b:4222", natsToken: "tok-secret", subjectPrefix: "acme", timeoutMs: 7000 });
     assert.deepEqual(c.servers, ["nats://a:4222", "nats://b:4222"]);
     assert.equal(c.prefix, "acme");
+    assert.equal(c.inboxPrefix, "_INBOX_paperclip");
     assert.equal(c.timeoutMs, 7000);
+    assert.equal(resolveConnection({ natsUrl: "nats://a:4222", timeoutMs: 7000 }, { timeoutMs: 900 }).timeoutMs, 900);
     assert.deepEqual(c.auth, { kind: "token", token: "tok-secret" });
     assert.deepEqual(c.secrets, ["tok-secret"]);
   });
 
-  it("defaults the prefix and needs a URL", () => {
-    assert.equal(resolveConnection({ natsUrl: "nats://a:4222" }, {}).prefix, "paperclip");
-    assert.throws(() => resolveConnection({}, {}), /^ConfigError: config\.natsUrl: not set/);
-    assert.throws(() => resolveConnection({ natsUrl: "http://a" }, {}), /config\.natsUrl: must be nats:\/\//);
-    assert.throws(() => resolveConnection({}, { natsUrl: "a b" }), /settings\.natsUrl/);
+  it("defaults the prefixes and needs a URL", () => {
+    assert.equal(resolveConnection({ natsUrl: "nats://a:4222" }).prefix, "paperclip");
+    assert.equal(resolveConnection({ natsUrl: "nats://a:4222", inboxPrefix: "_INBOX_x" }).inboxPrefix, "_INBOX_x");
+    assert.throws(() => resolveConnection({}), /^ConfigError: settings\.natsUrl: not set/);
+    assert.throws(() => resolveConnection({ natsUrl: "http://a" }), /settings\.natsUrl: must be nats:\/\//);
   });
 
   it("reads .creds, user/password and URL credentials, and never displays them", () => {
-    const creds = resolveConnection({ natsUrl: "tls://k:4222", natsCredentials: CREDS }, {});
+    const creds = resolveConnection({ natsUrl: "tls://k:4222", natsCredentials: CREDS });
     assert.equal(creds.auth.kind, "creds");
     assert.ok(creds.secrets.some((s) => s.startsWith("SUAIB")), "the seed is a secret to scrub");
-    assert.throws(() => resolveConnection({ natsUrl: "nats://k:4222", natsCredentials: "not creds" }, {}), /config\.natsCredentials: must be the contents/);
-    const up = resolveConnection({ natsUrl: "nats://k:4222", natsUser: "u", natsPassword: "pw-123456" }, {});
+    assert.throws(() => resolveConnection({ natsUrl: "nats://k:4222", natsCredentials: "not creds" }), /settings\.natsCredentials: must be the contents/);
+    const up = resolveConnection({ natsUrl: "nats://k:4222", natsUser: "u", natsPassword: "pw-123456" });
     assert.deepEqual(up.auth, { kind: "userpass", user: "u", pass: "pw-123456" });
-    assert.throws(() => resolveConnection({ natsUrl: "nats://k:4222", natsUser: "u" }, {}), /natsPassword: natsUser and natsPassword go together/);
-    assert.throws(() => resolveConnection({ natsUrl: "nats://k:4222", natsToken: "t", natsUser: "u", natsPassword: "p" }, {}), /give one of/);
-    const inUrl = resolveConnection({ natsUrl: "nats://bob:hunter22@k:4222" }, {});
+    assert.throws(() => resolveConnection({ natsUrl: "nats://k:4222", natsUser: "u" }), /settings\.natsPassword: natsUser and natsPassword go together/);
+    assert.throws(() => resolveConnection({ natsUrl: "nats://k:4222", natsToken: "t", natsUser: "u", natsPassword: "p" }), /give one of/);
+    const inUrl = resolveConnection({ natsUrl: "nats://bob:hunter22@k:4222" });
     assert.equal(inUrl.display, "nats://k:4222");
     assert.ok(inUrl.secrets.includes("bob:hunter22"));
   });
 
-  it("keys connections by servers and auth", () => {
-    const a = resolveConnection({ natsUrl: "nats://k:4222", natsToken: "x1234" }, {});
-    const b = resolveConnection({ natsUrl: "nats://k:4222", natsToken: "x1234", subjectPrefix: "other" }, {});
-    const c = resolveConnection({ natsUrl: "nats://k:4222", natsToken: "y1234" }, {});
+  it("keys connections by servers, auth and inbox prefix", () => {
+    const a = resolveConnection({ natsUrl: "nats://k:4222", natsToken: "x1234" });
+    const b = resolveConnection({ natsUrl: "nats://k:4222", natsToken: "x1234", subjectPrefix: "other" });
+    const c = resolveConnection({ natsUrl: "nats://k:4222", natsToken: "y1234" });
+    const d = resolveConnection({ natsUrl: "nats://k:4222", natsToken: "x1234", inboxPrefix: "_INBOX_other" });
     assert.equal(a.key, b.key);
     assert.notEqual(a.key, c.key);
+    assert.notEqual(a.key, d.key);
   });
 });
 
@@ -132,7 +154,8 @@ describe("schema", () => {
       "podActivityDeadlineSec", "adapterType", "adapters", "backend", "reuseLease",
     ];
     for (const k of upstream) assert.ok(k in providerConfigSchema.properties, k);
-    assert.equal(providerConfigSchema.properties.natsCredentials.format, "secret-ref");
+    assert.ok(!("natsUrl" in providerConfigSchema.properties), "the connection is not an environment key");
+    assert.equal(settingsSchema.properties.natsCredentials.format, "secret-ref");
     assert.ok(!("anyOf" in providerConfigSchema), "no inCluster/kubeconfig requirement");
   });
 

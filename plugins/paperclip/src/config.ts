@@ -3,8 +3,12 @@
 // An environment config mixes three kinds of keys:
 //   - the Kubernetes provider config (the TypeScript provider's zod schema plus kubeclip's
 //     additions): sent to kubeclip, whose pkg/policy validates it and is the one source of truth;
-//   - the plugin's keys: how to reach kubeclip (NATS URL, credentials, subject prefix) and the
-//     RPC budget `timeoutMs`; never sent to kubeclip;
+//   - the plugin's key `timeoutMs` (the RPC budget); never sent to kubeclip. How to reach
+//     kubeclip (NATS URL, credentials, subject and inbox prefixes: the connection keys) is the
+//     operator's and comes only from the plugin's instance settings: a company controls its
+//     environment config, so an environment that sets a connection key is refused, naming the
+//     key (otherwise a company could make the plugin present kubeclip's NATS credentials to a
+//     server of its choice);
 //   - Paperclip's own keys (`provider`, `reuseLease`, `streamRunLogs`, …, and at run time what the
 //     host merges in from lease metadata): never sent to kubeclip, kept as they are.
 // `inCluster` and `kubeconfig` are accepted for compatibility with the bootstrap config
@@ -12,21 +16,29 @@
 // cluster credentials.
 
 import { ConfigError, redactUrl } from "./errors.js";
+import { readEnvPolicy, type EnvPolicySettings } from "./envpolicy.js";
 import { findCaseVariantKey, isObject, type JsonObject } from "./json.js";
 
 /** The backends that can serve Paperclip's execute calls (a pod that stays up for the lease). */
 export const EXEC_BACKENDS = ["pod", "sandbox-cr"] as const;
 
-/** Keys of the plugin: connection settings and the RPC budget. */
-export const PLUGIN_KEYS = [
+/**
+ * The connection keys: only in the plugin's instance settings (the operator's), never in an
+ * environment config (the company's). Anything that pairs with the credentials is here: where
+ * they go (URL, TLS through tls:// URLs), what they are, and the subjects they act on.
+ */
+export const CONNECTION_KEYS = [
   "natsUrl",
   "natsCredentials",
   "natsToken",
   "natsUser",
   "natsPassword",
   "subjectPrefix",
-  "timeoutMs",
+  "inboxPrefix",
 ] as const;
+
+/** Keys of the plugin in an environment config: the connection keys (refused) and the RPC budget. */
+export const PLUGIN_KEYS = [...CONNECTION_KEYS, "timeoutMs"] as const;
 
 /** Plugin keys holding secrets (`format: "secret-ref"`). */
 export const SECRET_KEYS = ["natsCredentials", "natsToken", "natsPassword"] as const;
@@ -100,7 +112,7 @@ export function checkProviderConfig(provider: JsonObject): string[] {
   return errors;
 }
 
-/** How to reach kubeclip, from the plugin's keys (environment config over plugin settings). */
+/** How to reach kubeclip: the plugin's settings (the RPC budget: the environment's over the settings'). */
 export interface Connection {
   /** NATS server URLs. */
   servers: string[];
@@ -108,6 +120,8 @@ export interface Connection {
   display: string;
   auth: Auth;
   prefix: string;
+  /** Where replies to the plugin go: nats-auth.conf lets the paperclip user subscribe only there. */
+  inboxPrefix: string;
   /** The environment's RPC budget, when set (Paperclip adds 30 s to it for its own timeout). */
   timeoutMs: number | undefined;
   /** Identifies the connection config: one NATS connection per distinct key. */
@@ -123,7 +137,20 @@ export type Auth =
   | { kind: "userpass"; user: string; pass: string };
 
 export const DEFAULT_PREFIX = "paperclip";
+/**
+ * Per-execute hold: Paperclip's largest own output is a workspace download slice (3 MiB of tar as
+ * base64, 4.2 MB per call), so 8 MiB holds every command whole except a runaway agent's.
+ */
+export const DEFAULT_EXECUTE_OUTPUT_BYTES = 8 << 20;
+export const MIN_EXECUTE_OUTPUT_BYTES = 64 << 10;
+/** Far below V8's string limit (2^29 characters) even when each byte becomes a 6-character JSON escape. */
+export const MAX_EXECUTE_OUTPUT_BYTES = 32 << 20;
+/** A run has ~6 executes in flight (agent, bridge poll, log tail, 4 parallel uploads). */
+export const DEFAULT_CONCURRENT_EXECUTES = 32;
+/** The paperclip NATS user's inbox (pkg/inbox.PaperclipPrefix; deploy/kustomize/base/nats-auth.conf). */
+export const DEFAULT_INBOX_PREFIX = "_INBOX_paperclip";
 const PREFIX_RE = /^[A-Za-z0-9_-]{1,32}$/;
+const INBOX_PREFIX_RE = /^[A-Za-z0-9_-]{1,64}(\.[A-Za-z0-9_-]{1,64}){0,7}$/;
 const UUID_RE = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
 /** timeoutMs at most one day: it bounds waits the plugin makes, not the agent's runtime. */
 const MAX_TIMEOUT_MS = 86_400_000;
@@ -134,15 +161,44 @@ export function isUnresolvedSecretRef(v: unknown): boolean {
 }
 
 /**
- * The plugin keys of one source, type-checked. `source` is "config" (the environment) or
- * "settings" (the plugin's settings) and prefixes field names in errors.
+ * The plugin keys of an environment config: only `timeoutMs`. A connection key there is refused
+ * (even one equal to the settings': the rule is who may set it, not what it says).
  */
-export function readPluginKeys(obj: JsonObject, source: string): PluginKeys {
+export function readEnvironmentKeys(obj: JsonObject): EnvironmentKeys {
+  for (const key of CONNECTION_KEYS) {
+    const v = obj[key];
+    if (v === undefined || v === null || v === "") continue;
+    throw new ConfigError(
+      `config.${key}`,
+      "connection settings are the operator's: kubeclip's NATS URL, credentials, TLS and subject/inbox prefixes come only from the plugin's instance settings; remove this key from the environment",
+    );
+  }
+  const out: EnvironmentKeys = {};
+  const t = readTimeout(obj, "config");
+  if (t !== undefined) out.timeoutMs = t;
+  return out;
+}
+
+export interface EnvironmentKeys {
+  timeoutMs?: number;
+}
+
+function readTimeout(obj: JsonObject, source: string): number | undefined {
+  const t = obj.timeoutMs;
+  if (t === undefined || t === null) return undefined;
+  if (typeof t !== "number" || !Number.isSafeInteger(t) || t <= 0 || t > MAX_TIMEOUT_MS) {
+    throw new ConfigError(`${source}.timeoutMs`, `must be a positive integer of milliseconds, at most ${MAX_TIMEOUT_MS}`);
+  }
+  return t;
+}
+
+/** The plugin's instance settings, type-checked; errors name `settings.<key>`. */
+export function readSettings(obj: JsonObject): PluginKeys {
   const out: PluginKeys = {};
   const str = (key: string): string | undefined => {
     const v = obj[key];
     if (v === undefined || v === null || v === "") return undefined;
-    if (typeof v !== "string") throw new ConfigError(`${source}.${key}`, "must be a string");
+    if (typeof v !== "string") throw new ConfigError(`settings.${key}`, "must be a string");
     return v.trim() === "" ? undefined : v;
   };
   const url = str("natsUrl");
@@ -154,17 +210,32 @@ export function readPluginKeys(obj: JsonObject, source: string): PluginKeys {
   const prefix = str("subjectPrefix");
   if (prefix !== undefined) {
     if (!PREFIX_RE.test(prefix)) {
-      throw new ConfigError(`${source}.subjectPrefix`, "must be 1-32 letters, digits, '-' or '_'");
+      throw new ConfigError("settings.subjectPrefix", "must be 1-32 letters, digits, '-' or '_'");
     }
     out.subjectPrefix = prefix;
   }
-  const t = obj.timeoutMs;
-  if (t !== undefined && t !== null) {
-    if (typeof t !== "number" || !Number.isSafeInteger(t) || t <= 0 || t > MAX_TIMEOUT_MS) {
-      throw new ConfigError(`${source}.timeoutMs`, `must be a positive integer of milliseconds, at most ${MAX_TIMEOUT_MS}`);
+  const inbox = str("inboxPrefix");
+  if (inbox !== undefined) {
+    if (!INBOX_PREFIX_RE.test(inbox) || inbox.startsWith("$")) {
+      throw new ConfigError("settings.inboxPrefix", "must be subject tokens of letters, digits, '-' or '_' separated by '.', no wildcard (e.g. _INBOX_paperclip)");
     }
-    out.timeoutMs = t;
+    out.inboxPrefix = inbox;
   }
+  const t = readTimeout(obj, "settings");
+  if (t !== undefined) out.timeoutMs = t;
+  const int = (key: string, min: number, max: number): number | undefined => {
+    const v = obj[key];
+    if (v === undefined || v === null) return undefined;
+    if (typeof v !== "number" || !Number.isSafeInteger(v) || v < min || v > max) {
+      throw new ConfigError(`settings.${key}`, `must be an integer from ${min} to ${max}`);
+    }
+    return v;
+  };
+  const hold = int("maxExecuteOutputBytes", MIN_EXECUTE_OUTPUT_BYTES, MAX_EXECUTE_OUTPUT_BYTES);
+  if (hold !== undefined) out.maxExecuteOutputBytes = hold;
+  const conc = int("maxConcurrentExecutesPerCompany", 1, 100_000);
+  if (conc !== undefined) out.maxConcurrentExecutesPerCompany = conc;
+  if (obj.executeEnv !== undefined && obj.executeEnv !== null) out.executeEnv = readEnvPolicy(obj.executeEnv, "settings.executeEnv");
   return out;
 }
 
@@ -175,23 +246,23 @@ export interface PluginKeys {
   natsUser?: string;
   natsPassword?: string;
   subjectPrefix?: string;
+  inboxPrefix?: string;
   timeoutMs?: number;
+  executeEnv?: EnvPolicySettings;
+  maxExecuteOutputBytes?: number;
+  maxConcurrentExecutesPerCompany?: number;
 }
 
 /**
- * Resolves the connection: each key from the environment config when set there, else from the
- * plugin settings. Secret values must already be resolved (Paperclip resolves an environment's
- * secret refs before every hook but validateConfig; the plugin resolves its settings' refs).
+ * Resolves the connection from the plugin's settings alone (secret values already resolved: the
+ * plugin resolves its settings' refs); the environment contributes only its RPC budget.
  */
-export function resolveConnection(env: PluginKeys, settings: PluginKeys): Connection {
-  const pick = <K extends keyof PluginKeys>(k: K): PluginKeys[K] => env[k] ?? settings[k];
-  const field = (k: keyof PluginKeys): string => (env[k] !== undefined ? `config.${k}` : `settings.${k}`);
+export function resolveConnection(settings: PluginKeys, env: EnvironmentKeys = {}): Connection {
+  const pick = <K extends keyof PluginKeys>(k: K): PluginKeys[K] => settings[k];
+  const field = (k: keyof PluginKeys): string => `settings.${k}`;
   const url = pick("natsUrl");
   if (url === undefined) {
-    throw new ConfigError(
-      "config.natsUrl",
-      "not set: give kubeclip's NATS URL in the environment config or in the plugin's settings",
-    );
+    throw new ConfigError("settings.natsUrl", "not set: the operator gives kubeclip's NATS URL in the plugin's instance settings");
   }
   const servers = url.split(",").map((s) => s.trim()).filter((s) => s !== "");
   for (const s of servers) {
@@ -229,6 +300,7 @@ export function resolveConnection(env: PluginKeys, settings: PluginKeys): Connec
     secrets.push(pass);
   }
   const prefix = pick("subjectPrefix") ?? DEFAULT_PREFIX;
+  const inboxPrefix = pick("inboxPrefix") ?? DEFAULT_INBOX_PREFIX;
   const display = servers.map(redactUrl).join(",");
   for (const s of servers) {
     const m = /^[a-z]+:\/\/([^@/]*)@/i.exec(s);
@@ -239,8 +311,9 @@ export function resolveConnection(env: PluginKeys, settings: PluginKeys): Connec
     display,
     auth,
     prefix,
-    timeoutMs: pick("timeoutMs"),
-    key: JSON.stringify([servers, auth]),
+    inboxPrefix,
+    timeoutMs: env.timeoutMs ?? settings.timeoutMs,
+    key: JSON.stringify([servers, auth, inboxPrefix]),
     secrets,
   };
 }
@@ -280,7 +353,7 @@ const connectionProperties = {
   natsUrl: {
     type: "string",
     title: "kubeclip NATS URL",
-    description: "nats://host:4222 or tls://host:4222 (comma-separated for a cluster). Overrides the plugin settings.",
+    description: "nats://host:4222 or tls://host:4222 (comma-separated for a cluster).",
   },
   natsCredentials: {
     type: "string",
@@ -297,6 +370,12 @@ const connectionProperties = {
     default: DEFAULT_PREFIX,
     title: "Subject prefix",
     description: "kubeclip's subject prefix; streams are <PREFIX>_LEASES and <PREFIX>_RUNS.",
+  },
+  inboxPrefix: {
+    type: "string",
+    default: DEFAULT_INBOX_PREFIX,
+    title: "Inbox prefix",
+    description: "Where kubeclip's answers to the plugin go: the paperclip NATS user's own inbox (nats-auth.conf lets it subscribe only there).",
   },
 } as const;
 
@@ -336,11 +415,10 @@ export const providerConfigSchema = {
       format: "secret-ref",
       description: "Accepted for compatibility and ignored (never stored): kubeclip's workers hold the cluster credentials.",
     },
-    ...connectionProperties,
     timeoutMs: {
       type: "integer",
       minimum: 1,
-      description: "Budget for acquire/release (ms); Paperclip waits 30 s longer. Default 25000.",
+      description: "Budget for acquire/release (ms); Paperclip waits 30 s longer. Default 25000. (The connection is the plugin settings' alone.)",
     },
     reuseLease: { type: "boolean", description: "Paperclip's: not supported by this provider (leases are per run)." },
     streamRunLogs: {
@@ -350,11 +428,36 @@ export const providerConfigSchema = {
   },
 } as const;
 
-/** The plugin's settings (`instanceConfigSchema`): a default connection for every environment. */
+/** The plugin's settings (`instanceConfigSchema`): the operator's connection and bounds. */
 export const settingsSchema = {
   type: "object",
   properties: {
     ...connectionProperties,
     timeoutMs: { type: "integer", minimum: 1, description: "Default budget for acquire/release (ms)." },
+    executeEnv: {
+      type: "object",
+      title: "Execute environment policy",
+      description:
+        'What of Paperclip\'s execute env reaches a pod. mode "deny" (default): every key but the built-in deny list of Paperclip\'s own server keys (and "deny"); "allowlist": only keys matching "allow", the deny lists still apply. Globs match a whole key, * is any run of characters.',
+      properties: {
+        mode: { type: "string", enum: ["deny", "allowlist"], default: "deny" },
+        allow: stringArray,
+        deny: stringArray,
+      },
+      additionalProperties: false,
+    },
+    maxExecuteOutputBytes: {
+      type: "integer",
+      minimum: MIN_EXECUTE_OUTPUT_BYTES,
+      maximum: MAX_EXECUTE_OUTPUT_BYTES,
+      default: DEFAULT_EXECUTE_OUTPUT_BYTES,
+      description: "The most of each stream (stdout, stderr) the plugin holds per execute: its head and tail, the middle replaced by a truncation line.",
+    },
+    maxConcurrentExecutesPerCompany: {
+      type: "integer",
+      minimum: 1,
+      default: DEFAULT_CONCURRENT_EXECUTES,
+      description: "Executes one company may have in flight; more wait (up to 60 s, then are refused).",
+    },
   },
 } as const;

@@ -3,7 +3,7 @@ import { createHash } from "node:crypto";
 import { after, afterEach, before, beforeEach, describe, it } from "node:test";
 import { headers as natsHeaders, type Msg } from "@nats-io/transport-node";
 import { KubeclipError } from "./errors.js";
-import { KILL_WAIT_MS, newExecId, runExec, splitText, type ExecSpec, type Stream } from "./exec.js";
+import { KILL_WAIT_MS, Output, newExecId, runExec, splitText, type ExecSpec, type Stream } from "./exec.js";
 import { FakeExecReplica } from "../test/support/fake-exec.js";
 import { startEnv, type Env } from "../test/support/harness.js";
 import { execSchemaNames, schemaErrors } from "../test/support/schemas.js";
@@ -143,6 +143,7 @@ describe("exec protocol", () => {
     let streamedHash = createHash("sha256");
     const r = await runExec(env.nc, "paperclip", spec("sh", ["-c", `yes 0123456789abcdef | head -c ${size}`]), {
       ...fast,
+      holdBytes: size,
       onOutput: (stream, text) => {
         assert.equal(stream, "stdout");
         streamed += text.length;
@@ -157,10 +158,43 @@ describe("exec protocol", () => {
     assert.equal(r.metadata.truncated, undefined);
   });
 
-  it("caps the kept output and says truncated", async () => {
-    const r = await runExec(env.nc, "paperclip", spec("sh", ["-c", "head -c 100000 /dev/zero"]), { ...fast, maxOutputBytes: 1000 });
-    assert.equal(r.stdout.length, 1000);
+  it("holds the head and the tail of each stream, says what it dropped, and says truncated", async () => {
+    const r = await runExec(env.nc, "paperclip", spec("sh", ["-c", "head -c 100000 /dev/zero; head -c 5000 /dev/zero >&2"]), { ...fast, holdBytes: 1000 });
+    const marker = "\n[kubeclip: 99000 bytes of output truncated here: the plugin holds at most 1000 bytes per stream (settings.maxExecuteOutputBytes)]\n";
+    assert.equal(r.stdout, "\0".repeat(250) + marker + "\0".repeat(750));
+    assert.equal(r.stderr, "\0".repeat(250) + marker.replace("99000", "4000") + "\0".repeat(750));
     assert.equal(r.metadata.truncated, true);
+    assert.equal(env.sandbox.startRequests.at(-1)?.maxOutputBytes, 64 << 20, "kubeclip still sends up to the protocol's cap");
+  });
+
+  it("keeps the latest bytes however the chunks fall", () => {
+    for (const sizes of [[1], [7], [13, 1, 250], [400], [3, 997, 2]]) {
+      const o = new Output(40); // head 10, tail 30
+      let all = "";
+      let i = 0;
+      for (let round = 0; round < 100; round++) {
+        for (const n of sizes) {
+          const piece = Array.from({ length: n }, () => String.fromCharCode(97 + (i++ % 26))).join("");
+          all += piece;
+          o.add(new TextEncoder().encode(piece));
+        }
+      }
+      const text = o.text();
+      // No line breaks: the head and tail are cut nowhere else.
+      assert.equal(text.slice(0, 10), all.slice(0, 10), String(sizes));
+      assert.equal(text.slice(-30), all.slice(-30), String(sizes));
+      assert.equal(o.dropped, all.length - 40, String(sizes));
+    }
+  });
+
+  it("keeps whole lines at the cuts", () => {
+    const o = new Output(100);
+    for (let i = 0; i < 50; i++) o.add(new TextEncoder().encode(`line ${String(i).padStart(3, "0")}\n`));
+    const lines = o.text().split("\n");
+    assert.equal(lines[0], "line 000");
+    assert.match(lines.find((l) => l.startsWith("[kubeclip")) ?? "", /^\[kubeclip: \d+ bytes of output truncated here/);
+    assert.equal(lines.at(-2), "line 049");
+    for (const l of lines) assert.ok(l === "" || /^line \d{3}$/.test(l) || l.startsWith("[kubeclip"), l);
   });
 
   it("resumes through another replica when one dies mid-stream, without gap or duplicate", async () => {
@@ -334,7 +368,7 @@ describe("exec protocol", () => {
       if (op === "start" || op === "attach" || op === "signal") {
         const body: unknown = JSON.parse(new TextDecoder().decode(m.data));
         assert.equal(schemaErrors(`exec-${op}`, body), undefined, `${op} ${JSON.stringify(body).slice(0, 200)}`);
-        assert.ok(m.reply?.startsWith("_INBOX."), `${op} has the client's inbox as reply subject`);
+        assert.ok(m.reply?.startsWith("_INBOX_paperclip."), `${op} has the client's inbox as reply subject`);
         kinds.set(op, (kinds.get(op) ?? 0) + 1);
         continue;
       }

@@ -15,6 +15,7 @@
 
 import { createInbox, headers, type Msg, type NatsConnection } from "@nats-io/transport-node";
 import { randomBytes } from "node:crypto";
+import { DEFAULT_INBOX_PREFIX } from "./config.js";
 import { KubeclipError, ProtocolError, errorMessage } from "./errors.js";
 import { Fields, encode, parseObject } from "./json.js";
 
@@ -40,8 +41,12 @@ export interface ExecOptions {
   signal?: AbortSignal | undefined;
   /** Every output chunk, decoded, in order, as it arrives (≤ maxLogChars each). */
   onOutput?: ((stream: Stream, text: string) => void) | undefined;
-  /** Cap on the stdout and stderr kept for the result, each (default 64 MiB). */
+  /** Cap on the output kubeclip sends, stdout and stderr together (default 64 MiB, the protocol's). */
   maxOutputBytes?: number;
+  /** The most of each stream the client holds for the result: head and tail (default 8 MiB). */
+  holdBytes?: number;
+  /** Prefix of the reply inbox: the NATS user's own (default _INBOX_paperclip). */
+  inboxPrefix?: string;
   /** Silence after which the client attaches again (default 3 s, the protocol's). */
   silenceMs?: number;
   /** Extra wait for the exit frame after timeoutMs (default 5 s). */
@@ -78,6 +83,7 @@ export interface ExecResult {
 }
 
 export const DEFAULT_MAX_OUTPUT_BYTES = 64 << 20;
+export const DEFAULT_HOLD_BYTES = 8 << 20;
 export const STDIN_CHUNK_BYTES = 512 << 10;
 /** Ack at least this often: below the protocol's 2 MiB, far below the 8 MiB a replica holds unacked. */
 export const ACK_BYTES = 1 << 20;
@@ -164,30 +170,98 @@ class Inbox {
   }
 }
 
-class Output {
-  readonly chunks: Buffer[] = [];
-  bytes = 0;
-  truncated = false;
+/**
+ * One stream of an execute's output, held within a bound: up to `hold` bytes as they come; beyond
+ * that the first quarter (the head: an agent's session line) and the latest three quarters (the
+ * tail: its result line, which Paperclip's adapter parses from the returned stdout) are kept and
+ * the middle is dropped, replaced in text() by one line saying how much. Cuts fall on line
+ * breaks where there are any, so every line returned is whole.
+ */
+export class Output {
+  private readonly head: Buffer[] = [];
+  private headBytes = 0;
+  /** The tail while it fits: chunks as they came. */
+  private readonly tail: Buffer[] = [];
+  private tailBytes = 0;
+  /**
+   * The tail once it overflowed: one buffer of the tail's size written round (no allocation per
+   * chunk, so a long stream leaves no garbage behind); ringPos is where the oldest byte is.
+   */
+  private ring: Buffer | undefined;
+  private ringPos = 0;
+  /** Bytes dropped from the middle. */
+  dropped = 0;
   private readonly decoder = new TextDecoder("utf-8");
-  private readonly cap: number;
-  constructor(cap: number) {
-    this.cap = cap;
+  private readonly headCap: number;
+  private readonly tailCap: number;
+  constructor(hold: number) {
+    this.headCap = Math.floor(hold / 4);
+    this.tailCap = hold - this.headCap;
   }
+  /** Keeps data within the bound; returns it decoded for the live log. */
   add(data: Uint8Array): string {
-    const room = this.cap - this.bytes;
-    if (data.byteLength > room) this.truncated = true;
-    if (room > 0) {
-      const keep = data.byteLength > room ? data.subarray(0, room) : data;
-      this.chunks.push(Buffer.from(keep));
-      this.bytes += keep.byteLength;
+    let rest = data;
+    const room = this.headCap - this.headBytes;
+    if (room > 0 && this.tailBytes === 0) {
+      const keep = rest.byteLength > room ? rest.subarray(0, room) : rest;
+      this.head.push(Buffer.from(keep));
+      this.headBytes += keep.byteLength;
+      rest = rest.subarray(keep.byteLength);
     }
+    if (rest.byteLength > 0) this.addTail(rest);
     return this.decoder.decode(data, { stream: true });
+  }
+  private addTail(data: Uint8Array): void {
+    if (!this.ring) {
+      if (this.tailBytes + data.byteLength <= this.tailCap) {
+        this.tail.push(Buffer.from(data));
+        this.tailBytes += data.byteLength;
+        return;
+      }
+      const all = Buffer.concat([...this.tail, data]);
+      this.ring = Buffer.allocUnsafe(this.tailCap);
+      all.copy(this.ring, 0, all.byteLength - this.tailCap);
+      this.dropped += all.byteLength - this.tailCap;
+      this.ringPos = 0;
+      this.tail.length = 0;
+      this.tailBytes = this.tailCap;
+      return;
+    }
+    let src = data;
+    if (src.byteLength > this.tailCap) {
+      this.dropped += src.byteLength - this.tailCap;
+      src = src.subarray(src.byteLength - this.tailCap);
+    }
+    // Each byte written replaces the oldest one.
+    this.dropped += src.byteLength;
+    const first = Math.min(src.byteLength, this.tailCap - this.ringPos);
+    this.ring.set(src.subarray(0, first), this.ringPos);
+    this.ring.set(src.subarray(first), 0);
+    this.ringPos = (this.ringPos + src.byteLength) % this.tailCap;
   }
   flush(): string {
     return this.decoder.decode();
   }
+  /** Everything held, the dropped middle (if any) replaced by one line saying so. */
   text(): string {
-    return Buffer.concat(this.chunks, this.bytes).toString("utf8");
+    let head = Buffer.concat(this.head, this.headBytes);
+    let tail = this.ring ? Buffer.concat([this.ring.subarray(this.ringPos), this.ring.subarray(0, this.ringPos)]) : Buffer.concat(this.tail, this.tailBytes);
+    if (this.dropped === 0) return Buffer.concat([head, tail]).toString("utf8");
+    // Whole lines only: the head up to its last line break, the tail from its first.
+    let cut = 0;
+    const lastNl = head.lastIndexOf(0x0a);
+    if (lastNl >= 0) {
+      cut += head.byteLength - lastNl - 1;
+      head = head.subarray(0, lastNl + 1);
+    }
+    const firstNl = tail.indexOf(0x0a);
+    if (firstNl >= 0 && firstNl < tail.byteLength - 1) {
+      cut += firstNl + 1;
+      tail = tail.subarray(firstNl + 1);
+    }
+    const sep = head.byteLength > 0 && head[head.byteLength - 1] !== 0x0a ? "\n" : "";
+    const marker = `${sep}[kubeclip: ${this.dropped + cut} bytes of output truncated here: the plugin holds at most ${this.headCap + this.tailCap} bytes per stream (settings.maxExecuteOutputBytes)]\n`;
+    return head.toString("utf8") + marker + tail.toString("utf8");
   }
 }
 
@@ -227,14 +301,15 @@ export async function runExec(nc: NatsConnection, prefix: string, spec: ExecSpec
   const retryMs = opts.retryMs ?? 1_000;
   const cap = opts.maxOutputBytes ?? DEFAULT_MAX_OUTPUT_BYTES;
   const stdin = Buffer.from(spec.stdin ?? "", "utf8");
-  const out = { stdout: new Output(cap), stderr: new Output(cap) };
+  const hold = opts.holdBytes ?? DEFAULT_HOLD_BYTES;
+  const out = { stdout: new Output(hold), stderr: new Output(hold) };
   const emit = (stream: Stream, text: string): void => {
     if (!opts.onOutput || text === "") return;
     for (const piece of splitText(text, maxLog)) opts.onOutput(stream, piece);
   };
 
   const inbox = new Inbox();
-  const replyTo = createInbox();
+  const replyTo = createInbox(opts.inboxPrefix ?? DEFAULT_INBOX_PREFIX);
   const sub = nc.subscribe(replyTo, {
     callback: (err, msg) => {
       inbox.push(err ?? msg);
@@ -494,7 +569,7 @@ export async function runExec(nc: NatsConnection, prefix: string, spec: ExecSpec
     // Only the exec's own client closes it: the stream ends and sandboxd drops the journal.
     io("close", { [H_SEQ]: String(next - 1) });
   }
-  const truncated = out.stdout.truncated || out.stderr.truncated || exit?.truncated === true;
+  const truncated = out.stdout.dropped > 0 || out.stderr.dropped > 0 || exit?.truncated === true;
   const metadata: ExecResult["metadata"] = { execId };
   if (replica) metadata.replica = replica;
   if (truncated) metadata.truncated = true;

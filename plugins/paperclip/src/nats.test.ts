@@ -16,8 +16,8 @@ describe("ConnectionPool", () => {
 
   it("shares one connection per connection config and reopens a closed one", async () => {
     const pool = new ConnectionPool();
-    const a = resolveConnection({ natsUrl: server.url }, {});
-    const b = resolveConnection({ natsUrl: server.url, subjectPrefix: "other", timeoutMs: 5 }, {});
+    const a = resolveConnection({ natsUrl: server.url });
+    const b = resolveConnection({ natsUrl: server.url, subjectPrefix: "other", timeoutMs: 5 });
     const [c1, c2] = await Promise.all([pool.get(a), pool.get(b)]);
     assert.equal(c1, c2, "prefix and timeout do not make a new connection");
     await c1.close();
@@ -31,7 +31,7 @@ describe("ConnectionPool", () => {
 
   it("reports an unreachable server without credentials", async () => {
     const pool = new ConnectionPool();
-    const conn = resolveConnection({ natsUrl: "nats://127.0.0.1:1", natsToken: "tok-topsecret" }, {});
+    const conn = resolveConnection({ natsUrl: "nats://127.0.0.1:1", natsToken: "tok-topsecret" });
     await assert.rejects(pool.get(conn), (err: unknown) => {
       assert.ok(err instanceof UnreachableError);
       assert.match(err.message, /^kubeclip unreachable at nats:\/\/127\.0\.0\.1:1: /);

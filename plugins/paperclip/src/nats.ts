@@ -64,6 +64,9 @@ async function open(conn: Connection): Promise<NatsConnection> {
   const opts: ConnectionOptions = {
     servers: conn.servers,
     name: "kubeclip-paperclip-plugin",
+    // Replies (requests, JetStream's, the exec stream) come to the paperclip user's own inbox:
+    // nats-auth.conf lets it subscribe nowhere else, and kubeclip answers nowhere else.
+    inboxPrefix: conn.inboxPrefix,
     timeout: CONNECT_TIMEOUT_MS,
     // Keep the connection through kubeclip's NATS restarts; hooks bound their own waits.
     maxReconnectAttempts: -1,

@@ -14,8 +14,8 @@ describe("plugin hooks", () => {
   let cfg: Record<string, unknown>;
   before(async () => {
     env = await startEnv();
-    h = await harnessed();
-    cfg = { natsUrl: env.server.url, backend: "pod", streamRunLogs: false };
+    h = await harnessed(undefined, { natsUrl: env.server.url });
+    cfg = { backend: "pod", streamRunLogs: false };
   });
   after(async () => {
     await h.shutdown();
@@ -32,7 +32,7 @@ describe("plugin hooks", () => {
       const r = await h.harness.validateConfig({ driverKey: "kubernetes", config: { ...cfg, inCluster: true, kubeconfig: "apiVersion: v1\nsecret", egressAllowFqdns: ["github.com"] } });
       assert.equal(r.ok, true, JSON.stringify(r));
       assert.deepEqual(env.kubeclip.validateRequests.at(-1), { backend: "pod", egressAllowFqdns: ["github.com"] });
-      assert.deepEqual(r.normalizedConfig, { backend: "pod", egressAllowFqdns: ["github.com"], natsUrl: env.server.url, streamRunLogs: false });
+      assert.deepEqual(r.normalizedConfig, { backend: "pod", egressAllowFqdns: ["github.com"], streamRunLogs: false });
       assert.ok(r.warnings?.some((w) => w.startsWith("config.inCluster is ignored")));
       assert.ok(r.warnings?.some((w) => w.startsWith("config.kubeconfig is ignored")));
       assert.ok(!JSON.stringify(r).includes("secret"), "never echoes a kubeconfig");
@@ -55,22 +55,22 @@ describe("plugin hooks", () => {
     });
 
     it("says kubeclip is unreachable, never with the credentials", async () => {
-      const dead = `nats://alice:pw-very-secret@127.0.0.1:1`;
-      const r = await h.harness.validateConfig({ driverKey: "kubernetes", config: { ...cfg, natsUrl: dead } });
+      const validate = async (settings: Record<string, unknown>) => {
+        const s = await harnessed(undefined, settings);
+        try {
+          return await s.harness.validateConfig({ driverKey: "kubernetes", config: cfg });
+        } finally {
+          await s.shutdown();
+        }
+      };
+      const r = await validate({ natsUrl: `nats://alice:pw-very-secret@127.0.0.1:1` });
       assert.equal(r.ok, false);
       assert.match(r.errors?.[0] ?? "", /^kubeclip unreachable at nats:\/\/127\.0\.0\.1:1: /);
       assert.ok(!JSON.stringify(r).includes("pw-very-secret"));
-      const r2 = await h.harness.validateConfig({ driverKey: "kubernetes", config: { ...cfg, subjectPrefix: "nobody" } });
+      const r2 = await validate({ natsUrl: env.server.url, subjectPrefix: "nobody" });
       assert.deepEqual(r2.errors, [`kubeclip unreachable at ${env.server.url}: no kubeclip worker answers nobody.api.validate`]);
-      const r3 = await h.harness.validateConfig({ driverKey: "kubernetes", config: { backend: "pod" } });
-      assert.match(r3.errors?.[0] ?? "", /^config\.natsUrl: not set/);
-    });
-
-    it("does not use a secret id Paperclip has not resolved", async () => {
-      const r = await h.harness.validateConfig({ driverKey: "kubernetes", config: { ...cfg, natsToken: "0e8b6f4a-5a7c-4c1e-9f0b-2a9d7c3e1b44" } });
-      assert.equal(r.ok, true);
-      assert.ok(r.warnings?.some((w) => w.startsWith("config.natsToken is a secret reference")));
-      assert.equal(r.normalizedConfig?.natsToken, "0e8b6f4a-5a7c-4c1e-9f0b-2a9d7c3e1b44", "the reference is kept");
+      const r3 = await validate({});
+      assert.match(r3.errors?.[0] ?? "", /^settings\.natsUrl: not set/);
     });
   });
 
@@ -92,9 +92,14 @@ describe("plugin hooks", () => {
       } finally {
         env.kubeclip.pingReplies = saved;
       }
-      const r2 = await h.harness.probe({ driverKey: "kubernetes", companyId: C, environmentId: "env-1", config: { ...cfg, subjectPrefix: "other" } });
-      assert.equal(r2.ok, false);
-      assert.ok(r2.diagnostics?.some((d) => d.code === "stream_missing"));
+      const other = await harnessed(undefined, { natsUrl: env.server.url, subjectPrefix: "other" });
+      try {
+        const r2 = await other.harness.probe({ driverKey: "kubernetes", companyId: C, environmentId: "env-1", config: cfg });
+        assert.equal(r2.ok, false);
+        assert.ok(r2.diagnostics?.some((d) => d.code === "stream_missing"));
+      } finally {
+        await other.shutdown();
+      }
     });
   });
 
@@ -241,7 +246,7 @@ describe("plugin hooks", () => {
       );
     });
 
-    it("reads the connection from the plugin settings when the environment has none", async () => {
+    it("reads the connection from the plugin settings and sends no plugin key to kubeclip", async () => {
       const s = await harnessed(undefined, { natsUrl: env.server.url });
       try {
         const runId = newRun();

@@ -27,20 +27,26 @@ import {
 import { isAgentCommand } from "./agent.js";
 import { WORKER_KINDS, ping, validateConfig } from "./api.js";
 import {
+  DEFAULT_CONCURRENT_EXECUTES,
+  DEFAULT_EXECUTE_OUTPUT_BYTES,
   SECRET_KEYS,
   checkProviderConfig,
   isUnresolvedSecretRef,
   normalizedConfig,
-  readPluginKeys,
+  readEnvironmentKeys,
+  readSettings,
   resolveConnection,
   splitConfig,
   type Connection,
   type PluginKeys,
 } from "./config.js";
+import { EnvPolicy } from "./envpolicy.js";
 import { ConfigError, UnreachableError, errorMessage, scrub } from "./errors.js";
 import { runExec } from "./exec.js";
+import { CompanyLimiter } from "./limiter.js";
 import { findCaseVariantKey, isObject, type JsonObject } from "./json.js";
 import { Leases } from "./leases.js";
+import { LiveLog } from "./livelog.js";
 import { ConnectionPool } from "./nats.js";
 import { StatsBook } from "./stats.js";
 
@@ -56,6 +62,8 @@ export const PING_WINDOW_MS = 500;
 export interface PluginOptions {
   /** Exec client tuning (tests shorten the resume silence). */
   exec?: { silenceMs?: number; graceMs?: number; maxOutputBytes?: number };
+  /** How long an execute waits for a slot of its company (default 60 s; tests shorten it). */
+  executeSlotWaitMs?: number;
 }
 
 /** kubeclip's state in lease metadata: one key, because metadata keys override config keys. */
@@ -74,6 +82,8 @@ export function createPlugin(options: PluginOptions = {}): PaperclipPlugin {
   const inflight = new Map<string, Set<AbortController>>();
   /** Hook calls and execute durations per lease, logged when it ends. */
   const stats = new StatsBook();
+  /** Executes in flight per company, bounded by settings.maxConcurrentExecutesPerCompany. */
+  const limiter = new CompanyLimiter(options.executeSlotWaitMs);
   let ctx: PluginContext | undefined;
   /**
    * Plugin settings delivered by configChanged, per company (null: an instance-wide save).
@@ -125,13 +135,29 @@ export function createPlugin(options: PluginOptions = {}): PaperclipPlugin {
         throw new ConfigError(`settings.${key}`, "is a bare secret id; bind it as a secret reference");
       }
     }
-    return readPluginKeys(resolved, "settings");
+    return readSettings(resolved);
   }
 
-  /** The connection of a hook's config (secrets resolved by Paperclip) over the settings. */
+  /**
+   * The connection for a hook: the settings' alone. The environment config (the company's) may
+   * set only the RPC budget; a connection key there is refused before anything connects.
+   */
   async function connectionFor(config: JsonObject, companyId: string | undefined): Promise<Connection> {
-    const env = readPluginKeys(splitConfig(config).plugin, "config");
-    return resolveConnection(env, await settings(companyId));
+    const env = readEnvironmentKeys(splitConfig(config).plugin);
+    return resolveConnection(await settings(companyId), env);
+  }
+
+  /**
+   * The company a lease hook acts for: Paperclip's (params.companyId, which the host sets from its
+   * own lease record, `lease.companyId` in environment-runtime.js). The lease metadata's copy is
+   * only checked: a lease of another company is refused, never acted on.
+   */
+  function companyOf(meta: KubeclipLeaseMetadata, hostCompanyId: string, where: string): string {
+    if (!hostCompanyId) throw new Error("companyId: Paperclip sent no company id; refused");
+    if (meta.companyId && meta.companyId !== hostCompanyId) {
+      throw new Error(`${where}.kubeclip.companyId: the lease is company ${meta.companyId}'s, not this call's company ${hostCompanyId}; refused`);
+    }
+    return hostCompanyId;
   }
 
   function leaseMetadata(metadata: unknown, where: string): KubeclipLeaseMetadata {
@@ -156,6 +182,7 @@ export function createPlugin(options: PluginOptions = {}): PaperclipPlugin {
     const providerLeaseId = params.providerLeaseId;
     if (!providerLeaseId) return undefined; // nothing was acquired
     const meta = leaseMetadata(params.leaseMetadata, "leaseMetadata");
+    const companyId = companyOf(meta, params.companyId, "leaseMetadata");
     const cancel = params.cancelActiveWork === true;
     if (cancel) {
       for (const c of inflight.get(providerLeaseId) ?? []) c.abort();
@@ -168,7 +195,7 @@ export function createPlugin(options: PluginOptions = {}): PaperclipPlugin {
     const t0 = Date.now();
     try {
       const released = await leases.release(
-        { runId: meta.runId, companyId: meta.companyId || params.companyId, providerLeaseId, cancelActiveWork: cancel },
+        { runId: meta.runId, companyId, providerLeaseId, cancelActiveWork: cancel },
         kind,
         { timeoutMs: conn.timeoutMs ?? DEFAULT_RPC_BUDGET_MS, display: conn.display },
       );
@@ -186,7 +213,14 @@ export function createPlugin(options: PluginOptions = {}): PaperclipPlugin {
   /** One execute call: the command through kubeclip's exec service, output forwarded live. */
   async function execute(params: PluginEnvironmentExecuteParams, providerLeaseId: string): Promise<PluginEnvironmentExecuteResult> {
     const meta = leaseMetadata(params.lease.metadata, "lease.metadata");
-    const conn = await connectionFor(params.config, params.companyId);
+    const companyId = companyOf(meta, params.companyId, "lease.metadata");
+    const s = await settings(companyId);
+    const conn = resolveConnection(s, readEnvironmentKeys(splitConfig(params.config).plugin));
+    const c = context();
+    // Paperclip's own server keys never leave: only their names are logged.
+    const policy = new EnvPolicy(s.executeEnv);
+    const { env, dropped } = policy.filter(params.env ?? {});
+    if (dropped.length > 0) c.logger.info("execute env keys dropped", { runId: meta.runId, count: dropped.length, keys: dropped });
     const nc = await pool.get(conn);
     let command = params.command;
     let args = params.args ?? [];
@@ -201,33 +235,49 @@ export function createPlugin(options: PluginOptions = {}): PaperclipPlugin {
     if (!set) inflight.set(providerLeaseId, (set = new Set()));
     set.add(controller);
     // Bound to this hook's async context: the SDK routes execute.log by the active invocation.
-    const c = context();
-    const forward = AsyncResource.bind((stream: "stdout" | "stderr", chunk: string) => {
-      c.execution.log(stream, chunk);
-    });
+    // Left out while the host is not reading the worker's stdout (livelog.ts).
+    const live = new LiveLog(
+      AsyncResource.bind((stream: "stdout" | "stderr", chunk: string) => {
+        c.execution.log(stream, chunk);
+      }),
+      () => process.stdout.writableLength,
+    );
+    const forward = (stream: "stdout" | "stderr", chunk: string): void => {
+      live.write(stream, chunk);
+    };
+    let release: (() => void) | undefined;
     try {
+      release = await limiter.acquire(companyId, s.maxConcurrentExecutesPerCompany ?? DEFAULT_CONCURRENT_EXECUTES, controller.signal);
       const r = await runExec(
         nc,
         conn.prefix,
         {
-          companyId: meta.companyId || params.companyId,
+          companyId,
           runId: meta.runId,
           providerLeaseId,
           command,
           args,
           cwd: params.cwd,
-          env: params.env ?? {},
+          env,
           stdin: params.stdin,
           timeoutMs,
           record,
         },
-        { signal: controller.signal, onOutput: forward, ...options.exec },
+        {
+          signal: controller.signal,
+          onOutput: forward,
+          holdBytes: s.maxExecuteOutputBytes ?? DEFAULT_EXECUTE_OUTPUT_BYTES,
+          inboxPrefix: conn.inboxPrefix,
+          ...options.exec,
+        },
       );
-      if (record || r.exitCode !== 0) {
-        c.logger.debug("exec finished", { runId: meta.runId, execId: r.metadata.execId, exitCode: r.exitCode, timedOut: r.timedOut, record });
+      live.finish();
+      if (record || r.exitCode !== 0 || r.metadata.truncated) {
+        c.logger.debug("exec finished", { runId: meta.runId, execId: r.metadata.execId, exitCode: r.exitCode, timedOut: r.timedOut, record, truncated: r.metadata.truncated === true });
       }
       return { exitCode: r.exitCode, signal: r.signal, timedOut: r.timedOut, stdout: r.stdout, stderr: r.stderr, metadata: { ...r.metadata } };
     } finally {
+      release?.();
       set.delete(controller);
       if (set.size === 0) inflight.delete(providerLeaseId);
     }
@@ -263,15 +313,9 @@ export function createPlugin(options: PluginOptions = {}): PaperclipPlugin {
       const errors = checkProviderConfig(split.provider);
       let conn: Connection;
       try {
-        const env = readPluginKeys(split.plugin, "config");
-        // At validation Paperclip passes secret refs as ids; it resolves them only at run time.
-        for (const key of SECRET_KEYS) {
-          if (isUnresolvedSecretRef(env[key])) {
-            env[key] = undefined;
-            warnings.push(`config.${key} is a secret reference, resolved by Paperclip only at run time: validation connected with the plugin settings' credentials, if any`);
-          }
-        }
-        conn = resolveConnection(env, await settings(undefined));
+        // A connection key in the environment is refused here, before anything connects.
+        const env = readEnvironmentKeys(split.plugin);
+        conn = resolveConnection(await settings(undefined), env);
       } catch (err) {
         if (err instanceof ConfigError) return { ok: false, errors: [...errors, err.message], warnings };
         throw err;

@@ -44,11 +44,13 @@ class Host {
   }
 
   readonly hostCalls: string[] = [];
+  /** The plugin's settings, as Paperclip's config.get answers them. */
+  settings: Record<string, unknown> = {};
 
   /** Worker→host calls: the plugin reads its (empty) settings; nothing else is expected. */
   private answer(id: number, method: string): void {
     this.hostCalls.push(method);
-    const reply = method === "config.get" ? { jsonrpc: "2.0", id, result: {} } : { jsonrpc: "2.0", id, error: { code: -32601, message: `unexpected ${method}` } };
+    const reply = method === "config.get" ? { jsonrpc: "2.0", id, result: this.settings } : { jsonrpc: "2.0", id, error: { code: -32601, message: `unexpected ${method}` } };
     this.toWorker.write(JSON.stringify(reply) + "\n");
   }
 
@@ -71,6 +73,7 @@ describe("worker protocol", () => {
     env = await startEnv();
     env.sandbox.addLease(C, R, `pc-${R.slice(0, 8)}`);
     host = new Host();
+    host.settings = { natsUrl: env.server.url };
   });
   after(async () => {
     await host.call("shutdown", {});
@@ -98,7 +101,10 @@ describe("worker protocol", () => {
   });
 
   it("validates, acquires, executes with execute.log in the invocation, and releases", async () => {
-    const config = { natsUrl: env.server.url, backend: "pod", streamRunLogs: false };
+    const config = { backend: "pod", streamRunLogs: false };
+    // Paperclip delivers the stored settings (validateConfig, which has no company, reads these).
+    const changed = await host.call("configChanged", { config: host.settings });
+    assert.equal(changed.error, undefined, JSON.stringify(changed.error));
     const v = await host.call("environmentValidateConfig", { driverKey: "kubernetes", config });
     assert.equal((v.result as { ok: boolean }).ok, true, JSON.stringify(v));
 

@@ -21,7 +21,17 @@
 //
 // Environment:
 //
-//	CLAUDE_STUB_INTERVAL  Go duration of the pause between lines (default 1s; 0 for none)
+//	CLAUDE_STUB_INTERVAL        Go duration of the pause between lines (default 1s; 0 for none)
+//	KUBECLIP_STUB_ENV_DUMP      non-empty: right after the init line, one system/kubeclip_env line
+//	                            with the stub's own environment (names and SHA-256 of the values,
+//	                            never a value), then one per environment the sh wrapper saw
+//	                            (envdump.go)
+//	KUBECLIP_STUB_ENV_DIR       where the sh wrapper leaves its reports (default /tmp/kubeclip-stub-env)
+//	KUBECLIP_STUB_FILLER_BYTES  after the first assistant line, about this many bytes of
+//	                            system/kubeclip_filler lines (64 KiB each, words, no pauses): a large
+//	                            output for the tests that bound what holds it (default 0)
+//
+// Installed as sh (argv[0] "sh"), the stub is the sh wrapper instead: see envdump.go.
 //
 // Exit codes: 0 success, 1 a failed run (as the real CLI), 2 bad arguments or environment.
 package main
@@ -36,8 +46,11 @@ import (
 )
 
 func main() {
+	if isShell(os.Args[0]) {
+		os.Exit(shellMain(os.Args, os.Environ(), os.Stderr))
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	err := run(ctx, os.Args[1:], os.Getenv, os.Stdin, os.Stdout, os.Stderr)
+	err := run(ctx, os.Args[1:], os.Environ(), os.Stdin, os.Stdout, os.Stderr)
 	stop()
 	os.Exit(exitCode(err, os.Stderr))
 }

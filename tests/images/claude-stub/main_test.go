@@ -41,7 +41,11 @@ func stubRun(t *testing.T, args []string, env map[string]string, stdin string) (
 		all[k] = v
 	}
 	var stdout, stderr bytes.Buffer
-	err := run(t.Context(), args, func(k string) string { return all[k] }, strings.NewReader(stdin), &stdout, &stderr)
+	var environ []string
+	for k, v := range all {
+		environ = append(environ, k+"="+v)
+	}
+	err := run(t.Context(), args, environ, strings.NewReader(stdin), &stdout, &stderr)
 	return stdout.String(), stderr.String(), err
 }
 
@@ -323,13 +327,8 @@ func (w *timedWriter) Write(p []byte) (int, error) {
 func TestLinesArePaced(t *testing.T) {
 	const interval = 20 * time.Millisecond
 	var out timedWriter
-	getenv := func(k string) string {
-		if k == "CLAUDE_STUB_INTERVAL" {
-			return interval.String()
-		}
-		return ""
-	}
-	if err := run(t.Context(), paperclipArgs, getenv, strings.NewReader(prompt), &out, io.Discard); err != nil {
+	environ := []string{"CLAUDE_STUB_INTERVAL=" + interval.String()}
+	if err := run(t.Context(), paperclipArgs, environ, strings.NewReader(prompt), &out, io.Discard); err != nil {
 		t.Fatal(err)
 	}
 	if len(out.times) != 4 {

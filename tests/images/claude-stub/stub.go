@@ -11,6 +11,8 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"slices"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -110,7 +112,15 @@ type config struct {
 	apiURL   string // Paperclip's API (the in-sandbox bridge); empty: no API calls
 	apiKey   string
 	taskID   string
+	envDump  bool  // KUBECLIP_STUB_ENV_DUMP
+	filler   int64 // KUBECLIP_STUB_FILLER_BYTES
 }
+
+// maxFiller bounds KUBECLIP_STUB_FILLER_BYTES.
+const maxFiller = 1 << 30
+
+// fillerLine is the size of one filler line, newline included (the last may be shorter).
+const fillerLine = 64 << 10
 
 func loadConfig(getenv func(string) string) (config, error) {
 	c := config{interval: time.Second}
@@ -125,12 +135,21 @@ func loadConfig(getenv func(string) string) (config, error) {
 		c.apiURL, c.apiKey = strings.TrimRight(url, "/"), key
 		c.taskID = getenv("PAPERCLIP_TASK_ID")
 	}
+	c.envDump = getenv(envDumpVar) != ""
+	if v := getenv("KUBECLIP_STUB_FILLER_BYTES"); v != "" {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n < 0 || n > maxFiller {
+			return c, &usageError{fmt.Sprintf("KUBECLIP_STUB_FILLER_BYTES=%q: want a byte count from 0 to %d", v, maxFiller)}
+		}
+		c.filler = n
+	}
 	return c, nil
 }
 
 // run is the whole command: it returns a usageError for bad arguments, another error for a
 // failed run (after its error result line), nil for a successful one.
-func run(ctx context.Context, args []string, getenv func(string) string, stdin io.Reader, stdout, stderr io.Writer) error {
+func run(ctx context.Context, args, environ []string, stdin io.Reader, stdout, stderr io.Writer) error {
+	getenv := func(name string) string { return lookup(environ, name) }
 	opts, err := parseArgs(args)
 	if err != nil {
 		return err
@@ -162,7 +181,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 	if s.id == "" {
 		s.id = randomUUID()
 	}
-	return s.run(ctx, cfg, prompt, getenv, stderr)
+	return s.run(ctx, cfg, prompt, environ, stderr)
 }
 
 // session writes one run's stream.
@@ -176,7 +195,8 @@ type session struct {
 	turns    int // assistant messages so far
 }
 
-func (s *session) run(ctx context.Context, cfg config, prompt string, getenv func(string) string, stderr io.Writer) error {
+func (s *session) run(ctx context.Context, cfg config, prompt string, environ []string, stderr io.Writer) error {
+	getenv := func(name string) string { return lookup(environ, name) }
 	cwd, _ := os.Getwd()
 	if err := s.emit(ctx, &initEvent{
 		Type: "system", Subtype: "init", SessionID: s.id, Model: s.model, CWD: cwd,
@@ -185,10 +205,18 @@ func (s *session) run(ctx context.Context, cfg config, prompt string, getenv fun
 	}); err != nil {
 		return err
 	}
+	if cfg.envDump {
+		if err := s.reportEnv(environ); err != nil {
+			return err
+		}
+	}
 	if _, err := fmt.Fprintf(stderr, "claude-stub: working on a prompt of %d bytes (session %s)\n", len(prompt), s.id); err != nil {
 		return fmt.Errorf("writing stderr: %w", err)
 	}
 	if err := s.say(ctx, fmt.Sprintf("Received a prompt of %d bytes: %q", len(prompt), firstLine(prompt, 120))); err != nil {
+		return err
+	}
+	if err := s.fill(cfg.filler); err != nil {
 		return err
 	}
 	if cfg.apiURL != "" {
@@ -202,7 +230,66 @@ func (s *session) run(ctx context.Context, cfg config, prompt string, getenv fun
 	if err := s.say(ctx, "Done."); err != nil {
 		return err
 	}
-	return s.result(ctx, false, fmt.Sprintf("The stub read a prompt of %d bytes and finished.", len(prompt)))
+	summary := fmt.Sprintf("The stub read a prompt of %d bytes and finished.", len(prompt))
+	if cfg.filler > 0 {
+		summary = fmt.Sprintf("The stub read a prompt of %d bytes, printed %d bytes of filler and finished.", len(prompt), cfg.filler)
+	}
+	return s.result(ctx, false, summary)
+}
+
+// reportEnv prints the stub's own environment report, then the sh wrapper's, with no pauses.
+func (s *session) reportEnv(environ []string) error {
+	if err := s.write(envReport("claude", slices.Clone(environ))); err != nil {
+		return err
+	}
+	reports, err := shellReports(envDir(environ))
+	if err != nil {
+		return fmt.Errorf("reading the sh wrapper's reports: %w", err)
+	}
+	for _, r := range reports {
+		if err := s.write(r); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// fillerEvent is one line of filler.
+type fillerEvent struct {
+	stamped
+	Type    string `json:"type"`
+	Subtype string `json:"subtype"`
+	Seq     int    `json:"seq"`
+	Filler  string `json:"filler"`
+}
+
+// fillerText is what filler lines are made of: words, as an agent's output is. (A long run of
+// letters and digits, such as base64, is another test: Paperclip's log redaction takes time
+// quadratic in the length of such a run.)
+const fillerText = "The stub prints filler so that a test sees a large output through. "
+
+// fill prints about n bytes of filler lines, fillerLine bytes each, with no pauses.
+func (s *session) fill(n int64) error {
+	pad := strings.Repeat(fillerText, fillerLine/len(fillerText)+1)
+	for seq := 0; n > 0; seq++ {
+		ev := &fillerEvent{Type: "system", Subtype: "kubeclip_filler", Seq: seq}
+		ev.stamp(time.Now())
+		empty, err := json.Marshal(ev)
+		if err != nil {
+			return fmt.Errorf("encoding a filler line: %w", err)
+		}
+		size := int(min(n, fillerLine))
+		ev.Filler = pad[:max(0, size-len(empty)-1)]
+		b, err := json.Marshal(ev)
+		if err != nil {
+			return fmt.Errorf("encoding a filler line: %w", err)
+		}
+		if _, err := s.out.Write(append(b, '\n')); err != nil {
+			return fmt.Errorf("writing stdout: %w", err)
+		}
+		n -= int64(len(b) + 1)
+	}
+	return nil
 }
 
 // callPaperclip makes the calls an agent makes through Paperclip's bridge and reports each as
@@ -311,6 +398,11 @@ func (s *session) emit(ctx context.Context, ev line) error {
 			return err
 		}
 	}
+	return s.write(ev)
+}
+
+// write writes one line now, stamped with the time of the write.
+func (s *session) write(ev line) error {
 	ev.stamp(time.Now())
 	b, err := json.Marshal(ev)
 	if err != nil {

@@ -24,10 +24,13 @@ export interface Env {
   close(): Promise<void>;
 }
 
-/** A NATS server with JetStream, the fake kubeclip and one exec replica. */
-export async function startEnv(): Promise<Env> {
-  const server = await startNatsServer();
-  const nc = await connect({ servers: server.url });
+/**
+ * A NATS server with JetStream, the fake kubeclip and one exec replica. With config (a
+ * nats-server config), the fakes connect as `admin` (password `admin`), which it must define.
+ */
+export async function startEnv(config?: string): Promise<Env> {
+  const server = await startNatsServer(config);
+  const nc = await connect({ servers: server.url, ...(config !== undefined ? { user: "admin", pass: "admin" } : {}) });
   const kubeclip = await FakeKubeclip.start(nc);
   const sandbox = new FakeSandbox();
   const replicas = [new FakeExecReplica(nc, sandbox, "ew-a")];
@@ -57,7 +60,15 @@ export interface Harnessed {
   shutdown(): Promise<void>;
 }
 
-export async function harnessed(options: PluginOptions = { exec: { silenceMs: 500, graceMs: 2_000 } }, settings?: Record<string, unknown>): Promise<Harnessed> {
+/**
+ * The plugin under the harness. keepLogs false: execute.log chunks are serialised as the SDK's
+ * notification would be and dropped, not kept (a test that measures the process's memory).
+ */
+export async function harnessed(
+  options: PluginOptions = { exec: { silenceMs: 500, graceMs: 2_000 } },
+  settings?: Record<string, unknown>,
+  keepLogs = true,
+): Promise<Harnessed> {
   const plugin = createPlugin(options);
   const d = plugin.definition;
   const need = <T>(h: T | undefined): T => {
@@ -82,11 +93,14 @@ export async function harnessed(options: PluginOptions = { exec: { silenceMs: 50
   Object.defineProperty(harness.ctx, "execution", {
     value: {
       log(stream: "stdout" | "stderr", chunk: string) {
-        logs.push({ stream, chunk });
+        if (keepLogs) logs.push({ stream, chunk });
+        else JSON.stringify({ jsonrpc: "2.0", method: "execute.log", params: { stream, chunk } });
       },
     },
   });
   await d.setup(harness.ctx);
+  // As Paperclip does at start: the stored settings, instance-wide (validateConfig reads these).
+  if (settings) await d.onConfigChanged?.(settings, { companyId: null });
   return {
     plugin,
     harness,

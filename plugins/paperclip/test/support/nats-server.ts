@@ -3,7 +3,7 @@
 // random loopback port with a temporary store dir.
 
 import { execFileSync, spawn, type ChildProcess } from "node:child_process";
-import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { homedir, tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 
@@ -48,10 +48,16 @@ export function natsServerBinary(): string {
   return bin;
 }
 
-export async function startNatsServer(): Promise<NatsServer> {
+/** Starts a server; config is a nats-server config file's text (users and permissions). */
+export async function startNatsServer(config?: string): Promise<NatsServer> {
   const bin = natsServerBinary();
   const dir = mkdtempSync(join(tmpdir(), "kubeclip-plugin-nats-"));
-  const child: ChildProcess = spawn(bin, ["-js", "-a", "127.0.0.1", "-p", "-1", "-sd", dir, "-n", "plugin-test"], {
+  const args = ["-js", "-a", "127.0.0.1", "-p", "-1", "-sd", dir, "-n", "plugin-test"];
+  if (config !== undefined) {
+    writeFileSync(join(dir, "nats.conf"), config);
+    args.push("-c", join(dir, "nats.conf"));
+  }
+  const child: ChildProcess = spawn(bin, args, {
     stdio: ["ignore", "ignore", "pipe"],
   });
   const port = await new Promise<number>((resolve, reject) => {
