@@ -14,6 +14,7 @@ import (
 	"github.com/kubeclip/kubeclip/internal/config"
 	"github.com/kubeclip/kubeclip/internal/ops"
 	"github.com/kubeclip/kubeclip/pkg/execsvc"
+	"github.com/kubeclip/kubeclip/pkg/inbox"
 	"github.com/kubeclip/kubeclip/pkg/sandboxd"
 )
 
@@ -73,6 +74,8 @@ func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout,
 		NATS: p.NATS, JetStream: p.JS, Subjects: p.Subjects, Pods: pods, Route: route, MasterKey: masterKey,
 		Replica: s.ReplicaID, Logger: p.Log, MaxSessions: s.MaxExecs, ReadyTimeout: s.ReadyTimeout,
 		DrainTimeout: s.ShutdownTimeout, StreamReplicas: s.Streams.Replicas, Observer: p.Ops.Metrics,
+		// The clients' inboxes; the natsauth work makes them an operator setting.
+		Replies: inbox.MustRule(inbox.DefaultClientPrefixes()...),
 	})
 	if err != nil {
 		return err

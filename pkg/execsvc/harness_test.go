@@ -26,6 +26,7 @@ import (
 	"github.com/kubeclip/kubeclip/pkg/execclient"
 	"github.com/kubeclip/kubeclip/pkg/execproto"
 	"github.com/kubeclip/kubeclip/pkg/execsvc"
+	"github.com/kubeclip/kubeclip/pkg/inbox"
 	"github.com/kubeclip/kubeclip/pkg/lease"
 	"github.com/kubeclip/kubeclip/pkg/policy"
 	"github.com/kubeclip/kubeclip/pkg/sandboxd"
@@ -109,7 +110,8 @@ func newEnvOn(t *testing.T, srv *server.Server, r roles, replicas int) *env {
 	}
 	key := make([]byte, 32)
 	_, _ = rand.Read(key)
-	cnc, _ := connect(t, srv, r.client...)
+	// Replicas answer only into the clients' inboxes: the client connects as the CLI does.
+	cnc, _ := connect(t, srv, append([]nats.Option{nats.CustomInboxPrefix(inbox.CLIPrefix)}, r.client...)...)
 	e := &env{t: t, srv: srv, js: js, masterKey: key, pods: newFakePods(), records: lease.Records{KV: kv}, clientNC: cnc, replicaOpts: r.replica}
 	e.client, err = execclient.New(execclient.Options{NATS: cnc, Subjects: e.subjects})
 	if err != nil {
@@ -153,6 +155,7 @@ type replica struct {
 	cancel   context.CancelFunc
 	done     chan error
 	sessions atomic.Int64
+	dropped  atomic.Int64
 	crashed  atomic.Bool
 	stopOnce sync.Once
 }
@@ -176,7 +179,7 @@ func (e *env) startReplica() *replica {
 		NATS: nc, JetStream: js, Subjects: e.subjects, Pods: e.pods, Route: execsvc.DaemonRoute{},
 		MasterKey: e.masterKey, Replica: name, Observer: &countingObserver{r: r},
 		Logger:       zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.InfoLevel),
-		DrainTimeout: 2 * time.Second, Linger: 2 * time.Second,
+		DrainTimeout: 2 * time.Second, Linger: 2 * time.Second, Replies: inbox.MustRule(inbox.DefaultClientPrefixes()...),
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -225,6 +228,7 @@ type countingObserver struct{ r *replica }
 func (o *countingObserver) ExecRequest(execproto.Op, execproto.Code, time.Duration) {}
 func (o *countingObserver) ExecSessions(d int)                                      { o.r.sessions.Add(int64(d)) }
 func (o *countingObserver) ExecOutput(int)                                          {}
+func (o *countingObserver) ExecDropped(string)                                      { o.r.dropped.Add(1) }
 
 // serving returns the replica serving a stream now, waiting for one.
 func (e *env) serving() *replica {

@@ -13,6 +13,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/kubeclip/kubeclip/pkg/events"
+	"github.com/kubeclip/kubeclip/pkg/inbox"
 	"github.com/kubeclip/kubeclip/pkg/sandboxd"
 )
 
@@ -77,6 +78,11 @@ type Options struct {
 	StreamReplicas int
 	// Observer is told about requests and streams (metrics); nil means none.
 	Observer Observer
+	// Replies are the inboxes the service answers into (docs/architecture.md, "The tenant
+	// boundary"): a request whose reply subject is not one is dropped without a word, because a
+	// reply is published with the exec-worker's permissions wherever the requester says. The
+	// zero Rule allows nothing.
+	Replies inbox.Rule
 }
 
 func (o Options) withDefaults() (Options, error) {

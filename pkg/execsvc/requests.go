@@ -21,8 +21,8 @@ const attachReadyTimeout = 10 * time.Second
 // handle answers one request. Start and attach then serve the exec's stream, for as long as
 // the command runs.
 func (s *Service) handle(ctx context.Context, m *nats.Msg) {
-	if m.Reply == "" {
-		s.log.Debug().Str(events.LogKeySubject, m.Subject).Msg("exec request without a reply subject dropped")
+	if !s.opts.Replies.Allows(m.Reply) {
+		s.dropNotInbox(m)
 		return
 	}
 	companyID, runID, op, err := s.subjects.ParseRequest(m.Subject)
@@ -252,6 +252,13 @@ func (r *request) asProtocolError(err error) *execproto.Error {
 	}
 	r.log.Warn().Err(err).Msg("exec request failed")
 	return execproto.NewError(execproto.CodeUnavailable, "", "the exec-worker could not serve the request; try again")
+}
+
+// dropNotInbox drops a request whose reply subject is not a client's inbox: answering it would
+// publish there with the exec-worker's permissions. The payload is never logged.
+func (s *Service) dropNotInbox(m *nats.Msg) {
+	s.log.Debug().Str(events.LogKeySubject, m.Subject).Msg("exec request whose reply is not a client inbox dropped")
+	s.opts.Observer.ExecDropped(DropReplyNotInbox)
 }
 
 func (s *Service) replyError(reply string, e *execproto.Error) {

@@ -188,6 +188,7 @@ func (s *Service) sessionDeps() sessionDeps {
 	return sessionDeps{
 		nc: s.opts.NATS, pods: s.opts.Pods, events: s.events, observer: s.opts.Observer, now: s.opts.Now,
 		heartbeat: s.opts.Heartbeat, linger: s.opts.Linger, patience: s.opts.AckPatience, reconnect: s.opts.Reconnect,
+		replies: s.opts.Replies,
 	}
 }
 

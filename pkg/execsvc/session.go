@@ -14,6 +14,7 @@ import (
 
 	"github.com/kubeclip/kubeclip/pkg/events"
 	"github.com/kubeclip/kubeclip/pkg/execproto"
+	"github.com/kubeclip/kubeclip/pkg/inbox"
 	"github.com/kubeclip/kubeclip/pkg/lease"
 	"github.com/kubeclip/kubeclip/pkg/sandboxd"
 )
@@ -45,6 +46,7 @@ type sessionDeps struct {
 	linger    time.Duration
 	patience  time.Duration
 	reconnect time.Duration
+	replies   inbox.Rule
 }
 
 // sessionSpec is one exec stream to serve.
@@ -164,7 +166,8 @@ func (s *session) onIO(m *nats.Msg) {
 			s.win.ack(seq)
 		}
 	case execproto.KindStdin:
-		if m.Reply == "" {
+		if !s.deps.replies.Allows(m.Reply) {
+			s.deps.observer.ExecDropped(DropReplyNotInbox)
 			return
 		}
 		select {
