@@ -26,12 +26,13 @@ func main() { os.Exit(app.Main("exec-worker", run)) }
 
 type settings struct {
 	app.Common
-	Streams        app.Streams
-	Route          string
-	SandboxKeyFile string
-	MaxExecs       int
-	ReadyTimeout   time.Duration
-	ReplicaID      string
+	Streams         app.Streams
+	Route           string
+	SandboxKeyFile  string
+	MaxExecs        int
+	MaxCompanyExecs int
+	ReadyTimeout    time.Duration
+	ReplicaID       string
 }
 
 func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout, stderr io.Writer) error {
@@ -41,7 +42,8 @@ func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout,
 	s.Streams.Bind(fs)
 	fs.String(&s.Route, "exec-route", "KUBECLIP_EXEC_ROUTE", execsvc.RouteDaemon, "how sandboxd in a lease's pod is reached: daemon (TLS to the pod IP, port 7070, key derived per lease) or kube-exec (the Kubernetes exec API running `sandboxd proxy`)")
 	fs.String(&s.SandboxKeyFile, "sandbox-key-file", "KUBECLIP_SANDBOX_KEY_FILE", "", "file holding the installation's sandbox master key, the dispatcher's (hex or raw, at least 32 bytes); required")
-	fs.Int(&s.MaxExecs, "max-execs", "KUBECLIP_MAX_EXECS", execsvc.DefaultMaxSessions, "exec streams this replica serves at once; past it requests are answered unavailable and clients try again")
+	fs.Int(&s.MaxExecs, "max-execs", "KUBECLIP_MAX_EXECS", 0, "exec streams this replica serves at once; past it requests are answered unavailable and clients try again. 0: sized from the memory limit (cgroup memory.max or GOMEMLIMIT, whichever is smaller), 64 MiB for the worker and 11.75 MiB per stream, at most 2048")
+	fs.Int(&s.MaxCompanyExecs, "max-execs-per-company", "KUBECLIP_MAX_EXECS_PER_COMPANY", 0, "exec streams of one company this replica serves at once, so one company's flood never takes another's; 0: a quarter of --max-execs (at least 1)")
 	fs.Duration(&s.ReadyTimeout, "ready-timeout", "KUBECLIP_EXEC_READY_TIMEOUT", execsvc.DefaultReadyTimeout, "longest a start waits for its lease's pod to become ready (less when the exec's own timeout is shorter)")
 	fs.String(&s.ReplicaID, "replica-id", "KUBECLIP_REPLICA_ID", "", "this replica's name in exec answers and logs (set it to the pod name); empty: host name plus a random suffix")
 	if err := fs.Parse(args); err != nil {
@@ -61,6 +63,11 @@ func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout,
 		return err
 	}
 	defer p.Close()
+	if s.MaxExecs == 0 {
+		limit := memoryLimit()
+		s.MaxExecs = execsvc.SessionsFor(limit)
+		p.Log.Info().Int64("memory_limit", limit).Int("max_execs", s.MaxExecs).Msg("exec streams sized from the memory limit")
+	}
 
 	pods, err := execsvc.NewPodWatcher(execsvc.PodWatcherOptions{Clientset: p.Kube.Clientset, Logger: p.Log})
 	if err != nil {
@@ -72,7 +79,7 @@ func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout,
 	}
 	svc, err := execsvc.New(execsvc.Options{
 		NATS: p.NATS, JetStream: p.JS, Subjects: p.Subjects, Pods: pods, Route: route, MasterKey: masterKey,
-		Replica: s.ReplicaID, Logger: p.Log, MaxSessions: s.MaxExecs, ReadyTimeout: s.ReadyTimeout,
+		Replica: s.ReplicaID, Logger: p.Log, MaxSessions: s.MaxExecs, MaxSessionsPerCompany: s.MaxCompanyExecs, ReadyTimeout: s.ReadyTimeout,
 		DrainTimeout: s.ShutdownTimeout, StreamReplicas: s.Streams.Replicas, Observer: p.Ops.Metrics,
 		// The clients' inboxes; the natsauth work makes them an operator setting.
 		Replies: inbox.MustRule(inbox.DefaultClientPrefixes()...),
@@ -122,8 +129,11 @@ func (s *settings) Validate(fs *config.Set) error {
 	if s.SandboxKeyFile == "" {
 		errs = append(errs, fmt.Errorf("%s is required: exec-workers derive every lease's key from it", fs.Names("sandbox-key-file")))
 	}
-	if s.MaxExecs <= 0 {
-		errs = append(errs, fmt.Errorf("%s must be > 0", fs.Names("max-execs")))
+	if s.MaxExecs < 0 {
+		errs = append(errs, fmt.Errorf("%s must be >= 0 (0: sized from the memory limit)", fs.Names("max-execs")))
+	}
+	if s.MaxCompanyExecs < 0 {
+		errs = append(errs, fmt.Errorf("%s must be >= 0 (0: a quarter of --max-execs)", fs.Names("max-execs-per-company")))
 	}
 	if s.ReadyTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("%s must be > 0", fs.Names("ready-timeout")))

@@ -75,6 +75,8 @@ type env struct {
 	clientNC  *nats.Conn
 	// replicaOpts are the replicas' connection options (credentials).
 	replicaOpts []nats.Option
+	// tune changes the replicas' service options, when set.
+	tune func(*execsvc.Options)
 
 	mu       sync.Mutex
 	replicas []*replica
@@ -82,14 +84,21 @@ type env struct {
 
 func newEnv(t *testing.T, replicas int) *env {
 	t.Helper()
+	return newEnvTuned(t, replicas, nil)
+}
+
+// newEnvTuned is newEnv with the replicas' service options changed by tune.
+func newEnvTuned(t *testing.T, replicas int, tune func(*execsvc.Options)) *env {
+	t.Helper()
 	srv, _, _ := natstest.Start(t)
-	return newEnvOn(t, srv, roles{}, replicas)
+	return newEnvOn(t, srv, roles{tune: tune}, replicas)
 }
 
 // roles are the options of the test's NATS connections: the harness's own (streams, lease
 // records), the replicas' and the client's. Empty: an open server.
 type roles struct {
 	harness, replica, client []nats.Option
+	tune                     func(*execsvc.Options)
 }
 
 // newEnvOn sets the env up on srv.
@@ -112,7 +121,7 @@ func newEnvOn(t *testing.T, srv *server.Server, r roles, replicas int) *env {
 	_, _ = rand.Read(key)
 	// Replicas answer only into the clients' inboxes: the client connects as the CLI does.
 	cnc, _ := connect(t, srv, append([]nats.Option{nats.CustomInboxPrefix(inbox.CLIPrefix)}, r.client...)...)
-	e := &env{t: t, srv: srv, js: js, masterKey: key, pods: newFakePods(), records: lease.Records{KV: kv}, clientNC: cnc, replicaOpts: r.replica}
+	e := &env{t: t, srv: srv, js: js, masterKey: key, pods: newFakePods(), records: lease.Records{KV: kv}, clientNC: cnc, replicaOpts: r.replica, tune: r.tune}
 	e.client, err = execclient.New(execclient.Options{NATS: cnc, Subjects: e.subjects})
 	if err != nil {
 		t.Fatal(err)
@@ -175,12 +184,16 @@ func (e *env) startReplica() *replica {
 		t.Fatal(err)
 	}
 	r := &replica{name: name, nc: nc, done: make(chan error, 1)}
-	svc, err := execsvc.New(execsvc.Options{
+	opts := execsvc.Options{
 		NATS: nc, JetStream: js, Subjects: e.subjects, Pods: e.pods, Route: execsvc.DaemonRoute{},
 		MasterKey: e.masterKey, Replica: name, Observer: &countingObserver{r: r},
 		Logger:       zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.InfoLevel),
 		DrainTimeout: 2 * time.Second, Linger: 2 * time.Second, Replies: inbox.MustRule(inbox.DefaultClientPrefixes()...),
-	})
+	}
+	if e.tune != nil {
+		e.tune(&opts)
+	}
+	svc, err := execsvc.New(opts)
 	if err != nil {
 		t.Fatal(err)
 	}

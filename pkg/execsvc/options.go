@@ -19,10 +19,11 @@ import (
 
 // Defaults of Options.
 const (
-	// DefaultMaxSessions bounds the exec streams one replica serves at once. A Paperclip run
-	// keeps a handful in flight (four uploads, the agent command, bridge polls), so this is a
-	// few hundred runs per replica; past it a replica answers unavailable and the client tries
-	// again, usually reaching another replica.
+	// DefaultMaxSessions bounds the exec streams one replica serves at once when nothing
+	// smaller is set: the exec-worker sizes its own from its memory limit (SessionsFor). A
+	// Paperclip run keeps a handful in flight (four uploads, the agent command, bridge polls);
+	// past the bound a replica answers unavailable and the client tries again, usually
+	// reaching another replica.
 	DefaultMaxSessions = 2048
 	// DefaultReadyTimeout bounds how long a start waits for its pod to become ready when the
 	// exec's own timeout is longer or unset: a pod that is not ready in two minutes is stuck
@@ -67,13 +68,16 @@ type Options struct {
 	// constants above. DrainTimeout is how long a stopping replica lets its streams finish
 	// before it cuts them (their clients attach through another replica); it defaults to
 	// events.DefaultDrainTimeout, as every worker's drain does.
-	MaxSessions  int
-	ReadyTimeout time.Duration
-	Heartbeat    time.Duration
-	Linger       time.Duration
-	AckPatience  time.Duration
-	Reconnect    time.Duration
-	DrainTimeout time.Duration
+	MaxSessions int
+	// MaxSessionsPerCompany bounds one company's share of MaxSessions (default a quarter of
+	// it, at least 1).
+	MaxSessionsPerCompany int
+	ReadyTimeout          time.Duration
+	Heartbeat             time.Duration
+	Linger                time.Duration
+	AckPatience           time.Duration
+	Reconnect             time.Duration
+	DrainTimeout          time.Duration
 	// StreamReplicas is the replica count of RecordedBucket (default 1).
 	StreamReplicas int
 	// Observer is told about requests and streams (metrics); nil means none.
@@ -113,6 +117,9 @@ func (o Options) withDefaults() (Options, error) {
 	if o.MaxSessions < 0 {
 		errs = append(errs, errors.New("execsvc: Options.MaxSessions must not be negative"))
 	}
+	if o.MaxSessionsPerCompany < 0 {
+		errs = append(errs, errors.New("execsvc: Options.MaxSessionsPerCompany must not be negative"))
+	}
 	if err := errors.Join(errs...); err != nil {
 		return o, err
 	}
@@ -128,6 +135,9 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if o.MaxSessions == 0 {
 		o.MaxSessions = DefaultMaxSessions
+	}
+	if o.MaxSessionsPerCompany == 0 {
+		o.MaxSessionsPerCompany = CompanyShare(o.MaxSessions)
 	}
 	defaults := []struct {
 		p *time.Duration

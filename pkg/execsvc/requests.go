@@ -18,9 +18,14 @@ import (
 // an attach follows a start that found it ready, so this is a pod restarting its container.
 const attachReadyTimeout = 10 * time.Second
 
-// handle answers one request. Start and attach then serve the exec's stream, for as long as
-// the command runs.
-func (s *Service) handle(ctx context.Context, m *nats.Msg) {
+// signalsPerCompany bounds one company's signal requests in progress on a replica: each is one
+// short call to sandboxd, and a client sends one per exec it stops.
+const signalsPerCompany = 8
+
+// receive takes a request off the subscription: on the subscription's goroutine, it drops or
+// refuses what it can without work (a reply that is not an inbox, a bad subject, a company at
+// its share), takes a slot, and only then starts the request's goroutine.
+func (s *Service) receive(ctx context.Context, m *nats.Msg) {
 	if !s.opts.Replies.Allows(m.Reply) {
 		s.dropNotInbox(m)
 		return
@@ -30,6 +35,32 @@ func (s *Service) handle(ctx context.Context, m *nats.Msg) {
 		s.replyError(m.Reply, execproto.InvalidRequest("", "subject is not <prefix>.exec.<companyId>.<runId>.start|attach|signal"))
 		return
 	}
+	pool := s.sessionSlots
+	if op == execproto.OpSignal {
+		pool = s.signalSlots
+	}
+	release, perr := pool.take(companyID)
+	if perr != nil {
+		s.log.Debug().Str(events.LogKeyTenant, companyID).Str(logKeyOp, string(op)).Msg("exec request refused: no slot")
+		s.opts.Observer.ExecRequest(op, perr.Code, 0)
+		if op == execproto.OpSignal {
+			s.answerSignal(m.Reply, execproto.Signaled{Code: string(perr.Code), Message: perr.Message})
+			return
+		}
+		s.replyError(m.Reply, perr)
+		return
+	}
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		defer release()
+		s.handle(ctx, m, companyID, runID, op)
+	}()
+}
+
+// handle answers one request. Start and attach then serve the exec's stream, for as long as
+// the command runs.
+func (s *Service) handle(ctx context.Context, m *nats.Msg, companyID, runID string, op execproto.Op) {
 	r := &request{
 		msg: m, op: op, ref: events.Ref(companyID, runID), at: s.opts.Now(),
 		log: s.log.With().Str(events.LogKeyTenant, companyID).Str(events.LogKeyRunID, runID).Str(logKeyOp, string(op)).Logger(),
@@ -65,12 +96,6 @@ func (s *Service) start(ctx context.Context, r *request) {
 		s.refuse(r, err)
 		return
 	}
-	release, ok := s.acquireSlot()
-	if !ok {
-		s.refuse(r, execproto.NewError(execproto.CodeUnavailable, "", "the exec-worker serves its maximum of streams; try again"))
-		return
-	}
-	defer release()
 	if req.Record {
 		if err := s.recorded.put(ctx, r.ref, req.ExecID, execproto.CommandName(req.Command), r.msg.Reply); err != nil {
 			s.refuse(r, err)
@@ -117,12 +142,6 @@ func (s *Service) attach(ctx context.Context, r *request) {
 		s.refuse(r, err)
 		return
 	}
-	release, ok := s.acquireSlot()
-	if !ok {
-		s.refuse(r, execproto.NewError(execproto.CodeUnavailable, "", "the exec-worker serves its maximum of streams; try again"))
-		return
-	}
-	defer release()
 	pod, client, err := s.reach(ctx, r, rec)
 	if err != nil {
 		s.refuse(r, err)

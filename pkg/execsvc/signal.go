@@ -15,9 +15,7 @@ func (s *Service) signal(ctx context.Context, r *request) {
 	var req execproto.SignalRequest
 	answer := func(res execproto.Signaled) {
 		res.ExecID = req.ExecID
-		if m, err := execproto.NewJSONMsg(r.msg.Reply, execproto.KindSignaled, res); err == nil {
-			_ = s.opts.NATS.PublishMsg(m)
-		}
+		s.answerSignal(r.msg.Reply, res)
 	}
 	fail := func(err error) {
 		perr := r.asProtocolError(err)
@@ -59,5 +57,12 @@ func (s *Service) signal(ctx context.Context, r *request) {
 	default:
 		r.log.Warn().Err(err).Msg("signalling an exec failed")
 		fail(execproto.NewError(execproto.CodeUnavailable, "", "sandboxd in pod %s did not answer", pod.Name))
+	}
+}
+
+// answerSignal sends a signal request's one answer.
+func (s *Service) answerSignal(reply string, res execproto.Signaled) {
+	if m, err := execproto.NewJSONMsg(reply, execproto.KindSignaled, res); err == nil {
+		_ = s.opts.NATS.PublishMsg(m)
 	}
 }

@@ -18,9 +18,9 @@ const (
 // frameHeaderSize is type (1) + stream (1) + seq (8, big-endian) + length (4, big-endian).
 const frameHeaderSize = 14
 
-// maxFramePayload bounds what a reader accepts: output chunks are at most one pipe read
-// (readSize), exit frames a little JSON.
-const maxFramePayload = 1 << 20
+// MaxFramePayload bounds what a reader accepts, so a pod's hostile frame costs its reader at
+// most this: output chunks are at most one pipe read (readSize), exit frames a little JSON.
+const MaxFramePayload = 1 << 20
 
 // readSize is the largest pipe read, and so the largest chunk.
 const readSize = 64 << 10
@@ -100,7 +100,7 @@ func readFrame(r io.Reader, hdr []byte) (Frame, error) {
 	typ, stream := hdr[0], Stream(hdr[1])
 	seq := binary.BigEndian.Uint64(hdr[2:10])
 	n := binary.BigEndian.Uint32(hdr[10:14])
-	if n > maxFramePayload {
+	if n > MaxFramePayload {
 		return nil, fmt.Errorf("%w: %d-byte payload", ErrProtocol, n)
 	}
 	payload := make([]byte, n)

@@ -54,7 +54,7 @@ func TestReadFrameRejects(t *testing.T) {
 	}{
 		{"truncated header", []byte{'o', 1, 0}},
 		{"truncated payload", append(header(frameOutput, Stdout, 10), "abc"...)},
-		{"oversized payload", header(frameOutput, Stdout, maxFramePayload+1)},
+		{"oversized payload", header(frameOutput, Stdout, MaxFramePayload+1)},
 		{"unknown type", header('z', 0, 0)},
 		{"output without stream", header(frameOutput, 0, 0)},
 		{"exit not JSON", append(header(frameExit, 0, 3), "abc"...)},

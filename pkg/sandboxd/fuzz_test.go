@@ -31,7 +31,7 @@ func FuzzReadFrame(f *testing.F) {
 			n := r.read - start
 			// The payload buffer is allocated for the declared length and handed to the reader
 			// whole, so the largest read is the largest allocation: never above the limit.
-			if r.largest > maxFramePayload {
+			if r.largest > MaxFramePayload {
 				t.Fatalf("read into a %d-byte buffer", r.largest)
 			}
 			if errors.Is(err, io.EOF) {
@@ -44,7 +44,7 @@ func FuzzReadFrame(f *testing.F) {
 				if !errors.Is(err, ErrProtocol) {
 					t.Fatalf("error %v is not ErrProtocol", err)
 				}
-				if n > frameHeaderSize && binary.BigEndian.Uint32(wire[start+10:]) > maxFramePayload {
+				if n > frameHeaderSize && binary.BigEndian.Uint32(wire[start+10:]) > MaxFramePayload {
 					t.Fatalf("read %d bytes of a frame declaring an oversized payload", n)
 				}
 				return
