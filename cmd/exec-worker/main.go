@@ -13,6 +13,7 @@ import (
 	"github.com/kubeclip/kubeclip/internal/app"
 	"github.com/kubeclip/kubeclip/internal/config"
 	"github.com/kubeclip/kubeclip/internal/ops"
+	"github.com/kubeclip/kubeclip/pkg/execproto"
 	"github.com/kubeclip/kubeclip/pkg/execsvc"
 	"github.com/kubeclip/kubeclip/pkg/inbox"
 	"github.com/kubeclip/kubeclip/pkg/sandboxd"
@@ -31,6 +32,9 @@ type settings struct {
 	SandboxKeyFile  string
 	MaxExecs        int
 	MaxCompanyExecs int
+	EnvPolicy       string
+	EnvAllow        []string
+	EnvDeny         []string
 	ReadyTimeout    time.Duration
 	ReplicaID       string
 }
@@ -44,6 +48,9 @@ func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout,
 	fs.String(&s.SandboxKeyFile, "sandbox-key-file", "KUBECLIP_SANDBOX_KEY_FILE", "", "file holding the installation's sandbox master key, the dispatcher's (hex or raw, at least 32 bytes); required")
 	fs.Int(&s.MaxExecs, "max-execs", "KUBECLIP_MAX_EXECS", 0, "exec streams this replica serves at once; past it requests are answered unavailable and clients try again. 0: sized from the memory limit (cgroup memory.max or GOMEMLIMIT, whichever is smaller), 64 MiB for the worker and 11.75 MiB per stream, at most 2048")
 	fs.Int(&s.MaxCompanyExecs, "max-execs-per-company", "KUBECLIP_MAX_EXECS_PER_COMPANY", 0, "exec streams of one company this replica serves at once, so one company's flood never takes another's; 0: a quarter of --max-execs (at least 1)")
+	fs.String(&s.EnvPolicy, "env-policy", "KUBECLIP_EXEC_ENV_POLICY", execproto.EnvModeDeny, "which keys of an exec's environment reach the pod: deny (drop the built-in list of Paperclip's server secrets and --env-deny, unless --env-allow names them) or allowlist (only the built-in allow list and --env-allow)")
+	fs.Strings(&s.EnvAllow, "env-allow", "", "KUBECLIP_EXEC_ENV_ALLOW", "an environment key glob (`*` any run of characters) that always reaches the pod")
+	fs.Strings(&s.EnvDeny, "env-deny", "", "KUBECLIP_EXEC_ENV_DENY", "an environment key glob (`*` any run of characters) that never reaches the pod unless allowed")
 	fs.Duration(&s.ReadyTimeout, "ready-timeout", "KUBECLIP_EXEC_READY_TIMEOUT", execsvc.DefaultReadyTimeout, "longest a start waits for its lease's pod to become ready (less when the exec's own timeout is shorter)")
 	fs.String(&s.ReplicaID, "replica-id", "KUBECLIP_REPLICA_ID", "", "this replica's name in exec answers and logs (set it to the pod name); empty: host name plus a random suffix")
 	if err := fs.Parse(args); err != nil {
@@ -52,6 +59,10 @@ func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout,
 	}
 	if err := s.Validate(fs); err != nil {
 		return &app.UsageError{Err: err}
+	}
+	envPolicy, err := execproto.NewEnvPolicy(s.EnvPolicy, s.EnvAllow, s.EnvDeny)
+	if err != nil {
+		return &app.UsageError{Err: fmt.Errorf("%s, %s, %s: %w", fs.Names("env-policy"), fs.Names("env-allow"), fs.Names("env-deny"), err)}
 	}
 	masterKey, err := sandboxd.ReadMasterKey(s.SandboxKeyFile)
 	if err != nil {
@@ -82,7 +93,8 @@ func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout,
 		Replica: s.ReplicaID, Logger: p.Log, MaxSessions: s.MaxExecs, MaxSessionsPerCompany: s.MaxCompanyExecs, ReadyTimeout: s.ReadyTimeout,
 		DrainTimeout: s.ShutdownTimeout, StreamReplicas: s.Streams.Replicas, Observer: p.Ops.Metrics,
 		// The clients' inboxes; the natsauth work makes them an operator setting.
-		Replies: inbox.MustRule(inbox.DefaultClientPrefixes()...),
+		Replies:   inbox.MustRule(inbox.DefaultClientPrefixes()...),
+		EnvPolicy: envPolicy,
 	})
 	if err != nil {
 		return err

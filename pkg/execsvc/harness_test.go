@@ -242,6 +242,7 @@ func (o *countingObserver) ExecRequest(execproto.Op, execproto.Code, time.Durati
 func (o *countingObserver) ExecSessions(d int)                                      { o.r.sessions.Add(int64(d)) }
 func (o *countingObserver) ExecOutput(int)                                          {}
 func (o *countingObserver) ExecDropped(string)                                      { o.r.dropped.Add(1) }
+func (o *countingObserver) ExecEnvDropped(int)                                      {}
 
 // serving returns the replica serving a stream now, waiting for one.
 func (e *env) serving() *replica {

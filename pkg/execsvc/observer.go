@@ -18,6 +18,8 @@ type Observer interface {
 	ExecOutput(bytes int)
 	// ExecDropped reports a request dropped without an answer, and why (DropReplyNotInbox).
 	ExecDropped(reason string)
+	// ExecEnvDropped reports environment keys a start's env policy kept from the pod.
+	ExecEnvDropped(keys int)
 }
 
 // Reasons of ExecDropped.
@@ -32,3 +34,4 @@ func (nopObserver) ExecRequest(execproto.Op, execproto.Code, time.Duration) {}
 func (nopObserver) ExecSessions(int)                                        {}
 func (nopObserver) ExecOutput(int)                                          {}
 func (nopObserver) ExecDropped(string)                                      {}
+func (nopObserver) ExecEnvDropped(int)                                      {}

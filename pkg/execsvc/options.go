@@ -13,6 +13,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/kubeclip/kubeclip/pkg/events"
+	"github.com/kubeclip/kubeclip/pkg/execproto"
 	"github.com/kubeclip/kubeclip/pkg/inbox"
 	"github.com/kubeclip/kubeclip/pkg/sandboxd"
 )
@@ -87,6 +88,10 @@ type Options struct {
 	// reply is published with the exec-worker's permissions wherever the requester says. The
 	// zero Rule allows nothing.
 	Replies inbox.Rule
+	// EnvPolicy drops the keys of a start's environment that may not reach a tenant pod (the
+	// Paperclip host's own secrets), again after the plugin did: a request may come from any
+	// client. The zero EnvPolicy defaults to execproto.DefaultEnvPolicy.
+	EnvPolicy execproto.EnvPolicy
 }
 
 func (o Options) withDefaults() (Options, error) {
@@ -151,6 +156,9 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if o.Observer == nil {
 		o.Observer = nopObserver{}
+	}
+	if o.EnvPolicy.IsZero() {
+		o.EnvPolicy = execproto.DefaultEnvPolicy()
 	}
 	return o, nil
 }

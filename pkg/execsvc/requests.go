@@ -91,6 +91,7 @@ func (s *Service) start(ctx context.Context, r *request) {
 		return
 	}
 	r.log = r.log.With().Str(logKeyExecID, req.ExecID).Str(logKeyCommand, execproto.CommandName(req.Command)).Logger()
+	s.filterEnv(r, &req)
 	rec, err := s.admit(ctx, r, req.ProviderLeaseID)
 	if err != nil {
 		s.refuse(r, err)
@@ -271,6 +272,17 @@ func (r *request) asProtocolError(err error) *execproto.Error {
 	}
 	r.log.Warn().Err(err).Msg("exec request failed")
 	return execproto.NewError(execproto.CodeUnavailable, "", "the exec-worker could not serve the request; try again")
+}
+
+// filterEnv drops the start's environment keys the policy keeps from pods, before anything
+// reaches sandboxd. Only the keys' names are logged, and their count measured.
+func (s *Service) filterEnv(r *request, req *execproto.StartRequest) {
+	var dropped []string
+	req.Env, dropped = s.opts.EnvPolicy.Filter(req.Env)
+	if len(dropped) > 0 {
+		r.log.Info().Strs(logKeyEnvDropped, dropped).Msg("environment keys dropped by the env policy")
+		s.opts.Observer.ExecEnvDropped(len(dropped))
+	}
 }
 
 // dropNotInbox drops a request whose reply subject is not a client's inbox: answering it would
