@@ -75,15 +75,15 @@ func TestServeSettings(t *testing.T) {
 		wantErr  string
 	}{
 		{"defaults", nil, map[string]string{sandboxd.SeedEnv: seedHex}, serveSettings{
-			Listen: ":7070", Socket: "/kubeclip/run/sandboxd.sock", JournalDir: "/kubeclip/journal",
+			Listen: ":7070", Socket: "/kubeclip/run/sandboxd.sock", JournalDir: "/kubeclip/run/journal",
 			MaxOutputBytes: 256 << 20, JournalTTL: 10 * time.Minute, LogLevel: "info", Seed: testSeed,
 		}, 0, ""},
 		{"socket only needs no seed", []string{"--listen="}, nil, serveSettings{
-			Socket: "/kubeclip/run/sandboxd.sock", JournalDir: "/kubeclip/journal",
+			Socket: "/kubeclip/run/sandboxd.sock", JournalDir: "/kubeclip/run/journal",
 			MaxOutputBytes: 256 << 20, JournalTTL: 10 * time.Minute, LogLevel: "info",
 		}, 0, ""},
 		{"environment", nil, map[string]string{sandboxd.SeedEnv: seedHex, "KUBECLIP_SANDBOXD_JOURNAL_TTL": "30s", "KUBECLIP_SANDBOXD_LISTEN": ":9000"}, serveSettings{
-			Listen: ":9000", Socket: "/kubeclip/run/sandboxd.sock", JournalDir: "/kubeclip/journal",
+			Listen: ":9000", Socket: "/kubeclip/run/sandboxd.sock", JournalDir: "/kubeclip/run/journal",
 			MaxOutputBytes: 256 << 20, JournalTTL: 30 * time.Second, LogLevel: "info", Seed: testSeed,
 		}, 0, ""},
 		{"no seed", nil, nil, serveSettings{}, 2, "KUBECLIP_SANDBOXD_SEED is not set"},

@@ -21,7 +21,7 @@ import (
 const (
 	DefaultListen         = ":7070"
 	DefaultSocket         = "/kubeclip/run/sandboxd.sock"
-	DefaultJournalDir     = "/kubeclip/journal"
+	DefaultJournalDir     = "/kubeclip/run/journal"
 	DefaultMaxOutputBytes = 256 << 20
 	// DefaultJournalTTL keeps an exited command's journal long enough for a client that lost
 	// its exec-worker to attach through another one, and no longer: bridge polls alone leave
