@@ -210,13 +210,12 @@ func (s *session) relayOutput(ctx context.Context) (*sandboxd.Exit, error) {
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
-		switch {
-		case errors.Is(err, sandboxd.ErrNotFound) && !opened:
-			return nil, execproto.NewError(execproto.CodeExecNotFound, "execId", "the pod has no exec %s (never started, closed, or expired)", s.execID)
-		case errors.Is(err, sandboxd.ErrNotFound):
-			return nil, execproto.NewError(execproto.CodeWorkloadLost, "", "the exec's journal is gone: sandboxd in pod %s restarted", s.rec.WorkloadName)
-		case errors.Is(err, sandboxd.ErrInvalidRequest) && !opened:
-			return nil, execproto.NewError(execproto.CodeInvalidRequest, "fromSeq", "is beyond the exec's journal")
+		c := callOpen
+		if opened {
+			c = callReopen
+		}
+		if m := meaningOf(c, err); m.fate == fateRefused {
+			return nil, m.err(s.execID, s.rec.WorkloadName)
 		}
 		if cur, ok := s.deps.pods.Current(s.ref, s.rec); !ok || cur.UID != s.pod.UID {
 			return nil, execproto.NewError(execproto.CodeWorkloadLost, "", "the pod of lease %s is gone", s.rec.WorkloadName)
@@ -339,13 +338,15 @@ func (s *session) relayStdin(ctx context.Context) {
 		got, err := s.client.WriteStdin(wctx, s.execID, int64(offset), m.Data, eof)
 		cancel()
 		reply := execproto.StdinReply{Offset: got}
-		switch {
-		case err == nil, errors.Is(err, sandboxd.ErrOffsetMismatch):
-		case errors.Is(err, sandboxd.ErrStdinClosed):
-			reply.Closed = true
-		default:
-			s.log.Debug().Err(err).Uint64(logKeyOffset, offset).Msg("writing stdin failed")
-			continue
+		if err != nil {
+			switch meaningOf(callStdin, err).fate {
+			case fateDone:
+			case fateStdinClosed:
+				reply.Closed = true
+			default:
+				s.log.Debug().Err(err).Uint64(logKeyOffset, offset).Msg("writing stdin failed")
+				continue
+			}
 		}
 		data, _ := json.Marshal(reply)
 		_ = m.Respond(data)
@@ -368,7 +369,7 @@ func (s *session) lingerForClose(ctx context.Context) {
 func (s *session) deleteJournal(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
-	if err := s.client.Delete(ctx, s.execID); err != nil && !errors.Is(err, sandboxd.ErrRunning) && !errors.Is(err, sandboxd.ErrNotFound) {
+	if err := s.client.Delete(ctx, s.execID); err != nil && meaningOf(callDelete, err).fate != fateDone {
 		s.log.Debug().Err(err).Msg("dropping the exec's journal failed")
 	}
 }
