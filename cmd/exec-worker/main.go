@@ -14,9 +14,9 @@ import (
 	"github.com/kubeclip/kubeclip/internal/config"
 	"github.com/kubeclip/kubeclip/internal/ops"
 	"github.com/kubeclip/kubeclip/pkg/execproto"
+	"github.com/kubeclip/kubeclip/pkg/execspec"
 	"github.com/kubeclip/kubeclip/pkg/execsvc"
 	"github.com/kubeclip/kubeclip/pkg/inbox"
-	"github.com/kubeclip/kubeclip/pkg/sandboxd"
 )
 
 const summary = "exec-worker runs commands in the pods of exec-capable leases for Paperclip and the kubeclip CLI."
@@ -64,7 +64,7 @@ func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout,
 	if err != nil {
 		return &app.UsageError{Err: fmt.Errorf("%s, %s, %s: %w", fs.Names("env-policy"), fs.Names("env-allow"), fs.Names("env-deny"), err)}
 	}
-	masterKey, err := sandboxd.ReadMasterKey(s.SandboxKeyFile)
+	masterKey, err := execspec.ReadMasterKey(s.SandboxKeyFile)
 	if err != nil {
 		return &app.UsageError{Err: fmt.Errorf("%s: %w", fs.Names("sandbox-key-file"), err)}
 	}

@@ -27,9 +27,9 @@ import (
 
 	"github.com/kubeclip/kubeclip/internal/clustertest"
 	"github.com/kubeclip/kubeclip/pkg/events"
+	"github.com/kubeclip/kubeclip/pkg/execspec"
 	"github.com/kubeclip/kubeclip/pkg/inbox"
 	"github.com/kubeclip/kubeclip/pkg/runwatch"
-	"github.com/kubeclip/kubeclip/pkg/sandboxd"
 )
 
 // The worker binaries.
@@ -169,7 +169,7 @@ func Setup(opts Options) (*Env, error) {
 		return e, err
 	}
 	e.Subjects, _ = events.NewSubjects("")
-	e.SandboxKey = make([]byte, sandboxd.MinMasterKeySize)
+	e.SandboxKey = make([]byte, execspec.MinMasterKeySize)
 	if _, err := rand.Read(e.SandboxKey); err != nil {
 		return e, err
 	}

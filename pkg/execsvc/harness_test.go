@@ -25,11 +25,11 @@ import (
 	"github.com/kubeclip/kubeclip/pkg/events"
 	"github.com/kubeclip/kubeclip/pkg/execclient"
 	"github.com/kubeclip/kubeclip/pkg/execproto"
+	"github.com/kubeclip/kubeclip/pkg/execspec"
 	"github.com/kubeclip/kubeclip/pkg/execsvc"
 	"github.com/kubeclip/kubeclip/pkg/inbox"
 	"github.com/kubeclip/kubeclip/pkg/lease"
 	"github.com/kubeclip/kubeclip/pkg/policy"
-	"github.com/kubeclip/kubeclip/pkg/sandboxd"
 )
 
 // sandboxdBin is sandboxd, built as the images build it, in TestMain: the tests run it as the
@@ -283,7 +283,7 @@ func (e *env) newLease(company string) *testLease {
 	if _, _, err := e.records.Create(t.Context(), rec); err != nil {
 		t.Fatal(err)
 	}
-	d := startDaemon(t, sandboxd.DeriveSeed(e.masterKey, rec.Namespace, rec.WorkloadName))
+	d := startDaemon(t, execspec.DeriveSeed(e.masterKey, rec.Namespace, rec.WorkloadName))
 	l := &testLease{Lease: execclient.Lease{CompanyID: company, RunID: runID, ProviderLeaseID: workload}, ref: rec.Ref(), rec: rec, daemon: d}
 	e.pods.set(l.ref, execsvc.Pod{Namespace: rec.Namespace, Name: workload, UID: newID("uid"), Addr: d.addr}, true)
 	return l

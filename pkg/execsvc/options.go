@@ -14,8 +14,8 @@ import (
 
 	"github.com/kubeclip/kubeclip/pkg/events"
 	"github.com/kubeclip/kubeclip/pkg/execproto"
+	"github.com/kubeclip/kubeclip/pkg/execspec"
 	"github.com/kubeclip/kubeclip/pkg/inbox"
-	"github.com/kubeclip/kubeclip/pkg/sandboxd"
 )
 
 // Defaults of Options.
@@ -56,7 +56,7 @@ type Options struct {
 	Pods Pods
 	// Route reaches sandboxd in a pod; required.
 	Route Route
-	// MasterKey derives every lease's sandboxd seed (sandboxd.ReadMasterKey); required.
+	// MasterKey derives every lease's sandboxd seed (execspec.ReadMasterKey); required.
 	MasterKey []byte
 	// Replica names this replica in `started` and logs; defaults to the host name plus a
 	// random suffix.
@@ -108,8 +108,8 @@ func (o Options) withDefaults() (Options, error) {
 	if o.Route == nil {
 		errs = append(errs, errors.New("execsvc: Options.Route is required"))
 	}
-	if len(o.MasterKey) < sandboxd.MinMasterKeySize {
-		errs = append(errs, fmt.Errorf("execsvc: Options.MasterKey must be at least %d bytes", sandboxd.MinMasterKeySize))
+	if len(o.MasterKey) < execspec.MinMasterKeySize {
+		errs = append(errs, fmt.Errorf("execsvc: Options.MasterKey must be at least %d bytes", execspec.MinMasterKeySize))
 	}
 	for _, d := range []struct {
 		name string

@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/kubeclip/kubeclip/pkg/events"
+	"github.com/kubeclip/kubeclip/pkg/execspec"
 	"github.com/kubeclip/kubeclip/pkg/sandboxd"
 	"github.com/kubeclip/kubeclip/pkg/streamjson"
 )
@@ -61,7 +62,7 @@ func (r *recorder) chunk(c *sandboxd.Chunk) events.RunExecEvent {
 }
 
 // exit returns the final event.
-func (r *recorder) exit(e *sandboxd.Exit) events.RunExecEvent {
+func (r *recorder) exit(e *execspec.Exit) events.RunExecEvent {
 	if len(r.line) > 0 && !r.skip {
 		r.parseLine(r.line)
 	}

@@ -108,7 +108,7 @@ func (s *Service) start(ctx context.Context, r *request) {
 	if t := time.Duration(req.TimeoutMs) * time.Millisecond; t > 0 && t < wait {
 		wait = t
 	}
-	pod, client, res, err := s.startExec(ctx, r, rec, req.Spec(), wait)
+	pod, client, res, err := s.startExec(ctx, r, rec, sandboxdSpec(req), wait)
 	if err != nil {
 		stop()
 		s.refuse(r, err)
@@ -304,4 +304,12 @@ func decode(data []byte, v interface{ Validate() error }) error {
 		return err
 	}
 	return v.Validate()
+}
+
+// sandboxdSpec is the start's command as sandboxd runs it.
+func sandboxdSpec(r execproto.StartRequest) sandboxd.Spec {
+	return sandboxd.Spec{
+		ID: r.ExecID, Command: r.Command, Args: r.Args, Cwd: r.Cwd, Env: r.Env,
+		TimeoutMs: r.TimeoutMs, Stdin: r.StdinBytes != 0, MaxOutputBytes: r.MaxOutputBytes,
+	}
 }

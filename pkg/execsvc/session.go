@@ -14,6 +14,7 @@ import (
 
 	"github.com/kubeclip/kubeclip/pkg/events"
 	"github.com/kubeclip/kubeclip/pkg/execproto"
+	"github.com/kubeclip/kubeclip/pkg/execspec"
 	"github.com/kubeclip/kubeclip/pkg/inbox"
 	"github.com/kubeclip/kubeclip/pkg/lease"
 	"github.com/kubeclip/kubeclip/pkg/sandboxd"
@@ -183,7 +184,7 @@ func (s *session) onIO(m *nats.Msg) {
 // relayOutput streams the journal to the client until the exit frame, reopening a broken stream
 // from the next seq while the pod lives. A recorded exec is read from seq 1 whatever the
 // client needs, to rebuild the recorder's state; its events are stored before the chunks go.
-func (s *session) relayOutput(ctx context.Context) (*sandboxd.Exit, error) {
+func (s *session) relayOutput(ctx context.Context) (*execspec.Exit, error) {
 	var rec *recorder
 	read := s.from - 1 // the last seq read from the journal
 	if s.record {
@@ -197,7 +198,7 @@ func (s *session) relayOutput(ctx context.Context) (*sandboxd.Exit, error) {
 		if err == nil {
 			opened = true
 			before := read
-			var exit *sandboxd.Exit
+			var exit *execspec.Exit
 			exit, err = s.pump(ctx, stream, rec, &read)
 			_ = stream.Close()
 			if exit != nil || errors.Is(err, errClientGone) || errors.Is(err, errUnreachable) || isTerminal(err) {
@@ -238,7 +239,7 @@ func (s *session) relayOutput(ctx context.Context) (*sandboxd.Exit, error) {
 }
 
 // pump relays one output stream's frames; read advances with every chunk read.
-func (s *session) pump(ctx context.Context, stream *sandboxd.OutputStream, rec *recorder, read *uint64) (*sandboxd.Exit, error) {
+func (s *session) pump(ctx context.Context, stream *sandboxd.OutputStream, rec *recorder, read *uint64) (*execspec.Exit, error) {
 	for {
 		f, err := stream.Next()
 		if err != nil {
@@ -271,7 +272,7 @@ func (s *session) pump(ctx context.Context, stream *sandboxd.OutputStream, rec *
 			}
 			s.lastSent.Store(f.Seq)
 			s.deps.observer.ExecOutput(len(f.Data))
-		case *sandboxd.Exit:
+		case *execspec.Exit:
 			if rec != nil {
 				if err := s.store(ctx, rec.exit(f)); err != nil {
 					return nil, err

@@ -15,6 +15,8 @@ import (
 	"strconv"
 	"sync/atomic"
 	"time"
+
+	"github.com/kubeclip/kubeclip/pkg/execspec"
 )
 
 // maxAnswer bounds every JSON answer the client reads from a pod (a start's result, info, a
@@ -248,7 +250,7 @@ func (c *Client) Output(ctx context.Context, id string, from uint64) (*OutputStr
 	return &OutputStream{body: resp.Body, r: bufio.NewReaderSize(resp.Body, 32<<10), stall: c.stall}, nil
 }
 
-// OutputStream reads an exec's frames: *Chunk, *Heartbeat, then one *Exit.
+// OutputStream reads an exec's frames: *Chunk, *Heartbeat, then one *execspec.Exit.
 type OutputStream struct {
 	body    io.ReadCloser
 	r       *bufio.Reader
@@ -258,7 +260,7 @@ type OutputStream struct {
 	done    bool
 }
 
-// Next returns the next frame. After the *Exit frame it returns io.EOF. A stream that ends
+// Next returns the next frame. After the *execspec.Exit frame it returns io.EOF. A stream that ends
 // before the exit frame returns io.ErrUnexpectedEOF (or the transport's error), one on which no
 // frame arrived within the stall timeout ErrStalled: resume with Output from the seq after the
 // last chunk received.
@@ -278,7 +280,7 @@ func (s *OutputStream) Next() (Frame, error) {
 		}
 		return nil, err
 	}
-	if _, ok := f.(*Exit); ok {
+	if _, ok := f.(*execspec.Exit); ok {
 		s.done = true
 		// Read the end of the response so the connection goes back to the pool (a pod that
 		// sends more after its exit frame loses the connection instead).

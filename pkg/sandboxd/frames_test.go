@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/kubeclip/kubeclip/pkg/execspec"
 )
 
 func TestFramesRoundTrip(t *testing.T) {
@@ -17,12 +19,12 @@ func TestFramesRoundTrip(t *testing.T) {
 	putHeader(chunk, frameOutput, Stderr, 7, 5)
 	wire = append(wire, chunk...)
 	wire = appendControlFrame(wire, frameHeartbeat, 7, nil)
-	wire = append(wire, exitFrame(&Exit{ExitCode: &code, StderrBytes: 5, LastSeq: 7})...)
+	wire = append(wire, exitFrame(&execspec.Exit{ExitCode: &code, StderrBytes: 5, LastSeq: 7})...)
 
 	want := []Frame{
 		&Chunk{Seq: 7, Stream: Stderr, Data: []byte("hello")},
 		&Heartbeat{Seq: 7},
-		&Exit{ExitCode: &code, StderrBytes: 5, LastSeq: 7},
+		&execspec.Exit{ExitCode: &code, StderrBytes: 5, LastSeq: 7},
 	}
 	var got []Frame
 	r := bytes.NewReader(wire)
