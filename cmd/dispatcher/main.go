@@ -15,7 +15,7 @@ import (
 	"github.com/kubeclip/kubeclip/internal/app"
 	"github.com/kubeclip/kubeclip/internal/config"
 	"github.com/kubeclip/kubeclip/pkg/dispatch"
-	"github.com/kubeclip/kubeclip/pkg/sandboxd"
+	"github.com/kubeclip/kubeclip/pkg/execspec"
 )
 
 const summary = "dispatcher creates each run's Job (or Sandbox) and Secret, one run per agent at a time, and releases them."
@@ -64,7 +64,7 @@ func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout,
 	}
 	var sandboxKey []byte
 	if s.SandboxKeyFile != "" {
-		if sandboxKey, err = sandboxd.ReadMasterKey(s.SandboxKeyFile); err != nil {
+		if sandboxKey, err = execspec.ReadMasterKey(s.SandboxKeyFile); err != nil {
 			return &app.UsageError{Err: fmt.Errorf("%s: %w", fs.Names("sandbox-key-file"), err)}
 		}
 	}

@@ -14,8 +14,9 @@ import (
 	"github.com/kubeclip/kubeclip/internal/config"
 	"github.com/kubeclip/kubeclip/internal/ops"
 	"github.com/kubeclip/kubeclip/pkg/events"
+	"github.com/kubeclip/kubeclip/pkg/execproto"
+	"github.com/kubeclip/kubeclip/pkg/execspec"
 	"github.com/kubeclip/kubeclip/pkg/execsvc"
-	"github.com/kubeclip/kubeclip/pkg/sandboxd"
 )
 
 const summary = "exec-worker runs commands in the pods of exec-capable leases for Paperclip and the kubeclip CLI."
@@ -29,13 +30,17 @@ func main() { os.Exit(app.Main("exec-worker", run)) }
 
 type settings struct {
 	app.Common
-	Streams        app.Streams
-	Route          string
-	SandboxKeyFile string
-	MaxExecs       int
-	ReadyTimeout   time.Duration
-	ReplicaID      string
-	Record         recordSettings
+	Streams         app.Streams
+	Route           string
+	SandboxKeyFile  string
+	MaxExecs        int
+	MaxCompanyExecs int
+	EnvPolicy       string
+	EnvAllow        []string
+	EnvDeny         []string
+	ReadyTimeout    time.Duration
+	ReplicaID       string
+	Record          recordSettings
 }
 
 // recordSettings bound recorded execs (execsvc.RecordLimits, docs/boundary/budgets.md).
@@ -63,7 +68,11 @@ func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout,
 	s.Streams.Bind(fs)
 	fs.String(&s.Route, "exec-route", "KUBECLIP_EXEC_ROUTE", execsvc.RouteDaemon, "how sandboxd in a lease's pod is reached: daemon (TLS to the pod IP, port 7070, key derived per lease) or kube-exec (the Kubernetes exec API running `sandboxd proxy`)")
 	fs.String(&s.SandboxKeyFile, "sandbox-key-file", "KUBECLIP_SANDBOX_KEY_FILE", "", "file holding the installation's sandbox master key, the dispatcher's (hex or raw, at least 32 bytes); required")
-	fs.Int(&s.MaxExecs, "max-execs", "KUBECLIP_MAX_EXECS", execsvc.DefaultMaxSessions, "exec streams this replica serves at once; past it requests are answered unavailable and clients try again")
+	fs.Int(&s.MaxExecs, "max-execs", "KUBECLIP_MAX_EXECS", 0, "exec streams this replica serves at once; past it requests are answered unavailable and clients try again. 0: sized from the memory limit (cgroup memory.max or GOMEMLIMIT, whichever is smaller), 64 MiB for the worker and 4.75 MiB per stream with the default --record-max-line, at most 2048")
+	fs.Int(&s.MaxCompanyExecs, "max-execs-per-company", "KUBECLIP_MAX_EXECS_PER_COMPANY", 0, "exec streams of one company this replica serves at once, so one company's flood never takes another's; 0: a quarter of --max-execs (at least 1)")
+	fs.String(&s.EnvPolicy, "env-policy", "KUBECLIP_EXEC_ENV_POLICY", execproto.EnvModeDeny, "which keys of an exec's environment reach the pod: deny (drop the built-in list of Paperclip's server secrets and --env-deny, unless --env-allow names them) or allowlist (only the built-in allow list and --env-allow)")
+	fs.Strings(&s.EnvAllow, "env-allow", "", "KUBECLIP_EXEC_ENV_ALLOW", "an environment key glob (`*` any run of characters) that always reaches the pod")
+	fs.Strings(&s.EnvDeny, "env-deny", "", "KUBECLIP_EXEC_ENV_DENY", "an environment key glob (`*` any run of characters) that never reaches the pod unless allowed")
 	fs.Duration(&s.ReadyTimeout, "ready-timeout", "KUBECLIP_EXEC_READY_TIMEOUT", execsvc.DefaultReadyTimeout, "longest a start waits for its lease's pod to become ready (less when the exec's own timeout is shorter)")
 	s.Record.bind(fs)
 	fs.String(&s.ReplicaID, "replica-id", "KUBECLIP_REPLICA_ID", "", "this replica's name in exec answers and logs (set it to the pod name); empty: host name plus a random suffix")
@@ -74,7 +83,11 @@ func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout,
 	if err := s.Validate(fs); err != nil {
 		return &app.UsageError{Err: err}
 	}
-	masterKey, err := sandboxd.ReadMasterKey(s.SandboxKeyFile)
+	envPolicy, err := execproto.NewEnvPolicy(s.EnvPolicy, s.EnvAllow, s.EnvDeny)
+	if err != nil {
+		return &app.UsageError{Err: fmt.Errorf("%s, %s, %s: %w", fs.Names("env-policy"), fs.Names("env-allow"), fs.Names("env-deny"), err)}
+	}
+	masterKey, err := execspec.ReadMasterKey(s.SandboxKeyFile)
 	if err != nil {
 		return &app.UsageError{Err: fmt.Errorf("%s: %w", fs.Names("sandbox-key-file"), err)}
 	}
@@ -84,6 +97,11 @@ func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout,
 		return err
 	}
 	defer p.Close()
+	if s.MaxExecs == 0 {
+		limit := memoryLimit()
+		s.MaxExecs = execsvc.SessionsFor(limit, s.Record.MaxLine)
+		p.Log.Info().Int64("memory_limit", limit).Int("max_execs", s.MaxExecs).Msg("exec streams sized from the memory limit")
+	}
 
 	pods, err := execsvc.NewPodWatcher(execsvc.PodWatcherOptions{Clientset: p.Kube.Clientset, Logger: p.Log})
 	if err != nil {
@@ -95,9 +113,11 @@ func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout,
 	}
 	svc, err := execsvc.New(execsvc.Options{
 		NATS: p.NATS, JetStream: p.JS, Subjects: p.Subjects, Pods: pods, Route: route, MasterKey: masterKey,
-		Replica: s.ReplicaID, Logger: p.Log, MaxSessions: s.MaxExecs, ReadyTimeout: s.ReadyTimeout,
+		Replica: s.ReplicaID, Logger: p.Log, MaxSessions: s.MaxExecs, MaxSessionsPerCompany: s.MaxCompanyExecs, ReadyTimeout: s.ReadyTimeout,
 		DrainTimeout: s.ShutdownTimeout, StreamReplicas: s.Streams.Replicas, Observer: p.Ops.Metrics,
-		Record: s.Record.limits(),
+		Record:    s.Record.limits(),
+		Replies:   s.Replies(),
+		EnvPolicy: envPolicy,
 	})
 	if err != nil {
 		return err
@@ -144,8 +164,11 @@ func (s *settings) Validate(fs *config.Set) error {
 	if s.SandboxKeyFile == "" {
 		errs = append(errs, fmt.Errorf("%s is required: exec-workers derive every lease's key from it", fs.Names("sandbox-key-file")))
 	}
-	if s.MaxExecs <= 0 {
-		errs = append(errs, fmt.Errorf("%s must be > 0", fs.Names("max-execs")))
+	if s.MaxExecs < 0 {
+		errs = append(errs, fmt.Errorf("%s must be >= 0 (0: sized from the memory limit)", fs.Names("max-execs")))
+	}
+	if s.MaxCompanyExecs < 0 {
+		errs = append(errs, fmt.Errorf("%s must be >= 0 (0: a quarter of --max-execs)", fs.Names("max-execs-per-company")))
 	}
 	if s.ReadyTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("%s must be > 0", fs.Names("ready-timeout")))

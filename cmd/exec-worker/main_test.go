@@ -38,7 +38,11 @@ func TestSettings(t *testing.T) {
 		{name: "key too short", args: []string{"--sandbox-key-file", short}, wantCode: 2, wantErr: "at least 32 are needed"},
 		{name: "missing key file", env: map[string]string{"KUBECLIP_SANDBOX_KEY_FILE": filepath.Join(dir, "none")}, wantCode: 2, wantErr: "--sandbox-key-file (KUBECLIP_SANDBOX_KEY_FILE)"},
 		{name: "unknown route", args: []string{"--sandbox-key-file", key, "--exec-route", "ssh"}, wantCode: 2, wantErr: "--exec-route (KUBECLIP_EXEC_ROUTE) must be daemon or kube-exec"},
-		{name: "no streams", args: []string{"--sandbox-key-file", key, "--max-execs", "0"}, wantCode: 2, wantErr: "--max-execs (KUBECLIP_MAX_EXECS) must be > 0"},
+		{name: "negative streams", args: []string{"--sandbox-key-file", key, "--max-execs", "-1"}, wantCode: 2, wantErr: "--max-execs (KUBECLIP_MAX_EXECS) must be >= 0"},
+		{name: "negative company streams", args: []string{"--sandbox-key-file", key, "--max-execs-per-company", "-1"}, wantCode: 2, wantErr: "--max-execs-per-company (KUBECLIP_MAX_EXECS_PER_COMPANY) must be >= 0"},
+		{name: "unknown env policy", args: []string{"--sandbox-key-file", key, "--env-policy", "open"}, wantCode: 2, wantErr: "--env-policy (KUBECLIP_EXEC_ENV_POLICY)"},
+		{name: "bad env glob", args: []string{"--sandbox-key-file", key, "--env-deny", "A=B"}, wantCode: 2, wantErr: `env glob "A=B"`},
+		{name: "bad env glob from the environment", args: []string{"--sandbox-key-file", key}, env: map[string]string{"KUBECLIP_EXEC_ENV_ALLOW": "OK\n=X"}, wantCode: 2, wantErr: "KUBECLIP_EXEC_ENV_ALLOW"},
 		{name: "no ready wait", args: []string{"--sandbox-key-file", key, "--ready-timeout", "0s"}, wantCode: 2, wantErr: "--ready-timeout (KUBECLIP_EXEC_READY_TIMEOUT) must be > 0"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -22,6 +22,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/kubeclip/kubeclip/internal/cli"
+	"github.com/kubeclip/kubeclip/pkg/execspec"
 	"github.com/kubeclip/kubeclip/pkg/sandboxd"
 )
 
@@ -61,7 +62,7 @@ func env(kv map[string]string) func(string) (string, bool) {
 	return func(k string) (string, bool) { v, ok := kv[k]; return v, ok }
 }
 
-var testSeed = sandboxd.DeriveSeed([]byte("master"), "tenant", "run")
+var testSeed = execspec.DeriveSeed([]byte("master"), "tenant", "run")
 
 // TestServeSettings pins serve's defaults (the paths the pod layout relies on) and its checks.
 func TestServeSettings(t *testing.T) {
@@ -74,20 +75,20 @@ func TestServeSettings(t *testing.T) {
 		wantCode int
 		wantErr  string
 	}{
-		{"defaults", nil, map[string]string{sandboxd.SeedEnv: seedHex}, serveSettings{
-			Listen: ":7070", Socket: "/kubeclip/run/sandboxd.sock", JournalDir: "/kubeclip/journal",
+		{"defaults", nil, map[string]string{execspec.SeedEnv: seedHex}, serveSettings{
+			Listen: ":7070", Socket: "/kubeclip/run/sandboxd.sock", JournalDir: "/kubeclip/run/journal",
 			MaxOutputBytes: 256 << 20, JournalTTL: 10 * time.Minute, LogLevel: "info", Seed: testSeed,
 		}, 0, ""},
 		{"socket only needs no seed", []string{"--listen="}, nil, serveSettings{
-			Socket: "/kubeclip/run/sandboxd.sock", JournalDir: "/kubeclip/journal",
+			Socket: "/kubeclip/run/sandboxd.sock", JournalDir: "/kubeclip/run/journal",
 			MaxOutputBytes: 256 << 20, JournalTTL: 10 * time.Minute, LogLevel: "info",
 		}, 0, ""},
-		{"environment", nil, map[string]string{sandboxd.SeedEnv: seedHex, "KUBECLIP_SANDBOXD_JOURNAL_TTL": "30s", "KUBECLIP_SANDBOXD_LISTEN": ":9000"}, serveSettings{
-			Listen: ":9000", Socket: "/kubeclip/run/sandboxd.sock", JournalDir: "/kubeclip/journal",
+		{"environment", nil, map[string]string{execspec.SeedEnv: seedHex, "KUBECLIP_SANDBOXD_JOURNAL_TTL": "30s", "KUBECLIP_SANDBOXD_LISTEN": ":9000"}, serveSettings{
+			Listen: ":9000", Socket: "/kubeclip/run/sandboxd.sock", JournalDir: "/kubeclip/run/journal",
 			MaxOutputBytes: 256 << 20, JournalTTL: 30 * time.Second, LogLevel: "info", Seed: testSeed,
 		}, 0, ""},
 		{"no seed", nil, nil, serveSettings{}, 2, "KUBECLIP_SANDBOXD_SEED is not set"},
-		{"bad seed", nil, map[string]string{sandboxd.SeedEnv: "abc"}, serveSettings{}, 2, "KUBECLIP_SANDBOXD_SEED"},
+		{"bad seed", nil, map[string]string{execspec.SeedEnv: "abc"}, serveSettings{}, 2, "KUBECLIP_SANDBOXD_SEED"},
 		{"nothing to serve on", []string{"--listen=", "--socket="}, nil, serveSettings{}, 2, "nothing to serve on"},
 		{"cap too small", []string{"--listen=", "--max-output-bytes=10"}, nil, serveSettings{}, 2, "--max-output-bytes (KUBECLIP_SANDBOXD_MAX_OUTPUT_BYTES) must be >= 1024"},
 		{"ttl", []string{"--listen=", "--journal-ttl=0s"}, nil, serveSettings{}, 2, "--journal-ttl"},
@@ -208,7 +209,7 @@ func TestServe(t *testing.T) {
 	}
 	socket := filepath.Join(dir, "run", "sandboxd.sock")
 	daemon := exec.Command(binary, "serve", "--listen=127.0.0.1:0", "--socket="+socket, "--journal-dir="+filepath.Join(dir, "journal"), "--log-level=debug")
-	daemon.Env = []string{"PATH=/usr/bin:/bin", sandboxd.SeedEnv + "=" + hex.EncodeToString(testSeed)}
+	daemon.Env = []string{"PATH=/usr/bin:/bin", execspec.SeedEnv + "=" + hex.EncodeToString(testSeed)}
 	daemon.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
 	logs, err := daemon.StderrPipe()
 	if err != nil {
@@ -291,7 +292,7 @@ func serving(t *testing.T, logs io.Reader) (string, <-chan struct{}) {
 	return "", nil
 }
 
-func collect(t *testing.T, c *sandboxd.Client, spec sandboxd.Spec) (string, *sandboxd.Exit) {
+func collect(t *testing.T, c *sandboxd.Client, spec sandboxd.Spec) (string, *execspec.Exit) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
@@ -314,7 +315,7 @@ func collect(t *testing.T, c *sandboxd.Client, spec sandboxd.Spec) (string, *san
 			if f.Stream == sandboxd.Stdout {
 				stdout.Write(f.Data)
 			}
-		case *sandboxd.Exit:
+		case *execspec.Exit:
 			return stdout.String(), f
 		}
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/kubeclip/kubeclip/internal/cli"
 	"github.com/kubeclip/kubeclip/internal/config"
+	"github.com/kubeclip/kubeclip/pkg/execspec"
 	"github.com/kubeclip/kubeclip/pkg/sandboxd"
 )
 
@@ -32,7 +33,7 @@ type serveSettings struct {
 func parseServe(args []string, lookupEnv config.LookupEnv, stdout io.Writer) (serveSettings, error) {
 	var s serveSettings
 	fs := config.New("sandboxd serve", lookupEnv)
-	fs.String(&s.Listen, "listen", "KUBECLIP_SANDBOXD_LISTEN", sandboxd.DefaultListen, "TLS listen address for the exec-worker (key and token derived from "+sandboxd.SeedEnv+"); empty: none")
+	fs.String(&s.Listen, "listen", "KUBECLIP_SANDBOXD_LISTEN", sandboxd.DefaultListen, "TLS listen address for the exec-worker (key and token derived from "+execspec.SeedEnv+"); empty: none")
 	fs.String(&s.Socket, "socket", "KUBECLIP_SANDBOXD_SOCKET", sandboxd.DefaultSocket, "unix socket for the pod's own processes and `sandboxd proxy` (no TLS, no token); empty: none")
 	fs.String(&s.JournalDir, "journal-dir", "KUBECLIP_SANDBOXD_JOURNAL_DIR", sandboxd.DefaultJournalDir, "directory of the output journals (in the pod's emptyDir)")
 	fs.Int(&s.MaxOutputBytes, "max-output-bytes", "KUBECLIP_SANDBOXD_MAX_OUTPUT_BYTES", sandboxd.DefaultMaxOutputBytes, "cap of each exec's journal (payload plus 14 bytes per chunk); past it output is dropped and the exit says truncated")
@@ -47,13 +48,13 @@ func parseServe(args []string, lookupEnv config.LookupEnv, stdout io.Writer) (se
 		errs = append(errs, fmt.Errorf("%s and %s are both empty: nothing to serve on", fs.Names("listen"), fs.Names("socket")))
 	}
 	if s.Listen != "" {
-		v, ok := lookupEnv(sandboxd.SeedEnv)
-		seed, err := sandboxd.ParseSeed(v)
+		v, ok := lookupEnv(execspec.SeedEnv)
+		seed, err := execspec.ParseSeed(v)
 		switch {
 		case !ok || v == "":
-			errs = append(errs, fmt.Errorf("%s is not set: %s needs the lease seed", sandboxd.SeedEnv, fs.Names("listen")))
+			errs = append(errs, fmt.Errorf("%s is not set: %s needs the lease seed", execspec.SeedEnv, fs.Names("listen")))
 		case err != nil:
-			errs = append(errs, fmt.Errorf("%s: %w", sandboxd.SeedEnv, err))
+			errs = append(errs, fmt.Errorf("%s: %w", execspec.SeedEnv, err))
 		default:
 			s.Seed = seed
 		}

@@ -15,6 +15,8 @@ type execMetrics struct {
 	requestTime *prometheus.HistogramVec
 	sessions    prometheus.Gauge
 	outputBytes prometheus.Counter
+	dropped     *prometheus.CounterVec
+	envDropped  prometheus.Counter
 }
 
 // execBuckets span a bridge poll answered in milliseconds to a start that waited two minutes
@@ -40,8 +42,16 @@ func newExecMetrics(reg prometheus.Registerer) (*execMetrics, error) {
 			Name: "kubeclip_exec_output_bytes_total",
 			Help: "Command output bytes relayed to exec clients.",
 		}),
+		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kubeclip_exec_requests_dropped_total",
+			Help: "Exec requests dropped without an answer, by reason (reply_not_inbox: the reply subject is not a client's inbox).",
+		}, []string{"reason"}),
+		envDropped: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kubeclip_exec_env_keys_dropped_total",
+			Help: "Environment keys of exec starts the env policy kept from tenant pods.",
+		}),
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.requestTime, m.sessions, m.outputBytes} {
+	for _, c := range []prometheus.Collector{m.requests, m.requestTime, m.sessions, m.outputBytes, m.dropped, m.envDropped} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -65,3 +75,9 @@ func (m *Metrics) ExecSessions(delta int) { m.exec.sessions.Add(float64(delta)) 
 
 // ExecOutput implements execsvc.Observer.
 func (m *Metrics) ExecOutput(bytes int) { m.exec.outputBytes.Add(float64(bytes)) }
+
+// ExecDropped implements execsvc.Observer.
+func (m *Metrics) ExecDropped(reason string) { m.exec.dropped.WithLabelValues(reason).Inc() }
+
+// ExecEnvDropped implements execsvc.Observer.
+func (m *Metrics) ExecEnvDropped(keys int) { m.exec.envDropped.Add(float64(keys)) }

@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/kubeclip/kubeclip/pkg/events"
+	"github.com/kubeclip/kubeclip/pkg/inbox"
 )
 
 // Attach returns an Env for worker processes that the caller starts one by one (StartWorker)
@@ -35,7 +36,8 @@ func Attach(opts Options, n *NATS, bin, kubeconfig string) (*Env, error) {
 		return e, err
 	}
 	e.Subjects, _ = events.NewSubjects("")
-	e.NC, err = nats.Connect(n.URL(), nats.Name("kubeclip-"+opts.Name), nats.MaxReconnects(-1),
+	// Its inbox is the CLI's: exec-workers answer only into a client's inbox.
+	e.NC, err = nats.Connect(n.URL(), nats.Name("kubeclip-"+opts.Name), nats.CustomInboxPrefix(inbox.CLIPrefix), nats.MaxReconnects(-1),
 		nats.ReconnectWait(100*time.Millisecond))
 	if err != nil {
 		return e, fmt.Errorf("connecting to %s: %w", n.URL(), err)

@@ -27,8 +27,9 @@ import (
 
 	"github.com/kubeclip/kubeclip/internal/clustertest"
 	"github.com/kubeclip/kubeclip/pkg/events"
+	"github.com/kubeclip/kubeclip/pkg/execspec"
+	"github.com/kubeclip/kubeclip/pkg/inbox"
 	"github.com/kubeclip/kubeclip/pkg/runwatch"
-	"github.com/kubeclip/kubeclip/pkg/sandboxd"
 )
 
 // The worker binaries.
@@ -168,7 +169,7 @@ func Setup(opts Options) (*Env, error) {
 		return e, err
 	}
 	e.Subjects, _ = events.NewSubjects("")
-	e.SandboxKey = make([]byte, sandboxd.MinMasterKeySize)
+	e.SandboxKey = make([]byte, execspec.MinMasterKeySize)
 	if _, err := rand.Read(e.SandboxKey); err != nil {
 		return e, err
 	}
@@ -181,7 +182,8 @@ func Setup(opts Options) (*Env, error) {
 		return e, err
 	}
 	// The test's own connection outlives a NATS restart, like the workers' do.
-	e.NC, err = nats.Connect(e.NATS.URL(), nats.Name("kubeclip-"+opts.Name), nats.MaxReconnects(-1),
+	// Its inbox is the CLI's: exec-workers answer only into a client's inbox.
+	e.NC, err = nats.Connect(e.NATS.URL(), nats.Name("kubeclip-"+opts.Name), nats.CustomInboxPrefix(inbox.CLIPrefix), nats.MaxReconnects(-1),
 		nats.ReconnectWait(100*time.Millisecond), nats.RetryOnFailedConnect(true))
 	if err != nil {
 		return e, fmt.Errorf("connecting to %s: %w", e.NATS.URL(), err)

@@ -25,10 +25,10 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/kubeclip/kubeclip/pkg/events"
+	"github.com/kubeclip/kubeclip/pkg/execspec"
 	"github.com/kubeclip/kubeclip/pkg/k8s"
 	"github.com/kubeclip/kubeclip/pkg/lease"
 	"github.com/kubeclip/kubeclip/pkg/policy"
-	"github.com/kubeclip/kubeclip/pkg/sandboxd"
 )
 
 // Defaults of Options.
@@ -98,7 +98,7 @@ type Options struct {
 	StreamReplicas int
 	// Backoff is the retry schedule of failed messages (events.DefaultBackoff when nil).
 	Backoff func(attempt uint64) time.Duration
-	// SandboxKey is the installation's master key (sandboxd.ReadMasterKey): the run Secret of
+	// SandboxKey is the installation's master key (execspec.ReadMasterKey): the run Secret of
 	// an exec-capable lease carries the seed derived from it. Without it, exec-capable backends
 	// are refused with backend_unavailable.
 	SandboxKey []byte
@@ -151,8 +151,8 @@ func (o Options) withDefaults() (Options, error) {
 	if o.SandboxdImage == "" {
 		o.SandboxdImage = DefaultSandboxdImage
 	}
-	if o.SandboxKey != nil && len(o.SandboxKey) < sandboxd.MinMasterKeySize {
-		return o, fmt.Errorf("dispatch: Options.SandboxKey must hold at least %d bytes", sandboxd.MinMasterKeySize)
+	if o.SandboxKey != nil && len(o.SandboxKey) < execspec.MinMasterKeySize {
+		return o, fmt.Errorf("dispatch: Options.SandboxKey must hold at least %d bytes", execspec.MinMasterKeySize)
 	}
 	if o.OrphanPolicy == "" {
 		o.OrphanPolicy = OrphanReport
@@ -505,7 +505,7 @@ func (d *Dispatcher) renderSecret(ctx context.Context, plan lease.Plan, spec pol
 	}
 	if plan.Config.Backend.ExecCapable() {
 		// sandboxd's key for this lease; the exec-worker derives the same from the master key.
-		env[sandboxd.SeedEnv] = hex.EncodeToString(sandboxd.DeriveSeed(d.opts.SandboxKey, spec.Namespace, spec.WorkloadName))
+		env[execspec.SeedEnv] = hex.EncodeToString(execspec.DeriveSeed(d.opts.SandboxKey, spec.Namespace, spec.WorkloadName))
 	}
 	token, err := policy.NewBootstrapToken(d.opts.Random)
 	if err != nil {

@@ -3,6 +3,8 @@ package events
 import (
 	"fmt"
 	"time"
+
+	"github.com/kubeclip/kubeclip/pkg/execspec"
 )
 
 // Streams of a recorded exec's output chunk (RunExecEvent.Stream).
@@ -10,9 +12,6 @@ const (
 	ExecStdout = "stdout"
 	ExecStderr = "stderr"
 )
-
-// maxExecIDLen is the longest exec id: sandboxd's limit, and short enough for a message id.
-const maxExecIDLen = 64
 
 // RunExecEvent is a recorded exec's output, coalesced, or, with Exit set, how it ended:
 // <prefix>.run.<c>.<r>.exec. Recorded execs are the ones a client started with `record: true`
@@ -70,8 +69,8 @@ func (RunExecEvent) Type() string { return runType(KindExec) }
 func (e RunExecEvent) IDs() (string, string) { return e.CompanyID, e.RunID }
 
 func (e RunExecEvent) address(s Subjects) (address, error) {
-	if !validExecID(e.ExecID) {
-		return address{}, InvalidRequest("execId", "must be 1-%d of [A-Za-z0-9_-]", maxExecIDLen)
+	if !execspec.ValidID(e.ExecID) {
+		return address{}, InvalidRequest("execId", "must be %s", execspec.IDRule)
 	}
 	if e.Seq == 0 {
 		return address{}, InvalidRequest("seq", "must be at least 1")
@@ -92,17 +91,3 @@ func (e RunExecEvent) address(s Subjects) (address, error) {
 
 func (e RunExecEvent) stamp(now time.Time) Event { e.At = stampTime(e.At, now); return e }
 func (e RunExecEvent) eventTime() time.Time      { return e.At }
-
-// validExecID reports whether id is 1-64 of [A-Za-z0-9_-]: sandboxd's rule, which also keeps
-// it one message-id token.
-func validExecID(id string) bool {
-	if id == "" || len(id) > maxExecIDLen {
-		return false
-	}
-	for _, c := range []byte(id) {
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-') {
-			return false
-		}
-	}
-	return true
-}

@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/kubeclip/kubeclip/pkg/execproto"
+	"github.com/kubeclip/kubeclip/pkg/execspec"
 )
 
 // inboxBuffer holds the messages of one exec's inbox: a replica keeps at most 8 MiB unacked,
@@ -37,7 +38,7 @@ type stream struct {
 	unacked   int
 	out       [2]*output
 	live      [2]io.Writer
-	pending   *execproto.Exit // an exit that arrived before chunks it covers
+	pending   *execspec.Exit // an exit that arrived before chunks it covers
 	lastHeard time.Time
 	resumed   time.Time
 	noResp    time.Time // since when no exec-worker received the requests
@@ -110,7 +111,7 @@ func (st *stream) run(ctx context.Context) (Result, error) {
 }
 
 // handle processes one inbox message; it returns the exit once every chunk it covers is in.
-func (st *stream) handle(m *nats.Msg) (*execproto.Exit, error) {
+func (st *stream) handle(m *nats.Msg) (*execspec.Exit, error) {
 	now := st.c.opts.Now()
 	st.lastHeard = now
 	if m.Header.Get("Status") == "503" { // no exec-worker received the request
@@ -172,7 +173,7 @@ func (st *stream) handle(m *nats.Msg) (*execproto.Exit, error) {
 			st.ack()
 		}
 	case execproto.KindExit:
-		var e execproto.Exit
+		var e execspec.Exit
 		if err := json.Unmarshal(m.Data, &e); err != nil {
 			return nil, fmt.Errorf("%w: exit: %w", errProtocol, err)
 		}

@@ -5,13 +5,11 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/kubeclip/kubeclip/pkg/sandboxd"
+	"github.com/kubeclip/kubeclip/pkg/execspec"
 )
 
 // Limits both sides keep.
 const (
-	// MaxExecIDLen is the longest execId (sandboxd's limit); ids are 1-64 of [A-Za-z0-9_-].
-	MaxExecIDLen = sandboxd.MaxIDLen
 	// MaxRequestBytes bounds a request's JSON: NATS's default maximum payload. A start's args
 	// and env go to execve, which takes about 2 MiB in all, so a real command fits with room.
 	MaxRequestBytes = 1 << 20
@@ -88,14 +86,6 @@ func (r StartRequest) Validate() error {
 	return nil
 }
 
-// Spec is the sandboxd spec of the request.
-func (r StartRequest) Spec() sandboxd.Spec {
-	return sandboxd.Spec{
-		ID: r.ExecID, Command: r.Command, Args: r.Args, Cwd: r.Cwd, Env: r.Env,
-		TimeoutMs: r.TimeoutMs, Stdin: r.StdinBytes != 0, MaxOutputBytes: r.MaxOutputBytes,
-	}
-}
-
 // CommandName is the command's base name: all of a request that logs, errors, metrics and
 // recorded events may name.
 func CommandName(command string) string {
@@ -159,9 +149,6 @@ type Started struct {
 	StdinClosed bool `json:"stdinClosed,omitempty"`
 }
 
-// Exit is the final `exit` message: sandboxd's exit frame.
-type Exit = sandboxd.Exit
-
 // Signaled answers a signal request. It is no part of the exec's stream and never ends it.
 type Signaled struct {
 	ExecID string `json:"execId"`
@@ -184,22 +171,9 @@ type StdinReply struct {
 	Closed bool `json:"closed,omitempty"`
 }
 
-// ValidExecID reports whether id is 1-64 of [A-Za-z0-9_-].
-func ValidExecID(id string) bool {
-	if id == "" || len(id) > MaxExecIDLen {
-		return false
-	}
-	for _, c := range []byte(id) {
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-') {
-			return false
-		}
-	}
-	return true
-}
-
 func validateCommon(execID, lease string) error {
-	if !ValidExecID(execID) {
-		return InvalidRequest("execId", "must be 1-%d of [A-Za-z0-9_-]", MaxExecIDLen)
+	if !execspec.ValidID(execID) {
+		return InvalidRequest("execId", "must be %s", execspec.IDRule)
 	}
 	if lease == "" {
 		return InvalidRequest("providerLeaseId", "must not be empty")

@@ -12,6 +12,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/kubeclip/kubeclip/pkg/execproto"
+	"github.com/kubeclip/kubeclip/pkg/execspec"
 )
 
 const schemaDir = "../../docs/schemas"
@@ -33,7 +34,7 @@ func schemaCases() map[string]schemaCase {
 		"exec-attach":      {full: execproto.AttachRequest{ExecID: "x", ProviderLeaseID: "pc-1", FromSeq: 1}, zero: execproto.AttachRequest{}},
 		"exec-signal":      {full: execproto.SignalRequest{ExecID: "x", ProviderLeaseID: "pc-1", Signal: "SIGTERM"}, zero: execproto.SignalRequest{}},
 		"exec-started":     {full: execproto.Started{ExecID: "x", Replica: "r", IOSubject: "s", StdinOffset: 1, StdinClosed: true}, zero: execproto.Started{}},
-		"exec-exit":        {full: execproto.Exit{ExitCode: ptr(1), Signal: ptr("SIGKILL"), TimedOut: true, StdoutBytes: 1, StderrBytes: 1, Truncated: true, LastSeq: 1, Error: "e"}, zero: execproto.Exit{}},
+		"exec-exit":        {full: execspec.Exit{ExitCode: ptr(1), Signal: ptr("SIGKILL"), TimedOut: true, StdoutBytes: 1, StderrBytes: 1, Truncated: true, LastSeq: 1, Error: "e"}, zero: execspec.Exit{}},
 		"exec-error":       {full: execproto.Error{Code: execproto.CodeUnavailable, Message: "m", Field: "f"}, zero: execproto.Error{}},
 		"exec-signaled":    {full: execproto.Signaled{ExecID: "x", Delivered: true, Code: "exited", Message: "m"}, zero: execproto.Signaled{}},
 		"exec-stdin-reply": {full: execproto.StdinReply{Offset: 1, Closed: true}, zero: execproto.StdinReply{}},

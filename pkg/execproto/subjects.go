@@ -5,6 +5,7 @@ import (
 	"strings"
 
 	"github.com/kubeclip/kubeclip/pkg/events"
+	"github.com/kubeclip/kubeclip/pkg/execspec"
 )
 
 // QueueGroup is the queue group every exec-worker subscribes to the request subjects in: each
@@ -55,8 +56,8 @@ func (s Subjects) IO(companyID, runID, execID, session string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	if !ValidExecID(session) {
-		return "", InvalidRequest("session", "must be 1-%d of [A-Za-z0-9_-]", MaxExecIDLen)
+	if !execspec.ValidID(session) {
+		return "", InvalidRequest("session", "must be %s", execspec.IDRule)
 	}
 	return base + "." + session, nil
 }
@@ -67,8 +68,8 @@ func (s Subjects) Control(companyID, runID, execID string) (string, error) {
 	if err := events.Ref(companyID, runID).Validate(); err != nil {
 		return "", err
 	}
-	if !ValidExecID(execID) {
-		return "", InvalidRequest("execId", "must be 1-%d of [A-Za-z0-9_-]", MaxExecIDLen)
+	if !execspec.ValidID(execID) {
+		return "", InvalidRequest("execId", "must be %s", execspec.IDRule)
 	}
 	return s.prefix + ".exec." + companyID + "." + runID + ".io." + execID, nil
 }

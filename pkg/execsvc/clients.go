@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/kubeclip/kubeclip/pkg/events"
+	"github.com/kubeclip/kubeclip/pkg/execspec"
 	"github.com/kubeclip/kubeclip/pkg/lease"
 	"github.com/kubeclip/kubeclip/pkg/sandboxd"
 )
@@ -48,7 +49,7 @@ func (c *leaseClients) get(ref events.RunRef, rec lease.Record, pod Pod, now tim
 		lc.client.Close()
 		delete(c.m, ref)
 	}
-	seed := sandboxd.DeriveSeed(c.masterKey, rec.Namespace, rec.WorkloadName)
+	seed := execspec.DeriveSeed(c.masterKey, rec.Namespace, rec.WorkloadName)
 	client, err := c.route.Client(pod, seed)
 	if err != nil {
 		return nil, err

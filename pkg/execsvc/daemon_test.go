@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kubeclip/kubeclip/pkg/sandboxd"
+	"github.com/kubeclip/kubeclip/pkg/execspec"
 )
 
 // daemon is a sandboxd process.
@@ -34,7 +34,7 @@ func startDaemon(t *testing.T, seed []byte) *daemon {
 	cmd := exec.Command(sandboxdBin, "serve", "--listen=127.0.0.1:0", "--socket="+filepath.Join(sockDir, "s.sock"),
 		"--journal-dir="+filepath.Join(dir, "journal"), "--log-level=info")
 	cmd.Dir = dir
-	cmd.Env = []string{"PATH=/usr/local/bin:/usr/bin:/bin", "HOME=" + dir, sandboxd.SeedEnv + "=" + hex.EncodeToString(seed)}
+	cmd.Env = []string{"PATH=/usr/local/bin:/usr/bin:/bin", "HOME=" + dir, execspec.SeedEnv + "=" + hex.EncodeToString(seed)}
 	logs, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)

@@ -25,10 +25,11 @@ import (
 	"github.com/kubeclip/kubeclip/pkg/events"
 	"github.com/kubeclip/kubeclip/pkg/execclient"
 	"github.com/kubeclip/kubeclip/pkg/execproto"
+	"github.com/kubeclip/kubeclip/pkg/execspec"
 	"github.com/kubeclip/kubeclip/pkg/execsvc"
+	"github.com/kubeclip/kubeclip/pkg/inbox"
 	"github.com/kubeclip/kubeclip/pkg/lease"
 	"github.com/kubeclip/kubeclip/pkg/policy"
-	"github.com/kubeclip/kubeclip/pkg/sandboxd"
 )
 
 // sandboxdBin is sandboxd, built as the images build it, in TestMain: the tests run it as the
@@ -76,6 +77,8 @@ type env struct {
 	replicaOpts []nats.Option
 	// record is the replicas' recording limits (zero: the defaults).
 	record execsvc.RecordLimits
+	// tune changes the replicas' service options, when set.
+	tune func(*execsvc.Options)
 
 	mu       sync.Mutex
 	replicas []*replica
@@ -83,14 +86,21 @@ type env struct {
 
 func newEnv(t *testing.T, replicas int) *env {
 	t.Helper()
+	return newEnvTuned(t, replicas, nil)
+}
+
+// newEnvTuned is newEnv with the replicas' service options changed by tune.
+func newEnvTuned(t *testing.T, replicas int, tune func(*execsvc.Options)) *env {
+	t.Helper()
 	srv, _, _ := natstest.Start(t)
-	return newEnvOn(t, srv, roles{}, replicas)
+	return newEnvOn(t, srv, roles{tune: tune}, replicas)
 }
 
 // roles are the options of the test's NATS connections: the harness's own (streams, lease
 // records), the replicas' and the client's. Empty: an open server.
 type roles struct {
 	harness, replica, client []nats.Option
+	tune                     func(*execsvc.Options)
 }
 
 // newEnvOn sets the env up on srv.
@@ -111,8 +121,9 @@ func newEnvOn(t *testing.T, srv *server.Server, r roles, replicas int) *env {
 	}
 	key := make([]byte, 32)
 	_, _ = rand.Read(key)
-	cnc, _ := connect(t, srv, r.client...)
-	e := &env{t: t, srv: srv, js: js, masterKey: key, pods: newFakePods(), records: lease.Records{KV: kv}, clientNC: cnc, replicaOpts: r.replica}
+	// Replicas answer only into the clients' inboxes: the client connects as the CLI does.
+	cnc, _ := connect(t, srv, append([]nats.Option{nats.CustomInboxPrefix(inbox.CLIPrefix)}, r.client...)...)
+	e := &env{t: t, srv: srv, js: js, masterKey: key, pods: newFakePods(), records: lease.Records{KV: kv}, clientNC: cnc, replicaOpts: r.replica, tune: r.tune}
 	e.client, err = execclient.New(execclient.Options{NATS: cnc, Subjects: e.subjects})
 	if err != nil {
 		t.Fatal(err)
@@ -156,6 +167,7 @@ type replica struct {
 	done     chan error
 	sessions atomic.Int64
 	budgets  atomic.Int64 // budget refusals observed
+	dropped  atomic.Int64
 	crashed  atomic.Bool
 	stopOnce sync.Once
 }
@@ -175,12 +187,16 @@ func (e *env) startReplica() *replica {
 		t.Fatal(err)
 	}
 	r := &replica{name: name, nc: nc, done: make(chan error, 1)}
-	svc, err := execsvc.New(execsvc.Options{
+	opts := execsvc.Options{
 		NATS: nc, JetStream: js, Subjects: e.subjects, Pods: e.pods, Route: execsvc.DaemonRoute{},
 		MasterKey: e.masterKey, Replica: name, Observer: &countingObserver{r: r},
 		Logger:       zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.InfoLevel),
-		DrainTimeout: 2 * time.Second, Linger: 2 * time.Second, Record: e.record,
-	})
+		DrainTimeout: 2 * time.Second, Linger: 2 * time.Second, Record: e.record, Replies: inbox.MustRule(inbox.DefaultClientPrefixes()...),
+	}
+	if e.tune != nil {
+		e.tune(&opts)
+	}
+	svc, err := execsvc.New(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -231,6 +247,8 @@ func (o *countingObserver) ExecOutput(int)                                      
 func (o *countingObserver) BudgetExceeded(source string, kind events.BudgetKind) {
 	o.r.budgets.Add(1)
 }
+func (o *countingObserver) ExecDropped(string) { o.r.dropped.Add(1) }
+func (o *countingObserver) ExecEnvDropped(int) {}
 
 // serving returns the replica serving a stream now, waiting for one.
 func (e *env) serving() *replica {
@@ -271,7 +289,7 @@ func (e *env) newLease(company string) *testLease {
 	if _, _, err := e.records.Create(t.Context(), rec); err != nil {
 		t.Fatal(err)
 	}
-	d := startDaemon(t, sandboxd.DeriveSeed(e.masterKey, rec.Namespace, rec.WorkloadName))
+	d := startDaemon(t, execspec.DeriveSeed(e.masterKey, rec.Namespace, rec.WorkloadName))
 	l := &testLease{Lease: execclient.Lease{CompanyID: company, RunID: runID, ProviderLeaseID: workload}, ref: rec.Ref(), rec: rec, daemon: d}
 	e.pods.set(l.ref, execsvc.Pod{Namespace: rec.Namespace, Name: workload, UID: newID("uid"), Addr: d.addr}, true)
 	return l

@@ -17,4 +17,6 @@ const (
 	logKeyRoute    = "route"
 	logKeyReplica  = "replica"
 	logKeyDuration = "duration"
+	// logKeyEnvDropped names the environment keys the env policy dropped: names, never values.
+	logKeyEnvDropped = "env_dropped"
 )

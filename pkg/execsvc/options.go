@@ -13,15 +13,18 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/kubeclip/kubeclip/pkg/events"
-	"github.com/kubeclip/kubeclip/pkg/sandboxd"
+	"github.com/kubeclip/kubeclip/pkg/execproto"
+	"github.com/kubeclip/kubeclip/pkg/execspec"
+	"github.com/kubeclip/kubeclip/pkg/inbox"
 )
 
 // Defaults of Options.
 const (
-	// DefaultMaxSessions bounds the exec streams one replica serves at once. A Paperclip run
-	// keeps a handful in flight (four uploads, the agent command, bridge polls), so this is a
-	// few hundred runs per replica; past it a replica answers unavailable and the client tries
-	// again, usually reaching another replica.
+	// DefaultMaxSessions bounds the exec streams one replica serves at once when nothing
+	// smaller is set: the exec-worker sizes its own from its memory limit (SessionsFor). A
+	// Paperclip run keeps a handful in flight (four uploads, the agent command, bridge polls);
+	// past the bound a replica answers unavailable and the client tries again, usually
+	// reaching another replica.
 	DefaultMaxSessions = 2048
 	// DefaultReadyTimeout bounds how long a start waits for its pod to become ready when the
 	// exec's own timeout is longer or unset: a pod that is not ready in two minutes is stuck
@@ -53,7 +56,7 @@ type Options struct {
 	Pods Pods
 	// Route reaches sandboxd in a pod; required.
 	Route Route
-	// MasterKey derives every lease's sandboxd seed (sandboxd.ReadMasterKey); required.
+	// MasterKey derives every lease's sandboxd seed (execspec.ReadMasterKey); required.
 	MasterKey []byte
 	// Replica names this replica in `started` and logs; defaults to the host name plus a
 	// random suffix.
@@ -66,13 +69,16 @@ type Options struct {
 	// constants above. DrainTimeout is how long a stopping replica lets its streams finish
 	// before it cuts them (their clients attach through another replica); it defaults to
 	// events.DefaultDrainTimeout, as every worker's drain does.
-	MaxSessions  int
-	ReadyTimeout time.Duration
-	Heartbeat    time.Duration
-	Linger       time.Duration
-	AckPatience  time.Duration
-	Reconnect    time.Duration
-	DrainTimeout time.Duration
+	MaxSessions int
+	// MaxSessionsPerCompany bounds one company's share of MaxSessions (default a quarter of
+	// it, at least 1).
+	MaxSessionsPerCompany int
+	ReadyTimeout          time.Duration
+	Heartbeat             time.Duration
+	Linger                time.Duration
+	AckPatience           time.Duration
+	Reconnect             time.Duration
+	DrainTimeout          time.Duration
 	// StreamReplicas is the replica count of RecordedBucket (default 1).
 	StreamReplicas int
 	// Record bounds recorded execs: the parser's line, coalescing, and the exec, run and
@@ -80,6 +86,15 @@ type Options struct {
 	Record RecordLimits
 	// Observer is told about requests and streams (metrics); nil means none.
 	Observer Observer
+	// Replies are the inboxes the service answers into (docs/architecture.md, "The tenant
+	// boundary"): a request whose reply subject is not one is dropped without a word, because a
+	// reply is published with the exec-worker's permissions wherever the requester says. The
+	// zero Rule allows nothing.
+	Replies inbox.Rule
+	// EnvPolicy drops the keys of a start's environment that may not reach a tenant pod (the
+	// Paperclip host's own secrets), again after the plugin did: a request may come from any
+	// client. The zero EnvPolicy defaults to execproto.DefaultEnvPolicy.
+	EnvPolicy execproto.EnvPolicy
 }
 
 func (o Options) withDefaults() (Options, error) {
@@ -96,8 +111,8 @@ func (o Options) withDefaults() (Options, error) {
 	if o.Route == nil {
 		errs = append(errs, errors.New("execsvc: Options.Route is required"))
 	}
-	if len(o.MasterKey) < sandboxd.MinMasterKeySize {
-		errs = append(errs, fmt.Errorf("execsvc: Options.MasterKey must be at least %d bytes", sandboxd.MinMasterKeySize))
+	if len(o.MasterKey) < execspec.MinMasterKeySize {
+		errs = append(errs, fmt.Errorf("execsvc: Options.MasterKey must be at least %d bytes", execspec.MinMasterKeySize))
 	}
 	for _, d := range []struct {
 		name string
@@ -109,6 +124,9 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if o.MaxSessions < 0 {
 		errs = append(errs, errors.New("execsvc: Options.MaxSessions must not be negative"))
+	}
+	if o.MaxSessionsPerCompany < 0 {
+		errs = append(errs, errors.New("execsvc: Options.MaxSessionsPerCompany must not be negative"))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return o, err
@@ -126,6 +144,9 @@ func (o Options) withDefaults() (Options, error) {
 	if o.MaxSessions == 0 {
 		o.MaxSessions = DefaultMaxSessions
 	}
+	if o.MaxSessionsPerCompany == 0 {
+		o.MaxSessionsPerCompany = CompanyShare(o.MaxSessions)
+	}
 	defaults := []struct {
 		p *time.Duration
 		v time.Duration
@@ -138,6 +159,9 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if o.Observer == nil {
 		o.Observer = nopObserver{}
+	}
+	if o.EnvPolicy.IsZero() {
+		o.EnvPolicy = execproto.DefaultEnvPolicy()
 	}
 	return o, nil
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/kubeclip/kubeclip/pkg/execclient"
 	"github.com/kubeclip/kubeclip/pkg/execproto"
+	"github.com/kubeclip/kubeclip/pkg/inbox"
 )
 
 // natsAuthConf is the users and permissions file kubeclip ships.
@@ -54,7 +55,7 @@ func user(name string) nats.Option {
 // requests or listen to exec subjects.
 func TestPermissions(t *testing.T) {
 	srv := authServer(t)
-	e := newEnvOn(t, srv, roles{harness: []nats.Option{user("kubeclip")}, replica: []nats.Option{user("exec-worker")}, client: []nats.Option{user("paperclip")}}, 1)
+	e := newEnvOn(t, srv, roles{harness: []nats.Option{user("kubeclip")}, replica: []nats.Option{user("exec-worker")}, client: []nats.Option{user("paperclip"), nats.CustomInboxPrefix(inbox.PaperclipPrefix)}}, 1)
 	l := e.newLease(newID("co"))
 
 	t.Run("exec with stdin, recorded", func(t *testing.T) {
@@ -67,7 +68,7 @@ func TestPermissions(t *testing.T) {
 		}
 	})
 	t.Run("the CLI's user too", func(t *testing.T) {
-		nc, _ := connect(t, srv, user("cli"))
+		nc, _ := connect(t, srv, user("cli"), nats.CustomInboxPrefix(inbox.CLIPrefix))
 		c, err := execclient.New(execclient.Options{NATS: nc})
 		if err != nil {
 			t.Fatal(err)

@@ -31,13 +31,13 @@ func (s *Service) startExec(ctx context.Context, r *request, rec lease.Record, s
 			return Pod{}, nil, sandboxd.StartResult{}, err
 		}
 		res, err := client.Start(wctx, spec)
-		var ae *sandboxd.APIError
-		switch {
-		case err == nil:
+		if err == nil {
 			return pod, client, res, nil
-		case errors.As(err, &ae):
-			return Pod{}, nil, sandboxd.StartResult{}, startRefusal(ae, rec)
-		case errors.Is(err, sandboxd.ErrServerKeyMismatch) && !errors.Is(lastErr, sandboxd.ErrServerKeyMismatch):
+		}
+		if m := meaningOf(callStart, err); m.fate == fateRefused {
+			return Pod{}, nil, sandboxd.StartResult{}, m.err(spec.ID, pod.Name)
+		}
+		if errors.Is(err, sandboxd.ErrServerKeyMismatch) && !errors.Is(lastErr, sandboxd.ErrServerKeyMismatch) {
 			r.log.Error().Err(err).Msg("sandboxd does not hold the lease's key: is --sandbox-key-file the dispatcher's?")
 		}
 		lastErr = err
@@ -55,19 +55,6 @@ func (s *Service) startExec(ctx context.Context, r *request, rec lease.Record, s
 		}
 		backoff = min(2*backoff, time.Second)
 	}
-}
-
-// startRefusal maps sandboxd's refusal of a start.
-func startRefusal(ae *sandboxd.APIError, rec lease.Record) *execproto.Error {
-	switch {
-	case errors.Is(ae, sandboxd.ErrSpecMismatch):
-		return execproto.InvalidRequest("execId", "exists with a different spec")
-	case errors.Is(ae, sandboxd.ErrInvalidRequest), errors.Is(ae, sandboxd.ErrTooLarge):
-		return execproto.InvalidRequest("", "sandboxd refused the command: %s", ae.Message)
-	case errors.Is(ae, sandboxd.ErrDraining):
-		return execproto.NewError(execproto.CodeWorkloadLost, "", "the pod of lease %s is shutting down", rec.WorkloadName)
-	}
-	return execproto.NewError(execproto.CodeUnavailable, "", "sandboxd refused the command (%s)", ae.Code)
 }
 
 // reach returns the client of the lease's pod for an attach: the pod must exist.
@@ -91,15 +78,17 @@ func stdinState(ctx context.Context, client *sandboxd.Client, execID string) (in
 	qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	off, err := client.WriteStdin(qctx, execID, 0, nil, false)
-	switch {
-	case err == nil, errors.Is(err, sandboxd.ErrOffsetMismatch):
+	if err == nil {
 		return off, false, nil
-	case errors.Is(err, sandboxd.ErrStdinClosed):
-		return off, true, nil
-	case errors.Is(err, sandboxd.ErrNotFound):
-		return 0, false, execproto.NewError(execproto.CodeExecNotFound, "execId", "the pod has no exec %s (never started, closed, or expired)", execID)
 	}
-	return 0, false, execproto.NewError(execproto.CodeUnavailable, "", "sandboxd did not answer: %s", errorClass(err))
+	switch m := meaningOf(callStdinState, err); m.fate {
+	case fateDone:
+		return off, false, nil
+	case fateStdinClosed:
+		return off, true, nil
+	default:
+		return 0, false, m.err(execID, "")
+	}
 }
 
 // errorClass names an error's kind without its text, for messages to clients.

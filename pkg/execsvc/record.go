@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/kubeclip/kubeclip/pkg/events"
+	"github.com/kubeclip/kubeclip/pkg/execspec"
 	"github.com/kubeclip/kubeclip/pkg/sandboxd"
 	"github.com/kubeclip/kubeclip/pkg/streamjson"
 )
@@ -346,7 +347,7 @@ func (r *recording) announce(ctx context.Context, next recordedExec) error {
 
 // exit publishes what is pending and the final event. The final event is never charged to a
 // budget: it carries the agent's result.
-func (r *recording) exit(ctx context.Context, e *sandboxd.Exit) error {
+func (r *recording) exit(ctx context.Context, e *execspec.Exit) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.err != nil {

@@ -18,11 +18,16 @@ import (
 // an attach follows a start that found it ready, so this is a pod restarting its container.
 const attachReadyTimeout = 10 * time.Second
 
-// handle answers one request. Start and attach then serve the exec's stream, for as long as
-// the command runs.
-func (s *Service) handle(ctx context.Context, m *nats.Msg) {
-	if m.Reply == "" {
-		s.log.Debug().Str(events.LogKeySubject, m.Subject).Msg("exec request without a reply subject dropped")
+// signalsPerCompany bounds one company's signal requests in progress on a replica: each is one
+// short call to sandboxd, and a client sends one per exec it stops.
+const signalsPerCompany = 8
+
+// receive takes a request off the subscription: on the subscription's goroutine, it drops or
+// refuses what it can without work (a reply that is not an inbox, a bad subject, a company at
+// its share), takes a slot, and only then starts the request's goroutine.
+func (s *Service) receive(ctx context.Context, m *nats.Msg) {
+	if !s.opts.Replies.Allows(m.Reply) {
+		s.dropNotInbox(m)
 		return
 	}
 	companyID, runID, op, err := s.subjects.ParseRequest(m.Subject)
@@ -30,6 +35,32 @@ func (s *Service) handle(ctx context.Context, m *nats.Msg) {
 		s.replyError(m.Reply, execproto.InvalidRequest("", "subject is not <prefix>.exec.<companyId>.<runId>.start|attach|signal"))
 		return
 	}
+	pool := s.sessionSlots
+	if op == execproto.OpSignal {
+		pool = s.signalSlots
+	}
+	release, perr := pool.take(companyID)
+	if perr != nil {
+		s.log.Debug().Str(events.LogKeyTenant, companyID).Str(logKeyOp, string(op)).Msg("exec request refused: no slot")
+		s.opts.Observer.ExecRequest(op, perr.Code, 0)
+		if op == execproto.OpSignal {
+			s.answerSignal(m.Reply, execproto.Signaled{Code: string(perr.Code), Message: perr.Message})
+			return
+		}
+		s.replyError(m.Reply, perr)
+		return
+	}
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		defer release()
+		s.handle(ctx, m, companyID, runID, op)
+	}()
+}
+
+// handle answers one request. Start and attach then serve the exec's stream, for as long as
+// the command runs.
+func (s *Service) handle(ctx context.Context, m *nats.Msg, companyID, runID string, op execproto.Op) {
 	r := &request{
 		msg: m, op: op, ref: events.Ref(companyID, runID), at: s.opts.Now(),
 		log: s.log.With().Str(events.LogKeyTenant, companyID).Str(events.LogKeyRunID, runID).Str(logKeyOp, string(op)).Logger(),
@@ -60,17 +91,12 @@ func (s *Service) start(ctx context.Context, r *request) {
 		return
 	}
 	r.log = r.log.With().Str(logKeyExecID, req.ExecID).Str(logKeyCommand, execproto.CommandName(req.Command)).Logger()
+	s.filterEnv(r, &req)
 	rec, err := s.admit(ctx, r, req.ProviderLeaseID)
 	if err != nil {
 		s.refuse(r, err)
 		return
 	}
-	release, ok := s.acquireSlot()
-	if !ok {
-		s.refuse(r, execproto.NewError(execproto.CodeUnavailable, "", "the exec-worker serves its maximum of streams; try again"))
-		return
-	}
-	defer release()
 	if req.Record {
 		if err := s.recorded.put(ctx, r.ref, req.ExecID, execproto.CommandName(req.Command), r.msg.Reply); err != nil {
 			s.refuse(r, err)
@@ -82,7 +108,7 @@ func (s *Service) start(ctx context.Context, r *request) {
 	if t := time.Duration(req.TimeoutMs) * time.Millisecond; t > 0 && t < wait {
 		wait = t
 	}
-	pod, client, res, err := s.startExec(ctx, r, rec, req.Spec(), wait)
+	pod, client, res, err := s.startExec(ctx, r, rec, sandboxdSpec(req), wait)
 	if err != nil {
 		stop()
 		s.refuse(r, err)
@@ -117,12 +143,6 @@ func (s *Service) attach(ctx context.Context, r *request) {
 		s.refuse(r, err)
 		return
 	}
-	release, ok := s.acquireSlot()
-	if !ok {
-		s.refuse(r, execproto.NewError(execproto.CodeUnavailable, "", "the exec-worker serves its maximum of streams; try again"))
-		return
-	}
-	defer release()
 	pod, client, err := s.reach(ctx, r, rec)
 	if err != nil {
 		s.refuse(r, err)
@@ -254,6 +274,24 @@ func (r *request) asProtocolError(err error) *execproto.Error {
 	return execproto.NewError(execproto.CodeUnavailable, "", "the exec-worker could not serve the request; try again")
 }
 
+// filterEnv drops the start's environment keys the policy keeps from pods, before anything
+// reaches sandboxd. Only the keys' names are logged, and their count measured.
+func (s *Service) filterEnv(r *request, req *execproto.StartRequest) {
+	var dropped []string
+	req.Env, dropped = s.opts.EnvPolicy.Filter(req.Env)
+	if len(dropped) > 0 {
+		r.log.Info().Strs(logKeyEnvDropped, dropped).Msg("environment keys dropped by the env policy")
+		s.opts.Observer.ExecEnvDropped(len(dropped))
+	}
+}
+
+// dropNotInbox drops a request whose reply subject is not a client's inbox: answering it would
+// publish there with the exec-worker's permissions. The payload is never logged.
+func (s *Service) dropNotInbox(m *nats.Msg) {
+	s.log.Debug().Str(events.LogKeySubject, m.Subject).Msg("exec request whose reply is not a client inbox dropped")
+	s.opts.Observer.ExecDropped(DropReplyNotInbox)
+}
+
 func (s *Service) replyError(reply string, e *execproto.Error) {
 	if m, err := execproto.NewJSONMsg(reply, execproto.KindError, e); err == nil {
 		_ = s.opts.NATS.PublishMsg(m)
@@ -266,4 +304,12 @@ func decode(data []byte, v interface{ Validate() error }) error {
 		return err
 	}
 	return v.Validate()
+}
+
+// sandboxdSpec is the start's command as sandboxd runs it.
+func sandboxdSpec(r execproto.StartRequest) sandboxd.Spec {
+	return sandboxd.Spec{
+		ID: r.ExecID, Command: r.Command, Args: r.Args, Cwd: r.Cwd, Env: r.Env,
+		TimeoutMs: r.TimeoutMs, Stdin: r.StdinBytes != 0, MaxOutputBytes: r.MaxOutputBytes,
+	}
 }

@@ -24,7 +24,10 @@ type Service struct {
 	subjects execproto.Subjects
 	clients  *leaseClients
 	events   eventPublisher
-	slots    chan struct{} // one per exec stream served
+	// sessions bound the start and attach requests being served (and so the streams), signals
+	// the signal requests; both are taken before any work starts for a request.
+	sessionSlots *slots
+	signalSlots  *slots
 	// leases and recorded are opened by Run, before the first request.
 	leases   leaseReader
 	recorded recordedExecs
@@ -56,14 +59,15 @@ func New(opts Options) (*Service, error) {
 		return nil, err
 	}
 	return &Service{
-		opts:     opts,
-		log:      opts.Logger.With().Str(logKeyReplica, opts.Replica).Str(logKeyRoute, opts.Route.Name()).Logger(),
-		subjects: execproto.NewSubjects(opts.Subjects),
-		clients:  newLeaseClients(opts.Route, opts.MasterKey),
-		events:   pub,
-		slots:    make(chan struct{}, opts.MaxSessions),
-		active:   map[streamKey]*session{},
-		ready:    make(chan struct{}),
+		opts:         opts,
+		log:          opts.Logger.With().Str(logKeyReplica, opts.Replica).Str(logKeyRoute, opts.Route.Name()).Logger(),
+		subjects:     execproto.NewSubjects(opts.Subjects),
+		clients:      newLeaseClients(opts.Route, opts.MasterKey),
+		events:       pub,
+		sessionSlots: newSlots(opts.MaxSessions, opts.MaxSessionsPerCompany),
+		signalSlots:  newSlots(opts.MaxSessions, signalsPerCompany),
+		active:       map[streamKey]*session{},
+		ready:        make(chan struct{}),
 	}, nil
 }
 
@@ -95,11 +99,7 @@ func (s *Service) Run(ctx context.Context) error {
 	}()
 	for _, op := range execproto.Ops() {
 		sub, err := s.opts.NATS.QueueSubscribe(s.subjects.RequestFilter(op), execproto.QueueGroup, func(m *nats.Msg) {
-			s.wg.Add(1)
-			go func() {
-				defer s.wg.Done()
-				s.handle(serveCtx, m)
-			}()
+			s.receive(serveCtx, m)
 		})
 		if err != nil {
 			return fmt.Errorf("subscribing to %s: %w", s.subjects.RequestFilter(op), err)
@@ -193,15 +193,6 @@ func (s *Service) sessionDeps() sessionDeps {
 		nc: s.opts.NATS, pods: s.opts.Pods, events: s.events, observer: s.opts.Observer, now: s.opts.Now,
 		heartbeat: s.opts.Heartbeat, linger: s.opts.Linger, patience: s.opts.AckPatience, reconnect: s.opts.Reconnect,
 		recording: recordingDeps{events: s.events, budgets: s.budgets, progress: s.recorded, limits: s.opts.Record, onExecBudget: execBudgetHook(s.opts.Observer)},
-	}
-}
-
-// acquireSlot takes one of MaxSessions; ok is false when the replica is full.
-func (s *Service) acquireSlot() (release func(), ok bool) {
-	select {
-	case s.slots <- struct{}{}:
-		return func() { <-s.slots }, true
-	default:
-		return nil, false
+		replies:   s.opts.Replies,
 	}
 }

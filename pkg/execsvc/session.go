@@ -14,6 +14,8 @@ import (
 
 	"github.com/kubeclip/kubeclip/pkg/events"
 	"github.com/kubeclip/kubeclip/pkg/execproto"
+	"github.com/kubeclip/kubeclip/pkg/execspec"
+	"github.com/kubeclip/kubeclip/pkg/inbox"
 	"github.com/kubeclip/kubeclip/pkg/lease"
 	"github.com/kubeclip/kubeclip/pkg/sandboxd"
 )
@@ -46,6 +48,7 @@ type sessionDeps struct {
 	patience  time.Duration
 	reconnect time.Duration
 	recording recordingDeps // a recorded exec's
+	replies   inbox.Rule
 }
 
 // sessionSpec is one exec stream to serve.
@@ -165,7 +168,8 @@ func (s *session) onIO(m *nats.Msg) {
 			s.win.ack(seq)
 		}
 	case execproto.KindStdin:
-		if m.Reply == "" {
+		if !s.deps.replies.Allows(m.Reply) {
+			s.deps.observer.ExecDropped(DropReplyNotInbox)
 			return
 		}
 		select {
@@ -181,7 +185,7 @@ func (s *session) onIO(m *nats.Msg) {
 // relayOutput streams the journal to the client until the exit frame, reopening a broken stream
 // from the next seq while the pod lives. A recorded exec is read from seq 1 whatever the
 // client needs, to rebuild the recording's state (record.go).
-func (s *session) relayOutput(ctx context.Context) (*sandboxd.Exit, error) {
+func (s *session) relayOutput(ctx context.Context) (*execspec.Exit, error) {
 	var rec *recording
 	read := s.from - 1 // the last seq read from the journal
 	if s.record {
@@ -200,7 +204,7 @@ func (s *session) relayOutput(ctx context.Context) (*sandboxd.Exit, error) {
 		if err == nil {
 			opened = true
 			before := read
-			var exit *sandboxd.Exit
+			var exit *execspec.Exit
 			exit, err = s.pump(ctx, stream, rec, &read)
 			_ = stream.Close()
 			if exit != nil || errors.Is(err, errClientGone) || errors.Is(err, errUnreachable) || isTerminal(err) || errors.Is(err, errRecordingTakenOver) {
@@ -213,13 +217,12 @@ func (s *session) relayOutput(ctx context.Context) (*sandboxd.Exit, error) {
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
-		switch {
-		case errors.Is(err, sandboxd.ErrNotFound) && !opened:
-			return nil, execproto.NewError(execproto.CodeExecNotFound, "execId", "the pod has no exec %s (never started, closed, or expired)", s.execID)
-		case errors.Is(err, sandboxd.ErrNotFound):
-			return nil, execproto.NewError(execproto.CodeWorkloadLost, "", "the exec's journal is gone: sandboxd in pod %s restarted", s.rec.WorkloadName)
-		case errors.Is(err, sandboxd.ErrInvalidRequest) && !opened:
-			return nil, execproto.NewError(execproto.CodeInvalidRequest, "fromSeq", "is beyond the exec's journal")
+		c := callOpen
+		if opened {
+			c = callReopen
+		}
+		if m := meaningOf(c, err); m.fate == fateRefused {
+			return nil, m.err(s.execID, s.rec.WorkloadName)
 		}
 		if cur, ok := s.deps.pods.Current(s.ref, s.rec); !ok || cur.UID != s.pod.UID {
 			return nil, execproto.NewError(execproto.CodeWorkloadLost, "", "the pod of lease %s is gone", s.rec.WorkloadName)
@@ -242,7 +245,7 @@ func (s *session) relayOutput(ctx context.Context) (*sandboxd.Exit, error) {
 }
 
 // pump relays one output stream's frames; read advances with every chunk read.
-func (s *session) pump(ctx context.Context, stream *sandboxd.OutputStream, rec *recording, read *uint64) (*sandboxd.Exit, error) {
+func (s *session) pump(ctx context.Context, stream *sandboxd.OutputStream, rec *recording, read *uint64) (*execspec.Exit, error) {
 	for {
 		f, err := stream.Next()
 		if err != nil {
@@ -274,7 +277,7 @@ func (s *session) pump(ctx context.Context, stream *sandboxd.OutputStream, rec *
 			}
 			s.lastSent.Store(f.Seq)
 			s.deps.observer.ExecOutput(len(f.Data))
-		case *sandboxd.Exit:
+		case *execspec.Exit:
 			if rec != nil {
 				if err := rec.exit(ctx, f); err != nil {
 					return nil, err
@@ -343,13 +346,15 @@ func (s *session) relayStdin(ctx context.Context) {
 		got, err := s.client.WriteStdin(wctx, s.execID, int64(offset), m.Data, eof)
 		cancel()
 		reply := execproto.StdinReply{Offset: got}
-		switch {
-		case err == nil, errors.Is(err, sandboxd.ErrOffsetMismatch):
-		case errors.Is(err, sandboxd.ErrStdinClosed):
-			reply.Closed = true
-		default:
-			s.log.Debug().Err(err).Uint64(logKeyOffset, offset).Msg("writing stdin failed")
-			continue
+		if err != nil {
+			switch meaningOf(callStdin, err).fate {
+			case fateDone:
+			case fateStdinClosed:
+				reply.Closed = true
+			default:
+				s.log.Debug().Err(err).Uint64(logKeyOffset, offset).Msg("writing stdin failed")
+				continue
+			}
 		}
 		data, _ := json.Marshal(reply)
 		_ = m.Respond(data)
@@ -372,7 +377,7 @@ func (s *session) lingerForClose(ctx context.Context) {
 func (s *session) deleteJournal(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
-	if err := s.client.Delete(ctx, s.execID); err != nil && !errors.Is(err, sandboxd.ErrRunning) && !errors.Is(err, sandboxd.ErrNotFound) {
+	if err := s.client.Delete(ctx, s.execID); err != nil && meaningOf(callDelete, err).fate != fateDone {
 		s.log.Debug().Err(err).Msg("dropping the exec's journal failed")
 	}
 }

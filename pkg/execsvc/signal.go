@@ -2,11 +2,9 @@ package execsvc
 
 import (
 	"context"
-	"errors"
 	"time"
 
 	"github.com/kubeclip/kubeclip/pkg/execproto"
-	"github.com/kubeclip/kubeclip/pkg/sandboxd"
 )
 
 // signal answers a signal request with one signaled message whatever happens: the answer is
@@ -15,9 +13,7 @@ func (s *Service) signal(ctx context.Context, r *request) {
 	var req execproto.SignalRequest
 	answer := func(res execproto.Signaled) {
 		res.ExecID = req.ExecID
-		if m, err := execproto.NewJSONMsg(r.msg.Reply, execproto.KindSignaled, res); err == nil {
-			_ = s.opts.NATS.PublishMsg(m)
-		}
+		s.answerSignal(r.msg.Reply, res)
 	}
 	fail := func(err error) {
 		perr := r.asProtocolError(err)
@@ -46,18 +42,25 @@ func (s *Service) signal(ctx context.Context, r *request) {
 	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	err = client.Signal(sctx, req.ExecID, req.Signal)
-	switch {
-	case err == nil:
+	if err == nil {
 		r.log.Info().Str(logKeySignal, req.Signal).Msg("exec signalled")
 		answer(execproto.Signaled{Delivered: true})
-	case errors.Is(err, sandboxd.ErrExited):
+		return
+	}
+	switch m := meaningOf(callSignal, err); m.fate {
+	case fateExited:
 		answer(execproto.Signaled{Code: execproto.SignalExited, Message: "the command and its process group are gone"})
-	case errors.Is(err, sandboxd.ErrNotFound):
-		fail(execproto.NewError(execproto.CodeExecNotFound, "execId", "the pod has no exec %s", req.ExecID))
-	case errors.Is(err, sandboxd.ErrInvalidRequest):
-		fail(execproto.InvalidRequest("signal", "is not a signal sandboxd knows"))
 	default:
-		r.log.Warn().Err(err).Msg("signalling an exec failed")
-		fail(execproto.NewError(execproto.CodeUnavailable, "", "sandboxd in pod %s did not answer", pod.Name))
+		if m.code == execproto.CodeUnavailable {
+			r.log.Warn().Err(err).Msg("signalling an exec failed")
+		}
+		fail(m.err(req.ExecID, pod.Name))
+	}
+}
+
+// answerSignal sends a signal request's one answer.
+func (s *Service) answerSignal(reply string, res execproto.Signaled) {
+	if m, err := execproto.NewJSONMsg(reply, execproto.KindSignaled, res); err == nil {
+		_ = s.opts.NATS.PublishMsg(m)
 	}
 }

@@ -9,19 +9,27 @@ import (
 )
 
 // Exec-capable pods (backends pod and sandbox-cr): the agent container's main process is
-// kubeclip's sandboxd, copied into a shared emptyDir by an init container from kubeclip's own
-// image, so any runtime image can serve exec, under Pod Security restricted (docs/exec.md).
+// kubeclip's sandboxd, copied into an emptyDir by an init container from kubeclip's own image, so
+// any runtime image can serve exec, under Pod Security restricted (docs/exec.md). The agent's
+// commands run as sandboxd's user, so what they must not change is on a read-only mount: the
+// binary's emptyDir is mounted read-only in the agent container (only the init container writes
+// it), and sandboxd's socket and journals are in their own emptyDir.
 const (
 	// SandboxdPort is where sandboxd serves TLS to the exec-worker.
 	SandboxdPort = 7070
-	// SandboxdDir is the emptyDir holding sandboxd's binary, socket and journals.
-	SandboxdDir = "/kubeclip"
+	// SandboxdBinDir holds sandboxd's binary: read-only to the agent.
+	SandboxdBinDir = "/kubeclip/bin"
+	// SandboxdRunDir holds sandboxd's socket (sandboxd.DefaultSocket) and journals.
+	SandboxdRunDir = "/kubeclip/run"
+	// SandboxdJournalDir holds the commands' output journals.
+	SandboxdJournalDir = SandboxdRunDir + "/journal"
 	// SandboxdBinary is where the init container puts sandboxd.
-	SandboxdBinary = SandboxdDir + "/bin/sandboxd"
-	// SandboxdInitContainerName copies sandboxd into SandboxdDir.
+	SandboxdBinary = SandboxdBinDir + "/sandboxd"
+	// SandboxdInitContainerName copies sandboxd into SandboxdBinDir.
 	SandboxdInitContainerName = "sandboxd-install"
-	// sandboxdVolume names the emptyDir.
-	sandboxdVolume = "kubeclip"
+	// sandboxdBinVolume and sandboxdRunVolume name the emptyDirs.
+	sandboxdBinVolume = "kubeclip-bin"
+	sandboxdRunVolume = "kubeclip"
 	// DefaultExecGracePeriod is an exec-capable pod's termination grace period: on SIGTERM
 	// sandboxd refuses new commands and waits for the running ones, so a release that does not
 	// cancel active work lets them finish this long (the dispatcher's release deletes with its
@@ -49,12 +57,16 @@ func (s RunSpec) execPodTemplate() corev1.PodTemplateSpec {
 	} else {
 		spec.ActiveDeadlineSeconds = ptrTo(s.Config.PodActivityDeadlineSec)
 	}
-	mount := corev1.VolumeMount{Name: sandboxdVolume, MountPath: SandboxdDir}
+	bin := corev1.VolumeMount{Name: sandboxdBinVolume, MountPath: SandboxdBinDir}
 	agent := &spec.Containers[0]
-	agent.Command = []string{SandboxdBinary, "serve"}
+	// The journal directory is named, not left to the binary's default: the init container's
+	// image may hold a sandboxd of another version.
+	agent.Command = []string{SandboxdBinary, "serve", "--journal-dir", SandboxdJournalDir}
 	agent.WorkingDir = "/workspace"
 	agent.Ports = []corev1.ContainerPort{{Name: "sandboxd", ContainerPort: SandboxdPort, Protocol: corev1.ProtocolTCP}}
-	agent.VolumeMounts = append(agent.VolumeMounts, mount)
+	agent.VolumeMounts = append(agent.VolumeMounts,
+		corev1.VolumeMount{Name: sandboxdBinVolume, MountPath: SandboxdBinDir, ReadOnly: true},
+		corev1.VolumeMount{Name: sandboxdRunVolume, MountPath: SandboxdRunDir})
 	spec.InitContainers = []corev1.Container{{
 		Name:            SandboxdInitContainerName,
 		Image:           s.SandboxdImage,
@@ -64,10 +76,13 @@ func (s RunSpec) execPodTemplate() corev1.PodTemplateSpec {
 		Args:            []string{"install", SandboxdBinary},
 		SecurityContext: agent.SecurityContext.DeepCopy(),
 		Resources:       *sandboxdResources.DeepCopy(),
-		VolumeMounts:    []corev1.VolumeMount{mount},
+		VolumeMounts:    []corev1.VolumeMount{bin},
 	}}
-	q := resource.MustParse("2Gi") // the binary, the socket and the commands' output journals
-	spec.Volumes = append(spec.Volumes, corev1.Volume{Name: sandboxdVolume, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{SizeLimit: &q}}})
+	binSize := resource.MustParse("64Mi") // one static binary
+	runSize := resource.MustParse("2Gi")  // the socket and the commands' output journals
+	spec.Volumes = append(spec.Volumes,
+		corev1.Volume{Name: sandboxdBinVolume, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{SizeLimit: &binSize}}},
+		corev1.Volume{Name: sandboxdRunVolume, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{SizeLimit: &runSize}}})
 	return tmpl
 }
 

@@ -124,11 +124,14 @@ func TestExecPodsAreTheJobPodPlusSandboxd(t *testing.T) {
 	podSpec["activeDeadlineSeconds"] = int64(900) // the bounded-lease override reaches the pod
 	podSpec["terminationGracePeriodSeconds"] = int64(120)
 	agent := podSpec["containers"].([]any)[0].(map[string]any)
-	agent["command"] = []any{"/kubeclip/bin/sandboxd", "serve"}
+	agent["command"] = []any{"/kubeclip/bin/sandboxd", "serve", "--journal-dir", "/kubeclip/run/journal"}
 	agent["workingDir"] = "/workspace"
 	agent["ports"] = []any{map[string]any{"name": "sandboxd", "containerPort": int64(7070), "protocol": "TCP"}}
-	mount := map[string]any{"name": "kubeclip", "mountPath": "/kubeclip"}
-	agent["volumeMounts"] = append(agent["volumeMounts"].([]any), mount)
+	// sandboxd's binary is read-only to the agent (only the init container writes it); its
+	// socket and journals are in their own directory.
+	agent["volumeMounts"] = append(agent["volumeMounts"].([]any),
+		map[string]any{"name": "kubeclip-bin", "mountPath": "/kubeclip/bin", "readOnly": true},
+		map[string]any{"name": "kubeclip", "mountPath": "/kubeclip/run"})
 	podSpec["initContainers"] = []any{map[string]any{
 		"name": "sandboxd-install", "image": "kubeclip.local/sandboxd:dev", "imagePullPolicy": "IfNotPresent",
 		"args":            []any{"install", "/kubeclip/bin/sandboxd"},
@@ -137,9 +140,11 @@ func TestExecPodsAreTheJobPodPlusSandboxd(t *testing.T) {
 			"requests": map[string]any{"cpu": "100m", "memory": "128Mi"},
 			"limits":   map[string]any{"cpu": "100m", "memory": "128Mi"},
 		},
-		"volumeMounts": []any{mount},
+		"volumeMounts": []any{map[string]any{"name": "kubeclip-bin", "mountPath": "/kubeclip/bin"}},
 	}}
-	podSpec["volumes"] = append(podSpec["volumes"].([]any), map[string]any{"name": "kubeclip", "emptyDir": map[string]any{"sizeLimit": "2Gi"}})
+	podSpec["volumes"] = append(podSpec["volumes"].([]any),
+		map[string]any{"name": "kubeclip-bin", "emptyDir": map[string]any{"sizeLimit": "64Mi"}},
+		map[string]any{"name": "kubeclip", "emptyDir": map[string]any{"sizeLimit": "2Gi"}})
 
 	pod, err := policy.ToUnstructured(policy.RenderPod(spec))
 	if err != nil {

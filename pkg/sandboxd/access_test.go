@@ -14,6 +14,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/kubeclip/kubeclip/pkg/execspec"
 	"github.com/kubeclip/kubeclip/pkg/sandboxd"
 )
 
@@ -21,7 +22,7 @@ import (
 // the command in it) never reaches the server.
 func TestTLSPinning(t *testing.T) {
 	h := startServer(t, nil)
-	other := sandboxd.DeriveSeed([]byte("test master key"), "tenant-test", "another-run")
+	other := execspec.DeriveSeed([]byte("test master key"), "tenant-test", "another-run")
 	c := newClient(t, sandboxd.ClientOptions{Dial: sandboxd.DialTCP(h.addr), TLS: sandboxd.ClientTLSConfig(other), Token: sandboxd.ClientToken(testSeed)})
 	marker := newID()
 	_, err := c.Start(t.Context(), sandboxd.Spec{ID: marker, Command: "true"})
@@ -38,7 +39,7 @@ func TestTLSPinning(t *testing.T) {
 
 func TestWrongToken(t *testing.T) {
 	h := startServer(t, nil)
-	for _, token := range []string{"", sandboxd.ClientToken(sandboxd.DeriveSeed([]byte("x"), "a", "b"))} {
+	for _, token := range []string{"", sandboxd.ClientToken(execspec.DeriveSeed([]byte("x"), "a", "b"))} {
 		c := newClient(t, sandboxd.ClientOptions{Dial: sandboxd.DialTCP(h.addr), TLS: sandboxd.ClientTLSConfig(testSeed), Token: token})
 		_, err := c.Info(t.Context())
 		var ae *sandboxd.APIError

@@ -15,7 +15,14 @@ import (
 	"strconv"
 	"sync/atomic"
 	"time"
+
+	"github.com/kubeclip/kubeclip/pkg/execspec"
 )
+
+// maxAnswer bounds every JSON answer the client reads from a pod (a start's result, info, a
+// stdin offset, an error: each well under a kilobyte), and the headers of any answer: a pod runs
+// the tenant's code, and its sandboxd may answer anything.
+const maxAnswer = 64 << 10
 
 // DefaultStallTimeout is how long Output waits for any frame before giving up with ErrStalled:
 // three missed heartbeats, plus slack for a loaded node.
@@ -76,6 +83,8 @@ func NewClient(o ClientOptions) (*Client, error) {
 		MaxIdleConnsPerHost: o.MaxIdleConns,
 		IdleConnTimeout:     90 * time.Second, // below the server's IdleTimeout
 		DisableCompression:  true,
+		// A pod's headers are bounded like its bodies.
+		MaxResponseHeaderBytes: maxAnswer,
 	}
 	c := &Client{hc: &http.Client{Transport: tr}, tr: tr, base: "http://sandboxd", token: o.Token, stall: o.StallTimeout}
 	if o.TLS != nil {
@@ -126,12 +135,18 @@ func (c *Client) call(ctx context.Context, method, path string, body io.Reader, 
 		if resp.StatusCode != s {
 			continue
 		}
+		b, err := io.ReadAll(io.LimitReader(resp.Body, maxAnswer+1))
+		if err != nil {
+			return resp.StatusCode, fmt.Errorf("reading the answer: %w", err)
+		}
+		if len(b) > maxAnswer {
+			return resp.StatusCode, fmt.Errorf("%w: the answer is over %d bytes", ErrProtocol, maxAnswer)
+		}
 		if out != nil {
-			if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+			if err := json.Unmarshal(b, out); err != nil {
 				return resp.StatusCode, fmt.Errorf("decoding the answer: %w", err)
 			}
 		}
-		_, _ = io.Copy(io.Discard, resp.Body) // so the connection is reused
 		return resp.StatusCode, nil
 	}
 	return resp.StatusCode, apiError(resp)
@@ -139,7 +154,7 @@ func (c *Client) call(ctx context.Context, method, path string, body io.Reader, 
 
 // apiError reads an error answer.
 func apiError(resp *http.Response) error {
-	b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, maxAnswer))
 	var body errorBody
 	if json.Unmarshal(b, &body) == nil && body.Code != "" {
 		e := &APIError{Status: resp.StatusCode, Code: body.Code, Message: body.Message}
@@ -235,7 +250,7 @@ func (c *Client) Output(ctx context.Context, id string, from uint64) (*OutputStr
 	return &OutputStream{body: resp.Body, r: bufio.NewReaderSize(resp.Body, 32<<10), stall: c.stall}, nil
 }
 
-// OutputStream reads an exec's frames: *Chunk, *Heartbeat, then one *Exit.
+// OutputStream reads an exec's frames: *Chunk, *Heartbeat, then one *execspec.Exit.
 type OutputStream struct {
 	body    io.ReadCloser
 	r       *bufio.Reader
@@ -245,7 +260,7 @@ type OutputStream struct {
 	done    bool
 }
 
-// Next returns the next frame. After the *Exit frame it returns io.EOF. A stream that ends
+// Next returns the next frame. After the *execspec.Exit frame it returns io.EOF. A stream that ends
 // before the exit frame returns io.ErrUnexpectedEOF (or the transport's error), one on which no
 // frame arrived within the stall timeout ErrStalled: resume with Output from the seq after the
 // last chunk received.
@@ -265,10 +280,11 @@ func (s *OutputStream) Next() (Frame, error) {
 		}
 		return nil, err
 	}
-	if _, ok := f.(*Exit); ok {
+	if _, ok := f.(*execspec.Exit); ok {
 		s.done = true
-		// Read the end of the response so the connection goes back to the pool.
-		_, _ = io.Copy(io.Discard, s.r)
+		// Read the end of the response so the connection goes back to the pool (a pod that
+		// sends more after its exit frame loses the connection instead).
+		_, _ = io.Copy(io.Discard, io.LimitReader(s.r, maxAnswer))
 	}
 	return f, nil
 }

@@ -14,6 +14,8 @@ import (
 
 	"github.com/rs/zerolog"
 	"golang.org/x/sys/unix"
+
+	"github.com/kubeclip/kubeclip/pkg/execspec"
 )
 
 // execution is one exec: its spec, process, stdin state and journal.
@@ -76,7 +78,7 @@ func (e *execution) running() bool {
 
 // supervise waits for the command's exit (or kills its tree at the timeout), drains its pipes
 // for at most grace after that, and journals the exit.
-func (e *execution) supervise(p *process, grace time.Duration, buffers *sync.Pool) Exit {
+func (e *execution) supervise(p *process, grace time.Duration, buffers *sync.Pool) execspec.Exit {
 	var wg sync.WaitGroup
 	for _, s := range []struct {
 		f      *os.File
@@ -126,7 +128,7 @@ wait:
 	_ = p.stderr.Close()
 	<-drained
 
-	exit := Exit{TimedOut: e.timedOut.Load()}
+	exit := execspec.Exit{TimedOut: e.timedOut.Load()}
 	switch {
 	case ws.Exited():
 		code := ws.ExitStatus()
@@ -140,7 +142,7 @@ wait:
 
 // failStart ends an exec whose command could not start, as a shell would: the message on
 // stderr and its exit code.
-func (e *execution) failStart(err error) Exit {
+func (e *execution) failStart(err error) execspec.Exit {
 	code := exitCannotRun
 	var se *startError
 	if errors.As(err, &se) {
@@ -151,7 +153,7 @@ func (e *execution) failStart(err error) Exit {
 	copy(buf[frameHeaderSize:], msg)
 	e.journal.append(Stderr, buf)
 	e.exited.Store(true)
-	return e.journal.finish(Exit{ExitCode: &code, Error: err.Error()})
+	return e.journal.finish(execspec.Exit{ExitCode: &code, Error: err.Error()})
 }
 
 // pump journals every read of f as one chunk until f ends or is closed. buf is scratch space of

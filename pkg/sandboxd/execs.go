@@ -4,6 +4,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"time"
+
+	"github.com/kubeclip/kubeclip/pkg/execspec"
 )
 
 // The server's set of execs: admission, start, end, and forgetting their journals.
@@ -61,7 +63,7 @@ func (s *Server) launch(e *execution) {
 }
 
 // finished records that e's command is over and schedules its journal's removal.
-func (s *Server) finished(e *execution, exit Exit) {
+func (s *Server) finished(e *execution, exit execspec.Exit) {
 	ev := e.log.Info().Int(LogKeyPID, e.pid).Bool(LogKeyTimedOut, exit.TimedOut).Bool(LogKeyTruncated, exit.Truncated).
 		Int64(LogKeyStdoutBytes, exit.StdoutBytes).Int64(LogKeyStderrBytes, exit.StderrBytes).
 		Dur(LogKeyDuration, s.opts.Now().Sub(e.startedAt))

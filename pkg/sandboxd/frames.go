@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+
+	"github.com/kubeclip/kubeclip/pkg/execspec"
 )
 
 // Frame types (the first byte of a frame).
@@ -18,9 +20,9 @@ const (
 // frameHeaderSize is type (1) + stream (1) + seq (8, big-endian) + length (4, big-endian).
 const frameHeaderSize = 14
 
-// maxFramePayload bounds what a reader accepts: output chunks are at most one pipe read
-// (readSize), exit frames a little JSON.
-const maxFramePayload = 1 << 20
+// MaxFramePayload bounds what a reader accepts, so a pod's hostile frame costs its reader at
+// most this: output chunks are at most one pipe read (readSize), exit frames a little JSON.
+const MaxFramePayload = 1 << 20
 
 // readSize is the largest pipe read, and so the largest chunk.
 const readSize = 64 << 10
@@ -45,8 +47,9 @@ func (s Stream) String() string {
 	}
 }
 
-// Frame is one element of an output stream: *Chunk, *Heartbeat or *Exit.
-type Frame interface{ isFrame() }
+// Frame is one element of an output stream: *Chunk, *Heartbeat or *execspec.Exit (the exec
+// vocabulary's, so the exec protocol sends the exit frame as it is).
+type Frame any
 
 // Chunk is one read of a command's stdout or stderr.
 type Chunk struct {
@@ -57,10 +60,6 @@ type Chunk struct {
 
 // Heartbeat is sent every second while nothing else is; Seq is the journal's last seq.
 type Heartbeat struct{ Seq uint64 }
-
-func (*Chunk) isFrame()     {}
-func (*Heartbeat) isFrame() {}
-func (*Exit) isFrame()      {}
 
 // ErrProtocol marks a malformed frame stream.
 var ErrProtocol = errors.New("sandboxd: malformed frame")
@@ -79,7 +78,7 @@ func appendControlFrame(b []byte, typ byte, seq uint64, payload []byte) []byte {
 	return append(append(b, h[:]...), payload...)
 }
 
-func exitFrame(e *Exit) []byte {
+func exitFrame(e *execspec.Exit) []byte {
 	payload, err := json.Marshal(e)
 	if err != nil {
 		panic(fmt.Sprintf("sandboxd: marshalling an exit frame: %v", err)) // plain struct: cannot fail
@@ -100,7 +99,7 @@ func readFrame(r io.Reader, hdr []byte) (Frame, error) {
 	typ, stream := hdr[0], Stream(hdr[1])
 	seq := binary.BigEndian.Uint64(hdr[2:10])
 	n := binary.BigEndian.Uint32(hdr[10:14])
-	if n > maxFramePayload {
+	if n > MaxFramePayload {
 		return nil, fmt.Errorf("%w: %d-byte payload", ErrProtocol, n)
 	}
 	payload := make([]byte, n)
@@ -119,7 +118,7 @@ func readFrame(r io.Reader, hdr []byte) (Frame, error) {
 	case frameHeartbeat:
 		return &Heartbeat{Seq: seq}, nil
 	case frameExit:
-		var e Exit
+		var e execspec.Exit
 		if err := json.Unmarshal(payload, &e); err != nil {
 			return nil, fmt.Errorf("%w: exit frame: %w", ErrProtocol, err)
 		}

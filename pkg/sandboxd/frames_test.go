@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/kubeclip/kubeclip/pkg/execspec"
 )
 
 func TestFramesRoundTrip(t *testing.T) {
@@ -17,12 +19,12 @@ func TestFramesRoundTrip(t *testing.T) {
 	putHeader(chunk, frameOutput, Stderr, 7, 5)
 	wire = append(wire, chunk...)
 	wire = appendControlFrame(wire, frameHeartbeat, 7, nil)
-	wire = append(wire, exitFrame(&Exit{ExitCode: &code, StderrBytes: 5, LastSeq: 7})...)
+	wire = append(wire, exitFrame(&execspec.Exit{ExitCode: &code, StderrBytes: 5, LastSeq: 7})...)
 
 	want := []Frame{
 		&Chunk{Seq: 7, Stream: Stderr, Data: []byte("hello")},
 		&Heartbeat{Seq: 7},
-		&Exit{ExitCode: &code, StderrBytes: 5, LastSeq: 7},
+		&execspec.Exit{ExitCode: &code, StderrBytes: 5, LastSeq: 7},
 	}
 	var got []Frame
 	r := bytes.NewReader(wire)
@@ -54,7 +56,7 @@ func TestReadFrameRejects(t *testing.T) {
 	}{
 		{"truncated header", []byte{'o', 1, 0}},
 		{"truncated payload", append(header(frameOutput, Stdout, 10), "abc"...)},
-		{"oversized payload", header(frameOutput, Stdout, maxFramePayload+1)},
+		{"oversized payload", header(frameOutput, Stdout, MaxFramePayload+1)},
 		{"unknown type", header('z', 0, 0)},
 		{"output without stream", header(frameOutput, 0, 0)},
 		{"exit not JSON", append(header(frameExit, 0, 3), "abc"...)},

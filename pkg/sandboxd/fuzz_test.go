@@ -13,6 +13,8 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/kubeclip/kubeclip/pkg/execspec"
 )
 
 // The targets below feed sandboxd's decoders: the frame stream a client reads from a pod the
@@ -21,7 +23,7 @@ import (
 
 func FuzzReadFrame(f *testing.F) {
 	code := 3
-	f.Add(exitFrame(&Exit{ExitCode: &code, StderrBytes: 5, LastSeq: 7}))
+	f.Add(exitFrame(&execspec.Exit{ExitCode: &code, StderrBytes: 5, LastSeq: 7}))
 	f.Fuzz(func(t *testing.T, wire []byte) {
 		r := &watchedReader{r: bytes.NewReader(wire)}
 		hdr := make([]byte, frameHeaderSize)
@@ -31,7 +33,7 @@ func FuzzReadFrame(f *testing.F) {
 			n := r.read - start
 			// The payload buffer is allocated for the declared length and handed to the reader
 			// whole, so the largest read is the largest allocation: never above the limit.
-			if r.largest > maxFramePayload {
+			if r.largest > MaxFramePayload {
 				t.Fatalf("read into a %d-byte buffer", r.largest)
 			}
 			if errors.Is(err, io.EOF) {
@@ -44,7 +46,7 @@ func FuzzReadFrame(f *testing.F) {
 				if !errors.Is(err, ErrProtocol) {
 					t.Fatalf("error %v is not ErrProtocol", err)
 				}
-				if n > frameHeaderSize && binary.BigEndian.Uint32(wire[start+10:]) > maxFramePayload {
+				if n > frameHeaderSize && binary.BigEndian.Uint32(wire[start+10:]) > MaxFramePayload {
 					t.Fatalf("read %d bytes of a frame declaring an oversized payload", n)
 				}
 				return
@@ -62,7 +64,7 @@ func FuzzReadFrame(f *testing.F) {
 				if !bytes.Equal(again, frame) {
 					t.Fatalf("chunk %+v encodes to %q, was %q", fr, again, frame)
 				}
-			case *Exit:
+			case *execspec.Exit:
 				again, err := readFrame(bytes.NewReader(exitFrame(fr)), hdr)
 				if err != nil {
 					t.Fatalf("reading back exit frame %+v: %v", fr, err)
@@ -148,7 +150,7 @@ func FuzzDecodeSpec(f *testing.F) {
 				t.Fatalf("valid spec has the variable name %q", k)
 			}
 		}
-		if !validID(spec.ID) || spec.Command == "" || (spec.Cwd != "" && !strings.HasPrefix(spec.Cwd, "/")) || spec.TimeoutMs < 0 || spec.MaxOutputBytes < 0 {
+		if !execspec.ValidID(spec.ID) || spec.Command == "" || (spec.Cwd != "" && !strings.HasPrefix(spec.Cwd, "/")) || spec.TimeoutMs < 0 || spec.MaxOutputBytes < 0 {
 			t.Fatalf("valid spec %+v", spec)
 		}
 	})
@@ -157,7 +159,7 @@ func FuzzDecodeSpec(f *testing.F) {
 func FuzzParseSeed(f *testing.F) {
 	f.Add("4d3e4f03f6d58fba21b6d8ce3d677089f159d9adb8e2af341188c4ee319bdf52")
 	f.Fuzz(func(t *testing.T, s string) {
-		seed, err := ParseSeed(s)
+		seed, err := execspec.ParseSeed(s)
 		if err != nil {
 			// An error never quotes the value: it is a secret.
 			if len(err.Error()) > 100 {
@@ -165,8 +167,8 @@ func FuzzParseSeed(f *testing.F) {
 			}
 			return
 		}
-		if len(seed) != SeedSize || hex.EncodeToString(seed) != strings.ToLower(s) {
-			t.Fatalf("ParseSeed(%q) = %x", s, seed)
+		if len(seed) != execspec.SeedSize || hex.EncodeToString(seed) != strings.ToLower(s) {
+			t.Fatalf("execspec.ParseSeed(%q) = %x", s, seed)
 		}
 	})
 }

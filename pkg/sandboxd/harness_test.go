@@ -16,15 +16,16 @@ import (
 	"github.com/oklog/ulid/v2"
 	"github.com/rs/zerolog"
 
+	"github.com/kubeclip/kubeclip/pkg/execspec"
 	"github.com/kubeclip/kubeclip/pkg/sandboxd"
 )
 
 // testSeed is the lease seed of the test servers.
-var testSeed = sandboxd.DeriveSeed([]byte("test master key"), "tenant-test", "run-test")
+var testSeed = execspec.DeriveSeed([]byte("test master key"), "tenant-test", "run-test")
 
 // testEnv is the environment test servers start commands from: a seed that must never reach a
 // command, and a variable that requests lay theirs over.
-var testEnv = []string{"PATH=/usr/local/bin:/usr/bin:/bin", "BASEVAR=base", sandboxd.SeedEnv + "=" + strings.Repeat("ab", 32)}
+var testEnv = []string{"PATH=/usr/local/bin:/usr/bin:/bin", "BASEVAR=base", execspec.SeedEnv + "=" + strings.Repeat("ab", 32)}
 
 type harness struct {
 	srv     *sandboxd.Server
@@ -110,7 +111,7 @@ func strp(s string) *string     { return &s }
 func sh(script string) []string { return []string{"-c", script} }
 
 // output reads an exec's frames from seq from until its exit frame.
-func output(ctx context.Context, c *sandboxd.Client, id string, from uint64) ([]*sandboxd.Chunk, *sandboxd.Exit, error) {
+func output(ctx context.Context, c *sandboxd.Client, id string, from uint64) ([]*sandboxd.Chunk, *execspec.Exit, error) {
 	s, err := c.Output(ctx, id, from)
 	if err != nil {
 		return nil, nil, err
@@ -125,7 +126,7 @@ func output(ctx context.Context, c *sandboxd.Client, id string, from uint64) ([]
 		switch f := f.(type) {
 		case *sandboxd.Chunk:
 			chunks = append(chunks, f)
-		case *sandboxd.Exit:
+		case *execspec.Exit:
 			if _, err := s.Next(); !errors.Is(err, io.EOF) {
 				return chunks, f, fmt.Errorf("after the exit frame: %w, want io.EOF", err)
 			}
@@ -135,7 +136,7 @@ func output(ctx context.Context, c *sandboxd.Client, id string, from uint64) ([]
 }
 
 // summarize checks that chunks are seqs 1..n and folds them into a result.
-func summarize(tb testing.TB, chunks []*sandboxd.Chunk, exit *sandboxd.Exit) result {
+func summarize(tb testing.TB, chunks []*sandboxd.Chunk, exit *execspec.Exit) result {
 	tb.Helper()
 	var out, errb strings.Builder
 	for i, c := range chunks {

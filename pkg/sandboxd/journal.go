@@ -10,6 +10,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/kubeclip/kubeclip/pkg/execspec"
 )
 
 // markStride is how many chunks one sparse index entry covers. Finding a seq reads at most
@@ -72,7 +74,7 @@ type journal struct {
 	bytes     [3]int64
 	truncated bool
 	werr      error
-	exit      *Exit
+	exit      *execspec.Exit
 	changed   chan struct{}
 }
 
@@ -144,7 +146,7 @@ func (j *journal) write(frame []byte) error {
 
 // finish completes e with the journal's counts, records it as the exit frame and closes the
 // write side. It returns the completed exit.
-func (j *journal) finish(e Exit) Exit {
+func (j *journal) finish(e execspec.Exit) execspec.Exit {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	e.StdoutBytes, e.StderrBytes = j.bytes[Stdout], j.bytes[Stderr]
@@ -202,7 +204,7 @@ type view struct {
 	lastSeq uint64
 	mem     []byte
 	spilled bool
-	exit    *Exit
+	exit    *execspec.Exit
 	changed <-chan struct{}
 }
 

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/kubeclip/kubeclip/pkg/execspec"
 )
 
 func appendChunk(j *journal, stream Stream, data string) {
@@ -66,7 +68,7 @@ func TestJournalFollowFrom(t *testing.T) {
 				want = append(want, &Chunk{Seq: uint64(i), Stream: stream, Data: []byte(data)})
 			}
 			code := 0
-			exit := j.finish(Exit{ExitCode: &code})
+			exit := j.finish(execspec.Exit{ExitCode: &code})
 			if exit.LastSeq != n || exit.Error != "" {
 				t.Fatalf("exit %+v, want LastSeq %d", exit, n)
 			}
@@ -116,7 +118,7 @@ func TestJournalFollowAcrossSpill(t *testing.T) {
 	if !j.view().spilled {
 		t.Fatal("a journal over memJournalMax is still in memory")
 	}
-	j.finish(Exit{})
+	j.finish(execspec.Exit{})
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
@@ -132,7 +134,7 @@ func TestJournalFollowAcrossSpill(t *testing.T) {
 	want := []Frame{
 		&Chunk{Seq: 1, Stream: Stdout, Data: []byte("small")},
 		&Chunk{Seq: 2, Stream: Stderr, Data: []byte(big)},
-		&Exit{StdoutBytes: 5, StderrBytes: memJournalMax, LastSeq: 2},
+		&execspec.Exit{StdoutBytes: 5, StderrBytes: memJournalMax, LastSeq: 2},
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("frames (-want +got):\n%s", diff)
@@ -160,7 +162,7 @@ func TestJournalCap(t *testing.T) {
 	appendChunk(j, Stderr, "abcdefghij")           // 48: fits
 	appendChunk(j, Stdout, "ABCDEFGHIJKLMNOPQRST") // 5 of 20 fit
 	appendChunk(j, Stdout, "dropped")
-	exit := j.finish(Exit{})
+	exit := j.finish(execspec.Exit{})
 	got, err := readAll(t, j, 1)
 	if err != nil {
 		t.Fatal(err)
@@ -169,7 +171,7 @@ func TestJournalCap(t *testing.T) {
 		&Chunk{Seq: 1, Stream: Stdout, Data: []byte("0123456789")},
 		&Chunk{Seq: 2, Stream: Stderr, Data: []byte("abcdefghij")},
 		&Chunk{Seq: 3, Stream: Stdout, Data: []byte("ABCDE")},
-		&Exit{StdoutBytes: 15, StderrBytes: 10, Truncated: true, LastSeq: 3},
+		&execspec.Exit{StdoutBytes: 15, StderrBytes: 10, Truncated: true, LastSeq: 3},
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("frames (-want +got):\n%s", diff)

@@ -12,49 +12,12 @@ import (
 	"errors"
 	"fmt"
 	"math/big"
-	"os"
 	"time"
 )
-
-// SeedEnv is the environment variable that carries hex(seed) into the pod. sandboxd reads it at
-// start and removes it from its own environment and from every command's.
-const SeedEnv = "KUBECLIP_SANDBOXD_SEED"
-
-// SeedSize is the length of a lease seed in bytes (an HMAC-SHA256).
-const SeedSize = sha256.Size
-
-// seedContext separates this derivation from any other use of the master key; the version lets
-// a future scheme coexist with leases created under this one.
-const seedContext = "kubeclip-sandboxd-v1"
 
 // ErrServerKeyMismatch is the handshake error of a client whose pinned key is not the server's:
 // the connection reached another pod (a reused IP, a stale address) and no request was sent.
 var ErrServerKeyMismatch = errors.New("sandboxd: server key does not match the lease's key")
-
-// DeriveSeed returns a lease's seed: HMAC-SHA256(masterKey, "kubeclip-sandboxd-v1" 0x00
-// namespace 0x00 workload). The NUL separators keep ("a", "bc") and ("ab", "c") apart; Kubernetes
-// names cannot contain NUL.
-func DeriveSeed(masterKey []byte, namespace, workload string) []byte {
-	m := hmac.New(sha256.New, masterKey)
-	m.Write([]byte(seedContext))
-	m.Write([]byte{0})
-	m.Write([]byte(namespace))
-	m.Write([]byte{0})
-	m.Write([]byte(workload))
-	return m.Sum(nil)
-}
-
-// ParseSeed decodes hex(seed) as found in SeedEnv.
-func ParseSeed(s string) ([]byte, error) {
-	seed, err := hex.DecodeString(s)
-	if err != nil {
-		return nil, fmt.Errorf("decoding the sandboxd seed: not hex: %w", err)
-	}
-	if len(seed) != SeedSize {
-		return nil, fmt.Errorf("decoding the sandboxd seed: %d bytes, want %d", len(seed), SeedSize)
-	}
-	return seed, nil
-}
 
 func derive(seed []byte, label string) []byte {
 	m := hmac.New(sha256.New, seed)
@@ -141,27 +104,4 @@ func PinnedTLSConfig(pub ed25519.PublicKey) *tls.Config {
 			return nil
 		},
 	}
-}
-
-// MinMasterKeySize is the least key material a master key must hold.
-const MinMasterKeySize = 32
-
-// ReadMasterKey reads the installation's master key from path (an operator secret: the
-// dispatcher and the exec-worker derive every lease's seed from it): the file's content with
-// surrounding whitespace trimmed, hex-decoded when it is hex (as `openssl rand -hex 32` writes
-// it), else taken as raw bytes. Either way it must hold at least MinMasterKeySize bytes. Errors
-// name the file, never its content.
-func ReadMasterKey(path string) ([]byte, error) {
-	raw, err := os.ReadFile(path)
-	if err != nil {
-		return nil, fmt.Errorf("reading the sandbox master key: %w", err)
-	}
-	key := bytes.TrimSpace(raw)
-	if decoded, err := hex.DecodeString(string(key)); err == nil {
-		key = decoded
-	}
-	if len(key) < MinMasterKeySize {
-		return nil, fmt.Errorf("the sandbox master key in %s holds %d bytes; at least %d are needed (openssl rand -hex 32)", path, len(key), MinMasterKeySize)
-	}
-	return key, nil
 }

@@ -10,6 +10,8 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/kubeclip/kubeclip/pkg/execspec"
 )
 
 func TestKeys(t *testing.T) {
@@ -32,14 +34,14 @@ func TestKeys(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			seed := DeriveSeed(master, tc.ns, tc.workload)
+			seed := execspec.DeriveSeed(master, tc.ns, tc.workload)
 			got := []string{hex.EncodeToString(seed), ClientToken(seed), hex.EncodeToString(ServerPublicKey(seed))}
 			if diff := cmp.Diff(tc.want, got); diff != "" {
 				t.Errorf("keys (-want +got):\n%s", diff)
 			}
-			parsed, err := ParseSeed(got[0])
+			parsed, err := execspec.ParseSeed(got[0])
 			if err != nil || !bytes.Equal(parsed, seed) {
-				t.Errorf("ParseSeed(hex(seed)) = %x, %v", parsed, err)
+				t.Errorf("execspec.ParseSeed(hex(seed)) = %x, %v", parsed, err)
 			}
 		})
 	}
@@ -47,8 +49,8 @@ func TestKeys(t *testing.T) {
 
 func TestParseSeedRejects(t *testing.T) {
 	for _, s := range []string{"", "zz", hex.EncodeToString(make([]byte, 16))} {
-		if _, err := ParseSeed(s); err == nil {
-			t.Errorf("ParseSeed(%q) succeeded", s)
+		if _, err := execspec.ParseSeed(s); err == nil {
+			t.Errorf("execspec.ParseSeed(%q) succeeded", s)
 		}
 	}
 }
@@ -56,8 +58,8 @@ func TestParseSeedRejects(t *testing.T) {
 // TestPinnedHandshake: a client pinned to a lease's key completes the handshake with that
 // lease's server (TLS 1.3) and fails with ErrServerKeyMismatch against any other.
 func TestPinnedHandshake(t *testing.T) {
-	seed := DeriveSeed([]byte("master"), "ns", "a")
-	other := DeriveSeed([]byte("master"), "ns", "b")
+	seed := execspec.DeriveSeed([]byte("master"), "ns", "a")
+	other := execspec.DeriveSeed([]byte("master"), "ns", "b")
 	srvCfg, err := ServerTLSConfig(seed)
 	if err != nil {
 		t.Fatal(err)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/kubeclip/kubeclip/pkg/execspec"
 	"github.com/kubeclip/kubeclip/pkg/sandboxd"
 )
 
@@ -33,7 +34,7 @@ func TestTimeoutKillsTree(t *testing.T) {
 	}
 	defer s.Close()
 	var chunks []*sandboxd.Chunk
-	var exit *sandboxd.Exit
+	var exit *execspec.Exit
 	grandchild := 0
 	for exit == nil {
 		f, err := s.Next()
@@ -53,7 +54,7 @@ func TestTimeoutKillsTree(t *testing.T) {
 					t.Fatalf("grandchild %d: session %d, group %d, alive %v; want alive outside the exec's %d", grandchild, sid, pgid, ok, res.PID)
 				}
 			}
-		case *sandboxd.Exit:
+		case *execspec.Exit:
 			exit = f
 		}
 	}

@@ -10,6 +10,8 @@ import (
 	"slices"
 	"strings"
 	"syscall"
+
+	"github.com/kubeclip/kubeclip/pkg/execspec"
 )
 
 // defaultPath is the search path when neither the request nor sandboxd's environment has PATH,
@@ -114,14 +116,14 @@ func spawn(r *Reaper, spec Spec, baseEnv []string, devNull *os.File) (*process, 
 	return p, nil
 }
 
-// mergeEnv lays over on base, dropping SeedEnv from base. Variables keep base's order; new ones
+// mergeEnv lays over on base, dropping execspec.SeedEnv from base. Variables keep base's order; new ones
 // follow, sorted.
 func mergeEnv(base []string, over map[string]string) []string {
 	out := make([]string, 0, len(base)+len(over))
 	seen := make(map[string]bool, len(base)+len(over))
 	for _, kv := range base {
 		k, _, _ := strings.Cut(kv, "=")
-		if k == SeedEnv || seen[k] {
+		if k == execspec.SeedEnv || seen[k] {
 			continue
 		}
 		seen[k] = true

@@ -6,6 +6,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/kubeclip/kubeclip/pkg/execspec"
 	"github.com/kubeclip/kubeclip/pkg/sandboxd"
 )
 
@@ -99,7 +100,7 @@ func TestHeartbeat(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, ok := f.(*sandboxd.Exit); ok {
+		if _, ok := f.(*execspec.Exit); ok {
 			return
 		}
 	}

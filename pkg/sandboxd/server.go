@@ -15,13 +15,15 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+
+	"github.com/kubeclip/kubeclip/pkg/execspec"
 )
 
 // Defaults of the daemon's settings.
 const (
 	DefaultListen         = ":7070"
 	DefaultSocket         = "/kubeclip/run/sandboxd.sock"
-	DefaultJournalDir     = "/kubeclip/journal"
+	DefaultJournalDir     = "/kubeclip/run/journal"
 	DefaultMaxOutputBytes = 256 << 20
 	// DefaultJournalTTL keeps an exited command's journal long enough for a client that lost
 	// its exec-worker to attach through another one, and no longer: bridge polls alone leave
@@ -72,7 +74,7 @@ type Options struct {
 	JournalMemory int64
 	// JournalTTL is how long an exited command's journal is kept without a DELETE.
 	JournalTTL time.Duration
-	// Env is the environment commands start from (the daemon's own); SeedEnv is dropped.
+	// Env is the environment commands start from (the daemon's own); execspec.SeedEnv is dropped.
 	Env []string
 	// ExitGrace, Heartbeat and DrainLinger default to DefaultExitGrace, DefaultHeartbeat and
 	// DefaultDrainLinger.
@@ -111,8 +113,8 @@ func New(opts Options) (*Server, error) {
 	if opts.TCPAddr == "" && opts.SocketPath == "" {
 		return nil, errors.New("sandboxd: neither a TCP address nor a socket to listen on")
 	}
-	if opts.TCPAddr != "" && len(opts.Seed) != SeedSize {
-		return nil, fmt.Errorf("sandboxd: the TCP listener needs a %d-byte seed (%s)", SeedSize, SeedEnv)
+	if opts.TCPAddr != "" && len(opts.Seed) != execspec.SeedSize {
+		return nil, fmt.Errorf("sandboxd: the TCP listener needs a %d-byte seed (%s)", execspec.SeedSize, execspec.SeedEnv)
 	}
 	if opts.JournalDir == "" || opts.MaxOutputBytes <= frameHeaderSize || opts.JournalTTL <= 0 {
 		return nil, errors.New("sandboxd: JournalDir, MaxOutputBytes and JournalTTL are required")

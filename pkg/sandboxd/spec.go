@@ -10,10 +10,9 @@ import (
 	"slices"
 	"strings"
 	"time"
-)
 
-// MaxIDLen is the longest exec id; ids are 1–MaxIDLen of [A-Za-z0-9_-].
-const MaxIDLen = 64
+	"github.com/kubeclip/kubeclip/pkg/execspec"
+)
 
 // Spec is a command to run (POST /v1/execs).
 type Spec struct {
@@ -42,22 +41,6 @@ type StartResult struct {
 	// Created is true for the request that started the exec (201) and false when an exec with
 	// this id and spec already existed (200). Not part of the JSON body.
 	Created bool `json:"-"`
-}
-
-// Exit is the final frame of an exec's output.
-type Exit struct {
-	ExitCode *int    `json:"exitCode"` // nil when the command was killed by a signal or never ran
-	Signal   *string `json:"signal"`   // "SIGKILL", …; nil unless killed by a signal
-	TimedOut bool    `json:"timedOut"`
-	// StdoutBytes and StderrBytes count the journaled output: what a client reading from seq 1
-	// receives. With Truncated, the command wrote more than that.
-	StdoutBytes int64  `json:"stdoutBytes"`
-	StderrBytes int64  `json:"stderrBytes"`
-	Truncated   bool   `json:"truncated"`
-	LastSeq     uint64 `json:"lastSeq"`
-	// Error says why the command did not run (missing command or cwd) or what went wrong with
-	// its journal; empty otherwise.
-	Error string `json:"error,omitempty"`
 }
 
 // Info answers GET /v1/info.
@@ -102,20 +85,6 @@ func (s Spec) equal(o Spec) bool {
 		a.Stdin == b.Stdin && a.MaxOutputBytes == b.MaxOutputBytes
 }
 
-// validID reports whether id is 1–64 of [A-Za-z0-9_-]: safe as a file name and a URL segment.
-func validID(id string) bool {
-	if id == "" || len(id) > MaxIDLen {
-		return false
-	}
-	for _, c := range []byte(id) {
-		ok := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-'
-		if !ok {
-			return false
-		}
-	}
-	return true
-}
-
 // fieldError is a bad request naming the offending field.
 type fieldError struct {
 	Field string
@@ -130,8 +99,8 @@ func (e *fieldError) Error() string { return e.Field + ": " + e.Msg }
 func (s Spec) Validate() error {
 	var errs []error
 	bad := func(field, msg string) { errs = append(errs, &fieldError{Field: field, Msg: msg}) }
-	if !validID(s.ID) {
-		bad("id", fmt.Sprintf("must be 1-%d of [A-Za-z0-9_-]", MaxIDLen))
+	if !execspec.ValidID(s.ID) {
+		bad("id", fmt.Sprintf("must be 1-%d of [A-Za-z0-9_-]", execspec.MaxIDLen))
 	}
 	if s.Command == "" {
 		bad("command", "must not be empty")

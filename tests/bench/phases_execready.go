@@ -18,11 +18,11 @@ import (
 
 	"github.com/kubeclip/kubeclip/pkg/dispatch"
 	"github.com/kubeclip/kubeclip/pkg/execclient"
+	"github.com/kubeclip/kubeclip/pkg/execspec"
 	"github.com/kubeclip/kubeclip/pkg/execsvc"
 	"github.com/kubeclip/kubeclip/pkg/k8s"
 	"github.com/kubeclip/kubeclip/pkg/lease"
 	"github.com/kubeclip/kubeclip/pkg/policy"
-	"github.com/kubeclip/kubeclip/pkg/sandboxd"
 )
 
 // (k): how long a Paperclip acquire takes until the lease runs commands, for a company kubeclip
@@ -141,7 +141,7 @@ func (b *bench) rawPodReady(ctx context.Context, plan lease.Plan, key []byte) (d
 	spec := plan.RunSpec(policy.WorkloadName(ulid.Make()))
 	spec.SandboxdImage = dispatch.DefaultSandboxdImage
 	env := policy.BuildAdapterEnv(plan.Adapter, func(string) (string, bool) { return "", false })
-	env[sandboxd.SeedEnv] = hex.EncodeToString(sandboxd.DeriveSeed(key, spec.Namespace, spec.WorkloadName))
+	env[execspec.SeedEnv] = hex.EncodeToString(execspec.DeriveSeed(key, spec.Namespace, spec.WorkloadName))
 	token, err := policy.NewBootstrapToken(rand.Reader)
 	if err != nil {
 		return 0, err

@@ -18,6 +18,7 @@ import (
 	pt "github.com/kubeclip/kubeclip/internal/pipelinetest"
 	"github.com/kubeclip/kubeclip/internal/sandboxtest"
 	"github.com/kubeclip/kubeclip/pkg/events"
+	"github.com/kubeclip/kubeclip/pkg/execspec"
 	"github.com/kubeclip/kubeclip/pkg/sandboxd"
 )
 
@@ -97,7 +98,7 @@ func checkExecLease(t *testing.T, cs kubernetes.Interface, r *pt.Run, backend st
 		t.Fatalf("reading the lease's pod: %v", err)
 	}
 	addr := pod.Status.PodIP + ":7070"
-	seed := sandboxd.DeriveSeed(env.SandboxKey, created.Namespace, created.WorkloadName)
+	seed := execspec.DeriveSeed(env.SandboxKey, created.Namespace, created.WorkloadName)
 	client := newSandboxdClient(t, addr, seed)
 	stdout, exit := runCommand(t, client, sandboxd.Spec{ID: "e2e-1", Command: "sh", Args: []string{"-c", "echo hi; pwd; id -u; echo ${KUBECLIP_SANDBOXD_SEED:-no seed}"}})
 	if exit.ExitCode == nil || *exit.ExitCode != 0 || stdout != "hi\n/workspace\n1000\nno seed\n" {
@@ -105,7 +106,7 @@ func checkExecLease(t *testing.T, cs kubernetes.Interface, r *pt.Run, backend st
 	}
 
 	// Another lease's key does not get a single byte to this sandboxd.
-	other := newSandboxdClient(t, addr, sandboxd.DeriveSeed(env.SandboxKey, created.Namespace, "pc-someone-else"))
+	other := newSandboxdClient(t, addr, execspec.DeriveSeed(env.SandboxKey, created.Namespace, "pc-someone-else"))
 	if _, err := other.Info(ctx); !errors.Is(err, sandboxd.ErrServerKeyMismatch) {
 		t.Errorf("a client with another lease's key: %v, want ErrServerKeyMismatch", err)
 	}
@@ -137,7 +138,7 @@ func newSandboxdClient(t *testing.T, addr string, seed []byte) *sandboxd.Client 
 }
 
 // runCommand runs spec to its end and returns its stdout and exit frame.
-func runCommand(t *testing.T, c *sandboxd.Client, spec sandboxd.Spec) (string, *sandboxd.Exit) {
+func runCommand(t *testing.T, c *sandboxd.Client, spec sandboxd.Spec) (string, *execspec.Exit) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
@@ -163,7 +164,7 @@ func runCommand(t *testing.T, c *sandboxd.Client, spec sandboxd.Spec) (string, *
 			if f.Stream == sandboxd.Stdout {
 				stdout.Write(f.Data)
 			}
-		case *sandboxd.Exit:
+		case *execspec.Exit:
 			return stdout.String(), f
 		}
 	}

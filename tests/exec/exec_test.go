@@ -53,6 +53,13 @@ func TestRoutes(t *testing.T) {
 			}
 			l.waitReady(t)
 
+			// sandboxd's binary is read-only to the agent's commands (the kube-exec route runs
+			// it), and the lease seed is in no command's environment.
+			res, err = run(t, c, l, execclient.Exec{Command: "sh", Args: []string{"-c", "echo replaced > /kubeclip/bin/sandboxd || echo refused; touch /kubeclip/bin/other || echo refused; env | grep -c SANDBOXD_SEED"}})
+			if err != nil || string(res.Stdout) != "refused\nrefused\n0\n" {
+				t.Errorf("writing sandboxd's binary, reading the seed: stdout %q stderr %q, %v; want both writes refused and no seed", res.Stdout, res.Stderr, err)
+			}
+
 			res, err = run(t, c, l, execclient.Exec{Command: "no-such-command", Cwd: "/tmp"})
 			if err != nil || res.ExitCode == nil || *res.ExitCode != 127 {
 				t.Errorf("missing command: exit %v, %v; want 127", res.ExitCode, err)
