@@ -22,20 +22,30 @@ func EnvDenyJSON() []byte { return bytes.Clone(envDenyJSON) }
 
 // Env policy modes.
 const (
-	// EnvModeDeny drops a key that matches a deny glob and no allow glob (the default).
+	// EnvModeDeny drops the built-in list's keys and the operator's deny globs (the default).
 	EnvModeDeny = "deny"
-	// EnvModeAllowlist drops every key that matches no allow glob.
+	// EnvModeAllowlist also drops every key that matches none of the operator's allow globs.
 	EnvModeAllowlist = "allowlist"
 )
 
-// EnvPolicy decides which keys of an exec's environment reach the pod. Build it with
-// DefaultEnvPolicy or NewEnvPolicy; the zero EnvPolicy (IsZero) keeps nothing back.
+// EnvPolicy decides which keys of an exec's environment reach the pod, exactly as the plugin's
+// EnvPolicy.passes does (plugins/paperclip/src/envpolicy.ts), so both enforcers of the one
+// operator policy agree:
+//  1. a key matching an operator deny glob is dropped;
+//  2. a key matching a built-in deny glob and no built-in allow glob is dropped;
+//  3. in allowlist mode, a key matching no operator allow glob is dropped;
+//  4. every other key passes.
+//
+// Build it with DefaultEnvPolicy or NewEnvPolicy; the zero EnvPolicy (IsZero) keeps nothing back.
 type EnvPolicy struct {
-	deny, allow []string
+	builtin   envList
+	allowlist bool
+	deny      []string // the operator's
+	allow     []string // the operator's (allowlist mode)
 }
 
 // IsZero reports the zero EnvPolicy, one no constructor made.
-func (p EnvPolicy) IsZero() bool { return p.deny == nil && p.allow == nil }
+func (p EnvPolicy) IsZero() bool { return p.builtin.Deny == nil && p.builtin.Allow == nil }
 
 type envList struct {
 	Deny  []string `json:"deny"`
@@ -51,24 +61,27 @@ func DefaultEnvPolicy() EnvPolicy {
 	return p
 }
 
-// NewEnvPolicy is the built-in list in mode, plus the operator's extra allow and deny globs.
-// In allowlist mode every key is denied unless a glob allows it.
-func NewEnvPolicy(mode string, extraAllow, extraDeny []string) (EnvPolicy, error) {
+// NewEnvPolicy is the built-in list in mode, plus the operator's allow and deny globs. Allowlist
+// mode needs at least one allow glob (else no key would pass).
+func NewEnvPolicy(mode string, allow, deny []string) (EnvPolicy, error) {
 	var l envList
 	dec := json.NewDecoder(bytes.NewReader(envDenyJSON))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&l); err != nil {
 		return EnvPolicy{}, fmt.Errorf("reading envdeny.json: %w", err)
 	}
-	p := EnvPolicy{deny: slices.Concat(l.Deny, extraDeny), allow: slices.Concat(l.Allow, extraAllow)}
+	p := EnvPolicy{builtin: l, deny: slices.Clone(deny), allow: slices.Clone(allow)}
 	switch mode {
 	case EnvModeDeny:
 	case EnvModeAllowlist:
-		p.deny = append(p.deny, "*")
+		if len(allow) == 0 {
+			return EnvPolicy{}, fmt.Errorf("env policy mode %s needs at least one allow glob (else no key would pass)", EnvModeAllowlist)
+		}
+		p.allowlist = true
 	default:
 		return EnvPolicy{}, fmt.Errorf("env policy mode must be %s or %s, got %q", EnvModeDeny, EnvModeAllowlist, mode)
 	}
-	for _, g := range slices.Concat(p.deny, p.allow) {
+	for _, g := range slices.Concat(l.Deny, l.Allow, p.deny, p.allow) {
 		if err := CheckEnvGlob(g); err != nil {
 			return EnvPolicy{}, err
 		}
@@ -84,10 +97,21 @@ func CheckEnvGlob(g string) error {
 	return nil
 }
 
-// Drops reports whether key is kept back: it matches a deny glob and no allow glob.
+// Drops reports whether key is kept back (the rules on EnvPolicy).
 func (p EnvPolicy) Drops(key string) bool {
-	return slices.ContainsFunc(p.deny, func(g string) bool { return globMatch(g, key) }) &&
-		!slices.ContainsFunc(p.allow, func(g string) bool { return globMatch(g, key) })
+	switch {
+	case anyGlob(p.deny, key):
+		return true
+	case anyGlob(p.builtin.Deny, key) && !anyGlob(p.builtin.Allow, key):
+		return true
+	case p.allowlist:
+		return !anyGlob(p.allow, key)
+	}
+	return false
+}
+
+func anyGlob(globs []string, key string) bool {
+	return slices.ContainsFunc(globs, func(g string) bool { return globMatch(g, key) })
 }
 
 // Filter returns env without the keys the policy drops, and the dropped keys' names (sorted;

@@ -20,14 +20,14 @@ func TestEnvPolicy(t *testing.T) {
 			name: "built-in list",
 			mode: EnvModeDeny,
 			env: []string{"PAPERCLIP_AGENT_JWT_SECRET", "PAPERCLIP_TOOL_ACTION_SIGNING_SECRET", "BETTER_AUTH_SECRET", "DATABASE_URL",
-				"GITHUB_CLIENT_SECRET", "S3_SECRET_ACCESS_KEY", "PAPERCLIP_API_KEY", "PAPERCLIP_API_URL", "HOME", "SECRET", "my_secret"},
-			wantDropped: []string{"BETTER_AUTH_SECRET", "DATABASE_URL", "GITHUB_CLIENT_SECRET", "PAPERCLIP_AGENT_JWT_SECRET",
-				"PAPERCLIP_TOOL_ACTION_SIGNING_SECRET", "S3_SECRET_ACCESS_KEY"},
+				"AWS_SECRET_ACCESS_KEY", "PGPASSWORD", "PAPERCLIP_API_KEY", "PAPERCLIP_API_URL", "PAPERCLIP_RUN_ID", "HOME", "ANTHROPIC_API_KEY", "my_secret"},
+			wantDropped: []string{"AWS_SECRET_ACCESS_KEY", "BETTER_AUTH_SECRET", "DATABASE_URL", "PAPERCLIP_AGENT_JWT_SECRET",
+				"PAPERCLIP_TOOL_ACTION_SIGNING_SECRET", "PGPASSWORD"},
 		},
-		{name: "operator deny and allow", mode: EnvModeDeny, deny: []string{"AWS_*"}, allow: []string{"AWS_REGION", "MY_SECRET"},
-			env: []string{"AWS_REGION", "AWS_ACCESS_KEY_ID", "MY_SECRET", "X_SECRET"}, wantDropped: []string{"AWS_ACCESS_KEY_ID", "X_SECRET"}},
+		{name: "the operator's deny wins", mode: EnvModeDeny, deny: []string{"*_SECRET"}, allow: []string{"AWS_REGION", "MY_SECRET"},
+			env: []string{"AWS_REGION", "AWS_ACCESS_KEY_ID", "MY_SECRET", "X_SECRET", "LANG"}, wantDropped: []string{"AWS_ACCESS_KEY_ID", "AWS_REGION", "MY_SECRET", "X_SECRET"}},
 		{name: "allowlist", mode: EnvModeAllowlist, allow: []string{"ANTHROPIC_API_KEY", "LANG"},
-			env: []string{"ANTHROPIC_API_KEY", "LANG", "PAPERCLIP_API_KEY", "HOME", "DATABASE_URL"}, wantDropped: []string{"DATABASE_URL", "HOME"}},
+			env: []string{"ANTHROPIC_API_KEY", "LANG", "PAPERCLIP_API_KEY", "HOME", "DATABASE_URL"}, wantDropped: []string{"DATABASE_URL", "HOME", "PAPERCLIP_API_KEY"}},
 		{name: "globs on both sides", mode: EnvModeDeny, deny: []string{"*TOKEN*"},
 			env: []string{"TOKEN", "A_TOKEN_B", "TOKE", "TOKENS"}, wantDropped: []string{"A_TOKEN_B", "TOKEN", "TOKENS"}},
 	} {
@@ -48,6 +48,9 @@ func TestEnvPolicy(t *testing.T) {
 				t.Errorf("kept %d + dropped %d of %d", len(kept), len(dropped), len(env))
 			}
 		})
+	}
+	if _, err := NewEnvPolicy(EnvModeAllowlist, nil, nil); err == nil {
+		t.Error("an allowlist without an allow glob accepted")
 	}
 	for _, bad := range []struct{ mode, glob string }{{"open", "X"}, {EnvModeDeny, ""}, {EnvModeDeny, "A=B"}} {
 		if _, err := NewEnvPolicy(bad.mode, nil, []string{bad.glob}); err == nil {
