@@ -17,15 +17,15 @@ func TestEnvPolicy(t *testing.T) {
 		"PAPERCLIP_TOOL_ACTION_SIGNING_SECRET": "signing-value",
 		"BETTER_AUTH_SECRET":                   "auth-value",
 		"DATABASE_URL":                         "postgres://value",
-		"S3_SECRET_ACCESS_KEY":                 "s3-value",
-		"GITHUB_CLIENT_SECRET":                 "gh-value",
+		"AWS_SECRET_ACCESS_KEY":                "aws-value",
+		"PGPASSWORD":                           "pg-value",
 		"PAPERCLIP_API_KEY":                    "agent-token",
 		"PAPERCLIP_API_URL":                    "http://paperclip",
 		"HOME":                                 "/workspace",
 	}
 	res := e.run(l, execclient.Exec{Command: "env", Env: env})
 	out := string(res.Stdout)
-	for _, secret := range []string{"jwt-value", "signing-value", "auth-value", "postgres://value", "s3-value", "gh-value"} {
+	for _, secret := range []string{"jwt-value", "signing-value", "auth-value", "postgres://value", "aws-value", "pg-value"} {
 		if strings.Contains(out, secret) {
 			t.Errorf("the command's environment holds the server's secret %q", secret)
 		}

@@ -55,7 +55,7 @@ func user(name string) nats.Option {
 // requests or listen to exec subjects.
 func TestPermissions(t *testing.T) {
 	srv := authServer(t)
-	e := newEnvOn(t, srv, roles{harness: []nats.Option{user("kubeclip")}, replica: []nats.Option{user("exec-worker")}, client: []nats.Option{user("paperclip"), nats.CustomInboxPrefix(inbox.PaperclipPrefix)}}, 1)
+	e := newEnvOn(t, srv, roles{harness: []nats.Option{user("kubeclip"), nats.CustomInboxPrefix(inbox.WorkersPrefix)}, replica: []nats.Option{user("exec-worker"), nats.CustomInboxPrefix(inbox.ExecWorkerPrefix)}, client: []nats.Option{user("paperclip"), nats.CustomInboxPrefix(inbox.PaperclipPrefix)}}, 1)
 	l := e.newLease(newID("co"))
 
 	t.Run("exec with stdin, recorded", func(t *testing.T) {
