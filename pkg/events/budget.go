@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -38,6 +39,14 @@ const (
 	// budgetCASAttempts bounds the compare-and-set retries of one charge: replicas charging
 	// the same company at once take turns.
 	budgetCASAttempts = 20
+	// budgetCacheKeys bounds the counters a Budgets remembers; past it the memory is dropped
+	// and rebuilt from the bucket as charges come (a forgotten counter costs one read).
+	budgetCacheKeys = 4096
+	// budgetCompanyFlush is how long a company's charges gather in a process before they are
+	// written: a company's counter is shared by every replica, and one write per charge would
+	// have them take turns on every event. A company can so exceed its budget by what its runs
+	// write in this long on each replica, and a crash forgets at most that much.
+	budgetCompanyFlush = 100 * time.Millisecond
 )
 
 // BudgetBucketConfig is KUBECLIP_BUDGETS. Its TTL is the run stream's age (what a company's
@@ -81,8 +90,26 @@ type BudgetOptions struct {
 }
 
 // Budgets charges bytes to a run's and its company's counters in BudgetBucket. The counters are
-// shared by every replica and survive restarts; a charge is one compare-and-set per counter.
-type Budgets struct{ opts BudgetOptions }
+// shared by every replica and survive restarts. A charge is on the hot path (every log and
+// recorded exec event), so each counter's last value and revision are remembered: a charge is
+// one compare-and-set per counter, and a counter is read again only when another writer moved
+// it. Charges of one counter in this process take turns, so they do not conflict with each other.
+type Budgets struct {
+	opts BudgetOptions
+
+	mu       sync.Mutex
+	counters map[string]*budgetCounter
+}
+
+// budgetCounter is what this process last knew of one counter.
+type budgetCounter struct {
+	mu      sync.Mutex
+	known   bool // used and rev are the bucket's as of the last read or write
+	used    int64
+	rev     uint64    // 0: no counter in the bucket yet
+	pending int64     // charged here, not yet written (company counters)
+	written time.Time // when pending was last written
+}
 
 // NewBudgets validates opts.
 func NewBudgets(opts BudgetOptions) (*Budgets, error) {
@@ -104,7 +131,7 @@ func NewBudgets(opts BudgetOptions) (*Budgets, error) {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	return &Budgets{opts: opts}, nil
+	return &Budgets{opts: opts, counters: map[string]*budgetCounter{}}, nil
 }
 
 // BudgetExceededError is a charge a budget refused.
@@ -117,34 +144,32 @@ func (e *BudgetExceededError) Error() string {
 	return fmt.Sprintf("the %s budget of %d bytes is used up", e.Kind, e.Limit)
 }
 
-// Charge counts n bytes against ref's run and company. A *BudgetExceededError says which
-// budget n does not fit; then nothing is counted.
+// Charge counts n bytes against ref's run and company, the run first. A *BudgetExceededError
+// says which budget n does not fit. When the company's refuses, the run keeps the n bytes it was
+// charged: its recording or log stops anyway. A run's counter is written at once (one writer
+// follows a run); a company's gathers for budgetCompanyFlush.
 func (b *Budgets) Charge(ctx context.Context, ref RunRef, n int64) error {
+	if err := b.add(ctx, b.opts.Source+".run."+ref.Key(), n, b.opts.RunBytes, BudgetRun, 0); err != nil {
+		return err
+	}
 	window := b.opts.Now().UnixNano() / int64(b.opts.Window)
-	counters := []struct {
-		kind  BudgetKind
-		key   string
-		limit int64
-	}{
-		{BudgetCompany, b.opts.Source + ".company." + keyPart(ref.CompanyID) + "." + strconv.FormatInt(window, 10), b.opts.CompanyBytes},
-		{BudgetRun, b.opts.Source + ".run." + ref.Key(), b.opts.RunBytes},
-	}
-	// Check both first, so a charge the company refuses is not counted against the run.
-	for _, c := range counters {
-		used, _, err := b.read(ctx, c.key)
-		if err != nil {
-			return err
+	company := b.opts.Source + ".company." + keyPart(ref.CompanyID) + "." + strconv.FormatInt(window, 10)
+	return b.add(ctx, company, n, b.opts.CompanyBytes, BudgetCompany, budgetCompanyFlush)
+}
+
+// counter returns what this process knows of key.
+func (b *Budgets) counter(key string) *budgetCounter {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	c := b.counters[key]
+	if c == nil {
+		if len(b.counters) >= budgetCacheKeys {
+			clear(b.counters)
 		}
-		if used+n > c.limit {
-			return b.exceeded(c.kind, c.limit)
-		}
+		c = &budgetCounter{}
+		b.counters[key] = c
 	}
-	for _, c := range counters {
-		if err := b.add(ctx, c.key, n, c.limit, c.kind); err != nil {
-			return err
-		}
-	}
-	return nil
+	return c
 }
 
 func (b *Budgets) exceeded(kind BudgetKind, limit int64) error {
@@ -169,29 +194,71 @@ func (b *Budgets) read(ctx context.Context, key string) (used int64, rev uint64,
 	return used, entry.Revision(), nil
 }
 
-// add adds n to the counter with compare-and-set, refusing past limit.
-func (b *Budgets) add(ctx context.Context, key string, n, limit int64, kind BudgetKind) error {
-	for range budgetCASAttempts {
-		used, rev, err := b.read(ctx, key)
-		if err != nil {
+// add adds n to the counter key, refusing past limit. The counter is written (compare-and-set)
+// once gather has passed since its last write; until then the bytes wait in pending.
+func (b *Budgets) add(ctx context.Context, key string, n, limit int64, kind BudgetKind, gather time.Duration) error {
+	c := b.counter(key)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	now := b.opts.Now()
+	if !c.known {
+		if err := b.refresh(ctx, key, c); err != nil {
 			return err
 		}
-		if used+n > limit {
-			return b.exceeded(kind, limit)
-		}
-		value := []byte(strconv.FormatInt(used+n, 10))
-		if rev == 0 {
-			_, err = b.opts.KV.Create(ctx, key, value)
-		} else {
-			_, err = b.opts.KV.Update(ctx, key, value, rev)
-		}
-		if errors.Is(err, jetstream.ErrKeyExists) {
-			continue // another replica charged it meanwhile
-		}
-		if err != nil {
-			return fmt.Errorf("charging budget %s: %w", key, err)
-		}
+	}
+	if c.used+c.pending+n > limit {
+		return b.exceeded(kind, limit)
+	}
+	c.pending += n
+	if now.Sub(c.written) < gather {
 		return nil
 	}
+	return b.write(ctx, key, c, n, limit, kind, now)
+}
+
+// write adds c's pending bytes, the last n of them this charge's, to the bucket's counter with
+// compare-and-set, reading it again when another process moved it; this charge is refused when
+// the counter has no room for it any more.
+func (b *Budgets) write(ctx context.Context, key string, c *budgetCounter, n, limit int64, kind BudgetKind, now time.Time) error {
+	for range budgetCASAttempts {
+		if c.used+c.pending > limit {
+			c.pending -= n
+			return b.exceeded(kind, limit)
+		}
+		value := []byte(strconv.FormatInt(c.used+c.pending, 10))
+		var rev uint64
+		var err error
+		if c.rev == 0 {
+			rev, err = b.opts.KV.Create(ctx, key, value)
+		} else {
+			rev, err = b.opts.KV.Update(ctx, key, value, c.rev)
+		}
+		if errors.Is(err, jetstream.ErrKeyExists) {
+			// Another process charged it meanwhile: its bytes count too.
+			if err := b.refresh(ctx, key, c); err != nil {
+				c.pending -= n
+				return err
+			}
+			continue
+		}
+		if err != nil {
+			c.known, c.pending = false, c.pending-n
+			return fmt.Errorf("charging budget %s: %w", key, err)
+		}
+		c.used, c.rev, c.pending, c.written = c.used+c.pending, rev, 0, now
+		return nil
+	}
+	c.pending -= n
 	return fmt.Errorf("charging budget %s: %d concurrent updates in a row", key, budgetCASAttempts)
+}
+
+// refresh reads key's counter into c.
+func (b *Budgets) refresh(ctx context.Context, key string, c *budgetCounter) error {
+	used, rev, err := b.read(ctx, key)
+	if err != nil {
+		c.known = false
+		return err
+	}
+	c.used, c.rev, c.known = used, rev, true
+	return nil
 }

@@ -38,7 +38,9 @@ describe("the exec client against kubeclip's exec-workers", () => {
   let nc: NatsConnection;
   const sent: Msg[] = [];
   before(async () => {
-    nc = await connect({ servers: url });
+    // The paperclip user's own inbox, as the plugin connects (src/nats.ts): the exec-worker answers
+    // and takes stdin only from a client inbox.
+    nc = await connect({ servers: url, inboxPrefix: "_INBOX_paperclip" });
     // Every request and io message of this lease's execs, to check them against the protocol.
     nc.subscribe(`paperclip.exec.${C}.${R}.>`, {
       callback: (_e, m) => {
