@@ -17,8 +17,10 @@ import (
 const usage = `sandboxd runs commands in an agent pod for kubeclip's exec service.
 
 Usage:
-  sandboxd serve [flags]    the daemon, PID 1 of the pod (seed from $KUBECLIP_SANDBOXD_SEED)
-  sandboxd install <dst>    copy this executable to dst, mode 0755 (run by an init container)
+  sandboxd serve [flags]    the daemon, PID 1 of the pod (seed from --seed-file, or $KUBECLIP_SANDBOXD_SEED)
+  sandboxd install <dst> [<seed-file>]
+                            copy this executable to dst, mode 0755, and $KUBECLIP_SANDBOXD_SEED
+                            to seed-file, mode 0400 (run by an init container)
   sandboxd proxy [flags]    bridge stdin and stdout to the daemon's unix socket (the route
                             through the Kubernetes exec API)
 
@@ -36,7 +38,7 @@ func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout,
 	case "serve":
 		return serve(ctx, args[1:], lookupEnv, stdout, stderr)
 	case "install":
-		return install(args[1:], stdout)
+		return install(args[1:], lookupEnv, stdout)
 	case "proxy":
 		// stdout is the byte stream itself: nothing else may be written to it.
 		return proxy(ctx, args[1:], lookupEnv, os.Stdin, stdout)

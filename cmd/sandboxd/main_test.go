@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net"
 	"os"
 	"os/exec"
@@ -121,6 +122,8 @@ func TestCommandLine(t *testing.T) {
 		{"serve help", []string{"serve", "--help"}, 0},
 		{"install without dst", []string{"install"}, 2},
 		{"install with a flag", []string{"install", "--force"}, 2},
+		{"install with a flag after dst", []string{"install", "/tmp/x", "--seed"}, 2},
+		{"install with three paths", []string{"install", "/tmp/a", "/tmp/b", "/tmp/c"}, 2},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := run(t.Context(), tc.args, env(nil), io.Discard, io.Discard)
@@ -354,3 +357,65 @@ type pipeAddr struct{}
 
 func (pipeAddr) Network() string { return "pipe" }
 func (pipeAddr) String() string  { return "sandboxd proxy" }
+
+// TestSeedFile runs the built binary as an exec-capable pod does: the init container's `sandboxd
+// install <dst> <seed-file>` writes the seed from its environment to a file only its user reads,
+// then `sandboxd serve --seed-file` (no seed in its environment) reads it, removes it and serves
+// TLS with that seed. Without the seed, install fails and writes nothing.
+func TestSeedFile(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.Chmod(filepath.Dir(dir), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	var cred *syscall.Credential
+	if os.Geteuid() == 0 {
+		cred = &syscall.Credential{Uid: 65532, Gid: 65532}
+		if err := os.Chown(dir, 65532, 65532); err != nil {
+			t.Fatal(err)
+		}
+	}
+	seedFile := filepath.Join(dir, "seed")
+	install := func(env ...string) ([]byte, error) {
+		c := exec.Command(binary, "install", filepath.Join(dir, "bin", "sandboxd"), seedFile)
+		c.Env, c.SysProcAttr = env, &syscall.SysProcAttr{Credential: cred}
+		return c.CombinedOutput()
+	}
+	if out, err := install(); err == nil || !strings.Contains(string(out), execspec.SeedEnv) {
+		t.Errorf("install without the seed: %v, %s; want an error naming %s", err, out, execspec.SeedEnv)
+	}
+	if _, err := os.Stat(seedFile); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("the seed file after a failed install: %v, want none", err)
+	}
+	if out, err := install(execspec.SeedEnv + "=" + hex.EncodeToString(testSeed)); err != nil {
+		t.Fatalf("install: %v: %s", err, out)
+	}
+	fi, err := os.Stat(seedFile)
+	if err != nil || fi.Mode().Perm() != 0o400 {
+		t.Fatalf("the seed file: %v, %v; want mode 0400", fi, err)
+	}
+
+	daemon := exec.Command(binary, "serve", "--listen=127.0.0.1:0", "--socket="+filepath.Join(dir, "sandboxd.sock"),
+		"--journal-dir="+filepath.Join(dir, "journal"), "--seed-file="+seedFile)
+	daemon.Env = []string{"PATH=/usr/bin:/bin"}
+	daemon.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
+	logs, err := daemon.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := daemon.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = daemon.Process.Kill(); _ = daemon.Wait() })
+	addr, _ := serving(t, logs)
+	if _, err := os.Stat(seedFile); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("the seed file once sandboxd serves: %v, want removed", err)
+	}
+	c, err := sandboxd.NewClient(sandboxd.ClientOptions{Dial: sandboxd.DialTCP(addr), TLS: sandboxd.ClientTLSConfig(testSeed), Token: sandboxd.ClientToken(testSeed)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if stdout, exit := collect(t, c, sandboxd.Spec{ID: "seed-file", Command: "sh", Args: []string{"-c", "echo served"}}); stdout != "served\n" || exit.ExitCode == nil || *exit.ExitCode != 0 {
+		t.Errorf("a command over TLS keyed by the file's seed: %q, %+v", stdout, exit)
+	}
+}

@@ -25,7 +25,11 @@ type serveSettings struct {
 	MaxOutputBytes int
 	JournalTTL     time.Duration
 	LogLevel       string
-	// Seed comes from the environment only (SeedEnv), never a flag: flags show in ps.
+	// SeedFile holds the seed until serve reads and removes it (an exec-capable pod's init
+	// container writes it there); empty: the seed is in SeedEnv. Never the seed itself in a
+	// flag: flags show in ps.
+	SeedFile string
+	// Seed is SeedEnv's when SeedFile is empty; serve reads SeedFile's.
 	Seed []byte
 }
 
@@ -33,11 +37,12 @@ type serveSettings struct {
 func parseServe(args []string, lookupEnv config.LookupEnv, stdout io.Writer) (serveSettings, error) {
 	var s serveSettings
 	fs := config.New("sandboxd serve", lookupEnv)
-	fs.String(&s.Listen, "listen", "KUBECLIP_SANDBOXD_LISTEN", sandboxd.DefaultListen, "TLS listen address for the exec-worker (key and token derived from "+execspec.SeedEnv+"); empty: none")
+	fs.String(&s.Listen, "listen", "KUBECLIP_SANDBOXD_LISTEN", sandboxd.DefaultListen, "TLS listen address for the exec-worker (key and token derived from the lease seed: --seed-file, or "+execspec.SeedEnv+"); empty: none")
 	fs.String(&s.Socket, "socket", "KUBECLIP_SANDBOXD_SOCKET", sandboxd.DefaultSocket, "unix socket for the pod's own processes and `sandboxd proxy` (no TLS, no token); empty: none")
 	fs.String(&s.JournalDir, "journal-dir", "KUBECLIP_SANDBOXD_JOURNAL_DIR", sandboxd.DefaultJournalDir, "directory of the output journals (in the pod's emptyDir)")
 	fs.Int(&s.MaxOutputBytes, "max-output-bytes", "KUBECLIP_SANDBOXD_MAX_OUTPUT_BYTES", sandboxd.DefaultMaxOutputBytes, "cap of each exec's journal (payload plus 14 bytes per chunk); past it output is dropped and the exit says truncated")
 	fs.Duration(&s.JournalTTL, "journal-ttl", "KUBECLIP_SANDBOXD_JOURNAL_TTL", sandboxd.DefaultJournalTTL, "how long an exited command's journal is kept when no client deletes it")
+	fs.String(&s.SeedFile, "seed-file", "KUBECLIP_SANDBOXD_SEED_FILE", "", "file holding the lease seed (hex), removed once read; empty: "+execspec.SeedEnv)
 	fs.String(&s.LogLevel, "log-level", "KUBECLIP_LOG_LEVEL", "info", "log level: debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
 		fs.Usage(stdout, serveSummary)
@@ -47,12 +52,12 @@ func parseServe(args []string, lookupEnv config.LookupEnv, stdout io.Writer) (se
 	if s.Listen == "" && s.Socket == "" {
 		errs = append(errs, fmt.Errorf("%s and %s are both empty: nothing to serve on", fs.Names("listen"), fs.Names("socket")))
 	}
-	if s.Listen != "" {
+	if s.Listen != "" && s.SeedFile == "" {
 		v, ok := lookupEnv(execspec.SeedEnv)
 		seed, err := execspec.ParseSeed(v)
 		switch {
 		case !ok || v == "":
-			errs = append(errs, fmt.Errorf("%s is not set: %s needs the lease seed", execspec.SeedEnv, fs.Names("listen")))
+			errs = append(errs, fmt.Errorf("%s is not set: %s needs the lease seed (or %s)", execspec.SeedEnv, fs.Names("listen"), fs.Names("seed-file")))
 		case err != nil:
 			errs = append(errs, fmt.Errorf("%s: %w", execspec.SeedEnv, err))
 		default:
@@ -82,8 +87,14 @@ func serve(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdou
 	if err != nil {
 		return err
 	}
+	// Non-dumpable before the seed is in memory: the agent's commands run as this user.
 	if err := sandboxd.ForgetSeedEnv(); err != nil {
 		return err
+	}
+	if s.SeedFile != "" {
+		if s.Seed, err = readSeedFile(s.SeedFile); err != nil {
+			return err
+		}
 	}
 	log := cli.NewLogger(stderr, s.LogLevel, "sandboxd")
 	reaper, err := sandboxd.NewReaper(log)

@@ -440,6 +440,7 @@ func (d *Dispatcher) create(ctx context.Context, log zerolog.Logger, plan lease.
 	if err != nil {
 		return events.RunCreatedEvent{}, nil, err
 	}
+	spec.SecretEnvKeys = policy.SecretEnvKeys(secret)
 
 	var run k8s.CreatedRun
 	var ownerAPIVersion, ownerKind string
@@ -505,6 +506,7 @@ func (d *Dispatcher) renderSecret(ctx context.Context, plan lease.Plan, spec pol
 	}
 	if plan.Config.Backend.ExecCapable() {
 		// sandboxd's key for this lease; the exec-worker derives the same from the master key.
+		// Only the pod's init container reads it (not the agent container's environment).
 		env[execspec.SeedEnv] = hex.EncodeToString(execspec.DeriveSeed(d.opts.SandboxKey, spec.Namespace, spec.WorkloadName))
 	}
 	token, err := policy.NewBootstrapToken(d.opts.Random)

@@ -49,8 +49,10 @@ type Exit struct {
 	Error string `json:"error,omitempty"`
 }
 
-// SeedEnv is the environment variable that carries hex(seed) into the pod. sandboxd reads it at
-// start and removes it from its own environment and from every command's.
+// SeedEnv names hex(seed) in the run Secret and in the environment of the pod's init container
+// (never the agent container's), whose `sandboxd install` writes it to the file `sandboxd serve
+// --seed-file` reads and removes. Run outside a pod, sandboxd serve reads it from its own
+// environment and removes it from there and from every command's.
 const SeedEnv = "KUBECLIP_SANDBOXD_SEED"
 
 // SeedSize is the length of a lease seed in bytes (an HMAC-SHA256).

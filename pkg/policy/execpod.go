@@ -1,11 +1,14 @@
 package policy
 
 import (
+	"slices"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/kubeclip/kubeclip/pkg/execspec"
 )
 
 // Exec-capable pods (backends pod and sandbox-cr): the agent container's main process is
@@ -13,7 +16,10 @@ import (
 // any runtime image can serve exec, under Pod Security restricted (docs/exec.md). The agent's
 // commands run as sandboxd's user, so what they must not change is on a read-only mount: the
 // binary's emptyDir is mounted read-only in the agent container (only the init container writes
-// it), and sandboxd's socket and journals are in their own emptyDir.
+// it), and sandboxd's socket and journals are in their own emptyDir. The lease seed never enters
+// the agent container's environment, which every Kubernetes exec into it starts with: the init
+// container alone gets it from the run Secret and writes it to a memory emptyDir, whence sandboxd
+// reads and removes it before it serves.
 const (
 	// SandboxdPort is where sandboxd serves TLS to the exec-worker.
 	SandboxdPort = 7070
@@ -25,11 +31,18 @@ const (
 	SandboxdJournalDir = SandboxdRunDir + "/journal"
 	// SandboxdBinary is where the init container puts sandboxd.
 	SandboxdBinary = SandboxdBinDir + "/sandboxd"
+	// SandboxdSeedDir is a memory-backed emptyDir: the init container writes the lease seed
+	// there (SandboxdSeedFile, from the run Secret), sandboxd reads it at start and removes it.
+	SandboxdSeedDir = "/kubeclip/seed"
+	// SandboxdSeedFile is the seed's file while sandboxd starts.
+	SandboxdSeedFile = SandboxdSeedDir + "/seed"
 	// SandboxdInitContainerName copies sandboxd into SandboxdBinDir.
 	SandboxdInitContainerName = "sandboxd-install"
 	// sandboxdBinVolume and sandboxdRunVolume name the emptyDirs.
 	sandboxdBinVolume = "kubeclip-bin"
 	sandboxdRunVolume = "kubeclip"
+	// sandboxdSeedVolume is SandboxdSeedDir's.
+	sandboxdSeedVolume = "kubeclip-seed"
 	// DefaultExecGracePeriod is an exec-capable pod's termination grace period: on SIGTERM
 	// sandboxd refuses new commands and waits for the running ones, so a release that does not
 	// cancel active work lets them finish this long (the dispatcher's release deletes with its
@@ -58,32 +71,77 @@ func (s RunSpec) execPodTemplate() corev1.PodTemplateSpec {
 		spec.ActiveDeadlineSeconds = ptrTo(s.Config.PodActivityDeadlineSec)
 	}
 	bin := corev1.VolumeMount{Name: sandboxdBinVolume, MountPath: SandboxdBinDir}
+	seed := corev1.VolumeMount{Name: sandboxdSeedVolume, MountPath: SandboxdSeedDir}
 	agent := &spec.Containers[0]
+	// The lease seed is not in the agent container's environment, which every Kubernetes exec
+	// into it starts with: the container takes the run Secret's other keys by name, and only
+	// the init container has the seed's.
+	agent.EnvFrom = nil
+	agent.Env = append(agent.Env, s.secretEnv()...)
 	// The journal directory is named, not left to the binary's default: the init container's
 	// image may hold a sandboxd of another version.
-	agent.Command = []string{SandboxdBinary, "serve", "--journal-dir", SandboxdJournalDir}
+	agent.Command = []string{SandboxdBinary, "serve", "--journal-dir", SandboxdJournalDir, "--seed-file", SandboxdSeedFile}
 	agent.WorkingDir = "/workspace"
 	agent.Ports = []corev1.ContainerPort{{Name: "sandboxd", ContainerPort: SandboxdPort, Protocol: corev1.ProtocolTCP}}
 	agent.VolumeMounts = append(agent.VolumeMounts,
 		corev1.VolumeMount{Name: sandboxdBinVolume, MountPath: SandboxdBinDir, ReadOnly: true},
-		corev1.VolumeMount{Name: sandboxdRunVolume, MountPath: SandboxdRunDir})
+		corev1.VolumeMount{Name: sandboxdRunVolume, MountPath: SandboxdRunDir},
+		seed)
 	spec.InitContainers = []corev1.Container{{
 		Name:            SandboxdInitContainerName,
 		Image:           s.SandboxdImage,
 		ImagePullPolicy: corev1.PullIfNotPresent,
 		// The image's entrypoint is its sandboxd, wherever the image keeps it: the local
 		// cluster's image at /sandboxd, the production image at /usr/local/bin/sandboxd.
-		Args:            []string{"install", SandboxdBinary},
+		Args:            []string{"install", SandboxdBinary, SandboxdSeedFile},
+		Env:             []corev1.EnvVar{secretKeyEnv(s.WorkloadName, execspec.SeedEnv)},
 		SecurityContext: agent.SecurityContext.DeepCopy(),
 		Resources:       *sandboxdResources.DeepCopy(),
-		VolumeMounts:    []corev1.VolumeMount{bin},
+		VolumeMounts:    []corev1.VolumeMount{bin, seed},
 	}}
 	binSize := resource.MustParse("64Mi") // one static binary
 	runSize := resource.MustParse("2Gi")  // the socket and the commands' output journals
+	seedSize := resource.MustParse("1Mi") // one 64-byte file, in memory
 	spec.Volumes = append(spec.Volumes,
 		corev1.Volume{Name: sandboxdBinVolume, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{SizeLimit: &binSize}}},
-		corev1.Volume{Name: sandboxdRunVolume, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{SizeLimit: &runSize}}})
+		corev1.Volume{Name: sandboxdRunVolume, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{SizeLimit: &runSize}}},
+		corev1.Volume{Name: sandboxdSeedVolume, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{Medium: corev1.StorageMediumMemory, SizeLimit: &seedSize}}})
 	return tmpl
+}
+
+// secretEnv is the agent container's environment from the run Secret: BOOTSTRAP_TOKEN and
+// SecretEnvKeys, sorted, without the seed.
+func (s RunSpec) secretEnv() []corev1.EnvVar {
+	keys := append([]string{BootstrapTokenKey}, s.SecretEnvKeys...)
+	slices.Sort(keys)
+	keys = slices.Compact(keys)
+	env := make([]corev1.EnvVar, 0, len(keys))
+	for _, k := range keys {
+		if k != execspec.SeedEnv {
+			env = append(env, secretKeyEnv(s.WorkloadName, k))
+		}
+	}
+	return env
+}
+
+// secretKeyEnv is the environment variable key from the workload's run Secret.
+func secretKeyEnv(workload, key string) corev1.EnvVar {
+	return corev1.EnvVar{Name: key, ValueFrom: &corev1.EnvVarSource{SecretKeyRef: &corev1.SecretKeySelector{
+		LocalObjectReference: corev1.LocalObjectReference{Name: SecretName(workload)}, Key: key,
+	}}}
+}
+
+// SecretEnvKeys are the keys of a run Secret (RenderSecret's) that its exec-capable pod's agent
+// container gets as environment variables: all but the sandboxd seed (RunSpec.SecretEnvKeys).
+func SecretEnvKeys(secret *corev1.Secret) []string {
+	keys := make([]string, 0, len(secret.StringData))
+	for k := range secret.StringData {
+		if k != execspec.SeedEnv {
+			keys = append(keys, k)
+		}
+	}
+	slices.Sort(keys)
+	return keys
 }
 
 // RenderPod renders a run's bare Pod (backend "pod", kubeclip's exec-capable lease for clusters

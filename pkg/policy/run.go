@@ -55,6 +55,11 @@ type RunSpec struct {
 	// SandboxdImage is kubeclip's sandboxd image (an operator setting, never a tenant's), whose
 	// init container copies sandboxd into an exec-capable backend's pod.
 	SandboxdImage string
+	// SecretEnvKeys are the run Secret's keys an exec-capable pod's agent container gets as
+	// environment variables, each by name (SecretEnvKeys of the Secret): that Secret also holds
+	// the lease's sandboxd seed, which only the init container reads. A Job's pod takes the
+	// whole Secret. BOOTSTRAP_TOKEN is always among them.
+	SecretEnvKeys []string
 }
 
 // Validate checks the fields the rendered objects need, naming each bad one (runId, agentId,

@@ -11,6 +11,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/kubeclip/kubeclip/pkg/execspec"
 	"github.com/kubeclip/kubeclip/pkg/policy"
 )
 
@@ -46,6 +47,7 @@ func overrideSpec(t *testing.T) policy.RunSpec {
 	spec := testRunSpec(cfg)
 	spec.IssueID = "PAP-123"
 	spec.AdapterType = "codex_local"
+	spec.SecretEnvKeys = []string{"OPENAI_API_KEY", execspec.SeedEnv}
 	spec.Image = "kubeclip.local/agent-stub:dev"
 	spec.ImagePullPolicy = corev1.PullNever
 	deadline := int64(900)
@@ -110,10 +112,14 @@ func TestRenderPodGolden(t *testing.T) {
 }
 
 // An exec-capable pod is the Job's pod with sandboxd as its main process: the same container,
-// security context, resources, Secret and volumes, plus sandboxd's init container, volume and
-// port, no restarts, and the lease's deadline. A Sandbox's pod template is exactly that pod.
+// security context, resources, Secret values and volumes, plus sandboxd's init container,
+// volumes and port, no restarts, and the lease's deadline. A Sandbox's pod template is exactly
+// that pod. The run Secret's sandboxd seed reaches only the init container, which writes it to a
+// memory volume sandboxd reads it from: the agent container takes the Secret's other keys by
+// name, not the whole Secret.
 func TestExecPodsAreTheJobPodPlusSandboxd(t *testing.T) {
 	spec := overrideSpec(t)
+	spec.SecretEnvKeys = []string{"OPENAI_API_KEY", execspec.SeedEnv}
 	jobTmpl, err := policy.ToUnstructured(&corev1.PodTemplate{TypeMeta: typeMeta("v1", "PodTemplate"), Template: policy.RenderJob(spec).Spec.Template})
 	if err != nil {
 		t.Fatal(err)
@@ -124,27 +130,41 @@ func TestExecPodsAreTheJobPodPlusSandboxd(t *testing.T) {
 	podSpec["activeDeadlineSeconds"] = int64(900) // the bounded-lease override reaches the pod
 	podSpec["terminationGracePeriodSeconds"] = int64(120)
 	agent := podSpec["containers"].([]any)[0].(map[string]any)
-	agent["command"] = []any{"/kubeclip/bin/sandboxd", "serve", "--journal-dir", "/kubeclip/run/journal"}
+	secretKey := func(key string) map[string]any {
+		return map[string]any{"name": key, "valueFrom": map[string]any{"secretKeyRef": map[string]any{"name": testWorkload + "-env", "key": key}}}
+	}
+	if got := agent["envFrom"].([]any); len(got) != 1 {
+		t.Fatalf("the Job's agent container: envFrom %v, want the run Secret", got)
+	}
+	delete(agent, "envFrom")
+	agent["env"] = append(agent["env"].([]any), secretKey("BOOTSTRAP_TOKEN"), secretKey("OPENAI_API_KEY"))
+	agent["command"] = []any{"/kubeclip/bin/sandboxd", "serve", "--journal-dir", "/kubeclip/run/journal", "--seed-file", "/kubeclip/seed/seed"}
 	agent["workingDir"] = "/workspace"
 	agent["ports"] = []any{map[string]any{"name": "sandboxd", "containerPort": int64(7070), "protocol": "TCP"}}
 	// sandboxd's binary is read-only to the agent (only the init container writes it); its
 	// socket and journals are in their own directory.
 	agent["volumeMounts"] = append(agent["volumeMounts"].([]any),
 		map[string]any{"name": "kubeclip-bin", "mountPath": "/kubeclip/bin", "readOnly": true},
-		map[string]any{"name": "kubeclip", "mountPath": "/kubeclip/run"})
+		map[string]any{"name": "kubeclip", "mountPath": "/kubeclip/run"},
+		map[string]any{"name": "kubeclip-seed", "mountPath": "/kubeclip/seed"})
 	podSpec["initContainers"] = []any{map[string]any{
 		"name": "sandboxd-install", "image": "kubeclip.local/sandboxd:dev", "imagePullPolicy": "IfNotPresent",
-		"args":            []any{"install", "/kubeclip/bin/sandboxd"},
+		"args":            []any{"install", "/kubeclip/bin/sandboxd", "/kubeclip/seed/seed"},
+		"env":             []any{secretKey(execspec.SeedEnv)},
 		"securityContext": agent["securityContext"],
 		"resources": map[string]any{
 			"requests": map[string]any{"cpu": "100m", "memory": "128Mi"},
 			"limits":   map[string]any{"cpu": "100m", "memory": "128Mi"},
 		},
-		"volumeMounts": []any{map[string]any{"name": "kubeclip-bin", "mountPath": "/kubeclip/bin"}},
+		"volumeMounts": []any{
+			map[string]any{"name": "kubeclip-bin", "mountPath": "/kubeclip/bin"},
+			map[string]any{"name": "kubeclip-seed", "mountPath": "/kubeclip/seed"},
+		},
 	}}
 	podSpec["volumes"] = append(podSpec["volumes"].([]any),
 		map[string]any{"name": "kubeclip-bin", "emptyDir": map[string]any{"sizeLimit": "64Mi"}},
-		map[string]any{"name": "kubeclip", "emptyDir": map[string]any{"sizeLimit": "2Gi"}})
+		map[string]any{"name": "kubeclip", "emptyDir": map[string]any{"sizeLimit": "2Gi"}},
+		map[string]any{"name": "kubeclip-seed", "emptyDir": map[string]any{"medium": "Memory", "sizeLimit": "1Mi"}})
 
 	pod, err := policy.ToUnstructured(policy.RenderPod(spec))
 	if err != nil {

@@ -151,6 +151,7 @@ func (b *bench) rawPodReady(ctx context.Context, plan lease.Plan, key []byte) (d
 		return 0, fmt.Errorf("rendering the raw pod's Secret: %w", err)
 	}
 	secret.OwnerReferences = nil
+	spec.SecretEnvKeys = policy.SecretEnvKeys(secret)
 	pod := policy.RenderPod(spec)
 	// Not the run-watcher's, nor the exec-workers': the raw pod must not add to their work.
 	for _, labels := range []map[string]string{secret.Labels, pod.Labels} {

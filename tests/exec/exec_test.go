@@ -7,17 +7,22 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	osexec "os/exec"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kubeclip/kubeclip/internal/clustertest"
 	"github.com/kubeclip/kubeclip/pkg/execclient"
 	"github.com/kubeclip/kubeclip/pkg/execproto"
+	"github.com/kubeclip/kubeclip/pkg/execspec"
 	"github.com/kubeclip/kubeclip/pkg/execsvc"
+	"github.com/kubeclip/kubeclip/pkg/policy"
 )
 
 // countdown prints n numbered lines over about n*10 ms.
@@ -58,6 +63,27 @@ func TestRoutes(t *testing.T) {
 			res, err = run(t, c, l, execclient.Exec{Command: "sh", Args: []string{"-c", "echo replaced > /kubeclip/bin/sandboxd || echo refused; touch /kubeclip/bin/other || echo refused; env | grep -c SANDBOXD_SEED"}})
 			if err != nil || string(res.Stdout) != "refused\nrefused\n0\n" {
 				t.Errorf("writing sandboxd's binary, reading the seed: stdout %q stderr %q, %v; want both writes refused and no seed", res.Stdout, res.Stderr, err)
+			}
+
+			// Nor can any process in the pod find the seed: not the agent's commands, not a
+			// Kubernetes exec (an operator's kubectl exec, the kube-exec route's sandboxd proxy),
+			// in no environment they can read and no file.
+			secret := l.secret(t)
+			search := seedSearch(string(secret.Data[execspec.SeedEnv]))
+			res, err = run(t, c, l, execclient.Exec{Command: "sh", Args: []string{"-c", search}})
+			if err != nil || string(res.Stdout) != "searched\n" {
+				t.Errorf("a command searching for the seed: stdout %q stderr %q, %v; want only searched", res.Stdout, res.Stderr, err)
+			}
+			if out, err := l.kubeExec(t, "sh", "-c", search); err != nil || out != "searched\n" {
+				t.Errorf("a Kubernetes exec searching for the seed: %q, %v; want only searched", out, err)
+			}
+			// The run Secret's other keys are all in the commands' environment.
+			res, err = run(t, c, l, execclient.Exec{Command: "sh", Args: []string{"-c", "env | cut -d= -f1"}})
+			names := strings.Fields(string(res.Stdout))
+			for k := range secret.Data {
+				if k != execspec.SeedEnv && !slices.Contains(names, k) {
+					t.Errorf("the run Secret's %s is not in a command's environment (%v)", k, err)
+				}
 			}
 
 			res, err = run(t, c, l, execclient.Exec{Command: "no-such-command", Cwd: "/tmp"})
@@ -144,4 +170,40 @@ func TestPodDeletedMidCommand(t *testing.T) {
 	case <-time.After(time.Minute):
 		t.Fatal("no answer a minute after the pod was deleted")
 	}
+}
+
+// seedSearch is a shell script naming every process environment it can read that holds seed
+// (its own, sandboxd's at /proc/1, and on the kube-exec route the `sandboxd proxy` serving it
+// among them) and every such file under the pod's writable directories, sandboxd's and /etc,
+// then printing searched.
+func seedSearch(seed string) string {
+	return fmt.Sprintf(`for f in /proc/[0-9]*/environ; do grep -l -F %[1]s "$f" 2>/dev/null; done; `+
+		`grep -r -l -s -F %[1]s /kubeclip /workspace /tmp "$HOME" /etc; echo searched`, seed)
+}
+
+// secret is the lease's run Secret, its sandboxd seed checked.
+func (l *lease) secret(t *testing.T) *corev1.Secret {
+	t.Helper()
+	s, err := clustertest.Clientset(t).CoreV1().Secrets(l.created.Namespace).Get(t.Context(), l.created.SecretName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := len(s.Data[execspec.SeedEnv]); n != 2*execspec.SeedSize {
+		t.Fatalf("the run Secret's %s: %d characters, want %d", execspec.SeedEnv, n, 2*execspec.SeedSize)
+	}
+	return s
+}
+
+// kubeExec runs argv in the lease pod's agent container with kubectl exec and returns its
+// stdout.
+func (l *lease) kubeExec(t *testing.T, argv ...string) (string, error) {
+	t.Helper()
+	args := append([]string{"--kubeconfig", clustertest.Kubeconfig(), "-n", l.created.Namespace, "exec", l.created.WorkloadName, "-c", policy.AgentContainerName, "--"}, argv...)
+	var stdout, stderr bytes.Buffer
+	cmd := osexec.CommandContext(t.Context(), "kubectl", args...)
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		return stdout.String(), fmt.Errorf("kubectl exec: %w: %s", err, stderr.String())
+	}
+	return stdout.String(), nil
 }
