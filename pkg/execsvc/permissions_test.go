@@ -10,45 +10,18 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 
+	"github.com/kubeclip/kubeclip/internal/natstest"
 	"github.com/kubeclip/kubeclip/pkg/execclient"
 	"github.com/kubeclip/kubeclip/pkg/execproto"
 	"github.com/kubeclip/kubeclip/pkg/inbox"
 )
 
 // natsAuthConf is the users and permissions file kubeclip ships.
-const natsAuthConf = "../../deploy/kustomize/base/nats-auth.conf"
+const natsAuthConf = "../../" + natstest.ShippedAuthConf
 
-// authServer runs a JetStream server with the shipped users and permissions, passwords from the
-// environment as in a deployment.
-func authServer(t *testing.T) *server.Server {
-	t.Helper()
-	for _, v := range passwordVars {
-		t.Setenv("KUBECLIP_NATS_PASSWORD_"+v, "pw-"+strings.ToLower(v))
-	}
-	opts, err := server.ProcessConfigFile(natsAuthConf)
-	if err != nil {
-		t.Fatalf("loading %s: %v", natsAuthConf, err)
-	}
-	opts.Host, opts.Port, opts.NoLog, opts.NoSigs = "127.0.0.1", -1, true, true
-	opts.JetStream, opts.StoreDir = true, t.TempDir()
-	srv, err := server.NewServer(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Start()
-	if !srv.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats-server not ready")
-	}
-	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
-	return srv
-}
+func authServer(t *testing.T) *server.Server { return natstest.StartWithAuth(t, natsAuthConf) }
 
-// passwordVars are the shipped users' password variables.
-var passwordVars = map[string]string{"kubeclip": "WORKERS", "exec-worker": "EXEC_WORKER", "paperclip": "PAPERCLIP", "cli": "CLI"}
-
-func user(name string) nats.Option {
-	return nats.UserInfo(name, "pw-"+strings.ToLower(passwordVars[name]))
-}
+func user(name string) nats.Option { return natstest.User(name) }
 
 // TestPermissions runs an exec through a server loaded with the shipped permissions, the
 // exec-worker and Paperclip each with its own user, and checks that no other user can send exec

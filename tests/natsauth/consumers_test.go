@@ -4,7 +4,6 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -12,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/kubeclip/kubeclip/internal/embeddednats"
+	"github.com/kubeclip/kubeclip/internal/natstest"
 	"github.com/kubeclip/kubeclip/pkg/events"
 	"github.com/kubeclip/kubeclip/pkg/lease"
 )
@@ -39,9 +39,7 @@ func loadConfig(t *testing.T, path string) *server.Options {
 		}
 	}
 	path = filepath.Join(dir, "nats.conf")
-	for _, v := range passwordVars {
-		t.Setenv("KUBECLIP_NATS_PASSWORD_"+v, "pw-"+strings.ToLower(v))
-	}
+	natstest.SetAuthPasswords(t)
 	t.Setenv("POD_NAME", "nats-0")
 	opts, err := server.ProcessConfigFile(path)
 	if err != nil {

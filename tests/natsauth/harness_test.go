@@ -18,6 +18,7 @@ import (
 	"github.com/rs/zerolog"
 	"go.uber.org/goleak"
 
+	"github.com/kubeclip/kubeclip/internal/natstest"
 	"github.com/kubeclip/kubeclip/pkg/api"
 	"github.com/kubeclip/kubeclip/pkg/events"
 	"github.com/kubeclip/kubeclip/pkg/inbox"
@@ -28,38 +29,14 @@ import (
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // natsAuthConf is the users and permissions file kubeclip ships.
-const natsAuthConf = "../../deploy/kustomize/base/nats-auth.conf"
-
-// passwordVars are the shipped users' password variables.
-var passwordVars = map[string]string{"kubeclip": "WORKERS", "exec-worker": "EXEC_WORKER", "paperclip": "PAPERCLIP", "cli": "CLI"}
+const natsAuthConf = "../../" + natstest.ShippedAuthConf
 
 // inboxes are the inbox prefixes each user connects with (pkg/inbox).
 var inboxes = map[string]string{"kubeclip": inbox.WorkersPrefix, "exec-worker": inbox.ExecWorkerPrefix, "paperclip": inbox.PaperclipPrefix, "cli": inbox.CLIPrefix}
 
 // authServer runs a JetStream server with the shipped users and permissions, passwords from the
 // environment as in a deployment.
-func authServer(t *testing.T) *server.Server {
-	t.Helper()
-	for _, v := range passwordVars {
-		t.Setenv("KUBECLIP_NATS_PASSWORD_"+v, "pw-"+strings.ToLower(v))
-	}
-	opts, err := server.ProcessConfigFile(natsAuthConf)
-	if err != nil {
-		t.Fatalf("loading %s: %v", natsAuthConf, err)
-	}
-	opts.Host, opts.Port, opts.NoLog, opts.NoSigs = "127.0.0.1", -1, true, true
-	opts.JetStream, opts.StoreDir = true, t.TempDir()
-	srv, err := server.NewServer(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Start()
-	if !srv.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats-server not ready")
-	}
-	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
-	return srv
-}
+func authServer(t *testing.T) *server.Server { return natstest.StartWithAuth(t, natsAuthConf) }
 
 // conn is one user's connection and the permission errors the server sent it.
 type conn struct {
@@ -75,7 +52,7 @@ func connect(t *testing.T, srv *server.Server, user string) *conn {
 	t.Helper()
 	c := &conn{}
 	nc, err := nats.Connect(srv.ClientURL(), nats.Name("natsauth-"+user),
-		nats.UserInfo(user, "pw-"+strings.ToLower(passwordVars[user])),
+		natstest.User(user),
 		nats.CustomInboxPrefix(inboxes[user]),
 		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
 			c.mu.Lock()
