@@ -82,7 +82,7 @@ func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout,
 		AgentBusyTimeout: s.AgentBusyTimeout, ReleaseTimeout: s.ReleaseTimeout,
 		Concurrency: s.Concurrency, DrainTimeout: s.ShutdownTimeout,
 		OrphanPolicy: dispatch.OrphanPolicy(s.OrphanPolicy), ReconcileInterval: s.Reconcile,
-		Observer: p.Ops.Metrics, Operator: op, StreamReplicas: s.Streams.Replicas,
+		Observer: p.Ops.Metrics, Operator: op, StreamReplicas: s.Streams.Replicas, StoreBytes: int64(s.Streams.StoreBytes),
 		SandboxKey: sandboxKey, SandboxdImage: s.SandboxdImage,
 	})
 	if err != nil {

@@ -55,7 +55,7 @@ func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout,
 	w, err := tenant.New(tenant.Options{
 		Clientset: p.Kube.Clientset, Applier: p.Kube.Applier, JetStream: p.JS, Subjects: p.Subjects,
 		Logger: p.Log, Resync: s.Resync, Concurrency: s.Concurrency, DrainTimeout: s.ShutdownTimeout,
-		Observer: p.Ops.Metrics, Operator: op, Replies: s.Replies(), StreamReplicas: s.Streams.Replicas,
+		Observer: p.Ops.Metrics, Operator: op, Replies: s.Replies(), StreamReplicas: s.Streams.Replicas, StoreBytes: int64(s.Streams.StoreBytes),
 	})
 	if err != nil {
 		return err

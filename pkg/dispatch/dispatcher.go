@@ -96,6 +96,8 @@ type Options struct {
 	Observer events.Observer
 	// StreamReplicas is the replica count of the parking stream and the agent bucket (default 1).
 	StreamReplicas int
+	// StoreBytes is the JetStream store the parking stream takes its share of (0: the default).
+	StoreBytes int64
 	// Backoff is the retry schedule of failed messages (events.DefaultBackoff when nil).
 	Backoff func(attempt uint64) time.Duration
 	// SandboxKey is the installation's master key (execspec.ReadMasterKey): the run Secret of
@@ -222,7 +224,7 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 		return fmt.Errorf("opening stream %s: %w", d.opts.Subjects.RunStream(), err)
 	}
 	d.agents = agentGuard{kv: agents}
-	if d.parked, err = js.CreateOrUpdateStream(ctx, ParkedStreamConfig(d.opts.StreamReplicas)); err != nil {
+	if d.parked, err = js.CreateOrUpdateStream(ctx, ParkedStreamConfig(d.opts.StreamReplicas, d.opts.StoreBytes)); err != nil {
 		return fmt.Errorf("creating stream %s: %w", ParkedStream, err)
 	}
 

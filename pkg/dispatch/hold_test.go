@@ -58,7 +58,7 @@ func guardTTL(t *testing.T, js jetstream.JetStream, companyID, agentID string) s
 func TestHoldAgent(t *testing.T) {
 	g, js := newAgentGuard(t)
 	m, published := deliveredMsg(t, js)
-	parked, err := js.CreateStream(t.Context(), ParkedStreamConfig(1))
+	parked, err := js.CreateStream(t.Context(), ParkedStreamConfig(1, 0))
 	if err != nil {
 		t.Fatalf("creating the parking stream: %v", err)
 	}
@@ -164,5 +164,15 @@ func TestHoldAgent(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestParkedStreamIsSizedFromTheStore: the parking stream takes its share of the operator's
+// store and, full, refuses a new parked dispatch rather than drop one that waits.
+func TestParkedStreamIsSizedFromTheStore(t *testing.T) {
+	const store = 64 << 20
+	c := ParkedStreamConfig(1, store)
+	if want := int64(store * events.ParkedStreamShare / 100); c.MaxBytes != want || c.Discard != jetstream.DiscardNew {
+		t.Errorf("max bytes %d, discard %v; want %d, DiscardNew", c.MaxBytes, c.Discard, want)
 	}
 }

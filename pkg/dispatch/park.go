@@ -41,15 +41,19 @@ const (
 // ParkedStreamConfig is the KUBECLIP_PARKED stream: limits retention (parked dispatches are
 // deleted one by one when they leave), file storage (a parked acquire is a run Paperclip waits
 // for), and the work queue's message size.
-func ParkedStreamConfig(replicas int) jetstream.StreamConfig {
+//
+// It takes ParkedStreamShare of the store (events.StoreShare) and, full, refuses new parked
+// dispatches (the dispatch stays on the work queue and is retried) rather than drop one.
+func ParkedStreamConfig(replicas int, storeBytes int64) jetstream.StreamConfig {
 	return jetstream.StreamConfig{
 		Name:        ParkedStream,
 		Description: "kubeclip dispatches waiting for their agent's previous run",
 		Subjects:    []string{parkedSubjectPrefix + ">"},
 		Retention:   jetstream.LimitsPolicy,
+		Discard:     jetstream.DiscardNew,
 		MaxAge:      parkedMaxAge,
 		MaxMsgs:     -1,
-		MaxBytes:    -1,
+		MaxBytes:    events.StoreShare(storeBytes, events.ParkedStreamShare),
 		MaxMsgSize:  events.DefaultMaxMsgSize,
 		Duplicates:  events.DefaultDuplicates,
 		Storage:     jetstream.FileStorage,

@@ -76,7 +76,7 @@ func TestConsumerConfigsAreAccepted(t *testing.T) {
 	if err := events.EnsureStreams(ctx, js, events.Options{}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := js.CreateOrUpdateStream(ctx, events.RetryStreamConfig(1)); err != nil {
+	if _, err := js.CreateOrUpdateStream(ctx, events.RetryStreamConfig(1, 0)); err != nil {
 		t.Fatal(err)
 	}
 	var s events.Subjects

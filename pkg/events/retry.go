@@ -41,17 +41,19 @@ const (
 )
 
 // RetryStreamConfig is the KUBECLIP_RETRY stream: work-queue retention (a retry is deleted when
-// its handler settles it), file storage (a retry is a request Paperclip waits for), and the
-// work queue's message size.
-func RetryStreamConfig(replicas int) jetstream.StreamConfig {
+// its handler settles it), file storage (a retry is a request Paperclip waits for), the work
+// queue's message size, and RetryStreamShare of the store (StoreShare): full, it refuses new
+// retries (a request that cannot wait there is handed back to its consumer), never dropping one.
+func RetryStreamConfig(replicas int, storeBytes int64) jetstream.StreamConfig {
 	return jetstream.StreamConfig{
 		Name:        RetryStream,
 		Description: "kubeclip requests waiting to be retried, outside the consumer that first met them",
 		Subjects:    []string{retrySubjectPrefix + ">"},
 		Retention:   jetstream.WorkQueuePolicy,
+		Discard:     jetstream.DiscardNew,
 		MaxAge:      retryMaxAge,
 		MaxMsgs:     -1,
-		MaxBytes:    -1,
+		MaxBytes:    StoreShare(storeBytes, RetryStreamShare),
 		MaxMsgSize:  DefaultMaxMsgSize,
 		Duplicates:  DefaultDuplicates,
 		Storage:     jetstream.FileStorage,

@@ -31,7 +31,7 @@ func TestRetriesWaitOutsideTheConsumer(t *testing.T) {
 		c.MaxAckPending = 2 // fewer than the failing messages
 	})
 	ctx := t.Context()
-	if _, err := f.js.CreateStream(ctx, events.RetryStreamConfig(1)); err != nil {
+	if _, err := f.js.CreateStream(ctx, events.RetryStreamConfig(1, 0)); err != nil {
 		t.Fatal(err)
 	}
 	retryCfg := events.RetryConsumerConfig(testConsumer)
@@ -126,7 +126,7 @@ func TestRetriesWaitOutsideTheConsumer(t *testing.T) {
 func TestRetryHeadersAreHonouredOnlyOnRetrySubjects(t *testing.T) {
 	f := newWorkFixture(t, nil)
 	ctx := t.Context()
-	if _, err := f.js.CreateStream(ctx, events.RetryStreamConfig(1)); err != nil {
+	if _, err := f.js.CreateStream(ctx, events.RetryStreamConfig(1, 0)); err != nil {
 		t.Fatal(err)
 	}
 	got := make(chan string, 1)

@@ -20,7 +20,7 @@ const (
 	DefaultStoreBytes = 8 << 30
 )
 
-// Each stream's share of Options.StoreBytes, in percent. The three add up to 70: the rest is
+// Each stream's share of Options.StoreBytes, in percent. The five add up to 80: the rest is
 // the KV buckets' (each has its own fixed byte limit, together well under 1 GiB) and headroom,
 // so the streams' limits are reached before the server's max_file_store and a full stream never
 // makes the store refuse another stream's or bucket's writes.
@@ -30,7 +30,20 @@ const (
 	// LeaseStreamShare and WorkStreamShare: requests of a few KiB each.
 	LeaseStreamShare = 5
 	WorkStreamShare  = 5
+	// RetryStreamShare (KUBECLIP_RETRY) and ParkedStreamShare (the dispatcher's KUBECLIP_PARKED):
+	// requests waiting for a retry or for their agent, a few KiB each.
+	RetryStreamShare  = 5
+	ParkedStreamShare = 5
 )
+
+// StoreShare is percent of a store of storeBytes (0: DefaultStoreBytes), for the streams that
+// are not Options' own.
+func StoreShare(storeBytes, percent int64) int64 {
+	if storeBytes <= 0 {
+		storeBytes = DefaultStoreBytes
+	}
+	return storeBytes * percent / 100
+}
 
 // Options configures the streams EnsureStreams creates. The zero value of every field means its
 // default. The KV buckets are their owners' (pkg/lease, pkg/dispatch, pkg/runwatch,
@@ -151,7 +164,7 @@ func (o Options) Validate() error {
 }
 
 // share is percent of the store, in bytes.
-func (o Options) share(percent int64) int64 { return o.StoreBytes * percent / 100 }
+func (o Options) share(percent int64) int64 { return StoreShare(o.StoreBytes, percent) }
 
 // subjects uses the prefix as given: Validate reports a bad one, and the server refuses the
 // stream names it would produce.

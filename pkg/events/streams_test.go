@@ -167,6 +167,10 @@ func TestStreamsAreSizedFromTheStore(t *testing.T) {
 	if err := events.EnsureStreams(ctx, js, opts); err != nil {
 		t.Fatal(err)
 	}
+	// The tenant-worker's retry stream, sized the same way by its own owner.
+	if _, err := js.CreateOrUpdateStream(ctx, events.RetryStreamConfig(1, store)); err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
 		name    string
 		share   int64
@@ -175,6 +179,7 @@ func TestStreamsAreSizedFromTheStore(t *testing.T) {
 		{"PAPERCLIP_RUNS", store * events.RunStreamShare / 100, jetstream.DiscardOld},
 		{"PAPERCLIP_LEASES", store * events.LeaseStreamShare / 100, jetstream.DiscardOld},
 		{"KUBECLIP_WORK", store * events.WorkStreamShare / 100, jetstream.DiscardNew},
+		{"KUBECLIP_RETRY", store * events.RetryStreamShare / 100, jetstream.DiscardNew},
 	} {
 		st, err := js.Stream(ctx, tc.name)
 		if err != nil {

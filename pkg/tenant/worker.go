@@ -63,6 +63,8 @@ type Options struct {
 	Replies inbox.Rule
 	// StreamReplicas is the replica count of the retry stream (default 1).
 	StreamReplicas int
+	// StoreBytes is the JetStream store the retry stream takes its share of (0: the default).
+	StoreBytes int64
 }
 
 // Worker is the tenant-worker.
@@ -130,7 +132,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 	// Acquires that failed retryably wait in the retry queue, worked through by a consumer of
 	// their own, so no company's retries delay another company's first attempt.
-	if _, err := js.CreateOrUpdateStream(ctx, events.RetryStreamConfig(w.opts.StreamReplicas)); err != nil {
+	if _, err := js.CreateOrUpdateStream(ctx, events.RetryStreamConfig(w.opts.StreamReplicas, w.opts.StoreBytes)); err != nil {
 		return fmt.Errorf("creating stream %s: %w", events.RetryStream, err)
 	}
 	retryCfg := events.RetryConsumerConfig(events.TenantWorkerConsumer)
