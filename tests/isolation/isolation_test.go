@@ -462,6 +462,16 @@ func TestQuotaRefusalFailsTheRun(t *testing.T) {
 	first := env.Acquire(t, company, pt.NewID("agent"), sleeping())
 	created := pt.WaitKind[events.RunCreatedEvent](first, runTimeout)
 	t.Cleanup(func() { first.Release(created.ProviderLeaseID, true) })
+	// `created` says the Job exists; its pod comes a moment later. Until the quota counts it, the
+	// tightened quota below would have room for one pod, and the second run's could take it.
+	pt.Eventually(t, time.Minute, "the quota to count the first run's pod", func() bool {
+		q, err := cs.CoreV1().ResourceQuotas(created.Namespace).Get(ctx, policy.TenantResourceQuota, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		used := q.Status.Used[corev1.ResourcePods]
+		return used.Value() == 1
+	})
 	// The operator (or a tenant resync) tightens the quota to the pod already running.
 	patch := []byte(`{"spec":{"hard":{"pods":"1"}}}`)
 	if _, err := cs.CoreV1().ResourceQuotas(created.Namespace).Patch(ctx, policy.TenantResourceQuota, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
