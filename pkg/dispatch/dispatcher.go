@@ -317,7 +317,7 @@ func (d *Dispatcher) handleDispatch(ctx context.Context, m jetstream.Msg) error 
 	// effort), so ask the run stream; a dispatch redelivered after its run's result would run
 	// the agent a second time.
 	if rec.State == lease.StateCreated {
-		if over, err := d.resultPublished(ctx, ref); err != nil || over {
+		if over, err := events.ResultPublished(ctx, d.runs, d.opts.Subjects, ref); err != nil || over {
 			return err
 		}
 	}
@@ -361,23 +361,6 @@ func (d *Dispatcher) handleDispatch(ctx context.Context, m jetstream.Msg) error 
 	}
 	log.Info().Str(events.LogKeyNamespace, created.Namespace).Str("workload", created.WorkloadName).Msg("run created")
 	return nil
-}
-
-// resultPublished reports whether the run's result is in the run stream.
-func (d *Dispatcher) resultPublished(ctx context.Context, ref events.RunRef) (bool, error) {
-	subj, err := d.opts.Subjects.Run(ref.CompanyID, ref.RunID, events.KindResult)
-	if err != nil {
-		return false, err
-	}
-	_, err = d.runs.GetLastMsgForSubject(ctx, subj)
-	switch {
-	case err == nil:
-		return true, nil
-	case errors.Is(err, jetstream.ErrMsgNotFound):
-		return false, nil
-	default:
-		return false, fmt.Errorf("looking up the result of run %s: %w", ref.RunID, err)
-	}
 }
 
 // holdAgent takes the agent's guard for this run. While another run of the agent holds it, the

@@ -123,19 +123,11 @@ func publishResult(ctx context.Context, pub publisher, log zerolog.Logger, ref e
 	return nil
 }
 
-// resultPublished reports whether the run's result is already in the stream.
+// resultPublished reports whether the run's result is already in the stream (kubeclip's, not
+// anything else stored on its subject: events.Published).
 func resultPublished(ctx context.Context, stream runStream, subjects events.Subjects, ref events.RunRef) (bool, error) {
-	subj, err := subjects.Run(ref.CompanyID, ref.RunID, events.KindResult)
-	if err != nil {
-		return true, nil //nolint:nilerr // a run whose ids cannot be subject tokens is never followed
+	if ref.Validate() != nil {
+		return true, nil // a run whose ids cannot be subject tokens is never followed
 	}
-	_, err = stream.GetLastMsgForSubject(ctx, subj)
-	switch {
-	case err == nil:
-		return true, nil
-	case errors.Is(err, jetstream.ErrMsgNotFound):
-		return false, nil
-	default:
-		return false, fmt.Errorf("reading the published result: %w", err)
-	}
+	return events.ResultPublished(ctx, stream, subjects, ref)
 }

@@ -1,0 +1,77 @@
+package events_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/kubeclip/kubeclip/internal/natstest"
+	"github.com/kubeclip/kubeclip/pkg/events"
+)
+
+// TestResultPublishedLooksPastForeignMessages: what JetStream stores on a run's result subject
+// for a client that named it as a reply (a publish ack, an API answer: no kubeclip header) is
+// not a result; kubeclip's result is found before and after such messages.
+func TestResultPublishedLooksPastForeignMessages(t *testing.T) {
+	_, nc, js := natstest.Start(t)
+	ctx := t.Context()
+	opts := events.Options{}
+	if err := events.EnsureStreams(ctx, js, opts); err != nil {
+		t.Fatal(err)
+	}
+	runs, err := js.Stream(ctx, "PAPERCLIP_RUNS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	subjects := events.Subjects{}
+	ref := events.Ref("victim", "r1")
+	subj, err := subjects.Run(ref.CompanyID, ref.RunID, events.KindResult)
+	if err != nil {
+		t.Fatal(err)
+	}
+	published := func() bool {
+		t.Helper()
+		ok, err := events.ResultPublished(ctx, runs, subjects, ref)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ok
+	}
+	if published() {
+		t.Fatal("a result before any was published")
+	}
+	// The deputy: a client publishes a lease request with the victim's result subject as its
+	// reply, and an API request likewise; JetStream stores its answers there.
+	if err := nc.PublishRequest("paperclip.lease.attacker.release", subj, []byte(`{}`)); err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.PublishRequest("$JS.API.INFO", subj, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		info, err := runs.Info(ctx, jetstream.WithSubjectFilter(subj))
+		if err == nil && info.State.Subjects[subj] == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("JetStream's answers were not stored on %s: %v", subj, err)
+		}
+	}
+	if published() {
+		t.Error("JetStream's answers on the result subject were taken for kubeclip's result")
+	}
+	pub, err := events.NewPublisher(events.PublisherOptions{JS: js})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pub.Publish(ctx, events.RunResultEvent{RunID: ref.RunID, CompanyID: ref.CompanyID, Outcome: events.OutcomeSucceeded}); err != nil {
+		t.Fatal(err)
+	}
+	if !published() {
+		t.Error("kubeclip's result behind foreign messages was not found")
+	}
+}
