@@ -139,6 +139,9 @@ const releaseMargin = 10 * time.Second
 // deletes a Job that failed before it finished (an image that cannot be pulled, an
 // unschedulable pod) so it stops holding the tenant's quota.
 func (d *Dispatcher) handleResult(ctx context.Context, m jetstream.Msg) error {
+	if !d.opts.Subjects.IsRunEvent(m.Subject(), m.Headers()) {
+		return nil // not kubeclip's result (events.IsRunEvent)
+	}
 	ev, err := d.opts.Subjects.DecodeRunEvent(m.Subject(), m.Data())
 	if err != nil {
 		return err

@@ -84,6 +84,9 @@ func Follow(ctx context.Context, js OrderedConsumerMaker, s Subjects, companyID,
 			}
 			return fmt.Errorf("following run %s: %w", runID, err)
 		}
+		if !s.IsRunEvent(m.Subject(), m.Headers()) {
+			continue // stored on a run subject by JetStream for someone's reply, not kubeclip's
+		}
 		r := Received{Subject: m.Subject()}
 		if meta, err := m.Metadata(); err == nil {
 			r.StreamSeq, r.Published, r.Pending = meta.Sequence.Stream, meta.Timestamp, meta.NumPending

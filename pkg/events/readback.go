@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -55,4 +56,11 @@ func ResultPublished(ctx context.Context, stream MsgGetter, subjects Subjects, r
 		return false, err
 	}
 	return Published(ctx, stream, subj, RunResultEvent{}.Type())
+}
+
+// IsRunEvent reports whether a message on a run subject is kubeclip's event: its ce-type is the
+// type of the subject's kind. Readers skip anything else (see above).
+func (s Subjects) IsRunEvent(subject string, h nats.Header) bool {
+	_, _, kind, err := s.ParseRunSubject(subject)
+	return err == nil && h.Get(HeaderType) == EncodeHeaderValue(runType(kind))
 }

@@ -74,4 +74,16 @@ func TestResultPublishedLooksPastForeignMessages(t *testing.T) {
 	if !published() {
 		t.Error("kubeclip's result behind foreign messages was not found")
 	}
+	// A follower of the run sees kubeclip's result only.
+	var seen []events.Received
+	err = events.Follow(ctx, js, subjects, ref.CompanyID, ref.RunID, events.FollowOptions{}, func(r events.Received) error {
+		seen = append(seen, r)
+		return events.ErrStopFollowing
+	})
+	if err != nil || len(seen) != 1 || seen[0].Err != nil {
+		t.Fatalf("following the run: %v, %+v", err, seen)
+	}
+	if _, ok := seen[0].Event.(events.RunResultEvent); !ok {
+		t.Errorf("the follower's first event is %T, want kubeclip's result", seen[0].Event)
+	}
 }
