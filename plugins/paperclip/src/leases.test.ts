@@ -1,5 +1,6 @@
 import assert from "node:assert/strict";
 import { after, before, describe, it } from "node:test";
+import { jetstreamManager } from "@nats-io/jetstream";
 import { KubeclipError, TimeoutError } from "./errors.js";
 import { Leases, rfc3339Nano } from "./leases.js";
 import { startEnv, type Env } from "../test/support/harness.js";
@@ -59,6 +60,24 @@ describe("leases", () => {
     } finally {
       env.kubeclip.onAcquire = () => ({ kind: "created" });
     }
+  });
+
+  it("takes no forged answer for a failed: JetStream's reply stored on the run subject is no event", async () => {
+    const r = runId();
+    // A client that names this run's failed subject as the reply of its own publish: JetStream
+    // stores its ack there, with no header.
+    const failed = `paperclip.run.${C}.${r}.failed`;
+    env.nc.publish("paperclip.lease.attacker.release", "{}", { reply: failed });
+    await env.nc.flush();
+    const jsm = await jetstreamManager(env.nc);
+    for (let i = 0; ; i++) {
+      const info = await jsm.streams.info("PAPERCLIP_RUNS", { subjects_filter: failed });
+      if ((info.state.subjects?.[failed] ?? 0) > 0) break;
+      assert.ok(i < 100, "JetStream's ack was not stored on the failed subject");
+      await new Promise((resolve) => setTimeout(resolve, 20));
+    }
+    const created = await leases.acquire({ runId: r, companyId: C, environmentId: "e", agentId: "a", config: {} }, opts);
+    assert.equal(created.providerLeaseId, `pc-${r.slice(0, 8)}`);
   });
 
   it("finds an answer published before it listened (history is delivered)", async () => {

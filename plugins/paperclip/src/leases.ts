@@ -142,6 +142,10 @@ export class Leases {
       await bounded(this.publish(companyId, runId, kind, payload, deadline), abort.signal);
       for await (const m of messages) {
         const k = m.subject.slice(m.subject.lastIndexOf(".") + 1);
+        // kubeclip's events carry their CloudEvents type. JetStream itself stores its answer to a
+        // publish or an API request on whatever reply subject the sender named, a run subject
+        // included, with no header: that is no event of this run (pkg/events readback.go).
+        if (m.headers?.get("ce-type") !== runEventType(k)) continue;
         opts.onEvent?.(k);
         let ev: JsonObject;
         try {
@@ -222,6 +226,11 @@ function decodeCreated(ev: JsonObject): CreatedEvent {
     phase: f.optStr("phase") ?? "",
     expiresAt: f.optStr("expiresAt") ?? null,
   };
+}
+
+/** The CloudEvents type of kubeclip's run events of kind k (pkg/events runType). */
+export function runEventType(k: string): string {
+  return `io.paperclip.run.${k}.v1`;
 }
 
 function decodeReleased(ev: JsonObject): ReleasedEvent {

@@ -3,7 +3,7 @@
 
 import { jetstream, jetstreamManager, type JetStreamClient } from "@nats-io/jetstream";
 import type { Msg, NatsConnection, Subscription } from "@nats-io/transport-node";
-import { nanos } from "@nats-io/transport-node";
+import { headers, nanos } from "@nats-io/transport-node";
 import { isObject, type JsonObject } from "../../src/json.js";
 
 export interface LeaseRequest {
@@ -93,8 +93,11 @@ export class FakeKubeclip {
   /** Publishes a run event as kubeclip would. */
   async publishRun(companyId: string, runId: string, kind: string, payload: JsonObject): Promise<void> {
     const body = { runId, companyId, at: new Date().toISOString(), ...payload };
+    const h = headers();
+    h.set("ce-type", `io.paperclip.run.${kind}.v1`);
     await this.js.publish(`${this.prefix}.run.${companyId}.${runId}.${kind}`, JSON.stringify(body), {
       msgID: `${companyId}.${runId}.${kind}.${++this.seq}`,
+      headers: h,
     });
   }
 
