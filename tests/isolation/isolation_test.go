@@ -462,30 +462,31 @@ func TestQuotaRefusalFailsTheRun(t *testing.T) {
 	first := env.Acquire(t, company, pt.NewID("agent"), sleeping())
 	created := pt.WaitKind[events.RunCreatedEvent](first, runTimeout)
 	t.Cleanup(func() { first.Release(created.ProviderLeaseID, true) })
-	// `created` says the Job exists; its pod comes a moment later. Until the quota counts it, the
-	// tightened quota below would have room for one pod, and the second run's could take it.
-	pt.Eventually(t, time.Minute, "the quota to count the first run's pod", func() bool {
-		q, err := cs.CoreV1().ResourceQuotas(created.Namespace).Get(ctx, policy.TenantResourceQuota, metav1.GetOptions{})
+	// `created` says the first run's Job exists; its pod comes a moment later. Wait until it runs,
+	// so that every cache of the quota controller has it.
+	pt.Eventually(t, time.Minute, "the first run's pod to run", func() bool {
+		pods, err := cs.CoreV1().Pods(created.Namespace).List(ctx, metav1.ListOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
-		used := q.Status.Used[corev1.ResourcePods]
-		return used.Value() == 1
+		return len(pods.Items) == 1 && pods.Items[0].Status.Phase == corev1.PodRunning
 	})
 	// The operator (or a tenant resync) tightens the quota to the pod already running.
 	patch := []byte(`{"spec":{"hard":{"pods":"1"}}}`)
 	if _, err := cs.CoreV1().ResourceQuotas(created.Namespace).Patch(ctx, policy.TenantResourceQuota, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	// Admission enforces the quota's status, which the quota controller brings to the new spec
-	// a moment later (seconds on a busy node): only then is the tighter quota in force.
-	pt.Eventually(t, time.Minute, "the quota controller to enforce pods: 1", func() bool {
+	// Admission enforces the quota's status, which the quota controller brings to the new spec a
+	// moment later (seconds on a busy node), recounting the namespace's pods from its own cache:
+	// only once that count has the first run's pod is the tighter quota in force. Before, the
+	// recount could miss a pod created a moment earlier, and the second run's pod took the place.
+	pt.Eventually(t, time.Minute, "the quota controller to enforce pods: 1 with the first run's pod counted", func() bool {
 		q, err := cs.CoreV1().ResourceQuotas(created.Namespace).Get(ctx, policy.TenantResourceQuota, metav1.GetOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
-		hard := q.Status.Hard[corev1.ResourcePods]
-		return hard.Value() == 1
+		hard, used := q.Status.Hard[corev1.ResourcePods], q.Status.Used[corev1.ResourcePods]
+		return hard.Value() == 1 && used.Value() == 1
 	})
 	second := env.Acquire(t, company, pt.NewID("agent"), pt.StubConfig(map[string]string{"STUB_LINES": "1"}))
 	start := time.Now()
