@@ -384,6 +384,13 @@ func DeleteRun(ctx context.Context, cs kubernetes.Interface, namespace, jobName 
 	if err := waitJobGone(ctx, jobs, jobName); err != nil {
 		return fmt.Errorf("waiting for Job %s/%s to go: %w", namespace, jobName, err)
 	}
+	// A pod the Job controller created just before it saw the deletion (after the list above)
+	// may outlive its Job: the garbage collector can finish the Job's foreground deletion
+	// before its graph holds that pod, and collects it as a dangling dependent only later.
+	// The Job is gone now, so no pod can follow this second pass.
+	if err := deletePodsAndWait(ctx, cs, namespace, metav1.ListOptions{LabelSelector: sel}, opts.PodGracePeriod); err != nil {
+		return fmt.Errorf("deleting pods of Job %s/%s: %w", namespace, jobName, err)
+	}
 	return nil
 }
 
