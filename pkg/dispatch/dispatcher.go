@@ -1,5 +1,5 @@
 // Package dispatch is the dispatcher: it turns dispatch requests into a run's workload (a Job,
-// or an agent-sandbox Sandbox) and its per-run Secret, keeps one active run per agent, and
+// a Pod or an agent-sandbox Sandbox: pkg/workload) and its per-run Secret, keeps one active run per agent, and
 // carries out release and destroy requests.
 package dispatch
 
@@ -18,8 +18,6 @@ import (
 	"github.com/rs/zerolog"
 	"golang.org/x/sync/errgroup"
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
@@ -29,6 +27,7 @@ import (
 	"github.com/kubeclip/kubeclip/pkg/k8s"
 	"github.com/kubeclip/kubeclip/pkg/lease"
 	"github.com/kubeclip/kubeclip/pkg/policy"
+	"github.com/kubeclip/kubeclip/pkg/workload"
 )
 
 // Defaults of Options.
@@ -178,6 +177,7 @@ type Dispatcher struct {
 	agents    agentGuard
 	runs      jetstream.Stream
 	parked    jetstream.Stream
+	workloads workload.Deps
 
 	secretMu      sync.Mutex
 	secretValues  map[string]string
@@ -196,7 +196,11 @@ func New(opts Options) (*Dispatcher, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Dispatcher{opts: opts, log: opts.Logger, publisher: pub, ready: make(chan struct{})}, nil
+	return &Dispatcher{
+		opts: opts, log: opts.Logger, publisher: pub,
+		workloads: workload.Deps{Clientset: opts.Clientset, Dynamic: opts.Dynamic},
+		ready:     make(chan struct{}),
+	}, nil
 }
 
 // Ready is closed once the dispatcher consumes its three streams.
@@ -339,7 +343,7 @@ func (d *Dispatcher) handleDispatch(ctx context.Context, m jetstream.Msg) error 
 	if err != nil {
 		return err
 	}
-	created, adopt, err := d.create(ctx, log, plan, rec)
+	created, run, err := d.create(ctx, log, plan, rec)
 	if err != nil {
 		return err
 	}
@@ -356,7 +360,7 @@ func (d *Dispatcher) handleDispatch(ctx context.Context, m jetstream.Msg) error 
 	// The Secret's owner is set after `created` goes out: the pod starts without it, and
 	// Paperclip hears one API round trip sooner. A failure is retried through the whole
 	// (idempotent) handler.
-	if err := adopt(ctx); err != nil {
+	if err := run.AdoptSecret(ctx); err != nil {
 		return err
 	}
 	log.Info().Str(events.LogKeyNamespace, created.Namespace).Str("workload", created.WorkloadName).Msg("run created")
@@ -410,76 +414,60 @@ func (d *Dispatcher) freeAgent(ctx context.Context, log zerolog.Logger, companyI
 }
 
 // create makes the run's workload and Secret under the name its lease record fixed,
-// idempotently, and returns the created event and the Secret adoption to do once it is
-// published.
-func (d *Dispatcher) create(ctx context.Context, log zerolog.Logger, plan lease.Plan, rec lease.Record) (events.RunCreatedEvent, func(context.Context) error, error) {
+// idempotently, and returns the created event and the workload, whose Secret adoption is done
+// once the event is published.
+func (d *Dispatcher) create(ctx context.Context, log zerolog.Logger, plan lease.Plan, rec lease.Record) (events.RunCreatedEvent, workload.Created, error) {
 	req := plan.Request
 	spec := plan.RunSpec(rec.WorkloadName)
 	spec.SandboxdImage, spec.ExpiresAt = d.opts.SandboxdImage, rec.ExpiresAt
-	backend := policy.Backend(rec.Backend)
-	if backend.ExecCapable() && d.opts.SandboxKey == nil {
-		return events.RunCreatedEvent{}, nil, events.Terminalf(events.CodeBackendUnavailable, "config.backend",
-			"backend %q needs this kubeclip installation's sandbox key, which its operator has not set up; use backend %q", backend, policy.BackendJob)
+	w, err := d.workload(rec)
+	if err != nil {
+		return events.RunCreatedEvent{}, workload.Created{}, err
+	}
+	if w.Backend().ExecCapable() && d.opts.SandboxKey == nil {
+		return events.RunCreatedEvent{}, workload.Created{}, events.Terminalf(events.CodeBackendUnavailable, "config.backend",
+			"backend %q needs this kubeclip installation's sandbox key, which its operator has not set up; use backend %q", w.Backend(), policy.BackendJob)
 	}
 	secret, err := d.renderSecret(ctx, plan, spec)
 	if err != nil {
-		return events.RunCreatedEvent{}, nil, err
+		return events.RunCreatedEvent{}, workload.Created{}, err
 	}
 	spec.SecretEnvKeys = policy.SecretEnvKeys(secret)
 
-	var run k8s.CreatedRun
-	var ownerAPIVersion, ownerKind string
-	switch backend {
-	case policy.BackendJob:
-		ownerAPIVersion, ownerKind = "batch/v1", "Job"
-		run, err = k8s.StartJobRun(ctx, d.opts.Clientset, secret, policy.RenderJob(spec))
-	case policy.BackendPod:
-		ownerAPIVersion, ownerKind = "v1", "Pod"
-		run, err = k8s.StartPodRun(ctx, d.opts.Clientset, secret, policy.RenderPod(spec))
-	default:
-		version, verr := d.sandboxVersion()
-		if verr != nil {
-			return events.RunCreatedEvent{}, nil, verr
-		}
-		sandbox := policy.RenderSandbox(spec, version)
-		ownerAPIVersion, ownerKind = sandbox.GetAPIVersion(), sandbox.GetKind()
-		run, err = k8s.CreateWorkloadRun(ctx, d.opts.Clientset, d.opts.Dynamic, policy.SandboxGVR(version), secret, sandbox)
-	}
+	run, err := w.Create(ctx, spec, secret)
 	if err != nil {
-		return events.RunCreatedEvent{}, nil, k8s.Meaning(k8s.OpCreate, err)
+		return events.RunCreatedEvent{}, workload.Created{}, k8s.Meaning(k8s.OpCreate, err)
 	}
 
 	if !plan.Grant.Empty() {
-		owner := policy.OwnerReference(ownerAPIVersion, ownerKind, rec.WorkloadName, run.JobUID)
-		obj, err := policy.RenderScopedEgress(spec, plan.Grant, owner)
+		obj, err := policy.RenderScopedEgress(spec, plan.Grant, run.Owner)
 		if err != nil {
-			return events.RunCreatedEvent{}, nil, events.Terminal(events.CodeInternal, "executionWorkspaceSettings.networkEgress", err)
+			return events.RunCreatedEvent{}, workload.Created{}, events.Terminal(events.CodeInternal, "executionWorkspaceSettings.networkEgress", err)
 		}
 		if err := d.opts.Applier.Apply(ctx, obj); err != nil {
-			return events.RunCreatedEvent{}, nil, k8s.Meaning(k8s.OpCreate, err)
+			return events.RunCreatedEvent{}, workload.Created{}, k8s.Meaning(k8s.OpCreate, err)
 		}
 	}
 
 	if run.Existed {
 		log.Info().Msg("workload already existed; republishing created")
 	}
-	adopt := func(ctx context.Context) error {
-		if backend == policy.BackendSandboxCR {
-			return nil // CreateWorkloadRun adopted it
-		}
-		return run.AdoptSecret(ctx, d.opts.Clientset)
-	}
 	return events.RunCreatedEvent{
 		RunID: req.RunID, CompanyID: req.CompanyID,
 		ProviderLeaseID: rec.WorkloadName, Namespace: rec.Namespace,
 		WorkloadName: rec.WorkloadName, SecretName: rec.SecretName, Backend: rec.Backend,
 		Phase: events.PhasePending, ExpiresAt: rec.ExpiresAt,
-	}, adopt, nil
+	}, run, nil
+}
+
+// workload is the lease's workload: its backend, chosen by workload.For.
+func (d *Dispatcher) workload(rec lease.Record) (workload.Workload, error) {
+	return workload.For(policy.Backend(rec.Backend), d.workloads)
 }
 
 // renderSecret renders the run's Secret: bootstrap token, adapter API keys from the dispatcher's
 // own environment or its adapter Secret, the adapter's default env and the egress grant env.
-// The owner reference is set by CreatedRun.AdoptSecret once the workload has a UID.
+// The owner reference is set by workload.Created.AdoptSecret once the workload has a UID.
 func (d *Dispatcher) renderSecret(ctx context.Context, plan lease.Plan, spec policy.RunSpec) (*corev1.Secret, error) {
 	lookup, err := d.adapterKeys(ctx)
 	if err != nil {
@@ -515,22 +503,12 @@ func (d *Dispatcher) adapterKeys(ctx context.Context) (func(string) (string, boo
 	d.secretMu.Lock()
 	defer d.secretMu.Unlock()
 	if d.secretValues == nil || d.opts.Now().Sub(d.secretFetched) > adapterSecretTTL {
-		ref := d.opts.AdapterSecret
-		s, err := d.opts.Clientset.CoreV1().Secrets(ref.Namespace).Get(ctx, ref.Name, metav1.GetOptions{})
-		switch {
-		case apierrors.IsNotFound(err):
-			// Optional: a missing Secret means no keys from it, not a stuck dispatcher.
-			d.secretValues = map[string]string{}
-		case err != nil:
-			return nil, fmt.Errorf("reading adapter Secret %s: %w", ref, err)
-		default:
-			values := make(map[string]string, len(s.Data))
-			for k, v := range s.Data {
-				values[k] = string(v)
-			}
-			d.secretValues = values
+		// Optional: a missing Secret means no keys from it, not a stuck dispatcher.
+		values, err := k8s.SecretValues(ctx, d.opts.Clientset, d.opts.AdapterSecret)
+		if err != nil {
+			return nil, err
 		}
-		d.secretFetched = d.opts.Now()
+		d.secretValues, d.secretFetched = values, d.opts.Now()
 	}
 	values := d.secretValues
 	return func(k string) (string, bool) {
@@ -584,27 +562,6 @@ func (d *Dispatcher) reportDispatchFailure(ctx context.Context, m jetstream.Msg,
 	}
 	d.freeAgent(ctx, log, ref.CompanyID, rec.AgentID, ref.RunID)
 	return events.PublishFailure(ctx, d.publisher, d.log, m, te)
-}
-
-// sandboxVersion is the agent-sandbox API version this cluster serves: v1beta1, or v1alpha1
-// where only that is served (agent-sandbox before v0.5; 1.0 removed v1alpha1). A cluster that
-// serves neither (the agent-sandbox controller is not installed) fails the run with
-// backend_unavailable, naming kubeclip's own exec-capable backend. Discovery is cached by
-// client-go per process; a NotFound from the create itself would not say whether the namespace
-// or the resource type is missing.
-func (d *Dispatcher) sandboxVersion() (string, error) {
-	for _, version := range []string{policy.SandboxAPIVersionV1beta1, policy.SandboxAPIVersionV1alpha1} {
-		_, err := d.opts.Clientset.Discovery().ServerResourcesForGroupVersion(version)
-		switch {
-		case err == nil:
-			return version, nil
-		case !apierrors.IsNotFound(err):
-			return "", k8s.Meaning(k8s.OpRead, fmt.Errorf("discovering %s: %w", version, err))
-		}
-	}
-	return "", events.Terminalf(events.CodeBackendUnavailable, "config.backend",
-		"backend %q needs the agent-sandbox controller (agents.x-k8s.io), which this cluster does not serve; install it or set backend to %q (kubeclip's own exec-capable pod)",
-		policy.BackendSandboxCR, policy.BackendPod)
 }
 
 // queuedAt is when the acquire first reached the work queue: the header a parked dispatch

@@ -6,23 +6,24 @@ import (
 	"fmt"
 	"time"
 
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kubeclip/kubeclip/pkg/events"
 	"github.com/kubeclip/kubeclip/pkg/lease"
 	"github.com/kubeclip/kubeclip/pkg/policy"
+	"github.com/kubeclip/kubeclip/pkg/workload"
 )
 
-// OrphanPolicy says what happens to a Job labelled as kubeclip's that has no lease at all: the
-// lease bucket was lost, someone created it by hand, or another kubeclip installation (with its
-// own NATS) shares the cluster. A Job whose lease was released or destroyed (a release that
-// failed half-way) is certainly this installation's and is always deleted.
+// OrphanPolicy says what happens to a workload (a Job, a bare Pod, a Sandbox) labelled as
+// kubeclip's that has no lease at all: the lease bucket was lost, someone created it by hand,
+// or another kubeclip installation (with its own NATS) shares the cluster. A workload whose
+// lease was released or destroyed (a release that failed half-way) is certainly this
+// installation's and is always deleted.
 type OrphanPolicy string
 
 // Orphan policies.
 const (
-	// OrphanDelete deletes the orphan's Job (and so its pod and Secret) and logs it.
+	// OrphanDelete deletes the orphaned workload (and so its pod and Secret) and logs it.
 	OrphanDelete OrphanPolicy = "delete"
 	// OrphanReport only logs it, every reconcile pass, for an operator to decide. The default:
 	// deleting another installation's runs would be far worse than leaving a stray one.
@@ -54,46 +55,29 @@ func (d *Dispatcher) reconcileLoop(ctx context.Context) {
 	}
 }
 
-// reconcile finds the workloads kubeclip manages (Jobs, and the bare Pods of backend pod) that
-// have no live lease and applies the orphan policy to them.
+// reconcile finds the workloads kubeclip manages, of every backend (Jobs, bare Pods,
+// Sandboxes), that have no live lease and applies the orphan policy to them. A backend whose
+// list fails does not keep the others from their pass.
 func (d *Dispatcher) reconcile(ctx context.Context) error {
-	jobs, err := d.opts.Clientset.BatchV1().Jobs(metav1.NamespaceAll).List(ctx, metav1.ListOptions{LabelSelector: policy.ManagedBySelector})
-	if err != nil {
-		return fmt.Errorf("listing Jobs: %w", err)
-	}
-	prop := metav1.DeletePropagationBackground
-	for i := range jobs.Items {
-		job := &jobs.Items[i]
-		err := d.reconcileWorkload(ctx, job, "Job", func(opts metav1.DeleteOptions) error {
-			opts.PropagationPolicy = &prop
-			return d.opts.Clientset.BatchV1().Jobs(job.Namespace).Delete(ctx, job.Name, opts)
-		})
+	var errs []error
+	for _, w := range workload.All(d.workloads) {
+		objs, err := w.List(ctx)
 		if err != nil {
-			return err
+			errs = append(errs, err)
+			continue
+		}
+		for _, obj := range objs {
+			if err := d.reconcileWorkload(ctx, w, obj); err != nil {
+				return err
+			}
 		}
 	}
-	pods, err := d.opts.Clientset.CoreV1().Pods(metav1.NamespaceAll).List(ctx, metav1.ListOptions{LabelSelector: policy.ManagedBySelector})
-	if err != nil {
-		return fmt.Errorf("listing Pods: %w", err)
-	}
-	for i := range pods.Items {
-		pod := &pods.Items[i]
-		if metav1.GetControllerOf(pod) != nil {
-			continue // a Job's or a Sandbox's: they are reconciled through their owner
-		}
-		err := d.reconcileWorkload(ctx, pod, "Pod", func(opts metav1.DeleteOptions) error {
-			return d.opts.Clientset.CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, opts)
-		})
-		if err != nil {
-			return err
-		}
-	}
-	return nil
+	return errors.Join(errs...)
 }
 
 // reconcileWorkload applies the orphan policy to one workload whose lease is gone, ended or
-// failed, or names another workload; del deletes it (only the incarnation that was looked at).
-func (d *Dispatcher) reconcileWorkload(ctx context.Context, obj metav1.Object, kind string, del func(metav1.DeleteOptions) error) error {
+// failed, or names another workload; only the incarnation that was looked at is deleted.
+func (d *Dispatcher) reconcileWorkload(ctx context.Context, w workload.Workload, obj metav1.Object) error {
 	if obj.GetDeletionTimestamp() != nil || d.opts.Now().Sub(obj.GetCreationTimestamp().Time) < orphanGrace {
 		return nil
 	}
@@ -113,16 +97,14 @@ func (d *Dispatcher) reconcileWorkload(ctx context.Context, obj metav1.Object, k
 	default:
 		return nil
 	}
-	log := d.log.With().Str(events.LogKeyRunID, runID).Str(events.LogKeyNamespace, obj.GetNamespace()).Str("workload", obj.GetName()).Str("kind", kind).Logger()
+	log := d.log.With().Str(events.LogKeyRunID, runID).Str(events.LogKeyNamespace, obj.GetNamespace()).Str("workload", obj.GetName()).Str("kind", w.Kind()).Logger()
 	if action == OrphanReport {
 		log.Warn().Str("why", why).Msg("reconcile: orphaned workload left running (orphan policy report)")
 		return nil
 	}
-	uid := obj.GetUID()
 	// Only the workload looked at: not a new one that took its name meanwhile.
-	err = del(metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}})
-	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
-		return fmt.Errorf("deleting orphaned %s %s/%s: %w", kind, obj.GetNamespace(), obj.GetName(), err)
+	if err := w.Discard(ctx, obj.GetNamespace(), obj.GetName(), obj.GetUID()); err != nil {
+		return fmt.Errorf("deleting orphaned workload: %w", err)
 	}
 	log.Warn().Str("why", why).Msg("reconcile: deleted orphaned workload")
 	return nil

@@ -8,12 +8,10 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kubeclip/kubeclip/pkg/events"
 	"github.com/kubeclip/kubeclip/pkg/k8s"
 	"github.com/kubeclip/kubeclip/pkg/lease"
-	"github.com/kubeclip/kubeclip/pkg/policy"
 )
 
 // handleRelease carries out a release or destroy: it deletes the workload, waits until its pod
@@ -100,29 +98,18 @@ func (d *Dispatcher) publishReleased(ctx context.Context, log zerolog.Logger, re
 // refuses new ones on SIGTERM and waits for the rest), or a second when the release cancels
 // active work; a Job's agent gets DefaultPodGracePeriod to flush its last lines.
 func (d *Dispatcher) deleteRun(ctx context.Context, rec lease.Record, withSecret bool) error {
+	w, err := d.workload(rec)
+	if err != nil {
+		return err
+	}
 	opts := k8s.RunDeleteOptions{}
-	backend := policy.Backend(rec.Backend)
-	if backend.ExecCapable() {
+	if w.Backend().ExecCapable() {
 		opts.PodGracePeriod = d.opts.ReleaseTimeout - releaseMargin
 		if rec.CancelActiveWork {
 			opts.PodGracePeriod = time.Second
 		}
 	}
-	var err error
-	switch backend {
-	case policy.BackendJob:
-		err = k8s.DeleteRun(ctx, d.opts.Clientset, rec.Namespace, rec.WorkloadName, opts)
-	case policy.BackendPod:
-		err = k8s.DeletePodRun(ctx, d.opts.Clientset, rec.Namespace, rec.WorkloadName, opts)
-	default:
-		version, verr := d.sandboxVersion()
-		if verr != nil {
-			return verr
-		}
-		pods := metav1.ListOptions{FieldSelector: "metadata.name=" + rec.WorkloadName}
-		err = k8s.DeleteWorkloadRun(ctx, d.opts.Clientset, d.opts.Dynamic, policy.SandboxGVR(version), rec.Namespace, rec.WorkloadName, pods, opts)
-	}
-	if err != nil {
+	if err := w.Delete(ctx, rec.Namespace, rec.WorkloadName, opts); err != nil {
 		return k8s.Meaning(k8s.OpDelete, err)
 	}
 	if withSecret {
@@ -136,7 +123,7 @@ func (d *Dispatcher) deleteRun(ctx context.Context, rec lease.Record, withSecret
 const releaseMargin = 10 * time.Second
 
 // handleResult frees the agent of a run that ended, so the agent's next acquire starts, and
-// deletes a Job that failed before it finished (an image that cannot be pulled, an
+// deletes a workload that failed before it finished (an image that cannot be pulled, an
 // unschedulable pod) so it stops holding the tenant's quota.
 func (d *Dispatcher) handleResult(ctx context.Context, m jetstream.Msg) error {
 	if !d.opts.Subjects.IsRunEvent(m.Subject(), m.Headers()) {
@@ -159,19 +146,15 @@ func (d *Dispatcher) handleResult(ctx context.Context, m jetstream.Msg) error {
 	if err != nil {
 		return err
 	}
-	if res.Outcome == events.OutcomeFailed && res.ExitCode == nil {
+	if res.Outcome == events.OutcomeFailed && res.ExitCode == nil && rec.WorkloadName != "" {
 		// The agent never ran to an exit (an image that cannot be pulled, a quota refusal): its
-		// Job or Pod is still there and would hold the tenant's quota until the deadline.
-		prop := metav1.DeletePropagationBackground
-		var err error
-		switch policy.Backend(rec.Backend) {
-		case policy.BackendJob:
-			err = d.opts.Clientset.BatchV1().Jobs(rec.Namespace).Delete(ctx, rec.WorkloadName, metav1.DeleteOptions{PropagationPolicy: &prop})
-		case policy.BackendPod:
-			err = d.opts.Clientset.CoreV1().Pods(rec.Namespace).Delete(ctx, rec.WorkloadName, metav1.DeleteOptions{})
-		}
-		if err := k8s.Meaning(k8s.OpDelete, err); err != nil {
+		// workload is still there and would hold the tenant's quota until the deadline.
+		w, err := d.workload(rec)
+		if err != nil {
 			return err
+		}
+		if err := w.Discard(ctx, rec.Namespace, rec.WorkloadName, ""); err != nil {
+			return k8s.Meaning(k8s.OpDelete, err)
 		}
 	}
 	d.freeAgent(ctx, log, res.CompanyID, rec.AgentID, res.RunID)

@@ -1,0 +1,60 @@
+package workload
+
+import (
+	"context"
+	"fmt"
+
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/kubeclip/kubeclip/pkg/k8s"
+	"github.com/kubeclip/kubeclip/pkg/policy"
+)
+
+// jobWorkload is backend job: a batch/v1 Job whose controller makes the agent's pod, runs it
+// once and ends the run with its conditions.
+type jobWorkload struct{ d Deps }
+
+var _ Workload = jobWorkload{}
+
+func (jobWorkload) Backend() policy.Backend { return policy.BackendJob }
+func (jobWorkload) Kind() string            { return "Job" }
+
+func (w jobWorkload) Create(ctx context.Context, spec policy.RunSpec, secret *corev1.Secret) (Created, error) {
+	run, err := k8s.StartJobRun(ctx, w.d.Clientset, secret, policy.RenderJob(spec))
+	if err != nil {
+		return Created{}, err
+	}
+	return created(run, w.d.Clientset, "batch/v1", "Job", spec.WorkloadName), nil
+}
+
+// Observe: the Job the lease names, and its newest pod (the Job controller names pods itself;
+// with no retries there is one, but a pod being replaced may linger).
+func (jobWorkload) Observe(name string, jobs []*batchv1.Job, pods []*corev1.Pod) (*batchv1.Job, *corev1.Pod) {
+	return named(jobs, name), newest(pods)
+}
+
+// Delete deletes in the foreground and waits for the Job itself (k8s.DeleteRun): the Job
+// controller creates no pod for a Job so marked, so no pod outlives `released`.
+func (w jobWorkload) Delete(ctx context.Context, namespace, name string, opts k8s.RunDeleteOptions) error {
+	return k8s.DeleteRun(ctx, w.d.Clientset, namespace, name, opts)
+}
+
+func (w jobWorkload) Discard(ctx context.Context, namespace, name string, uid types.UID) error {
+	err := w.d.Clientset.BatchV1().Jobs(namespace).Delete(ctx, name, discardOptions(uid))
+	return discarded(err, uid, "Job", namespace, name)
+}
+
+func (w jobWorkload) List(ctx context.Context) ([]metav1.Object, error) {
+	list, err := w.d.Clientset.BatchV1().Jobs(metav1.NamespaceAll).List(ctx, managed)
+	if err != nil {
+		return nil, fmt.Errorf("listing Jobs: %w", err)
+	}
+	objs := make([]metav1.Object, len(list.Items))
+	for i := range list.Items {
+		objs[i] = &list.Items[i]
+	}
+	return objs, nil
+}

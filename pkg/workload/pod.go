@@ -1,0 +1,60 @@
+package workload
+
+import (
+	"context"
+	"fmt"
+
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/kubeclip/kubeclip/pkg/k8s"
+	"github.com/kubeclip/kubeclip/pkg/policy"
+)
+
+// podWorkload is backend pod: kubeclip's own exec-capable lease, a bare Pod named after the
+// workload whose main process is sandboxd. Nothing owns it: the lease record does.
+type podWorkload struct{ d Deps }
+
+var _ Workload = podWorkload{}
+
+func (podWorkload) Backend() policy.Backend { return policy.BackendPod }
+func (podWorkload) Kind() string            { return "Pod" }
+
+func (w podWorkload) Create(ctx context.Context, spec policy.RunSpec, secret *corev1.Secret) (Created, error) {
+	run, err := k8s.StartPodRun(ctx, w.d.Clientset, secret, policy.RenderPod(spec))
+	if err != nil {
+		return Created{}, err
+	}
+	return created(run, w.d.Clientset, "v1", "Pod", spec.WorkloadName), nil
+}
+
+// Observe: the pod is the workload; there is no Job.
+func (podWorkload) Observe(name string, _ []*batchv1.Job, pods []*corev1.Pod) (*batchv1.Job, *corev1.Pod) {
+	return nil, named(pods, name)
+}
+
+func (w podWorkload) Delete(ctx context.Context, namespace, name string, opts k8s.RunDeleteOptions) error {
+	return k8s.DeletePodRun(ctx, w.d.Clientset, namespace, name, opts)
+}
+
+func (w podWorkload) Discard(ctx context.Context, namespace, name string, uid types.UID) error {
+	err := w.d.Clientset.CoreV1().Pods(namespace).Delete(ctx, name, discardOptions(uid))
+	return discarded(err, uid, "Pod", namespace, name)
+}
+
+// List returns the bare pods only: a Job's or a Sandbox's pod is its owner's, listed with it.
+func (w podWorkload) List(ctx context.Context) ([]metav1.Object, error) {
+	list, err := w.d.Clientset.CoreV1().Pods(metav1.NamespaceAll).List(ctx, managed)
+	if err != nil {
+		return nil, fmt.Errorf("listing Pods: %w", err)
+	}
+	var objs []metav1.Object
+	for i := range list.Items {
+		if metav1.GetControllerOf(&list.Items[i]) == nil {
+			objs = append(objs, &list.Items[i])
+		}
+	}
+	return objs, nil
+}

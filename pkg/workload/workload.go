@@ -1,0 +1,163 @@
+// Package workload is a run's workload in the cluster, one implementation per backend: a Job
+// (backend job), kubeclip's own bare Pod (pod) and agent-sandbox's Sandbox (sandbox-cr). Each
+// says how its workload is created, which of the objects the run-watcher sees are the run's,
+// how it is deleted, and how the ones kubeclip manages are found again. For chooses the
+// implementation from a lease's backend, once; no other code switches on the backend.
+//
+// The shape is kueue's jobframework.GenericJob: one small interface every kind of workload
+// implements, so the dispatcher, its reconcile pass and the run-watcher treat a Sandbox exactly
+// as they treat a Job. Suspend and resume (a reusable lease's pod deleted, its volume kept) join
+// the interface the same way, one method each.
+//
+// What a Kubernetes error means is not decided here: errors keep the API server's status
+// (wrapped with %w) for k8s.Meaning, except the one answer only a backend can give (the
+// cluster does not serve the Sandbox API), which is already a terminal backend_unavailable.
+package workload
+
+import (
+	"context"
+	"fmt"
+	"slices"
+
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/kubeclip/kubeclip/pkg/events"
+	"github.com/kubeclip/kubeclip/pkg/k8s"
+	"github.com/kubeclip/kubeclip/pkg/policy"
+)
+
+// Workload is one backend's run workload.
+type Workload interface {
+	// Backend is the backend it implements.
+	Backend() policy.Backend
+	// Kind is the workload's Kubernetes kind, for logs: Job, Pod, Sandbox.
+	Kind() string
+
+	// Create creates the run's Secret and workload under spec's names, idempotently (a
+	// redelivered dispatch finds them and reports Existed); see k8s.StartJobRun for the order
+	// and what a failure leaves behind. The Secret is owned by the workload once
+	// Created.AdoptSecret returned.
+	Create(ctx context.Context, spec policy.RunSpec, secret *corev1.Secret) (Created, error)
+
+	// Observe picks the run's workload out of what the run-watcher's informers hold of the run
+	// in its namespace (every Job and pod labelled with it): the Job (nil for a backend without
+	// one) and the pod whose containers are the run's (nil before it exists).
+	Observe(name string, jobs []*batchv1.Job, pods []*corev1.Pod) (*batchv1.Job, *corev1.Pod)
+
+	// Delete deletes the run's workload and returns once its pods are gone (their containers
+	// stopped), with opts' grace period; a workload already gone is success.
+	Delete(ctx context.Context, namespace, name string, opts k8s.RunDeleteOptions) error
+	// Discard starts deleting the workload (and with it its pods) and does not wait. uid, when
+	// set, limits it to that incarnation; gone already, or replaced by another incarnation,
+	// is success.
+	Discard(ctx context.Context, namespace, name string, uid types.UID) error
+	// List returns every workload of this backend kubeclip manages, in every namespace (the
+	// dispatcher's reconcile pass); none where the cluster does not serve its API.
+	List(ctx context.Context) ([]metav1.Object, error)
+}
+
+// Deps is what the backends reach the cluster with.
+type Deps struct {
+	// Clientset reaches Jobs, pods and Secrets, and discovers the Sandbox API.
+	Clientset kubernetes.Interface
+	// Dynamic reaches Sandboxes; a process that never creates, deletes or lists them (the
+	// run-watcher only observes) may leave it nil.
+	Dynamic dynamic.Interface
+}
+
+// All is every backend's workload, in the order the reconcile pass visits them.
+func All(d Deps) []Workload {
+	return []Workload{jobWorkload{d}, podWorkload{d}, sandboxWorkload{d}}
+}
+
+// For is the workload of backend: the one place a backend is chosen. A backend no
+// implementation knows (a lease record written by something else) is a terminal internal error.
+func For(backend policy.Backend, d Deps) (Workload, error) {
+	for _, w := range All(d) {
+		if w.Backend() == backend {
+			return w, nil
+		}
+	}
+	return nil, events.Terminalf(events.CodeInternal, "backend", "the lease's backend %q has no workload", backend)
+}
+
+// Created is a run whose workload was created (or found, Existed).
+type Created struct {
+	// Owner references the workload; what belongs to the run (its scoped egress policy) is
+	// owned by it and goes with it.
+	Owner metav1.OwnerReference
+	// Existed is true when the workload was already there for this run.
+	Existed bool
+
+	run     k8s.CreatedRun
+	cs      kubernetes.Interface
+	adopted bool // Create adopted the Secret already
+}
+
+// AdoptSecret makes the workload the owner of the run's Secret (k8s.CreatedRun.AdoptSecret);
+// it is idempotent. The dispatcher calls it once `created` is out: the pod starts without it.
+func (c Created) AdoptSecret(ctx context.Context) error {
+	if c.adopted {
+		return nil
+	}
+	return c.run.AdoptSecret(ctx, c.cs)
+}
+
+func created(run k8s.CreatedRun, cs kubernetes.Interface, apiVersion, kind, name string) Created {
+	return Created{
+		Owner:   policy.OwnerReference(apiVersion, kind, name, run.JobUID),
+		Existed: run.Existed,
+		run:     run,
+		cs:      cs,
+	}
+}
+
+// discardOptions deletes in the background: the workload goes at once, the garbage collector
+// deletes its pods, and nothing waits for it.
+func discardOptions(uid types.UID) metav1.DeleteOptions {
+	prop := metav1.DeletePropagationBackground
+	opts := metav1.DeleteOptions{PropagationPolicy: &prop}
+	if uid != "" {
+		opts.Preconditions = &metav1.Preconditions{UID: &uid}
+	}
+	return opts
+}
+
+// discarded is the outcome of a Discard's delete: gone already, or another incarnation under
+// the name (the UID precondition failed), is success.
+func discarded(err error, uid types.UID, kind, namespace, name string) error {
+	if k8s.Meaning(k8s.OpDelete, err) == nil || (uid != "" && apierrors.IsConflict(err)) {
+		return nil
+	}
+	return fmt.Errorf("deleting %s %s/%s: %w", kind, namespace, name, err)
+}
+
+// newest is the pod created last.
+func newest(pods []*corev1.Pod) *corev1.Pod {
+	if len(pods) == 0 {
+		return nil
+	}
+	return slices.MaxFunc(pods, func(a, b *corev1.Pod) int {
+		return a.CreationTimestamp.Compare(b.CreationTimestamp.Time)
+	})
+}
+
+// named is the object called name, or nil.
+func named[T metav1.Object](objs []T, name string) T {
+	for _, o := range objs {
+		if o.GetName() == name {
+			return o
+		}
+	}
+	var none T
+	return none
+}
+
+// managed lists what kubeclip labelled as its own.
+var managed = metav1.ListOptions{LabelSelector: policy.ManagedBySelector}

@@ -1,0 +1,101 @@
+package workload
+
+import (
+	"testing"
+	"time"
+
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/kubeclip/kubeclip/pkg/events"
+	"github.com/kubeclip/kubeclip/pkg/policy"
+)
+
+// TestForChoosesEveryBackendOnce: every backend the config accepts has exactly one workload,
+// and a backend none knows is a terminal internal error, not a guess.
+func TestForChoosesEveryBackendOnce(t *testing.T) {
+	tests := []struct {
+		backend  policy.Backend
+		wantKind string
+	}{
+		{policy.BackendJob, "Job"},
+		{policy.BackendPod, "Pod"},
+		{policy.BackendSandboxCR, "Sandbox"},
+	}
+	for _, tc := range tests {
+		t.Run(string(tc.backend), func(t *testing.T) {
+			w, err := For(tc.backend, Deps{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if w.Backend() != tc.backend || w.Kind() != tc.wantKind {
+				t.Errorf("For(%s) = %s %s, want %s %s", tc.backend, w.Backend(), w.Kind(), tc.backend, tc.wantKind)
+			}
+		})
+	}
+	seen := map[policy.Backend]int{}
+	for _, w := range All(Deps{}) {
+		seen[w.Backend()]++
+	}
+	if len(seen) != len(tests) || len(All(Deps{})) != len(tests) {
+		t.Errorf("All has backends %v, want each of %d once", seen, len(tests))
+	}
+
+	for _, b := range []policy.Backend{"", "deployment"} {
+		_, err := For(b, Deps{})
+		if te, ok := events.AsTerminal(err); !ok || te.Code != events.CodeInternal {
+			t.Errorf("For(%q) = %v, want a terminal internal error", b, err)
+		}
+	}
+}
+
+// TestObservePicksTheRunsObjects: what the run-watcher's informers hold of a run, and which of
+// it each backend's verdict reads.
+func TestObservePicksTheRunsObjects(t *testing.T) {
+	at := func(sec int) metav1.Time { return metav1.NewTime(time.Unix(int64(1700000000+sec), 0)) }
+	job := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: "pc-run"}}
+	otherJob := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: "pc-other"}}
+	named := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "pc-run", CreationTimestamp: at(1)}}
+	older := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "pc-run-abcde", CreationTimestamp: at(0)}}
+	newer := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "pc-run-fghij", CreationTimestamp: at(2)}}
+
+	tests := []struct {
+		name    string
+		backend policy.Backend
+		jobs    []*batchv1.Job
+		pods    []*corev1.Pod
+		wantJob *batchv1.Job
+		wantPod *corev1.Pod
+	}{
+		{"job: its Job and newest pod", policy.BackendJob, []*batchv1.Job{otherJob, job}, []*corev1.Pod{older, newer}, job, newer},
+		{"job: before anything exists", policy.BackendJob, nil, nil, nil, nil},
+		{"job: not another workload's Job", policy.BackendJob, []*batchv1.Job{otherJob}, []*corev1.Pod{older}, nil, older},
+		{"pod: the pod named after the workload", policy.BackendPod, []*batchv1.Job{job}, []*corev1.Pod{newer, named, older}, nil, named},
+		{"pod: none of that name", policy.BackendPod, nil, []*corev1.Pod{newer}, nil, nil},
+		{"sandbox: the newest pod, never a Job", policy.BackendSandboxCR, []*batchv1.Job{job}, []*corev1.Pod{older, newer}, nil, newer},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			w, err := For(tc.backend, Deps{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			gotJob, gotPod := w.Observe("pc-run", tc.jobs, tc.pods)
+			if gotJob != tc.wantJob || gotPod != tc.wantPod {
+				t.Errorf("Observe = (%v, %v), want (%v, %v)", name(gotJob), name(gotPod), name(tc.wantJob), name(tc.wantPod))
+			}
+		})
+	}
+}
+
+func name[T interface {
+	comparable
+	metav1.Object
+}](o T) string {
+	var none T
+	if o == none {
+		return "nil"
+	}
+	return o.GetName()
+}
