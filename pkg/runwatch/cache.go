@@ -113,30 +113,32 @@ func (c *clusterCache) stop() {
 	}
 }
 
-// objects returns the run's Job (nil once deleted) and its newest pod (nil before it exists) in
-// namespace.
-func (c *clusterCache) objects(ref events.RunRef, namespace string) (*batchv1.Job, *corev1.Pod) {
-	var job *batchv1.Job
+// objects returns every Job and pod labelled with the run in namespace (the run's workload
+// picks out what its verdict reads: workload.Workload.Observe).
+func (c *clusterCache) objects(ref events.RunRef, namespace string) ([]*batchv1.Job, []*corev1.Pod) {
+	var jobs []*batchv1.Job
 	if objs, err := c.jobs.ByIndex(runIndex, ref.Key()); err == nil {
 		for _, o := range objs {
 			if j, ok := o.(*batchv1.Job); ok && j.Namespace == namespace {
-				job = j
+				jobs = append(jobs, j)
 			}
 		}
 	}
-	var pod *corev1.Pod
+	var pods []*corev1.Pod
 	if objs, err := c.pods.ByIndex(runIndex, ref.Key()); err == nil {
 		for _, o := range objs {
-			p, ok := o.(*corev1.Pod)
-			if !ok || p.Namespace != namespace {
-				continue
-			}
-			if pod == nil || p.CreationTimestamp.After(pod.CreationTimestamp.Time) {
-				pod = p
+			if p, ok := o.(*corev1.Pod); ok && p.Namespace == namespace {
+				pods = append(pods, p)
 			}
 		}
 	}
-	return job, pod
+	return jobs, pods
+}
+
+// gone reports whether neither a Job nor a pod of the run is left in namespace.
+func (c *clusterCache) gone(ref events.RunRef, namespace string) bool {
+	jobs, pods := c.objects(ref, namespace)
+	return len(jobs) == 0 && len(pods) == 0
 }
 
 // runOfJobEvent is the run of the Job a FailedCreate event is about.

@@ -9,6 +9,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kubeclip/kubeclip/pkg/events"
+	"github.com/kubeclip/kubeclip/pkg/policy"
+	"github.com/kubeclip/kubeclip/pkg/workload"
 )
 
 const agentContainer = "agent"
@@ -58,6 +60,7 @@ func newDecideTracker(t *testing.T) *tracker {
 		StartErrorGrace:    10 * time.Second,
 	}, log: testLogger(t), cluster: &clusterCache{}}
 	tr := newTracker(d, "paperclip-acme", events.Ref("acme", "run-1"))
+	tr.workload, _ = workload.For(policy.BackendJob, workload.Deps{})
 	t.Cleanup(func() {
 		if tr.recheck != nil {
 			tr.recheck.Stop()

@@ -10,6 +10,7 @@ import (
 	"github.com/kubeclip/kubeclip/internal/natstest"
 	"github.com/kubeclip/kubeclip/pkg/events"
 	"github.com/kubeclip/kubeclip/pkg/lease"
+	"github.com/kubeclip/kubeclip/pkg/policy"
 )
 
 const (
@@ -65,7 +66,7 @@ func newHarness(t *testing.T) *harness {
 // watcher follows only leased runs.
 func (h *harness) lease(t *testing.T, runID string) {
 	t.Helper()
-	if _, _, err := h.d.leases.Create(t.Context(), lease.Record{RunID: runID, CompanyID: testCompany, Namespace: testNamespace, State: lease.StateCreated}); err != nil {
+	if _, _, err := h.d.leases.Create(t.Context(), lease.Record{RunID: runID, CompanyID: testCompany, Namespace: testNamespace, Backend: string(policy.BackendJob), State: lease.StateCreated}); err != nil {
 		t.Fatalf("creating the lease of %s: %v", runID, err)
 	}
 }

@@ -56,7 +56,7 @@ func (w *Watcher) reconcile(ctx context.Context, d *deps) {
 		if err != nil || !awaitsResult(rec) || w.opts.Now().Sub(rec.CreatedAt) < reconcileGrace {
 			continue
 		}
-		if job, pod := d.cluster.objects(ref, rec.Namespace); job != nil || pod != nil || w.following(ref) {
+		if !d.cluster.gone(ref, rec.Namespace) || w.following(ref) {
 			continue // followed by its tracker, here or on another replica
 		}
 		if reportLost(ctx, d, rec) {

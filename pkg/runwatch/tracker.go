@@ -14,6 +14,7 @@ import (
 	"github.com/kubeclip/kubeclip/pkg/lease"
 	"github.com/kubeclip/kubeclip/pkg/policy"
 	"github.com/kubeclip/kubeclip/pkg/runwatch/verdict"
+	"github.com/kubeclip/kubeclip/pkg/workload"
 )
 
 // deps is what every run goroutine shares, built once by Watcher.Run: the settings, the
@@ -53,10 +54,11 @@ type tracker struct {
 	ownerEvents atomic.Uint64
 
 	// Owned by the run goroutine.
-	backend   policy.Backend // the lease's, once ours
-	blocked   bool           // another replica owns the run
-	blockedAt uint64         // ownerEvents when the claim was lost
-	ours      bool           // the run has a lease in this installation's KUBECLIP_LEASES
+	workload workload.Workload // the lease's backend (workload.For), once ours
+
+	blocked   bool   // another replica owns the run
+	blockedAt uint64 // ownerEvents when the claim was lost
+	ours      bool   // the run has a lease in this installation's KUBECLIP_LEASES
 	loaded    bool
 	done      bool
 	seenJob   bool
@@ -123,7 +125,7 @@ func (t *tracker) run(ctx context.Context) (finished bool) {
 		}
 		if t.done {
 			inFlightEnded()
-			if job, pod := t.d.cluster.objects(t.ref, t.namespace); job == nil && pod == nil {
+			if t.d.cluster.gone(t.ref, t.namespace) {
 				return true
 			}
 		}
@@ -168,8 +170,13 @@ func (t *tracker) own(ctx context.Context) (bool, error) {
 			// Objects labelled with the run elsewhere are not it (objects filters by namespace).
 			t.namespace = rec.Namespace
 		}
-		t.backend = policy.Backend(rec.Backend)
-		t.ours = true
+		w, err := workload.For(policy.Backend(rec.Backend), workload.Deps{Clientset: t.d.opts.Clientset})
+		if err != nil {
+			t.log.Error().Err(err).Msg("run's lease names no known backend; not following it")
+			t.done = true
+			return false, nil
+		}
+		t.workload, t.ours = w, true
 	}
 	finished, err := resultPublished(ctx, t.d.stream, t.d.opts.Subjects, t.ref)
 	if err != nil {
@@ -248,7 +255,7 @@ func (t *tracker) step(ctx context.Context) error {
 		}
 		t.loaded = true
 	}
-	job, pod := t.d.cluster.objects(t.ref, t.namespace)
+	job, pod := t.workload.Observe(t.d.cluster.objects(t.ref, t.namespace))
 	if job != nil {
 		t.seenJob = true
 	}
@@ -286,7 +293,7 @@ func (t *tracker) step(ctx context.Context) error {
 	// An exec-capable lease's container log is sandboxd's own: its commands' output reaches
 	// clients through the exec service (and, when recorded, as exec events), not from here.
 	container := t.d.opts.Container
-	if t.follow == nil && pod != nil && !t.backend.ExecCapable() && containerStarted(pod, container) {
+	if t.follow == nil && pod != nil && !t.workload.Backend().ExecCapable() && containerStarted(pod, container) {
 		if err := t.journal.setPod(pod.Name, container); err != nil {
 			return err
 		}
@@ -327,7 +334,7 @@ func (t *tracker) step(ctx context.Context) error {
 // (a grace running out) has the tracker look again then.
 func (t *tracker) decide(job *batchv1.Job, pod *corev1.Pod) verdict.Decision {
 	opts := t.d.opts
-	in := verdict.Input{Job: job, Pod: pod, SeenJob: t.seenJob, ExecCapable: t.backend.ExecCapable()}
+	in := verdict.Input{Job: job, Pod: pod, SeenJob: t.seenJob, ExecCapable: t.workload.Backend().ExecCapable()}
 	if job != nil {
 		if q, refused := t.d.cluster.quotaRefusal(job); refused {
 			in.QuotaRefusal = q.String()

@@ -30,10 +30,13 @@ func (w jobWorkload) Create(ctx context.Context, spec policy.RunSpec, secret *co
 	return created(run, w.d.Clientset, "batch/v1", "Job", spec.WorkloadName), nil
 }
 
-// Observe: the Job the lease names, and its newest pod (the Job controller names pods itself;
-// with no retries there is one, but a pod being replaced may linger).
-func (jobWorkload) Observe(name string, jobs []*batchv1.Job, pods []*corev1.Pod) (*batchv1.Job, *corev1.Pod) {
-	return named(jobs, name), newest(pods)
+// Observe: the run's Job (there is one; the informer may not have delivered it yet) and its
+// newest pod (no retries, so one, but a deleted pod may linger beside its successor).
+func (jobWorkload) Observe(jobs []*batchv1.Job, pods []*corev1.Pod) (*batchv1.Job, *corev1.Pod) {
+	if len(jobs) == 0 {
+		return nil, newest(pods)
+	}
+	return jobs[len(jobs)-1], newest(pods)
 }
 
 // Delete deletes in the foreground and waits for the Job itself (k8s.DeleteRun): the Job

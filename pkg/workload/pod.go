@@ -31,8 +31,8 @@ func (w podWorkload) Create(ctx context.Context, spec policy.RunSpec, secret *co
 }
 
 // Observe: the pod is the workload; there is no Job.
-func (podWorkload) Observe(name string, _ []*batchv1.Job, pods []*corev1.Pod) (*batchv1.Job, *corev1.Pod) {
-	return nil, named(pods, name)
+func (podWorkload) Observe(_ []*batchv1.Job, pods []*corev1.Pod) (*batchv1.Job, *corev1.Pod) {
+	return nil, newest(pods)
 }
 
 func (w podWorkload) Delete(ctx context.Context, namespace, name string, opts k8s.RunDeleteOptions) error {

@@ -40,8 +40,8 @@ func (w sandboxWorkload) Create(ctx context.Context, spec policy.RunSpec, secret
 	return c, nil
 }
 
-// Observe: the Sandbox's pod; the controller owns its name, so the newest of the run's pods.
-func (sandboxWorkload) Observe(_ string, _ []*batchv1.Job, pods []*corev1.Pod) (*batchv1.Job, *corev1.Pod) {
+// Observe: the Sandbox's pod (its controller names it); there is no Job.
+func (sandboxWorkload) Observe(_ []*batchv1.Job, pods []*corev1.Pod) (*batchv1.Job, *corev1.Pod) {
 	return nil, newest(pods)
 }
 

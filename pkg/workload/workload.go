@@ -45,10 +45,11 @@ type Workload interface {
 	// Created.AdoptSecret returned.
 	Create(ctx context.Context, spec policy.RunSpec, secret *corev1.Secret) (Created, error)
 
-	// Observe picks the run's workload out of what the run-watcher's informers hold of the run
-	// in its namespace (every Job and pod labelled with it): the Job (nil for a backend without
-	// one) and the pod whose containers are the run's (nil before it exists).
-	Observe(name string, jobs []*batchv1.Job, pods []*corev1.Pod) (*batchv1.Job, *corev1.Pod)
+	// Observe picks what the run's verdict reads out of what the run-watcher's informers hold
+	// of the run in its namespace (every Job and pod labelled with it): the Job (nil for a
+	// backend without one, so a Job that is not the run's never decides it) and the run's
+	// newest pod (nil before it exists).
+	Observe(jobs []*batchv1.Job, pods []*corev1.Pod) (*batchv1.Job, *corev1.Pod)
 
 	// Delete deletes the run's workload and returns once its pods are gone (their containers
 	// stopped), with opts' grace period; a workload already gone is success.
@@ -146,17 +147,6 @@ func newest(pods []*corev1.Pod) *corev1.Pod {
 	return slices.MaxFunc(pods, func(a, b *corev1.Pod) int {
 		return a.CreationTimestamp.Compare(b.CreationTimestamp.Time)
 	})
-}
-
-// named is the object called name, or nil.
-func named[T metav1.Object](objs []T, name string) T {
-	for _, o := range objs {
-		if o.GetName() == name {
-			return o
-		}
-	}
-	var none T
-	return none
 }
 
 // managed lists what kubeclip labelled as its own.

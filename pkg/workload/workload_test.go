@@ -55,8 +55,6 @@ func TestForChoosesEveryBackendOnce(t *testing.T) {
 func TestObservePicksTheRunsObjects(t *testing.T) {
 	at := func(sec int) metav1.Time { return metav1.NewTime(time.Unix(int64(1700000000+sec), 0)) }
 	job := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: "pc-run"}}
-	otherJob := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: "pc-other"}}
-	named := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "pc-run", CreationTimestamp: at(1)}}
 	older := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "pc-run-abcde", CreationTimestamp: at(0)}}
 	newer := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "pc-run-fghij", CreationTimestamp: at(2)}}
 
@@ -68,12 +66,12 @@ func TestObservePicksTheRunsObjects(t *testing.T) {
 		wantJob *batchv1.Job
 		wantPod *corev1.Pod
 	}{
-		{"job: its Job and newest pod", policy.BackendJob, []*batchv1.Job{otherJob, job}, []*corev1.Pod{older, newer}, job, newer},
+		{"job: its Job and newest pod", policy.BackendJob, []*batchv1.Job{job}, []*corev1.Pod{newer, older}, job, newer},
+		{"job: a pod before its Job", policy.BackendJob, nil, []*corev1.Pod{older}, nil, older},
 		{"job: before anything exists", policy.BackendJob, nil, nil, nil, nil},
-		{"job: not another workload's Job", policy.BackendJob, []*batchv1.Job{otherJob}, []*corev1.Pod{older}, nil, older},
-		{"pod: the pod named after the workload", policy.BackendPod, []*batchv1.Job{job}, []*corev1.Pod{newer, named, older}, nil, named},
-		{"pod: none of that name", policy.BackendPod, nil, []*corev1.Pod{newer}, nil, nil},
-		{"sandbox: the newest pod, never a Job", policy.BackendSandboxCR, []*batchv1.Job{job}, []*corev1.Pod{older, newer}, nil, newer},
+		{"pod: the pod, never a Job", policy.BackendPod, []*batchv1.Job{job}, []*corev1.Pod{older, newer}, nil, newer},
+		{"pod: before it exists", policy.BackendPod, nil, nil, nil, nil},
+		{"sandbox: its pod, never a Job", policy.BackendSandboxCR, []*batchv1.Job{job}, []*corev1.Pod{older, newer}, nil, newer},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -81,7 +79,7 @@ func TestObservePicksTheRunsObjects(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			gotJob, gotPod := w.Observe("pc-run", tc.jobs, tc.pods)
+			gotJob, gotPod := w.Observe(tc.jobs, tc.pods)
 			if gotJob != tc.wantJob || gotPod != tc.wantPod {
 				t.Errorf("Observe = (%v, %v), want (%v, %v)", name(gotJob), name(gotPod), name(tc.wantJob), name(tc.wantPod))
 			}
