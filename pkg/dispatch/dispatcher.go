@@ -428,7 +428,7 @@ func (d *Dispatcher) create(ctx context.Context, log zerolog.Logger, plan lease.
 		return events.RunCreatedEvent{}, workload.Created{}, events.Terminalf(events.CodeBackendUnavailable, "config.backend",
 			"backend %q needs this kubeclip installation's sandbox key, which its operator has not set up; use backend %q", w.Backend(), policy.BackendJob)
 	}
-	secret, err := d.renderSecret(ctx, plan, spec)
+	secret, err := d.renderSecret(ctx, plan, spec, w)
 	if err != nil {
 		return events.RunCreatedEvent{}, workload.Created{}, err
 	}
@@ -468,7 +468,7 @@ func (d *Dispatcher) workload(rec lease.Record) (workload.Workload, error) {
 // renderSecret renders the run's Secret: bootstrap token, adapter API keys from the dispatcher's
 // own environment or its adapter Secret, the adapter's default env and the egress grant env.
 // The owner reference is set by workload.Created.AdoptSecret once the workload has a UID.
-func (d *Dispatcher) renderSecret(ctx context.Context, plan lease.Plan, spec policy.RunSpec) (*corev1.Secret, error) {
+func (d *Dispatcher) renderSecret(ctx context.Context, plan lease.Plan, spec policy.RunSpec, w workload.Workload) (*corev1.Secret, error) {
 	lookup, err := d.adapterKeys(ctx)
 	if err != nil {
 		return nil, err
@@ -477,7 +477,7 @@ func (d *Dispatcher) renderSecret(ctx context.Context, plan lease.Plan, spec pol
 	for k, v := range policy.EgressGrantEnv(plan.Grant) {
 		env[k] = v
 	}
-	if plan.Config.Backend.ExecCapable() {
+	if w.Backend().ExecCapable() {
 		// sandboxd's key for this lease; the exec-worker derives the same from the master key.
 		// Only the pod's init container reads it (not the agent container's environment).
 		env[execspec.SeedEnv] = hex.EncodeToString(execspec.DeriveSeed(d.opts.SandboxKey, spec.Namespace, spec.WorkloadName))
