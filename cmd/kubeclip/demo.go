@@ -107,7 +107,7 @@ func runDemo(ctx context.Context, args []string, lookupEnv config.LookupEnv, std
 	if err != nil {
 		return err
 	}
-	rw, err := runwatch.New(runwatch.Options{Clientset: kube.Clientset, JetStream: js, Subjects: subjects, Logger: log})
+	rw, err := runwatch.New(runwatch.Options{Clientset: kube.Clientset, Dynamic: kube.Dynamic, JetStream: js, Subjects: subjects, Logger: log})
 	if err != nil {
 		return err
 	}

@@ -65,7 +65,7 @@ func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout,
 	defer p.Close()
 
 	w, err := runwatch.New(runwatch.Options{
-		Clientset: p.Kube.Clientset, JetStream: p.JS, Subjects: p.Subjects, Logger: p.Log,
+		Clientset: p.Kube.Clientset, Dynamic: p.Kube.Dynamic, JetStream: p.JS, Subjects: p.Subjects, Logger: p.Log,
 		FlushInterval: s.FlushInterval, UnschedulableGrace: s.UnschedulableGrace, StartErrorGrace: s.StartErrorGrace,
 		ReplicaID: s.ReplicaID, OwnershipTTL: s.OwnershipTTL, StreamReplicas: s.Streams.Replicas,
 		ReconcileInterval: s.Reconcile,

@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/oklog/ulid/v2"
 	"github.com/rs/zerolog"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/kubeclip/kubeclip/pkg/events"
@@ -36,6 +37,9 @@ const (
 type Options struct {
 	// Clientset reads the cluster; required.
 	Clientset kubernetes.Interface
+	// Dynamic reads Sandboxes: whether a run's Sandbox is still there when the informers hold
+	// none of its pods (reconcile.go); required.
+	Dynamic dynamic.Interface
 	// JetStream publishes the events and reads back what was already published; required.
 	JetStream jetstream.JetStream
 	// Subjects carries the subject prefix.
@@ -81,6 +85,9 @@ type LogBudget struct {
 func (o Options) withDefaults() (Options, error) {
 	if o.Clientset == nil {
 		return o, errors.New("runwatch: Options.Clientset is required")
+	}
+	if o.Dynamic == nil {
+		return o, errors.New("runwatch: Options.Dynamic is required")
 	}
 	if o.JetStream == nil {
 		return o, errors.New("runwatch: Options.JetStream is required")

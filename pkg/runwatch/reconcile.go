@@ -9,7 +9,9 @@ import (
 
 	"github.com/kubeclip/kubeclip/pkg/events"
 	"github.com/kubeclip/kubeclip/pkg/lease"
+	"github.com/kubeclip/kubeclip/pkg/policy"
 	"github.com/kubeclip/kubeclip/pkg/runwatch/verdict"
+	"github.com/kubeclip/kubeclip/pkg/workload"
 )
 
 // DefaultReconcileInterval is how often the watcher looks for runs whose workload disappeared
@@ -34,8 +36,9 @@ func (w *Watcher) reconcileLoop(ctx context.Context, d *deps) {
 	}
 }
 
-// reconcile gives a result to every created lease whose run has neither Job nor pod any more
-// and no result yet, so Paperclip never waits forever on a run nobody can follow.
+// reconcile gives a result to every created lease whose run has neither Job nor pod any more,
+// nor its workload (a Sandbox waiting for its pod), and no result yet, so Paperclip never waits
+// forever on a run nobody can follow.
 func (w *Watcher) reconcile(ctx context.Context, d *deps) {
 	lister, err := d.leases.KV.ListKeys(ctx)
 	if errors.Is(err, jetstream.ErrNoKeysFound) {
@@ -59,6 +62,12 @@ func (w *Watcher) reconcile(ctx context.Context, d *deps) {
 		if !d.cluster.gone(ref, rec.Namespace) || w.following(ref) {
 			continue // followed by its tracker, here or on another replica
 		}
+		if present, err := workloadExists(ctx, d, rec); err != nil || present {
+			if err != nil {
+				w.log.Warn().Err(err).Str(events.LogKeyRunID, ref.RunID).Str(events.LogKeyTenant, ref.CompanyID).Msg("reconcile: looking for the run's workload failed")
+			}
+			continue // its tracker starts when its pods appear
+		}
 		if reportLost(ctx, d, rec) {
 			lost++
 		}
@@ -66,6 +75,17 @@ func (w *Watcher) reconcile(ctx context.Context, d *deps) {
 	if lost > 0 {
 		w.log.Warn().Int("runs", lost).Msg("reconcile: published results for runs whose workload was lost")
 	}
+}
+
+// workloadExists asks the lease's workload whether it is still in the cluster although the
+// informers hold none of the run's Jobs and pods: a Sandbox's pod comes from its controller.
+// A lease naming a backend no workload implements has nothing anyone could follow: lost.
+func workloadExists(ctx context.Context, d *deps, rec lease.Record) (bool, error) {
+	wl, err := workload.For(policy.Backend(rec.Backend), d.workloads)
+	if err != nil {
+		return false, nil //nolint:nilerr // no workload kubeclip knows: the run is lost
+	}
+	return wl.Exists(ctx, rec.Namespace, rec.WorkloadName)
 }
 
 // awaitsResult reports whether the lease's run was created and may still lack its result:

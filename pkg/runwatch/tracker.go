@@ -29,6 +29,9 @@ type deps struct {
 	leases  lease.Records
 	cluster *clusterCache
 	budgets budgetCharger // the container logs'
+	// workloads reach each backend's workload (workload.For): what the tracker observes of a
+	// run, and whether a run the informers lost sight of still has one.
+	workloads workload.Deps
 }
 
 // journalOptions is how the run's journal is made.
@@ -170,7 +173,7 @@ func (t *tracker) own(ctx context.Context) (bool, error) {
 			// Objects labelled with the run elsewhere are not it (objects filters by namespace).
 			t.namespace = rec.Namespace
 		}
-		w, err := workload.For(policy.Backend(rec.Backend), workload.Deps{Clientset: t.d.opts.Clientset})
+		w, err := workload.For(policy.Backend(rec.Backend), t.d.workloads)
 		if err != nil {
 			t.log.Error().Err(err).Msg("run's lease names no known backend; not following it")
 			t.done = true

@@ -24,6 +24,7 @@ import (
 
 	"github.com/kubeclip/kubeclip/pkg/events"
 	"github.com/kubeclip/kubeclip/pkg/lease"
+	"github.com/kubeclip/kubeclip/pkg/workload"
 )
 
 // Watcher publishes the run events of every run kubeclip manages in the cluster.
@@ -90,6 +91,7 @@ func (w *Watcher) Run(ctx context.Context) error {
 		opts: w.opts, log: w.log, pub: w.publisher, stream: stream,
 		owners: newOwners(kv, w.opts.ReplicaID, w.opts.OwnershipTTL, w.log),
 		leases: lease.Records{KV: leases}, budgets: budgets,
+		workloads: workload.Deps{Clientset: w.opts.Clientset, Dynamic: w.opts.Dynamic},
 	}
 	g, gctx := errgroup.WithContext(ctx)
 	d.cluster, err = newClusterCache(w.opts.Clientset, clusterHandlers{

@@ -61,3 +61,11 @@ func (w jobWorkload) List(ctx context.Context) ([]metav1.Object, error) {
 	}
 	return objs, nil
 }
+
+func (w jobWorkload) Exists(ctx context.Context, namespace, name string) (bool, error) {
+	list, err := w.d.Clientset.BatchV1().Jobs(namespace).List(ctx, byName(name))
+	if err != nil {
+		return false, fmt.Errorf("listing Jobs %s/%s: %w", namespace, name, err)
+	}
+	return len(list.Items) > 0, nil
+}

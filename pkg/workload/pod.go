@@ -58,3 +58,11 @@ func (w podWorkload) List(ctx context.Context) ([]metav1.Object, error) {
 	}
 	return objs, nil
 }
+
+func (w podWorkload) Exists(ctx context.Context, namespace, name string) (bool, error) {
+	list, err := w.d.Clientset.CoreV1().Pods(namespace).List(ctx, byName(name))
+	if err != nil {
+		return false, fmt.Errorf("listing Pods %s/%s: %w", namespace, name, err)
+	}
+	return len(list.Items) > 0, nil
+}

@@ -83,6 +83,19 @@ func (w sandboxWorkload) List(ctx context.Context) ([]metav1.Object, error) {
 	return objs, nil
 }
 
+// Exists: no Sandbox exists where the cluster serves none.
+func (w sandboxWorkload) Exists(ctx context.Context, namespace, name string) (bool, error) {
+	version, served, err := w.served()
+	if err != nil || !served {
+		return false, err
+	}
+	list, err := w.d.Dynamic.Resource(policy.SandboxGVR(version)).Namespace(namespace).List(ctx, byName(name))
+	if err != nil {
+		return false, fmt.Errorf("listing Sandboxes %s/%s: %w", namespace, name, err)
+	}
+	return len(list.Items) > 0, nil
+}
+
 // version is the Sandbox API version the cluster serves; a cluster that serves none fails the
 // run with backend_unavailable, naming kubeclip's own exec-capable backend.
 func (w sandboxWorkload) version() (string, error) {

@@ -61,6 +61,11 @@ type Workload interface {
 	// List returns every workload of this backend kubeclip manages, in every namespace (the
 	// dispatcher's reconcile pass); none where the cluster does not serve its API.
 	List(ctx context.Context) ([]metav1.Object, error)
+	// Exists reports whether the workload is still in the cluster, being deleted or not. The
+	// run-watcher asks before it ends a run it saw no Job or pod of: a Sandbox waits for its
+	// controller to make its pod. It lists (by name) rather than gets, so the run-watcher's
+	// read-only list and watch suffice.
+	Exists(ctx context.Context, namespace, name string) (bool, error)
 }
 
 // Deps is what the backends reach the cluster with.
@@ -151,3 +156,8 @@ func newest(pods []*corev1.Pod) *corev1.Pod {
 
 // managed lists what kubeclip labelled as its own.
 var managed = metav1.ListOptions{LabelSelector: policy.ManagedBySelector}
+
+// byName lists the one object called name that kubeclip labelled as its own.
+func byName(name string) metav1.ListOptions {
+	return metav1.ListOptions{LabelSelector: policy.ManagedBySelector, FieldSelector: "metadata.name=" + name}
+}

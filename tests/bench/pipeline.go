@@ -221,7 +221,7 @@ func (p *pipeline) runWatcher(ctx context.Context, name string) (worker, *nats.C
 	if err != nil {
 		return nil, nc, err
 	}
-	w, err := runwatch.New(runwatch.Options{Clientset: kube.Clientset, JetStream: js, Subjects: subjects, Logger: log})
+	w, err := runwatch.New(runwatch.Options{Clientset: kube.Clientset, Dynamic: kube.Dynamic, JetStream: js, Subjects: subjects, Logger: log})
 	return w, nc, err
 }
 

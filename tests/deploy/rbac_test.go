@@ -137,6 +137,7 @@ func TestRBACAllowsWhatTheCodeDoesAndNothingElse(t *testing.T) {
 				{"list", "batch", "jobs", "", "", ""}, {"watch", "batch", "jobs", "", "", ""},
 				{"list", "", "pods", "", "", ""}, {"watch", "", "pods", "", "", ""},
 				{"list", "", "events", "", "", ""}, {"watch", "", "events", "", "", ""},
+				{"list", "agents.x-k8s.io", "sandboxes", "", "", ""},
 				{"get", "", "pods", "log", tenantNS, ""},
 			},
 			denied: []access{
