@@ -86,7 +86,7 @@ type Options struct {
 	Concurrency int
 	// DrainTimeout bounds shutdown.
 	DrainTimeout time.Duration
-	// OrphanPolicy says what to do with a Job that has no lease at all (default report).
+	// OrphanPolicy says what to do with a workload that has no lease at all (default report).
 	OrphanPolicy OrphanPolicy
 	// ReconcileInterval is how often orphaned workloads are looked for (default
 	// DefaultReconcileInterval).
