@@ -1,6 +1,6 @@
 // Package dispatch is the dispatcher: it turns dispatch requests into a run's workload (a Job,
-// a Pod or an agent-sandbox Sandbox: pkg/workload) and its per-run Secret, keeps one active run per agent, and
-// carries out release and destroy requests.
+// a Pod or an agent-sandbox Sandbox, through pkg/workload) and its per-run Secret, keeps one
+// active run per agent, and carries out release and destroy requests.
 package dispatch
 
 import (

@@ -72,8 +72,7 @@ type Workload interface {
 type Deps struct {
 	// Clientset reaches Jobs, pods and Secrets, and discovers the Sandbox API.
 	Clientset kubernetes.Interface
-	// Dynamic reaches Sandboxes; a process that never creates, deletes or lists them (the
-	// run-watcher only observes) may leave it nil.
+	// Dynamic reaches Sandboxes; only Backend, Kind and Observe do without it.
 	Dynamic dynamic.Interface
 }
 
