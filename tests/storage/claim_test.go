@@ -95,6 +95,20 @@ func TestLeaseClaimOutlivesItsPods(t *testing.T) {
 	}
 }
 
+// createRetryingConflicts runs create until it succeeds, again while it fails with Conflict: the
+// quota admission plugin answers Conflict when the quota controller updated the quota's status
+// meanwhile (k8s.Meaning: retry), as the consume loop would retry the message.
+func createRetryingConflicts(t testing.TB, what string, create func() error) {
+	t.Helper()
+	eventually(t, 30*time.Second, "creating "+what, func() error {
+		err := create()
+		if err != nil && !apierrors.IsConflict(err) {
+			t.Fatalf("creating %s: %v", what, err)
+		}
+		return err
+	})
+}
+
 // createLeaseClaim renders a lease's claim of the given size (empty: the default) and creates it.
 func createLeaseClaim(t testing.TB, cs kubernetes.Interface, op policy.Operator, ns, company, size string) string {
 	t.Helper()
@@ -104,9 +118,10 @@ func createLeaseClaim(t testing.TB, cs kubernetes.Interface, op policy.Operator,
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := cs.CoreV1().PersistentVolumeClaims(ns).Create(t.Context(), pvc, metav1.CreateOptions{}); err != nil {
-		t.Fatalf("creating claim %s/%s: %v", ns, pvc.Name, err)
-	}
+	createRetryingConflicts(t, "claim "+pvc.Name, func() error {
+		_, err := cs.CoreV1().PersistentVolumeClaims(ns).Create(t.Context(), pvc, metav1.CreateOptions{})
+		return err
+	})
 	return pvc.Name
 }
 

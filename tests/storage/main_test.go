@@ -163,9 +163,10 @@ func claimPod(name, claim, script string) *corev1.Pod {
 func startPod(t testing.TB, cs kubernetes.Interface, ns string, pod *corev1.Pod) time.Duration {
 	t.Helper()
 	start := time.Now()
-	if _, err := cs.CoreV1().Pods(ns).Create(t.Context(), pod, metav1.CreateOptions{}); err != nil {
-		t.Fatalf("creating pod %s/%s: %v", ns, pod.Name, err)
-	}
+	createRetryingConflicts(t, "pod "+pod.Name, func() error {
+		_, err := cs.CoreV1().Pods(ns).Create(t.Context(), pod, metav1.CreateOptions{})
+		return err
+	})
 	eventually(t, 2*time.Minute, "pod "+pod.Name+" Ready", func() error {
 		p, err := cs.CoreV1().Pods(ns).Get(t.Context(), pod.Name, metav1.GetOptions{})
 		if err != nil {
