@@ -815,12 +815,13 @@ apply_storage() {
   # The volumes' parent: root's alone on the node (a pod sees only its own volume, bind-mounted).
   mkdir -p "$LOCAL_PATH_DIR"
   chmod 0700 "$LOCAL_PATH_DIR"
-  local id
+  local id manifest
   id=$(tar_config_digest "$IMAGES_DIR/local-path-provisioner.tar")
   [[ -n $id ]] || die "cannot read the image id of $IMAGES_DIR/local-path-provisioner.tar"
-  sed -e "s|@PROVISIONER_IMAGE@|$PROVISIONER_IMAGE|g" -e "s|@PROVISIONER_IMAGE_ID@|sha256:$id|g" \
-    -e "s|@HELPER_IMAGE@|$HELPER_IMAGE|g" -e "s|@DATA_DIR@|$LOCAL_PATH_DIR|g" \
-    "$ROOT/hack/cluster/local-path.yaml" | kubectl_admin apply --server-side --force-conflicts -f - >/dev/null
+  manifest=$(sed -e "s|@PROVISIONER_IMAGE@|$PROVISIONER_IMAGE|g" -e "s|@HELPER_IMAGE@|$HELPER_IMAGE|g" \
+    -e "s|@DATA_DIR@|$LOCAL_PATH_DIR|g" "$ROOT/hack/cluster/local-path.yaml")
+  id=$(printf '%s\n%s' "$id" "$manifest" | sha256sum | cut -c1-16)
+  sed "s|@MANIFEST_ID@|$id|" <<<"$manifest" | kubectl_admin apply --server-side --force-conflicts -f - >/dev/null
   await kube-apiserver 120 "the storage provisioner (local-path-storage/local-path-provisioner)" provisioner_available
 }
 
