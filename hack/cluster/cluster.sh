@@ -957,6 +957,10 @@ cmd_status() {
   if [[ -f $ADMIN_KUBECONFIG && -x $BIN/kubectl ]] && timeout 5 "$BIN/kubectl" --kubeconfig "$ADMIN_KUBECONFIG" get --raw /readyz >/dev/null 2>&1; then
     echo "apiserver                  ready ($ADMIN_KUBECONFIG)"
     timeout 5 "$BIN/kubectl" --kubeconfig "$ADMIN_KUBECONFIG" get nodes -o wide 2>/dev/null || true
+    local ready
+    ready=$(timeout 5 "$BIN/kubectl" --kubeconfig "$ADMIN_KUBECONFIG" -n local-path-storage get deployment local-path-provisioner \
+      -o 'jsonpath={.status.readyReplicas}' 2>/dev/null || true)
+    printf '%-26s %s\n' "storage provisioner" "$([[ ${ready:-0} -ge 1 ]] && echo "ready (StorageClass $STORAGE_CLASS, volumes in $LOCAL_PATH_DIR)" || echo "not ready (cluster.sh storage)")"
   else
     echo "apiserver                  not answering"
   fi
