@@ -591,8 +591,8 @@ EOF
 # The provisioner's binary is built once per version into $LOCAL_PATH_BIN, the way the Kubernetes
 # binaries are, and in their module: hack/k8s resolves it against the same k8s.io modules (adding
 # it changed no version they use), so its client-go is the one the Kubernetes build has just
-# compiled, and a cold build costs ~20 s instead of ~1.5 min of compiling its own older client-go
-# (`go install ...@v0.0.30` with its go.mod). The stamp records the build inputs.
+# compiled, and a cold build costs ~20 s instead of the 2-3.5 min of compiling its own older
+# client-go (`go install ...@v0.0.30` with its go.mod). The stamp records the build inputs.
 LOCAL_PATH_STAMP="$LOCAL_PATH_VERSION $K8S_VERSION -trimpath -s -w"
 local_path_cached() { [[ -x $LOCAL_PATH_BIN/local-path-provisioner && $(cat "$LOCAL_PATH_BIN/.stamp" 2>/dev/null) == "$LOCAL_PATH_STAMP" ]]; }
 
@@ -810,7 +810,8 @@ provisioner_available() {
 }
 
 # apply_storage installs the provisioner (hack/cluster/local-path.yaml) and waits until it runs.
-# Applying it unchanged changes nothing: the pod restarts only when its image was rebuilt.
+# Applying it unchanged changes nothing: the pod restarts only when its image was rebuilt or the
+# manifest changed (a digest of both on its pod template).
 apply_storage() {
   # The volumes' parent: root's alone on the node (a pod sees only its own volume, bind-mounted).
   mkdir -p "$LOCAL_PATH_DIR"
