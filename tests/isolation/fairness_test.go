@@ -137,6 +137,7 @@ func brokenWebhook(t *testing.T, cs kubernetes.Interface, company string) {
 	none := admissionregistrationv1.SideEffectClassNone
 	path := "/validate"
 	timeout := int32(2)
+	namespaced := admissionregistrationv1.NamespacedScope
 	name := "kubeclip-isolation-broken-" + pt.NewID("wh")[3:]
 	wh := &admissionregistrationv1.ValidatingWebhookConfiguration{
 		ObjectMeta: metav1.ObjectMeta{Name: name},
@@ -147,7 +148,10 @@ func brokenWebhook(t *testing.T, cs kubernetes.Interface, company string) {
 			},
 			Rules: []admissionregistrationv1.RuleWithOperations{{
 				Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create, admissionregistrationv1.Update},
-				Rule:       admissionregistrationv1.Rule{APIGroups: []string{"*"}, APIVersions: []string{"*"}, Resources: []string{"*"}},
+				// Namespaced: a namespaceSelector does not limit cluster-scoped objects, so
+				// without it every PV, Namespace or ClusterRole write of every other test
+				// running at the same time would fail on this webhook.
+				Rule: admissionregistrationv1.Rule{APIGroups: []string{"*"}, APIVersions: []string{"*"}, Resources: []string{"*"}, Scope: &namespaced},
 			}},
 			NamespaceSelector:       &metav1.LabelSelector{MatchLabels: map[string]string{policy.LabelCompanyID: company}},
 			FailurePolicy:           &fail,
