@@ -53,6 +53,9 @@ type Input struct {
 	// QuotaRefusal, when set, is the tenant's ResourceQuota refusing the Job's pod (from the Job
 	// controller's FailedCreate event), in words for the tenant.
 	QuotaRefusal string
+	// Release is an exec-capable lease's release or destroy once its lease record says one
+	// began; nil while the lease is live. A run with a Job ignores it: its Job decides.
+	Release *Release
 }
 
 // Decision is where the run is, and how it ended once it is over.
@@ -73,6 +76,9 @@ type End struct {
 	Reason   string
 	Message  string
 	ExitCode *int
+	// Agent, when set, is the agent's account from its recorded exec (an exec-capable lease's
+	// release); otherwise the result's agent is parsed from the container log.
+	Agent *events.AgentResult
 }
 
 // AgentExitCode is the exit code the agent's transcript is judged with: the container's, or,
@@ -88,6 +94,15 @@ func (e End) AgentExitCode() int {
 	return 1
 }
 
+// Phase is the phase of the last status of a run that ended this way: Succeeded for a run that
+// succeeded or was released, Failed for the rest.
+func (e End) Phase() events.Phase {
+	if e.Outcome == events.OutcomeSucceeded || e.Outcome == events.OutcomeReleased {
+		return events.PhaseSucceeded
+	}
+	return events.PhaseFailed
+}
+
 // jobDeletedMessage is what a run cancelled by its Job's deletion says, as classifyJob words it.
 const jobDeletedMessage = "the Job was deleted before the run finished"
 
@@ -99,7 +114,12 @@ func Decide(in Input, opts Options) Decision {
 		c := int(*pv.ExitCode)
 		exit = &c
 	}
-	d := decide(in, pv, exit)
+	var d Decision
+	if in.Release != nil && in.Job == nil && !in.SeenJob {
+		d = releaseDecides(*in.Release, in.Pod, opts.Container, pv, exit)
+	} else {
+		d = decide(in, pv, exit)
+	}
 	d.RecheckAfter = pv.RecheckAfter
 	return d
 }
