@@ -275,4 +275,5 @@ func TestOutcomeSchemaEnum(t *testing.T) {
 	}
 	if diff := cmp.Diff(events.Outcomes(), inSchema); diff != "" {
 		t.Errorf("outcomes (-Go +schema):\n%s", diff)
-	}}
+	}
+}
