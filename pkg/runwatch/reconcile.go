@@ -117,11 +117,7 @@ func reportLost(ctx context.Context, d *deps, rec lease.Record) bool {
 		log.Warn().Err(err).Msg("reconcile: publishing status failed")
 		return false
 	}
-	agent := end.Agent
-	if agent == nil {
-		agent = j.agentResult(end.AgentExitCode())
-	}
-	if err := publishResult(ctx, d.pub, log, ref, end, agent); err != nil {
+	if err := publishResult(ctx, d.pub, log, ref, end, resultAgent(end, policy.Backend(rec.Backend), j)); err != nil {
 		log.Warn().Err(err).Msg("reconcile: publishing result failed")
 		return false
 	}

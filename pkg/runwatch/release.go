@@ -9,6 +9,7 @@ import (
 
 	"github.com/kubeclip/kubeclip/pkg/events"
 	"github.com/kubeclip/kubeclip/pkg/lease"
+	"github.com/kubeclip/kubeclip/pkg/policy"
 	"github.com/kubeclip/kubeclip/pkg/runwatch/verdict"
 )
 
@@ -42,6 +43,17 @@ func releaseOfRecord(ctx context.Context, d *deps, rec lease.Record) (verdict.Re
 		return verdict.Release{}, err
 	}
 	return verdict.Release{Destroy: rec.Ending == events.LeaseDestroy, CancelActiveWork: rec.CancelActiveWork, AgentExec: x}, nil
+}
+
+// resultAgent is the agent account a run's result carries: a Job's is parsed from its container
+// log (the journal); an exec-capable lease's comes only from its agent's recorded exec
+// (End.Agent), since its container log is sandboxd's own and is never followed, so a parse of
+// it would report an agent that never ran.
+func resultAgent(end verdict.End, backend policy.Backend, j *journal) *events.AgentResult {
+	if backend.ExecCapable() {
+		return end.Agent
+	}
+	return j.agentResult(end.AgentExitCode())
 }
 
 // lastAgentExec reads the run's last recorded exec from its last `exec` event: a final event

@@ -325,11 +325,7 @@ func (t *tracker) step(ctx context.Context) error {
 	if t.journal == nil {
 		return nil // fenced while flushing
 	}
-	agent := t.end.Agent
-	if agent == nil {
-		agent = t.journal.agentResult(t.end.AgentExitCode())
-	}
-	if err := publishResult(ctx, t.d.pub, t.log, t.ref, *t.end, agent); err != nil {
+	if err := publishResult(ctx, t.d.pub, t.log, t.ref, *t.end, resultAgent(*t.end, t.backend, t.journal)); err != nil {
 		return err
 	}
 	t.done = true

@@ -134,8 +134,8 @@ func TestLeaseResult(t *testing.T) {
 			t.Fatal(err)
 		}
 		result, evs := waitResult(t, l)
-		if result.Outcome != events.OutcomeFailed {
-			t.Errorf("result outcome %s reason %s (%s), want failed", result.Outcome, result.Reason, result.Message)
+		if result.Outcome != events.OutcomeFailed || result.Reason != events.ReasonPodDeleted || result.Agent != nil {
+			t.Errorf("result outcome %s reason %s (%s) agent %+v, want failed, PodDeleted, no agent (none was recorded)", result.Outcome, result.Reason, result.Message, result.Agent)
 		}
 		if len(failedStatuses(evs)) == 0 {
 			t.Error("no Failed status for a pod deleted under a live lease")
