@@ -23,6 +23,9 @@ import (
 // a watcher that sees the pod gone finds the final event of every exec that finished.
 func leaseRelease(ctx context.Context, d *deps, ref events.RunRef) (*verdict.Release, error) {
 	rec, _, err := d.leases.Get(ctx, ref)
+	if errors.Is(err, lease.ErrNotFound) {
+		return nil, nil // no record (expired with its bucket's TTL): no release to go by
+	}
 	if err != nil {
 		return nil, fmt.Errorf("reading the run's lease: %w", err)
 	}
