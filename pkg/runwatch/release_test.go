@@ -171,3 +171,13 @@ func TestReconcileReleasedExecLease(t *testing.T) {
 		t.Errorf("statuses %+v, want one, Succeeded/Released", st)
 	}
 }
+
+// TestLeaseReleaseWithoutRecord: a run whose lease record is gone (the bucket's TTL) has no
+// release to go by, rather than an error the tracker would retry forever.
+func TestLeaseReleaseWithoutRecord(t *testing.T) {
+	h := newHarness(t)
+	r, err := leaseRelease(t.Context(), h.d, events.Ref(testCompany, "run-no-record"))
+	if r != nil || err != nil {
+		t.Errorf("leaseRelease() = %+v, %v; want nil, nil", r, err)
+	}
+}
