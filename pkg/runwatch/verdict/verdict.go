@@ -3,8 +3,8 @@
 // body of its one result event).
 //
 // It is pure: no I/O, no clock of its own (Options.Now), no state between calls. What the
-// run-watcher learnt earlier (it saw the Job, the lease is exec-capable, a quota refused the pod)
-// comes in as Input; a verdict that changes with time alone says when to ask again
+// run-watcher learnt earlier (it saw the Job, the lease is exec-capable, a quota refused the pod,
+// the lease's release began and what its agent's recorded exec did) comes in as Input; a verdict that changes with time alone says when to ask again
 // (Decision.RecheckAfter).
 package verdict
 
@@ -76,8 +76,9 @@ type End struct {
 	Reason   string
 	Message  string
 	ExitCode *int
-	// Agent, when set, is the agent's account from its recorded exec (an exec-capable lease's
-	// release); otherwise the result's agent is parsed from the container log.
+	// Agent is the agent's account from its recorded exec (an exec-capable lease's release). A
+	// Job's account is parsed from its container log instead; an exec-capable lease without a
+	// recorded exec has none.
 	Agent *events.AgentResult
 }
 
@@ -189,7 +190,7 @@ func ended(phase events.Phase, e End) Decision {
 
 // Lost is how a run whose workload vanished while no run-watcher followed it ended: cancelled
 // when its lease was released or destroyed (that is what deleted it), else failed, its workload
-// lost.
+// lost. An exec-capable lease's release is its normal end instead (Released).
 func Lost(released bool) End {
 	if released {
 		return End{Outcome: events.OutcomeCancelled, Reason: events.ReasonJobDeleted,
