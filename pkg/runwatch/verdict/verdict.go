@@ -4,8 +4,8 @@
 //
 // It is pure: no I/O, no clock of its own (Options.Now), no state between calls. What the
 // run-watcher learnt earlier (it saw the Job, the lease is exec-capable, a quota refused the pod,
-// the lease's release began and what its agent's recorded exec did) comes in as Input; a verdict that changes with time alone says when to ask again
-// (Decision.RecheckAfter).
+// the lease's release began and what its agent's recorded exec did) comes in as Input; a verdict
+// that changes with time alone says when to ask again (Decision.RecheckAfter).
 package verdict
 
 import (
