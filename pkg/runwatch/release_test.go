@@ -51,6 +51,7 @@ func TestTrackerStepRelease(t *testing.T) {
 		release    *events.LeaseKind // nil: the pod is deleted under the live lease
 		cancel     bool
 		account    *events.AgentResult // nil: the agent's exec has no final event
+		vanish     bool                // the pod goes with no grace period: no deletionTimestamp seen
 		wantStatus []events.RunStatusEvent
 		wantResult events.RunResultEvent
 	}{
@@ -74,6 +75,14 @@ func TestTrackerStepRelease(t *testing.T) {
 		},
 		{
 			name: "pod deleted under the live lease", account: account,
+			wantStatus: []events.RunStatusEvent{
+				{Phase: events.PhaseRunning, Reason: events.ReasonReady},
+				{Phase: events.PhaseFailed, Reason: events.ReasonPodDeleted, Message: "the pod was deleted before the run finished"},
+			},
+			wantResult: events.RunResultEvent{Outcome: events.OutcomeFailed, Reason: events.ReasonPodDeleted, Message: "the pod was deleted before the run finished"},
+		},
+		{
+			name: "pod deleted with no grace period under the live lease", account: account, vanish: true,
 			wantStatus: []events.RunStatusEvent{
 				{Phase: events.PhaseRunning, Reason: events.ReasonReady},
 				{Phase: events.PhaseFailed, Reason: events.ReasonPodDeleted, Message: "the pod was deleted before the run finished"},
@@ -112,12 +121,14 @@ func TestTrackerStepRelease(t *testing.T) {
 				}
 			}
 			deleting := p.DeepCopy()
-			ts := metav1.NewTime(now)
-			deleting.DeletionTimestamp = &ts
-			if err := pods.Update(deleting); err != nil {
-				t.Fatal(err)
+			if !tc.vanish {
+				ts := metav1.NewTime(now)
+				deleting.DeletionTimestamp = &ts
+				if err := pods.Update(deleting); err != nil {
+					t.Fatal(err)
+				}
+				step("with the pod being deleted")
 			}
-			step("with the pod being deleted")
 			if err := pods.Delete(deleting); err != nil {
 				t.Fatal(err)
 			}

@@ -340,7 +340,7 @@ func (t *tracker) step(ctx context.Context) error {
 // look again then.
 func (t *tracker) decide(job *batchv1.Job, pod *corev1.Pod, release *verdict.Release) verdict.Decision {
 	opts := t.d.opts
-	in := verdict.Input{Job: job, Pod: pod, SeenJob: t.seenJob, ExecCapable: t.backend.ExecCapable(), Release: release}
+	in := verdict.Input{Job: job, Pod: pod, SeenJob: t.seenJob, SeenPod: t.seenPod, ExecCapable: t.backend.ExecCapable(), Release: release}
 	if job != nil {
 		if q, refused := t.d.cluster.quotaRefusal(job); refused {
 			in.QuotaRefusal = q.String()

@@ -284,6 +284,7 @@ func TestDecideRelease(t *testing.T) {
 		name    string
 		job     *batchv1.Job
 		pod     *corev1.Pod
+		seenPod bool
 		release *Release
 		want    decision
 	}{
@@ -295,6 +296,12 @@ func TestDecideRelease(t *testing.T) {
 		{
 			name: "live lease, pod deleted: a failure, not a cancellation",
 			pod:  execPod(corev1.PodRunning, running(), podDeleting),
+			want: decision{Phase: events.PhaseFailed, Reason: events.ReasonPodDeleted, Message: deletedMsg,
+				Verdict: &End{Outcome: events.OutcomeFailed, Reason: events.ReasonPodDeleted, Message: deletedMsg}},
+		},
+		{
+			name:    "live lease, pod vanished (deleted with no grace period)",
+			seenPod: true,
 			want: decision{Phase: events.PhaseFailed, Reason: events.ReasonPodDeleted, Message: deletedMsg,
 				Verdict: &End{Outcome: events.OutcomeFailed, Reason: events.ReasonPodDeleted, Message: deletedMsg}},
 		},
@@ -378,7 +385,7 @@ func TestDecideRelease(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			d := Decide(Input{Job: tc.job, Pod: tc.pod, ExecCapable: tc.job == nil, Release: tc.release}, decideOptions)
+			d := Decide(Input{Job: tc.job, Pod: tc.pod, SeenPod: tc.seenPod, ExecCapable: tc.job == nil, Release: tc.release}, decideOptions)
 			got := decision{Phase: d.Phase, Reason: d.Reason, Message: d.Message, Verdict: d.End}
 			if diff := cmp.Diff(tc.want, got); diff != "" {
 				t.Errorf("Decide() (-want +got):\n%s", diff)

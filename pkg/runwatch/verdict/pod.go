@@ -194,7 +194,7 @@ func deletedVerdict(pod *corev1.Pod, term *corev1.ContainerStateTerminated) (pod
 	// Not a cancellation: a release deletes an exec-capable lease's pod, and then the release
 	// decides (releaseDecides); a Job's pod deleted under a live Job waits for the Job's verdict.
 	// What is left is a pod deleted under a live lease, which failed it.
-	v.Outcome, v.Reason, v.Message = events.OutcomeFailed, events.ReasonPodDeleted, "the pod was deleted before the run finished"
+	v.Outcome, v.Reason, v.Message = events.OutcomeFailed, events.ReasonPodDeleted, podDeletedMessage
 	return v, true
 }
 

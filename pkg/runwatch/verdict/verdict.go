@@ -47,6 +47,10 @@ type Input struct {
 	Pod *corev1.Pod
 	// SeenJob reports that the run's Job was seen earlier, so a missing Job was deleted.
 	SeenJob bool
+	// SeenPod reports that the pod of a run without a Job (an exec-capable lease's) was seen
+	// earlier, so a missing pod was deleted: a pod deleted with no grace period vanishes from
+	// the informer without ever showing its deletionTimestamp.
+	SeenPod bool
 	// ExecCapable reports a lease that accepts exec once its pod is ready, which its status
 	// says (Running, reason Ready).
 	ExecCapable bool
@@ -103,6 +107,9 @@ func (e End) Phase() events.Phase {
 	}
 	return events.PhaseFailed
 }
+
+// podDeletedMessage is what a run whose pod was deleted under it says (deletedVerdict).
+const podDeletedMessage = "the pod was deleted before the run finished"
 
 // jobDeletedMessage is what a run cancelled by its Job's deletion says, as classifyJob words it.
 const jobDeletedMessage = "the Job was deleted before the run finished"
@@ -177,6 +184,10 @@ func decide(in Input, pv podVerdict, exit *int) Decision {
 	case pod != nil && ownedByJob(pod):
 		// The pod's event came before the informer saw its Job: wait for the Job.
 		return ongoing
+	case pod == nil && in.SeenPod:
+		// An exec-capable lease's pod vanished without a release: as deletedVerdict says of
+		// a pod seen being deleted.
+		return ended(events.PhaseFailed, End{Outcome: events.OutcomeFailed, Reason: events.ReasonPodDeleted, Message: podDeletedMessage})
 	default:
 		// A run without a Job (a Sandbox's pod): the pod decides.
 		return podDecides()
