@@ -98,6 +98,9 @@ func FuzzDecodeDispatch(f *testing.F) {
 
 func FuzzDecodeRunEvent(f *testing.F) {
 	f.Add("paperclip.run.c1.r1.status", []byte(`{"runId":"r1","companyId":"c1","at":"2026-08-24T10:30:00Z","phase":"Running"}`))
+	// An exec lease's end: Releasing, then a released result with the agent exec's account.
+	f.Add("paperclip.run.c1.r1.status", []byte(`{"runId":"r1","companyId":"c1","at":"2026-08-24T10:30:00Z","phase":"Running","reason":"Releasing"}`))
+	f.Add("paperclip.run.c1.r1.result", []byte(`{"runId":"r1","companyId":"c1","at":"2026-08-24T10:30:00Z","outcome":"released","exitCode":0,"reason":"Released","agent":{"sessionId":"s","model":"m","usage":{"inputTokens":1,"outputTokens":2,"cachedInputTokens":0},"costUsd":0.01,"summary":"done","isError":false}}`))
 	f.Fuzz(func(t *testing.T, subject string, data []byte) {
 		var s events.Subjects
 		ev, err := s.DecodeRunEvent(subject, data)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"time"
 	"unicode"
 	"unicode/utf8"
@@ -58,11 +59,18 @@ const (
 	OutcomeFailed    Outcome = "failed"
 	OutcomeTimedOut  Outcome = "timed_out"
 	OutcomeCancelled Outcome = "cancelled"
+	// OutcomeReleased: an exec-capable lease (backends pod, sandbox-cr) ended by its release or
+	// destroy, its normal end: it runs no command of its own, so nothing failed; the agent's
+	// work is told by the result's exitCode and agent, from its recorded exec.
+	OutcomeReleased Outcome = "released"
 )
 
-func (o Outcome) valid() bool {
-	return o == OutcomeSucceeded || o == OutcomeFailed || o == OutcomeTimedOut || o == OutcomeCancelled
+// Outcomes lists every outcome, in the order docs/schemas/run-result.json lists them.
+func Outcomes() []Outcome {
+	return []Outcome{OutcomeSucceeded, OutcomeFailed, OutcomeTimedOut, OutcomeCancelled, OutcomeReleased}
 }
+
+func (o Outcome) valid() bool { return slices.Contains(Outcomes(), o) }
 
 // ReleaseState is what became of a run's workload after release or destroy.
 type ReleaseState string
@@ -94,7 +102,9 @@ const (
 	ReasonInitContainerFailed = "InitContainerFailed"
 	// ReasonSuspended, with phase Pending: the run's Job is suspended.
 	ReasonSuspended = "Suspended"
-	// ReasonPodDeleted: the run's pod was deleted before the run finished.
+	// ReasonPodDeleted: the run's pod was deleted before the run finished, by something other
+	// than its lease's release (a Job's pod: its Job's next condition decides; an exec-capable
+	// lease's pod: the run failed).
 	ReasonPodDeleted = "PodDeleted"
 	// ReasonJobDeleted, with outcome cancelled: the run's workload was deleted (released or
 	// destroyed) before the run finished.
@@ -105,6 +115,15 @@ const (
 	ReasonQuotaExceeded = "QuotaExceeded"
 	// ReasonReady, with phase Running: an exec-capable lease's pod is ready and accepts exec.
 	ReasonReady = "Ready"
+	// ReasonReleasing, with phase Running: an exec-capable lease's release or destroy has begun;
+	// its pod ends once its commands finish (or are cancelled, with cancelActiveWork).
+	ReasonReleasing = "Releasing"
+	// ReasonReleased, with phase Succeeded and outcome released: an exec-capable lease ended by
+	// its release or destroy after its agent's recorded exec had finished (or with none).
+	ReasonReleased = "Released"
+	// ReasonCommandCancelled, with outcome cancelled: an exec-capable lease's release or destroy
+	// cut its agent's recorded exec short (cancelActiveWork, or the release's grace ran out).
+	ReasonCommandCancelled = "CommandCancelled"
 )
 
 // AgentResult is what the agent's own transcript (Claude Code stream-json) says about a run:
@@ -437,7 +456,7 @@ func (e RunResultEvent) IDs() (string, string) { return e.CompanyID, e.RunID }
 
 func (e RunResultEvent) address(s Subjects) (address, error) {
 	if !e.Outcome.valid() {
-		return address{}, InvalidRequest("outcome", "must be one of succeeded, failed, timed_out, cancelled, got %q", e.Outcome)
+		return address{}, InvalidRequest("outcome", "must be one of %v, got %q", Outcomes(), truncate(string(e.Outcome), 16))
 	}
 	return runAddress(s, e.CompanyID, e.RunID, KindResult, Ref(e.CompanyID, e.RunID).MsgID("result"), 0)
 }

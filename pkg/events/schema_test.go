@@ -266,3 +266,16 @@ func TestDocExamples(t *testing.T) {
 		}
 	}
 }
+
+// TestOutcomeSchemaEnum: the result schema lists exactly the outcomes a result may carry, so a
+// new outcome cannot reach consumers undocumented.
+func TestOutcomeSchemaEnum(t *testing.T) {
+	s := objectSchema(t, loadSchema(t, "run-result.json"), []string{"outcome"})
+	var inSchema []events.Outcome
+	for _, v := range s["enum"].([]any) {
+		inSchema = append(inSchema, events.Outcome(v.(string)))
+	}
+	if diff := cmp.Diff(events.Outcomes(), inSchema); diff != "" {
+		t.Errorf("outcomes (-Go +schema):\n%s", diff)
+	}
+}

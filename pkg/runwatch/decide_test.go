@@ -75,7 +75,7 @@ func TestTrackerDecideRecheckPokes(t *testing.T) {
 	tr := newDecideTracker(t)
 	tr.d.opts.StartErrorGrace = 50 * time.Millisecond
 	startedNow := pod(corev1.PodPending, waiting("ErrImagePull"), startedAgo(0))
-	if d := tr.decide(job(active), startedNow); d.End != nil {
+	if d := tr.decide(job(active), startedNow, nil); d.End != nil {
 		t.Fatalf("decide() verdict %+v within the grace, want none", d.End)
 	}
 	select {

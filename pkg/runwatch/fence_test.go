@@ -64,7 +64,7 @@ func TestQuotaRefusalFailsTheRun(t *testing.T) {
 			Reason:         "FailedCreate", Message: msg,
 		}
 	}
-	d := tr.decide(job, nil)
+	d := tr.decide(job, nil, nil)
 	if d.End != nil || d.Phase != events.PhasePending {
 		t.Fatalf("before any event: phase %s, verdict %+v; want Pending, none", d.Phase, d.End)
 	}
@@ -77,13 +77,13 @@ func TestQuotaRefusalFailsTheRun(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if d := tr.decide(job, nil); d.End != nil {
+	if d := tr.decide(job, nil, nil); d.End != nil {
 		t.Fatalf("verdict %+v from an unrelated refusal", d.End)
 	}
 	if err := tr.d.cluster.jobEvents.Add(event("quota", "job-uid", `Error creating: pods "pc-q-3" is forbidden: exceeded quota: paperclip-quota, requested: pods=1, used: pods=20, limited: pods=20`)); err != nil {
 		t.Fatal(err)
 	}
-	d = tr.decide(job, nil)
+	d = tr.decide(job, nil, nil)
 	want := "the tenant's ResourceQuota paperclip-quota refuses the run (requested: pods=1, used: pods=20, limited: pods=20)"
 	if d.Phase != events.PhaseFailed || d.Reason != events.ReasonQuotaExceeded || d.Message != want || d.End == nil || d.End.Outcome != events.OutcomeFailed {
 		t.Errorf("decide = %s, %s, %q, %+v; want Failed, QuotaExceeded, %q", d.Phase, d.Reason, d.Message, d.End, want)

@@ -123,11 +123,20 @@ func reportLost(ctx context.Context, d *deps, rec lease.Record) bool {
 	}
 	defer j.stop()
 	end := verdict.Lost(rec.State.Ended())
-	if err := status.publish(ctx, d.pub, ref, events.PhaseFailed, end.Reason, end.Message, ""); err != nil {
+	if policy.Backend(rec.Backend).ExecCapable() && rec.Ending != "" {
+		// An exec-capable lease's release is its end, followed or not (verdict.Released).
+		r, err := releaseOfRecord(ctx, d, rec)
+		if err != nil {
+			log.Warn().Err(err).Msg("reconcile: reading the run's history failed")
+			return false
+		}
+		end = verdict.Released(r)
+	}
+	if err := status.publish(ctx, d.pub, ref, end.Phase(), end.Reason, end.Message, ""); err != nil {
 		log.Warn().Err(err).Msg("reconcile: publishing status failed")
 		return false
 	}
-	if err := publishResult(ctx, d.pub, log, ref, end, j.agentResult(end.AgentExitCode())); err != nil {
+	if err := publishResult(ctx, d.pub, log, ref, end, resultAgent(end, policy.Backend(rec.Backend), j)); err != nil {
 		log.Warn().Err(err).Msg("reconcile: publishing result failed")
 		return false
 	}

@@ -65,6 +65,7 @@ type tracker struct {
 	loaded    bool
 	done      bool
 	seenJob   bool
+	seenPod   bool // an exec-capable lease's pod was seen: its absence now means it is gone
 	status    statusLine
 	follow    *follower
 	end       *verdict.End // the run is over
@@ -262,12 +263,23 @@ func (t *tracker) step(ctx context.Context) error {
 	if job != nil {
 		t.seenJob = true
 	}
-	if job == nil && pod == nil && !t.seenJob {
+	if pod != nil && t.workload.Backend().ExecCapable() {
+		t.seenPod = true
+	}
+	if job == nil && pod == nil && !t.seenJob && !t.seenPod {
 		return nil // a pod's event raced ahead of the informer's view of the Job
 	}
 
 	if t.end == nil {
-		d := t.decide(job, pod)
+		var release *verdict.Release
+		if t.workload.Backend().ExecCapable() && (pod == nil || pod.DeletionTimestamp != nil) {
+			// Its pod is going: a release decides how the run ended, if one began.
+			var err error
+			if release, err = leaseRelease(ctx, t.d, t.ref); err != nil {
+				return err
+			}
+		}
+		d := t.decide(job, pod, release)
 		if err := t.publishStatus(ctx, d, pod); errors.Is(err, errFenced) {
 			t.fenced(ctx)
 			return nil
@@ -323,7 +335,7 @@ func (t *tracker) step(ctx context.Context) error {
 	if t.journal == nil {
 		return nil // fenced while flushing
 	}
-	if err := publishResult(ctx, t.d.pub, t.log, t.ref, *t.end, t.journal.agentResult(t.end.AgentExitCode())); err != nil {
+	if err := publishResult(ctx, t.d.pub, t.log, t.ref, *t.end, resultAgent(*t.end, t.workload.Backend(), t.journal)); err != nil {
 		return err
 	}
 	t.done = true
@@ -333,11 +345,12 @@ func (t *tracker) step(ctx context.Context) error {
 	return nil
 }
 
-// decide asks for the run's verdict on its Job and pod; a verdict that changes with time alone
-// (a grace running out) has the tracker look again then.
-func (t *tracker) decide(job *batchv1.Job, pod *corev1.Pod) verdict.Decision {
+// decide asks for the run's verdict on its Job and pod, and on an exec-capable lease's release
+// once one began; a verdict that changes with time alone (a grace running out) has the tracker
+// look again then.
+func (t *tracker) decide(job *batchv1.Job, pod *corev1.Pod, release *verdict.Release) verdict.Decision {
 	opts := t.d.opts
-	in := verdict.Input{Job: job, Pod: pod, SeenJob: t.seenJob, ExecCapable: t.workload.Backend().ExecCapable()}
+	in := verdict.Input{Job: job, Pod: pod, SeenJob: t.seenJob, SeenPod: t.seenPod, ExecCapable: t.workload.Backend().ExecCapable(), Release: release}
 	if job != nil {
 		if q, refused := t.d.cluster.quotaRefusal(job); refused {
 			in.QuotaRefusal = q.String()

@@ -119,9 +119,10 @@ func checkExecLease(t *testing.T, cs kubernetes.Interface, r *pt.Run, backend st
 	if _, err := cs.CoreV1().Pods(created.Namespace).Get(ctx, created.WorkloadName, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 		t.Errorf("the lease's pod after released: %v, want NotFound", err)
 	}
+	// A release is an exec-capable lease's normal end; nothing recorded, so no agent account.
 	res := pt.WaitKind[events.RunResultEvent](r, runTimeout)
-	if res.Outcome != events.OutcomeCancelled {
-		t.Errorf("result = %+v, want cancelled", res)
+	if res.Outcome != events.OutcomeReleased || res.Agent != nil {
+		t.Errorf("result = %+v, want released, without an agent", res)
 	}
 }
 

@@ -659,6 +659,7 @@ func checkRun(t *testing.T, pc *server, cs kubernetes.Interface, runID string, w
 	released := pt.WaitKind[events.RunReleasedEvent](r, runTimeout)
 	evs := r.Events()
 	checkRunStream(t, evs, lease, released, lines, rec)
+	checkRunResult(t, r, rec)
 	st.streamEvents, st.streamBytes = len(evs), payloadBytes(t, evs)
 	checkPodGone(t, cs, lease.Metadata.Kubeclip.Namespace, lease.Metadata.Kubeclip.WorkloadName)
 

@@ -251,3 +251,145 @@ func TestDecide(t *testing.T) {
 		})
 	}
 }
+
+// execPod builds an exec-capable lease's pod (sandboxd in the agent container, no Job).
+func execPod(phase corev1.PodPhase, state corev1.ContainerState, mods ...func(*corev1.Pod)) *corev1.Pod {
+	p := runPod(phase, state, func(p *corev1.Pod) {
+		p.Name = "pc-x"
+		p.Status.PodIP = "10.0.0.7"
+		p.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}
+	})
+	for _, m := range mods {
+		m(p)
+	}
+	return p
+}
+
+// TestDecideRelease is the verdict on an exec-capable lease's run: a release (or destroy) ends
+// it as released, with the agent exec's exit code and account, once its pod is gone; a release
+// that cut the agent's exec short cancelled it; a pod deleted under a live lease failed it.
+func TestDecideRelease(t *testing.T) {
+	const (
+		deletedMsg   = "the pod was deleted before the run finished"
+		releasingMsg = "the lease is being released: its pod ends once its commands finish"
+	)
+	cost := 0.25
+	account := &events.AgentResult{SessionID: "5bcc4856", Model: "claude-stub", Usage: &events.AgentUsage{InputTokens: 10, OutputTokens: 20}, CostUSD: &cost, Summary: "done"}
+	finished := &AgentExec{ExecID: "01X", Exit: &events.ExecExit{ExitCode: intPtr(0)}, Agent: account}
+	killed := &AgentExec{ExecID: "01X", Exit: &events.ExecExit{Signal: ptr("SIGKILL")}, Agent: &events.AgentResult{IsError: true}}
+	unfinished := &AgentExec{ExecID: "01X"}
+	released := func(x *AgentExec) *Release { return &Release{AgentExec: x} }
+
+	tests := []struct {
+		name    string
+		job     *batchv1.Job
+		pod     *corev1.Pod
+		seenPod bool
+		release *Release
+		want    decision
+	}{
+		{
+			name: "live lease, pod ready",
+			pod:  execPod(corev1.PodRunning, running()),
+			want: decision{Phase: events.PhaseRunning, Reason: events.ReasonReady},
+		},
+		{
+			name: "live lease, pod deleted: a failure, not a cancellation",
+			pod:  execPod(corev1.PodRunning, running(), podDeleting),
+			want: decision{Phase: events.PhaseFailed, Reason: events.ReasonPodDeleted, Message: deletedMsg,
+				Verdict: &End{Outcome: events.OutcomeFailed, Reason: events.ReasonPodDeleted, Message: deletedMsg}},
+		},
+		{
+			name:    "live lease, pod vanished (deleted with no grace period)",
+			seenPod: true,
+			want: decision{Phase: events.PhaseFailed, Reason: events.ReasonPodDeleted, Message: deletedMsg,
+				Verdict: &End{Outcome: events.OutcomeFailed, Reason: events.ReasonPodDeleted, Message: deletedMsg}},
+		},
+		{
+			name:    "released, pod still running its commands",
+			pod:     execPod(corev1.PodRunning, running(), podDeleting),
+			release: released(finished),
+			want:    decision{Phase: events.PhaseRunning, Reason: events.ReasonReleasing, Message: releasingMsg},
+		},
+		{
+			name:    "released with cancelActiveWork, pod still running",
+			pod:     execPod(corev1.PodRunning, running(), podDeleting),
+			release: &Release{CancelActiveWork: true, AgentExec: unfinished},
+			want: decision{Phase: events.PhaseRunning, Reason: events.ReasonReleasing,
+				Message: "the lease is being released: its running commands are cancelled"},
+		},
+		{
+			name:    "released after the agent's exec, pod gone",
+			release: released(finished),
+			want: decision{Phase: events.PhaseSucceeded, Reason: events.ReasonReleased, Message: "the lease was released",
+				Verdict: &End{Outcome: events.OutcomeReleased, Reason: events.ReasonReleased, Message: "the lease was released", ExitCode: intPtr(0), Agent: account}},
+		},
+		{
+			name:    "released after the agent's exec, sandboxd drained and exited",
+			pod:     execPod(corev1.PodSucceeded, exited(0, "Completed", now), podDeleting),
+			release: released(finished),
+			want: decision{Phase: events.PhaseSucceeded, Reason: events.ReasonReleased, Message: "the lease was released",
+				Verdict: &End{Outcome: events.OutcomeReleased, Reason: events.ReasonReleased, Message: "the lease was released", ExitCode: intPtr(0), Agent: account}},
+		},
+		{
+			name:    "released with nothing recorded",
+			pod:     execPod(corev1.PodFailed, exited(143, "Error", now), podDeleting),
+			release: released(nil),
+			want: decision{Phase: events.PhaseSucceeded, Reason: events.ReasonReleased, Message: "the lease was released",
+				Verdict: &End{Outcome: events.OutcomeReleased, Reason: events.ReasonReleased, Message: "the lease was released"}},
+		},
+		{
+			name:    "destroyed after the agent's exec",
+			release: &Release{Destroy: true, AgentExec: finished},
+			want: decision{Phase: events.PhaseSucceeded, Reason: events.ReasonReleased, Message: "the lease was destroyed",
+				Verdict: &End{Outcome: events.OutcomeReleased, Reason: events.ReasonReleased, Message: "the lease was destroyed", ExitCode: intPtr(0), Agent: account}},
+		},
+		{
+			name:    "released while the agent's exec ran: its pod went under it",
+			release: &Release{Destroy: true, AgentExec: unfinished},
+			want: decision{Phase: events.PhaseFailed, Reason: events.ReasonCommandCancelled, Message: "the lease was destroyed while its agent's command (exec 01X) ran",
+				Verdict: &End{Outcome: events.OutcomeCancelled, Reason: events.ReasonCommandCancelled, Message: "the lease was destroyed while its agent's command (exec 01X) ran"}},
+		},
+		{
+			name:    "released with cancelActiveWork, the agent's exec killed",
+			release: &Release{CancelActiveWork: true, AgentExec: killed},
+			want: decision{Phase: events.PhaseFailed, Reason: events.ReasonCommandCancelled, Message: "the lease was released while its agent's command (exec 01X) ran",
+				Verdict: &End{Outcome: events.OutcomeCancelled, Reason: events.ReasonCommandCancelled, Message: "the lease was released while its agent's command (exec 01X) ran", Agent: killed.Agent}},
+		},
+		{
+			name:    "released without cancelActiveWork after its client killed the agent: released",
+			release: released(killed),
+			want: decision{Phase: events.PhaseSucceeded, Reason: events.ReasonReleased, Message: "the lease was released",
+				Verdict: &End{Outcome: events.OutcomeReleased, Reason: events.ReasonReleased, Message: "the lease was released", Agent: killed.Agent}},
+		},
+		{
+			name:    "pod OOMKilled before the release reached it keeps its failure",
+			pod:     execPod(corev1.PodFailed, exited(137, events.ReasonOOMKilled, now.Add(-time.Minute))),
+			release: released(unfinished),
+			want: decision{Phase: events.PhaseFailed, Reason: events.ReasonOOMKilled, Message: `container "agent" was killed for exceeding its memory limit`,
+				Verdict: &End{Outcome: events.OutcomeFailed, Reason: events.ReasonOOMKilled, Message: `container "agent" was killed for exceeding its memory limit`, ExitCode: intPtr(137)}},
+		},
+		{
+			name:    "activity deadline before the release keeps its timeout",
+			pod:     execPod(corev1.PodFailed, exited(137, "Error", now.Add(-time.Minute)), withPodReason(events.ReasonDeadlineExceeded, "Pod was active on the node longer than the specified deadline")),
+			release: released(finished),
+			want: decision{Phase: events.PhaseFailed, Reason: events.ReasonDeadlineExceeded, Message: "Pod was active on the node longer than the specified deadline",
+				Verdict: &End{Outcome: events.OutcomeTimedOut, Reason: events.ReasonDeadlineExceeded, Message: "Pod was active on the node longer than the specified deadline", ExitCode: intPtr(137)}},
+		},
+		{
+			name:    "a Job's run ignores a release: its Job decides",
+			job:     runJob(active, jobDeleting),
+			release: released(finished),
+			want:    decision{Phase: events.PhaseFailed, Reason: events.ReasonJobDeleted, Message: "the Job was deleted before the run finished", Verdict: &End{Outcome: events.OutcomeCancelled, Reason: events.ReasonJobDeleted, Message: "the Job was deleted before the run finished"}},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			d := Decide(Input{Job: tc.job, Pod: tc.pod, SeenPod: tc.seenPod, ExecCapable: tc.job == nil, Release: tc.release}, decideOptions)
+			got := decision{Phase: d.Phase, Reason: d.Reason, Message: d.Message, Verdict: d.End}
+			if diff := cmp.Diff(tc.want, got); diff != "" {
+				t.Errorf("Decide() (-want +got):\n%s", diff)
+			}
+		})
+	}
+}

@@ -61,9 +61,9 @@ func (o Options) now() time.Time {
 // pod that never restarts, an eviction. A non-terminal verdict with RecheckAfter set is waiting
 // out one of those graces.
 //
-// A pod being deleted is cancelled unless it had finished before the deletion was requested or
-// its container exited 0; a DisruptionTarget condition (preemption, eviction API, taint manager)
-// turns that into a failure with the condition's reason.
+// A pod being deleted has failed (PodDeleted) unless it had finished before the deletion was
+// requested or its container exited 0; a DisruptionTarget condition (preemption, eviction API,
+// taint manager) gives the failure the condition's reason.
 //
 // When the run is a Job, a terminal classifyJob verdict is authoritative (a Job deadline deletes
 // its pod, which alone looks cancelled); keep the pod's ExitCode.
@@ -191,7 +191,10 @@ func deletedVerdict(pod *corev1.Pod, term *corev1.ContainerStateTerminated) (pod
 		}
 		return v, true
 	}
-	v.Outcome, v.Reason, v.Message = events.OutcomeCancelled, events.ReasonPodDeleted, "the pod was deleted before the run finished"
+	// Not a cancellation: a release deletes an exec-capable lease's pod, and then the release
+	// decides (releaseDecides); a Job's pod deleted under a live Job waits for the Job's verdict.
+	// What is left is a pod deleted under a live lease, which failed it.
+	v.Outcome, v.Reason, v.Message = events.OutcomeFailed, events.ReasonPodDeleted, podDeletedMessage
 	return v, true
 }
 

@@ -284,19 +284,19 @@ func TestClassifyPod(t *testing.T) {
 		{
 			name: "running pod deleted",
 			pod:  podWith(corev1.PodRunning, running(), deletedAt(now, 5)),
-			want: podVerdict{Phase: events.PhaseFailed, Terminal: true, Outcome: events.OutcomeCancelled, Reason: "PodDeleted",
+			want: podVerdict{Phase: events.PhaseFailed, Terminal: true, Outcome: events.OutcomeFailed, Reason: "PodDeleted",
 				Message: "the pod was deleted before the run finished"},
 		},
 		{
 			name: "pending pod deleted",
 			pod:  podWith(corev1.PodPending, waiting("ContainerCreating", ""), deletedAt(now, 5)),
-			want: podVerdict{Phase: events.PhaseFailed, Terminal: true, Outcome: events.OutcomeCancelled, Reason: "PodDeleted",
+			want: podVerdict{Phase: events.PhaseFailed, Terminal: true, Outcome: events.OutcomeFailed, Reason: "PodDeleted",
 				Message: "the pod was deleted before the run finished"},
 		},
 		{
-			name: "SIGTERM exit after deletion is a cancellation",
+			name: "SIGTERM exit after deletion is the deletion's",
 			pod:  podWith(corev1.PodFailed, exited(143, "Error", now.Add(time.Second)), deletedAt(now, 5)),
-			want: podVerdict{Phase: events.PhaseFailed, Terminal: true, Outcome: events.OutcomeCancelled, Reason: "PodDeleted",
+			want: podVerdict{Phase: events.PhaseFailed, Terminal: true, Outcome: events.OutcomeFailed, Reason: "PodDeleted",
 				Message: "the pod was deleted before the run finished", ExitCode: ptr[int32](143)},
 		},
 		{

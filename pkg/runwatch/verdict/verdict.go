@@ -3,9 +3,9 @@
 // body of its one result event).
 //
 // It is pure: no I/O, no clock of its own (Options.Now), no state between calls. What the
-// run-watcher learnt earlier (it saw the Job, the lease is exec-capable, a quota refused the pod)
-// comes in as Input; a verdict that changes with time alone says when to ask again
-// (Decision.RecheckAfter).
+// run-watcher learnt earlier (it saw the Job, the lease is exec-capable, a quota refused the pod,
+// the lease's release began and what its agent's recorded exec did) comes in as Input; a verdict
+// that changes with time alone says when to ask again (Decision.RecheckAfter).
 package verdict
 
 import (
@@ -47,12 +47,19 @@ type Input struct {
 	Pod *corev1.Pod
 	// SeenJob reports that the run's Job was seen earlier, so a missing Job was deleted.
 	SeenJob bool
+	// SeenPod reports that the pod of a run without a Job (an exec-capable lease's) was seen
+	// earlier, so a missing pod was deleted: a pod deleted with no grace period vanishes from
+	// the informer without ever showing its deletionTimestamp.
+	SeenPod bool
 	// ExecCapable reports a lease that accepts exec once its pod is ready, which its status
 	// says (Running, reason Ready).
 	ExecCapable bool
 	// QuotaRefusal, when set, is the tenant's ResourceQuota refusing the Job's pod (from the Job
 	// controller's FailedCreate event), in words for the tenant.
 	QuotaRefusal string
+	// Release is an exec-capable lease's release or destroy once its lease record says one
+	// began; nil while the lease is live. A run with a Job ignores it: its Job decides.
+	Release *Release
 }
 
 // Decision is where the run is, and how it ended once it is over.
@@ -73,6 +80,10 @@ type End struct {
 	Reason   string
 	Message  string
 	ExitCode *int
+	// Agent is the agent's account from its recorded exec (an exec-capable lease's release). A
+	// Job's account is parsed from its container log instead; an exec-capable lease without a
+	// recorded exec has none.
+	Agent *events.AgentResult
 }
 
 // AgentExitCode is the exit code the agent's transcript is judged with: the container's, or,
@@ -88,6 +99,18 @@ func (e End) AgentExitCode() int {
 	return 1
 }
 
+// Phase is the phase of the last status of a run that ended this way: Succeeded for a run that
+// succeeded or was released, Failed for the rest.
+func (e End) Phase() events.Phase {
+	if e.Outcome == events.OutcomeSucceeded || e.Outcome == events.OutcomeReleased {
+		return events.PhaseSucceeded
+	}
+	return events.PhaseFailed
+}
+
+// podDeletedMessage is what a run whose pod was deleted under it says (deletedVerdict).
+const podDeletedMessage = "the pod was deleted before the run finished"
+
 // jobDeletedMessage is what a run cancelled by its Job's deletion says, as classifyJob words it.
 const jobDeletedMessage = "the Job was deleted before the run finished"
 
@@ -99,7 +122,12 @@ func Decide(in Input, opts Options) Decision {
 		c := int(*pv.ExitCode)
 		exit = &c
 	}
-	d := decide(in, pv, exit)
+	var d Decision
+	if in.Release != nil && in.Job == nil && !in.SeenJob {
+		d = releaseDecides(*in.Release, in.Pod, opts.Container, pv, exit)
+	} else {
+		d = decide(in, pv, exit)
+	}
 	d.RecheckAfter = pv.RecheckAfter
 	return d
 }
@@ -156,6 +184,10 @@ func decide(in Input, pv podVerdict, exit *int) Decision {
 	case pod != nil && ownedByJob(pod):
 		// The pod's event came before the informer saw its Job: wait for the Job.
 		return ongoing
+	case pod == nil && in.SeenPod:
+		// An exec-capable lease's pod vanished without a release: as deletedVerdict says of
+		// a pod seen being deleted.
+		return ended(events.PhaseFailed, End{Outcome: events.OutcomeFailed, Reason: events.ReasonPodDeleted, Message: podDeletedMessage})
 	default:
 		// A run without a Job (a Sandbox's pod): the pod decides.
 		return podDecides()
@@ -169,7 +201,7 @@ func ended(phase events.Phase, e End) Decision {
 
 // Lost is how a run whose workload vanished while no run-watcher followed it ended: cancelled
 // when its lease was released or destroyed (that is what deleted it), else failed, its workload
-// lost.
+// lost. An exec-capable lease's release is its normal end instead (Released).
 func Lost(released bool) End {
 	if released {
 		return End{Outcome: events.OutcomeCancelled, Reason: events.ReasonJobDeleted,
