@@ -244,6 +244,10 @@ export function readSettings(obj: JsonObject): PluginKeys {
   if (hold !== undefined) out.maxExecuteOutputBytes = hold;
   const conc = int("maxConcurrentExecutesPerCompany", 1, 100_000);
   if (conc !== undefined) out.maxConcurrentExecutesPerCompany = conc;
+  if (obj.nativeSync !== undefined && obj.nativeSync !== null) {
+    if (typeof obj.nativeSync !== "boolean") throw new ConfigError("settings.nativeSync", "must be true or false");
+    out.nativeSync = obj.nativeSync;
+  }
   const syncBytes = int("maxSyncOutBytes", 1, MAX_SYNC_OUT_BYTES);
   if (syncBytes !== undefined) out.maxSyncOutBytes = syncBytes;
   const syncFiles = int("maxSyncOutFiles", 1, MAX_SYNC_OUT_FILES);
@@ -264,6 +268,7 @@ export interface PluginKeys {
   executeEnv?: EnvPolicySettings;
   maxExecuteOutputBytes?: number;
   maxConcurrentExecutesPerCompany?: number;
+  nativeSync?: boolean;
   maxSyncOutBytes?: number;
   maxSyncOutFiles?: number;
 }
@@ -473,6 +478,11 @@ export const settingsSchema = {
       minimum: 1,
       default: DEFAULT_CONCURRENT_EXECUTES,
       description: "Executes one company may have in flight; more wait (up to 60 s, then are refused).",
+    },
+    nativeSync: {
+      type: "boolean",
+      default: true,
+      description: "Native file sync (sandboxd untar/tar over kubeclip's exec service) for exec-capable leases; false keeps Paperclip's base64-over-execute route for every lease (e.g. while pods run a sandboxd without its sync subcommands).",
     },
     maxSyncOutBytes: {
       type: "integer",

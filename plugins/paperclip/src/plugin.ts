@@ -309,29 +309,36 @@ export function createPlugin(options: PluginOptions = {}): PaperclipPlugin {
     const conn = resolveConnection(s, readEnvironmentKeys(splitConfig(params.config).plugin));
     const nc = await pool.get(conn);
     const budgetMs = conn.timeoutMs ?? DEFAULT_RPC_BUDGET_MS;
-    const run = (e: SyncExec): Promise<ExecResult> =>
-      runOnLease(
+    let execs = 0;
+    const run = (e: SyncExec): Promise<ExecResult> => {
+      execs++;
+      return runOnLease(
         nc,
         conn,
         s,
         { companyId, runId: meta.runId, providerLeaseId, command: e.command, args: e.args, cwd: e.cwd, env: {}, stdinStream: e.stdinStream, timeoutMs: e.timeoutMs, record: false },
         { holdBytes: SYNC_STDERR_BYTES, stdoutSink: e.stdoutSink, ...(e.maxOutputBytes !== undefined ? { maxOutputBytes: e.maxOutputBytes } : {}) },
       );
+    };
     const log = context().logger;
     const t0 = Date.now();
-    stats.of(providerLeaseId).hook(direction === "in" ? "syncIn" : "syncOut");
+    const leaseStats = stats.of(providerLeaseId);
+    leaseStats.hook(direction === "in" ? "syncIn" : "syncOut");
+    let bytes = 0;
     try {
       const result =
         direction === "in"
           ? await syncIn(params.operations, run, budgetMs)
           : await syncOut(params.operations, run, { maxBytes: s.maxSyncOutBytes ?? DEFAULT_SYNC_OUT_BYTES, maxFiles: s.maxSyncOutFiles ?? DEFAULT_SYNC_OUT_FILES }, budgetMs);
       const files = result.operations.reduce((n, o) => n + o.filesTransferred, 0);
-      const bytes = result.operations.reduce((n, o) => n + o.bytesTransferred, 0);
-      log.info(`sync ${direction} done`, { runId: meta.runId, providerLeaseId, operations: result.operations.length, files, bytes, syncMs: Date.now() - t0 });
+      bytes = result.operations.reduce((n, o) => n + o.bytesTransferred, 0);
+      log.info(`sync ${direction} done`, { runId: meta.runId, providerLeaseId, operations: result.operations.length, files, bytes, execs, syncMs: Date.now() - t0 });
       return result;
     } catch (err) {
-      log.warn(`sync ${direction} failed`, { runId: meta.runId, providerLeaseId, error: scrub(errorMessage(err), conn.secrets) });
+      log.warn(`sync ${direction} failed`, { runId: meta.runId, providerLeaseId, execs, error: scrub(errorMessage(err), conn.secrets) });
       throw err;
+    } finally {
+      leaseStats.sync(execs, bytes);
     }
   }
 
@@ -458,7 +465,8 @@ export function createPlugin(options: PluginOptions = {}): PaperclipPlugin {
       if (!params.agentId) throw new Error("agentId: Paperclip sent no agent id; kubeclip needs it to hold one run per agent");
       const dup = findCaseVariantKey(params.executionWorkspaceSettings, "executionWorkspaceSettings");
       if (dup) throw new Error(`${dup}: keys differ only in case; kubeclip refuses such payloads`);
-      const conn = await connectionFor(params.config, params.companyId);
+      const s = await settings(params.companyId);
+      const conn = resolveConnection(s, readEnvironmentKeys(split.plugin));
       const nc = await pool.get(conn);
       const leases = new Leases(nc, conn.prefix);
       const log = context().logger;
@@ -491,9 +499,11 @@ export function createPlugin(options: PluginOptions = {}): PaperclipPlugin {
         backend: created.backend,
         ...(params.adapterType ? { adapterType: params.adapterType } : {}),
       };
-      // A backend that runs no commands (job) has no sandboxd to sync through: Paperclip's host
-      // keeps its base64 route for such a lease (environment-runtime.js supportsSync).
-      const syncable = (EXEC_BACKENDS as readonly string[]).includes(created.backend);
+      // A backend that runs no commands (job) has no sandboxd to sync through, and an operator
+      // may turn native sync off (settings.nativeSync: false, say while pods still run a sandboxd
+      // without its sync subcommands): Paperclip's host then keeps its base64 route for the lease
+      // (environment-runtime.js supportsSync).
+      const syncable = (EXEC_BACKENDS as readonly string[]).includes(created.backend) && s.nativeSync !== false;
       return {
         providerLeaseId: created.providerLeaseId,
         expiresAt: created.expiresAt,

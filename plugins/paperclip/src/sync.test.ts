@@ -219,6 +219,17 @@ describe("native sync hooks", () => {
     const pod = await acquire();
     assert.equal(pod.metadata?.nativeFileSyncUnsupported, undefined);
   });
+
+  it("settings.nativeSync: false keeps the host's base64 route for every lease", async () => {
+    const off = await harnessed(undefined, { natsUrl: env.server.url, nativeSync: false });
+    try {
+      const runId = newRun();
+      const lease = await off.harness.acquireLease({ driverKey: "kubernetes", companyId: C, environmentId: "env-1", config: cfg, runId, agentId: "agent-1" });
+      assert.equal(lease.metadata?.nativeFileSyncUnsupported, true);
+    } finally {
+      await off.shutdown();
+    }
+  });
 });
 
 describe("readOperations", () => {
