@@ -20,6 +20,16 @@ import { isObject } from "./json.js";
 
 /** Where kubeclip puts sandboxd in every exec-capable pod (policy.SandboxdBinary). */
 export const SANDBOXD = "/kubeclip/bin/sandboxd";
+/** A sync in's journal: its output is one JSON line or one refusal line. */
+export const SYNC_IN_JOURNAL_BYTES = 64 << 10;
+/**
+ * A sync out's journal cap for an archive of at most maxBytes of files: their headers need room
+ * beyond that (a quarter more, plus 64 MiB); sandboxd holds it to its --output-bytes-limit.
+ * The same figure as kubeclip's Go client (pkg/execclient SyncOut).
+ */
+export function syncOutJournalBytes(maxBytes: number): number {
+  return maxBytes + Math.floor(maxBytes / 4) + (64 << 20);
+}
 /** How much of a sync command's stderr is held for its error message. */
 export const SYNC_STDERR_BYTES = 64 << 10;
 /** The most of a failed post-upload command's output quoted in the error (the host's own figure). */
@@ -33,7 +43,7 @@ export interface SyncExec {
   timeoutMs: number;
   stdinStream?: AsyncIterable<Uint8Array>;
   stdoutSink?: (data: Uint8Array) => Promise<void>;
-  /** 0: sandboxd's own cap on the exec's journal (sync out sends a whole archive). */
+  /** The exec's journal cap (sync out asks sandboxd for room for a whole archive). */
   maxOutputBytes?: number;
 }
 
@@ -216,8 +226,8 @@ export async function syncIn(rawOps: PluginSyncOperation[], run: SyncRunner, bud
       // is one entry written over its target.
       const spec: SyncExec =
         m.kind === "directory"
-          ? { command: "sh", args: ["-c", 'rm -rf -- "$1" && shift && exec "$@"', "sh", dir, ...untar], timeoutMs: budget.left(what), stdinStream: pack({ kind: "directory", path: m.sourcePath, exclude: m.exclude, followSymlinks: m.followSymlinks }) }
-          : { command: SANDBOXD, args: untar.slice(1), timeoutMs: budget.left(what), stdinStream: pack({ kind: "file", path: m.sourcePath, name: path.posix.basename(m.targetPath), ...(m.mode !== undefined ? { mode: m.mode } : {}) }) };
+          ? { command: "sh", args: ["-c", 'rm -rf -- "$1" && shift && exec "$@"', "sh", dir, ...untar], timeoutMs: budget.left(what), maxOutputBytes: SYNC_IN_JOURNAL_BYTES, stdinStream: pack({ kind: "directory", path: m.sourcePath, exclude: m.exclude, followSymlinks: m.followSymlinks }) }
+          : { command: SANDBOXD, args: untar.slice(1), timeoutMs: budget.left(what), maxOutputBytes: SYNC_IN_JOURNAL_BYTES, stdinStream: pack({ kind: "file", path: m.sourcePath, name: path.posix.basename(m.targetPath), ...(m.mode !== undefined ? { mode: m.mode } : {}) }) };
       const r = await run(spec).catch((err: unknown) => {
         throw new SyncError(`sync in ${what}: ${err instanceof Error ? err.message : String(err)}`);
       });
@@ -265,7 +275,7 @@ export async function syncOut(rawOps: PluginSyncOperation[], run: SyncRunner, bo
           ? ["tar", "--root", m.sourcePath, ...m.exclude.flatMap((e) => ["--exclude", e]), ...(m.followSymlinks ? ["--follow-symlinks"] : []), "--max-bytes", String(bounds.maxBytes), "."]
           : ["tar", "--root", path.posix.dirname(m.sourcePath), "--max-bytes", String(bounds.maxBytes), base];
       try {
-        const r = await run({ command: SANDBOXD, args, timeoutMs: budget.left(what), stdoutSink: (d) => x.write(d), maxOutputBytes: 0 });
+        const r = await run({ command: SANDBOXD, args, timeoutMs: budget.left(what), stdoutSink: (d) => x.write(d), maxOutputBytes: syncOutJournalBytes(bounds.maxBytes) });
         if (r.exitCode !== 0 || r.timedOut || r.metadata.cancelled) throw new SyncError(`sync out ${what}: ${reason(r)}`);
         if (r.metadata.truncated) throw new SyncError(`sync out ${what}: the archive passed sandboxd's output cap and was cut`);
         const counts = await x.end();
