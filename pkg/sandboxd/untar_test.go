@@ -19,12 +19,12 @@ import (
 
 // entry is one tar entry of a test archive.
 type entry struct {
-	name     string
-	typ      byte // default tar.TypeReg
-	body     string
-	link     string
-	size     int64 // default len(body); larger: the archive ends inside the entry
-	mode     int64
+	name string
+	typ  byte // default tar.TypeReg
+	body string
+	link string
+	size int64 // default len(body); larger: the archive ends inside the entry
+	mode int64
 }
 
 // archive writes entries as a tar stream. An entry whose size exceeds its body is written as
@@ -124,7 +124,7 @@ func TestUntarRefusesHostileArchives(t *testing.T) {
 		{name: "symlink absolute", entries: []entry{{name: "l", typ: tar.TypeSymlink, link: "/etc"}}, wantEntry: "l", wantIn: "absolute path"},
 		{
 			name: "write through own symlink", wantEntry: "in/f", wantIn: `written through the symlink "in"`,
-			entries: []entry{{name: "in", typ: tar.TypeSymlink, link: "sub"}, {name: "in/f", body: "x"}},
+			entries:   []entry{{name: "in", typ: tar.TypeSymlink, link: "sub"}, {name: "in/f", body: "x"}},
 			wantFiles: []string{"in"},
 		},
 		{name: "write through tenant symlink", entries: []entry{{name: "tenantlink/evil", body: "x"}}, wantEntry: "tenantlink/evil", wantIn: "written through the symlink"},
