@@ -53,13 +53,14 @@ func newSandboxKey() ([]byte, error) {
 	return key, nil
 }
 
-// execPhases are (i) to (l); sandboxKey is the one the bench's dispatcher holds.
+// execPhases are (i) to (m); sandboxKey is the one the bench's dispatcher holds.
 func (b *bench) execPhases(sandboxKey []byte) []phase {
 	return []phase{
 		{phaseExecRoundTrip, func(ctx context.Context, rep *report) error { return b.execRoundTripPhase(ctx, rep, sandboxKey) }},
 		{phaseExecLoad, func(ctx context.Context, rep *report) error { return b.execLoadPhase(ctx, rep, sandboxKey) }},
 		{phaseExecReady, func(ctx context.Context, rep *report) error { return b.execReadyPhase(ctx, rep, sandboxKey) }},
 		{phaseExecStream, func(ctx context.Context, rep *report) error { return b.execStreamPhase(ctx, rep, sandboxKey) }},
+		{phaseSync, func(ctx context.Context, rep *report) error { return b.syncPhase(ctx, rep, sandboxKey) }},
 	}
 }
 

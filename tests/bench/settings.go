@@ -146,8 +146,8 @@ func (s settings) validate(fs *config.Set) error {
 	if s.pollInterval <= 0 || s.pollWindow < time.Second {
 		errs = append(errs, fmt.Errorf("%s must be > 0 and %s at least 1s", fs.Names("poll-interval"), fs.Names("poll-window")))
 	}
-	if strings.Trim(s.phases, "abcdefghijkl, ") != "" && s.phases != "all" {
-		errs = append(errs, fmt.Errorf("%s takes phase letters a to l, or all", fs.Names("phases")))
+	if strings.Trim(s.phases, "abcdefghijklm, ") != "" && s.phases != "all" {
+		errs = append(errs, fmt.Errorf("%s takes phase letters a to m, or all", fs.Names("phases")))
 	}
 	return errors.Join(errs...)
 }
