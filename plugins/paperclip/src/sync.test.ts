@@ -121,6 +121,27 @@ describe("native sync hooks", () => {
     assert.deepEqual(sent.map((s) => s.env), [{}, {}, {}, {}], "no host env reaches a sync exec");
   });
 
+  it("a tree round-trips in and out: long and non-ASCII names, links, empty directories, modes", async () => {
+    const lease = await acquire();
+    const host = path.join(tmp, "rt-host");
+    const long = `${"d".repeat(120)}/${"n".repeat(180)}.txt`;
+    await mkdir(path.join(host, "d".repeat(120)), { recursive: true });
+    await mkdir(path.join(host, "empty"));
+    await writeFile(path.join(host, long), "long");
+    await writeFile(path.join(host, "ünïcødé ☃.txt"), "snow");
+    await writeFile(path.join(host, "run.sh"), "#!/bin/sh\n", { mode: 0o755 });
+    await writeFile(path.join(host, "big"), Buffer.alloc(3 << 20, 9));
+    await symlink("run.sh", path.join(host, "link"));
+    const pod = path.join(tmp, "rt-pod/tree");
+    const back = path.join(tmp, "rt-back");
+    await syncIn(lease, [{ operationId: "in", files: [{ sourcePath: host, targetPath: pod, kind: "directory" }] }]);
+    const out = await syncOut(lease, [{ operationId: "out", files: [{ sourcePath: pod, targetPath: back, kind: "directory" }] }]);
+    assert.deepEqual(out.operations, [{ operationId: "out", filesTransferred: 4, bytesTransferred: 4 + 4 + 10 + (3 << 20) }]);
+    assert.deepEqual(await listTree(back), await listTree(host));
+    assert.equal((await stat(path.join(back, "run.sh"))).mode & 0o777, 0o755);
+    assert.equal(await readFile(path.join(back, long), "utf8"), "long");
+  });
+
   it("sync in: the first failing command stops the rest and names itself", async () => {
     const lease = await acquire();
     const pod = path.join(tmp, "fail-pod");
