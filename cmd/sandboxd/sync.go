@@ -30,9 +30,10 @@ func untarCmd(args []string, in io.Reader, out, errOut io.Writer) error {
 	flags.Int64Var(&opts.MaxBytes, "max-bytes", sandboxd.DefaultSyncMaxBytes, "refuse an archive whose regular files hold more bytes")
 	flags.IntVar(&opts.MaxFiles, "max-files", sandboxd.DefaultSyncMaxFiles, "refuse an archive of more entries")
 	flags.Func("mode-file", "NAME=OCTAL: extract entry NAME (relative to --root) with this mode (repeatable)", func(v string) error {
-		name, octal, ok := strings.Cut(v, "=")
+		i := strings.LastIndexByte(v, '=') // a name may hold '='; a mode never does
+		name, octal := v[:max(i, 0)], v[i+1:]
 		m, err := strconv.ParseUint(octal, 8, 32)
-		if !ok || err != nil || m > 0o777 {
+		if i < 0 || err != nil || m > 0o777 {
 			return fmt.Errorf("%q is not NAME=OCTAL with a mode of at most 0777", v)
 		}
 		if name == "" {

@@ -39,7 +39,7 @@ func TestSyncSubcommands(t *testing.T) {
 	if err := os.MkdirAll(filepath.Join(src, "ws", "node_modules"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	for name, body := range map[string]string{"ws/a": "hello", "ws/node_modules/x": "skip", "ws/key": "secret"} {
+	for name, body := range map[string]string{"ws/a": "hello", "ws/node_modules/x": "skip", "ws/k=ey": "secret"} {
 		if err := os.WriteFile(filepath.Join(src, name), []byte(body), 0o644); err != nil {
 			t.Fatal(err)
 		}
@@ -48,13 +48,13 @@ func TestSyncSubcommands(t *testing.T) {
 	if code != 0 || stderr != "" {
 		t.Fatalf("tar: exit %d, stderr %q", code, stderr)
 	}
-	out, stderr, code := runBinary(t, []byte(archive), "untar", "--root", dst, "--mode-file", "./ws/key=0600")
+	out, stderr, code := runBinary(t, []byte(archive), "untar", "--root", dst, "--mode-file", "./ws/k=ey=0600")
 	if code != 0 || stderr != "" || out != `{"files":2,"bytes":11}`+"\n" {
 		t.Fatalf("untar: exit %d, stdout %q, stderr %q; want 0, one JSON line", code, out, stderr)
 	}
-	fi, err := os.Stat(filepath.Join(dst, "ws", "key"))
+	fi, err := os.Stat(filepath.Join(dst, "ws", "k=ey"))
 	if err != nil || fi.Mode().Perm() != 0o600 {
-		t.Errorf("ws/key: %v, %v; want mode 0600", fi, err)
+		t.Errorf("ws/k=ey: %v, %v; want mode 0600", fi, err)
 	}
 	if _, err := os.Stat(filepath.Join(dst, "ws", "node_modules")); err == nil {
 		t.Error("the excluded node_modules was extracted")
@@ -87,7 +87,7 @@ func TestSyncSubcommands(t *testing.T) {
 			}
 		})
 	}
-	if diff := cmp.Diff([]string{"a", "key"}, dirNames(t, filepath.Join(dst, "ws"))); diff != "" {
+	if diff := cmp.Diff([]string{"a", "k=ey"}, dirNames(t, filepath.Join(dst, "ws"))); diff != "" {
 		t.Errorf("ws after the refusals (-want +got):\n%s", diff)
 	}
 }

@@ -16,11 +16,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/nats-io/nats.go"
-
 	"github.com/kubeclip/kubeclip/pkg/execclient"
 	"github.com/kubeclip/kubeclip/pkg/execsvc"
-	"github.com/kubeclip/kubeclip/pkg/inbox"
 	"github.com/kubeclip/kubeclip/pkg/policy"
 )
 
@@ -72,7 +69,7 @@ func (b *bench) syncPhase(ctx context.Context, rep *report, key []byte) (err err
 		return err
 	}
 	defer func() { err = errors.Join(err, stop()) }()
-	c, err := b.syncClient()
+	c, err := b.execClient(ctx)
 	if err != nil {
 		return err
 	}
@@ -120,20 +117,6 @@ func (b *bench) syncPhase(ctx context.Context, rep *report, key []byte) (err err
 	}
 	rep.note("(m) MB/s is 10^6 bytes of the tar per second, request to exit (base64: every exec of the route), the median of %v transfers per size; daemon route, one exec-worker; sandboxd %s", []int{syncSizes[0].rounds, syncSizes[1].rounds, syncSizes[2].rounds}, how)
 	return nil
-}
-
-// syncClient is an exec client connected as Paperclip's plugin and the CLI are, with a client
-// inbox prefix: the exec-workers answer into nothing else (pkg/inbox), and the pipeline's own
-// connections use the workers' prefix.
-func (b *bench) syncClient() (*execclient.Client, error) {
-	nc, err := nats.Connect(b.pipe.common.NATSURL, nats.Name("kubeclip-bench-sync"), nats.CustomInboxPrefix(inbox.CLIPrefix))
-	if err != nil {
-		return nil, fmt.Errorf("connecting the sync client: %w", err)
-	}
-	b.pipe.mu.Lock()
-	b.pipe.conns = append(b.pipe.conns, nc)
-	b.pipe.mu.Unlock()
-	return execclient.New(execclient.Options{NATS: nc, Subjects: b.subjects})
 }
 
 // syncBench runs the transfers of (m) on one lease.
