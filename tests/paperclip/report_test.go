@@ -66,6 +66,10 @@ var bigExec struct {
 	baselineRSS                int64
 }
 
+// nativeSync is TestExecClientAgainstExecWorkers' line on native sync through the plugin's hooks
+// (set before TestPaperclip prints its report: the suite runs its tests in file order).
+var nativeSync string
+
 func (r *report) add(s runStats) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -100,6 +104,9 @@ func (r *report) print(t *testing.T) {
 			bigExec.outputBytes>>20, bigExec.held, bigExec.peakRSS>>20, bigExec.baselineRSS>>20)
 	}
 	bigExec.mu.Unlock()
+	if nativeSync != "" {
+		b.WriteString(nativeSync + "\n")
+	}
 	for _, n := range r.notes {
 		b.WriteString(n + "\n")
 	}
