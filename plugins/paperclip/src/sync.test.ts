@@ -27,6 +27,14 @@ async function sandboxdPath(dir: string): Promise<string> {
   return p;
 }
 
+async function eventually(cond: () => boolean, what: string, ms = 5_000): Promise<void> {
+  const end = Date.now() + ms;
+  while (!cond()) {
+    if (Date.now() > end) assert.fail(`not within ${ms} ms: ${what}`);
+    await new Promise((r) => setTimeout(r, 20));
+  }
+}
+
 async function listTree(dir: string, rel = ""): Promise<string[]> {
   const out: string[] = [];
   for (const name of (await readdir(path.join(dir, rel))).sort()) {
@@ -158,6 +166,20 @@ describe("native sync hooks", () => {
       /^SyncError: operations\[0\]\.postUploadCommands\[0\] \(sync-op-9\) failed with exit code 3:\nstderr: nope$/,
     );
     assert.deepEqual(await readdir(pod), ["f"]);
+  });
+
+  it("a release with cancelActiveWork cancels a sync's command, and the sync says so", async () => {
+    const lease = await acquire();
+    await writeFile(path.join(tmp, "c"), "x");
+    const t0 = Date.now();
+    const sync = syncIn(lease, [
+      { operationId: "op", files: [{ sourcePath: path.join(tmp, "c"), targetPath: path.join(tmp, "cancel-pod/c"), kind: "file" }], postUploadCommands: [{ command: "sleep 30" }] },
+    ]);
+    await eventually(() => env.sandbox.startRequests.some((q) => Array.isArray(q.args) && q.args.includes("sleep 30")), "the command started");
+    const runtime = { ...cfg, ...lease.metadata };
+    await h.harness.releaseLease({ driverKey: "kubernetes", companyId: C, environmentId: "env-1", config: runtime, providerLeaseId: lease.providerLeaseId, leaseMetadata: lease.metadata, cancelActiveWork: true });
+    await assert.rejects(sync, /postUploadCommands\[0\] \(op\) failed with exit code null \(cancelled: the lease is being released\)/);
+    assert.ok(Date.now() - t0 < 10_000);
   });
 
   it("sync in: a command cwd outside the operation's targets is refused before anything runs", async () => {

@@ -189,6 +189,7 @@ function commandCwd(op: Operation, cwd: string | undefined, field: string): stri
 /** The one line sandboxd writes on stderr when it refuses (`untar: <entry>: <reason>`), bounded. */
 function reason(r: SyncExecResult): string {
   const line = r.stderr.trim().split("\n").at(-1)?.trim() ?? "";
+  if (r.metadata.cancelled) return "cancelled (the lease is being released)";
   if (r.timedOut) return "timed out";
   return line !== "" ? line.slice(0, 1_000) : `exit code ${r.exitCode ?? "none"}`;
 }
@@ -243,7 +244,8 @@ export async function syncIn(rawOps: PluginSyncOperation[], run: SyncRunner, bud
       const r = await run({ command: "sh", args: ["-c", c.command], cwd, timeoutMs: c.timeoutMs ?? budget.left(field) });
       if (r.exitCode !== 0 || r.timedOut || r.metadata.cancelled) {
         const out = [r.stderr.trim() && `stderr: ${tail(r.stderr)}`, r.stdout.trim() && `stdout: ${tail(r.stdout)}`].filter(Boolean).join("\n");
-        throw new SyncError(`${field} (${op.operationId}) failed with exit code ${r.exitCode ?? "null"}${r.timedOut ? " (timed out)" : ""}${out ? `:\n${out}` : ""}`);
+        const why = r.metadata.cancelled ? " (cancelled: the lease is being released)" : r.timedOut ? " (timed out)" : "";
+        throw new SyncError(`${field} (${op.operationId}) failed with exit code ${r.exitCode ?? "null"}${why}${out ? `:\n${out}` : ""}`);
       }
     }
     results.push({ operationId: op.operationId, filesTransferred: files, bytesTransferred: bytes });
