@@ -175,10 +175,11 @@ describe("native sync hooks", () => {
     const sync = syncIn(lease, [
       { operationId: "op", files: [{ sourcePath: path.join(tmp, "c"), targetPath: path.join(tmp, "cancel-pod/c"), kind: "file" }], postUploadCommands: [{ command: "sleep 30" }] },
     ]);
+    const refused = assert.rejects(sync, /postUploadCommands\[0\] \(op\) failed with exit code null \(cancelled: the lease is being released\)/);
     await eventually(() => env.sandbox.startRequests.some((q) => Array.isArray(q.args) && q.args.includes("sleep 30")), "the command started");
     const runtime = { ...cfg, ...lease.metadata };
     await h.harness.releaseLease({ driverKey: "kubernetes", companyId: C, environmentId: "env-1", config: runtime, providerLeaseId: lease.providerLeaseId, leaseMetadata: lease.metadata, cancelActiveWork: true });
-    await assert.rejects(sync, /postUploadCommands\[0\] \(op\) failed with exit code null \(cancelled: the lease is being released\)/);
+    await refused;
     assert.ok(Date.now() - t0 < 10_000);
   });
 
