@@ -5,6 +5,7 @@ import path from "node:path";
 import { after, before, beforeEach, describe, it } from "node:test";
 import { fileURLToPath } from "node:url";
 import type { PluginEnvironmentLease, PluginEnvironmentSyncResult, PluginSyncOperation } from "@paperclipai/plugin-sdk";
+import { FakeExecReplica } from "../test/support/fake-exec.js";
 import { harnessed, startEnv, type Env, type Harnessed } from "../test/support/harness.js";
 import { readOperations } from "./sync.js";
 
@@ -220,6 +221,30 @@ describe("native sync hooks", () => {
     ]);
     assert.deepEqual(await listTree(host), ["git-delta.bundle", "workspace/", "workspace/alias@", "workspace/src/", "workspace/src/main.go"]);
     assert.equal((await stat(path.join(host, "git-delta.bundle"))).mode & 0o777, 0o600);
+  });
+
+  it("sync out survives its exec-worker dying mid-archive: the tree lands whole", async () => {
+    const lease = await acquire();
+    const pod = path.join(tmp, "die-pod");
+    await mkdir(path.join(pod, "d"), { recursive: true });
+    const data = Buffer.alloc(3 << 20);
+    for (let i = 0; i < data.byteLength; i++) data[i] = (i * 7) % 251;
+    await writeFile(path.join(pod, "d/data.bin"), data);
+    for (const r of env.replicas.splice(0)) r.die();
+    const dying = new FakeExecReplica(env.nc, env.sandbox, "ew-dying", { dieAfterChunks: 5 });
+    env.replicas.push(dying);
+    await env.nc.flush();
+    const host = path.join(tmp, "die-host");
+    const attaches = env.sandbox.attachRequests.length;
+    const out = syncOut(lease, [{ operationId: "op", files: [{ sourcePath: pod, targetPath: host, kind: "directory" }] }]);
+    // The survivor joins once the dying one serves the archive (so the start is the dying one's).
+    await eventually(() => dying.sentChunks > 0, "the dying replica streams");
+    env.replicas.push(new FakeExecReplica(env.nc, env.sandbox, "ew-survivor"));
+    await env.nc.flush();
+    const r = await out;
+    assert.deepEqual(r.operations, [{ operationId: "op", filesTransferred: 1, bytesTransferred: 3 << 20 }]);
+    assert.ok((await readFile(path.join(host, "d/data.bin"))).equals(data));
+    assert.ok(env.sandbox.attachRequests.length > attaches, "it attached through the survivor");
   });
 
   it("sync out: a pod's symlink out of the target is refused, naming it, and nothing is left on the host", async () => {
