@@ -88,12 +88,12 @@ func runCp(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdou
 }
 
 // copyIn tars local, by its name, into the lease's dir.
-func copyIn(ctx context.Context, ec *execclient.Client, l execclient.Lease, local, dir string, opts execclient.SyncOptions) (execclient.SyncStats, error) {
+func copyIn(ctx context.Context, ec *execclient.Client, l execclient.Lease, local, dir string, opts execclient.SyncOptions) (sandboxd.SyncStats, error) {
 	if !path.IsAbs(dir) {
-		return execclient.SyncStats{}, &app.UsageError{Err: fmt.Errorf("the lease's directory %q must be absolute", dir)}
+		return sandboxd.SyncStats{}, &app.UsageError{Err: fmt.Errorf("the lease's directory %q must be absolute", dir)}
 	}
 	if _, err := os.Stat(local); err != nil {
-		return execclient.SyncStats{}, err
+		return sandboxd.SyncStats{}, err
 	}
 	root, names := filepath.Dir(local), []string{filepath.Base(local)}
 	pr, pw := io.Pipe()

@@ -14,17 +14,12 @@ import (
 	"time"
 
 	"github.com/kubeclip/kubeclip/pkg/policy"
+	"github.com/kubeclip/kubeclip/pkg/sandboxd"
 )
 
 // Native sync (docs/exec.md, "Native sync"): a tree goes into a lease as one tar stream on the
 // stdin of `sandboxd untar`, and comes out as the stdout of `sandboxd tar`, each one exec with
 // the exec protocol's flow control, failover and bounds; no base64, no 4 MiB calls.
-
-// Exit statuses of `sandboxd untar` and `sandboxd tar` (pkg/sandboxd's ExitSync*).
-const (
-	syncExitRefused = 65
-	syncExitIO      = 74
-)
 
 // syncInJournal caps a sync in's journal: its output is one JSON line or one error line.
 const syncInJournal = 64 << 10
@@ -54,13 +49,6 @@ func (o SyncOptions) sandboxd() string {
 	return o.Sandboxd
 }
 
-// SyncStats is what a sync in extracted: the entries that are not directories, and the
-// regular files' bytes.
-type SyncStats struct {
-	Files int   `json:"files"`
-	Bytes int64 `json:"bytes"`
-}
-
 // SyncError is a sync that did not complete in the pod: sandboxd's exit status (65: the
 // archive or request was refused; 74: an I/O failure) and its one stderr line, which names the
 // entry. The line comes from the tenant's pod: it is shown, never interpreted.
@@ -86,12 +74,15 @@ func (e *SyncError) Error() string {
 
 // Refused reports whether sandboxd refused the archive or the request (a hostile entry, a
 // bound exceeded, a missing name), rather than failing to read or write.
-func (e *SyncError) Refused() bool { return e.ExitCode != nil && *e.ExitCode == syncExitRefused }
+func (e *SyncError) Refused() bool {
+	return e.ExitCode != nil && *e.ExitCode == sandboxd.ExitSyncRefused
+}
 
 // SyncIn extracts the tar stream archive under targetDir in the lease (created if missing) and
-// returns what was extracted. Entries are relative to targetDir; what sandboxd refuses (names
+// returns what was extracted (sandboxd's answer: entries that are not directories, and the
+// regular files' bytes). Entries are relative to targetDir; what sandboxd refuses (names
 // or links leading out, device nodes, more than the bounds) is a *SyncError naming the entry.
-func (c *Client) SyncIn(ctx context.Context, l Lease, targetDir string, archive io.Reader, opts SyncOptions) (SyncStats, error) {
+func (c *Client) SyncIn(ctx context.Context, l Lease, targetDir string, archive io.Reader, opts SyncOptions) (sandboxd.SyncStats, error) {
 	args := []string{"untar", "--root", targetDir}
 	if opts.MaxBytes > 0 {
 		args = append(args, "--max-bytes", strconv.FormatInt(opts.MaxBytes, 10))
@@ -109,14 +100,14 @@ func (c *Client) SyncIn(ctx context.Context, l Lease, targetDir string, archive 
 		Stdout: &limitedBuffer{b: &stdout, n: syncInJournal}, Stderr: &limitedBuffer{b: &stderr, n: syncInJournal},
 	})
 	if err != nil {
-		return SyncStats{}, fmt.Errorf("sync in to %s: %w", targetDir, err)
+		return sandboxd.SyncStats{}, fmt.Errorf("sync in to %s: %w", targetDir, err)
 	}
 	if err := syncFailure("sync in", res, &stderr); err != nil {
-		return SyncStats{}, err
+		return sandboxd.SyncStats{}, err
 	}
-	var st SyncStats
+	var st sandboxd.SyncStats
 	if err := json.Unmarshal(bytes.TrimSpace(stdout.Bytes()), &st); err != nil {
-		return SyncStats{}, &SyncError{Op: "sync in", Message: fmt.Sprintf("sandboxd's answer is not its JSON line: %v", err)}
+		return sandboxd.SyncStats{}, &SyncError{Op: "sync in", Message: fmt.Sprintf("sandboxd's answer is not its JSON line: %v", err)}
 	}
 	return st, nil
 }
@@ -134,7 +125,7 @@ func (c *Client) SyncOut(ctx context.Context, l Lease, sourceDir string, names [
 	if maxBytes > 0 {
 		args = append(args, "--max-bytes", strconv.FormatInt(maxBytes, 10))
 	} else {
-		maxBytes = 1 << 30 // sandboxd's DefaultSyncMaxBytes
+		maxBytes = sandboxd.DefaultSyncMaxBytes
 	}
 	for _, g := range opts.Excludes {
 		args = append(args, "--exclude", g)
@@ -173,7 +164,7 @@ func syncFailure(op string, res Result, stderr *bytes.Buffer) error {
 	if i := bytes.IndexByte([]byte(msg), '\n'); i >= 0 {
 		msg = msg[:i] // sandboxd prints one line; anything after it is not sandboxd's
 	}
-	if res.ExitCode != nil && *res.ExitCode != syncExitRefused && *res.ExitCode != syncExitIO && msg == "" {
+	if res.ExitCode != nil && *res.ExitCode != sandboxd.ExitSyncRefused && *res.ExitCode != sandboxd.ExitSyncIO && msg == "" {
 		msg = "sandboxd did not run"
 	}
 	return &SyncError{Op: op, ExitCode: res.ExitCode, Signal: res.Signal, TimedOut: res.TimedOut, Message: msg}

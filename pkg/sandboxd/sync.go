@@ -3,6 +3,7 @@ package sandboxd
 import (
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path"
@@ -72,6 +73,24 @@ func (e *SyncError) ExitCode() int {
 type SyncStats struct {
 	Files int   `json:"files"`
 	Bytes int64 `json:"bytes"`
+}
+
+// copyBuffer is the size of the copies between the archive and the files: io.Copy's 32 KiB
+// would make 32 reads and writes of each MiB.
+const copyBuffer = 1 << 20
+
+// copyN copies n bytes from src to dst through *buf (allocated once, copyBuffer bytes), never
+// through dst's ReadFrom or src's WriteTo and their 32 KiB buffers. Fewer bytes than n is
+// io.EOF, as with io.CopyN.
+func copyN(dst io.Writer, src io.Reader, n int64, buf *[]byte) (int64, error) {
+	if *buf == nil {
+		*buf = make([]byte, copyBuffer)
+	}
+	written, err := io.CopyBuffer(struct{ io.Writer }{dst}, struct{ io.Reader }{io.LimitReader(src, n)}, *buf)
+	if err == nil && written < n {
+		err = io.EOF
+	}
+	return written, err
 }
 
 // errOutside is a name or link target that leads out of the root.

@@ -70,6 +70,7 @@ type archiver struct {
 	excl  excluder
 	tw    *tar.Writer
 	stats SyncStats
+	buf   []byte // copyN's
 }
 
 func (a *archiver) refuse(entry string, err error) error {
@@ -152,7 +153,7 @@ func (a *archiver) file(name string, fi fs.FileInfo) error {
 	if err := a.header(&tar.Header{Typeflag: tar.TypeReg, Name: name, Size: size, Mode: int64(fi.Mode().Perm()), ModTime: fi.ModTime()}); err != nil {
 		return err
 	}
-	if _, err := io.CopyN(a.tw, f, size); err != nil {
+	if _, err := copyN(a.tw, f, size, &a.buf); err != nil {
 		if errors.Is(err, io.EOF) {
 			err = errors.New("the file shrank while it was read")
 		}

@@ -92,6 +92,7 @@ type extractor struct {
 	dirs    map[string]bool // names checked or made as real directories
 	dirMeta []dirMeta       // directory entries' modes and times, applied at the end
 	readErr error
+	buf     []byte // copyN's
 }
 
 type dirMeta struct {
@@ -247,7 +248,7 @@ func (x *extractor) file(tr *tar.Reader, hdr *tar.Header, name string) (err erro
 			_ = x.root.Remove(tmp)
 		}
 	}()
-	if _, err := io.CopyN(f, tr, hdr.Size); err != nil {
+	if _, err := copyN(f, tr, hdr.Size, &x.buf); err != nil {
 		if x.readErr != nil || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
 			return x.fail(hdr.Name, fmt.Errorf("the archive ended inside the file: %w", err))
 		}
