@@ -1,6 +1,6 @@
 // Command kubeclip is the operator's and developer's CLI: it publishes lease requests, follows
-// a run's events in a readable form, runs commands in exec-capable leases' pods, and runs the
-// whole pipeline locally (demo).
+// a run's events in a readable form, runs commands in exec-capable leases' pods and copies files
+// in and out of them, and runs the whole pipeline locally (demo).
 package main
 
 import (
@@ -21,6 +21,7 @@ Usage:
   kubeclip runs     replay|follow <runId> [--from-seq N | --since DURATION]
   kubeclip exec     <runId> --company ID [--cwd DIR] [-e K=V]... [--timeout D] -- command [args...]
   kubeclip attach   <runId> <execId> --company ID [--from-seq N]
+  kubeclip cp       <runId> --company ID [flags] LOCAL :DIR | :PATH LOCALDIR
   kubeclip demo     [--kubeconfig FILE]
 
 Run "kubeclip <command> --help" for a command's flags.
@@ -50,6 +51,8 @@ func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout,
 		return runExec(ctx, rest, lookupEnv, stdout, stderr)
 	case "attach":
 		return runAttach(ctx, rest, lookupEnv, stdout, stderr)
+	case "cp":
+		return runCp(ctx, rest, lookupEnv, stdout, stderr)
 	case "demo":
 		return runDemo(ctx, rest, lookupEnv, stdout, stderr)
 	default:

@@ -23,6 +23,11 @@ Usage:
                             to seed-file, mode 0400 (run by an init container)
   sandboxd proxy [flags]    bridge stdin and stdout to the daemon's unix socket (the route
                             through the Kubernetes exec API)
+  sandboxd untar --root DIR [flags]
+                            extract the tar on stdin under DIR; one JSON line {"files","bytes"}
+  sandboxd tar --root DIR [flags] NAME...
+                            write a tar of NAME... (relative to DIR) to stdout
+                            (native sync; refusals exit 65, I/O failures 74: docs/exec.md)
 
 "sandboxd <command> --help" lists a command's flags.
 `
@@ -32,7 +37,7 @@ func main() { os.Exit(cli.Main("sandboxd", run)) }
 func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
 		fmt.Fprint(stderr, usage)
-		return &cli.UsageError{Err: fmt.Errorf("no command (serve, install or proxy)")}
+		return &cli.UsageError{Err: fmt.Errorf("no command (serve, install, proxy, untar or tar)")}
 	}
 	switch args[0] {
 	case "serve":
@@ -42,6 +47,11 @@ func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout,
 	case "proxy":
 		// stdout is the byte stream itself: nothing else may be written to it.
 		return proxy(ctx, args[1:], lookupEnv, os.Stdin, stdout)
+	case "untar":
+		return untarCmd(args[1:], os.Stdin, stdout, stderr)
+	case "tar":
+		// stdout is the archive itself: nothing else may be written to it.
+		return tarCmd(args[1:], stdout, stderr)
 	case "help", "-h", "-help", "--help":
 		fmt.Fprint(stdout, usage)
 		return nil

@@ -78,20 +78,22 @@ func TestServeSettings(t *testing.T) {
 	}{
 		{"defaults", nil, map[string]string{execspec.SeedEnv: seedHex}, serveSettings{
 			Listen: ":7070", Socket: "/kubeclip/run/sandboxd.sock", JournalDir: "/kubeclip/run/journal",
-			MaxOutputBytes: 256 << 20, JournalTTL: 10 * time.Minute, LogLevel: "info", Seed: testSeed,
+			MaxOutputBytes: 256 << 20, OutputBytesLimit: 1280 << 20, JournalDiskBytes: 1536 << 20, JournalTTL: 10 * time.Minute, LogLevel: "info", Seed: testSeed,
 		}, 0, ""},
 		{"socket only needs no seed", []string{"--listen="}, nil, serveSettings{
 			Socket: "/kubeclip/run/sandboxd.sock", JournalDir: "/kubeclip/run/journal",
-			MaxOutputBytes: 256 << 20, JournalTTL: 10 * time.Minute, LogLevel: "info",
+			MaxOutputBytes: 256 << 20, OutputBytesLimit: 1280 << 20, JournalDiskBytes: 1536 << 20, JournalTTL: 10 * time.Minute, LogLevel: "info",
 		}, 0, ""},
 		{"environment", nil, map[string]string{execspec.SeedEnv: seedHex, "KUBECLIP_SANDBOXD_JOURNAL_TTL": "30s", "KUBECLIP_SANDBOXD_LISTEN": ":9000"}, serveSettings{
 			Listen: ":9000", Socket: "/kubeclip/run/sandboxd.sock", JournalDir: "/kubeclip/run/journal",
-			MaxOutputBytes: 256 << 20, JournalTTL: 30 * time.Second, LogLevel: "info", Seed: testSeed,
+			MaxOutputBytes: 256 << 20, OutputBytesLimit: 1280 << 20, JournalDiskBytes: 1536 << 20, JournalTTL: 30 * time.Second, LogLevel: "info", Seed: testSeed,
 		}, 0, ""},
 		{"no seed", nil, nil, serveSettings{}, 2, "KUBECLIP_SANDBOXD_SEED is not set"},
 		{"bad seed", nil, map[string]string{execspec.SeedEnv: "abc"}, serveSettings{}, 2, "KUBECLIP_SANDBOXD_SEED"},
 		{"nothing to serve on", []string{"--listen=", "--socket="}, nil, serveSettings{}, 2, "nothing to serve on"},
 		{"cap too small", []string{"--listen=", "--max-output-bytes=10"}, nil, serveSettings{}, 2, "--max-output-bytes (KUBECLIP_SANDBOXD_MAX_OUTPUT_BYTES) must be >= 1024"},
+		{"limit below the cap", []string{"--listen=", "--output-bytes-limit=1048576"}, nil, serveSettings{}, 2, "--output-bytes-limit (KUBECLIP_SANDBOXD_OUTPUT_BYTES_LIMIT) must be >= --max-output-bytes"},
+		{"journal disk", []string{"--listen=", "--journal-disk-bytes=1000"}, nil, serveSettings{}, 2, "--journal-disk-bytes (KUBECLIP_SANDBOXD_JOURNAL_DISK_BYTES) must be >= 1 MiB"},
 		{"ttl", []string{"--listen=", "--journal-ttl=0s"}, nil, serveSettings{}, 2, "--journal-ttl"},
 		{"log level", []string{"--listen=", "--log-level=loud"}, nil, serveSettings{}, 2, "--log-level"},
 		{"unknown flag", []string{"--shell"}, nil, serveSettings{}, 2, "flag provided but not defined"},

@@ -19,12 +19,14 @@ import (
 const serveSummary = "sandboxd serve runs commands for kubeclip's exec service (TLS on --listen, plain on --socket)."
 
 type serveSettings struct {
-	Listen         string
-	Socket         string
-	JournalDir     string
-	MaxOutputBytes int
-	JournalTTL     time.Duration
-	LogLevel       string
+	Listen           string
+	Socket           string
+	JournalDir       string
+	MaxOutputBytes   int
+	OutputBytesLimit int
+	JournalDiskBytes int
+	JournalTTL       time.Duration
+	LogLevel         string
 	// SeedFile holds the seed until serve reads and removes it (an exec-capable pod's init
 	// container writes it there); empty: the seed is in SeedEnv. Never the seed itself in a
 	// flag: flags show in ps.
@@ -41,6 +43,8 @@ func parseServe(args []string, lookupEnv config.LookupEnv, stdout io.Writer) (se
 	fs.String(&s.Socket, "socket", "KUBECLIP_SANDBOXD_SOCKET", sandboxd.DefaultSocket, "unix socket for the pod's own processes and `sandboxd proxy` (no TLS, no token); empty: none")
 	fs.String(&s.JournalDir, "journal-dir", "KUBECLIP_SANDBOXD_JOURNAL_DIR", sandboxd.DefaultJournalDir, "directory of the output journals (in the pod's emptyDir)")
 	fs.Int(&s.MaxOutputBytes, "max-output-bytes", "KUBECLIP_SANDBOXD_MAX_OUTPUT_BYTES", sandboxd.DefaultMaxOutputBytes, "cap of each exec's journal (payload plus 14 bytes per chunk); past it output is dropped and the exit says truncated")
+	fs.Int(&s.OutputBytesLimit, "output-bytes-limit", "KUBECLIP_SANDBOXD_OUTPUT_BYTES_LIMIT", sandboxd.DefaultOutputBytesLimit, "the largest cap a start's maxOutputBytes may set for its exec (a sync out of a large tree); at least --max-output-bytes")
+	fs.Int(&s.JournalDiskBytes, "journal-disk-bytes", "KUBECLIP_SANDBOXD_JOURNAL_DISK_BYTES", sandboxd.DefaultJournalDisk, "bound of all journal files together (the run emptyDir's sizeLimit is 2 GiB); past it output is dropped and the exit says truncated")
 	fs.Duration(&s.JournalTTL, "journal-ttl", "KUBECLIP_SANDBOXD_JOURNAL_TTL", sandboxd.DefaultJournalTTL, "how long an exited command's journal is kept when no client deletes it")
 	fs.String(&s.SeedFile, "seed-file", "KUBECLIP_SANDBOXD_SEED_FILE", "", "file holding the lease seed (hex), removed once read; empty: "+execspec.SeedEnv)
 	fs.String(&s.LogLevel, "log-level", "KUBECLIP_LOG_LEVEL", "info", "log level: debug, info, warn or error")
@@ -69,6 +73,12 @@ func parseServe(args []string, lookupEnv config.LookupEnv, stdout io.Writer) (se
 	}
 	if s.MaxOutputBytes < 1024 {
 		errs = append(errs, fmt.Errorf("%s must be >= 1024", fs.Names("max-output-bytes")))
+	}
+	if s.OutputBytesLimit < s.MaxOutputBytes {
+		errs = append(errs, fmt.Errorf("%s must be >= %s", fs.Names("output-bytes-limit"), fs.Names("max-output-bytes")))
+	}
+	if s.JournalDiskBytes < 1<<20 {
+		errs = append(errs, fmt.Errorf("%s must be >= 1 MiB", fs.Names("journal-disk-bytes")))
 	}
 	if s.JournalTTL <= 0 {
 		errs = append(errs, fmt.Errorf("%s must be > 0", fs.Names("journal-ttl")))
@@ -110,7 +120,8 @@ func serve(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdou
 	srv, err := sandboxd.New(sandboxd.Options{
 		Logger: log, Reaper: reaper, Seed: s.Seed,
 		TCPAddr: s.Listen, SocketPath: s.Socket, JournalDir: s.JournalDir,
-		MaxOutputBytes: int64(s.MaxOutputBytes), JournalTTL: s.JournalTTL,
+		MaxOutputBytes: int64(s.MaxOutputBytes), OutputBytesLimit: int64(s.OutputBytesLimit),
+		JournalDisk: int64(s.JournalDiskBytes), JournalTTL: s.JournalTTL,
 		Env: os.Environ(),
 	})
 	if err != nil {

@@ -45,7 +45,8 @@ type StartRequest struct {
 	StdinBytes int64 `json:"stdinBytes,omitempty"`
 	// Record publishes the output as `exec` run events.
 	Record bool `json:"record,omitempty"`
-	// MaxOutputBytes caps the exec's journal below sandboxd's cap (256 MiB); 0: sandboxd's.
+	// MaxOutputBytes caps the exec's journal, up to sandboxd's --output-bytes-limit (1280 MiB);
+	// 0: sandboxd's --max-output-bytes (256 MiB).
 	MaxOutputBytes int64 `json:"maxOutputBytes,omitempty"`
 }
 

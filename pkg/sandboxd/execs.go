@@ -35,13 +35,13 @@ func (s *Server) admit(spec Spec) (*execution, bool, error) {
 		return nil, false, ErrDraining
 	}
 	limit := s.opts.MaxOutputBytes
-	if spec.MaxOutputBytes > 0 && spec.MaxOutputBytes < limit {
-		limit = spec.MaxOutputBytes
+	if spec.MaxOutputBytes > 0 {
+		limit = min(spec.MaxOutputBytes, s.opts.OutputBytesLimit)
 	}
 	// The counter keeps a deleted exec's file apart from a later one with the same id.
 	s.journals++
 	name := spec.ID + "." + strconv.FormatUint(s.journals, 10) + journalExt
-	j := newJournal(filepath.Join(s.opts.JournalDir, name), limit, s.budget)
+	j := newJournal(filepath.Join(s.opts.JournalDir, name), limit, s.budget, s.disk)
 	e := newExecution(spec, j, s.log)
 	s.execs[spec.ID] = e
 	s.running++

@@ -32,20 +32,29 @@ const journalExt = ".journal"
 // output goes to disk even for small journals.
 const DefaultJournalMemory = 64 << 20
 
+// DefaultJournalDisk bounds the journal files together: the pod's run emptyDir is 2 GiB
+// (pkg/policy), and the kubelet evicts a pod whose emptyDir outgrows its sizeLimit, so past
+// this bound output is dropped (the exit says truncated) instead.
+const DefaultJournalDisk = 1536 << 20
+
+// errJournalDisk is output dropped because the journal files hold the server's disk bound.
+var errJournalDisk = errors.New("the journals hold --journal-disk-bytes: output dropped")
+
 // errFromBeyond is a read from a seq past the next one to be written: a client cannot have seen
 // it, so the request is wrong.
 var errFromBeyond = errors.New("from is beyond the journal's next seq")
 
-// memBudget is the memory left for in-memory journals, shared by a server's journals.
-type memBudget struct{ left atomic.Int64 }
+// byteBudget is what is left of a bound shared by a server's journals: the memory of in-memory
+// journals, and the disk of spilled ones.
+type byteBudget struct{ left atomic.Int64 }
 
-func newMemBudget(n int64) *memBudget {
-	b := &memBudget{}
+func newByteBudget(n int64) *byteBudget {
+	b := &byteBudget{}
 	b.left.Store(n)
 	return b
 }
 
-func (b *memBudget) take(n int64) bool {
+func (b *byteBudget) take(n int64) bool {
 	if b.left.Add(-n) < 0 {
 		b.left.Add(n)
 		return false
@@ -53,7 +62,7 @@ func (b *memBudget) take(n int64) bool {
 	return true
 }
 
-func (b *memBudget) release(n int64) { b.left.Add(n) }
+func (b *byteBudget) release(n int64) { b.left.Add(n) }
 
 // journal is one exec's output: its output frames, exactly as sent on the wire, kept in memory
 // while small and then in a file, with a sparse index from seq to offset. Bytes once written
@@ -62,11 +71,13 @@ func (b *memBudget) release(n int64) { b.left.Add(n) }
 type journal struct {
 	path   string
 	max    int64 // size cap: payload plus frameHeaderSize per chunk
-	budget *memBudget
+	budget *byteBudget
+	disk   *byteBudget
 
 	mu        sync.Mutex
 	mem       []byte   // the frames until spilled
 	spilled   bool     // the frames are in the file at path
+	onDisk    int64    // bytes taken from disk
 	f         *os.File // write side once spilled; nil after finish
 	size      int64
 	lastSeq   uint64
@@ -78,8 +89,8 @@ type journal struct {
 	changed   chan struct{}
 }
 
-func newJournal(path string, max int64, budget *memBudget) *journal {
-	return &journal{path: path, max: max, budget: budget, changed: make(chan struct{})}
+func newJournal(path string, max int64, budget, disk *byteBudget) *journal {
+	return &journal{path: path, max: max, budget: budget, disk: disk, changed: make(chan struct{})}
 }
 
 // append journals buf[frameHeaderSize:] as the next chunk of stream; buf[:frameHeaderSize] is
@@ -126,6 +137,9 @@ func (j *journal) write(frame []byte) error {
 			j.mem = append(j.mem, frame...)
 			return nil
 		}
+		if !j.takeDisk(int64(len(j.mem))) {
+			return errJournalDisk
+		}
 		f, err := os.OpenFile(j.path, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
 		if err != nil {
 			return fmt.Errorf("creating the journal: %w", err)
@@ -138,10 +152,21 @@ func (j *journal) write(frame []byte) error {
 		j.budget.release(int64(len(j.mem)))
 		j.f, j.mem, j.spilled = f, nil, true
 	}
+	if !j.takeDisk(int64(len(frame))) {
+		return errJournalDisk
+	}
 	if _, err := j.f.Write(frame); err != nil {
 		return fmt.Errorf("writing the journal: %w", err)
 	}
 	return nil
+}
+
+func (j *journal) takeDisk(n int64) bool {
+	if !j.disk.take(n) {
+		return false
+	}
+	j.onDisk += n
+	return true
 }
 
 // finish completes e with the journal's counts, records it as the exit frame and closes the
@@ -172,6 +197,8 @@ func (j *journal) remove() error {
 	defer j.mu.Unlock()
 	j.budget.release(int64(len(j.mem)))
 	j.mem = nil
+	j.disk.release(j.onDisk)
+	j.onDisk = 0
 	if j.f != nil {
 		_ = j.f.Close()
 		j.f = nil

@@ -59,7 +59,7 @@ func TestJournalFollowFrom(t *testing.T) {
 		{"moved to disk", 5000, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			j := newJournal(filepath.Join(t.TempDir(), "x"+journalExt), 1<<20, newMemBudget(tc.budget))
+			j := newJournal(filepath.Join(t.TempDir(), "x"+journalExt), 1<<20, newByteBudget(tc.budget), newByteBudget(DefaultJournalDisk))
 			var want []Frame
 			for i := 1; i <= n; i++ {
 				stream := Stream(1 + i%2)
@@ -103,7 +103,7 @@ func TestJournalFollowFrom(t *testing.T) {
 // TestJournalFollowAcrossSpill: a follower reading the in-memory journal continues in the file
 // when the journal moves there.
 func TestJournalFollowAcrossSpill(t *testing.T) {
-	j := newJournal(filepath.Join(t.TempDir(), "x"+journalExt), 1<<20, newMemBudget(DefaultJournalMemory))
+	j := newJournal(filepath.Join(t.TempDir(), "x"+journalExt), 1<<20, newByteBudget(DefaultJournalMemory), newByteBudget(DefaultJournalDisk))
 	appendChunk(j, Stdout, "small")
 	f, err := j.follow(1)
 	if err != nil {
@@ -157,7 +157,7 @@ func eventually(t *testing.T, what string, cond func() bool) {
 // crosses it is cut, later ones are dropped, seqs stay contiguous.
 func TestJournalCap(t *testing.T) {
 	const limit = 3*frameHeaderSize + 25
-	j := newJournal(filepath.Join(t.TempDir(), "x"+journalExt), limit, newMemBudget(DefaultJournalMemory))
+	j := newJournal(filepath.Join(t.TempDir(), "x"+journalExt), limit, newByteBudget(DefaultJournalMemory), newByteBudget(DefaultJournalDisk))
 	appendChunk(j, Stdout, "0123456789")           // 24 bytes: fits
 	appendChunk(j, Stderr, "abcdefghij")           // 48: fits
 	appendChunk(j, Stdout, "ABCDEFGHIJKLMNOPQRST") // 5 of 20 fit

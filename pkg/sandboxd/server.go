@@ -25,6 +25,10 @@ const (
 	DefaultSocket         = "/kubeclip/run/sandboxd.sock"
 	DefaultJournalDir     = "/kubeclip/run/journal"
 	DefaultMaxOutputBytes = 256 << 20
+	// DefaultOutputBytesLimit is how far a start's maxOutputBytes may raise its journal's cap
+	// above MaxOutputBytes: a sync out (`sandboxd tar`) of up to DefaultSyncMaxBytes of files
+	// with their headers. The journal files' disk bound (DefaultJournalDisk) still holds.
+	DefaultOutputBytesLimit = 1280 << 20
 	// DefaultJournalTTL keeps an exited command's journal long enough for a client that lost
 	// its exec-worker to attach through another one, and no longer: bridge polls alone leave
 	// about 5,000 journals per ten minutes.
@@ -67,8 +71,13 @@ type Options struct {
 	// SocketPath is the unix socket (no TLS, no token); empty: none.
 	SocketPath string
 	JournalDir string
-	// MaxOutputBytes caps each exec's journal: payload plus 14 bytes per chunk.
-	MaxOutputBytes int64
+	// MaxOutputBytes caps each exec's journal: payload plus 14 bytes per chunk. A start's
+	// maxOutputBytes sets its own cap, up to OutputBytesLimit (default
+	// max(DefaultOutputBytesLimit, MaxOutputBytes)).
+	MaxOutputBytes   int64
+	OutputBytesLimit int64
+	// JournalDisk bounds the journal files together (default DefaultJournalDisk).
+	JournalDisk int64
 	// JournalMemory bounds the memory of small journals, kept off disk; default
 	// DefaultJournalMemory.
 	JournalMemory int64
@@ -91,9 +100,10 @@ type Server struct {
 	log       zerolog.Logger
 	listeners []net.Listener
 	handlers  []http.Handler
-	budget    *memBudget
-	devNull   *os.File  // every command without stdin reads it
-	buffers   sync.Pool // *[frameHeaderSize + readSize]byte for the output pumps
+	budget    *byteBudget // memory of in-memory journals
+	disk      *byteBudget // disk of journal files
+	devNull   *os.File    // every command without stdin reads it
+	buffers   sync.Pool   // *[frameHeaderSize + readSize]byte for the output pumps
 
 	mu       sync.Mutex
 	execs    map[string]*execution
@@ -134,6 +144,15 @@ func New(opts Options) (*Server, error) {
 	if opts.JournalMemory <= 0 {
 		opts.JournalMemory = DefaultJournalMemory
 	}
+	if opts.OutputBytesLimit <= 0 {
+		opts.OutputBytesLimit = max(DefaultOutputBytesLimit, opts.MaxOutputBytes)
+	}
+	if opts.OutputBytesLimit < opts.MaxOutputBytes {
+		return nil, errors.New("sandboxd: OutputBytesLimit is below MaxOutputBytes")
+	}
+	if opts.JournalDisk <= 0 {
+		opts.JournalDisk = DefaultJournalDisk
+	}
 	if err := prepareJournalDir(opts.JournalDir); err != nil {
 		return nil, err
 	}
@@ -143,7 +162,7 @@ func New(opts Options) (*Server, error) {
 	}
 	s := &Server{
 		opts: opts, log: opts.Logger, execs: map[string]*execution{},
-		budget: newMemBudget(opts.JournalMemory), devNull: devNull,
+		budget: newByteBudget(opts.JournalMemory), disk: newByteBudget(opts.JournalDisk), devNull: devNull,
 		buffers: sync.Pool{New: func() any { return new([frameHeaderSize + readSize]byte) }},
 	}
 	mux := s.routes()

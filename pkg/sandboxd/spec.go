@@ -29,7 +29,8 @@ type Spec struct {
 	TimeoutMs int64 `json:"timeoutMs,omitempty"`
 	// Stdin: the command's stdin is a pipe fed by POST …/stdin; otherwise /dev/null.
 	Stdin bool `json:"stdin,omitempty"`
-	// MaxOutputBytes caps this exec's journal below the daemon's cap; 0: the daemon's cap.
+	// MaxOutputBytes caps this exec's journal, up to the daemon's OutputBytesLimit; 0: the
+	// daemon's MaxOutputBytes.
 	MaxOutputBytes int64 `json:"maxOutputBytes,omitempty"`
 }
 

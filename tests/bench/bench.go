@@ -96,7 +96,7 @@ func newBench(ctx context.Context, s settings, stderr io.Writer) (b *bench, err 
 		return b, err
 	}
 	b.logf("starting the pipeline (embedded JetStream, tenant-worker, dispatcher, run-watcher)")
-	if b.pipe, err = startPipeline(ctx, s.kubeconfig, s.workerLog, b.stats, b.sandboxKey); err != nil {
+	if b.pipe, err = startPipeline(ctx, s.kubeconfig, s.workerLog, b.stats, b.sandboxKey, s.sandboxdImage); err != nil {
 		return b, err
 	}
 	js, err := b.pipe.jetStream(ctx, "bench", zerolog.Nop())

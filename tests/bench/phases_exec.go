@@ -9,6 +9,7 @@ package main
 //	    and saturating, both routes, and the API server's CPU meanwhile (phases_execload.go)
 //	(k) acquire → ready to exec, cold tenant, vs a raw pod create → Ready (phases_execready.go)
 //	(l) stdin and stdout throughput (phases_execstream.go)
+//	(m) native sync in and out vs the host's base64 route (phases_sync.go)
 //
 // The exec-workers run in the bench's process, each with its own NATS connection and
 // Kubernetes clients, as the binary wires them; the raw side is the bench's own client-go exec.
@@ -22,7 +23,7 @@ import (
 	"io"
 	"time"
 
-	"github.com/rs/zerolog"
+	"github.com/nats-io/nats.go"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
@@ -32,6 +33,7 @@ import (
 	"github.com/kubeclip/kubeclip/pkg/events"
 	"github.com/kubeclip/kubeclip/pkg/execclient"
 	"github.com/kubeclip/kubeclip/pkg/execsvc"
+	"github.com/kubeclip/kubeclip/pkg/inbox"
 	"github.com/kubeclip/kubeclip/pkg/k8s"
 )
 
@@ -53,13 +55,14 @@ func newSandboxKey() ([]byte, error) {
 	return key, nil
 }
 
-// execPhases are (i) to (l); sandboxKey is the one the bench's dispatcher holds.
+// execPhases are (i) to (m); sandboxKey is the one the bench's dispatcher holds.
 func (b *bench) execPhases(sandboxKey []byte) []phase {
 	return []phase{
 		{phaseExecRoundTrip, func(ctx context.Context, rep *report) error { return b.execRoundTripPhase(ctx, rep, sandboxKey) }},
 		{phaseExecLoad, func(ctx context.Context, rep *report) error { return b.execLoadPhase(ctx, rep, sandboxKey) }},
 		{phaseExecReady, func(ctx context.Context, rep *report) error { return b.execReadyPhase(ctx, rep, sandboxKey) }},
 		{phaseExecStream, func(ctx context.Context, rep *report) error { return b.execStreamPhase(ctx, rep, sandboxKey) }},
+		{phaseSync, func(ctx context.Context, rep *report) error { return b.syncPhase(ctx, rep, sandboxKey) }},
 	}
 }
 
@@ -204,11 +207,16 @@ func (b *bench) releasePodLeases(ctx context.Context, leases []podLease) error {
 
 // execClient is an exec client on a connection of the bench's own.
 func (b *bench) execClient(ctx context.Context) (*execclient.Client, error) {
-	js, err := b.pipe.jetStream(ctx, "bench-exec", zerolog.Nop())
+	// Connected as the CLI is, with a client inbox prefix: the exec-workers answer into
+	// nothing else (pkg/inbox), and the pipeline's connections use the workers' prefix.
+	nc, err := nats.Connect(b.pipe.common.NATSURL, nats.Name("kubeclip-bench-exec"), nats.CustomInboxPrefix(inbox.CLIPrefix))
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("connecting the exec client: %w", err)
 	}
-	return execclient.New(execclient.Options{NATS: js.Conn(), Subjects: b.subjects})
+	b.pipe.mu.Lock()
+	b.pipe.conns = append(b.pipe.conns, nc)
+	b.pipe.mu.Unlock()
+	return execclient.New(execclient.Options{NATS: nc, Subjects: b.subjects})
 }
 
 // podConfig is the bench's provider config with backend pod on the sandbox image.
@@ -254,7 +262,8 @@ func (b *bench) startExecWorkers(ctx context.Context, route string, key []byte, 
 		if route == execsvc.RouteKubeExec {
 			r = &execsvc.KubeExecRoute{Config: kube.Config, Clientset: kube.Clientset}
 		}
-		svc, err := execsvc.New(execsvc.Options{NATS: nc, JetStream: js, Subjects: b.subjects, Pods: pods, Route: r, MasterKey: key, Replica: name, Logger: log})
+		svc, err := execsvc.New(execsvc.Options{NATS: nc, JetStream: js, Subjects: b.subjects, Pods: pods, Route: r, MasterKey: key, Replica: name, Logger: log,
+			Replies: inbox.MustRule(inbox.DefaultClientPrefixes()...)})
 		if err != nil {
 			return stop, errors.Join(err, stop())
 		}

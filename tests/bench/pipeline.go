@@ -44,6 +44,8 @@ type pipeline struct {
 	stats  *opStats
 	// sandboxKey is the dispatchers' sandbox master key: exec-capable leases ((i), (j)) need it.
 	sandboxKey []byte
+	// sandboxdImage is the dispatchers' sandboxd image (--sandboxd-image).
+	sandboxdImage string
 	// nats is the embedded server; it listens on TCP, so worker processes can join it.
 	nats   *pipelinetest.NATS
 	dir    string
@@ -69,7 +71,7 @@ type worker interface {
 
 // startPipeline starts the embedded server and the workers. workerLog names the workers' log
 // file; empty puts it in the server's temporary directory.
-func startPipeline(ctx context.Context, kubeconfig, workerLog string, stats *opStats, sandboxKey []byte) (p *pipeline, err error) {
+func startPipeline(ctx context.Context, kubeconfig, workerLog string, stats *opStats, sandboxKey []byte, sandboxdImage string) (p *pipeline, err error) {
 	common, err := workerDefaults()
 	if err != nil {
 		return nil, err
@@ -78,7 +80,7 @@ func startPipeline(ctx context.Context, kubeconfig, workerLog string, stats *opS
 	if err != nil {
 		return nil, fmt.Errorf("creating the JetStream store: %w", err)
 	}
-	p = &pipeline{common: common, stats: stats, dir: dir, sandboxKey: sandboxKey}
+	p = &pipeline{common: common, stats: stats, dir: dir, sandboxKey: sandboxKey, sandboxdImage: sandboxdImage}
 	defer func() {
 		if err != nil {
 			err = errors.Join(err, p.stop())
@@ -206,7 +208,7 @@ func (p *pipeline) dispatcher(ctx context.Context, name string) (worker, *nats.C
 	w, err := dispatch.New(dispatch.Options{
 		Clientset: kube.Clientset, Dynamic: kube.Dynamic, Applier: kube.Applier,
 		JetStream: js, Subjects: subjects, Logger: log,
-		Concurrency: dispatcherConcurrency, DrainTimeout: p.common.ShutdownTimeout, SandboxKey: p.sandboxKey,
+		Concurrency: dispatcherConcurrency, DrainTimeout: p.common.ShutdownTimeout, SandboxKey: p.sandboxKey, SandboxdImage: p.sandboxdImage,
 		Operator: benchOperator(),
 	})
 	return w, nc, err

@@ -9,6 +9,7 @@ import (
 
 	"github.com/kubeclip/kubeclip/internal/app"
 	"github.com/kubeclip/kubeclip/internal/config"
+	"github.com/kubeclip/kubeclip/pkg/dispatch"
 )
 
 const summary = `bench runs kubeclip's pipeline (embedded JetStream + tenant-worker, dispatcher, run-watcher in
@@ -58,6 +59,8 @@ type settings struct {
 
 	phases string
 
+	sandboxdImage string
+
 	waitTimeout    time.Duration
 	cleanupTimeout time.Duration
 }
@@ -96,6 +99,7 @@ func parseSettings(args []string, lookupEnv config.LookupEnv, stdout io.Writer) 
 	fs.Int(&s.streamBytes, "stream-bytes", "KUBECLIP_BENCH_STREAM_BYTES", 64<<20, "(l) bytes sent through stdin, and received from stdout, per transfer")
 	fs.Int(&s.streamRounds, "stream-rounds", "KUBECLIP_BENCH_STREAM_ROUNDS", 3, "(l) transfers each way per route (and raw); the median is reported")
 	fs.String(&s.phases, "phases", "KUBECLIP_BENCH_PHASES", "all", "phases to run, as letters (\"g,h\" or \"gh\"); set-up always runs, (c) measures the runs of (a), (b) and (d)")
+	fs.String(&s.sandboxdImage, "sandboxd-image", "KUBECLIP_SANDBOXD_IMAGE", dispatch.DefaultSandboxdImage, "the dispatcher's sandboxd image, as cmd/dispatcher's flag (a build of this checkout for the exec phases)")
 	fs.Duration(&s.waitTimeout, "wait-timeout", "KUBECLIP_BENCH_WAIT_TIMEOUT", 60*time.Second, "longest wait for one event")
 	fs.Duration(&s.cleanupTimeout, "cleanup-timeout", "KUBECLIP_BENCH_CLEANUP_TIMEOUT", 3*time.Minute, "longest wait for the bench's namespaces to be gone")
 	if err := fs.Parse(args); err != nil {
@@ -146,8 +150,8 @@ func (s settings) validate(fs *config.Set) error {
 	if s.pollInterval <= 0 || s.pollWindow < time.Second {
 		errs = append(errs, fmt.Errorf("%s must be > 0 and %s at least 1s", fs.Names("poll-interval"), fs.Names("poll-window")))
 	}
-	if strings.Trim(s.phases, "abcdefghijkl, ") != "" && s.phases != "all" {
-		errs = append(errs, fmt.Errorf("%s takes phase letters a to l, or all", fs.Names("phases")))
+	if strings.Trim(s.phases, "abcdefghijklm, ") != "" && s.phases != "all" {
+		errs = append(errs, fmt.Errorf("%s takes phase letters a to m, or all", fs.Names("phases")))
 	}
 	return errors.Join(errs...)
 }

@@ -1,6 +1,7 @@
 package paperclip
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"slices"
@@ -29,6 +30,9 @@ type runStats struct {
 	// acquire and release are those hooks' durations.
 	acquire, release time.Duration
 	hooks            map[string]any
+	// syncExecs and syncBytes are native sync's execs (no execute call) and the bytes it moved.
+	syncExecs int
+	syncBytes int64
 	// streamEvents and streamBytes are the run's events in kubeclip's run stream and their
 	// payloads' size: uploads and bridge polls are not recorded, so they stay small.
 	streamEvents, streamBytes int
@@ -43,6 +47,8 @@ type report struct {
 	pluginPeakRSS int64
 	// largeRun is LargeOutputRun's.
 	largeRun largeRunStats
+	// notes are lines a test adds below the table.
+	notes []string
 }
 
 // largeRunStats are the figures of one agent run with a large output through Paperclip.
@@ -59,6 +65,10 @@ var bigExec struct {
 	outputBytes, held, peakRSS int64
 	baselineRSS                int64
 }
+
+// nativeSync is TestExecClientAgainstExecWorkers' line on native sync through the plugin's hooks
+// (set before TestPaperclip prints its report: the suite runs its tests in file order).
+var nativeSync string
 
 func (r *report) add(s runStats) {
 	r.mu.Lock()
@@ -94,9 +104,21 @@ func (r *report) print(t *testing.T) {
 			bigExec.outputBytes>>20, bigExec.held, bigExec.peakRSS>>20, bigExec.baselineRSS>>20)
 	}
 	bigExec.mu.Unlock()
+	if nativeSync != "" {
+		b.WriteString(nativeSync + "\n")
+	}
+	for _, n := range r.notes {
+		b.WriteString(n + "\n")
+	}
 	t.Log("\n" + b.String())
+	// Appended: each test function of the suite prints its own report into the one file.
 	if path := os.Getenv(ReportEnv); path != "" {
-		if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
+		f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+		if err == nil {
+			_, err = f.WriteString(b.String())
+			err = errors.Join(err, f.Close())
+		}
+		if err != nil {
 			t.Errorf("writing the report: %v", err)
 		}
 	}

@@ -91,6 +91,10 @@ describe("readSettings", () => {
     assert.throws(() => readSettings({ inboxPrefix: "$JS.API" }), /^ConfigError: settings\.inboxPrefix/);
     assert.throws(() => readSettings({ maxExecuteOutputBytes: 1 << 30 }), /^ConfigError: settings\.maxExecuteOutputBytes: must be an integer from 65536 to 33554432/);
     assert.throws(() => readSettings({ maxConcurrentExecutesPerCompany: 0 }), /settings\.maxConcurrentExecutesPerCompany/);
+    assert.throws(() => readSettings({ maxSyncOutBytes: 0 }), /^ConfigError: settings\.maxSyncOutBytes: must be an integer from 1 to 68719476736/);
+    assert.throws(() => readSettings({ maxSyncOutFiles: "many" }), /^ConfigError: settings\.maxSyncOutFiles: must be an integer/);
+    assert.deepEqual(readSettings({ maxSyncOutBytes: 1 << 20, maxSyncOutFiles: 10, nativeSync: false }), { maxSyncOutBytes: 1 << 20, maxSyncOutFiles: 10, nativeSync: false });
+    assert.throws(() => readSettings({ nativeSync: "no" }), /^ConfigError: settings\.nativeSync: must be true or false/);
     assert.throws(() => readSettings({ executeEnv: { mode: "open" } }), /settings\.executeEnv\.mode: must be "deny" or "allowlist"/);
     assert.throws(() => readSettings({ executeEnv: { mode: "allowlist" } }), /settings\.executeEnv\.allow: mode "allowlist" needs/);
     assert.throws(() => readSettings({ executeEnv: { deny: ["A B"] } }), /settings\.executeEnv\.deny\[0\]/);

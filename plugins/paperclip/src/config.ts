@@ -147,6 +147,15 @@ export const MIN_EXECUTE_OUTPUT_BYTES = 64 << 10;
 export const MAX_EXECUTE_OUTPUT_BYTES = 32 << 20;
 /** A run has ~6 executes in flight (agent, bridge poll, log tail, 4 parallel uploads). */
 export const DEFAULT_CONCURRENT_EXECUTES = 32;
+/**
+ * Native sync out writes a tenant's archive onto Paperclip's host, so the operator bounds one
+ * mapping: regular-file bytes (1 GiB, sandboxd untar's own default, a large workspace) and
+ * entries (files, directories and links: 100,000, sandboxd untar's too).
+ */
+export const DEFAULT_SYNC_OUT_BYTES = 1 << 30;
+export const MAX_SYNC_OUT_BYTES = 64 * 2 ** 30;
+export const DEFAULT_SYNC_OUT_FILES = 100_000;
+export const MAX_SYNC_OUT_FILES = 10_000_000;
 /** The paperclip NATS user's inbox (pkg/inbox.PaperclipPrefix; deploy/kustomize/base/nats-auth.conf). */
 export const DEFAULT_INBOX_PREFIX = "_INBOX_paperclip";
 const PREFIX_RE = /^[A-Za-z0-9_-]{1,32}$/;
@@ -235,6 +244,14 @@ export function readSettings(obj: JsonObject): PluginKeys {
   if (hold !== undefined) out.maxExecuteOutputBytes = hold;
   const conc = int("maxConcurrentExecutesPerCompany", 1, 100_000);
   if (conc !== undefined) out.maxConcurrentExecutesPerCompany = conc;
+  if (obj.nativeSync !== undefined && obj.nativeSync !== null) {
+    if (typeof obj.nativeSync !== "boolean") throw new ConfigError("settings.nativeSync", "must be true or false");
+    out.nativeSync = obj.nativeSync;
+  }
+  const syncBytes = int("maxSyncOutBytes", 1, MAX_SYNC_OUT_BYTES);
+  if (syncBytes !== undefined) out.maxSyncOutBytes = syncBytes;
+  const syncFiles = int("maxSyncOutFiles", 1, MAX_SYNC_OUT_FILES);
+  if (syncFiles !== undefined) out.maxSyncOutFiles = syncFiles;
   if (obj.executeEnv !== undefined && obj.executeEnv !== null) out.executeEnv = readEnvPolicy(obj.executeEnv, "settings.executeEnv");
   return out;
 }
@@ -251,6 +268,9 @@ export interface PluginKeys {
   executeEnv?: EnvPolicySettings;
   maxExecuteOutputBytes?: number;
   maxConcurrentExecutesPerCompany?: number;
+  nativeSync?: boolean;
+  maxSyncOutBytes?: number;
+  maxSyncOutFiles?: number;
 }
 
 /**
@@ -458,6 +478,25 @@ export const settingsSchema = {
       minimum: 1,
       default: DEFAULT_CONCURRENT_EXECUTES,
       description: "Executes one company may have in flight; more wait (up to 60 s, then are refused).",
+    },
+    nativeSync: {
+      type: "boolean",
+      default: true,
+      description: "Native file sync (sandboxd untar/tar over kubeclip's exec service) for exec-capable leases; false keeps Paperclip's base64-over-execute route for every lease (e.g. while pods run a sandboxd without its sync subcommands).",
+    },
+    maxSyncOutBytes: {
+      type: "integer",
+      minimum: 1,
+      maximum: MAX_SYNC_OUT_BYTES,
+      default: DEFAULT_SYNC_OUT_BYTES,
+      description: "Native sync out: the most bytes of regular files one mapping may write onto Paperclip's host; a larger archive from a pod is refused.",
+    },
+    maxSyncOutFiles: {
+      type: "integer",
+      minimum: 1,
+      maximum: MAX_SYNC_OUT_FILES,
+      default: DEFAULT_SYNC_OUT_FILES,
+      description: "Native sync out: the most entries (files, directories, links) one mapping may write onto Paperclip's host.",
     },
   },
 } as const;

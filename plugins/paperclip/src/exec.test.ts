@@ -21,6 +21,13 @@ async function eventually(cond: () => boolean, what: string, ms = 3_000): Promis
   }
 }
 
+async function* chunks(parts: readonly Uint8Array[]): AsyncGenerator<Uint8Array> {
+  for (const p of parts) {
+    await Promise.resolve();
+    yield p;
+  }
+}
+
 function spec(command: string, args: string[], extra: Partial<ExecSpec> = {}): ExecSpec {
   return { companyId: C, runId: R, providerLeaseId: LEASE, command, args, env: {}, timeoutMs: 20_000, record: false, ...extra };
 }
@@ -250,6 +257,71 @@ describe("exec protocol", () => {
     const r = await runExec(env.nc, "paperclip", spec("wc", ["-c"], { stdin: "y".repeat(700_000) }), { ...fast, stdinTimeoutMs: 300 });
     assert.equal(r.stdout.trim(), "700000");
     assert.ok((r.metadata.attaches ?? 0) >= 1);
+  });
+
+  it("streams stdin of unknown length (-1) from a source, holding only the unconfirmed chunk", async () => {
+    const piece = Buffer.alloc(100_003, 0x61);
+    // ~3 MB in pieces that do not line up with the 512 KiB stdin chunks
+    const r = await runExec(env.nc, "paperclip", spec("sha256sum", [], { stdinStream: chunks(Array.from({ length: 30 }, () => piece)) }), fast);
+    assert.equal(r.exitCode, 0);
+    const want = createHash("sha256").update(Buffer.concat(Array.from({ length: 30 }, () => piece))).digest("hex");
+    assert.equal(r.stdout.split(" ")[0], want);
+    assert.equal(env.sandbox.startRequests.at(-1)?.stdinBytes, -1);
+  });
+
+  it("resends a streamed stdin chunk after an attach", async () => {
+    for (const r of env.replicas.splice(0)) r.die();
+    env.replicas.push(new FakeExecReplica(env.nc, env.sandbox, "ew-stuck", { ignoreFirstStdin: true }));
+    await env.nc.flush();
+    const source = chunks([Buffer.alloc(700_000, 0x79), Buffer.alloc(5, 0x79)]);
+    const r = await runExec(env.nc, "paperclip", spec("wc", ["-c"], { stdinStream: source }), { ...fast, stdinTimeoutMs: 300 });
+    assert.equal(r.stdout.trim(), "700005");
+    assert.ok((r.metadata.attaches ?? 0) >= 1);
+  });
+
+  it("an empty stdin stream is an eof", async () => {
+    const r = await runExec(env.nc, "paperclip", spec("wc", ["-c"], { stdinStream: chunks([]) }), fast);
+    assert.equal(r.stdout.trim(), "0");
+  });
+
+  it("hands stdout to a sink in order instead of holding it", async () => {
+    const hash = createHash("sha256");
+    let n = 0;
+    const r = await runExec(env.nc, "paperclip", spec("sh", ["-c", "head -c 5000000 /dev/urandom | tee /dev/stderr | cat; echo done >&2"]), {
+      ...fast,
+      stdoutSink: async (data) => {
+        hash.update(data);
+        n += data.byteLength;
+        await new Promise((res) => setImmediate(res));
+      },
+    });
+    assert.equal(r.exitCode, 0);
+    assert.equal(r.stdout, "");
+    assert.equal(n, 5_000_000);
+    assert.ok(r.stderr.endsWith("done\n"));
+  });
+
+  it("kills the command and throws when the sink throws", async () => {
+    const t0 = Date.now();
+    await assert.rejects(
+      runExec(env.nc, "paperclip", spec("sh", ["-c", "yes | head -c 100000000; sleep 30"]), {
+        ...fast,
+        stdoutSink: () => Promise.reject(new Error("refused: bad entry")),
+      }),
+      /refused: bad entry/,
+    );
+    assert.ok(Date.now() - t0 < 10_000);
+    await eventually(() => [...env.sandbox.execs.values()].every((j) => j.exit !== undefined), "the command killed");
+  });
+
+  it("kills the command and throws when the stdin source throws", async () => {
+    async function* failing(): AsyncGenerator<Uint8Array> {
+      yield Buffer.from("some");
+      await new Promise((res) => setTimeout(res, 50));
+      throw new Error("host file vanished");
+    }
+    await assert.rejects(runExec(env.nc, "paperclip", spec("sh", ["-c", "cat >/dev/null; sleep 30"], { stdinStream: failing() }), fast), /host file vanished/);
+    await eventually(() => [...env.sandbox.execs.values()].every((j) => j.exit !== undefined), "the command killed");
   });
 
   it("kills the command when aborted", async () => {

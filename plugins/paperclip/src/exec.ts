@@ -30,6 +30,11 @@ export interface ExecSpec {
   cwd?: string | undefined;
   env: Record<string, string>;
   stdin?: string | undefined;
+  /**
+   * Stdin streamed from a source of unknown length (native sync's tar), instead of stdin: sent
+   * as it is read, a chunk at a time; only the chunk sandboxd has not confirmed is held.
+   */
+  stdinStream?: AsyncIterable<Uint8Array> | undefined;
   /** The command's budget; sandboxd kills it after this (> 0). */
   timeoutMs: number;
   /** Record the output in the run stream (the agent command only). */
@@ -41,6 +46,12 @@ export interface ExecOptions {
   signal?: AbortSignal | undefined;
   /** Every output chunk, decoded, in order, as it arrives (≤ maxLogChars each). */
   onOutput?: ((stream: Stream, text: string) => void) | undefined;
+  /**
+   * Takes stdout's bytes instead of the result holding them (native sync's tar), each chunk
+   * awaited in order before it is acknowledged, so a slow sink holds the stream back (the
+   * protocol's window) rather than filling memory. A throw kills the command and is rethrown.
+   */
+  stdoutSink?: ((data: Uint8Array) => Promise<void>) | undefined;
   /** Cap on the output kubeclip sends, stdout and stderr together (default 64 MiB, the protocol's). */
   maxOutputBytes?: number;
   /** The most of each stream the client holds for the result: head and tail (default 8 MiB). */
@@ -138,7 +149,78 @@ class ResumeMarker {
   readonly resume = true;
 }
 
-type InboxItem = Msg | Error | AbortMarker | ResumeMarker;
+/** The stdin source or the stdout sink failed: kill the command, then throw this. */
+class FailMarker {
+  readonly error: unknown;
+  constructor(error: unknown) {
+    this.error = error;
+  }
+}
+
+type InboxItem = Msg | Error | AbortMarker | ResumeMarker | FailMarker;
+
+/**
+ * Stdin as chunks from an offset: a string's bytes, or a stream read on demand. A stream keeps
+ * only what sandboxd has not confirmed (one chunk): a resumed stream asks again from an offset
+ * inside it, never before.
+ */
+export class StdinFeed {
+  /** The stdin length when known; -1 for a stream (the protocol's unknown length). */
+  readonly length: number;
+  private readonly whole: Buffer | undefined;
+  private readonly it: AsyncIterator<Uint8Array> | undefined;
+  private base = 0;
+  private held: Buffer = Buffer.alloc(0);
+  private done = false;
+  private chain: Promise<unknown> = Promise.resolve();
+
+  constructor(src: string | AsyncIterable<Uint8Array> | undefined) {
+    if (typeof src === "string" || src === undefined) {
+      this.whole = Buffer.from(src ?? "", "utf8");
+      this.length = this.whole.byteLength;
+    } else {
+      this.it = src[Symbol.asyncIterator]();
+      this.length = -1;
+    }
+  }
+
+  /** Up to max bytes from offset, and whether they end stdin. Calls run one at a time. */
+  read(offset: number, max: number): Promise<{ data: Uint8Array; eof: boolean }> {
+    const next = this.chain.then(() => this.readNow(offset, max));
+    this.chain = next.catch(() => undefined);
+    return next;
+  }
+
+  private async readNow(offset: number, max: number): Promise<{ data: Uint8Array; eof: boolean }> {
+    if (this.whole) {
+      const end = Math.min(offset + max, this.whole.byteLength);
+      return { data: this.whole.subarray(offset, end), eof: end === this.whole.byteLength };
+    }
+    if (offset < this.base) throw new Error(`stdin offset ${offset} is before the held ${this.base}: already confirmed`);
+    const drop = Math.min(offset - this.base, this.held.byteLength);
+    this.held = this.held.subarray(drop);
+    this.base += drop;
+    while (!this.done && this.held.byteLength < max && this.it) {
+      const r = await this.it.next();
+      if (r.done) this.done = true;
+      else if (r.value.byteLength > 0) this.held = Buffer.concat([this.held, r.value]);
+    }
+    if (offset > this.base + this.held.byteLength) throw new Error(`stdin offset ${offset} is past the end of stdin`);
+    const data = this.held.subarray(0, max);
+    return { data, eof: this.done && data.byteLength === this.held.byteLength };
+  }
+
+  /** Stops reading the stream (the exec ended first). */
+  async close(): Promise<void> {
+    await this.chain;
+    await this.it?.return?.();
+  }
+
+  /** Whether every byte from offset on was sent with eof (answers for a known length only). */
+  pastEnd(offset: number): boolean {
+    return this.length >= 0 && offset > this.length;
+  }
+}
 
 /** Messages of the inbox and timer ticks, awaited in the caller's async context. */
 class Inbox {
@@ -300,7 +382,7 @@ export async function runExec(nc: NatsConnection, prefix: string, spec: ExecSpec
   const unavailableMs = opts.unavailableMs ?? 120_000;
   const retryMs = opts.retryMs ?? 1_000;
   const cap = opts.maxOutputBytes ?? DEFAULT_MAX_OUTPUT_BYTES;
-  const stdin = Buffer.from(spec.stdin ?? "", "utf8");
+  const stdin = new StdinFeed(spec.stdinStream ?? spec.stdin);
   const hold = opts.holdBytes ?? DEFAULT_HOLD_BYTES;
   const out = { stdout: new Output(hold), stderr: new Output(hold) };
   const emit = (stream: Stream, text: string): void => {
@@ -332,6 +414,7 @@ export async function runExec(nc: NatsConnection, prefix: string, spec: ExecSpec
   let cancelled = false;
   let clientTimeout = false;
   let ended = false; // the stream ended without an exit while the client was giving up
+  let failure: FailMarker | undefined;
   let noResponderSince = 0;
   let unavailableSince = 0;
   const deadline = Date.now() + spec.timeoutMs + graceMs;
@@ -344,8 +427,8 @@ export async function runExec(nc: NatsConnection, prefix: string, spec: ExecSpec
     cwd: spec.cwd ?? "",
     env: spec.env,
     timeoutMs: spec.timeoutMs,
-    // The plugin always knows its stdin's length (Paperclip passes a string): never -1.
-    stdinBytes: stdin.byteLength,
+    // Paperclip's stdin is a string of known length; native sync streams a tar (-1: unknown).
+    stdinBytes: stdin.length,
     record: spec.record,
     maxOutputBytes: cap,
   });
@@ -401,15 +484,21 @@ export async function runExec(nc: NatsConnection, prefix: string, spec: ExecSpec
   const sendStdin = async (subject: string, from: number, gen: number): Promise<void> => {
     let offset = from;
     while (gen === stdinGen) {
-      const end = Math.min(offset + STDIN_CHUNK_BYTES, stdin.byteLength);
-      const eof = end === stdin.byteLength;
+      let piece: { data: Uint8Array; eof: boolean };
+      try {
+        piece = await stdin.read(offset, STDIN_CHUNK_BYTES);
+      } catch (err) {
+        if (gen === stdinGen) inbox.push(new FailMarker(err));
+        return;
+      }
+      if (gen !== stdinGen) return;
       const h = headers();
       h.set(H_KIND, "stdin");
       h.set(H_OFFSET, String(offset));
-      if (eof) h.set(H_EOF, "1");
+      if (piece.eof) h.set(H_EOF, "1");
       let reply: StdinReply;
       try {
-        const m = await nc.request(subject, stdin.subarray(offset, end), { headers: h, timeout: opts.stdinTimeoutMs ?? 10_000 });
+        const m = await nc.request(subject, piece.data, { headers: h, timeout: opts.stdinTimeoutMs ?? 10_000 });
         reply = decodeStdinReply(m.data);
       } catch {
         // No answer (the replica died, or the write failed in transport), or a malformed one:
@@ -419,8 +508,9 @@ export async function runExec(nc: NatsConnection, prefix: string, spec: ExecSpec
       }
       // closed: sandboxd takes no more (eof went through, or the command stopped reading and
       // exited, say `head -c 10`): send nothing more.
-      if (reply.closed || (eof && reply.offset === stdin.byteLength)) return;
-      if (reply.offset > stdin.byteLength) {
+      const end = offset + piece.data.byteLength;
+      if (reply.closed || (piece.eof && reply.offset === end)) return;
+      if (reply.offset > end || stdin.pastEnd(reply.offset)) {
         if (gen === stdinGen) inbox.push(new ResumeMarker());
         return;
       }
@@ -455,6 +545,12 @@ export async function runExec(nc: NatsConnection, prefix: string, spec: ExecSpec
         continue;
       }
       if (item instanceof AbortMarker) continue;
+      if (item instanceof FailMarker) {
+        failure ??= item;
+        if (!killSentAt) giveUp();
+        ended = true;
+        continue;
+      }
       if (item instanceof ResumeMarker) {
         resumeSoon();
         continue;
@@ -490,7 +586,7 @@ export async function runExec(nc: NatsConnection, prefix: string, spec: ExecSpec
           // The latest `started` owns stdin: an older sender stops at its next step.
           const gen = ++stdinGen;
           const offset = f.optInt("stdinOffset") ?? 0;
-          if (stdin.byteLength > 0 && !f.bool("stdinClosed") && offset <= stdin.byteLength) {
+          if (stdin.length !== 0 && !f.bool("stdinClosed") && !stdin.pastEnd(offset)) {
             void sendStdin(ioSubject, offset, gen);
           }
           break;
@@ -507,7 +603,13 @@ export async function runExec(nc: NatsConnection, prefix: string, spec: ExecSpec
             break;
           }
           next++;
-          emit(stream, out[stream].add(item.data));
+          if (stream === "stdout" && opts.stdoutSink) {
+            try {
+              await opts.stdoutSink(item.data);
+            } catch (err) {
+              inbox.push(new FailMarker(err));
+            }
+          } else emit(stream, out[stream].add(item.data));
           unackedBytes += item.data.byteLength;
           if (unackedBytes >= ACK_BYTES) ack();
           if (pendingExit && next > pendingExit.lastSeq) exit = pendingExit;
@@ -560,7 +662,9 @@ export async function runExec(nc: NatsConnection, prefix: string, spec: ExecSpec
     stdinGen++;
     opts.signal?.removeEventListener("abort", onAbort);
     sub.unsubscribe();
+    await stdin.close().catch(() => undefined);
   }
+  if (failure) throw failure.error;
 
   emit("stdout", out.stdout.flush());
   emit("stderr", out.stderr.flush());

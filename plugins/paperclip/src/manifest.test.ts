@@ -12,7 +12,14 @@ describe("manifest", () => {
     assert.equal(d.driverKey, "kubernetes");
     assert.equal(d.kind, "sandbox_provider");
     assert.ok(manifest.capabilities.includes("environment.drivers.register"));
-    assert.deepEqual(d.sandboxCapabilities, { reusableLeases: false, persistentProcessSessions: false, independentControlCommands: true });
+    assert.deepEqual(d.sandboxCapabilities, {
+      reusableLeases: false,
+      persistentProcessSessions: false,
+      independentControlCommands: true,
+      nativeSyncIn: true,
+      nativeSyncOut: true,
+      concurrentSyncOperations: true,
+    });
   });
 
   it("has package.json's version", () => {

@@ -31,12 +31,16 @@ const manifest: PaperclipPluginManifestV1 = {
       description:
         "One pod per run, created by kubeclip; commands run through kubeclip's exec service. Backends: pod (any cluster) or sandbox-cr (agent-sandbox).",
       configSchema: providerConfigSchema,
-      // Only what the plugin implements: concurrent commands on a lease, no sessions, no native
-      // file sync, no lease reuse (a lease is one run's pod).
+      // Only what the plugin implements: concurrent commands on a lease, no sessions, no lease
+      // reuse (a lease is one run's pod); native file sync both ways (sandboxd untar/tar over
+      // the exec service), any number of transfers at once (each its own exec).
       sandboxCapabilities: {
         reusableLeases: false,
         persistentProcessSessions: false,
         independentControlCommands: true,
+        nativeSyncIn: true,
+        nativeSyncOut: true,
+        concurrentSyncOperations: true,
       },
     },
   ],

@@ -5,6 +5,7 @@
 //   acquireLease     → JetStream lease request `acquire`, wait for `created`/`failed`
 //   realizeWorkspace → nothing to do: the pod's /workspace is the workspace
 //   execute          → the exec protocol (exec.ts) on core NATS, output streamed live
+//   syncIn/syncOut   → sandboxd untar/tar over the same exec protocol, tar streams (sync.ts)
 //   release/destroy  → JetStream lease request, wait for `released`/`failed` (the receipt)
 //
 // Logs carry run and lease ids only: never config values, env, stdin or credentials.
@@ -21,6 +22,9 @@ import {
   type PluginEnvironmentLease,
   type PluginEnvironmentProbeResult,
   type PluginEnvironmentReleaseLeaseParams,
+  type PluginEnvironmentSyncInParams,
+  type PluginEnvironmentSyncOutParams,
+  type PluginEnvironmentSyncResult,
   type PluginEnvironmentTerminationReceipt,
   type PluginEnvironmentValidationResult,
 } from "@paperclipai/plugin-sdk";
@@ -29,6 +33,9 @@ import { WORKER_KINDS, ping, validateConfig } from "./api.js";
 import {
   DEFAULT_CONCURRENT_EXECUTES,
   DEFAULT_EXECUTE_OUTPUT_BYTES,
+  DEFAULT_SYNC_OUT_BYTES,
+  DEFAULT_SYNC_OUT_FILES,
+  EXEC_BACKENDS,
   SECRET_KEYS,
   checkProviderConfig,
   isUnresolvedSecretRef,
@@ -42,13 +49,14 @@ import {
 } from "./config.js";
 import { EnvPolicy } from "./envpolicy.js";
 import { ConfigError, UnreachableError, errorMessage, scrub } from "./errors.js";
-import { runExec } from "./exec.js";
+import { runExec, type ExecOptions, type ExecResult, type ExecSpec } from "./exec.js";
 import { CompanyLimiter } from "./limiter.js";
 import { findCaseVariantKey, isObject, type JsonObject } from "./json.js";
 import { Leases } from "./leases.js";
 import { LiveLog } from "./livelog.js";
 import { ConnectionPool } from "./nats.js";
 import { StatsBook } from "./stats.js";
+import { SYNC_STDERR_BYTES, syncIn, syncOut, type SyncExec } from "./sync.js";
 
 /** Where the workspace lives in kubeclip's pods. */
 export const REMOTE_CWD = "/workspace";
@@ -210,6 +218,32 @@ export function createPlugin(options: PluginOptions = {}): PaperclipPlugin {
     }
   }
 
+  /**
+   * One command on a lease through kubeclip's exec service, within the company's slots and
+   * cancelled with the lease's in-flight work (release with cancelActiveWork, shutdown).
+   */
+  async function runOnLease(
+    nc: Awaited<ReturnType<typeof pool.get>>,
+    conn: Connection,
+    s: PluginKeys,
+    spec: ExecSpec,
+    opts: ExecOptions,
+  ): Promise<ExecResult> {
+    const controller = new AbortController();
+    let set = inflight.get(spec.providerLeaseId);
+    if (!set) inflight.set(spec.providerLeaseId, (set = new Set()));
+    set.add(controller);
+    let release: (() => void) | undefined;
+    try {
+      release = await limiter.acquire(spec.companyId, s.maxConcurrentExecutesPerCompany ?? DEFAULT_CONCURRENT_EXECUTES, controller.signal);
+      return await runExec(nc, conn.prefix, spec, { ...opts, signal: controller.signal, inboxPrefix: conn.inboxPrefix, ...options.exec });
+    } finally {
+      release?.();
+      set.delete(controller);
+      if (set.size === 0) inflight.delete(spec.providerLeaseId);
+    }
+  }
+
   /** One execute call: the command through kubeclip's exec service, output forwarded live. */
   async function execute(params: PluginEnvironmentExecuteParams, providerLeaseId: string): Promise<PluginEnvironmentExecuteResult> {
     const meta = leaseMetadata(params.lease.metadata, "lease.metadata");
@@ -230,10 +264,6 @@ export function createPlugin(options: PluginOptions = {}): PaperclipPlugin {
     }
     const timeoutMs = params.timeoutMs && params.timeoutMs > 0 ? params.timeoutMs : (conn.timeoutMs ?? DEFAULT_RPC_BUDGET_MS);
     const record = isAgentCommand(command, args, meta.adapterType);
-    const controller = new AbortController();
-    let set = inflight.get(providerLeaseId);
-    if (!set) inflight.set(providerLeaseId, (set = new Set()));
-    set.add(controller);
     // Bound to this hook's async context: the SDK routes execute.log by the active invocation.
     // Left out while the host is not reading the worker's stdout (livelog.ts).
     const live = new LiveLog(
@@ -245,41 +275,70 @@ export function createPlugin(options: PluginOptions = {}): PaperclipPlugin {
     const forward = (stream: "stdout" | "stderr", chunk: string): void => {
       live.write(stream, chunk);
     };
-    let release: (() => void) | undefined;
-    try {
-      release = await limiter.acquire(companyId, s.maxConcurrentExecutesPerCompany ?? DEFAULT_CONCURRENT_EXECUTES, controller.signal);
-      const r = await runExec(
+    const r = await runOnLease(
+      nc,
+      conn,
+      s,
+      { companyId, runId: meta.runId, providerLeaseId, command, args, cwd: params.cwd, env, stdin: params.stdin, timeoutMs, record },
+      { onOutput: forward, holdBytes: s.maxExecuteOutputBytes ?? DEFAULT_EXECUTE_OUTPUT_BYTES },
+    );
+    live.finish();
+    if (record || r.exitCode !== 0 || r.metadata.truncated) {
+      c.logger.debug("exec finished", { runId: meta.runId, execId: r.metadata.execId, exitCode: r.exitCode, timedOut: r.timedOut, record, truncated: r.metadata.truncated === true });
+    }
+    return { exitCode: r.exitCode, signal: r.signal, timedOut: r.timedOut, stdout: r.stdout, stderr: r.stderr, metadata: { ...r.metadata } };
+  }
+
+  /**
+   * A sync hook: the lease's sync execs (sandboxd untar/tar, post-upload commands) with no env
+   * from the host, nothing recorded, and the hook's budget (the environment's timeoutMs, which
+   * Paperclip waits 30 s beyond).
+   */
+  async function sync(
+    params: PluginEnvironmentSyncInParams | PluginEnvironmentSyncOutParams,
+    direction: "in" | "out",
+  ): Promise<PluginEnvironmentSyncResult> {
+    const providerLeaseId = params.lease.providerLeaseId;
+    if (!providerLeaseId) throw new Error("lease.providerLeaseId: missing; nothing to sync with");
+    const meta = leaseMetadata(params.lease.metadata, "lease.metadata");
+    const companyId = companyOf(meta, params.companyId, "lease.metadata");
+    if (meta.backend !== "" && !(EXEC_BACKENDS as readonly string[]).includes(meta.backend)) {
+      throw new Error(`lease.metadata.kubeclip.backend: ${meta.backend} runs no commands, so no native sync (the lease says nativeFileSyncUnsupported)`);
+    }
+    const s = await settings(companyId);
+    const conn = resolveConnection(s, readEnvironmentKeys(splitConfig(params.config).plugin));
+    const nc = await pool.get(conn);
+    const budgetMs = conn.timeoutMs ?? DEFAULT_RPC_BUDGET_MS;
+    let execs = 0;
+    const run = (e: SyncExec): Promise<ExecResult> => {
+      execs++;
+      return runOnLease(
         nc,
-        conn.prefix,
-        {
-          companyId,
-          runId: meta.runId,
-          providerLeaseId,
-          command,
-          args,
-          cwd: params.cwd,
-          env,
-          stdin: params.stdin,
-          timeoutMs,
-          record,
-        },
-        {
-          signal: controller.signal,
-          onOutput: forward,
-          holdBytes: s.maxExecuteOutputBytes ?? DEFAULT_EXECUTE_OUTPUT_BYTES,
-          inboxPrefix: conn.inboxPrefix,
-          ...options.exec,
-        },
+        conn,
+        s,
+        { companyId, runId: meta.runId, providerLeaseId, command: e.command, args: e.args, cwd: e.cwd, env: {}, stdinStream: e.stdinStream, timeoutMs: e.timeoutMs, record: false },
+        { holdBytes: SYNC_STDERR_BYTES, stdoutSink: e.stdoutSink, ...(e.maxOutputBytes !== undefined ? { maxOutputBytes: e.maxOutputBytes } : {}) },
       );
-      live.finish();
-      if (record || r.exitCode !== 0 || r.metadata.truncated) {
-        c.logger.debug("exec finished", { runId: meta.runId, execId: r.metadata.execId, exitCode: r.exitCode, timedOut: r.timedOut, record, truncated: r.metadata.truncated === true });
-      }
-      return { exitCode: r.exitCode, signal: r.signal, timedOut: r.timedOut, stdout: r.stdout, stderr: r.stderr, metadata: { ...r.metadata } };
+    };
+    const log = context().logger;
+    const t0 = Date.now();
+    const leaseStats = stats.of(providerLeaseId);
+    leaseStats.hook(direction === "in" ? "syncIn" : "syncOut");
+    let bytes = 0;
+    try {
+      const result =
+        direction === "in"
+          ? await syncIn(params.operations, run, budgetMs)
+          : await syncOut(params.operations, run, { maxBytes: s.maxSyncOutBytes ?? DEFAULT_SYNC_OUT_BYTES, maxFiles: s.maxSyncOutFiles ?? DEFAULT_SYNC_OUT_FILES }, budgetMs);
+      const files = result.operations.reduce((n, o) => n + o.filesTransferred, 0);
+      bytes = result.operations.reduce((n, o) => n + o.bytesTransferred, 0);
+      log.info(`sync ${direction} done`, { runId: meta.runId, providerLeaseId, operations: result.operations.length, files, bytes, execs, syncMs: Date.now() - t0 });
+      return result;
+    } catch (err) {
+      log.warn(`sync ${direction} failed`, { runId: meta.runId, providerLeaseId, execs, error: scrub(errorMessage(err), conn.secrets) });
+      throw err;
     } finally {
-      release?.();
-      set.delete(controller);
-      if (set.size === 0) inflight.delete(providerLeaseId);
+      leaseStats.sync(execs, bytes);
     }
   }
 
@@ -406,7 +465,8 @@ export function createPlugin(options: PluginOptions = {}): PaperclipPlugin {
       if (!params.agentId) throw new Error("agentId: Paperclip sent no agent id; kubeclip needs it to hold one run per agent");
       const dup = findCaseVariantKey(params.executionWorkspaceSettings, "executionWorkspaceSettings");
       if (dup) throw new Error(`${dup}: keys differ only in case; kubeclip refuses such payloads`);
-      const conn = await connectionFor(params.config, params.companyId);
+      const s = await settings(params.companyId);
+      const conn = resolveConnection(s, readEnvironmentKeys(split.plugin));
       const nc = await pool.get(conn);
       const leases = new Leases(nc, conn.prefix);
       const log = context().logger;
@@ -439,10 +499,15 @@ export function createPlugin(options: PluginOptions = {}): PaperclipPlugin {
         backend: created.backend,
         ...(params.adapterType ? { adapterType: params.adapterType } : {}),
       };
+      // A backend that runs no commands (job) has no sandboxd to sync through, and an operator
+      // may turn native sync off (settings.nativeSync: false, say while pods still run a sandboxd
+      // without its sync subcommands): Paperclip's host then keeps its base64 route for the lease
+      // (environment-runtime.js supportsSync).
+      const syncable = (EXEC_BACKENDS as readonly string[]).includes(created.backend) && s.nativeSync !== false;
       return {
         providerLeaseId: created.providerLeaseId,
         expiresAt: created.expiresAt,
-        metadata: { remoteCwd: REMOTE_CWD, kubeclip },
+        metadata: { remoteCwd: REMOTE_CWD, kubeclip, ...(syncable ? {} : { nativeFileSyncUnsupported: true }) },
       };
     },
 
@@ -464,6 +529,14 @@ export function createPlugin(options: PluginOptions = {}): PaperclipPlugin {
       } finally {
         stats.of(providerLeaseId).execute(Date.now() - t0);
       }
+    },
+
+    async onEnvironmentSyncIn(params): Promise<PluginEnvironmentSyncResult> {
+      return sync(params, "in");
+    },
+
+    async onEnvironmentSyncOut(params): Promise<PluginEnvironmentSyncResult> {
+      return sync(params, "out");
     },
 
     async onEnvironmentReleaseLease(params) {

@@ -17,12 +17,17 @@ describe("lease stats", () => {
     s.hook("acquireLease");
     s.hook("realizeWorkspace");
     for (const ms of [30, 10, 20, 400]) s.execute(ms);
+    s.hook("syncIn");
+    s.sync(3, 1000);
+    s.sync(1, 24);
     assert.deepEqual(s.summary(), {
-      hooks: { acquireLease: 1, realizeWorkspace: 1, execute: 4 },
+      hooks: { acquireLease: 1, realizeWorkspace: 1, execute: 4, syncIn: 1 },
       executes: 4,
       execP50Ms: 20,
       execP99Ms: 400,
       execMaxMs: 400,
+      syncExecs: 4,
+      syncBytes: 1024,
     });
   });
 

@@ -14,6 +14,10 @@ export interface LeaseSummary {
   execP50Ms: number;
   execP99Ms: number;
   execMaxMs: number;
+  /** Execs of native sync (sandboxd untar/tar, post-upload commands): execs that are no execute call. */
+  syncExecs: number;
+  /** Bytes of regular files native sync moved, both ways. */
+  syncBytes: number;
 }
 
 /** One lease's counts. */
@@ -22,6 +26,8 @@ export class LeaseStats {
   private readonly samples: number[] = [];
   private executes = 0;
   private max = 0;
+  private syncExecs = 0;
+  private syncBytes = 0;
   private readonly random: () => number;
 
   constructor(random: () => number = Math.random) {
@@ -46,6 +52,12 @@ export class LeaseStats {
     if (i < MAX_SAMPLES) this.samples[i] = ms;
   }
 
+  /** One native sync hook: the execs it ran and the bytes it moved. */
+  sync(execs: number, bytes: number): void {
+    this.syncExecs += execs;
+    this.syncBytes += bytes;
+  }
+
   summary(): LeaseSummary {
     const sorted = [...this.samples].sort((a, b) => a - b);
     return {
@@ -54,6 +66,8 @@ export class LeaseStats {
       execP50Ms: percentile(sorted, 0.5),
       execP99Ms: percentile(sorted, 0.99),
       execMaxMs: this.max,
+      syncExecs: this.syncExecs,
+      syncBytes: this.syncBytes,
     };
   }
 }

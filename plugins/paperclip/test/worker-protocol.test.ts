@@ -96,6 +96,8 @@ describe("worker protocol", () => {
         "environmentDestroyLease",
         "environmentRealizeWorkspace",
         "environmentExecute",
+        "environmentSyncIn",
+        "environmentSyncOut",
       ],
     });
   });

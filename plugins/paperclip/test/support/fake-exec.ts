@@ -39,6 +39,9 @@ interface ExitFrame {
   error?: string;
 }
 
+/** Where kubeclip's pods have sandboxd (policy.SandboxdBinary). */
+const SANDBOXD_PATH = "/kubeclip/bin/sandboxd";
+
 export class Journal {
   readonly chunks: Chunk[] = [];
   exit: ExitFrame | undefined;
@@ -51,12 +54,14 @@ export class Journal {
   private stderrBytes = 0;
   private timedOut = false;
 
-  constructor(spec: JsonObject) {
+  /** sandboxd: what runs for /kubeclip/bin/sandboxd, the command or any argument (native sync). */
+  constructor(spec: JsonObject, sandboxd?: string) {
     this.spec = spec;
     const env: Record<string, string> = { ...(process.env as Record<string, string>) };
     if (isObject(spec.env)) for (const [k, v] of Object.entries(spec.env)) env[k] = String(v);
-    const args = Array.isArray(spec.args) ? spec.args.map(String) : [];
-    this.child = spawn(String(spec.command), args, {
+    const swap = (a: string): string => (sandboxd && a === SANDBOXD_PATH ? sandboxd : a);
+    const args = Array.isArray(spec.args) ? spec.args.map((a) => swap(String(a))) : [];
+    this.child = spawn(swap(String(spec.command)), args, {
       cwd: typeof spec.cwd === "string" && spec.cwd !== "" ? spec.cwd : undefined,
       env,
       detached: true,
@@ -204,6 +209,8 @@ export class FakeSandbox {
   /** Client inbox → the session serving it (the takeover rule: one stream per inbox). */
   readonly sessionOf = new Map<string, string>();
   closed = 0;
+  /** The sandboxd binary that stands in for /kubeclip/bin/sandboxd (native sync tests). */
+  sandboxd: string | undefined;
 
   addLease(companyId: string, runId: string, providerLeaseId: string): void {
     this.leases.set(`${companyId}/${runId}`, providerLeaseId);
@@ -324,7 +331,7 @@ export class FakeExecReplica {
     if (op === "start") {
       this.sandbox.startRequests.push(body);
       if (!journal) {
-        journal = new Journal(body);
+        journal = new Journal(body, this.sandbox.sandboxd);
         this.sandbox.execs.set(execId, journal);
       } else if (JSON.stringify(journal.spec) !== JSON.stringify(body)) {
         fail("invalid_request", `exec ${execId} exists with another spec`, "execId");
