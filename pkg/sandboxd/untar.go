@@ -135,7 +135,7 @@ func (x *extractor) entry(tr *tar.Reader, hdr *tar.Header) error {
 		return nil
 	}
 	switch hdr.Typeflag {
-	case tar.TypeReg:
+	case tar.TypeReg, tar.TypeGNUSparse: // a sparse file's holes are read as zeros
 		return x.file(tr, hdr, name)
 	case tar.TypeDir:
 		return x.dir(hdr, name)

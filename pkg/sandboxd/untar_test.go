@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -264,4 +265,48 @@ func TestUntarModes(t *testing.T) {
 		t.Error("h is not a hardlink of d/secret")
 	}
 	_ = os.Chmod(filepath.Join(root, "ro"), 0o755) // let t.TempDir remove it
+}
+
+// TestUntarSparse: GNU tar's sparse files (GNU and PAX formats) are extracted whole, and one
+// whose logical size is over the bound is refused from its header, however small the archive.
+func TestUntarSparse(t *testing.T) {
+	for _, format := range []string{"gnu", "pax"} {
+		t.Run(format, func(t *testing.T) {
+			src := t.TempDir()
+			for name, size := range map[string]int64{"small": 1 << 20, "bomb": 4 << 30} {
+				f, err := os.Create(filepath.Join(src, name))
+				if err != nil {
+					t.Fatal(err)
+				}
+				_, werr := f.WriteAt([]byte("end"), size-3)
+				if err := errors.Join(werr, f.Close()); err != nil {
+					t.Fatal(err)
+				}
+			}
+			tarSparse := func(name string) []byte {
+				out, err := exec.Command("tar", "--sparse", "--format="+format, "-cf", "-", "-C", src, name).Output()
+				if err != nil {
+					t.Fatalf("GNU tar (needed to write sparse archives): %v", err)
+				}
+				return out
+			}
+			root := t.TempDir()
+			st, err := sandboxd.Untar(bytes.NewReader(tarSparse("small")), sandboxd.UntarOptions{Root: root})
+			if err != nil || st.Bytes != 1<<20 {
+				t.Fatalf("Untar of a 1 MiB sparse file: %+v, %v", st, err)
+			}
+			if b, _ := os.ReadFile(filepath.Join(root, "small")); len(b) != 1<<20 || string(b[len(b)-3:]) != "end" {
+				t.Errorf("the sparse file came out as %d bytes", len(b))
+			}
+			bomb := tarSparse("bomb")
+			_, err = sandboxd.Untar(bytes.NewReader(bomb), sandboxd.UntarOptions{Root: root})
+			var se *sandboxd.SyncError
+			if !errors.As(err, &se) || !se.Refused || se.Entry != "bomb" || !strings.Contains(se.Error(), "--max-bytes") {
+				t.Errorf("Untar of a %d-byte archive of a 4 GiB sparse file: %v, want it refused", len(bomb), err)
+			}
+			if _, err := os.Stat(filepath.Join(root, "bomb")); err == nil {
+				t.Error("the bomb was extracted")
+			}
+		})
+	}
 }
