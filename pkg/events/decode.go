@@ -89,6 +89,12 @@ func (s Subjects) DecodeRunEvent(subject string, data []byte) (Event, error) {
 	case KindExec:
 		var e RunExecEvent
 		err, ev = decode(data, &e), &e
+	case KindSuspended:
+		var e RunSuspendedEvent
+		err, ev = decode(data, &e), &e
+	case KindResumed:
+		var e RunResumedEvent
+		err, ev = decode(data, &e), &e
 	}
 	if err != nil {
 		return nil, err
@@ -114,6 +120,10 @@ func deref(ev Event) Event {
 	case *RunFailedEvent:
 		return *e
 	case *RunExecEvent:
+		return *e
+	case *RunSuspendedEvent:
+		return *e
+	case *RunResumedEvent:
 		return *e
 	}
 	return ev

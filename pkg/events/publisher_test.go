@@ -48,6 +48,10 @@ func samples() []sample {
 		{ev: events.NewRunFailed(events.Ref("c1", "r1"), events.LeaseAcquire, events.Terminalf(events.CodeInvalidConfig, "config.backend", "must be job or sandbox-cr")), wantSubject: "paperclip.run.c1.r1.failed", wantID: "c1.r1.failed.acquire", wantType: "io.paperclip.run.failed.v1", wantTime: fixedNow},
 		{ev: events.RunExecEvent{RunID: "r1", CompanyID: "c1", ExecID: "01K3X", Seq: 3, Command: "claude", Stream: events.ExecStderr, Text: "warn"}, wantSubject: "paperclip.run.c1.r1.exec", wantID: "c1.r1.exec.01K3X.3", wantType: "io.paperclip.run.exec.v1", wantTime: fixedNow},
 		{ev: events.RunExecEvent{RunID: "r1", CompanyID: "c1", ExecID: "01K3X", Seq: 4, Command: "claude", Exit: &events.ExecExit{ExitCode: ptr(0)}}, wantSubject: "paperclip.run.c1.r1.exec", wantID: "c1.r1.exec.01K3X.4", wantType: "io.paperclip.run.exec.v1", wantTime: fixedNow},
+		{ev: events.RunSuspendedEvent{RunID: "r1", CompanyID: "c1", ProviderLeaseID: "pc-1", VolumeClaim: "pc-1-home"}, wantSubject: "paperclip.run.c1.r1.suspended", wantID: "c1.r1.suspended.0", wantType: "io.paperclip.run.suspended.v1", wantTime: fixedNow},
+		{ev: events.RunSuspendedEvent{RunID: "r1", CompanyID: "c1", ProviderLeaseID: "pc-1", Generation: 1, VolumeClaim: "pc-1-home"}, wantSubject: "paperclip.run.c1.r1.suspended", wantID: "c1.r1.suspended.1", wantType: "io.paperclip.run.suspended.v1", wantTime: fixedNow},
+		{ev: events.RunResumedEvent{RunID: "r1", CompanyID: "c1", At: eventAt, ProviderLeaseID: "pc-1", From: events.ResumedFromRetained, Resumes: 1}, wantSubject: "paperclip.run.c1.r1.resumed", wantID: "c1.r1.resumed.1", wantType: "io.paperclip.run.resumed.v1", wantTime: eventAt},
+		{ev: events.RunResumedEvent{RunID: "r1", CompanyID: "c1", ProviderLeaseID: "pc-1", From: events.ResumedFromSuspended, Generation: 1, Resumes: 2}, wantSubject: "paperclip.run.c1.r1.resumed", wantID: "c1.r1.resumed.2", wantType: "io.paperclip.run.resumed.v1", wantTime: fixedNow},
 	}
 }
 
@@ -140,6 +144,11 @@ func TestPublisherRejectsInvalidEvents(t *testing.T) {
 		{"exec without seq", events.RunExecEvent{RunID: "r1", CompanyID: "c1", ExecID: "x", Command: "sh", Stream: events.ExecStdout}, "seq"},
 		{"exec chunk without stream", events.RunExecEvent{RunID: "r1", CompanyID: "c1", ExecID: "x", Seq: 1, Command: "sh"}, "stream"},
 		{"exec final with text", events.RunExecEvent{RunID: "r1", CompanyID: "c1", ExecID: "x", Seq: 2, Command: "sh", Text: "x", Exit: &events.ExecExit{}}, "stream"},
+		{"suspended without a volume claim", events.RunSuspendedEvent{RunID: "r1", CompanyID: "c1", ProviderLeaseID: "pc-1"}, "volumeClaim"},
+		{"suspended with a negative generation", events.RunSuspendedEvent{RunID: "r1", CompanyID: "c1", ProviderLeaseID: "pc-1", Generation: -1, VolumeClaim: "v"}, "generation"},
+		{"resumed from nowhere", events.RunResumedEvent{RunID: "r1", CompanyID: "c1", ProviderLeaseID: "pc-1", Resumes: 1}, "from"},
+		{"resumed with a negative generation", events.RunResumedEvent{RunID: "r1", CompanyID: "c1", ProviderLeaseID: "pc-1", From: events.ResumedFromSuspended, Generation: -1, Resumes: 1}, "generation"},
+		{"resumed without a resume", events.RunResumedEvent{RunID: "r1", CompanyID: "c1", ProviderLeaseID: "pc-1", From: events.ResumedFromRetained}, "resumes"},
 		{"dispatch without namespace", events.DispatchRequest{AcquireRequest: events.AcquireRequest{RunID: "r1", CompanyID: "c1", EnvironmentID: "e", AgentID: "a", Config: json.RawMessage(`{}`)}}, "namespace"},
 	}
 	for _, tc := range tests {
@@ -262,7 +271,7 @@ func TestPublishStoresHeadersAndDeduplicates(t *testing.T) {
 		}
 	}
 	// One stored message per distinct id, whatever was republished.
-	for stream, want := range map[string]uint64{s.LeaseStream(): 3, s.RunStream(): 9, events.WorkStream: 1} {
+	for stream, want := range map[string]uint64{s.LeaseStream(): 3, s.RunStream(): 13, events.WorkStream: 1} {
 		st, err := js.Stream(ctx, stream)
 		if err != nil {
 			t.Fatal(err)

@@ -58,6 +58,8 @@ func schemaCases() []schemaCase {
 		{file: "run-exec.json", path: []string{"exit"}, full: exit, zero: events.ExecExit{}},
 		{file: "run-exec.json", path: []string{"agent"}, full: agent, zero: events.AgentResult{}},
 		{file: "run-exec.json", path: []string{"agent", "usage"}, full: usage, zero: events.AgentUsage{}},
+		{file: "run-suspended.json", full: events.RunSuspendedEvent{RunID: "r1", CompanyID: "c1", At: at, ProviderLeaseID: "pc-1", Generation: 1, VolumeClaim: "pc-1-home"}, zero: events.RunSuspendedEvent{}},
+		{file: "run-resumed.json", full: events.RunResumedEvent{RunID: "r1", CompanyID: "c1", At: at, ProviderLeaseID: "pc-1", From: events.ResumedFromSuspended, Generation: 1, Resumes: 2}, zero: events.RunResumedEvent{}},
 	}
 }
 
@@ -201,8 +203,8 @@ func TestEverySchemaIsCovered(t *testing.T) {
 			t.Errorf("%s has no schemaCase", f)
 		}
 	}
-	if len(files) != 10 {
-		t.Errorf("found %d schemas, want 10", len(files))
+	if len(files) != 12 {
+		t.Errorf("found %d schemas, want 12", len(files))
 	}
 }
 

@@ -63,7 +63,7 @@ const (
 
 // RunKinds lists every run event kind.
 func RunKinds() []RunKind {
-	return []RunKind{KindCreated, KindStatus, KindLog, KindResult, KindReleased, KindFailed, KindExec}
+	return []RunKind{KindCreated, KindStatus, KindLog, KindResult, KindReleased, KindFailed, KindExec, KindSuspended, KindResumed}
 }
 
 func (k RunKind) valid() bool {

@@ -36,6 +36,28 @@ type Record struct {
 	CancelActiveWork bool             `json:"cancelActiveWork,omitempty"`
 	CreatedAt        time.Time        `json:"createdAt"`
 	ExpiresAt        *time.Time       `json:"expiresAt,omitempty"`
+
+	// The fields of a reusable lease, which serves the agent's runs one after another (its
+	// providerLeaseId, the WorkloadName, is the host's for all of them). Every one is omitted
+	// when zero, so a record of any other lease encodes as it did before they existed.
+	//
+	// Reusable is fixed when the record is created: the host may resume the lease.
+	Reusable bool `json:"reusable,omitempty"`
+	// VolumeClaim is its PersistentVolumeClaim (set by the dispatch transition), holding the
+	// workspace and the agent's home; it outlives the lease's pods.
+	VolumeClaim string `json:"volumeClaim,omitempty"`
+	// Generation numbers its pods: 0 the first, one more for each resume that made a new pod
+	// (of a suspended lease). Suspend and resume act on one generation's pod.
+	Generation int `json:"generation,omitempty"`
+	// Resumes counts the host's resumes that moved the lease (of a retained or suspended one).
+	Resumes int `json:"resumes,omitempty"`
+	// RetainedAt is when the host last released it (state retained): the idle window runs
+	// from it. SuspendedAt is when its pod was deleted (state suspended): the maximum age runs
+	// from it.
+	RetainedAt  *time.Time `json:"retainedAt,omitempty"`
+	SuspendedAt *time.Time `json:"suspendedAt,omitempty"`
+	// Collected is set when it ends because it stayed suspended past the maximum age.
+	Collected bool `json:"collected,omitempty"`
 }
 
 // Ref is the run the record belongs to.
