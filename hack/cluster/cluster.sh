@@ -6,10 +6,13 @@
 #   cluster.sh status      show what runs
 #   cluster.sh kubeconfig  print the admin kubeconfig path
 #   cluster.sh images      rebuild the test images and import them into the running cluster
+#   cluster.sh storage     (re)install the storage provisioner into the running cluster
 #
 # What runs: etcd (Debian etcd-server), kube-apiserver, kube-controller-manager, kube-scheduler and
 # kubelet (built from hack/k8s and cached under $KUBECLIP_CACHE), containerd (Debian) with its own
-# config, root, state and socket. No systemd: every daemon is a background process with a pidfile
+# config, root, state and socket, and in the cluster a dynamic storage provisioner (rancher's
+# local-path-provisioner, StorageClass kubeclip-local, the default; volumes are directories under
+# $STATE/local-path). No systemd: every daemon is a background process with a pidfile
 # in $STATE/run and a log in $STATE/logs. Facts and gotchas behind the settings below:
 # ../shared/notes/local-kubernetes.md.
 #
@@ -63,7 +66,17 @@ STUB_IMAGE=kubeclip.local/agent-stub:dev
 SANDBOXD_IMAGE=kubeclip.local/sandboxd:dev
 # Paperclip's sandbox: a Debian userland, node and the claude stub (hack/cluster/sandbox-image.sh).
 SANDBOX_IMAGE=kubeclip.local/sandbox:dev
-IMAGE_TARS=(pause agent-stub sandboxd sandbox)
+# The storage provisioner: rancher's local-path-provisioner built from its Go module (cached under
+# $CACHE like the Kubernetes binaries), its helper pod running hack/local-path-helper, and
+# hack/cluster/local-path.yaml.
+LOCAL_PATH_VERSION=v0.0.30
+LOCAL_PATH_BIN=$CACHE/local-path-provisioner/$LOCAL_PATH_VERSION
+PROVISIONER_IMAGE=kubeclip.local/local-path-provisioner:$LOCAL_PATH_VERSION
+HELPER_IMAGE=kubeclip.local/local-path-helper:dev
+# Where the volumes live on the node: inside the state dir, so a fresh `up` starts without them.
+LOCAL_PATH_DIR=$STATE/local-path
+STORAGE_CLASS=kubeclip-local
+IMAGE_TARS=(pause agent-stub sandboxd sandbox local-path-provisioner local-path-helper)
 CRD_NAMES=(sandboxes.agents.x-k8s.io ciliumnetworkpolicies.cilium.io)
 
 # Say where `up` stopped and where the logs are, instead of exiting silently under set -e.
@@ -575,6 +588,45 @@ EOF
 # ---------------------------------------------------------------------------------------------
 # Images
 
+# The provisioner's binary is built once per version into $LOCAL_PATH_BIN (cold: ~1 min on 2
+# cores, most of it compiling client-go), the way the Kubernetes binaries are. `go install
+# module@version` builds it with the module's own go.mod, apart from this repository's.
+LOCAL_PATH_STAMP="$LOCAL_PATH_VERSION -trimpath -s -w"
+local_path_cached() { [[ -x $LOCAL_PATH_BIN/local-path-provisioner && $(cat "$LOCAL_PATH_BIN/.stamp" 2>/dev/null) == "$LOCAL_PATH_STAMP" ]]; }
+
+ensure_local_path_provisioner() {
+  local_path_cached && return 0
+  mkdir -p "$(dirname "$LOCAL_PATH_BIN")"
+  exec 7>"$(dirname "$LOCAL_PATH_BIN")/.build.lock"
+  flock 7
+  if ! local_path_cached; then
+    rm -rf "$LOCAL_PATH_BIN".tmp.*
+    log "building local-path-provisioner $LOCAL_PATH_VERSION into $LOCAL_PATH_BIN"
+    local tmp
+    tmp=$(mktemp -d "$LOCAL_PATH_BIN.tmp.XXXXXX")
+    GOBIN=$tmp CGO_ENABLED=0 go install -trimpath -ldflags='-s -w' "github.com/rancher/local-path-provisioner@$LOCAL_PATH_VERSION" ||
+      { rm -rf "$tmp"; die "building local-path-provisioner $LOCAL_PATH_VERSION failed"; }
+    printf '%s' "$LOCAL_PATH_STAMP" >"$tmp/.stamp"
+    rm -rf "$LOCAL_PATH_BIN"
+    mv "$tmp" "$LOCAL_PATH_BIN"
+  fi
+  flock -u 7
+  exec 7>&-
+}
+
+# build_storage_images writes the provisioner's and its helper's image tarballs.
+build_storage_images() {
+  local out=$IMAGES_DIR
+  mkdir -p "$out/bin"
+  ensure_local_path_provisioner
+  (cd "$ROOT" && go build -o "$out/bin/mkimage" ./hack/mkimage)
+  (cd "$ROOT" && CGO_ENABLED=0 go build -trimpath -ldflags='-s -w' -o "$out/bin/local-path-helper" ./hack/local-path-helper)
+  "$out/bin/mkimage" --tag "$PROVISIONER_IMAGE" --out "$out/local-path-provisioner.tar" --user 65532 \
+    --entrypoint /usr/local/bin/local-path-provisioner "$LOCAL_PATH_BIN/local-path-provisioner:/usr/local/bin/local-path-provisioner"
+  "$out/bin/mkimage" --tag "$HELPER_IMAGE" --out "$out/local-path-helper.tar" \
+    --entrypoint /usr/local/bin/local-path-helper "$out/bin/local-path-helper:/usr/local/bin/local-path-helper"
+}
+
 build_images() {
   local out=$IMAGES_DIR b
   mkdir -p "$out/bin"
@@ -595,11 +647,14 @@ build_images() {
   # under a second (cold: Debian packages and node downloaded, ~10 s).
   bash "$ROOT/hack/cluster/sandbox-image.sh" --mkimage "$out/bin/mkimage" --claude "$out/bin/claude-stub" \
     --tag "$SANDBOX_IMAGE" --out "$out/sandbox.tar"
+  build_storage_images
 }
 
+# import_images [NAME...]: imports the named tarballs of $IMAGES_DIR (default all of IMAGE_TARS).
 import_images() {
-  local name tar
-  for name in "${IMAGE_TARS[@]}"; do
+  local name tar names=("$@")
+  ((${#names[@]} > 0)) || names=("${IMAGE_TARS[@]}")
+  for name in "${names[@]}"; do
     tar=$IMAGES_DIR/$name.tar
     # Re-importing an unchanged image changes nothing but costs a read of the whole tarball
     # (2 s for the sandbox's 144 MB): skip it when containerd has the tarball's image config.
@@ -742,6 +797,31 @@ apply_test_crds() {
   done
 }
 
+# tar_config_digest TAR: the digest of the image config in a tarball mkimage wrote.
+tar_config_digest() {
+  tar -xOf "$1" manifest.json | sed -n 's/.*"Config":"\([0-9a-f]*\)\.json".*/\1/p'
+}
+
+# provisioner_available: the provisioner's Deployment has its pod of the current template up.
+provisioner_available() {
+  kubectl_admin -n local-path-storage rollout status deployment/local-path-provisioner --timeout=1s
+}
+
+# apply_storage installs the provisioner (hack/cluster/local-path.yaml) and waits until it runs.
+# Applying it unchanged changes nothing: the pod restarts only when its image was rebuilt.
+apply_storage() {
+  # The volumes' parent: root's alone on the node (a pod sees only its own volume, bind-mounted).
+  mkdir -p "$LOCAL_PATH_DIR"
+  chmod 0700 "$LOCAL_PATH_DIR"
+  local id
+  id=$(tar_config_digest "$IMAGES_DIR/local-path-provisioner.tar")
+  [[ -n $id ]] || die "cannot read the image id of $IMAGES_DIR/local-path-provisioner.tar"
+  sed -e "s|@PROVISIONER_IMAGE@|$PROVISIONER_IMAGE|g" -e "s|@PROVISIONER_IMAGE_ID@|sha256:$id|g" \
+    -e "s|@HELPER_IMAGE@|$HELPER_IMAGE|g" -e "s|@DATA_DIR@|$LOCAL_PATH_DIR|g" \
+    "$ROOT/hack/cluster/local-path.yaml" | kubectl_admin apply --server-side --force-conflicts -f - >/dev/null
+  await kube-apiserver 120 "the storage provisioner (local-path-storage/local-path-provisioner)" provisioner_available
+}
+
 # cluster_healthy: every daemon of ours runs, the binaries are the pinned ones, and the API
 # server and the node answer.
 cluster_healthy() {
@@ -796,6 +876,7 @@ cmd_up() {
     detect_node
     cmd_images
     apply_test_crds
+    apply_storage
     log "cluster ready in $((($(now_ms) - UP_START) / 1000)).$(((($(now_ms) - UP_START) % 1000) / 100)) s; kubeconfig: $ADMIN_KUBECONFIG"
     return 0
   fi
@@ -845,6 +926,8 @@ cmd_up() {
 
   phase "test CRDs"
   apply_test_crds
+  phase "storage provisioner"
+  apply_storage
   phase "" # closes the last phase
   log "cluster up in $((($(now_ms) - UP_START) / 1000)).$(((($(now_ms) - UP_START) % 1000) / 100)) s; kubeconfig: $ADMIN_KUBECONFIG"
 }
@@ -891,10 +974,25 @@ cmd_images() {
   if [[ -S $CONTAINERD_SOCK ]] && containerd_ready >/dev/null 2>&1; then
     SNAPSHOTTER=$(sed -n 's/^ *snapshotter = "\(.*\)"/\1/p' "$STATE/containerd/config.toml")
     import_images
-    log "imported $PAUSE_IMAGE, $STUB_IMAGE, $SANDBOXD_IMAGE and $SANDBOX_IMAGE"
+    log "imported $PAUSE_IMAGE, $STUB_IMAGE, $SANDBOXD_IMAGE, $SANDBOX_IMAGE, $PROVISIONER_IMAGE and $HELPER_IMAGE"
   else
-    log "built $IMAGES_DIR/{pause,agent-stub,sandboxd,sandbox}.tar (containerd is not running: not imported)"
+    log "built $IMAGES_DIR/{pause,agent-stub,sandboxd,sandbox,local-path-provisioner,local-path-helper}.tar (containerd is not running: not imported)"
   fi
+}
+
+# cmd_storage installs the storage provisioner into the running cluster: its images built and
+# imported, its objects applied, its pod waited for. `up` does the same on every start.
+cmd_storage() {
+  [[ -z ${KUBECLIP_KUBECONFIG:-} ]] || die "KUBECLIP_KUBECONFIG is set: install a storage provisioner into that cluster yourself"
+  [[ -S $CONTAINERD_SOCK ]] && containerd_ready >/dev/null 2>&1 || die "the local cluster is not running (cluster.sh up)"
+  local start
+  start=$(now_ms)
+  mkdir -p "$IMAGES_DIR"
+  build_storage_images
+  SNAPSHOTTER=$(sed -n 's/^ *snapshotter = "\(.*\)"/\1/p' "$STATE/containerd/config.toml")
+  import_images local-path-provisioner local-path-helper
+  apply_storage
+  log "storage provisioner ready in $(($(now_ms) - start)) ms: StorageClass $STORAGE_CLASS (default), volumes under $LOCAL_PATH_DIR"
 }
 
 case ${1:-} in
@@ -903,8 +1001,9 @@ down) cmd_down ;;
 status) cmd_status ;;
 kubeconfig) cmd_kubeconfig ;;
 images) cmd_images ;;
+storage) cmd_storage ;;
 *)
-  echo "usage: $0 up|down|status|kubeconfig|images" >&2
+  echo "usage: $0 up|down|status|kubeconfig|images|storage" >&2
   exit 2
   ;;
 esac

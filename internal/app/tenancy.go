@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"strings"
 
+	"k8s.io/apimachinery/pkg/api/resource"
+
 	"github.com/kubeclip/kubeclip/internal/config"
 	"github.com/kubeclip/kubeclip/pkg/policy"
 )
@@ -27,6 +29,12 @@ type Tenancy struct {
 	ImageAllowList               string
 	PreloadedImages              string
 	TenantQuota                  string
+
+	// Reusable leases' volume claims (issue 19; docs/reuse/storage.md).
+	LeaseVolumeStorageClass string
+	LeaseVolumeSize         string
+	LeaseVolumeMinSize      string
+	LeaseVolumeMaxSize      string
 }
 
 // Bind registers the tenancy settings on s.
@@ -58,7 +66,17 @@ func (t *Tenancy) Bind(s *config.Set) {
 	s.String(&t.PreloadedImages, "preloaded-images", "KUBECLIP_PRELOADED_IMAGES", strings.Join(policy.DefaultPreloadedImages, ","),
 		"comma-separated image globs the nodes hold without a registry: tenant containers run them IfNotPresent, every other tenant image is pulled Always")
 	s.String(&t.TenantQuota, "tenant-quota", "KUBECLIP_TENANT_QUOTA", policy.FormatResourceList(policy.DefaultTenantQuota()),
-		"every tenant namespace's ResourceQuota, as name=quantity pairs separated by commas")
+		"every tenant namespace's ResourceQuota, as name=quantity pairs separated by commas (persistentvolumeclaims and requests.storage are always counted: their defaults when not named)")
+
+	def := policy.DefaultLeaseVolume()
+	s.String(&t.LeaseVolumeStorageClass, "lease-volume-storage-class", "KUBECLIP_LEASE_VOLUME_STORAGE_CLASS", def.StorageClass,
+		"storage class of every reusable lease's volume claim (default none: the cluster's default StorageClass)")
+	s.String(&t.LeaseVolumeSize, "lease-volume-size", "KUBECLIP_LEASE_VOLUME_SIZE", def.DefaultSize.String(),
+		"size of a reusable lease's volume claim when the company asks for none")
+	s.String(&t.LeaseVolumeMinSize, "lease-volume-min-size", "KUBECLIP_LEASE_VOLUME_MIN_SIZE", def.MinSize.String(),
+		"smallest volume claim size a company may ask for")
+	s.String(&t.LeaseVolumeMaxSize, "lease-volume-max-size", "KUBECLIP_LEASE_VOLUME_MAX_SIZE", def.MaxSize.String(),
+		"largest volume claim size a company may ask for")
 }
 
 // Operator returns the policy the settings describe; errors name the flag.
@@ -83,10 +101,26 @@ func (t Tenancy) Operator(s *config.Set) (policy.Operator, error) {
 		return policy.Operator{}, fmt.Errorf("%s: %w", s.Names("tenant-quota"), err)
 	}
 	op.TenantQuota = quota
+	op.LeaseVolume.StorageClass = strings.TrimSpace(t.LeaseVolumeStorageClass)
+	for _, size := range []struct {
+		flag, value string
+		into        *resource.Quantity
+	}{
+		{"lease-volume-size", t.LeaseVolumeSize, &op.LeaseVolume.DefaultSize},
+		{"lease-volume-min-size", t.LeaseVolumeMinSize, &op.LeaseVolume.MinSize},
+		{"lease-volume-max-size", t.LeaseVolumeMaxSize, &op.LeaseVolume.MaxSize},
+	} {
+		q, err := resource.ParseQuantity(strings.TrimSpace(size.value))
+		if err != nil {
+			return policy.Operator{}, fmt.Errorf("%s: %q is not a size such as 10Gi", s.Names(size.flag), size.value)
+		}
+		*size.into = q
+	}
 	if err := op.Validate(); err != nil {
-		return policy.Operator{}, fmt.Errorf("%s, %s, %s, %s, %s, %s, %s, %s: %w",
+		return policy.Operator{}, fmt.Errorf("%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s: %w",
 			s.Names("namespace-prefixes"), s.Names("adapter-env-keys"), s.Names("max-namespaces-per-company"), s.Names("private-egress-cidrs"),
-			s.Names("runtime-classes"), s.Names("default-runtime-class"), s.Names("service-account-annotation-keys"), s.Names("tenant-quota"), err)
+			s.Names("runtime-classes"), s.Names("default-runtime-class"), s.Names("service-account-annotation-keys"), s.Names("tenant-quota"),
+			s.Names("lease-volume-storage-class"), s.Names("lease-volume-size"), s.Names("lease-volume-min-size"), s.Names("lease-volume-max-size"), err)
 	}
 	return op, nil
 }

@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"net"
 	"regexp"
+	"strings"
 	"syscall"
 
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 
 	"github.com/kubeclip/kubeclip/pkg/events"
@@ -32,6 +34,7 @@ const (
 //
 //	nil, AlreadyExists on create, NotFound on delete   → nil: done (ack)
 //	exceeded ResourceQuota (Forbidden)                 → terminal quota_exceeded, naming the quota
+//	                                                     and the field (Quota.Field)
 //	ErrRunConflict                                     → terminal internal (the name is another run's)
 //	Forbidden by RBAC                                  → retry, internal (the per-tenant RoleBinding
 //	                                                     the tenant-worker has just created is not in
@@ -63,7 +66,7 @@ func Meaning(op Op, err error) error {
 		return err // already decided
 	}
 	if q, ok := QuotaRefusal(err); ok {
-		return &events.TerminalError{Code: events.CodeQuotaExceeded, Field: "config.defaultResources", Err: err, Message: q.String()}
+		return &events.TerminalError{Code: events.CodeQuotaExceeded, Field: q.Field(), Err: err, Message: q.String()}
 	}
 	switch {
 	case errors.Is(err, ErrRunConflict):
@@ -111,6 +114,34 @@ type Quota struct {
 	Name string
 	// Detail is the API server's "requested: …, used: …, limited: …" part.
 	Detail string
+	// Resources are the quota's resources the object exceeded, in the API server's (sorted)
+	// order: it lists only those in Detail.
+	Resources []string
+}
+
+// Field names what the refusal is about. A volume claim's refusal names the storage resource it
+// exceeded (persistentvolumeclaims, requests.storage, or their per-StorageClass forms): the
+// company holds too many reusable leases' volumes, or too much storage in them. Any other
+// refusal is a pod's, and names config.defaultResources, the company's knob for its pods'
+// requests and limits.
+func (q Quota) Field() string {
+	for _, r := range q.Resources {
+		if storageQuotaResource(r) {
+			return r
+		}
+	}
+	return "config.defaultResources"
+}
+
+// storageQuotaResource reports the quota resources a volume claim counts against: the claim
+// count and requested storage, overall or of one StorageClass
+// (<class>.storageclass.storage.k8s.io/requests.storage).
+func storageQuotaResource(r string) bool {
+	_, name, _ := strings.Cut(r, ".storageclass.storage.k8s.io/")
+	if name == "" {
+		name = r
+	}
+	return name == string(corev1.ResourcePersistentVolumeClaims) || name == string(corev1.ResourceRequestsStorage)
 }
 
 func (q Quota) String() string {
@@ -142,5 +173,17 @@ func QuotaFromMessage(msg string) (Quota, bool) {
 	if m == nil {
 		return Quota{}, false
 	}
-	return Quota{Name: m[1], Detail: m[4]}, true
+	return Quota{Name: m[1], Detail: m[4], Resources: exceededResources(m[4])}, true
+}
+
+// exceededResources reads the resource names of a refusal's "requested: a=1,b=2, used: …" part.
+func exceededResources(detail string) []string {
+	requested, _, _ := strings.Cut(strings.TrimPrefix(detail, "requested: "), ", used: ")
+	var out []string
+	for _, item := range strings.Split(requested, ",") {
+		if name, _, ok := strings.Cut(item, "="); ok && name != "" {
+			out = append(out, name)
+		}
+	}
+	return out
 }

@@ -106,3 +106,33 @@ func TestQuotaRefusalIsNamedWithoutInternals(t *testing.T) {
 		t.Error("a PodSecurity refusal read as a quota refusal")
 	}
 }
+
+// Issue 19: a volume claim the tenant quota refuses fails with quota_exceeded naming the quota
+// resource it exceeded (the claim count or the storage requested), not the pods' resources
+// field; a refusal of both names the first the API server lists. The numbers stay in the text.
+func TestStorageQuotaRefusalNamesTheResource(t *testing.T) {
+	pvcs := schema.GroupResource{Resource: "persistentvolumeclaims"}
+	for _, tc := range []struct {
+		msg, wantField string
+	}{
+		{"exceeded quota: paperclip-quota, requested: requests.storage=10Gi, used: requests.storage=25Gi, limited: requests.storage=30Gi", "requests.storage"},
+		{"exceeded quota: paperclip-quota, requested: persistentvolumeclaims=1, used: persistentvolumeclaims=2, limited: persistentvolumeclaims=2", "persistentvolumeclaims"},
+		{"exceeded quota: paperclip-quota, requested: persistentvolumeclaims=1,requests.storage=10Gi, used: persistentvolumeclaims=2,requests.storage=25Gi, limited: persistentvolumeclaims=2,requests.storage=30Gi", "persistentvolumeclaims"},
+		{"exceeded quota: q, requested: fast.storageclass.storage.k8s.io/requests.storage=10Gi, used: fast.storageclass.storage.k8s.io/requests.storage=0, limited: fast.storageclass.storage.k8s.io/requests.storage=5Gi", "fast.storageclass.storage.k8s.io/requests.storage"},
+		{"exceeded quota: paperclip-quota, requested: limits.cpu=2,pods=1, used: limits.cpu=20,pods=3, limited: limits.cpu=20,pods=20", "config.defaultResources"},
+	} {
+		t.Run(tc.wantField, func(t *testing.T) {
+			te, ok := events.AsTerminal(Meaning(OpCreate, apierrors.NewForbidden(pvcs, "pc-01jxyz-data", errors.New(tc.msg))))
+			if !ok || te.Code != events.CodeQuotaExceeded {
+				t.Fatalf("Meaning = %v, want terminal %s", te, events.CodeQuotaExceeded)
+			}
+			if te.Field != tc.wantField {
+				t.Errorf("field %q, want %q", te.Field, tc.wantField)
+			}
+			detail := tc.msg[strings.Index(tc.msg, "requested: "):]
+			if want := tc.wantField + ": the tenant's ResourceQuota "; !strings.HasPrefix(te.Public(), want) || !strings.HasSuffix(te.Public(), "("+detail+")") {
+				t.Errorf("Public() = %q, want %q... (%s)", te.Public(), want, detail)
+			}
+		})
+	}
+}

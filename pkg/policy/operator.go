@@ -63,14 +63,18 @@ type Operator struct {
 	// container runtime): tenant containers run them IfNotPresent. Every other tenant image is
 	// pulled Always, so the registry checks the pod's own credentials.
 	PreloadedImages []string
-	// TenantQuota is every tenant's ResourceQuota (default DefaultTenantQuota).
+	// TenantQuota is every tenant's ResourceQuota (default DefaultTenantQuota). It always
+	// counts volume claims and the storage they request (storageQuota).
 	TenantQuota corev1.ResourceList
+	// LeaseVolume bounds reusable leases' volume claims (default DefaultLeaseVolume).
+	LeaseVolume LeaseVolume
 }
 
 // DefaultTenantQuota is a tenant's ResourceQuota when the operator sets none: 20 pods, 10/20
 // CPUs and 20Gi/40Gi of memory requested/limited (as before issue 15), and 20Gi/240Gi of local
 // storage, so the pod count stays the binding bound (20 agent pods of
-// AgentEphemeralStorageRequest/AgentEphemeralStorageLimit each).
+// AgentEphemeralStorageRequest/AgentEphemeralStorageLimit each); and 20 volume claims holding
+// 200Gi in all for reusable leases.
 func DefaultTenantQuota() corev1.ResourceList {
 	return corev1.ResourceList{
 		corev1.ResourcePods:                     resource.MustParse("20"),
@@ -80,6 +84,9 @@ func DefaultTenantQuota() corev1.ResourceList {
 		corev1.ResourceLimitsMemory:             resource.MustParse("40Gi"),
 		corev1.ResourceRequestsEphemeralStorage: resource.MustParse("20Gi"),
 		corev1.ResourceLimitsEphemeralStorage:   resource.MustParse("240Gi"),
+		// Reusable leases' volumes (issue 19): 20 claims of the default lease volume's 10Gi.
+		corev1.ResourcePersistentVolumeClaims: resource.MustParse("20"),
+		corev1.ResourceRequestsStorage:        resource.MustParse("200Gi"),
 	}
 }
 
@@ -91,7 +98,7 @@ func (o Operator) tenantQuota() corev1.ResourceList {
 	if len(o.TenantQuota) == 0 {
 		return DefaultTenantQuota()
 	}
-	return o.TenantQuota.DeepCopy()
+	return withStorageQuota(o.TenantQuota.DeepCopy())
 }
 
 // PullPolicy is the pull policy of a tenant container running image: IfNotPresent for an image
@@ -181,6 +188,7 @@ func (o Operator) WithDefaults() Operator {
 	if len(o.TenantQuota) == 0 {
 		o.TenantQuota = DefaultTenantQuota()
 	}
+	o.LeaseVolume = o.leaseVolume()
 	return o
 }
 
@@ -218,6 +226,10 @@ func (o Operator) Validate() error {
 			errs = append(errs, fmt.Errorf("tenant quota limits.ephemeral-storage %s is below one agent pod's %s: no run could start", lim.String(), agent.String()))
 		}
 	}
+	if !o.LeaseVolume.isZero() {
+		errs = append(errs, o.LeaseVolume.validate())
+	}
+	errs = append(errs, o.validateStorageQuota())
 	if o.MaxNamespacesPerCompany < 1 {
 		errs = append(errs, errors.New("the namespace cap per company must be at least 1"))
 	}

@@ -68,9 +68,10 @@ func renderedPods(t *testing.T, spec policy.RunSpec) map[string]corev1.PodTempla
 }
 
 // Issue 15 item 10: the tenant quota is the operator's (--tenant-quota), defaulting to the
-// values it had when it was hard-coded, plus local storage.
+// values it had when it was hard-coded, plus local storage, and (issue 19) volume claims and the
+// storage they request, which every tenant quota counts whatever the operator's names.
 func TestTenantQuotaFromOperator(t *testing.T) {
-	def, err := policy.ParseResourceList("pods=20,requests.cpu=10,requests.memory=20Gi,limits.cpu=20,limits.memory=40Gi,requests.ephemeral-storage=20Gi,limits.ephemeral-storage=240Gi")
+	def, err := policy.ParseResourceList("pods=20,requests.cpu=10,requests.memory=20Gi,limits.cpu=20,limits.memory=40Gi,requests.ephemeral-storage=20Gi,limits.ephemeral-storage=240Gi,persistentvolumeclaims=20,requests.storage=200Gi")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -87,7 +88,7 @@ func TestTenantQuotaFromOperator(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := policy.FormatResourceList(ten.ResourceQuota.Spec.Hard); got != "count/jobs.batch=10,limits.ephemeral-storage=100Gi,pods=5" {
+	if got := policy.FormatResourceList(ten.ResourceQuota.Spec.Hard); got != "count/jobs.batch=10,limits.ephemeral-storage=100Gi,persistentvolumeclaims=20,pods=5,requests.storage=200Gi" {
 		t.Errorf("rendered quota %s", got)
 	}
 	if got := policy.FormatResourceList(mustTenant(t, policy.DefaultConfig()).ResourceQuota.Spec.Hard); got != policy.FormatResourceList(def) {

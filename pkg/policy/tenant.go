@@ -128,7 +128,7 @@ func RenderTenant(cfg Config, companyID string, op Operator, adapters ...Adapter
 				Min:            cpuMem(limitRangeMin),
 				Default:        withEphemeralStorage(cpuMem(limitRangeDef), limitRangeDefEphemeral),
 				DefaultRequest: withEphemeralStorage(cpuMem(limitRangeDefRq), limitRangeDefRqEphemeral),
-			}}},
+			}, op.claimLimits()}},
 		},
 		DenyAll:         denyAllPolicy(ns),
 		SandboxdIngress: sandboxdIngressPolicy(ns, op.KubeclipNamespace),

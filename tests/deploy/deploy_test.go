@@ -20,8 +20,6 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
@@ -43,10 +41,6 @@ var wantReady = map[string]string{
 	"exec-worker":   "ok nats\nok kubernetes\nok exec\n",
 }
 
-// volumeRoot holds the hostPath volumes the test provides for NATS: the local cluster has no
-// storage provisioner.
-const volumeRoot = "/var/lib/kubeclip/test-volumes"
-
 // TestDevOverlayRunsALeaseInCluster deploys the dev overlay with images built here and random
 // Secrets (hack/deploy/secrets.sh), then, as Paperclip's NATS user, runs a lease end to end
 // through the workers running in the cluster under their own ServiceAccounts and a command in an
@@ -65,7 +59,6 @@ func TestDevOverlayRunsALeaseInCluster(t *testing.T) {
 	// pod IP (no cluster DNS, no kube-proxy here).
 	base := render(t, rendering{overlay: "dev", namespace: ns, suffix: suffix})
 	c.deleteAtEnd(t, ns, base)
-	providePV(t, c, ns, "data-nats"+suffix+"-0", id)
 	ctx := t.Context()
 	for _, o := range base {
 		if o.GetKind() == "Namespace" {
@@ -292,47 +285,6 @@ func importImages(t *testing.T) {
 	if err != nil {
 		t.Fatalf("hack/images/images.sh import: %v\n%s", err, out)
 	}
-}
-
-// providePV creates a hostPath PersistentVolume bound in advance to the claim, writable by the
-// images' non-root user (fsGroup does not apply to hostPath volumes). A cluster with a storage
-// provisioner does not need this.
-func providePV(t *testing.T, c *cluster, ns, claim, id string) {
-	t.Helper()
-	dir := filepath.Join(volumeRoot, id)
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Chown(dir, 65532, 65532); err != nil {
-		t.Fatal(err)
-	}
-	name := "kubeclip-e2e-" + id
-	hostPathType := corev1.HostPathDirectory
-	pv := &corev1.PersistentVolume{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"app.kubernetes.io/part-of": "kubeclip-test"}},
-		Spec: corev1.PersistentVolumeSpec{
-			Capacity:                      corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("10Gi")},
-			AccessModes:                   []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
-			PersistentVolumeReclaimPolicy: corev1.PersistentVolumeReclaimDelete,
-			ClaimRef:                      &corev1.ObjectReference{Namespace: ns, Name: claim},
-			PersistentVolumeSource: corev1.PersistentVolumeSource{
-				HostPath: &corev1.HostPathVolumeSource{Path: dir, Type: &hostPathType},
-			},
-		},
-	}
-	// Delete reclaims need a recycler plugin this cluster lacks; Retain, then delete ourselves.
-	pv.Spec.PersistentVolumeReclaimPolicy = corev1.PersistentVolumeReclaimRetain
-	if _, err := c.cs.CoreV1().PersistentVolumes().Create(t.Context(), pv, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if err := c.cs.CoreV1().PersistentVolumes().Delete(ctx, name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
-			t.Errorf("deleting PV %s: %v", name, err)
-		}
-		_ = os.RemoveAll(dir)
-	})
 }
 
 func waitAvailable(t *testing.T, c *cluster, ns, name string) {
