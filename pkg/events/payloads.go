@@ -152,6 +152,10 @@ type AcquireRequest struct {
 	RequestedExpiresAt string `json:"requestedExpiresAt,omitempty"`
 	// Config is the provider config object, validated by pkg/policy.
 	Config json.RawMessage `json:"config"`
+	// ReuseLease asks for a reusable lease: the host's environment config says reuseLease
+	// (docs/reuse/host-rules.md), and the lease keeps its workspace and the agent's home on a
+	// volume of its own between the agent's runs. Only backend pod keeps one.
+	ReuseLease bool `json:"reuseLease,omitempty"`
 }
 
 // Validate checks the request and returns a TerminalError (CodeInvalidRequest) naming the first
@@ -259,6 +263,48 @@ func (r ReleaseRequest) address(s Subjects) (address, error) {
 
 func (r ReleaseRequest) stamp(time.Time) Event { return r }
 func (ReleaseRequest) eventTime() time.Time    { return time.Time{} }
+
+// ResumeRequest resumes a reusable lease for a later run of its agent:
+// <prefix>.lease.<companyId>.resume. RunID is the run that acquired the lease (its record's
+// key), ProviderLeaseID the lease's name, both as the acquire's answer gave them.
+type ResumeRequest struct {
+	RunID           string `json:"runId"`
+	CompanyID       string `json:"companyId"`
+	ProviderLeaseID string `json:"providerLeaseId"`
+	// ResumeID names this resume, chosen by the requester: a lease is resumed once per run of
+	// its agent, so the message id is the lease's and this id (JetStream drops a repeat of the
+	// same resume within its duplicate window, and keeps the next run's).
+	ResumeID string `json:"resumeId"`
+}
+
+// Validate checks the request like ReleaseRequest.Validate; the lease name and the resume id
+// are required.
+func (r ResumeRequest) Validate() error {
+	if err := validateIDs(r.CompanyID, r.RunID); err != nil {
+		return err
+	}
+	if err := validateID("providerLeaseId", r.ProviderLeaseID); err != nil {
+		return err
+	}
+	return validateID("resumeId", r.ResumeID)
+}
+
+// Type implements Event.
+func (ResumeRequest) Type() string { return "io.paperclip.lease.resume.v1" }
+
+// IDs implements Event.
+func (r ResumeRequest) IDs() (string, string) { return r.CompanyID, r.RunID }
+
+func (r ResumeRequest) address(s Subjects) (address, error) {
+	if err := r.Validate(); err != nil {
+		return address{}, err
+	}
+	subj, err := s.Lease(r.CompanyID, LeaseResume)
+	return address{subject: subj, msgID: Ref(r.CompanyID, r.RunID).MsgID("resume." + r.ResumeID), stream: s.LeaseStream()}, err
+}
+
+func (r ResumeRequest) stamp(time.Time) Event { return r }
+func (ResumeRequest) eventTime() time.Time    { return time.Time{} }
 
 // ---- dispatch (tenant-worker → dispatcher, stream KUBECLIP_WORK) ----
 

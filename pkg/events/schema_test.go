@@ -32,6 +32,7 @@ func fullAcquire() events.AcquireRequest {
 		RunID: "r1", CompanyID: "c1", EnvironmentID: "e1", AgentID: "a1", IssueID: "i1",
 		AdapterType: "claude_local", ExecutionWorkspaceSettings: json.RawMessage(`{"mode":"isolated"}`),
 		RequestedExpiresAt: "2026-08-24T12:00:00Z", Config: json.RawMessage(`{"inCluster":true}`),
+		ReuseLease: true,
 	}
 }
 
@@ -44,6 +45,7 @@ func schemaCases() []schemaCase {
 	return []schemaCase{
 		{file: "lease-acquire.json", full: fullAcquire(), zero: events.AcquireRequest{}},
 		{file: "lease-release.json", full: events.ReleaseRequest{RunID: "r1", CompanyID: "c1", ProviderLeaseID: "pc-1", CancelActiveWork: true, Destroy: true}, zero: events.ReleaseRequest{}},
+		{file: "lease-resume.json", full: events.ResumeRequest{RunID: "r1", CompanyID: "c1", ProviderLeaseID: "pc-1", ResumeID: "x1"}, zero: events.ResumeRequest{}},
 		{file: "kubeclip-dispatch.json", full: events.DispatchRequest{AcquireRequest: fullAcquire(), Namespace: "paperclip-c1"}, zero: events.DispatchRequest{}},
 		{file: "run-created.json", full: events.RunCreatedEvent{RunID: "r1", CompanyID: "c1", At: at, ProviderLeaseID: "pc-1", Namespace: "n", WorkloadName: "pc-1", SecretName: "pc-1-env", Backend: "job", PodName: "p", Phase: events.PhaseRunning, ExpiresAt: &at}, zero: events.RunCreatedEvent{}},
 		{file: "run-status.json", full: events.RunStatusEvent{RunID: "r1", CompanyID: "c1", At: at, Phase: events.PhasePending, Reason: "Unschedulable", Message: "0/1 nodes", PodName: "p"}, zero: events.RunStatusEvent{}},
@@ -203,8 +205,8 @@ func TestEverySchemaIsCovered(t *testing.T) {
 			t.Errorf("%s has no schemaCase", f)
 		}
 	}
-	if len(files) != 12 {
-		t.Errorf("found %d schemas, want 12", len(files))
+	if len(files) != 13 {
+		t.Errorf("found %d schemas, want 13", len(files))
 	}
 }
 
@@ -248,6 +250,9 @@ func TestDocExamples(t *testing.T) {
 			case "lease-release":
 				subj, _ := s.Lease(ids.CompanyID, events.LeaseDestroy)
 				_, err = s.DecodeRelease(subj, body)
+			case "lease-resume":
+				subj, _ := s.Lease(ids.CompanyID, events.LeaseResume)
+				_, err = s.DecodeResume(subj, body)
 			case "kubeclip-dispatch":
 				subj, _ := events.DispatchSubject(ids.CompanyID, ids.RunID)
 				_, err = events.DecodeDispatch(subj, body)
