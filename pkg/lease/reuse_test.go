@@ -2,6 +2,7 @@ package lease_test
 
 import (
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -258,5 +259,66 @@ func TestReusableLeaseLife(t *testing.T) {
 	}
 	if _, err := records.Modify(ctx, rec.Ref(), lease.Resume); !errors.Is(err, lease.ErrEnded) {
 		t.Errorf("a resume after the destroy: error %v, want ErrEnded", err)
+	}
+}
+
+// TestTransitionsAreIdempotent runs every transition on a lease in every state, reusable or not,
+// and checks what Records.Modify and every redelivered message rely on: a refused or unneeded
+// transition leaves the record as it was, one that changed it says so, and the same transition
+// applied again finds nothing to do.
+func TestTransitionsAreIdempotent(t *testing.T) {
+	states := []lease.State{
+		lease.StateRequested, lease.StateDispatching, lease.StateCreated, lease.StateFinished, lease.StateFailed,
+		lease.StateReleasing, lease.StateReleased, lease.StateDestroyed,
+		lease.StateRetained, lease.StateSuspending, lease.StateSuspended, lease.StateResuming, lease.StateCollected,
+	}
+	transitions := map[string]func(*lease.Record) (bool, error){
+		"Dispatch":               lease.Dispatch(lease.Workload{Namespace: "n", Name: "pc-1", SecretName: "s", Backend: "pod", VolumeClaim: "v"}),
+		"Dispatch without claim": lease.Dispatch(lease.Workload{Namespace: "n", Name: "pc-1", SecretName: "s", Backend: "pod"}),
+		"Created":                lease.Created,
+		"Fail":                   lease.Fail(events.CodeInternal),
+		"Finish":                 lease.Finish,
+		"BeginRelease(release)":  lease.BeginRelease(events.LeaseRelease, false),
+		"BeginRelease(destroy)":  lease.BeginRelease(events.LeaseDestroy, true),
+		"Released":               lease.Released,
+		"Release":                lease.Release(t0, false),
+		"Release(cancel)":        lease.Release(t0, true),
+		"BeginSuspend":           lease.BeginSuspend(t0.Add(idle), idle),
+		"Suspended":              lease.Suspended(t0, 0),
+		"Resume":                 lease.Resume,
+		"Resumed":                lease.Resumed(0),
+		"Collect":                lease.Collect(t0.Add(maxAge), maxAge),
+	}
+	for _, s := range states {
+		for _, reuse := range []bool{false, true} {
+			for _, kind := range []events.LeaseKind{"", events.LeaseRelease, events.LeaseDestroy} {
+				for name, apply := range transitions {
+					from := reusable(s, retainedAt(t0), suspendedAt(t0), ending(kind))
+					if !reuse {
+						notReusable(&from)
+					}
+					if s == lease.StateCollected {
+						collected(&from)
+					}
+					r := from
+					changed, err := apply(&r)
+					label := fmt.Sprintf("%s on %s (reusable %v, ending %q)", name, s, reuse, kind)
+					if !changed && !cmp.Equal(from, r) {
+						t.Errorf("%s reported no change but changed the record:\n%s", label, cmp.Diff(from, r))
+					}
+					if err != nil && changed {
+						t.Errorf("%s was refused (%v) but reported a change", label, err)
+					}
+					if !changed {
+						continue
+					}
+					again := r
+					changed2, err2 := apply(&again)
+					if changed2 || err2 != nil || !cmp.Equal(r, again) {
+						t.Errorf("%s applied again: changed %v, error %v, record diff:\n%s", label, changed2, err2, cmp.Diff(r, again))
+					}
+				}
+			}
+		}
 	}
 }

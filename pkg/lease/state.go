@@ -263,9 +263,9 @@ func Released(r *Record) (bool, error) {
 // or coming (created, resuming) is retained from now: its commands finish, or are cancelled
 // with cancelActiveWork, and its pod stays for the idle window. One the host released already
 // (retained, suspending, suspended) stays as it is; a cancelActiveWork still reaches a retained
-// lease's commands. One that never got a pod or whose pod ended on its own (requested,
-// dispatching, failed, finished) has nothing a resume could use, and the host never resumes a
-// lease whose run failed: it is destroyed, volume and all.
+// lease's commands. One that never got a pod, or whose pod ended on its own (requested,
+// dispatching, failed, finished), has nothing a resume could use: it is destroyed, volume and
+// all.
 func Release(now time.Time, cancelActiveWork bool) func(*Record) (bool, error) {
 	return func(r *Record) (bool, error) {
 		if !r.Reusable {
