@@ -10,6 +10,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -35,6 +36,10 @@ func TestLeaseClaimOutlivesItsPods(t *testing.T) {
 	}
 	if pvc.Status.Phase != corev1.ClaimPending || pvc.Spec.VolumeName != "" {
 		t.Fatalf("claim before any pod: phase %s, volume %q; want Pending with no volume (WaitForFirstConsumer)", pvc.Status.Phase, pvc.Spec.VolumeName)
+	}
+	// The operator named no class: the cluster's default, the provisioner's, is filled in.
+	if got := pvc.Spec.StorageClassName; got == nil || *got != storageClass {
+		t.Errorf("claim's storage class %v, want the cluster default %s", got, storageClass)
 	}
 
 	// The first pod: the claim binds, and what the pod writes lands in the volume's directory.
@@ -153,4 +158,37 @@ func nodeDir(t testing.TB, pv *corev1.PersistentVolume) string {
 		t.Fatalf("volume %s's directory %s is not on this node (%v): run the test on the local cluster's node", pv.Name, dir, err)
 	}
 	return dir
+}
+
+// TestProvisionerIsTheClusterDefault: hack/cluster/cluster.sh installs kubeclip-local as the only
+// default StorageClass, binding on first use and deleting volumes with their claims, so a claim
+// naming no class (the NATS StatefulSet's in tests/deploy, a lease's when the operator names
+// none) binds through the provisioner.
+func TestProvisionerIsTheClusterDefault(t *testing.T) {
+	cs := clustertest.Clientset(t)
+	classes, err := cs.StorageV1().StorageClasses().List(t.Context(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var defaults []string
+	var sc *storagev1.StorageClass
+	for i, c := range classes.Items {
+		if c.Annotations["storageclass.kubernetes.io/is-default-class"] == "true" {
+			defaults = append(defaults, c.Name)
+		}
+		if c.Name == storageClass {
+			sc = &classes.Items[i]
+		}
+	}
+	if sc == nil {
+		t.Fatalf("no StorageClass %s: install the provisioner with `bash hack/cluster/cluster.sh storage` (or cluster.sh up)", storageClass)
+	}
+	if len(defaults) != 1 || defaults[0] != storageClass {
+		t.Errorf("default StorageClasses %v, want only %s", defaults, storageClass)
+	}
+	if sc.Provisioner != "rancher.io/local-path" || sc.VolumeBindingMode == nil || *sc.VolumeBindingMode != storagev1.VolumeBindingWaitForFirstConsumer ||
+		sc.ReclaimPolicy == nil || *sc.ReclaimPolicy != corev1.PersistentVolumeReclaimDelete {
+		t.Errorf("StorageClass %s: provisioner %s, binding %v, reclaim %v; want rancher.io/local-path, WaitForFirstConsumer, Delete",
+			sc.Name, sc.Provisioner, sc.VolumeBindingMode, sc.ReclaimPolicy)
+	}
 }

@@ -1,6 +1,7 @@
 package storage_test
 
 import (
+	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -19,7 +20,8 @@ import (
 // claim (within the operator's sizes) is refused for requests.storage, and once a 1Gi claim
 // holds the one allowed, a second is refused for persistentvolumeclaims. Kubernetes' refusal,
 // mapped by k8s.Meaning, is terminal quota_exceeded with the resource as its field, and a
-// refused claim is not created.
+// refused claim is not created. A 5Gi claim, beyond the operator's 4Gi maximum, is refused by
+// the tenant's LimitRange before the quota counts it.
 func TestStorageQuotaRefusalNamesTheResource(t *testing.T) {
 	cs := clustertest.Clientset(t)
 	op := policy.DefaultOperator()
@@ -53,6 +55,20 @@ func TestStorageQuotaRefusalNamesTheResource(t *testing.T) {
 			t.Errorf("the refused claim %s exists (%v)", pvc.Name, err)
 		}
 	}
+	// A claim that did not come through RenderLeaseClaim is held to the operator's sizes by the
+	// tenant's LimitRange.
+	tooBig := &corev1.PersistentVolumeClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: "too-big"},
+		Spec: corev1.PersistentVolumeClaimSpec{
+			AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+			Resources:   corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("5Gi")}},
+		},
+	}
+	_, err := cs.CoreV1().PersistentVolumeClaims(ns).Create(t.Context(), tooBig, metav1.CreateOptions{})
+	if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "maximum storage usage per PersistentVolumeClaim is 4Gi") {
+		t.Errorf("a 5Gi claim beside RenderLeaseClaim: %v, want the LimitRange's refusal (maximum 4Gi)", err)
+	}
+
 	refused("4Gi", string(corev1.ResourceRequestsStorage))
 	createLeaseClaim(t, cs, op, ns, company, "1Gi")
 	refused("1Gi", string(corev1.ResourcePersistentVolumeClaims))
