@@ -240,6 +240,9 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 		return fmt.Errorf("opening KV bucket %s: %w", AgentBucket, err)
 	}
 	d.records = lease.Records{KV: leases}
+	if err := d.checkRecordTTL(ctx, leases); err != nil {
+		return err
+	}
 	if d.tenants, err = js.KeyValue(ctx, lease.TenantBucket); err != nil {
 		return fmt.Errorf("opening KV bucket %s: %w", lease.TenantBucket, err)
 	}

@@ -44,6 +44,20 @@ const (
 	DefaultLeaseSweepInterval = 30 * time.Second
 )
 
+// checkRecordTTL refuses a maximum age the lease records do not live for: a suspended lease's
+// record is last written when it is suspended, and a record that expired before its lease was
+// collected would leave the volume behind with nothing to collect it.
+func (d *Dispatcher) checkRecordTTL(ctx context.Context, leases jetstream.KeyValue) error {
+	st, err := leases.Status(ctx)
+	if err != nil {
+		return fmt.Errorf("reading KV bucket %s: %w", lease.Bucket, err)
+	}
+	if ttl := st.TTL(); ttl > 0 && d.opts.LeaseMaxAge >= ttl {
+		return fmt.Errorf("dispatch: the reusable lease maximum age %s must be below the lease records' TTL %s, or a suspended lease's record expires before it is collected", d.opts.LeaseMaxAge, ttl)
+	}
+	return nil
+}
+
 // handleLease routes a lease request of the dispatcher's consumer by its kind.
 func (d *Dispatcher) handleLease(ctx context.Context, m jetstream.Msg) error {
 	if _, kind, err := d.opts.Subjects.ParseLeaseSubject(m.Subject()); err == nil && kind == events.LeaseResume {

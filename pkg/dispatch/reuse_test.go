@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"encoding/json"
 	"errors"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -278,7 +279,7 @@ func TestReusableLeaseLife(t *testing.T) {
 	first, _ := e.pod(t, rec)
 	e.exec(t, rec, `echo ws > /workspace/mark && echo home > "$HOME/mark"`)
 
-	release := events.ReleaseRequest{RunID: ref.RunID, CompanyID: ref.CompanyID, ProviderLeaseID: rec.WorkloadName}
+	release := events.ReleaseRequest{RunID: ref.RunID, CompanyID: ref.CompanyID, ProviderLeaseID: rec.WorkloadName, ReleaseID: "1"}
 	e.publish(t, release)
 	released, relSeq := e.next(t, ref, events.KindReleased, 0)
 	if released["state"] != string(events.ReleaseStopped) {
@@ -302,7 +303,10 @@ func TestReusableLeaseLife(t *testing.T) {
 	}
 
 	// Released again, then idle past the window: suspended.
-	e.publish(t, release, jetstream.WithMsgID("again-1"))
+	// A reusable lease is released once per run: each release names itself (releaseId), or
+	// JetStream would drop the second as a repeat of the first.
+	release.ReleaseID = "2"
+	e.publish(t, release)
 	e.waitState(t, ref, lease.StateRetained)
 	if err := e.d.sweepLeases(t.Context()); err != nil {
 		t.Fatal(err)
@@ -469,5 +473,46 @@ func TestResumeRefusals(t *testing.T) {
 	}
 	if got := e.record(t, job); got.State != lease.StateFailed || got.WorkloadName != "" || got.VolumeClaim != "" {
 		t.Errorf("the refused lease: %+v, want failed with nothing created", got)
+	}
+}
+
+// TestMaxAgeBelowRecordTTL: a dispatcher whose reusable lease maximum age is not below the lease
+// records' TTL does not start: a suspended lease's record would expire before its collection,
+// leaving its volume with nothing to collect it.
+func TestMaxAgeBelowRecordTTL(t *testing.T) {
+	_, _, js := natstest.Start(t)
+	ctx := t.Context()
+	if err := events.EnsureStreams(ctx, js, events.Options{LeaseMaxAge: time.Hour, Duplicates: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	if err := lease.EnsureBuckets(ctx, js, lease.BucketOptions{RecordTTL: 2 * time.Hour, LeaseMaxAge: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	cs, dyn := clusterClients(t)
+	applier, err := k8s.NewApplier(k8s.ApplierOptions{Dynamic: dyn, Mapper: k8s.NewRESTMapper(cs.Discovery())})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		maxAge  time.Duration
+		wantErr bool
+	}{{2 * time.Hour, true}, {time.Hour, false}} {
+		d, err := New(Options{Clientset: cs, Dynamic: dyn, Applier: applier, JetStream: js, Logger: zerolog.New(zerolog.NewTestWriter(t)), LeaseMaxAge: tc.maxAge})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rctx, cancel := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- d.Run(rctx) }()
+		select {
+		case err = <-done:
+		case <-d.Ready():
+			cancel()
+			err = <-done
+		}
+		cancel()
+		if gotErr := err != nil && strings.Contains(err.Error(), "maximum age"); gotErr != tc.wantErr {
+			t.Errorf("max age %s: Run() = %v, want refused %v", tc.maxAge, err, tc.wantErr)
+		}
 	}
 }

@@ -222,6 +222,11 @@ type ReleaseRequest struct {
 	CompanyID        string `json:"companyId"`
 	ProviderLeaseID  string `json:"providerLeaseId,omitempty"`
 	CancelActiveWork bool   `json:"cancelActiveWork,omitempty"`
+	// ReleaseID, when set, names this release among the lease's releases (a reusable lease is
+	// released once per run of its agent, resume after resume): the message id is then the
+	// lease's and this id, so JetStream keeps each run's release and drops only a repeat of one.
+	// Without it the message id is the lease's alone, as for a lease released once.
+	ReleaseID string `json:"releaseId,omitempty"`
 	// Destroy selects the .destroy subject. It is not part of the payload: the decoder sets it
 	// from the subject.
 	Destroy bool `json:"-"`
@@ -232,6 +237,11 @@ type ReleaseRequest struct {
 func (r ReleaseRequest) Validate() error {
 	if err := validateIDs(r.CompanyID, r.RunID); err != nil {
 		return err
+	}
+	if r.ReleaseID != "" {
+		if err := validateID("releaseId", r.ReleaseID); err != nil {
+			return err
+		}
 	}
 	if r.ProviderLeaseID == "" {
 		return nil
@@ -258,7 +268,11 @@ func (r ReleaseRequest) address(s Subjects) (address, error) {
 		return address{}, err
 	}
 	subj, err := s.Lease(r.CompanyID, r.Kind())
-	return address{subject: subj, msgID: Ref(r.CompanyID, r.RunID).MsgID(string(r.Kind())), stream: s.LeaseStream()}, err
+	id := string(r.Kind())
+	if r.ReleaseID != "" {
+		id += "." + r.ReleaseID
+	}
+	return address{subject: subj, msgID: Ref(r.CompanyID, r.RunID).MsgID(id), stream: s.LeaseStream()}, err
 }
 
 func (r ReleaseRequest) stamp(time.Time) Event { return r }

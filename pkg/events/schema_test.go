@@ -44,7 +44,7 @@ func schemaCases() []schemaCase {
 	exit := events.ExecExit{ExitCode: ptr(0), Signal: ptr("SIGKILL"), TimedOut: true, Truncated: true}
 	return []schemaCase{
 		{file: "lease-acquire.json", full: fullAcquire(), zero: events.AcquireRequest{}},
-		{file: "lease-release.json", full: events.ReleaseRequest{RunID: "r1", CompanyID: "c1", ProviderLeaseID: "pc-1", CancelActiveWork: true, Destroy: true}, zero: events.ReleaseRequest{}},
+		{file: "lease-release.json", full: events.ReleaseRequest{RunID: "r1", CompanyID: "c1", ProviderLeaseID: "pc-1", CancelActiveWork: true, ReleaseID: "x1", Destroy: true}, zero: events.ReleaseRequest{}},
 		{file: "lease-resume.json", full: events.ResumeRequest{RunID: "r1", CompanyID: "c1", ProviderLeaseID: "pc-1", ResumeID: "x1"}, zero: events.ResumeRequest{}},
 		{file: "kubeclip-dispatch.json", full: events.DispatchRequest{AcquireRequest: fullAcquire(), Namespace: "paperclip-c1"}, zero: events.DispatchRequest{}},
 		{file: "run-created.json", full: events.RunCreatedEvent{RunID: "r1", CompanyID: "c1", At: at, ProviderLeaseID: "pc-1", Namespace: "n", WorkloadName: "pc-1", SecretName: "pc-1-env", Backend: "job", PodName: "p", Phase: events.PhaseRunning, ExpiresAt: &at}, zero: events.RunCreatedEvent{}},
