@@ -82,12 +82,18 @@ func (d *Dispatcher) completeRelease(ctx context.Context, log zerolog.Logger, re
 }
 
 func (d *Dispatcher) publishReleased(ctx context.Context, log zerolog.Logger, rec lease.Record) error {
+	return d.answerRelease(ctx, log, rec, "")
+}
+
+// answerRelease publishes `released` as the answer to the release that named itself releaseID
+// (a reusable lease's; "" for any other).
+func (d *Dispatcher) answerRelease(ctx context.Context, log zerolog.Logger, rec lease.Record, releaseID string) error {
 	state := events.ReleaseStopped
 	if rec.State == lease.StateDestroyed || rec.State == lease.StateCollected {
 		state = events.ReleaseDestroyed
 	}
 	if _, err := d.publisher.Publish(ctx, events.RunReleasedEvent{
-		RunID: rec.RunID, CompanyID: rec.CompanyID, ProviderLeaseID: rec.WorkloadName, State: state,
+		RunID: rec.RunID, CompanyID: rec.CompanyID, ProviderLeaseID: rec.WorkloadName, State: state, ReleaseID: releaseID,
 	}); err != nil {
 		return fmt.Errorf("publishing released: %w", err)
 	}

@@ -115,7 +115,7 @@ func (d *Dispatcher) releaseReusable(ctx context.Context, log zerolog.Logger, re
 		}
 		return d.completeRelease(ctx, log, rec)
 	case lease.StateDestroyed, lease.StateCollected:
-		return d.publishReleased(ctx, log, rec)
+		return d.answerRelease(ctx, log, rec, req.ReleaseID)
 	case lease.StateRetained:
 		d.freeAgent(ctx, log, rec.CompanyID, rec.AgentID, rec.RunID)
 		if rec.CancelActiveWork {
@@ -125,7 +125,7 @@ func (d *Dispatcher) releaseReusable(ctx context.Context, log zerolog.Logger, re
 			}
 		}
 	}
-	return d.publishReleased(ctx, log, rec)
+	return d.answerRelease(ctx, log, rec, req.ReleaseID)
 }
 
 // suspend suspends a retained lease whose idle window (idle) is over, or one whose suspend
@@ -237,7 +237,7 @@ func (d *Dispatcher) handleResume(ctx context.Context, m jetstream.Msg) error {
 	}
 	if _, err := d.publisher.Publish(ctx, events.RunResumedEvent{
 		RunID: rec.RunID, CompanyID: rec.CompanyID, ProviderLeaseID: rec.WorkloadName,
-		From: from, Generation: rec.Generation, Resumes: max(rec.Resumes, 1),
+		From: from, Generation: rec.Generation, Resumes: max(rec.Resumes, 1), ResumeID: req.ResumeID,
 	}); err != nil {
 		return fmt.Errorf("publishing resumed: %w", err)
 	}

@@ -347,9 +347,17 @@ func TestReusableLeaseLife(t *testing.T) {
 	}
 
 	// The same resume delivered again (a new message id, as a redelivery after a lost ack
-	// would be): nothing new.
+	// would be): nothing new, and no second answer.
 	e.publish(t, resume, jetstream.WithMsgID("redelivered-r2"))
 	e.drained(t)
+	// The host retrying the resume (a new call, so a new resumeId): no new pod either, and an
+	// answer of its own with the same count.
+	resume.ResumeID = "r2-retry"
+	e.publish(t, resume)
+	resumed, resSeq = e.next(t, ref, events.KindResumed, resSeq)
+	if resumed["resumeId"] != "r2-retry" || resumed["resumes"] != 2.0 || resumed["generation"] != 1.0 {
+		t.Errorf("the retried resume's answer: %v, want resumeId r2-retry, resumes 2, generation 1", resumed)
+	}
 	if p, ok := e.pod(t, rec); !ok || p.UID != second.UID {
 		t.Fatal("a redelivered resume replaced the pod")
 	}
@@ -440,7 +448,7 @@ func TestSuspendedLeaseCollectedPastMaxAge(t *testing.T) {
 	}
 	e.publish(t, events.ResumeRequest{RunID: ref.RunID, CompanyID: ref.CompanyID, ProviderLeaseID: rec.WorkloadName, ResumeID: "late"})
 	failed, _ := e.next(t, ref, events.KindFailed, 0)
-	if failed["code"] != string(events.CodeLeaseNotFound) || failed["request"] != string(events.LeaseResume) {
+	if failed["code"] != string(events.CodeLeaseNotFound) || failed["request"] != string(events.LeaseResume) || failed["requestId"] != "late" {
 		t.Errorf("resume of a collected lease: %v, want lease_not_found", failed)
 	}
 }

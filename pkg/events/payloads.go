@@ -512,6 +512,9 @@ type RunReleasedEvent struct {
 	At              time.Time    `json:"at"`
 	ProviderLeaseID string       `json:"providerLeaseId"`
 	State           ReleaseState `json:"state"`
+	// ReleaseID is the release request's releaseId, when it named itself (a reusable lease is
+	// released once per run): the answer to that release.
+	ReleaseID string `json:"releaseId,omitempty"`
 }
 
 // Type implements Event.
@@ -524,7 +527,7 @@ func (e RunReleasedEvent) address(s Subjects) (address, error) {
 	if e.State != ReleaseStopped && e.State != ReleaseDestroyed {
 		return address{}, InvalidRequest("state", "must be stopped or destroyed, got %q", e.State)
 	}
-	return runAddress(s, e.CompanyID, e.RunID, KindReleased, Ref(e.CompanyID, e.RunID).MsgID("released."+string(e.State)), 0)
+	return runAddress(s, e.CompanyID, e.RunID, KindReleased, Ref(e.CompanyID, e.RunID).MsgID(withRequestID("released."+string(e.State), e.ReleaseID)), 0)
 }
 
 func (e RunReleasedEvent) stamp(now time.Time) Event { e.At = stampTime(e.At, now); return e }
@@ -542,6 +545,9 @@ type RunFailedEvent struct {
 	// Request is the lease request that failed: acquire, release or destroy. A run can have
 	// one failed event per request kind (an acquire that failed, then a refused release).
 	Request LeaseKind `json:"request"`
+	// RequestID is the id the failed request named itself with (a resume's resumeId, a
+	// release's releaseId): the answer to that request, among the run's other failures.
+	RequestID string `json:"requestId,omitempty"`
 }
 
 // A failed event's field and message can quote what the client sent (the path of a refused key,
@@ -579,9 +585,9 @@ func (e RunFailedEvent) address(s Subjects) (address, error) {
 		return address{}, InvalidRequest("code", "must be a documented failure code, got %q", e.Code)
 	}
 	if !e.Request.valid() {
-		return address{}, InvalidRequest("request", "must be acquire, release or destroy, got %q", e.Request)
+		return address{}, InvalidRequest("request", "must be acquire, release, destroy or resume, got %q", e.Request)
 	}
-	return runAddress(s, e.CompanyID, e.RunID, KindFailed, Ref(e.CompanyID, e.RunID).MsgID("failed."+string(e.Request)), 0)
+	return runAddress(s, e.CompanyID, e.RunID, KindFailed, Ref(e.CompanyID, e.RunID).MsgID(withRequestID("failed."+string(e.Request), e.RequestID)), 0)
 }
 
 func (e RunFailedEvent) stamp(now time.Time) Event { e.At = stampTime(e.At, now); return e }
@@ -619,6 +625,15 @@ func stampTime(t, now time.Time) time.Time {
 }
 
 // validateID checks a free-form id: non-empty, bounded, no control characters.
+// withRequestID is an answer's message id suffix: one per request id, so the answer to each of
+// a reusable lease's repeated requests is kept, and a repeat of one request answers once.
+func withRequestID(suffix, id string) string {
+	if id == "" {
+		return suffix
+	}
+	return suffix + "." + id
+}
+
 func validateID(field, v string) error {
 	switch {
 	case v == "":

@@ -54,14 +54,14 @@ func schemaCases() []schemaCase {
 		{file: "run-result.json", full: events.RunResultEvent{RunID: "r1", CompanyID: "c1", At: at, Outcome: events.OutcomeFailed, ExitCode: ptr(1), Reason: "OOMKilled", Message: "m", Agent: &agent}, zero: events.RunResultEvent{}},
 		{file: "run-result.json", path: []string{"agent"}, full: agent, zero: events.AgentResult{}},
 		{file: "run-result.json", path: []string{"agent", "usage"}, full: usage, zero: events.AgentUsage{}},
-		{file: "run-released.json", full: events.RunReleasedEvent{RunID: "r1", CompanyID: "c1", At: at, ProviderLeaseID: "pc-1", State: events.ReleaseStopped}, zero: events.RunReleasedEvent{}},
-		{file: "run-failed.json", full: events.RunFailedEvent{RunID: "r1", CompanyID: "c1", At: at, Code: events.CodeInternal, Message: "m", Field: "f", Request: events.LeaseRelease}, zero: events.RunFailedEvent{}},
+		{file: "run-released.json", full: events.RunReleasedEvent{RunID: "r1", CompanyID: "c1", At: at, ProviderLeaseID: "pc-1", State: events.ReleaseStopped, ReleaseID: "x1"}, zero: events.RunReleasedEvent{}},
+		{file: "run-failed.json", full: events.RunFailedEvent{RunID: "r1", CompanyID: "c1", At: at, Code: events.CodeInternal, Message: "m", Field: "f", Request: events.LeaseRelease, RequestID: "x1"}, zero: events.RunFailedEvent{}},
 		{file: "run-exec.json", full: events.RunExecEvent{RunID: "r1", CompanyID: "c1", At: at, ExecID: "01K3", Seq: 2, Command: "claude", Stream: events.ExecStdout, Text: "x", Exit: &exit, RecordingStopped: events.BudgetRun, Agent: &agent}, zero: events.RunExecEvent{}},
 		{file: "run-exec.json", path: []string{"exit"}, full: exit, zero: events.ExecExit{}},
 		{file: "run-exec.json", path: []string{"agent"}, full: agent, zero: events.AgentResult{}},
 		{file: "run-exec.json", path: []string{"agent", "usage"}, full: usage, zero: events.AgentUsage{}},
 		{file: "run-suspended.json", full: events.RunSuspendedEvent{RunID: "r1", CompanyID: "c1", At: at, ProviderLeaseID: "pc-1", Generation: 1, VolumeClaim: "pc-1-home"}, zero: events.RunSuspendedEvent{}},
-		{file: "run-resumed.json", full: events.RunResumedEvent{RunID: "r1", CompanyID: "c1", At: at, ProviderLeaseID: "pc-1", From: events.ResumedFromSuspended, Generation: 1, Resumes: 2}, zero: events.RunResumedEvent{}},
+		{file: "run-resumed.json", full: events.RunResumedEvent{RunID: "r1", CompanyID: "c1", At: at, ProviderLeaseID: "pc-1", From: events.ResumedFromSuspended, Generation: 1, Resumes: 2, ResumeID: "x1"}, zero: events.RunResumedEvent{}},
 	}
 }
 
