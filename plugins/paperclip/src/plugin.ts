@@ -10,6 +10,7 @@
 // Logs carry run and lease ids only: never config values, env, stdin or credentials.
 
 import { AsyncResource } from "node:async_hooks";
+import { randomUUID } from "node:crypto";
 import { jetstreamManager } from "@nats-io/jetstream";
 import {
   definePlugin,
@@ -21,6 +22,7 @@ import {
   type PluginEnvironmentLease,
   type PluginEnvironmentProbeResult,
   type PluginEnvironmentReleaseLeaseParams,
+  type PluginEnvironmentResumeLeaseParams,
   type PluginEnvironmentTerminationReceipt,
   type PluginEnvironmentValidationResult,
 } from "@paperclipai/plugin-sdk";
@@ -41,11 +43,12 @@ import {
   type PluginKeys,
 } from "./config.js";
 import { EnvPolicy } from "./envpolicy.js";
-import { ConfigError, UnreachableError, errorMessage, scrub } from "./errors.js";
+import { ConfigError, KubeclipError, UnreachableError, errorMessage, scrub } from "./errors.js";
 import { runExec } from "./exec.js";
 import { CompanyLimiter } from "./limiter.js";
 import { findCaseVariantKey, isObject, type JsonObject } from "./json.js";
 import { Leases } from "./leases.js";
+import { REUSABLE_LEASES } from "./manifest.js";
 import { LiveLog } from "./livelog.js";
 import { ConnectionPool } from "./nats.js";
 import { StatsBook } from "./stats.js";
@@ -64,6 +67,8 @@ export interface PluginOptions {
   exec?: { silenceMs?: number; graceMs?: number; maxOutputBytes?: number };
   /** How long an execute waits for a slot of its company (default 60 s; tests shorten it). */
   executeSlotWaitMs?: number;
+  /** Whether an acquire may ask for a reusable lease (default: the manifest's REUSABLE_LEASES). */
+  reusableLeases?: boolean;
 }
 
 /** kubeclip's state in lease metadata: one key, because metadata keys override config keys. */
@@ -74,10 +79,15 @@ export interface KubeclipLeaseMetadata {
   workloadName: string;
   backend: string;
   adapterType?: string;
+  /** A reusable lease (acquired with reuseLease): the host resumes it for the agent's next run. */
+  reusable?: boolean;
+  /** How often it was resumed; names each run's release (releaseId). */
+  resumes?: number;
 }
 
 export function createPlugin(options: PluginOptions = {}): PaperclipPlugin {
   const pool = new ConnectionPool();
+  const reusableLeases = options.reusableLeases ?? REUSABLE_LEASES;
   /** In-flight executes per lease, aborted by a release with cancelActiveWork. */
   const inflight = new Map<string, Set<AbortController>>();
   /** Hook calls and execute durations per lease, logged when it ends. */
@@ -172,6 +182,8 @@ export function createPlugin(options: PluginOptions = {}): PaperclipPlugin {
       workloadName: typeof k.workloadName === "string" ? k.workloadName : "",
       backend: typeof k.backend === "string" ? k.backend : "",
       ...(typeof k.adapterType === "string" ? { adapterType: k.adapterType } : {}),
+      ...(k.reusable === true ? { reusable: true } : {}),
+      ...(typeof k.resumes === "number" && Number.isSafeInteger(k.resumes) && k.resumes >= 0 ? { resumes: k.resumes } : {}),
     };
   }
 
@@ -184,6 +196,11 @@ export function createPlugin(options: PluginOptions = {}): PaperclipPlugin {
     const meta = leaseMetadata(params.leaseMetadata, "leaseMetadata");
     const companyId = companyOf(meta, params.companyId, "leaseMetadata");
     const cancel = params.cancelActiveWork === true;
+    // A reusable lease the host cannot resume (its lease has no reuse scope: a run without an
+    // execution workspace, docs/reuse/host-rules.md §1) is destroyed, not kept. Each of its
+    // releases names itself by the resume it follows: a retried one is the same request.
+    if (meta.reusable && kind === "release" && !isObject(params.leaseMetadata?.reusableSandboxLease)) kind = "destroy";
+    const releaseId = meta.reusable ? String(meta.resumes ?? 0) : undefined;
     if (cancel) {
       for (const c of inflight.get(providerLeaseId) ?? []) c.abort();
     }
@@ -195,7 +212,7 @@ export function createPlugin(options: PluginOptions = {}): PaperclipPlugin {
     const t0 = Date.now();
     try {
       const released = await leases.release(
-        { runId: meta.runId, companyId, providerLeaseId, cancelActiveWork: cancel },
+        { runId: meta.runId, companyId, providerLeaseId, cancelActiveWork: cancel, releaseId },
         kind,
         { timeoutMs: conn.timeoutMs ?? DEFAULT_RPC_BUDGET_MS, display: conn.display },
       );
@@ -206,6 +223,40 @@ export function createPlugin(options: PluginOptions = {}): PaperclipPlugin {
       return { providerLeaseId, state: released.state };
     } catch (err) {
       log.warn(`lease ${kind} failed`, { runId: meta.runId, providerLeaseId, error: scrub(errorMessage(err), conn.secrets) });
+      throw err;
+    }
+  }
+
+  /**
+   * Resumes a reusable lease for the agent's next run. A lease kubeclip no longer has (destroyed,
+   * collected, not reusable) is answered with no lease, so the host destroys it and acquires
+   * afresh (docs/reuse/host-rules.md §3); anything else that goes wrong is thrown.
+   */
+  async function resumeLease(params: PluginEnvironmentResumeLeaseParams): Promise<PluginEnvironmentLease> {
+    const meta = leaseMetadata(params.leaseMetadata, "leaseMetadata");
+    const companyId = companyOf(meta, params.companyId, "leaseMetadata");
+    const gone: PluginEnvironmentLease = { providerLeaseId: null, metadata: { expired: true } };
+    if (!meta.reusable || params.providerLeaseId !== meta.workloadName) return gone;
+    const conn = await connectionFor(params.config, params.companyId);
+    const leases = new Leases(await pool.get(conn), conn.prefix);
+    const log = context().logger;
+    const t0 = Date.now();
+    try {
+      const r = await leases.resume(
+        { runId: meta.runId, companyId, providerLeaseId: params.providerLeaseId, resumeId: randomUUID() },
+        { timeoutMs: conn.timeoutMs ?? DEFAULT_RPC_BUDGET_MS, display: conn.display },
+      );
+      stats.of(params.providerLeaseId).hook("resumeLease");
+      log.info("lease resumed", { runId: meta.runId, providerLeaseId: params.providerLeaseId, from: r.from, generation: r.generation, resumeMs: Date.now() - t0 });
+      const remoteCwd = typeof params.leaseMetadata?.remoteCwd === "string" ? params.leaseMetadata.remoteCwd : REMOTE_CWD;
+      // The answer's metadata replaces the lease's: everything later hooks read goes back.
+      return { providerLeaseId: params.providerLeaseId, metadata: { remoteCwd, kubeclip: { ...meta, resumes: r.resumes } } };
+    } catch (err) {
+      if (err instanceof KubeclipError && err.code === "lease_not_found") {
+        log.info("lease gone; the host acquires afresh", { runId: meta.runId, providerLeaseId: params.providerLeaseId });
+        return gone;
+      }
+      log.warn("lease resume failed", { runId: meta.runId, providerLeaseId: params.providerLeaseId, error: scrub(errorMessage(err), conn.secrets) });
       throw err;
     }
   }
@@ -406,11 +457,13 @@ export function createPlugin(options: PluginOptions = {}): PaperclipPlugin {
       if (!params.agentId) throw new Error("agentId: Paperclip sent no agent id; kubeclip needs it to hold one run per agent");
       const dup = findCaseVariantKey(params.executionWorkspaceSettings, "executionWorkspaceSettings");
       if (dup) throw new Error(`${dup}: keys differ only in case; kubeclip refuses such payloads`);
+      // Reusable only when declared and the host can find the lease again (host-rules.md §1).
+      const reuse = reusableLeases && params.config.reuseLease === true && !!params.executionWorkspaceId;
       const conn = await connectionFor(params.config, params.companyId);
       const nc = await pool.get(conn);
       const leases = new Leases(nc, conn.prefix);
       const log = context().logger;
-      log.info("lease acquire requested", { runId: params.runId });
+      log.info("lease acquire requested", { runId: params.runId, reuseLease: reuse });
       const t0 = Date.now();
       const created = await leases.acquire(
         {
@@ -423,6 +476,7 @@ export function createPlugin(options: PluginOptions = {}): PaperclipPlugin {
           executionWorkspaceSettings: params.executionWorkspaceSettings ?? undefined,
           requestedExpiresAt: params.requestedExpiresAt ?? undefined,
           config: split.provider,
+          reuseLease: reuse,
         },
         { timeoutMs: conn.timeoutMs ?? DEFAULT_RPC_BUDGET_MS, display: conn.display },
       ).catch((err: unknown) => {
@@ -438,6 +492,7 @@ export function createPlugin(options: PluginOptions = {}): PaperclipPlugin {
         workloadName: created.workloadName,
         backend: created.backend,
         ...(params.adapterType ? { adapterType: params.adapterType } : {}),
+        ...(reuse ? { reusable: true, resumes: 0 } : {}),
       };
       return {
         providerLeaseId: created.providerLeaseId,
@@ -464,6 +519,10 @@ export function createPlugin(options: PluginOptions = {}): PaperclipPlugin {
       } finally {
         stats.of(providerLeaseId).execute(Date.now() - t0);
       }
+    },
+
+    async onEnvironmentResumeLease(params) {
+      return resumeLease(params);
     },
 
     async onEnvironmentReleaseLease(params) {
