@@ -177,6 +177,7 @@ func (d *Dispatcher) suspend(ctx context.Context, log zerolog.Logger, rec lease.
 // first (lease.Resume), then its pod is made ready: a redelivered resume finds the lease
 // resuming (or created) and the pod it made, and makes no second one.
 func (d *Dispatcher) handleResume(ctx context.Context, m jetstream.Msg) error {
+	start := time.Now()
 	req, err := d.opts.Subjects.DecodeResume(m.Subject(), m.Data())
 	if err != nil {
 		return err
@@ -241,7 +242,8 @@ func (d *Dispatcher) handleResume(ctx context.Context, m jetstream.Msg) error {
 	}); err != nil {
 		return fmt.Errorf("publishing resumed: %w", err)
 	}
-	log.Info().Str("from", string(from)).Int("generation", rec.Generation).Bool("new_pod", made).Msg("reusable lease resumed")
+	log.Info().Str("from", string(from)).Int("generation", rec.Generation).Bool("new_pod", made).
+		Dur("took", time.Since(start)).Msg("reusable lease resumed")
 	return nil
 }
 

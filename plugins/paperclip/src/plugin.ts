@@ -43,7 +43,7 @@ import {
   type PluginKeys,
 } from "./config.js";
 import { EnvPolicy } from "./envpolicy.js";
-import { ConfigError, KubeclipError, UnreachableError, errorMessage, scrub } from "./errors.js";
+import { ConfigError, KubeclipError, TimeoutError, UnreachableError, errorMessage, scrub } from "./errors.js";
 import { runExec } from "./exec.js";
 import { CompanyLimiter } from "./limiter.js";
 import { findCaseVariantKey, isObject, type JsonObject } from "./json.js";
@@ -256,6 +256,10 @@ export function createPlugin(options: PluginOptions = {}): PaperclipPlugin {
         log.info("lease gone; the host acquires afresh", { runId: meta.runId, providerLeaseId: params.providerLeaseId });
         return gone;
       }
+      // The host retries a resume within its minute only when the error reads as transient
+      // (host-rules.md §3); a retry continues the same resume (a new pod is waited for, not made
+      // twice).
+      if (err instanceof TimeoutError) throw new TimeoutError(`resume of lease ${params.providerLeaseId} timed out: ${err.message}`);
       log.warn("lease resume failed", { runId: meta.runId, providerLeaseId: params.providerLeaseId, error: scrub(errorMessage(err), conn.secrets) });
       throw err;
     }

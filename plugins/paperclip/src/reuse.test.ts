@@ -6,6 +6,7 @@
 import assert from "node:assert/strict";
 import { after, before, describe, it } from "node:test";
 import type { PluginEnvironmentLease } from "@paperclipai/plugin-sdk";
+import { errorMessage } from "./errors.js";
 import { harnessed, startEnv, type Env, type Harnessed } from "../test/support/harness.js";
 
 const C = "7d2f1c9e-3b4a-4e8d-a6f1-0c5b9e2d7a13";
@@ -86,6 +87,27 @@ describe("reusable leases", () => {
       await assert.rejects(
         h.harness.resumeLease({ driverKey: "kubernetes", companyId: C, environmentId: "env-1", config: cfg, providerLeaseId: lease.providerLeaseId ?? "", leaseMetadata: lease.metadata }),
         /backend_unavailable/,
+      );
+    } finally {
+      env.kubeclip.onResume = () => ({ kind: "resumed" });
+    }
+  });
+
+  it("a resume kubeclip does not answer in time throws what the host retries (timed out)", async () => {
+    const run = runId();
+    const lease = await acquire(h, run, "ew-1");
+    env.kubeclip.onResume = () => ({ kind: "silent" });
+    try {
+      await assert.rejects(
+        h.harness.resumeLease({
+          driverKey: "kubernetes", companyId: C, environmentId: "env-1", config: { ...cfg, timeoutMs: 500 },
+          providerLeaseId: lease.providerLeaseId ?? "", leaseMetadata: lease.metadata,
+        }),
+        (err: unknown) => {
+          // The host's transient test is /\b(timeout|timed out|...)\b/ on the message.
+          assert.match(errorMessage(err), /\btimed out\b/);
+          return true;
+        },
       );
     } finally {
       env.kubeclip.onResume = () => ({ kind: "resumed" });
