@@ -34,6 +34,8 @@ type settings struct {
 	Reconcile        time.Duration
 	SandboxKeyFile   string
 	SandboxdImage    string
+	LeaseIdleWindow  time.Duration
+	LeaseMaxAge      time.Duration
 }
 
 func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout, stderr io.Writer) error {
@@ -49,6 +51,8 @@ func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout,
 	fs.String(&s.OrphanPolicy, "orphan-policy", "KUBECLIP_ORPHAN_POLICY", string(dispatch.OrphanReport), "what to do with a managed workload (Job, Pod, Sandbox) that has no lease at all: report (log only) or delete; one whose lease was released is always deleted")
 	fs.String(&s.SandboxKeyFile, "sandbox-key-file", "KUBECLIP_SANDBOX_KEY_FILE", "", "file holding the installation's sandbox master key (hex or raw, at least 32 bytes; shared with the exec-worker): exec-capable backends (pod, sandbox-cr) need it")
 	fs.String(&s.SandboxdImage, "sandboxd-image", "KUBECLIP_SANDBOXD_IMAGE", dispatch.DefaultSandboxdImage, "image of kubeclip's sandboxd, copied into exec-capable pods by an init container")
+	fs.Duration(&s.LeaseIdleWindow, "lease-idle-window", "KUBECLIP_LEASE_IDLE_WINDOW", dispatch.DefaultLeaseIdleWindow, "how long a released reusable lease keeps its pod (the agent's next run resumes it at once) before it is suspended: pod deleted, volume kept")
+	fs.Duration(&s.LeaseMaxAge, "lease-max-age", "KUBECLIP_LEASE_MAX_AGE", dispatch.DefaultLeaseMaxAge, "how long a suspended reusable lease keeps its volume without a resume before it is collected (destroyed)")
 	fs.Duration(&s.Reconcile, "reconcile-interval", "KUBECLIP_RECONCILE_INTERVAL", dispatch.DefaultReconcileInterval, "how often orphaned workloads are looked for (also at start)")
 	if err := fs.Parse(args); err != nil {
 		fs.Usage(stdout, summary)
@@ -84,6 +88,7 @@ func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout,
 		OrphanPolicy: dispatch.OrphanPolicy(s.OrphanPolicy), ReconcileInterval: s.Reconcile,
 		Observer: p.Ops.Metrics, Operator: op, StreamReplicas: s.Streams.Replicas, StoreBytes: int64(s.Streams.StoreBytes),
 		SandboxKey: sandboxKey, SandboxdImage: s.SandboxdImage,
+		LeaseIdleWindow: s.LeaseIdleWindow, LeaseMaxAge: s.LeaseMaxAge,
 	})
 	if err != nil {
 		return err
@@ -109,6 +114,12 @@ func (s *settings) Validate(fs *config.Set) (types.NamespacedName, error) {
 	}
 	if s.Reconcile <= 0 {
 		return types.NamespacedName{}, fmt.Errorf("%s must be > 0", fs.Names("reconcile-interval"))
+	}
+	if s.LeaseIdleWindow <= 0 {
+		return types.NamespacedName{}, fmt.Errorf("%s must be > 0", fs.Names("lease-idle-window"))
+	}
+	if s.LeaseMaxAge <= 0 {
+		return types.NamespacedName{}, fmt.Errorf("%s must be > 0", fs.Names("lease-max-age"))
 	}
 	if s.AdapterSecret == "" {
 		return types.NamespacedName{}, nil

@@ -106,9 +106,18 @@ type Options struct {
 	// SandboxdImage is the image of sandboxd's init container (default DefaultSandboxdImage).
 	SandboxdImage string
 	// Operator is the installation's policy for every company (allowed namespace prefixes,
-	// reserved namespaces, adapter keys, the namespace cap); zero fields take
-	// policy.DefaultOperator's.
+	// reserved namespaces, adapter keys, the namespace cap, reusable leases' volumes); zero
+	// fields take policy.DefaultOperator's.
 	Operator policy.Operator
+	// LeaseIdleWindow is how long a released reusable lease keeps its pod before it is
+	// suspended (default DefaultLeaseIdleWindow); see reuse.go.
+	LeaseIdleWindow time.Duration
+	// LeaseMaxAge is how long a suspended reusable lease keeps its volume before it is
+	// collected (default DefaultLeaseMaxAge).
+	LeaseMaxAge time.Duration
+	// LeaseSweepInterval is how often reusable leases are looked at (default
+	// DefaultLeaseSweepInterval).
+	LeaseSweepInterval time.Duration
 }
 
 func (o Options) withDefaults() (Options, error) {
@@ -121,7 +130,8 @@ func (o Options) withDefaults() (Options, error) {
 		return o, errors.New("dispatch: Options.Applier is required")
 	case o.JetStream == nil:
 		return o, errors.New("dispatch: Options.JetStream is required")
-	case o.AgentBusyTimeout < 0, o.AgentBusyRetry < 0, o.ReleaseTimeout < 0:
+	case o.AgentBusyTimeout < 0, o.AgentBusyRetry < 0, o.ReleaseTimeout < 0,
+		o.LeaseIdleWindow < 0, o.LeaseMaxAge < 0, o.LeaseSweepInterval < 0:
 		return o, errors.New("dispatch: Options durations must not be negative")
 	}
 	o.Operator = o.Operator.WithDefaults()
@@ -163,6 +173,15 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if o.ReconcileInterval <= 0 {
 		o.ReconcileInterval = DefaultReconcileInterval
+	}
+	if o.LeaseIdleWindow == 0 {
+		o.LeaseIdleWindow = DefaultLeaseIdleWindow
+	}
+	if o.LeaseMaxAge == 0 {
+		o.LeaseMaxAge = DefaultLeaseMaxAge
+	}
+	if o.LeaseSweepInterval == 0 {
+		o.LeaseSweepInterval = DefaultLeaseSweepInterval
 	}
 	return o, nil
 }
@@ -221,6 +240,9 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 		return fmt.Errorf("opening KV bucket %s: %w", AgentBucket, err)
 	}
 	d.records = lease.Records{KV: leases}
+	if err := d.checkRecordTTL(ctx, leases); err != nil {
+		return err
+	}
 	if d.tenants, err = js.KeyValue(ctx, lease.TenantBucket); err != nil {
 		return fmt.Errorf("opening KV bucket %s: %w", lease.TenantBucket, err)
 	}
@@ -241,7 +263,7 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	s := d.opts.Subjects
 	consumers := []consumer{
 		{events.WorkStream, events.DispatcherConsumerConfig(), d.handleDispatch, d.reportDispatchFailure},
-		{s.LeaseStream(), events.DispatcherEndConsumerConfig(s), d.handleRelease, d.reportFailure},
+		{s.LeaseStream(), events.DispatcherEndConsumerConfig(s), d.handleLease, d.reportFailure},
 		// A result that cannot be handled has nobody to report to: it already ended its run.
 		{s.RunStream(), events.DispatcherResultConsumerConfig(s), d.handleResult, nil},
 	}
@@ -267,6 +289,7 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	}
 	g.Go(func() error { d.reconcileLoop(gctx); return nil })
 	g.Go(func() error { d.sweepLoop(gctx); return nil })
+	g.Go(func() error { d.sweepLeasesLoop(gctx); return nil })
 	close(d.ready)
 	d.log.Info().Msg("consuming dispatch, release and result messages")
 	return g.Wait()
@@ -326,13 +349,20 @@ func (d *Dispatcher) handleDispatch(ctx context.Context, m jetstream.Msg) error 
 		}
 	}
 
+	if err := d.checkReusable(rec, plan); err != nil {
+		return err
+	}
 	if held, err := d.holdAgent(ctx, log, m, plan); !held || err != nil {
 		return err
 	}
 	name := policy.WorkloadName(d.opts.NewID())
+	var claim string
+	if rec.Reusable {
+		claim = policy.LeaseClaimName(name)
+	}
 	rec, err = d.records.Modify(ctx, ref, lease.Dispatch(lease.Workload{
 		Namespace: plan.Namespace, Name: name, SecretName: policy.SecretName(name),
-		Backend: string(plan.Config.Backend), ExpiresAt: plan.ExpiresAt(),
+		Backend: string(plan.Config.Backend), VolumeClaim: claim, ExpiresAt: plan.ExpiresAt(),
 	}))
 	if errors.Is(err, lease.ErrEnded) || errors.Is(err, lease.ErrFailed) || errors.Is(err, lease.ErrFinished) {
 		// Released (or failed) before anything was created: nothing to undo but the guard.
@@ -433,6 +463,12 @@ func (d *Dispatcher) create(ctx context.Context, log zerolog.Logger, plan lease.
 		return events.RunCreatedEvent{}, workload.Created{}, err
 	}
 	spec.SecretEnvKeys = policy.SecretEnvKeys(secret)
+	if rec.VolumeClaim != "" {
+		if err := d.createClaim(ctx, rec); err != nil {
+			return events.RunCreatedEvent{}, workload.Created{}, err
+		}
+		spec.VolumeClaim = rec.VolumeClaim
+	}
 
 	run, err := w.Create(ctx, spec, secret)
 	if err != nil {

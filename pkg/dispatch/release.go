@@ -12,6 +12,7 @@ import (
 	"github.com/kubeclip/kubeclip/pkg/events"
 	"github.com/kubeclip/kubeclip/pkg/k8s"
 	"github.com/kubeclip/kubeclip/pkg/lease"
+	"github.com/kubeclip/kubeclip/pkg/workload"
 )
 
 // handleRelease carries out a release or destroy: it deletes the workload, waits until its pod
@@ -38,6 +39,9 @@ func (d *Dispatcher) handleRelease(ctx context.Context, m jetstream.Msg) error {
 	}
 	if req.ProviderLeaseID != "" && rec.WorkloadName != "" && rec.WorkloadName != req.ProviderLeaseID {
 		return events.InvalidRequest("providerLeaseId", "run %s's lease is %s, not %s", req.RunID, rec.WorkloadName, req.ProviderLeaseID)
+	}
+	if rec.Reusable && !req.Destroy {
+		return d.releaseReusable(ctx, log, req)
 	}
 	var before lease.State
 	rec, err = d.records.Modify(ctx, ref, func(r *lease.Record) (bool, error) {
@@ -78,12 +82,18 @@ func (d *Dispatcher) completeRelease(ctx context.Context, log zerolog.Logger, re
 }
 
 func (d *Dispatcher) publishReleased(ctx context.Context, log zerolog.Logger, rec lease.Record) error {
+	return d.answerRelease(ctx, log, rec, "")
+}
+
+// answerRelease publishes `released` as the answer to the release that named itself releaseID
+// (a reusable lease's; "" for any other).
+func (d *Dispatcher) answerRelease(ctx context.Context, log zerolog.Logger, rec lease.Record, releaseID string) error {
 	state := events.ReleaseStopped
-	if rec.State == lease.StateDestroyed {
+	if rec.State == lease.StateDestroyed || rec.State == lease.StateCollected {
 		state = events.ReleaseDestroyed
 	}
 	if _, err := d.publisher.Publish(ctx, events.RunReleasedEvent{
-		RunID: rec.RunID, CompanyID: rec.CompanyID, ProviderLeaseID: rec.WorkloadName, State: state,
+		RunID: rec.RunID, CompanyID: rec.CompanyID, ProviderLeaseID: rec.WorkloadName, State: state, ReleaseID: releaseID,
 	}); err != nil {
 		return fmt.Errorf("publishing released: %w", err)
 	}
@@ -102,6 +112,24 @@ func (d *Dispatcher) deleteRun(ctx context.Context, rec lease.Record, withSecret
 	if err != nil {
 		return err
 	}
+	if err := w.Delete(ctx, rec.Namespace, rec.WorkloadName, d.podDeleteOptions(w, rec)); err != nil {
+		return k8s.Meaning(k8s.OpDelete, err)
+	}
+	if !withSecret {
+		return nil
+	}
+	if err := k8s.DeleteSecret(ctx, d.opts.Clientset, rec.Namespace, rec.SecretName); err != nil {
+		return k8s.Meaning(k8s.OpDelete, err)
+	}
+	if rec.VolumeClaim != "" {
+		// A reusable lease's volume: only a destroy or a collection (withSecret) ends it.
+		return k8s.Meaning(k8s.OpDelete, workload.DeleteClaim(ctx, d.opts.Clientset, rec.Namespace, rec.VolumeClaim))
+	}
+	return nil
+}
+
+// podDeleteOptions is how the lease's pod is deleted: see deleteRun.
+func (d *Dispatcher) podDeleteOptions(w workload.Workload, rec lease.Record) k8s.RunDeleteOptions {
 	opts := k8s.RunDeleteOptions{}
 	if w.Backend().ExecCapable() {
 		opts.PodGracePeriod = d.opts.ReleaseTimeout - releaseMargin
@@ -109,13 +137,7 @@ func (d *Dispatcher) deleteRun(ctx context.Context, rec lease.Record, withSecret
 			opts.PodGracePeriod = time.Second
 		}
 	}
-	if err := w.Delete(ctx, rec.Namespace, rec.WorkloadName, opts); err != nil {
-		return k8s.Meaning(k8s.OpDelete, err)
-	}
-	if withSecret {
-		return k8s.Meaning(k8s.OpDelete, k8s.DeleteSecret(ctx, d.opts.Clientset, rec.Namespace, rec.SecretName))
-	}
-	return nil
+	return opts
 }
 
 // releaseMargin is what a release keeps of its timeout for itself after the pod's grace period:
@@ -146,7 +168,9 @@ func (d *Dispatcher) handleResult(ctx context.Context, m jetstream.Msg) error {
 	if err != nil {
 		return err
 	}
-	if res.Outcome == events.OutcomeFailed && res.ExitCode == nil && rec.WorkloadName != "" {
+	// A reusable lease's pod is the lease's release, sweep and resume's: a result its pod's end
+	// published (a suspend deletes it) must not delete the pod a resume made since.
+	if res.Outcome == events.OutcomeFailed && res.ExitCode == nil && rec.WorkloadName != "" && !rec.Reusable {
 		// The agent never ran to an exit (an image that cannot be pulled, a quota refusal): its
 		// workload is still there and would hold the tenant's quota until the deadline.
 		w, err := d.workload(rec)

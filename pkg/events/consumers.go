@@ -56,10 +56,10 @@ func DispatcherConsumerConfig() jetstream.ConsumerConfig {
 }
 
 // DispatcherEndConsumerConfig is the dispatcher's durable consumer on the lease stream for
-// release and destroy requests.
+// release, destroy and resume requests.
 func DispatcherEndConsumerConfig(s Subjects) jetstream.ConsumerConfig {
-	cfg := workerConsumer(DispatcherEndConsumer, "kubeclip dispatcher: release and destroy requests")
-	cfg.FilterSubjects = []string{s.LeaseFilter(LeaseRelease), s.LeaseFilter(LeaseDestroy)}
+	cfg := workerConsumer(DispatcherEndConsumer, "kubeclip dispatcher: release, destroy and resume requests")
+	cfg.FilterSubjects = []string{s.LeaseFilter(LeaseRelease), s.LeaseFilter(LeaseDestroy), s.LeaseFilter(LeaseResume)}
 	return cfg
 }
 

@@ -36,8 +36,8 @@ func TestConsumerConfigs(t *testing.T) {
 			return c
 		}},
 		{"dispatcher-release", events.DispatcherEndConsumerConfig(s), func(c jetstream.ConsumerConfig) jetstream.ConsumerConfig {
-			c.Durable, c.Description = "dispatcher-release", "kubeclip dispatcher: release and destroy requests"
-			c.FilterSubjects = []string{"paperclip.lease.*.release", "paperclip.lease.*.destroy"}
+			c.Durable, c.Description = "dispatcher-release", "kubeclip dispatcher: release, destroy and resume requests"
+			c.FilterSubjects = []string{"paperclip.lease.*.release", "paperclip.lease.*.destroy", "paperclip.lease.*.resume"}
 			return c
 		}},
 		{"dispatcher-result", events.DispatcherResultConsumerConfig(s), func(c jetstream.ConsumerConfig) jetstream.ConsumerConfig {

@@ -42,6 +42,25 @@ func (s Subjects) DecodeRelease(subject string, data []byte) (ReleaseRequest, er
 	return r, matchSubject(r.CompanyID, companyID, "", "")
 }
 
+// DecodeResume decodes and validates a resume request received on subject.
+func (s Subjects) DecodeResume(subject string, data []byte) (ResumeRequest, error) {
+	companyID, kind, err := s.ParseLeaseSubject(subject)
+	if err != nil {
+		return ResumeRequest{}, asInvalidSubject(err)
+	}
+	if kind != LeaseResume {
+		return ResumeRequest{}, InvalidRequest("", "subject %q is a %s request, not a resume", subject, kind)
+	}
+	var r ResumeRequest
+	if err := decode(data, &r); err != nil {
+		return ResumeRequest{}, err
+	}
+	if err := r.Validate(); err != nil {
+		return ResumeRequest{}, err
+	}
+	return r, matchSubject(r.CompanyID, companyID, "", "")
+}
+
 // DecodeDispatch decodes and validates a dispatch request received on subject.
 func DecodeDispatch(subject string, data []byte) (DispatchRequest, error) {
 	companyID, runID, err := ParseDispatchSubject(subject)

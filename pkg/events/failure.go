@@ -37,7 +37,9 @@ func PublishFailure(ctx context.Context, p EventPublisher, log zerolog.Logger, m
 		log.Warn().Err(te).Msg("request names no valid run; its failure cannot be reported")
 		return nil
 	}
-	if _, err := p.Publish(ctx, NewRunFailed(ref, request, te)); err != nil {
+	ev := NewRunFailed(ref, request, te)
+	ev.RequestID = requestID(m.Data())
+	if _, err := p.Publish(ctx, ev); err != nil {
 		return fmt.Errorf("publishing the failed event of run %s: %w", ref.RunID, err)
 	}
 	log.Info().Str(LogKeyRunID, ref.RunID).Str(LogKeyTenant, ref.CompanyID).Msg("published failed event")
@@ -72,6 +74,29 @@ func requestRunID(data []byte) string {
 		return ""
 	}
 	return jsonString(ids.RunID)
+}
+
+// requestID reads the id a repeated lease request names itself with (a resume's resumeId, a
+// release's releaseId), strictly as requestRunID reads the run id; "" when there is none.
+func requestID(data []byte) string {
+	var ids struct {
+		ResumeID  json.RawMessage `json:"resumeId"`
+		ReleaseID json.RawMessage `json:"releaseId"`
+	}
+	if len(data) > DefaultMaxMsgSize ||
+		strictjson.CheckKeys(data, "") != nil ||
+		strictjson.CheckFields(data, &ids, "") != nil ||
+		json.Unmarshal(data, &ids) != nil {
+		return ""
+	}
+	id := jsonString(ids.ResumeID)
+	if id == "" {
+		id = jsonString(ids.ReleaseID)
+	}
+	if validateID("requestId", id) != nil {
+		return ""
+	}
+	return id
 }
 
 func jsonString(raw json.RawMessage) string {

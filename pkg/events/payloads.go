@@ -171,6 +171,10 @@ type AcquireRequest struct {
 	RequestedExpiresAt string `json:"requestedExpiresAt,omitempty"`
 	// Config is the provider config object, validated by pkg/policy.
 	Config json.RawMessage `json:"config"`
+	// ReuseLease asks for a reusable lease: the host's environment config says reuseLease
+	// (docs/reuse/host-rules.md), and the lease keeps its workspace and the agent's home on a
+	// volume of its own between the agent's runs. Only backend pod keeps one.
+	ReuseLease bool `json:"reuseLease,omitempty"`
 }
 
 // Validate checks the request and returns a TerminalError (CodeInvalidRequest) naming the first
@@ -237,6 +241,11 @@ type ReleaseRequest struct {
 	CompanyID        string `json:"companyId"`
 	ProviderLeaseID  string `json:"providerLeaseId,omitempty"`
 	CancelActiveWork bool   `json:"cancelActiveWork,omitempty"`
+	// ReleaseID, when set, names this release among the lease's releases (a reusable lease is
+	// released once per run of its agent, resume after resume): the message id is then the
+	// lease's and this id, so JetStream keeps each run's release and drops only a repeat of one.
+	// Without it the message id is the lease's alone, as for a lease released once.
+	ReleaseID string `json:"releaseId,omitempty"`
 	// Destroy selects the .destroy subject. It is not part of the payload: the decoder sets it
 	// from the subject.
 	Destroy bool `json:"-"`
@@ -247,6 +256,11 @@ type ReleaseRequest struct {
 func (r ReleaseRequest) Validate() error {
 	if err := validateIDs(r.CompanyID, r.RunID); err != nil {
 		return err
+	}
+	if r.ReleaseID != "" {
+		if err := validateID("releaseId", r.ReleaseID); err != nil {
+			return err
+		}
 	}
 	if r.ProviderLeaseID == "" {
 		return nil
@@ -273,11 +287,57 @@ func (r ReleaseRequest) address(s Subjects) (address, error) {
 		return address{}, err
 	}
 	subj, err := s.Lease(r.CompanyID, r.Kind())
-	return address{subject: subj, msgID: Ref(r.CompanyID, r.RunID).MsgID(string(r.Kind())), stream: s.LeaseStream()}, err
+	id := string(r.Kind())
+	if r.ReleaseID != "" {
+		id += "." + r.ReleaseID
+	}
+	return address{subject: subj, msgID: Ref(r.CompanyID, r.RunID).MsgID(id), stream: s.LeaseStream()}, err
 }
 
 func (r ReleaseRequest) stamp(time.Time) Event { return r }
 func (ReleaseRequest) eventTime() time.Time    { return time.Time{} }
+
+// ResumeRequest resumes a reusable lease for a later run of its agent:
+// <prefix>.lease.<companyId>.resume. RunID is the run that acquired the lease (its record's
+// key), ProviderLeaseID the lease's name, both as the acquire's answer gave them.
+type ResumeRequest struct {
+	RunID           string `json:"runId"`
+	CompanyID       string `json:"companyId"`
+	ProviderLeaseID string `json:"providerLeaseId"`
+	// ResumeID names this resume, chosen by the requester: a lease is resumed once per run of
+	// its agent, so the message id is the lease's and this id (JetStream drops a repeat of the
+	// same resume within its duplicate window, and keeps the next run's).
+	ResumeID string `json:"resumeId"`
+}
+
+// Validate checks the request like ReleaseRequest.Validate; the lease name and the resume id
+// are required.
+func (r ResumeRequest) Validate() error {
+	if err := validateIDs(r.CompanyID, r.RunID); err != nil {
+		return err
+	}
+	if err := validateID("providerLeaseId", r.ProviderLeaseID); err != nil {
+		return err
+	}
+	return validateID("resumeId", r.ResumeID)
+}
+
+// Type implements Event.
+func (ResumeRequest) Type() string { return "io.paperclip.lease.resume.v1" }
+
+// IDs implements Event.
+func (r ResumeRequest) IDs() (string, string) { return r.CompanyID, r.RunID }
+
+func (r ResumeRequest) address(s Subjects) (address, error) {
+	if err := r.Validate(); err != nil {
+		return address{}, err
+	}
+	subj, err := s.Lease(r.CompanyID, LeaseResume)
+	return address{subject: subj, msgID: Ref(r.CompanyID, r.RunID).MsgID("resume." + r.ResumeID), stream: s.LeaseStream()}, err
+}
+
+func (r ResumeRequest) stamp(time.Time) Event { return r }
+func (ResumeRequest) eventTime() time.Time    { return time.Time{} }
 
 // ---- dispatch (tenant-worker → dispatcher, stream KUBECLIP_WORK) ----
 
@@ -471,6 +531,9 @@ type RunReleasedEvent struct {
 	At              time.Time    `json:"at"`
 	ProviderLeaseID string       `json:"providerLeaseId"`
 	State           ReleaseState `json:"state"`
+	// ReleaseID is the release request's releaseId, when it named itself (a reusable lease is
+	// released once per run): the answer to that release.
+	ReleaseID string `json:"releaseId,omitempty"`
 }
 
 // Type implements Event.
@@ -483,7 +546,7 @@ func (e RunReleasedEvent) address(s Subjects) (address, error) {
 	if e.State != ReleaseStopped && e.State != ReleaseDestroyed {
 		return address{}, InvalidRequest("state", "must be stopped or destroyed, got %q", e.State)
 	}
-	return runAddress(s, e.CompanyID, e.RunID, KindReleased, Ref(e.CompanyID, e.RunID).MsgID("released."+string(e.State)), 0)
+	return runAddress(s, e.CompanyID, e.RunID, KindReleased, Ref(e.CompanyID, e.RunID).MsgID(withRequestID("released."+string(e.State), e.ReleaseID)), 0)
 }
 
 func (e RunReleasedEvent) stamp(now time.Time) Event { e.At = stampTime(e.At, now); return e }
@@ -501,6 +564,9 @@ type RunFailedEvent struct {
 	// Request is the lease request that failed: acquire, release or destroy. A run can have
 	// one failed event per request kind (an acquire that failed, then a refused release).
 	Request LeaseKind `json:"request"`
+	// RequestID is the id the failed request named itself with (a resume's resumeId, a
+	// release's releaseId): the answer to that request, among the run's other failures.
+	RequestID string `json:"requestId,omitempty"`
 }
 
 // A failed event's field and message can quote what the client sent (the path of a refused key,
@@ -538,9 +604,9 @@ func (e RunFailedEvent) address(s Subjects) (address, error) {
 		return address{}, InvalidRequest("code", "must be a documented failure code, got %q", e.Code)
 	}
 	if !e.Request.valid() {
-		return address{}, InvalidRequest("request", "must be acquire, release or destroy, got %q", e.Request)
+		return address{}, InvalidRequest("request", "must be acquire, release, destroy or resume, got %q", e.Request)
 	}
-	return runAddress(s, e.CompanyID, e.RunID, KindFailed, Ref(e.CompanyID, e.RunID).MsgID("failed."+string(e.Request)), 0)
+	return runAddress(s, e.CompanyID, e.RunID, KindFailed, Ref(e.CompanyID, e.RunID).MsgID(withRequestID("failed."+string(e.Request), e.RequestID)), 0)
 }
 
 func (e RunFailedEvent) stamp(now time.Time) Event { e.At = stampTime(e.At, now); return e }
@@ -578,6 +644,15 @@ func stampTime(t, now time.Time) time.Time {
 }
 
 // validateID checks a free-form id: non-empty, bounded, no control characters.
+// withRequestID is an answer's message id suffix: one per request id, so the answer to each of
+// a reusable lease's repeated requests is kept, and a repeat of one request answers once.
+func withRequestID(suffix, id string) string {
+	if id == "" {
+		return suffix
+	}
+	return suffix + "." + id
+}
+
 func validateID(field, v string) error {
 	switch {
 	case v == "":

@@ -73,6 +73,9 @@ type RunResumedEvent struct {
 	Generation int `json:"generation"`
 	// Resumes counts the lease's resumes, this one included.
 	Resumes int `json:"resumes"`
+	// ResumeID is the resume request's resumeId: the answer to that request (a repeated
+	// resume of a lease already resumed answers with the same count under its own id).
+	ResumeID string `json:"resumeId,omitempty"`
 }
 
 // Type implements Event.
@@ -90,7 +93,7 @@ func (e RunResumedEvent) address(s Subjects) (address, error) {
 	case e.Resumes < 1:
 		return address{}, InvalidRequest("resumes", "must be at least 1, got %d", e.Resumes)
 	}
-	return runAddress(s, e.CompanyID, e.RunID, KindResumed, Ref(e.CompanyID, e.RunID).MsgID(fmt.Sprintf("resumed.%d", e.Resumes)), 0)
+	return runAddress(s, e.CompanyID, e.RunID, KindResumed, Ref(e.CompanyID, e.RunID).MsgID(withRequestID(fmt.Sprintf("resumed.%d", e.Resumes), e.ResumeID)), 0)
 }
 
 func (e RunResumedEvent) stamp(now time.Time) Event { e.At = stampTime(e.At, now); return e }

@@ -32,6 +32,7 @@ func fullAcquire() events.AcquireRequest {
 		RunID: "r1", CompanyID: "c1", EnvironmentID: "e1", AgentID: "a1", IssueID: "i1",
 		AdapterType: "claude_local", ExecutionWorkspaceSettings: json.RawMessage(`{"mode":"isolated"}`),
 		RequestedExpiresAt: "2026-08-24T12:00:00Z", Config: json.RawMessage(`{"inCluster":true}`),
+		ReuseLease: true,
 	}
 }
 
@@ -43,7 +44,8 @@ func schemaCases() []schemaCase {
 	exit := events.ExecExit{ExitCode: ptr(0), Signal: ptr("SIGKILL"), TimedOut: true, Truncated: true}
 	return []schemaCase{
 		{file: "lease-acquire.json", full: fullAcquire(), zero: events.AcquireRequest{}},
-		{file: "lease-release.json", full: events.ReleaseRequest{RunID: "r1", CompanyID: "c1", ProviderLeaseID: "pc-1", CancelActiveWork: true, Destroy: true}, zero: events.ReleaseRequest{}},
+		{file: "lease-release.json", full: events.ReleaseRequest{RunID: "r1", CompanyID: "c1", ProviderLeaseID: "pc-1", CancelActiveWork: true, ReleaseID: "x1", Destroy: true}, zero: events.ReleaseRequest{}},
+		{file: "lease-resume.json", full: events.ResumeRequest{RunID: "r1", CompanyID: "c1", ProviderLeaseID: "pc-1", ResumeID: "x1"}, zero: events.ResumeRequest{}},
 		{file: "kubeclip-dispatch.json", full: events.DispatchRequest{AcquireRequest: fullAcquire(), Namespace: "paperclip-c1"}, zero: events.DispatchRequest{}},
 		{file: "run-created.json", full: events.RunCreatedEvent{RunID: "r1", CompanyID: "c1", At: at, ProviderLeaseID: "pc-1", Namespace: "n", WorkloadName: "pc-1", SecretName: "pc-1-env", Backend: "job", PodName: "p", Phase: events.PhaseRunning, ExpiresAt: &at}, zero: events.RunCreatedEvent{}},
 		{file: "run-status.json", full: events.RunStatusEvent{RunID: "r1", CompanyID: "c1", At: at, Phase: events.PhasePending, Reason: "Unschedulable", Message: "0/1 nodes", PodName: "p"}, zero: events.RunStatusEvent{}},
@@ -52,14 +54,14 @@ func schemaCases() []schemaCase {
 		{file: "run-result.json", full: events.RunResultEvent{RunID: "r1", CompanyID: "c1", At: at, Outcome: events.OutcomeFailed, ExitCode: ptr(1), Reason: "OOMKilled", Message: "m", Agent: &agent}, zero: events.RunResultEvent{}},
 		{file: "run-result.json", path: []string{"agent"}, full: agent, zero: events.AgentResult{}},
 		{file: "run-result.json", path: []string{"agent", "usage"}, full: usage, zero: events.AgentUsage{}},
-		{file: "run-released.json", full: events.RunReleasedEvent{RunID: "r1", CompanyID: "c1", At: at, ProviderLeaseID: "pc-1", State: events.ReleaseStopped}, zero: events.RunReleasedEvent{}},
-		{file: "run-failed.json", full: events.RunFailedEvent{RunID: "r1", CompanyID: "c1", At: at, Code: events.CodeInternal, Message: "m", Field: "f", Request: events.LeaseRelease}, zero: events.RunFailedEvent{}},
+		{file: "run-released.json", full: events.RunReleasedEvent{RunID: "r1", CompanyID: "c1", At: at, ProviderLeaseID: "pc-1", State: events.ReleaseStopped, ReleaseID: "x1"}, zero: events.RunReleasedEvent{}},
+		{file: "run-failed.json", full: events.RunFailedEvent{RunID: "r1", CompanyID: "c1", At: at, Code: events.CodeInternal, Message: "m", Field: "f", Request: events.LeaseRelease, RequestID: "x1"}, zero: events.RunFailedEvent{}},
 		{file: "run-exec.json", full: events.RunExecEvent{RunID: "r1", CompanyID: "c1", At: at, ExecID: "01K3", Seq: 2, Command: "claude", Stream: events.ExecStdout, Text: "x", Exit: &exit, RecordingStopped: events.BudgetRun, Agent: &agent}, zero: events.RunExecEvent{}},
 		{file: "run-exec.json", path: []string{"exit"}, full: exit, zero: events.ExecExit{}},
 		{file: "run-exec.json", path: []string{"agent"}, full: agent, zero: events.AgentResult{}},
 		{file: "run-exec.json", path: []string{"agent", "usage"}, full: usage, zero: events.AgentUsage{}},
 		{file: "run-suspended.json", full: events.RunSuspendedEvent{RunID: "r1", CompanyID: "c1", At: at, ProviderLeaseID: "pc-1", Generation: 1, VolumeClaim: "pc-1-home"}, zero: events.RunSuspendedEvent{}},
-		{file: "run-resumed.json", full: events.RunResumedEvent{RunID: "r1", CompanyID: "c1", At: at, ProviderLeaseID: "pc-1", From: events.ResumedFromSuspended, Generation: 1, Resumes: 2}, zero: events.RunResumedEvent{}},
+		{file: "run-resumed.json", full: events.RunResumedEvent{RunID: "r1", CompanyID: "c1", At: at, ProviderLeaseID: "pc-1", From: events.ResumedFromSuspended, Generation: 1, Resumes: 2, ResumeID: "x1"}, zero: events.RunResumedEvent{}},
 	}
 }
 
@@ -203,8 +205,8 @@ func TestEverySchemaIsCovered(t *testing.T) {
 			t.Errorf("%s has no schemaCase", f)
 		}
 	}
-	if len(files) != 12 {
-		t.Errorf("found %d schemas, want 12", len(files))
+	if len(files) != 13 {
+		t.Errorf("found %d schemas, want 13", len(files))
 	}
 }
 
@@ -248,6 +250,9 @@ func TestDocExamples(t *testing.T) {
 			case "lease-release":
 				subj, _ := s.Lease(ids.CompanyID, events.LeaseDestroy)
 				_, err = s.DecodeRelease(subj, body)
+			case "lease-resume":
+				subj, _ := s.Lease(ids.CompanyID, events.LeaseResume)
+				_, err = s.DecodeResume(subj, body)
 			case "kubeclip-dispatch":
 				subj, _ := events.DispatchSubject(ids.CompanyID, ids.RunID)
 				_, err = events.DecodeDispatch(subj, body)

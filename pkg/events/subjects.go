@@ -40,10 +40,12 @@ const (
 	LeaseAcquire LeaseKind = "acquire"
 	LeaseRelease LeaseKind = "release"
 	LeaseDestroy LeaseKind = "destroy"
+	// LeaseResume resumes a reusable lease (ResumeRequest).
+	LeaseResume LeaseKind = "resume"
 )
 
 func (k LeaseKind) valid() bool {
-	return k == LeaseAcquire || k == LeaseRelease || k == LeaseDestroy
+	return k == LeaseAcquire || k == LeaseRelease || k == LeaseDestroy || k == LeaseResume
 }
 
 // RunKind names a run event subject's last token.

@@ -106,7 +106,39 @@ func (s RunSpec) execPodTemplate() corev1.PodTemplateSpec {
 		corev1.Volume{Name: sandboxdBinVolume, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{SizeLimit: &binSize}}},
 		corev1.Volume{Name: sandboxdRunVolume, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{SizeLimit: &runSize}}},
 		corev1.Volume{Name: sandboxdSeedVolume, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{Medium: corev1.StorageMediumMemory, SizeLimit: &seedSize}}})
+	if s.VolumeClaim != "" {
+		onLeaseVolume(spec, s.VolumeClaim)
+	}
 	return tmpl
+}
+
+// A reusable lease's pod keeps the workspace and the agent's home on the lease's volume claim,
+// each in a directory of its own, so the agent's next run (the same pod, or a new one on the same
+// claim) finds both: the files it left, its sessions under $HOME (Claude Code's ~/.claude). The
+// cache under $HOME/.cache, /tmp and sandboxd's directories stay per pod.
+const (
+	// LeaseVolumeName is the pod volume of the lease's claim.
+	LeaseVolumeName = "lease-data"
+	// LeaseWorkspaceDir and LeaseHomeDir are the claim's directories mounted at /workspace and
+	// at $HOME.
+	LeaseWorkspaceDir = "workspace"
+	LeaseHomeDir      = "home"
+)
+
+// onLeaseVolume mounts the claim's directories where the pod's workspace and home emptyDirs
+// were, and drops those.
+func onLeaseVolume(spec *corev1.PodSpec, claim string) {
+	onClaim := map[string]string{"workspace": LeaseWorkspaceDir, "home": LeaseHomeDir}
+	agent := &spec.Containers[0]
+	for i, m := range agent.VolumeMounts {
+		if dir, ok := onClaim[m.Name]; ok {
+			agent.VolumeMounts[i].Name, agent.VolumeMounts[i].SubPath = LeaseVolumeName, dir
+		}
+	}
+	spec.Volumes = slices.DeleteFunc(spec.Volumes, func(v corev1.Volume) bool { _, ok := onClaim[v.Name]; return ok })
+	spec.Volumes = append(spec.Volumes, corev1.Volume{Name: LeaseVolumeName, VolumeSource: corev1.VolumeSource{
+		PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: claim},
+	}})
 }
 
 // secretEnv is the agent container's environment from the run Secret: BOOTSTRAP_TOKEN and

@@ -60,6 +60,9 @@ type RunSpec struct {
 	// the lease's sandboxd seed, which only the init container reads. A Job's pod takes the
 	// whole Secret. BOOTSTRAP_TOKEN is always among them.
 	SecretEnvKeys []string
+	// VolumeClaim is a reusable lease's PersistentVolumeClaim (LeaseClaimName): its pod keeps
+	// the workspace and the agent's home on it (RenderPod). Empty for any other lease.
+	VolumeClaim string
 }
 
 // Validate checks the fields the rendered objects need, naming each bad one (runId, agentId,

@@ -109,6 +109,48 @@ func TestRenderSandboxGolden(t *testing.T) {
 func TestRenderPodGolden(t *testing.T) {
 	checkGoldenUnstructured(t, "run/pod-defaults.yaml", policy.RenderPod(testRunSpec(policy.DefaultConfig())))
 	checkGoldenUnstructured(t, "run/pod-overrides.yaml", policy.RenderPod(overrideSpec(t)))
+	reusable := testRunSpec(policy.DefaultConfig())
+	reusable.VolumeClaim = policy.LeaseClaimName(reusable.WorkloadName)
+	checkGoldenUnstructured(t, "run/pod-reusable.yaml", policy.RenderPod(reusable))
+}
+
+// A reusable lease's pod is the exec pod with its workspace and home on the lease's claim: the
+// same mount paths (so the agent finds them where it always does), each a directory of the
+// claim, and nothing else moved there.
+func TestReusablePodKeepsWorkspaceAndHomeOnItsClaim(t *testing.T) {
+	spec := testRunSpec(policy.DefaultConfig())
+	plain := policy.RenderPod(spec)
+	spec.VolumeClaim = "lease-1-data"
+	pod := policy.RenderPod(spec)
+
+	type mount struct{ Volume, SubPath string }
+	mounts := map[string]mount{}
+	for _, m := range pod.Spec.Containers[0].VolumeMounts {
+		mounts[m.MountPath] = mount{m.Name, m.SubPath}
+	}
+	if diff := cmp.Diff(mount{policy.LeaseVolumeName, policy.LeaseWorkspaceDir}, mounts["/workspace"]); diff != "" {
+		t.Errorf("/workspace mount (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff(mount{policy.LeaseVolumeName, policy.LeaseHomeDir}, mounts["/home/paperclip"]); diff != "" {
+		t.Errorf("$HOME mount (-want +got):\n%s", diff)
+	}
+	var claims []string
+	volumes := map[string]bool{}
+	for _, v := range pod.Spec.Volumes {
+		volumes[v.Name] = true
+		if v.PersistentVolumeClaim != nil {
+			claims = append(claims, v.Name+"="+v.PersistentVolumeClaim.ClaimName)
+		}
+	}
+	if diff := cmp.Diff([]string{policy.LeaseVolumeName + "=lease-1-data"}, claims); diff != "" {
+		t.Errorf("claim volumes (-want +got):\n%s", diff)
+	}
+	if volumes["workspace"] || volumes["home"] {
+		t.Errorf("the workspace and home emptyDirs are still there: %v", volumes)
+	}
+	if got, want := len(pod.Spec.Volumes), len(plain.Spec.Volumes)-1; got != want {
+		t.Errorf("%d volumes, want %d (two emptyDirs replaced by the claim)", got, want)
+	}
 }
 
 // An exec-capable pod is the Job's pod with sandboxd as its main process: the same container,

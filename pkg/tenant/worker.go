@@ -187,7 +187,7 @@ func (w *Worker) handle(ctx context.Context, m jetstream.Msg) error {
 	log := w.log.With().Str(events.LogKeyRunID, req.RunID).Str(events.LogKeyTenant, req.CompanyID).Logger()
 	rec, _, err := w.records.Create(ctx, lease.Record{
 		RunID: req.RunID, CompanyID: req.CompanyID, AgentID: req.AgentID,
-		State: lease.StateRequested, CreatedAt: w.opts.Now().UTC(),
+		State: lease.StateRequested, CreatedAt: w.opts.Now().UTC(), Reusable: req.ReuseLease,
 	})
 	if err != nil {
 		return err

@@ -23,6 +23,9 @@ func (jobWorkload) Backend() policy.Backend { return policy.BackendJob }
 func (jobWorkload) Kind() string            { return "Job" }
 
 func (w jobWorkload) Create(ctx context.Context, spec policy.RunSpec, secret *corev1.Secret) (Created, error) {
+	if spec.VolumeClaim != "" {
+		return Created{}, w.Reuse()
+	}
 	run, err := k8s.StartJobRun(ctx, w.d.Clientset, secret, policy.RenderJob(spec))
 	if err != nil {
 		return Created{}, err
@@ -68,4 +71,17 @@ func (w jobWorkload) Exists(ctx context.Context, namespace, name string) (bool, 
 		return false, fmt.Errorf("listing Jobs %s/%s: %w", namespace, name, err)
 	}
 	return len(list.Items) > 0, nil
+}
+
+// Reuse: a reusable lease needs backend pod (reuse.go).
+func (w jobWorkload) Reuse() error { return notReusable(w.Backend()) }
+
+// Suspend refuses: the backend keeps no reusable lease.
+func (w jobWorkload) Suspend(context.Context, string, string, k8s.RunDeleteOptions) error {
+	return w.Reuse()
+}
+
+// Resume refuses: the backend keeps no reusable lease.
+func (w jobWorkload) Resume(context.Context, string, string, string) (bool, error) {
+	return false, w.Reuse()
 }

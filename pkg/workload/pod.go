@@ -23,7 +23,11 @@ func (podWorkload) Backend() policy.Backend { return policy.BackendPod }
 func (podWorkload) Kind() string            { return "Pod" }
 
 func (w podWorkload) Create(ctx context.Context, spec policy.RunSpec, secret *corev1.Secret) (Created, error) {
-	run, err := k8s.StartPodRun(ctx, w.d.Clientset, secret, policy.RenderPod(spec))
+	pod := policy.RenderPod(spec)
+	if spec.VolumeClaim != "" {
+		return w.createOnClaim(ctx, spec, secret, pod)
+	}
+	run, err := k8s.StartPodRun(ctx, w.d.Clientset, secret, pod)
 	if err != nil {
 		return Created{}, err
 	}

@@ -26,6 +26,9 @@ func (sandboxWorkload) Backend() policy.Backend { return policy.BackendSandboxCR
 func (sandboxWorkload) Kind() string            { return policy.SandboxKind }
 
 func (w sandboxWorkload) Create(ctx context.Context, spec policy.RunSpec, secret *corev1.Secret) (Created, error) {
+	if spec.VolumeClaim != "" {
+		return Created{}, w.Reuse()
+	}
 	version, err := w.version()
 	if err != nil {
 		return Created{}, err
@@ -126,4 +129,17 @@ func (w sandboxWorkload) served() (version string, ok bool, err error) {
 		}
 	}
 	return "", false, nil
+}
+
+// Reuse: a reusable lease needs backend pod (reuse.go).
+func (w sandboxWorkload) Reuse() error { return notReusable(w.Backend()) }
+
+// Suspend refuses: the backend keeps no reusable lease.
+func (w sandboxWorkload) Suspend(context.Context, string, string, k8s.RunDeleteOptions) error {
+	return w.Reuse()
+}
+
+// Resume refuses: the backend keeps no reusable lease.
+func (w sandboxWorkload) Resume(context.Context, string, string, string) (bool, error) {
+	return false, w.Reuse()
 }

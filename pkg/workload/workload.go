@@ -66,6 +66,17 @@ type Workload interface {
 	// controller to make its pod. It lists (by name) rather than gets, so the run-watcher's
 	// read-only list and watch suffice.
 	Exists(ctx context.Context, namespace, name string) (bool, error)
+
+	// Reuse is nil when the backend keeps reusable leases (reuse.go), else the terminal
+	// backend_unavailable naming config.backend a reusable acquire fails with, before anything
+	// is created.
+	Reuse() error
+	// Suspend deletes a reusable lease's pod and returns once it is gone; its volume claim and
+	// Secret stay for a resume.
+	Suspend(ctx context.Context, namespace, name string, opts k8s.RunDeleteOptions) error
+	// Resume makes sure a reusable lease has a pod on its claim, ready to run commands: the
+	// pod it has, or a new one as Create made it. It reports whether it made one.
+	Resume(ctx context.Context, namespace, name, claim string) (bool, error)
 }
 
 // Deps is what the backends reach the cluster with.
@@ -103,13 +114,18 @@ type Created struct {
 	run     k8s.CreatedRun
 	cs      kubernetes.Interface
 	adopted bool // Create adopted the Secret already
+	// adopt, when set, adopts the Secret instead of run (a reusable lease's claim owns it).
+	adopt func(ctx context.Context) error
 }
 
 // AdoptSecret makes the workload the owner of the run's Secret (k8s.CreatedRun.AdoptSecret);
 // it is idempotent. The dispatcher calls it once `created` is out: the pod starts without it.
 func (c Created) AdoptSecret(ctx context.Context) error {
-	if c.adopted {
+	switch {
+	case c.adopted:
 		return nil
+	case c.adopt != nil:
+		return c.adopt(ctx)
 	}
 	return c.run.AdoptSecret(ctx, c.cs)
 }

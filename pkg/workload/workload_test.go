@@ -9,6 +9,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kubeclip/kubeclip/pkg/events"
+	"github.com/kubeclip/kubeclip/pkg/k8s"
 	"github.com/kubeclip/kubeclip/pkg/policy"
 )
 
@@ -96,4 +97,31 @@ func name[T interface {
 		return "nil"
 	}
 	return o.GetName()
+}
+
+// TestOnlyThePodBackendKeepsAReusableLease: a reusable acquire on job or sandbox-cr fails at
+// once with backend_unavailable naming config.backend, from Reuse and from every reusable
+// lease's method, and pod accepts it.
+func TestOnlyThePodBackendKeepsAReusableLease(t *testing.T) {
+	for _, w := range All(Deps{}) {
+		t.Run(string(w.Backend()), func(t *testing.T) {
+			if w.Backend() == policy.BackendPod {
+				if err := w.Reuse(); err != nil {
+					t.Fatalf("Reuse() = %v, want nil", err)
+				}
+				return
+			}
+			_, resumeErr := w.Resume(t.Context(), "ns", "pc-1", "pc-1-data")
+			_, createErr := w.Create(t.Context(), policy.RunSpec{VolumeClaim: "pc-1-data"}, nil)
+			for name, err := range map[string]error{
+				"Reuse": w.Reuse(), "Suspend": w.Suspend(t.Context(), "ns", "pc-1", k8s.RunDeleteOptions{}),
+				"Resume": resumeErr, "Create": createErr,
+			} {
+				te, ok := events.AsTerminal(err)
+				if !ok || te.Code != events.CodeBackendUnavailable || te.Field != "config.backend" {
+					t.Errorf("%s() = %v, want terminal backend_unavailable naming config.backend", name, err)
+				}
+			}
+		})
+	}
 }

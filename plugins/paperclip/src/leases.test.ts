@@ -161,6 +161,61 @@ describe("leases", () => {
     }
   });
 
+  it("resumes a reusable lease and takes only the answer carrying its resumeId", async () => {
+    const r = runId();
+    // An earlier run's resume answered, and another request's failure: neither is this one's.
+    await env.kubeclip.publishRun(C, r, "resumed", { providerLeaseId: "pc-1", from: "retained", generation: 0, resumes: 1, resumeId: "earlier" });
+    await env.kubeclip.publishRun(C, r, "failed", { code: "lease_not_found", message: "gone", request: "resume", requestId: "other" });
+    env.kubeclip.onResume = () => ({ kind: "resumed", from: "suspended", generation: 1, resumes: 2 });
+    try {
+      const resumed = await leases.resume({ runId: r, companyId: C, providerLeaseId: "pc-1", resumeId: "this-one" }, opts);
+      assert.deepEqual(resumed, { providerLeaseId: "pc-1", from: "suspended", generation: 1, resumes: 2 });
+    } finally {
+      env.kubeclip.onResume = () => ({ kind: "resumed" });
+    }
+    const req = env.kubeclip.requests.find((q) => q.payload.runId === r && q.kind === "resume");
+    assert.ok(req);
+    assert.equal(req.subject, `paperclip.lease.${C}.resume`);
+    assert.deepEqual(req.payload, { runId: r, companyId: C, providerLeaseId: "pc-1", resumeId: "this-one" });
+    assert.equal(req.headers["Nats-Msg-Id"], `${C}.${r}.resume.this-one`);
+    assert.equal(req.headers["ce-type"], "io.paperclip.lease.resume.v1");
+  });
+
+  it("throws the failure of its own resume (lease_not_found for a lease kubeclip no longer has)", async () => {
+    env.kubeclip.onResume = () => ({ kind: "failed", code: "lease_not_found", message: "lease pc-1 is gone (collected); acquire a new one", field: "providerLeaseId" });
+    try {
+      await assert.rejects(leases.resume({ runId: runId(), companyId: C, providerLeaseId: "pc-1", resumeId: "x" }, opts), (err: unknown) => {
+        assert.ok(err instanceof KubeclipError);
+        assert.equal(err.code, "lease_not_found");
+        return true;
+      });
+    } finally {
+      env.kubeclip.onResume = () => ({ kind: "resumed" });
+    }
+  });
+
+  it("a named release is answered by the released carrying its releaseId, not an earlier run's", async () => {
+    const r = runId();
+    await env.kubeclip.publishRun(C, r, "released", { providerLeaseId: "pc-1", state: "stopped", releaseId: "0" });
+    let answered = false;
+    env.kubeclip.onRelease = async (req) => {
+      await new Promise((res) => setTimeout(res, 200));
+      answered = true;
+      return { kind: "released", state: req.kind === "destroy" ? "destroyed" : "stopped" };
+    };
+    try {
+      const released = await leases.release({ runId: r, companyId: C, providerLeaseId: "pc-1", cancelActiveWork: false, releaseId: "1" }, "release", opts);
+      assert.deepEqual(released, { providerLeaseId: "pc-1", state: "stopped" });
+      assert.ok(answered, "took the earlier run's released as its answer");
+    } finally {
+      env.kubeclip.onRelease = (req) => ({ kind: "released", state: req.kind === "destroy" ? "destroyed" : "stopped" });
+    }
+    const req = env.kubeclip.requests.find((q) => q.payload.runId === r && q.kind === "release");
+    assert.ok(req);
+    assert.equal(req.headers["Nats-Msg-Id"], `${C}.${r}.release.1`);
+    assert.equal(req.payload.releaseId, "1");
+  });
+
   it("reports missing streams as kubeclip unreachable", async () => {
     const other = new Leases(env.nc, "nostreams");
     await assert.rejects(other.acquire({ runId: runId(), companyId: C, environmentId: "e", agentId: "a", config: {} }, opts), /kubeclip unreachable at nats:\/\/test: streams NOSTREAMS_LEASES\/NOSTREAMS_RUNS not found/);

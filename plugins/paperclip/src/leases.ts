@@ -1,16 +1,18 @@
-// Lease requests on JetStream (docs/events.md): publish acquire/release/destroy to
+// Lease requests on JetStream (docs/events.md): publish acquire/release/destroy/resume to
 // `<prefix>.lease.<companyId>.<kind>` and follow the run's events until kubeclip answers.
 //
 // The follower is created (and the server has acknowledged it) before the request is published,
 // and it delivers the run's whole history: an answer that comes before the plugin is listening,
-// or that a previous attempt already got, is never missed.
+// or that a previous attempt already got, is never missed. A reusable lease is released and
+// resumed once per run: those requests name themselves (releaseId, resumeId), and only the answer
+// carrying the same id is theirs.
 
 import { DeliverPolicy, jetstream, type ConsumerMessages, type JetStreamClient } from "@nats-io/jetstream";
 import { headers, type NatsConnection } from "@nats-io/transport-node";
 import { KubeclipError, ProtocolError, TimeoutError, UnreachableError, errorMessage } from "./errors.js";
 import { Fields, encode, parseObject, type JsonObject } from "./json.js";
 
-export type LeaseKind = "acquire" | "release" | "destroy";
+export type LeaseKind = "acquire" | "release" | "destroy" | "resume";
 
 export interface AcquireRequest {
   runId: string;
@@ -22,6 +24,8 @@ export interface AcquireRequest {
   executionWorkspaceSettings?: JsonObject | undefined;
   requestedExpiresAt?: string | undefined;
   config: JsonObject;
+  /** A reusable lease: its workspace and the agent's home outlive the run (backend pod). */
+  reuseLease?: boolean | undefined;
 }
 
 export interface ReleaseRequest {
@@ -29,6 +33,23 @@ export interface ReleaseRequest {
   companyId: string;
   providerLeaseId: string;
   cancelActiveWork: boolean;
+  /** Names this release among a reusable lease's releases (one per run). */
+  releaseId?: string | undefined;
+}
+
+export interface ResumeRequest {
+  runId: string;
+  companyId: string;
+  providerLeaseId: string;
+  /** Names this resume: the message id and the answer carry it. */
+  resumeId: string;
+}
+
+export interface ResumedEvent {
+  providerLeaseId: string;
+  from: "retained" | "suspended";
+  generation: number;
+  resumes: number;
 }
 
 export interface CreatedEvent {
@@ -86,6 +107,7 @@ export class Leases {
     if (req.executionWorkspaceSettings) payload.executionWorkspaceSettings = req.executionWorkspaceSettings;
     if (req.requestedExpiresAt) payload.requestedExpiresAt = req.requestedExpiresAt;
     payload.config = req.config;
+    if (req.reuseLease) payload.reuseLease = true;
     return this.request(req.companyId, req.runId, "acquire", payload, [`${this.runSubjectBase(req)}.*`], opts, (kind, ev) => {
       if (kind === "created") return decodeCreated(ev);
       return undefined;
@@ -103,14 +125,28 @@ export class Leases {
       providerLeaseId: req.providerLeaseId,
     };
     if (req.cancelActiveWork) payload.cancelActiveWork = true;
+    if (req.releaseId) payload.releaseId = req.releaseId;
     const base = this.runSubjectBase(req);
     return this.request(req.companyId, req.runId, kind, payload, [`${base}.released`, `${base}.failed`], opts, (k, ev) => {
-      if (k !== "released") return undefined;
+      if (k !== "released" || !answers(ev, "releaseId", req.releaseId)) return undefined;
       const r = decodeReleased(ev);
       // A destroy needs the workload gone; an earlier release's `stopped` is not its answer.
       if (kind === "destroy" && r.state !== "destroyed") return undefined;
       return r;
     });
+  }
+
+  /**
+   * Publishes a resume of a reusable lease and waits for its `resumed` (returned) or `failed`
+   * (thrown; `lease_not_found` for a lease kubeclip no longer has).
+   */
+  async resume(req: ResumeRequest, opts: WaitOptions): Promise<ResumedEvent> {
+    const payload: JsonObject = { runId: req.runId, companyId: req.companyId, providerLeaseId: req.providerLeaseId, resumeId: req.resumeId };
+    const base = this.runSubjectBase(req);
+    return this.request(req.companyId, req.runId, "resume", payload, [`${base}.resumed`, `${base}.failed`], opts, (k, ev) => {
+      if (k !== "resumed" || !answers(ev, "resumeId", req.resumeId)) return undefined;
+      return decodeResumed(ev);
+    }, req.resumeId);
   }
 
   private runSubjectBase(ids: { companyId: string; runId: string }): string {
@@ -125,6 +161,7 @@ export class Leases {
     filter: string[],
     opts: WaitOptions,
     decide: (kind: string, ev: JsonObject) => T | undefined,
+    requestId: string | undefined = typeof payload.releaseId === "string" ? payload.releaseId : undefined,
   ): Promise<T> {
     const deadline = Date.now() + opts.timeoutMs;
     const abort = new AbortController();
@@ -139,7 +176,7 @@ export class Leases {
     try {
       messages = await bounded(this.follow(filter), abort.signal);
       abort.signal.addEventListener("abort", () => messages?.stop(), { once: true });
-      await bounded(this.publish(companyId, runId, kind, payload, deadline), abort.signal);
+      await bounded(this.publish(companyId, runId, kind, payload, deadline, requestId), abort.signal);
       for await (const m of messages) {
         const k = m.subject.slice(m.subject.lastIndexOf(".") + 1);
         // kubeclip's events carry their CloudEvents type. JetStream itself stores its answer to a
@@ -153,7 +190,11 @@ export class Leases {
         } catch {
           continue; // not ours to judge; the run stream is kubeclip's
         }
-        if (k === "failed") throw decodeFailed(ev);
+        // A failure answers the request that carries the same id (none: the run's own).
+        if (k === "failed") {
+          if (!answers(ev, "requestId", requestId)) continue;
+          throw decodeFailed(ev);
+        }
         const result = decide(k, ev);
         if (result !== undefined) return result;
       }
@@ -181,9 +222,9 @@ export class Leases {
     return consumer.consume({ max_messages: 64 });
   }
 
-  private async publish(companyId: string, runId: string, kind: LeaseKind, payload: JsonObject, deadline: number): Promise<void> {
+  private async publish(companyId: string, runId: string, kind: LeaseKind, payload: JsonObject, deadline: number, requestId?: string): Promise<void> {
     const subject = `${this.prefix}.lease.${companyId}.${kind}`;
-    const id = `${companyId}.${runId}.${kind}`;
+    const id = requestId ? `${companyId}.${runId}.${kind}.${requestId}` : `${companyId}.${runId}.${kind}`;
     const h = headers();
     h.set("ce-specversion", "1.0");
     h.set("ce-type", `io.paperclip.lease.${kind}.v1`);
@@ -238,6 +279,19 @@ function decodeReleased(ev: JsonObject): ReleasedEvent {
   const state = f.str("state");
   if (state !== "stopped" && state !== "destroyed") throw new ProtocolError(`released event: state ${state} is not stopped or destroyed`);
   return { providerLeaseId: f.str("providerLeaseId"), state };
+}
+
+/** Whether ev answers the request named id (undefined: a request that named itself not). */
+function answers(ev: JsonObject, key: string, id: string | undefined): boolean {
+  const got = typeof ev[key] === "string" ? ev[key] : undefined;
+  return got === id;
+}
+
+function decodeResumed(ev: JsonObject): ResumedEvent {
+  const f = new Fields(ev, "resumed event");
+  const from = f.str("from");
+  if (from !== "retained" && from !== "suspended") throw new ProtocolError(`resumed event: from ${from} is not retained or suspended`);
+  return { providerLeaseId: f.str("providerLeaseId"), from, generation: f.optInt("generation") ?? 0, resumes: f.optInt("resumes") ?? 0 };
 }
 
 function decodeFailed(ev: JsonObject): KubeclipError {

@@ -9,6 +9,12 @@ export const PLUGIN_ID = "kubeclip.paperclip-sandbox-provider";
 /** Kept equal to package.json's version (a test pins it). */
 export const PLUGIN_VERSION = "0.1.0";
 export const DRIVER_KEY = "kubernetes";
+/**
+ * Whether kubeclip declares reusable leases to the host. The hooks are there (resume, a reusable
+ * release and destroy: plugin.ts, leases.ts) and kubeclip keeps such leases (docs/reuse/wire.md),
+ * but the declaration waits until tests/paperclip has run them through the real host.
+ */
+export const REUSABLE_LEASES = false;
 
 const manifest: PaperclipPluginManifestV1 = {
   id: PLUGIN_ID,
@@ -35,7 +41,7 @@ const manifest: PaperclipPluginManifestV1 = {
       // reuse (a lease is one run's pod); native file sync both ways (sandboxd untar/tar over
       // the exec service), any number of transfers at once (each its own exec).
       sandboxCapabilities: {
-        reusableLeases: false,
+        reusableLeases: REUSABLE_LEASES,
         persistentProcessSessions: false,
         independentControlCommands: true,
         nativeSyncIn: true,

@@ -11,6 +11,7 @@
 // Logs carry run and lease ids only: never config values, env, stdin or credentials.
 
 import { AsyncResource } from "node:async_hooks";
+import { randomUUID } from "node:crypto";
 import { jetstreamManager } from "@nats-io/jetstream";
 import {
   definePlugin,
@@ -25,6 +26,7 @@ import {
   type PluginEnvironmentSyncInParams,
   type PluginEnvironmentSyncOutParams,
   type PluginEnvironmentSyncResult,
+  type PluginEnvironmentResumeLeaseParams,
   type PluginEnvironmentTerminationReceipt,
   type PluginEnvironmentValidationResult,
 } from "@paperclipai/plugin-sdk";
@@ -48,11 +50,12 @@ import {
   type PluginKeys,
 } from "./config.js";
 import { EnvPolicy } from "./envpolicy.js";
-import { ConfigError, UnreachableError, errorMessage, scrub } from "./errors.js";
+import { ConfigError, KubeclipError, TimeoutError, UnreachableError, errorMessage, scrub } from "./errors.js";
 import { runExec, type ExecOptions, type ExecResult, type ExecSpec } from "./exec.js";
 import { CompanyLimiter } from "./limiter.js";
 import { findCaseVariantKey, isObject, type JsonObject } from "./json.js";
 import { Leases } from "./leases.js";
+import { REUSABLE_LEASES } from "./manifest.js";
 import { LiveLog } from "./livelog.js";
 import { ConnectionPool } from "./nats.js";
 import { StatsBook } from "./stats.js";
@@ -72,6 +75,8 @@ export interface PluginOptions {
   exec?: { silenceMs?: number; graceMs?: number; maxOutputBytes?: number };
   /** How long an execute waits for a slot of its company (default 60 s; tests shorten it). */
   executeSlotWaitMs?: number;
+  /** Whether an acquire may ask for a reusable lease (default: the manifest's REUSABLE_LEASES). */
+  reusableLeases?: boolean;
 }
 
 /** kubeclip's state in lease metadata: one key, because metadata keys override config keys. */
@@ -82,10 +87,15 @@ export interface KubeclipLeaseMetadata {
   workloadName: string;
   backend: string;
   adapterType?: string;
+  /** A reusable lease (acquired with reuseLease): the host resumes it for the agent's next run. */
+  reusable?: boolean;
+  /** How often it was resumed; names each run's release (releaseId). */
+  resumes?: number;
 }
 
 export function createPlugin(options: PluginOptions = {}): PaperclipPlugin {
   const pool = new ConnectionPool();
+  const reusableLeases = options.reusableLeases ?? REUSABLE_LEASES;
   /** In-flight executes per lease, aborted by a release with cancelActiveWork. */
   const inflight = new Map<string, Set<AbortController>>();
   /** Hook calls and execute durations per lease, logged when it ends. */
@@ -180,6 +190,8 @@ export function createPlugin(options: PluginOptions = {}): PaperclipPlugin {
       workloadName: typeof k.workloadName === "string" ? k.workloadName : "",
       backend: typeof k.backend === "string" ? k.backend : "",
       ...(typeof k.adapterType === "string" ? { adapterType: k.adapterType } : {}),
+      ...(k.reusable === true ? { reusable: true } : {}),
+      ...(typeof k.resumes === "number" && Number.isSafeInteger(k.resumes) && k.resumes >= 0 ? { resumes: k.resumes } : {}),
     };
   }
 
@@ -192,6 +204,11 @@ export function createPlugin(options: PluginOptions = {}): PaperclipPlugin {
     const meta = leaseMetadata(params.leaseMetadata, "leaseMetadata");
     const companyId = companyOf(meta, params.companyId, "leaseMetadata");
     const cancel = params.cancelActiveWork === true;
+    // A reusable lease the host cannot resume (its lease has no reuse scope: a run without an
+    // execution workspace, docs/reuse/host-rules.md §1) is destroyed, not kept. Each of its
+    // releases names itself by the resume it follows: a retried one is the same request.
+    if (meta.reusable && kind === "release" && !isObject(params.leaseMetadata?.reusableSandboxLease)) kind = "destroy";
+    const releaseId = meta.reusable ? String(meta.resumes ?? 0) : undefined;
     if (cancel) {
       for (const c of inflight.get(providerLeaseId) ?? []) c.abort();
     }
@@ -203,7 +220,7 @@ export function createPlugin(options: PluginOptions = {}): PaperclipPlugin {
     const t0 = Date.now();
     try {
       const released = await leases.release(
-        { runId: meta.runId, companyId, providerLeaseId, cancelActiveWork: cancel },
+        { runId: meta.runId, companyId, providerLeaseId, cancelActiveWork: cancel, releaseId },
         kind,
         { timeoutMs: conn.timeoutMs ?? DEFAULT_RPC_BUDGET_MS, display: conn.display },
       );
@@ -241,6 +258,44 @@ export function createPlugin(options: PluginOptions = {}): PaperclipPlugin {
       release?.();
       set.delete(controller);
       if (set.size === 0) inflight.delete(spec.providerLeaseId);
+    }
+  }
+
+  /**
+   * Resumes a reusable lease for the agent's next run. A lease kubeclip no longer has (destroyed,
+   * collected, not reusable) is answered with no lease, so the host destroys it and acquires
+   * afresh (docs/reuse/host-rules.md §3); anything else that goes wrong is thrown.
+   */
+  async function resumeLease(params: PluginEnvironmentResumeLeaseParams): Promise<PluginEnvironmentLease> {
+    const meta = leaseMetadata(params.leaseMetadata, "leaseMetadata");
+    const companyId = companyOf(meta, params.companyId, "leaseMetadata");
+    const gone: PluginEnvironmentLease = { providerLeaseId: null, metadata: { expired: true } };
+    if (!meta.reusable || params.providerLeaseId !== meta.workloadName) return gone;
+    const conn = await connectionFor(params.config, params.companyId);
+    const leases = new Leases(await pool.get(conn), conn.prefix);
+    const log = context().logger;
+    const t0 = Date.now();
+    try {
+      const r = await leases.resume(
+        { runId: meta.runId, companyId, providerLeaseId: params.providerLeaseId, resumeId: randomUUID() },
+        { timeoutMs: conn.timeoutMs ?? DEFAULT_RPC_BUDGET_MS, display: conn.display },
+      );
+      stats.of(params.providerLeaseId).hook("resumeLease");
+      log.info("lease resumed", { runId: meta.runId, providerLeaseId: params.providerLeaseId, from: r.from, generation: r.generation, resumeMs: Date.now() - t0 });
+      const remoteCwd = typeof params.leaseMetadata?.remoteCwd === "string" ? params.leaseMetadata.remoteCwd : REMOTE_CWD;
+      // The answer's metadata replaces the lease's: everything later hooks read goes back.
+      return { providerLeaseId: params.providerLeaseId, metadata: { remoteCwd, kubeclip: { ...meta, resumes: r.resumes } } };
+    } catch (err) {
+      if (err instanceof KubeclipError && err.code === "lease_not_found") {
+        log.info("lease gone; the host acquires afresh", { runId: meta.runId, providerLeaseId: params.providerLeaseId });
+        return gone;
+      }
+      // The host retries a resume within its minute only when the error reads as transient
+      // (host-rules.md §3); a retry continues the same resume (a new pod is waited for, not made
+      // twice).
+      if (err instanceof TimeoutError) throw new TimeoutError(`resume of lease ${params.providerLeaseId} timed out: ${err.message}`);
+      log.warn("lease resume failed", { runId: meta.runId, providerLeaseId: params.providerLeaseId, error: scrub(errorMessage(err), conn.secrets) });
+      throw err;
     }
   }
 
@@ -467,10 +522,12 @@ export function createPlugin(options: PluginOptions = {}): PaperclipPlugin {
       if (dup) throw new Error(`${dup}: keys differ only in case; kubeclip refuses such payloads`);
       const s = await settings(params.companyId);
       const conn = resolveConnection(s, readEnvironmentKeys(split.plugin));
+      // Reusable only when declared and the host can find the lease again (host-rules.md §1).
+      const reuse = reusableLeases && params.config.reuseLease === true && !!params.executionWorkspaceId;
       const nc = await pool.get(conn);
       const leases = new Leases(nc, conn.prefix);
       const log = context().logger;
-      log.info("lease acquire requested", { runId: params.runId });
+      log.info("lease acquire requested", { runId: params.runId, reuseLease: reuse });
       const t0 = Date.now();
       const created = await leases.acquire(
         {
@@ -483,6 +540,7 @@ export function createPlugin(options: PluginOptions = {}): PaperclipPlugin {
           executionWorkspaceSettings: params.executionWorkspaceSettings ?? undefined,
           requestedExpiresAt: params.requestedExpiresAt ?? undefined,
           config: split.provider,
+          reuseLease: reuse,
         },
         { timeoutMs: conn.timeoutMs ?? DEFAULT_RPC_BUDGET_MS, display: conn.display },
       ).catch((err: unknown) => {
@@ -498,6 +556,7 @@ export function createPlugin(options: PluginOptions = {}): PaperclipPlugin {
         workloadName: created.workloadName,
         backend: created.backend,
         ...(params.adapterType ? { adapterType: params.adapterType } : {}),
+        ...(reuse ? { reusable: true, resumes: 0 } : {}),
       };
       // A backend that runs no commands (job) has no sandboxd to sync through, and an operator
       // may turn native sync off (settings.nativeSync: false, say while pods still run a sandboxd
@@ -537,6 +596,10 @@ export function createPlugin(options: PluginOptions = {}): PaperclipPlugin {
 
     async onEnvironmentSyncOut(params): Promise<PluginEnvironmentSyncResult> {
       return sync(params, "out");
+    },
+
+    async onEnvironmentResumeLease(params) {
+      return resumeLease(params);
     },
 
     async onEnvironmentReleaseLease(params) {

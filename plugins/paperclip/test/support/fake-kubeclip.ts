@@ -18,6 +18,7 @@ export type Answer =
   | { kind: "created"; extra?: JsonObject }
   | { kind: "failed"; code: string; message: string; field?: string }
   | { kind: "released"; state?: "stopped" | "destroyed" }
+  | { kind: "resumed"; from?: "retained" | "suspended"; generation?: number; resumes?: number }
   | { kind: "silent" }
   | { kind: "events"; events: { kind: string; payload: JsonObject }[] };
 
@@ -29,6 +30,7 @@ export class FakeKubeclip {
     kind: "released",
     state: req.kind === "destroy" ? "destroyed" : "stopped",
   });
+  onResume: (req: LeaseRequest) => Answer | Promise<Answer> = () => ({ kind: "resumed" });
   /** The api.validate verdict; undefined = no responder. */
   onValidate: ((config: JsonObject) => JsonObject) | undefined = (config) => ({ ok: true, errors: [], warnings: [], normalizedConfig: { backend: "pod", ...config } });
   pingReplies: JsonObject[] = [
@@ -111,7 +113,10 @@ export class FakeKubeclip {
     this.requests.push(req);
     const companyId = String(payload.companyId);
     const runId = String(payload.runId);
-    const answer = kind === "acquire" ? await this.onAcquire(req) : await this.onRelease(req);
+    const answer =
+      kind === "acquire" ? await this.onAcquire(req) : kind === "resume" ? await this.onResume(req) : await this.onRelease(req);
+    // As kubeclip: an answer carries the id its request named itself with.
+    const requestId = typeof payload.resumeId === "string" ? payload.resumeId : typeof payload.releaseId === "string" ? payload.releaseId : undefined;
     const workload = `pc-${runId.slice(0, 8)}`;
     switch (answer.kind) {
       case "created":
@@ -129,13 +134,25 @@ export class FakeKubeclip {
         await this.publishRun(companyId, runId, "failed", {
           code: answer.code,
           message: answer.message,
+          request: kind,
           ...(answer.field ? { field: answer.field } : {}),
+          ...(requestId ? { requestId } : {}),
         });
         break;
       case "released":
         await this.publishRun(companyId, runId, "released", {
           providerLeaseId: String(payload.providerLeaseId),
           state: answer.state ?? "stopped",
+          ...(typeof payload.releaseId === "string" ? { releaseId: payload.releaseId } : {}),
+        });
+        break;
+      case "resumed":
+        await this.publishRun(companyId, runId, "resumed", {
+          providerLeaseId: String(payload.providerLeaseId),
+          from: answer.from ?? "retained",
+          generation: answer.generation ?? 0,
+          resumes: answer.resumes ?? 1,
+          resumeId: String(payload.resumeId),
         });
         break;
       case "events":

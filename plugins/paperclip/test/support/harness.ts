@@ -83,6 +83,7 @@ export async function harnessed(
       onValidateConfig: (p) => need(d.onEnvironmentValidateConfig?.bind(d))(p),
       onProbe: (p) => need(d.onEnvironmentProbe?.bind(d))(p),
       onAcquireLease: (p) => need(d.onEnvironmentAcquireLease?.bind(d))(p),
+      onResumeLease: (p) => need(d.onEnvironmentResumeLease?.bind(d))(p),
       onReleaseLease: (p) => need(d.onEnvironmentReleaseLease?.bind(d))(p),
       onDestroyLease: (p) => need(d.onEnvironmentDestroyLease?.bind(d))(p),
       onRealizeWorkspace: (p) => need(d.onEnvironmentRealizeWorkspace?.bind(d))(p),

@@ -1,0 +1,238 @@
+package workload
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/kubeclip/kubeclip/pkg/events"
+	"github.com/kubeclip/kubeclip/pkg/k8s"
+	"github.com/kubeclip/kubeclip/pkg/policy"
+)
+
+// A reusable lease (docs/reuse/host-rules.md) outlives its run: its workspace and the agent's
+// home are on a volume claim of its own (policy.RenderLeaseClaim), its pod is deleted when it
+// has been idle for the operator's window (suspend) and made again on the same claim when the
+// host resumes it. Only backend pod does this today; job and sandbox-cr refuse a reusable lease
+// at its acquire (Reuse), before anything is created. (agent-sandbox's own operatingMode and
+// volumeClaimTemplates, for sandbox-cr where v1beta1 is served, are left for later.)
+
+// PodTemplateAnnotation is the claim annotation holding the pod a reusable lease's Create made
+// (as JSON): a resume of a suspended lease makes exactly that pod again, whatever the company's
+// config says by then (the host destroys a lease whose config changed), and with no need of
+// the acquire, which is long gone from the work queue. The pod holds no secret: the agent
+// takes the run Secret's keys by reference.
+const PodTemplateAnnotation = "kubeclip.io/pod"
+
+// notReusable is the refusal of a backend that keeps no reusable lease.
+func notReusable(b policy.Backend) error {
+	return events.Terminalf(events.CodeBackendUnavailable, "config.backend",
+		"backend %q cannot keep a reusable lease (reuseLease); use backend %q", b, policy.BackendPod)
+}
+
+// CreateClaim creates a reusable lease's volume claim; one that exists for the same run (a
+// redelivered dispatch) is fine, one of another run under the name is k8s.ErrRunConflict.
+// What a refusal means (the tenant quota: quota_exceeded) is k8s.Meaning's.
+func CreateClaim(ctx context.Context, cs kubernetes.Interface, pvc *corev1.PersistentVolumeClaim) error {
+	claims := cs.CoreV1().PersistentVolumeClaims(pvc.Namespace)
+	_, err := claims.Create(ctx, pvc, metav1.CreateOptions{FieldManager: k8s.DefaultFieldManager})
+	if !apierrors.IsAlreadyExists(err) {
+		if err != nil {
+			return fmt.Errorf("creating PersistentVolumeClaim %s/%s: %w", pvc.Namespace, pvc.Name, err)
+		}
+		return nil
+	}
+	got, err := claims.Get(ctx, pvc.Name, metav1.GetOptions{})
+	if err != nil {
+		return fmt.Errorf("reading existing PersistentVolumeClaim %s/%s: %w", pvc.Namespace, pvc.Name, err)
+	}
+	if run := got.Labels[policy.LabelRunID]; run != pvc.Labels[policy.LabelRunID] {
+		return fmt.Errorf("creating PersistentVolumeClaim %s/%s: exists with %s=%q: %w", pvc.Namespace, pvc.Name, policy.LabelRunID, run, k8s.ErrRunConflict)
+	}
+	return nil
+}
+
+// DeleteClaim deletes a reusable lease's volume claim (its volume goes with it, the storage
+// class's reclaim policy permitting) and, as the claim owns it, its run Secret. Gone already is
+// success.
+func DeleteClaim(ctx context.Context, cs kubernetes.Interface, namespace, name string) error {
+	err := cs.CoreV1().PersistentVolumeClaims(namespace).Delete(ctx, name, metav1.DeleteOptions{})
+	if err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("deleting PersistentVolumeClaim %s/%s: %w", namespace, name, err)
+	}
+	return nil
+}
+
+// createOnClaim is the pod backend's Create of a reusable lease: the pod is recorded on the
+// claim (PodTemplateAnnotation) before it is created, so a resume can always make it again, and
+// the Secret and what belongs to the run (its scoped egress policy) are owned by the claim, not
+// the pod: a suspend deletes the pod and keeps them.
+func (w podWorkload) createOnClaim(ctx context.Context, spec policy.RunSpec, secret *corev1.Secret, pod *corev1.Pod) (Created, error) {
+	cs := w.d.Clientset
+	claims := cs.CoreV1().PersistentVolumeClaims(spec.Namespace)
+	claim, err := claims.Get(ctx, spec.VolumeClaim, metav1.GetOptions{})
+	if err != nil {
+		return Created{}, fmt.Errorf("reading PersistentVolumeClaim %s/%s: %w", spec.Namespace, spec.VolumeClaim, err)
+	}
+	tmpl, err := json.Marshal(pod)
+	if err != nil {
+		return Created{}, fmt.Errorf("encoding pod %s/%s: %w", pod.Namespace, pod.Name, err)
+	}
+	if claim.Annotations[PodTemplateAnnotation] != string(tmpl) {
+		patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{PodTemplateAnnotation: string(tmpl)}}})
+		if err != nil {
+			return Created{}, fmt.Errorf("encoding claim patch: %w", err)
+		}
+		if _, err := claims.Patch(ctx, claim.Name, types.MergePatchType, patch, metav1.PatchOptions{FieldManager: k8s.DefaultFieldManager}); err != nil {
+			return Created{}, fmt.Errorf("recording the pod on PersistentVolumeClaim %s/%s: %w", claim.Namespace, claim.Name, err)
+		}
+	}
+	run, err := k8s.StartPodRun(ctx, cs, secret, pod)
+	if err != nil {
+		return Created{}, err
+	}
+	owner := policy.OwnerReference("v1", "PersistentVolumeClaim", claim.Name, claim.UID)
+	return Created{
+		Owner: owner, Existed: run.Existed,
+		adopt: func(ctx context.Context) error { return adoptBy(ctx, cs, secret.Namespace, secret.Name, owner) },
+	}, nil
+}
+
+// adoptBy makes owner the controller of the Secret; the merge patch replaces the whole list, so
+// it is idempotent.
+func adoptBy(ctx context.Context, cs kubernetes.Interface, namespace, secret string, owner metav1.OwnerReference) error {
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"ownerReferences": []metav1.OwnerReference{owner}}})
+	if err != nil {
+		return fmt.Errorf("encoding owner patch: %w", err)
+	}
+	if _, err := cs.CoreV1().Secrets(namespace).Patch(ctx, secret, types.MergePatchType, patch, metav1.PatchOptions{FieldManager: k8s.DefaultFieldManager}); err != nil {
+		return fmt.Errorf("setting owner of Secret %s/%s to PersistentVolumeClaim %s: %w", namespace, secret, owner.Name, err)
+	}
+	return nil
+}
+
+// Reuse: the pod backend keeps reusable leases.
+func (podWorkload) Reuse() error { return nil }
+
+// Suspend deletes the lease's pod and waits until it is gone; its claim and Secret stay.
+func (w podWorkload) Suspend(ctx context.Context, namespace, name string, opts k8s.RunDeleteOptions) error {
+	return k8s.DeletePodRun(ctx, w.d.Clientset, namespace, name, opts)
+}
+
+// Resume makes sure the lease's pod runs and is ready: a running pod is waited for; one that
+// is gone is made again from the pod recorded on the claim; one that ended (its deadline, a
+// crash) or is being deleted is waited for until gone and then made again. It reports whether
+// it made a pod. A redelivered resume finds the pod it made (AlreadyExists, same run): no
+// second pod.
+func (w podWorkload) Resume(ctx context.Context, namespace, name, claimName string) (bool, error) {
+	cs := w.d.Clientset
+	pods := cs.CoreV1().Pods(namespace)
+	pod, err := pods.Get(ctx, name, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+	case err != nil:
+		return false, fmt.Errorf("reading pod %s/%s: %w", namespace, name, err)
+	case pod.DeletionTimestamp == nil && !podEnded(pod):
+		return false, waitReady(ctx, cs, namespace, name)
+	default:
+		if err := k8s.DeletePodRun(ctx, cs, namespace, name, k8s.RunDeleteOptions{PodGracePeriod: 1}); err != nil {
+			return false, err
+		}
+	}
+	claim, err := cs.CoreV1().PersistentVolumeClaims(namespace).Get(ctx, claimName, metav1.GetOptions{})
+	if err != nil {
+		return false, fmt.Errorf("reading PersistentVolumeClaim %s/%s: %w", namespace, claimName, err)
+	}
+	tmpl, ok := claim.Annotations[PodTemplateAnnotation]
+	if !ok {
+		return false, events.Terminalf(events.CodeInternal, "", "PersistentVolumeClaim %s/%s records no pod (%s)", namespace, claimName, PodTemplateAnnotation)
+	}
+	var next corev1.Pod
+	if err := json.Unmarshal([]byte(tmpl), &next); err != nil || next.Name != name || next.Namespace != namespace {
+		return false, events.Terminalf(events.CodeInternal, "", "PersistentVolumeClaim %s/%s records no pod %s it can make (%s)", namespace, claimName, name, PodTemplateAnnotation)
+	}
+	next.ResourceVersion, next.UID = "", ""
+	_, err = pods.Create(ctx, &next, metav1.CreateOptions{FieldManager: k8s.DefaultFieldManager})
+	if apierrors.IsAlreadyExists(err) {
+		err = nil // a redelivered resume made it
+	}
+	if err != nil {
+		return false, fmt.Errorf("creating pod %s/%s: %w", namespace, name, err)
+	}
+	return true, waitReady(ctx, cs, namespace, name)
+}
+
+// podEnded reports a pod that will run no more commands.
+func podEnded(p *corev1.Pod) bool {
+	return p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed
+}
+
+// ErrPodEnded is returned by a resume whose pod ended before it was ready.
+var ErrPodEnded = errors.New("pod ended before it was ready")
+
+// waitReady watches the pod until its Ready condition holds (sandboxd serves), it ends
+// (ErrPodEnded), or ctx is done.
+func waitReady(ctx context.Context, cs kubernetes.Interface, namespace, name string) error {
+	pods := cs.CoreV1().Pods(namespace)
+	sel := fields.OneTermEqualSelector("metadata.name", name).String()
+	for {
+		list, err := pods.List(ctx, metav1.ListOptions{FieldSelector: sel})
+		if err != nil {
+			return fmt.Errorf("reading pod %s/%s: %w", namespace, name, err)
+		}
+		if len(list.Items) == 1 {
+			if done, err := readiness(&list.Items[0]); done {
+				return err
+			}
+		}
+		wch, err := pods.Watch(ctx, metav1.ListOptions{FieldSelector: sel, ResourceVersion: list.ResourceVersion})
+		if err != nil {
+			return fmt.Errorf("watching pod %s/%s: %w", namespace, name, err)
+		}
+		done, err := watchReady(ctx, wch)
+		wch.Stop()
+		if done {
+			return err
+		}
+	}
+}
+
+// watchReady reads wch until the pod is ready or ended; done false: the watch closed, list again.
+func watchReady(ctx context.Context, wch watch.Interface) (bool, error) {
+	for {
+		select {
+		case <-ctx.Done():
+			return true, fmt.Errorf("waiting for the pod to be ready: %w", context.Cause(ctx))
+		case ev, ok := <-wch.ResultChan():
+			if !ok {
+				return false, nil
+			}
+			if p, isPod := ev.Object.(*corev1.Pod); isPod && ev.Type != watch.Deleted {
+				if done, err := readiness(p); done {
+					return true, err
+				}
+			}
+		}
+	}
+}
+
+func readiness(p *corev1.Pod) (bool, error) {
+	if podEnded(p) {
+		return true, fmt.Errorf("pod %s/%s: %w (%s)", p.Namespace, p.Name, ErrPodEnded, p.Status.Phase)
+	}
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue {
+			return true, nil
+		}
+	}
+	return false, nil
+}
