@@ -92,6 +92,7 @@ describe("worker protocol", () => {
         "environmentValidateConfig",
         "environmentProbe",
         "environmentAcquireLease",
+        "environmentResumeLease",
         "environmentReleaseLease",
         "environmentDestroyLease",
         "environmentRealizeWorkspace",
@@ -145,7 +146,7 @@ describe("worker protocol", () => {
   });
 
   it("answers undefined hooks with METHOD_NOT_IMPLEMENTED", async () => {
-    const r = await host.call("environmentResumeLease", { driverKey: "kubernetes", companyId: C, environmentId: "e", config: {}, providerLeaseId: "x" });
+    const r = await host.call("environmentRunnerIngressEndpoint", { driverKey: "kubernetes", companyId: C, environmentId: "e", config: {}, providerLeaseId: "x" });
     assert.equal(r.error?.code, -32004);
   });
 });
