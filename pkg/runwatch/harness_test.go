@@ -6,11 +6,13 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	k8sfake "k8s.io/client-go/kubernetes/fake"
 
 	"github.com/kubeclip/kubeclip/internal/natstest"
 	"github.com/kubeclip/kubeclip/pkg/events"
 	"github.com/kubeclip/kubeclip/pkg/lease"
 	"github.com/kubeclip/kubeclip/pkg/policy"
+	"github.com/kubeclip/kubeclip/pkg/workload"
 )
 
 const (
@@ -57,6 +59,8 @@ func newHarness(t *testing.T) *harness {
 	d := &deps{
 		opts: opts, log: testLogger(t), pub: pub, stream: stream,
 		leases: lease.Records{KV: leases}, cluster: &clusterCache{},
+		// An empty cluster: the workloads' lookups (reconcile's Exists) find nothing.
+		workloads: workload.Deps{Clientset: k8sfake.NewClientset()},
 	}
 	w := &Watcher{opts: opts, log: d.log, publisher: pub, trackers: map[events.RunRef]*tracker{}}
 	return &harness{js: js, stream: stream, pub: pub, d: d, w: w}
