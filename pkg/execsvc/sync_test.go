@@ -210,3 +210,40 @@ func (n *notifyingWriter) Write(p []byte) (int, error) {
 	n.n.Add(int64(k))
 	return k, err
 }
+
+// TestSyncInFailover: the replica relaying a sync in's archive dies mid-stdin; the client
+// attaches through the other and sends on from sandboxd's offset: the tree lands whole.
+func TestSyncInFailover(t *testing.T) {
+	e := newEnv(t, 2)
+	l := e.newLease(newID("co"))
+	src := t.TempDir()
+	want := syncTree(t, src, 48<<20)
+	r := &countingReader{r: localTar(t, src)}
+	target := filepath.Join(l.daemon.dir, "lease")
+	done := make(chan error, 1)
+	go func() {
+		_, err := e.client.SyncIn(syncCtx(t), l.Lease, target, r, execclient.SyncOptions{Sandboxd: sandboxdBin})
+		done <- err
+	}()
+	eventually(t, "the archive flows", func() bool { return r.n.Load() > 8<<20 })
+	e.serving().crash()
+	e.startReplica()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(want, describe(t, target)); diff != "" {
+		t.Errorf("the tree after a sync in with a failover (-want +got):\n%s", diff)
+	}
+}
+
+// countingReader counts what was read, for a test waiting on progress.
+type countingReader struct {
+	r io.Reader
+	n atomic.Int64
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	k, err := c.r.Read(p)
+	c.n.Add(int64(k))
+	return k, err
+}

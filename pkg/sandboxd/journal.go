@@ -78,6 +78,7 @@ type journal struct {
 	mem       []byte   // the frames until spilled
 	spilled   bool     // the frames are in the file at path
 	onDisk    int64    // bytes taken from disk
+	removed   bool     // remove gave the memory and disk back
 	f         *os.File // write side once spilled; nil after finish
 	size      int64
 	lastSeq   uint64
@@ -191,12 +192,17 @@ func (j *journal) finish(e execspec.Exit) execspec.Exit {
 	return e
 }
 
-// remove drops the journal's memory or file. Followers finish reading what they hold.
+// remove drops the journal's file and gives its memory back to the budget. A follower still
+// streaming it (an observer, when the exec's own client closes it) finishes from the memory it
+// still references, or from the file it has open; the memory goes with the last follower.
 func (j *journal) remove() error {
 	j.mu.Lock()
 	defer j.mu.Unlock()
+	if j.removed {
+		return nil
+	}
+	j.removed = true
 	j.budget.release(int64(len(j.mem)))
-	j.mem = nil
 	j.disk.release(j.onDisk)
 	j.onDisk = 0
 	if j.f != nil {

@@ -180,3 +180,35 @@ func TestJournalCap(t *testing.T) {
 		t.Errorf("exit = %+v", exit)
 	}
 }
+
+// TestJournalFollowAfterRemove: the exec's own client deletes the journal (its close) while an
+// observer still streams it; the observer gets the rest and the exit, not a panicking handler.
+func TestJournalFollowAfterRemove(t *testing.T) {
+	j := newJournal(filepath.Join(t.TempDir(), "x"+journalExt), 1<<20, newByteBudget(DefaultJournalMemory), newByteBudget(DefaultJournalDisk))
+	appendChunk(j, Stdout, "line 1\n")
+	f, err := j.follow(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	appendChunk(j, Stdout, "line 2\n")
+	j.finish(execspec.Exit{})
+	if err := j.remove(); err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	if err := f.stream(t.Context(), &buf, func() error { return nil }, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	hdr := make([]byte, frameHeaderSize)
+	for buf.Len() > 0 {
+		fr, err := readFrame(&buf, hdr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, fmt.Sprintf("%T", fr))
+	}
+	if diff := cmp.Diff([]string{"*sandboxd.Chunk", "*sandboxd.Chunk", "*execspec.Exit"}, got); diff != "" {
+		t.Errorf("frames after remove (-want +got):\n%s", diff)
+	}
+}
