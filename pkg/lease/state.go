@@ -82,6 +82,13 @@ func (s State) Ended() bool {
 	return s == StateReleasing || s == StateReleased || s == StateDestroyed || s == StateCollected
 }
 
+// Kept reports whether the host released a reusable lease that kubeclip keeps for a resume: its
+// pod kept for the idle window (retained), or deleted with its volume kept (suspending,
+// suspended). For the lease's run that release was its normal end, as an ordinary release is.
+func (s State) Kept() bool {
+	return s == StateRetained || s == StateSuspending || s == StateSuspended
+}
+
 // Live reports whether the lease's run may still start or run: it was neither ended nor
 // failed nor finished.
 func (s State) Live() bool {

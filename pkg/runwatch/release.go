@@ -14,8 +14,9 @@ import (
 )
 
 // leaseRelease reads what decides an exec-capable lease's end once its release began: the
-// release or destroy its lease record names, and the run's last recorded exec. It returns nil
-// while the lease is live (no release began).
+// release or destroy its lease record names (or a reusable lease's release, after which a suspend
+// deletes its pod: lease.State.Kept), and the run's last recorded exec. It returns nil while the
+// lease is live (no release began).
 //
 // The lease record says releasing before the dispatcher deletes anything, so a watcher that sees
 // the pod deleted finds the release there; the exec-worker publishes a recorded exec's final
@@ -29,7 +30,7 @@ func leaseRelease(ctx context.Context, d *deps, ref events.RunRef) (*verdict.Rel
 	if err != nil {
 		return nil, fmt.Errorf("reading the run's lease: %w", err)
 	}
-	if rec.Ending == "" {
+	if rec.Ending == "" && !rec.State.Kept() {
 		return nil, nil
 	}
 	x, err := lastAgentExec(ctx, d.stream, d.opts.Subjects, ref)

@@ -49,6 +49,7 @@ func TestTrackerStepRelease(t *testing.T) {
 	tests := []struct {
 		name       string
 		release    *events.LeaseKind // nil: the pod is deleted under the live lease
+		reusable   bool              // a reusable lease, released (retained) then suspended
 		cancel     bool
 		account    *events.AgentResult // nil: the agent's exec has no final event
 		vanish     bool                // the pod goes with no grace period: no deletionTimestamp seen
@@ -74,6 +75,15 @@ func TestTrackerStepRelease(t *testing.T) {
 			wantResult: events.RunResultEvent{Outcome: events.OutcomeCancelled, Reason: events.ReasonCommandCancelled, Message: "the lease was released while its agent's command (exec 01AGENT) ran"},
 		},
 		{
+			name: "reusable lease suspended after its release", reusable: true, account: account,
+			wantStatus: []events.RunStatusEvent{
+				{Phase: events.PhaseRunning, Reason: events.ReasonReady},
+				{Phase: events.PhaseRunning, Reason: events.ReasonReleasing, Message: "the lease is being released: its pod ends once its commands finish"},
+				{Phase: events.PhaseSucceeded, Reason: events.ReasonReleased, Message: "the lease was released"},
+			},
+			wantResult: events.RunResultEvent{Outcome: events.OutcomeReleased, Reason: events.ReasonReleased, Message: "the lease was released", ExitCode: &exit0, Agent: account},
+		},
+		{
 			name: "pod deleted under the live lease", account: account,
 			wantStatus: []events.RunStatusEvent{
 				{Phase: events.PhaseRunning, Reason: events.ReasonReady},
@@ -96,6 +106,11 @@ func TestTrackerStepRelease(t *testing.T) {
 			_, pods := withInformerCaches(t, h)
 			runID := "run-rel-" + string(rune('a'+i))
 			ref := h.execLease(t, runID)
+			if tc.reusable {
+				if _, err := h.d.leases.Modify(t.Context(), ref, func(r *lease.Record) (bool, error) { r.Reusable = true; return true, nil }); err != nil {
+					t.Fatal(err)
+				}
+			}
 			tr := newTracker(h.d, testNamespace, ref)
 			step := func(what string) {
 				t.Helper()
@@ -118,6 +133,14 @@ func TestTrackerStepRelease(t *testing.T) {
 			if tc.release != nil {
 				if _, err := h.d.leases.Modify(t.Context(), ref, lease.BeginRelease(*tc.release, tc.cancel)); err != nil {
 					t.Fatal(err)
+				}
+			}
+			if tc.reusable {
+				// The host's release keeps the lease; the idle window over, a suspend deletes its pod.
+				for _, step := range []func(*lease.Record) (bool, error){lease.Release(now, false), lease.BeginSuspend(now, 0)} {
+					if _, err := h.d.leases.Modify(t.Context(), ref, step); err != nil {
+						t.Fatal(err)
+					}
 				}
 			}
 			deleting := p.DeepCopy()
