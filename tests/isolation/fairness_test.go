@@ -137,7 +137,6 @@ func brokenWebhook(t *testing.T, cs kubernetes.Interface, company string) {
 	none := admissionregistrationv1.SideEffectClassNone
 	path := "/validate"
 	timeout := int32(2)
-	namespaced := admissionregistrationv1.NamespacedScope
 	name := "kubeclip-isolation-broken-" + pt.NewID("wh")[3:]
 	wh := &admissionregistrationv1.ValidatingWebhookConfiguration{
 		ObjectMeta: metav1.ObjectMeta{Name: name},
@@ -148,12 +147,13 @@ func brokenWebhook(t *testing.T, cs kubernetes.Interface, company string) {
 			},
 			Rules: []admissionregistrationv1.RuleWithOperations{{
 				Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create, admissionregistrationv1.Update},
-				// Namespaced: a namespaceSelector does not limit cluster-scoped objects, so
-				// without it every PV, Namespace or ClusterRole write of every other test
-				// running at the same time would fail on this webhook.
-				Rule: admissionregistrationv1.Rule{APIGroups: []string{"*"}, APIVersions: []string{"*"}, Resources: []string{"*"}, Scope: &namespaced},
+				Rule:       admissionregistrationv1.Rule{APIGroups: []string{"*"}, APIVersions: []string{"*"}, Resources: []string{"*"}},
 			}},
-			NamespaceSelector:       &metav1.LabelSelector{MatchLabels: map[string]string{policy.LabelCompanyID: company}},
+			NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{policy.LabelCompanyID: company}},
+			// A namespaceSelector does not limit cluster-scoped objects: without this, every PV,
+			// Namespace or ClusterRole write of the tests running beside this one would fail here.
+			// The company's tenant objects, its Namespace included, carry its label.
+			ObjectSelector:          &metav1.LabelSelector{MatchLabels: map[string]string{policy.LabelCompanyID: company}},
 			FailurePolicy:           &fail,
 			SideEffects:             &none,
 			AdmissionReviewVersions: []string{"v1"},
