@@ -250,7 +250,7 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 		return fmt.Errorf("opening stream %s: %w", d.opts.Subjects.RunStream(), err)
 	}
 	d.agents = agentGuard{kv: agents}
-	if d.parked, err = js.CreateOrUpdateStream(ctx, ParkedStreamConfig(d.opts.StreamReplicas, d.opts.StoreBytes)); err != nil {
+	if d.parked, err = events.EnsureStream(ctx, js, ParkedStreamConfig(d.opts.StreamReplicas, d.opts.StoreBytes)); err != nil {
 		return fmt.Errorf("creating stream %s: %w", ParkedStream, err)
 	}
 

@@ -67,6 +67,46 @@ func TestEnsureStreamsIsIdempotentAndApplied(t *testing.T) {
 	}
 }
 
+// TestEnsureStreamsUpdatesOnlyWhatChanged: a worker's start-up leaves an unchanged stream alone
+// (nats-server applies even an unchanged update to its store, racing consumer creation), and
+// still applies a changed setting. The server announces each update it applies as an advisory.
+func TestEnsureStreamsUpdatesOnlyWhatChanged(t *testing.T) {
+	_, nc, js := natstest.Start(t)
+	ctx := t.Context()
+	updates, err := nc.SubscribeSync("$JS.EVENT.ADVISORY.STREAM.UPDATED.>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	updated := func() []string {
+		t.Helper()
+		if err := nc.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		var names []string
+		for {
+			m, err := updates.NextMsg(200 * time.Millisecond)
+			if err != nil {
+				return names
+			}
+			names = append(names, strings.TrimPrefix(m.Subject, "$JS.EVENT.ADVISORY.STREAM.UPDATED."))
+		}
+	}
+	for i := range 3 {
+		if err := events.EnsureStreams(ctx, js, events.Options{}); err != nil {
+			t.Fatalf("EnsureStreams call %d: %v", i+1, err)
+		}
+	}
+	if got := updated(); len(got) != 0 {
+		t.Errorf("unchanged streams were updated: %v", got)
+	}
+	if err := events.EnsureStreams(ctx, js, events.Options{RunMaxAge: 30 * 24 * time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	if got := updated(); !cmp.Equal(got, []string{"PAPERCLIP_RUNS"}) {
+		t.Errorf("updated %v, want only PAPERCLIP_RUNS", got)
+	}
+}
+
 func TestEnsureStreamsWithPrefix(t *testing.T) {
 	_, _, js := natstest.Start(t)
 	ctx := t.Context()

@@ -132,7 +132,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 	// Acquires that failed retryably wait in the retry queue, worked through by a consumer of
 	// their own, so no company's retries delay another company's first attempt.
-	if _, err := js.CreateOrUpdateStream(ctx, events.RetryStreamConfig(w.opts.StreamReplicas, w.opts.StoreBytes)); err != nil {
+	if _, err := events.EnsureStream(ctx, js, events.RetryStreamConfig(w.opts.StreamReplicas, w.opts.StoreBytes)); err != nil {
 		return fmt.Errorf("creating stream %s: %w", events.RetryStream, err)
 	}
 	retryCfg := events.RetryConsumerConfig(events.TenantWorkerConsumer)
