@@ -129,7 +129,7 @@ func (r Records) Modify(ctx context.Context, ref events.RunRef, change func(*Rec
 		}
 		rec, err := decodeRecord(current)
 		if err != nil {
-			return nil, false, fmt.Errorf("decoding lease record of run %s: %w", ref.RunID, err)
+			return nil, false, fmt.Errorf("decoding it: %w", err)
 		}
 		read, next = rec, rec
 		changed, err := change(&next)
