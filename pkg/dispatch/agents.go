@@ -9,6 +9,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
+	"github.com/kubeclip/kubeclip/pkg/cas"
 	"github.com/kubeclip/kubeclip/pkg/events"
 )
 
@@ -61,25 +62,11 @@ func agentKey(companyID, agentID string) string { return companyID + "/" + agent
 
 // take makes runID the agent's holder if nobody holds it, and returns the holder.
 func (g agentGuard) take(ctx context.Context, companyID, agentID, runID string, ttl time.Duration) (string, error) {
-	key := agentKey(companyID, agentID)
-	for range 3 {
-		_, err := g.kv.Create(ctx, key, []byte(runID), jetstream.KeyTTL(ttl))
-		if err == nil {
-			return runID, nil
-		}
-		if !errors.Is(err, jetstream.ErrKeyExists) {
-			return "", fmt.Errorf("taking the guard of agent %s: %w", agentID, err)
-		}
-		entry, err := g.kv.Get(ctx, key)
-		if errors.Is(err, jetstream.ErrKeyNotFound) {
-			continue // freed between the two calls: try again
-		}
-		if err != nil {
-			return "", fmt.Errorf("reading the guard of agent %s: %w", agentID, err)
-		}
-		return string(entry.Value()), nil
+	holder, _, err := cas.Take(ctx, g.kv, agentKey(companyID, agentID), []byte(runID), jetstream.KeyTTL(ttl))
+	if err != nil {
+		return "", fmt.Errorf("taking the guard of agent %s: %w", agentID, err)
 	}
-	return "", fmt.Errorf("taking the guard of agent %s: it keeps changing hands", agentID)
+	return string(holder), nil
 }
 
 // holder returns the run holding the agent, "" when it is free.
@@ -99,18 +86,7 @@ func (g agentGuard) free(ctx context.Context, log zerolog.Logger, companyID, age
 	if agentID == "" {
 		return
 	}
-	key := agentKey(companyID, agentID)
-	entry, err := g.kv.Get(ctx, key)
-	if errors.Is(err, jetstream.ErrKeyNotFound) {
-		return
-	}
-	if err == nil && string(entry.Value()) != runID {
-		return // another run holds it now
-	}
-	if err == nil {
-		err = g.kv.Delete(ctx, key, jetstream.LastRevision(entry.Revision()))
-	}
-	if err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+	if err := cas.Free(ctx, g.kv, agentKey(companyID, agentID), []byte(runID)); err != nil {
 		log.Warn().Err(err).Str(events.LogKeyRunID, runID).Msg("freeing the agent guard failed; its TTL will")
 	}
 }

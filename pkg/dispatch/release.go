@@ -148,16 +148,9 @@ const releaseMargin = 10 * time.Second
 // deletes a workload that failed before it finished (an image that cannot be pulled, an
 // unschedulable pod) so it stops holding the tenant's quota.
 func (d *Dispatcher) handleResult(ctx context.Context, m jetstream.Msg) error {
-	if !d.opts.Subjects.IsRunEvent(m.Subject(), m.Headers()) {
-		return nil // not kubeclip's result (events.IsRunEvent)
-	}
-	ev, err := d.opts.Subjects.DecodeRunEvent(m.Subject(), m.Data())
-	if err != nil {
-		return err
-	}
-	res, ok := ev.(events.RunResultEvent)
-	if !ok {
-		return nil
+	res, ours, err := events.DecodeStored[events.RunResultEvent](d.opts.Subjects, m.Subject(), m.Headers(), m.Data())
+	if err != nil || !ours {
+		return err // nil: not kubeclip's result (events.DecodeStored)
 	}
 	ref := events.Ref(res.CompanyID, res.RunID)
 	log := d.log.With().Str(events.LogKeyRunID, res.RunID).Str(events.LogKeyTenant, res.CompanyID).Logger()

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/kubeclip/kubeclip/pkg/cas"
 )
 
 // BudgetKind names what a tenant's output was counted against.
@@ -233,7 +235,7 @@ func (b *Budgets) write(ctx context.Context, key string, c *budgetCounter, n, li
 		} else {
 			rev, err = b.opts.KV.Update(ctx, key, value, c.rev)
 		}
-		if errors.Is(err, jetstream.ErrKeyExists) {
+		if cas.IsConflict(err) {
 			// Another process charged it meanwhile: its bytes count too.
 			if err := b.refresh(ctx, key, c); err != nil {
 				c.pending -= n

@@ -9,6 +9,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/kubeclip/kubeclip/pkg/cas"
 	"github.com/kubeclip/kubeclip/pkg/events"
 )
 
@@ -96,7 +97,7 @@ func (r recordedExecs) get(ctx context.Context, ref events.RunRef, execID string
 func (r recordedExecs) advance(ctx context.Context, ref events.RunRef, execID string, next recordedExec, rev uint64) (uint64, error) {
 	data, _ := json.Marshal(next)
 	rev, err := r.kv.Update(ctx, recordedKey(ref, execID), data, rev)
-	if errors.Is(err, jetstream.ErrKeyExists) {
+	if cas.IsConflict(err) {
 		return 0, errRecordingTakenOver
 	}
 	if err != nil {

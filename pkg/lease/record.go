@@ -9,6 +9,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/kubeclip/kubeclip/pkg/cas"
 	"github.com/kubeclip/kubeclip/pkg/events"
 )
 
@@ -71,11 +72,6 @@ type Records struct {
 // ErrNotFound is returned when the run has no lease record.
 var ErrNotFound = errors.New("no lease record")
 
-// maxModifyAttempts bounds Modify's compare-and-set loop: a record has few writers (the
-// tenant-worker, a dispatcher, a release), so losing five races in a row means something is
-// wrong, and the caller's message is retried instead.
-const maxModifyAttempts = 5
-
 // Get returns the run's record and its revision.
 func (r Records) Get(ctx context.Context, ref events.RunRef) (Record, uint64, error) {
 	entry, err := r.KV.Get(ctx, ref.Key())
@@ -125,33 +121,41 @@ func (r Records) Create(ctx context.Context, rec Record) (stored Record, created
 // does not allow), which Modify returns with the record as it was read. It returns the record
 // as stored.
 func (r Records) Modify(ctx context.Context, ref events.RunRef, change func(*Record) (bool, error)) (Record, error) {
-	for range maxModifyAttempts {
-		rec, rev, err := r.Get(ctx, ref)
-		if err != nil {
-			return Record{}, err
+	var read, next Record
+	var refused error
+	_, err := cas.Update(ctx, r.KV, ref.Key(), func(current []byte, _ uint64) ([]byte, bool, error) {
+		if current == nil {
+			return nil, false, ErrNotFound
 		}
-		next := rec
+		rec, err := decodeRecord(current)
+		if err != nil {
+			return nil, false, fmt.Errorf("decoding it: %w", err)
+		}
+		read, next = rec, rec
 		changed, err := change(&next)
 		if err != nil {
-			return rec, err
+			refused = err
+			return nil, false, err
 		}
 		if !changed {
-			return rec, nil
+			next = rec
+			return nil, false, nil
 		}
 		data, err := json.Marshal(next)
 		if err != nil {
-			return Record{}, fmt.Errorf("encoding lease record: %w", err)
+			return nil, false, fmt.Errorf("encoding lease record: %w", err)
 		}
-		_, err = r.KV.Update(ctx, ref.Key(), data, rev)
-		if errors.Is(err, jetstream.ErrKeyRevisionMismatch) || errors.Is(err, jetstream.ErrKeyExists) {
-			continue
-		}
-		if err != nil {
-			return Record{}, fmt.Errorf("updating lease record of run %s: %w", ref.RunID, err)
-		}
-		return next, nil
+		return data, true, nil
+	})
+	switch {
+	case refused != nil:
+		return read, refused
+	case errors.Is(err, ErrNotFound):
+		return Record{}, ErrNotFound
+	case err != nil:
+		return Record{}, fmt.Errorf("updating lease record of run %s: %w", ref.RunID, err)
 	}
-	return Record{}, fmt.Errorf("updating lease record of run %s: it keeps changing", ref.RunID)
+	return next, nil
 }
 
 // RecordFailure marks the lease of a failed acquire (m, its acquire or dispatch message) as

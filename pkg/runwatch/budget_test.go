@@ -85,8 +85,8 @@ func TestLogBudgets(t *testing.T) {
 			if len(refused) == 0 || refused[0] != tc.want {
 				t.Errorf("budget refusals observed: %v, want %s", refused, tc.want)
 			}
-			if ol, _, found, err := lastLogChunk(t.Context(), h.stream, events.Subjects{}, other); err != nil || !found || ol.Seq != 3 || ol.LogStopped != "" {
-				t.Errorf("the other company's last log event: seq %d, stopped %q (%v); want all 3 (err %v)", ol.Seq, ol.LogStopped, found, err)
+			if ol, err := events.LastRunEvent[events.RunLogEvent](t.Context(), h.stream, events.Subjects{}, other); err != nil || !ol.Ours || ol.Event.Seq != 3 || ol.Event.LogStopped != "" {
+				t.Errorf("the other company's last log event: seq %d, stopped %q (%v); want all 3 (err %v)", ol.Event.Seq, ol.Event.LogStopped, ol.Ours, err)
 			}
 
 			// A journal that takes the run over stays stopped.

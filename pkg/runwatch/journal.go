@@ -2,7 +2,6 @@ package runwatch
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"sync"
@@ -95,37 +94,22 @@ func newJournal(ref events.RunRef, o journalOptions) *journal {
 }
 
 // loadJournal is the journal of a run as the stream holds it: it continues after the run's last
-// published chunk, with the whole published log replayed.
+// published chunk, with the whole published log replayed. A last message that is not kubeclip's
+// leaves the numbering where a new journal starts but is what the fence expects.
 func loadJournal(ctx context.Context, ref events.RunRef, o journalOptions) (*journal, error) {
 	j := newJournal(ref, o)
-	last, streamSeq, found, err := lastLogChunk(ctx, o.stream, o.subjects, ref)
-	if err != nil || !found {
-		return j, err
+	last, err := events.LastRunEvent[events.RunLogEvent](ctx, o.stream, o.subjects, ref)
+	if err != nil {
+		return nil, fmt.Errorf("reading the last published log chunk: %w", err)
 	}
-	if err := j.resume(ctx, last, streamSeq); err != nil {
+	if !last.Ours {
+		j.lastStreamSeq = last.Seq
+		return j, nil
+	}
+	if err := j.resume(ctx, last.Event, last.Seq); err != nil {
 		return nil, err
 	}
 	return j, nil
-}
-
-// lastLogChunk reads the run's last published log chunk and its stream sequence; found is false
-// when the run has none.
-func lastLogChunk(ctx context.Context, stream runStream, subjects events.Subjects, ref events.RunRef) (last events.RunLogEvent, streamSeq uint64, found bool, err error) {
-	subj, err := subjects.Run(ref.CompanyID, ref.RunID, events.KindLog)
-	if err != nil {
-		return last, 0, false, err
-	}
-	msg, err := stream.GetLastMsgForSubject(ctx, subj)
-	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		return last, 0, false, nil
-	}
-	if err != nil {
-		return last, 0, false, fmt.Errorf("reading the last published log chunk: %w", err)
-	}
-	if err := json.Unmarshal(msg.Data, &last); err != nil {
-		return last, 0, false, fmt.Errorf("decoding the last published log chunk: %w", err)
-	}
-	return last, msg.Sequence, true, nil
 }
 
 // lastSeq is the seq of the last chunk numbered (published or waiting in the outbox).
@@ -187,8 +171,11 @@ func (j *journal) replay(ctx context.Context, last uint64) error {
 		n := 0
 		for msg := range batch.Messages() {
 			n++
-			var ev events.RunLogEvent
-			if json.Unmarshal(msg.Data(), &ev) != nil {
+			ev, ours, err := events.DecodeStored[events.RunLogEvent](j.subjects, msg.Subject(), msg.Headers(), msg.Data())
+			if err != nil {
+				return fmt.Errorf("replaying the published log: %w", err)
+			}
+			if !ours {
 				continue
 			}
 			j.feed(ev.Lines)
@@ -382,14 +369,14 @@ func (j *journal) charge(ctx context.Context, ev events.RunLogEvent) (stopped ev
 
 // storedMatches reports whether the stream's message at seq carries ev's lines.
 func (j *journal) storedMatches(ctx context.Context, seq uint64, ev events.RunLogEvent) (bool, error) {
-	msg, err := j.stream.GetMsg(ctx, seq)
+	got, err := events.RunEventAt[events.RunLogEvent](ctx, j.stream, j.subjects, seq)
 	if err != nil {
 		return false, fmt.Errorf("reading back log chunk %d: %w", ev.Seq, err)
 	}
-	var stored events.RunLogEvent
-	if err := json.Unmarshal(msg.Data, &stored); err != nil {
-		return false, fmt.Errorf("decoding log chunk %d: %w", ev.Seq, err)
+	if !got.Ours {
+		return false, nil
 	}
+	stored := got.Event
 	if stored.Seq != ev.Seq || len(stored.Lines) != len(ev.Lines) {
 		return false, nil
 	}

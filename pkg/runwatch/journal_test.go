@@ -291,17 +291,17 @@ func TestJournalFlushesALoneLineQuickly(t *testing.T) {
 func TestLastLogChunk(t *testing.T) {
 	h := newHarness(t)
 	ref := events.Ref("c1", "r1")
-	_, got, found, err := lastLogChunk(t.Context(), h.stream, events.Subjects{}, ref)
-	if err != nil || found || got != 0 {
-		t.Fatalf("lastLogChunk of a run without logs = %d, %v, %v; want none", got, found, err)
+	got, err := events.LastRunEvent[events.RunLogEvent](t.Context(), h.stream, events.Subjects{}, ref)
+	if err != nil || got.Ours || got.Seq != 0 {
+		t.Fatalf("last log chunk of a run without logs = %+v, %v; want none", got, err)
 	}
 	var streamSeq uint64
 	for seq := uint64(1); seq <= 3; seq++ {
 		streamSeq = h.publish(t, events.RunLogEvent{RunID: "r1", CompanyID: "c1", Seq: seq, Pod: "p", Container: "c"})
 	}
 	h.publish(t, events.RunLogEvent{RunID: "r2", CompanyID: "c1", Seq: 9})
-	last, gotStreamSeq, found, err := lastLogChunk(t.Context(), h.stream, events.Subjects{}, ref)
-	if err != nil || !found || last.Seq != 3 || gotStreamSeq != streamSeq {
-		t.Errorf("lastLogChunk = seq %d at %d, %v, %v; want seq 3 at %d", last.Seq, gotStreamSeq, found, err, streamSeq)
+	last, err := events.LastRunEvent[events.RunLogEvent](t.Context(), h.stream, events.Subjects{}, ref)
+	if err != nil || !last.Ours || last.Event.Seq != 3 || last.Seq != streamSeq {
+		t.Errorf("last log chunk = seq %d at %d, %v, %v; want seq 3 at %d", last.Event.Seq, last.Seq, last.Ours, err, streamSeq)
 	}
 }

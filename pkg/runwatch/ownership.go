@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
+	"github.com/kubeclip/kubeclip/pkg/cas"
 	"github.com/kubeclip/kubeclip/pkg/events"
 )
 
@@ -75,17 +76,13 @@ func (o *owners) claim(ctx context.Context, ref events.RunRef) (bool, error) {
 	if o.owns(ref) {
 		return true, nil
 	}
-	key := ref.Key()
-	rev, err := o.kv.Create(ctx, key, []byte(o.id))
-	if errors.Is(err, jetstream.ErrKeyExists) {
-		entry, gerr := o.kv.Get(ctx, key)
-		if gerr != nil || string(entry.Value()) != o.id {
-			return false, nil
-		}
-		// Our own key from before a restart of this replica's run loop: take it back.
-		rev = entry.Revision()
-	} else if err != nil {
+	// Our own key from before a restart of this replica's run loop is ours to take back.
+	holder, rev, err := cas.Take(ctx, o.kv, ref.Key(), []byte(o.id))
+	if err != nil {
 		return false, fmt.Errorf("claiming run %s: %w", ref.RunID, err)
+	}
+	if string(holder) != o.id {
+		return false, nil
 	}
 	o.mu.Lock()
 	o.owned[ref] = rev

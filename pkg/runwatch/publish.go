@@ -2,7 +2,6 @@ package runwatch
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 
@@ -24,8 +23,8 @@ var _ publisher = (*events.Publisher)(nil)
 // runStream is the part of the run stream the run-watcher reads back: a run's last status, log
 // chunk and result, a stored chunk, and a run's whole published log.
 type runStream interface {
-	GetLastMsgForSubject(ctx context.Context, subject string) (*jetstream.RawStreamMsg, error)
-	GetMsg(ctx context.Context, seq uint64, opts ...jetstream.GetMsgOpt) (*jetstream.RawStreamMsg, error)
+	events.LastMsgGetter
+	events.MsgGetter
 	OrderedConsumer(ctx context.Context, cfg jetstream.OrderedConsumerConfig) (jetstream.Consumer, error)
 }
 
@@ -59,24 +58,17 @@ type statusLine struct {
 // a status event starts with the first change.
 func newStatusLine() statusLine { return statusLine{phase: events.PhasePending} }
 
-// load reads the run's last published status.
+// load reads the run's last published status. The fence expects the subject's last message
+// whoever stored it (events.Stored.Seq); a last message that is not kubeclip's says no status.
 func (s *statusLine) load(ctx context.Context, stream runStream, subjects events.Subjects, ref events.RunRef) error {
-	subj, err := subjects.Run(ref.CompanyID, ref.RunID, events.KindStatus)
-	if err != nil {
-		return err
-	}
-	msg, err := stream.GetLastMsgForSubject(ctx, subj)
-	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		return nil
-	}
+	last, err := events.LastRunEvent[events.RunStatusEvent](ctx, stream, subjects, ref)
 	if err != nil {
 		return fmt.Errorf("reading the last published status: %w", err)
 	}
-	var st events.RunStatusEvent
-	if json.Unmarshal(msg.Data, &st) == nil {
-		s.phase, s.reason = st.Phase, st.Reason
+	if last.Ours {
+		s.phase, s.reason = last.Event.Phase, last.Event.Reason
 	}
-	s.seq = msg.Sequence
+	s.seq = last.Seq
 	return nil
 }
 

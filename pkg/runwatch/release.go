@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/kubeclip/kubeclip/pkg/events"
 	"github.com/kubeclip/kubeclip/pkg/lease"
 	"github.com/kubeclip/kubeclip/pkg/policy"
@@ -68,27 +66,13 @@ func resultAgent(end verdict.End, backend policy.Backend, j *journal) *events.Ag
 // nil: no exec was recorded, or the subject's last message is not kubeclip's (JetStream's answer
 // to a client that named the subject as its reply: events.IsRunEvent), which hides the exec.
 func lastAgentExec(ctx context.Context, stream runStream, subjects events.Subjects, ref events.RunRef) (*verdict.AgentExec, error) {
-	subj, err := subjects.Run(ref.CompanyID, ref.RunID, events.KindExec)
-	if err != nil {
-		return nil, err
-	}
-	msg, err := stream.GetLastMsgForSubject(ctx, subj)
-	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		return nil, nil
-	}
+	last, err := events.LastRunEvent[events.RunExecEvent](ctx, stream, subjects, ref)
 	if err != nil {
 		return nil, fmt.Errorf("reading the run's last exec event: %w", err)
 	}
-	if !subjects.IsRunEvent(msg.Subject, msg.Header) {
+	if !last.Ours {
 		return nil, nil
 	}
-	ev, err := subjects.DecodeRunEvent(msg.Subject, msg.Data)
-	if err != nil {
-		return nil, nil // not an exec event kubeclip could have published: no evidence
-	}
-	x, ok := ev.(events.RunExecEvent)
-	if !ok {
-		return nil, nil
-	}
+	x := last.Event
 	return &verdict.AgentExec{ExecID: x.ExecID, Exit: x.Exit, Agent: x.Agent}, nil
 }

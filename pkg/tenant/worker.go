@@ -5,7 +5,6 @@ package tenant
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"sync"
@@ -250,17 +249,15 @@ func (w *Worker) ensureTenant(ctx context.Context, log zerolog.Logger, plan leas
 	}
 	next := prev
 	next.Hash, next.AppliedAt, next.EgressMode = hash, w.opts.Now().UTC(), mode
-	data, err := json.Marshal(next)
-	if err != nil {
-		return fmt.Errorf("encoding tenant record: %w", err)
-	}
-	if _, err := w.tenants.Update(ctx, ns, data, rev); errors.Is(err, jetstream.ErrKeyExists) {
-		// Another acquire of the company applied and recorded the same tenant meanwhile.
-		log.Debug().Str(events.LogKeyNamespace, ns).Msg("tenant recorded by a concurrent acquire")
-	} else if err != nil {
+	recorded, err := lease.RecordApplied(ctx, w.tenants, ns, rev, next)
+	switch {
+	case err != nil:
 		// The tenant is applied; losing the record only costs a re-apply next time. The owner
 		// never changes.
 		log.Warn().Err(err).Str(events.LogKeyNamespace, ns).Msg("recording the applied tenant failed")
+	case !recorded:
+		// Another acquire of the company applied and recorded the same tenant meanwhile.
+		log.Debug().Str(events.LogKeyNamespace, ns).Msg("tenant recorded by a concurrent acquire")
 	}
 	log.Info().Str(events.LogKeyNamespace, ns).Dur("took", w.opts.Now().Sub(start)).Msg("tenant applied")
 	return nil
