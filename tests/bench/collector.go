@@ -89,10 +89,7 @@ func startCollector(ctx context.Context, js jetstream.JetStream, s events.Subjec
 	if err != nil {
 		return nil, fmt.Errorf("reading run events: %w", err)
 	}
-	c := &collector{
-		runs: map[string]*runEvents{}, changed: make(chan struct{}), done: make(chan struct{}),
-		skipLogs: map[string]bool{}, answers: map[answerKey]answer{},
-	}
+	c := newCollector()
 	sub, err := js.Conn().Subscribe(events.DispatchAll(), c.recordDispatch)
 	if err != nil {
 		it.Stop()
@@ -108,6 +105,14 @@ func startCollector(ctx context.Context, js jetstream.JetStream, s events.Subjec
 		c.finish(err)
 	}()
 	return c, nil
+}
+
+// newCollector is a collector that has received nothing yet.
+func newCollector() *collector {
+	return &collector{
+		runs: map[string]*runEvents{}, changed: make(chan struct{}), done: make(chan struct{}),
+		skipLogs: map[string]bool{}, answers: map[answerKey]answer{},
+	}
 }
 
 // recordDispatch notes when a run's dispatch request went by.
