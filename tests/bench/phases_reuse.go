@@ -45,13 +45,23 @@ type reuseSamples struct {
 	suspended, rawOnClaim samples
 }
 
+// merge adds o's samples to s.
+func (s *reuseSamples) merge(o reuseSamples) {
+	s.acquire.merge(o.acquire)
+	s.rawFresh.merge(o.rawFresh)
+	s.live.merge(o.live)
+	s.rawGet.merge(o.rawGet)
+	s.suspended.merge(o.suspended)
+	s.rawOnClaim.merge(o.rawOnClaim)
+}
+
 func (b *bench) reusePhase(ctx context.Context, rep *report) error {
 	company := newID("reuse-")
 	var all reuseSamples
 	for i := range reuseWarmup + b.s.reuseLeases {
 		var s reuseSamples
 		err := b.reuseLease(ctx, company, i%2 == 1, i < reuseWarmup, &s)
-		if i == 0 && err != nil {
+		if i < reuseWarmup && err != nil {
 			return fmt.Errorf("the warm-up lease: %w", err)
 		}
 		if err != nil {
@@ -61,12 +71,7 @@ func (b *bench) reusePhase(ctx context.Context, rep *report) error {
 			b.logf("(n) lease %d failed: %v", i, err)
 		}
 		if i >= reuseWarmup {
-			for _, p := range []struct{ to, from *samples }{
-				{&all.acquire, &s.acquire}, {&all.rawFresh, &s.rawFresh}, {&all.live, &s.live},
-				{&all.rawGet, &s.rawGet}, {&all.suspended, &s.suspended}, {&all.rawOnClaim, &s.rawOnClaim},
-			} {
-				p.to.merge(*p.from)
-			}
+			all.merge(s)
 		}
 	}
 	rep.add(
