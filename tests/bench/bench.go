@@ -175,6 +175,7 @@ func (b *bench) measure(ctx context.Context) (*report, error) {
 	}
 	phases = append(phases, b.replicaPhases()...)
 	phases = append(phases, b.execPhases(b.sandboxKey)...)
+	phases = append(phases, phase{phaseReuse, b.reusePhase})
 	for _, p := range phases {
 		if !b.s.runs(p.name) {
 			continue

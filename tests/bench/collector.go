@@ -26,6 +26,23 @@ type collector struct {
 	// skipLogs holds runs whose log events are not decoded or recorded: (h)'s synthetic runs,
 	// whose 100k events would otherwise cost the bench a decode each while it sets them up.
 	skipLogs map[string]bool
+	// answers are the answers of reusable leases ((n)) to the requests that named themselves:
+	// a lease is released and resumed many times under its one run id.
+	answers map[answerKey]answer
+}
+
+// answerKey names the answer to one request of a reusable lease.
+type answerKey struct {
+	runID string
+	kind  events.RunKind
+	// id is the request's releaseId or resumeId; a destroy's released names none.
+	id string
+}
+
+// answer is when an answer arrived and, for a resumed, what the resume found.
+type answer struct {
+	at   time.Time
+	from events.ResumedFrom
 }
 
 // runEvents is what the bench received of one run; times are receive times.
@@ -72,7 +89,7 @@ func startCollector(ctx context.Context, js jetstream.JetStream, s events.Subjec
 	if err != nil {
 		return nil, fmt.Errorf("reading run events: %w", err)
 	}
-	c := &collector{runs: map[string]*runEvents{}, changed: make(chan struct{}), done: make(chan struct{}), skipLogs: map[string]bool{}}
+	c := newCollector()
 	sub, err := js.Conn().Subscribe(events.DispatchAll(), c.recordDispatch)
 	if err != nil {
 		it.Stop()
@@ -88,6 +105,14 @@ func startCollector(ctx context.Context, js jetstream.JetStream, s events.Subjec
 		c.finish(err)
 	}()
 	return c, nil
+}
+
+// newCollector is a collector that has received nothing yet.
+func newCollector() *collector {
+	return &collector{
+		runs: map[string]*runEvents{}, changed: make(chan struct{}), done: make(chan struct{}),
+		skipLogs: map[string]bool{}, answers: map[answerKey]answer{},
+	}
 }
 
 // recordDispatch notes when a run's dispatch request went by.
@@ -174,6 +199,9 @@ func (c *collector) record(ev events.Event, at time.Time) {
 		}
 	case events.RunReleasedEvent:
 		setOnce(&r.released, at)
+		c.answerLocked(answerKey{runID, events.KindReleased, e.ReleaseID}, answer{at: at})
+	case events.RunResumedEvent:
+		c.answerLocked(answerKey{runID, events.KindResumed, e.ResumeID}, answer{at: at, from: e.From})
 	case events.RunResultEvent:
 		setOnce(&r.result, at)
 		r.outcome = e.Outcome
@@ -200,6 +228,13 @@ func (c *collector) runLocked(runID string) *runEvents {
 		c.runs[runID] = r
 	}
 	return r
+}
+
+// answerLocked records the first answer to key's request.
+func (c *collector) answerLocked(key answerKey, a answer) {
+	if _, ok := c.answers[key]; !ok {
+		c.answers[key] = a
+	}
 }
 
 func setOnce(t *time.Time, v time.Time) {
@@ -256,6 +291,18 @@ func (c *collector) ready(ctx context.Context, runID string) (time.Time, error) 
 func (c *collector) released(ctx context.Context, runID string) error {
 	_, err := c.waitFor(ctx, runID, func(r *runEvents) bool { return !r.released.IsZero() })
 	return err
+}
+
+// answer waits for the answer to a request of a reusable lease that named itself (key.id:
+// its releaseId or resumeId; "" for a destroy's released), or its failed event.
+func (c *collector) answer(ctx context.Context, key answerKey) (answer, error) {
+	var got answer
+	_, err := c.waitFor(ctx, key.runID, func(*runEvents) bool {
+		a, ok := c.answers[key] // waitFor holds c.mu
+		got = a
+		return ok
+	})
+	return got, err
 }
 
 // result waits for the run's result event.

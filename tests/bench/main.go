@@ -17,6 +17,9 @@
 //	(k) acquire → ready to exec (status Ready; first exec), cold tenant  vs  client-go pod create → Ready
 //	(l) 64 MiB through stdin and out of stdout, both routes              vs  client-go exec streams
 //	(m) native sync in and out (sandboxd untar/tar) of 1, 50, 500 MiB    vs  the host's base64 route, and `cat`
+//	(n) a reusable lease: first acquire → ready (claim provisioned)       vs  client-go claim + pod create → Ready
+//	    resume of a retained lease (pod live) → resumed                   vs  client-go GET of its pod
+//	    resume of a suspended lease (new pod on its claim) → resumed      vs  client-go pod create → Ready on a bound claim
 //
 // The pipeline is the real one, in process: an embedded JetStream server and the tenant-worker,
 // dispatcher and run-watcher, each with its own NATS connection and Kubernetes client (so its

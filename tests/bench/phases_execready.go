@@ -16,7 +16,6 @@ import (
 	"k8s.io/client-go/tools/cache"
 	watchtools "k8s.io/client-go/tools/watch"
 
-	"github.com/kubeclip/kubeclip/pkg/dispatch"
 	"github.com/kubeclip/kubeclip/pkg/execclient"
 	"github.com/kubeclip/kubeclip/pkg/execspec"
 	"github.com/kubeclip/kubeclip/pkg/execsvc"
@@ -73,7 +72,7 @@ func (b *bench) execReadyPhase(ctx context.Context, rep *report, key []byte) err
 				return err
 			},
 			func() error {
-				d, err := b.rawPodReady(ctx, plan, key)
+				d, err := b.rawPodReady(ctx, plan, key, "")
 				if i >= readyWarmup {
 					raw.add(d, err)
 				}
@@ -135,11 +134,13 @@ func (b *bench) coldPodLease(ctx context.Context, c *execclient.Client) (ready, 
 }
 
 // rawPodReady renders a pod of plan as the dispatcher does (its Secret with the sandboxd seed
-// of key), creates the Secret, then times the Pod's create until a watch sees it Ready. It
-// deletes both before it returns.
-func (b *bench) rawPodReady(ctx context.Context, plan lease.Plan, key []byte) (d time.Duration, err error) {
+// of key; on the volume claim named claim, when not empty, as a reusable lease's pod), creates
+// the Secret, then times the Pod's create until a watch sees it Ready. It deletes both (and
+// waits until the pod is gone) before it returns.
+func (b *bench) rawPodReady(ctx context.Context, plan lease.Plan, key []byte, claim string) (d time.Duration, err error) {
 	spec := plan.RunSpec(policy.WorkloadName(ulid.Make()))
-	spec.SandboxdImage = dispatch.DefaultSandboxdImage
+	spec.SandboxdImage = b.s.sandboxdImage // the dispatcher's (--sandboxd-image): the same pod
+	spec.VolumeClaim = claim
 	env := policy.BuildAdapterEnv(plan.Adapter, func(string) (string, bool) { return "", false })
 	env[execspec.SeedEnv] = hex.EncodeToString(execspec.DeriveSeed(key, spec.Namespace, spec.WorkloadName))
 	token, err := policy.NewBootstrapToken(rand.Reader)

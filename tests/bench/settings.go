@@ -57,6 +57,10 @@ type settings struct {
 	streamBytes  int
 	streamRounds int
 
+	reuseLeases           int
+	reuseLiveResumes      int
+	reuseSuspendedResumes int
+
 	phases string
 
 	sandboxdImage string
@@ -98,6 +102,9 @@ func parseSettings(args []string, lookupEnv config.LookupEnv, stdout io.Writer) 
 	fs.Int(&s.readySamples, "ready-samples", "KUBECLIP_BENCH_READY_SAMPLES", 6, "(k) cold pod leases measured, and as many raw pod creates (one warm-up pair more)")
 	fs.Int(&s.streamBytes, "stream-bytes", "KUBECLIP_BENCH_STREAM_BYTES", 64<<20, "(l) bytes sent through stdin, and received from stdout, per transfer")
 	fs.Int(&s.streamRounds, "stream-rounds", "KUBECLIP_BENCH_STREAM_ROUNDS", 3, "(l) transfers each way per route (and raw); the median is reported")
+	fs.Int(&s.reuseLeases, "reuse-leases", "KUBECLIP_BENCH_REUSE_LEASES", 2, "(n) reusable leases acquired (after a warm-up lease), each measured through its resumes, and as many raw fresh claims")
+	fs.Int(&s.reuseLiveResumes, "reuse-live-resumes", "KUBECLIP_BENCH_REUSE_LIVE_RESUMES", 10, "(n) releases and resumes of each lease while its pod is live, and as many raw GETs of the pod")
+	fs.Int(&s.reuseSuspendedResumes, "reuse-suspended-resumes", "KUBECLIP_BENCH_REUSE_SUSPENDED_RESUMES", 2, "(n) suspensions (release with cancelActiveWork) and resumes of each lease, and as many raw pod creates on a bound claim")
 	fs.String(&s.phases, "phases", "KUBECLIP_BENCH_PHASES", "all", "phases to run, as letters (\"g,h\" or \"gh\"); set-up always runs, (c) measures the runs of (a), (b) and (d)")
 	fs.String(&s.sandboxdImage, "sandboxd-image", "KUBECLIP_SANDBOXD_IMAGE", dispatch.DefaultSandboxdImage, "the dispatcher's sandboxd image, as cmd/dispatcher's flag (a build of this checkout for the exec phases)")
 	fs.Duration(&s.waitTimeout, "wait-timeout", "KUBECLIP_BENCH_WAIT_TIMEOUT", 60*time.Second, "longest wait for one event")
@@ -122,7 +129,8 @@ func (s settings) validate(fs *config.Set) error {
 		"log-lines": s.logLines, "burst": s.burst, "burst-companies": s.burstCompanies, "raw-concurrency": s.rawConcurrency,
 		"replica-rounds": s.replicaRounds, "takeover-kills": s.takeoverKills, "replay-lines": s.replayLines, "replay-rounds": s.replayRounds,
 		"poll-agents": s.pollAgents, "poll-inflight": s.pollInflight, "ready-samples": s.readySamples,
-		"stream-bytes": s.streamBytes, "stream-rounds": s.streamRounds,
+		"stream-bytes": s.streamBytes, "stream-rounds": s.streamRounds, "reuse-leases": s.reuseLeases,
+		"reuse-live-resumes": s.reuseLiveResumes, "reuse-suspended-resumes": s.reuseSuspendedResumes,
 	}
 	for name, v := range positive {
 		if v <= 0 {
@@ -150,8 +158,8 @@ func (s settings) validate(fs *config.Set) error {
 	if s.pollInterval <= 0 || s.pollWindow < time.Second {
 		errs = append(errs, fmt.Errorf("%s must be > 0 and %s at least 1s", fs.Names("poll-interval"), fs.Names("poll-window")))
 	}
-	if strings.Trim(s.phases, "abcdefghijklm, ") != "" && s.phases != "all" {
-		errs = append(errs, fmt.Errorf("%s takes phase letters a to m, or all", fs.Names("phases")))
+	if strings.Trim(s.phases, "abcdefghijklmn, ") != "" && s.phases != "all" {
+		errs = append(errs, fmt.Errorf("%s takes phase letters a to n, or all", fs.Names("phases")))
 	}
 	return errors.Join(errs...)
 }
