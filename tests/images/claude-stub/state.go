@@ -23,7 +23,8 @@ const runsFile = ".kubeclip-stub-runs"
 
 // keepState records this run in the workspace (cwd) and $HOME and keeps session id's run count
 // under $HOME; it returns the stderr line that says what earlier runs left: the resumed
-// session's count (or that it was not there) and the run ids found in each place.
+// session's count (or that it was not there), the other sessions kept, and the run ids found in
+// each place.
 func keepState(home, cwd, runID, session string, resumed bool) (string, error) {
 	if home == "" {
 		return "", &usageError{stateVar + " needs HOME"}
@@ -31,6 +32,16 @@ func keepState(home, cwd, runID, session string, resumed bool) (string, error) {
 	dir := filepath.Join(home, sessionsDir)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return "", fmt.Errorf("keeping the session: %w", err)
+	}
+	kept, err := os.ReadDir(dir)
+	if err != nil {
+		return "", fmt.Errorf("listing the sessions: %w", err)
+	}
+	var others []string
+	for _, e := range kept {
+		if e.Name() != session {
+			others = append(others, e.Name())
+		}
 	}
 	path := filepath.Join(dir, session)
 	runs := 0
@@ -53,6 +64,7 @@ func keepState(home, cwd, runID, session string, resumed bool) (string, error) {
 	default:
 		fmt.Fprintf(&b, "claude-stub: new session %s", session)
 	}
+	fmt.Fprintf(&b, "; other sessions in $HOME: [%s]", strings.Join(others, " "))
 	for _, place := range []struct{ name, dir string }{{"workspace", cwd}, {"home", home}} {
 		earlier, err := appendRun(filepath.Join(place.dir, runsFile), runID)
 		if err != nil {
