@@ -16,11 +16,12 @@ const (
 	// CodeLeaseMismatch: providerLeaseId is not the run's lease.
 	CodeLeaseMismatch Code = "lease_mismatch"
 	// CodeLeaseEnded: the lease was released or destroyed (or is being), its run finished, or
-	// its acquire failed.
+	// its acquire failed; or, reusable, the host released it and has not resumed it since.
 	CodeLeaseEnded Code = "lease_ended"
 	// CodeNotExecCapable: the lease's backend runs no commands on request (a job lease).
 	CodeNotExecCapable Code = "not_exec_capable"
-	// CodeNotReady: the lease's pod did not become ready within the exec's timeout.
+	// CodeNotReady: the lease's pod did not become ready within the exec's timeout, or a
+	// reusable lease is resuming (its new pod is not ready yet).
 	CodeNotReady Code = "not_ready"
 	// CodeWorkloadLost: the pod disappeared (or is shutting down) mid-command.
 	CodeWorkloadLost Code = "workload_lost"

@@ -18,7 +18,8 @@ type leaseReader interface {
 var _ leaseReader = lease.Records{}
 
 // checkLease admits a request for ref's lease: the record exists for the subject's company, its
-// workload is providerLeaseID, its backend runs commands and it has not ended. Anything else is
+// workload is providerLeaseID, its backend runs commands, it has not ended and, if reusable, the
+// host has not released it since its last resume. Anything else is
 // an *execproto.Error with the code that says why; errors reading the record are returned as
 // they are (the caller answers unavailable).
 func checkLease(ctx context.Context, leases leaseReader, ref events.RunRef, providerLeaseID string) (lease.Record, error) {
@@ -44,6 +45,12 @@ func checkLease(ctx context.Context, leases leaseReader, ref events.RunRef, prov
 		return lease.Record{}, execproto.NewError(execproto.CodeLeaseEnded, "", "lease %s ended: its run has a result", rec.WorkloadName)
 	case rec.State == lease.StateFailed:
 		return lease.Record{}, execproto.NewError(execproto.CodeLeaseEnded, "", "lease %s failed to start", rec.WorkloadName)
+	// A reusable lease between two runs: the host released it, and its pod (if any) serves
+	// commands again only once the host resumes it. Refused here, before a pod that may be gone.
+	case rec.State.Kept():
+		return lease.Record{}, execproto.NewError(execproto.CodeLeaseEnded, "", "lease %s was released and is kept for the agent's next run (%s): commands run once the host resumes it", rec.WorkloadName, rec.State)
+	case rec.State == lease.StateResuming:
+		return lease.Record{}, execproto.NewError(execproto.CodeNotReady, "", "lease %s is resuming: its new pod is not ready yet", rec.WorkloadName)
 	}
 	return rec, nil
 }

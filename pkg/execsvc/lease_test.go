@@ -25,6 +25,13 @@ func TestRefusals(t *testing.T) {
 	e.setState(released, lease.StateReleased)
 	finished := e.newLease(newID("co"))
 	e.setState(finished, lease.StateFinished)
+	// A reusable lease between runs: its pod kept (retained), being deleted (suspending) or gone
+	// (suspended), or a new one coming up (resuming). Commands wait for the host's resume.
+	kept := map[lease.State]*testLease{}
+	for _, st := range []lease.State{lease.StateRetained, lease.StateSuspending, lease.StateSuspended, lease.StateResuming} {
+		kept[st] = e.newLease(newID("co"))
+		e.setState(kept[st], st)
+	}
 	job := e.newLease(newID("co"))
 	if _, err := e.records.Modify(t.Context(), job.ref, func(r *lease.Record) (bool, error) { r.Backend = string(policy.BackendJob); return true, nil }); err != nil {
 		t.Fatal(err)
@@ -48,6 +55,10 @@ func TestRefusals(t *testing.T) {
 		{"released lease", released, execproto.ErrLeaseEnded},
 		{"finished run", finished, execproto.ErrLeaseEnded},
 		{"job backend", job, execproto.ErrNotExecCapable},
+		{"retained reusable lease", kept[lease.StateRetained], execproto.ErrLeaseEnded},
+		{"suspending reusable lease", kept[lease.StateSuspending], execproto.ErrLeaseEnded},
+		{"suspended reusable lease", kept[lease.StateSuspended], execproto.ErrLeaseEnded},
+		{"resuming reusable lease", kept[lease.StateResuming], execproto.ErrNotReady},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			marker := tc.lease.daemon.dir + "/ran"

@@ -41,5 +41,8 @@ func TestMain(m *testing.M) {
 		fmt.Fprintf(os.Stderr, "paperclip: installing the plugin's dependencies (make plugin-deps): %v\n", err)
 		os.Exit(1)
 	}
-	os.Exit(pt.Main(m, pt.Options{Name: "paperclip", ExecWorkers: 2, ClusterLock: true}, &env))
+	os.Exit(pt.Main(m, pt.Options{
+		Name: "paperclip", ExecWorkers: 2, ClusterLock: true,
+		Args: map[string][]string{pt.Dispatcher: {"--lease-idle-window", leaseIdleWindow.String()}},
+	}, &env))
 }

@@ -13,7 +13,7 @@ describe("manifest", () => {
     assert.equal(d.kind, "sandbox_provider");
     assert.ok(manifest.capabilities.includes("environment.drivers.register"));
     assert.deepEqual(d.sandboxCapabilities, {
-      reusableLeases: false,
+      reusableLeases: true,
       persistentProcessSessions: false,
       independentControlCommands: true,
       nativeSyncIn: true,

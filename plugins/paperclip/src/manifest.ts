@@ -10,11 +10,12 @@ export const PLUGIN_ID = "kubeclip.paperclip-sandbox-provider";
 export const PLUGIN_VERSION = "0.1.0";
 export const DRIVER_KEY = "kubernetes";
 /**
- * Whether kubeclip declares reusable leases to the host. The hooks are there (resume, a reusable
- * release and destroy: plugin.ts, leases.ts) and kubeclip keeps such leases (docs/reuse/wire.md),
- * but the declaration waits until tests/paperclip has run them through the real host.
+ * Whether kubeclip declares reusable leases to the host: resume, a reusable release and destroy
+ * (plugin.ts, leases.ts), run through the real host by tests/paperclip (reuse_test.go). The host
+ * reuses a lease only for an environment with `reuseLease: true` and a run with an execution
+ * workspace (docs/reuse/host-rules.md §1); every other lease stays one run's pod.
  */
-export const REUSABLE_LEASES = false;
+export const REUSABLE_LEASES = true;
 
 const manifest: PaperclipPluginManifestV1 = {
   id: PLUGIN_ID,
@@ -35,11 +36,12 @@ const manifest: PaperclipPluginManifestV1 = {
       kind: "sandbox_provider",
       displayName: "Kubernetes (kubeclip)",
       description:
-        "One pod per run, created by kubeclip; commands run through kubeclip's exec service. Backends: pod (any cluster) or sandbox-cr (agent-sandbox).",
+        "One pod per run, created by kubeclip (with reuseLease, one per agent and execution workspace, kept between its runs on a volume); commands run through kubeclip's exec service. Backends: pod (any cluster) or sandbox-cr (agent-sandbox).",
       configSchema: providerConfigSchema,
-      // Only what the plugin implements: concurrent commands on a lease, no sessions, no lease
-      // reuse (a lease is one run's pod); native file sync both ways (sandboxd untar/tar over
-      // the exec service), any number of transfers at once (each its own exec).
+      // Only what the plugin implements: concurrent commands on a lease, no sessions, reusable
+      // leases (an environment's reuseLease: the pod and a volume kept between the agent's runs);
+      // native file sync both ways (sandboxd untar/tar over the exec service), any number of
+      // transfers at once (each its own exec).
       sandboxCapabilities: {
         reusableLeases: REUSABLE_LEASES,
         persistentProcessSessions: false,

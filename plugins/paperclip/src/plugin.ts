@@ -206,9 +206,12 @@ export function createPlugin(options: PluginOptions = {}): PaperclipPlugin {
     const cancel = params.cancelActiveWork === true;
     // A reusable lease the host cannot resume (its lease has no reuse scope: a run without an
     // execution workspace, docs/reuse/host-rules.md §1) is destroyed, not kept. Each of its
-    // releases names itself by the resume it follows: a retried one is the same request.
+    // releases names itself by the resume it follows: a retried one is the same request. A
+    // destroy names nothing: a lease is destroyed once, and its answer is the lease's one
+    // `released {destroyed}`, whoever ended it (this destroy, an earlier one, kubeclip's
+    // collection), which kubeclip publishes without a releaseId.
     if (meta.reusable && kind === "release" && !isObject(params.leaseMetadata?.reusableSandboxLease)) kind = "destroy";
-    const releaseId = meta.reusable ? String(meta.resumes ?? 0) : undefined;
+    const releaseId = meta.reusable && kind === "release" ? String(meta.resumes ?? 0) : undefined;
     if (cancel) {
       for (const c of inflight.get(providerLeaseId) ?? []) c.abort();
     }
@@ -227,7 +230,7 @@ export function createPlugin(options: PluginOptions = {}): PaperclipPlugin {
       const s = stats.take(providerLeaseId);
       s?.hook(`${kind}Lease`);
       // One line per lease with what it cost: the hook calls and the execute latencies.
-      log.info(`lease ${kind}d`, { runId: meta.runId, providerLeaseId, state: released.state, [`${kind}Ms`]: Date.now() - t0, ...s?.summary() });
+      log.info(kind === "destroy" ? "lease destroyed" : "lease released", { runId: meta.runId, providerLeaseId, state: released.state, [`${kind}Ms`]: Date.now() - t0, ...s?.summary() });
       return { providerLeaseId, state: released.state };
     } catch (err) {
       log.warn(`lease ${kind} failed`, { runId: meta.runId, providerLeaseId, error: scrub(errorMessage(err), conn.secrets) });

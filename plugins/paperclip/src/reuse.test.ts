@@ -21,8 +21,9 @@ describe("reusable leases", () => {
   const cfg = { backend: "pod", reuseLease: true };
   before(async () => {
     env = await startEnv();
-    h = await harnessed({ exec: { silenceMs: 500, graceMs: 2_000 }, reusableLeases: true }, { natsUrl: env.server.url });
-    plain = await harnessed(undefined, { natsUrl: env.server.url });
+    // h declares reuse as the manifest does (REUSABLE_LEASES); plain is a plugin that does not.
+    h = await harnessed({ exec: { silenceMs: 500, graceMs: 2_000 } }, { natsUrl: env.server.url });
+    plain = await harnessed({ reusableLeases: false }, { natsUrl: env.server.url });
   });
   after(async () => {
     await h.shutdown();
@@ -130,10 +131,23 @@ describe("reusable leases", () => {
     const receipt = await h.harness.releaseLease({ driverKey: "kubernetes", companyId: C, environmentId: "env-1", config: cfg, providerLeaseId: lease.providerLeaseId ?? "", leaseMetadata: lease.metadata });
     assert.deepEqual(receipt, { providerLeaseId: lease.providerLeaseId, state: "destroyed" });
     assert.equal(request(run, "release").length, 0);
-    assert.equal(request(run, "destroy")[0]?.payload.releaseId, "0");
+    assert.equal(request(run, "destroy")[0]?.payload.releaseId, undefined);
   });
 
-  it("asks for no reuse while the manifest does not declare it", async () => {
+  it("destroys a reusable lease after its releases, answered as kubeclip answers a destroy (no releaseId)", async () => {
+    const run = runId();
+    const lease = await acquire(h, run, "ew-1");
+    const base = { driverKey: "kubernetes", companyId: C, environmentId: "env-1", config: cfg, providerLeaseId: lease.providerLeaseId ?? "" };
+    const kubeclip = (lease.metadata as { kubeclip: Record<string, unknown> }).kubeclip;
+    const resumed = { ...lease.metadata, kubeclip: { ...kubeclip, resumes: 2 }, ...scope };
+    assert.deepEqual(await h.harness.releaseLease({ ...base, leaseMetadata: resumed }), { providerLeaseId: lease.providerLeaseId, state: "stopped" });
+    const receipt = await h.harness.destroyLease({ ...base, leaseMetadata: resumed });
+    assert.deepEqual(receipt, { providerLeaseId: lease.providerLeaseId, state: "destroyed" });
+    assert.deepEqual(request(run, "release").map((q) => q.payload.releaseId), ["2"]);
+    assert.equal(request(run, "destroy")[0]?.payload.releaseId, undefined);
+  });
+
+  it("asks for no reuse when the plugin does not declare it", async () => {
     const run = runId();
     await acquire(plain, run, "ew-1");
     assert.equal(request(run, "acquire")[0]?.payload.reuseLease, undefined);

@@ -30,6 +30,11 @@
 //	KUBECLIP_STUB_FILLER_BYTES  after the first assistant line, about this many bytes of
 //	                            system/kubeclip_filler lines (64 KiB each, words, no pauses): a large
 //	                            output for the tests that bound what holds it (default 0)
+//	KUBECLIP_STUB_STATE         non-empty: keep the session under $HOME/.claude/kubeclip-stub, append
+//	                            PAPERCLIP_RUN_ID to .kubeclip-stub-runs in the working directory and
+//	                            in $HOME, and say on stderr what earlier runs left: the resumed
+//	                            session's run count, the other sessions kept there, the run ids
+//	                            found in each (state.go)
 //
 // Installed as sh (argv[0] "sh"), the stub is the sh wrapper instead: see envdump.go.
 //

@@ -113,6 +113,7 @@ type config struct {
 	apiKey   string
 	taskID   string
 	envDump  bool  // KUBECLIP_STUB_ENV_DUMP
+	state    bool  // KUBECLIP_STUB_STATE
 	filler   int64 // KUBECLIP_STUB_FILLER_BYTES
 }
 
@@ -136,6 +137,7 @@ func loadConfig(getenv func(string) string) (config, error) {
 		c.taskID = getenv("PAPERCLIP_TASK_ID")
 	}
 	c.envDump = getenv(envDumpVar) != ""
+	c.state = getenv(stateVar) != ""
 	if v := getenv("KUBECLIP_STUB_FILLER_BYTES"); v != "" {
 		n, err := strconv.ParseInt(v, 10, 64)
 		if err != nil || n < 0 || n > maxFiller {
@@ -174,6 +176,7 @@ func run(ctx context.Context, args, environ []string, stdin io.Reader, stdout, s
 		out:      stdout,
 		interval: cfg.interval,
 		id:       opts.resume,
+		resumed:  opts.resume != "",
 		model:    opts.model,
 		start:    time.Now(),
 		client:   &http.Client{Timeout: apiTimeout},
@@ -189,6 +192,7 @@ type session struct {
 	out      io.Writer
 	interval time.Duration
 	id       string
+	resumed  bool // the command line named the session (--resume)
 	model    string
 	start    time.Time
 	client   *http.Client
@@ -212,6 +216,15 @@ func (s *session) run(ctx context.Context, cfg config, prompt string, environ []
 	}
 	if _, err := fmt.Fprintf(stderr, "claude-stub: working on a prompt of %d bytes (session %s)\n", len(prompt), s.id); err != nil {
 		return fmt.Errorf("writing stderr: %w", err)
+	}
+	if cfg.state {
+		note, err := keepState(getenv("HOME"), cwd, getenv("PAPERCLIP_RUN_ID"), s.id, s.resumed)
+		if err != nil {
+			return err
+		}
+		if _, err := io.WriteString(stderr, note); err != nil {
+			return fmt.Errorf("writing stderr: %w", err)
+		}
 	}
 	if err := s.say(ctx, fmt.Sprintf("Received a prompt of %d bytes: %q", len(prompt), firstLine(prompt, 120))); err != nil {
 		return err

@@ -143,7 +143,9 @@ export class FakeKubeclip {
         await this.publishRun(companyId, runId, "released", {
           providerLeaseId: String(payload.providerLeaseId),
           state: answer.state ?? "stopped",
-          ...(typeof payload.releaseId === "string" ? { releaseId: payload.releaseId } : {}),
+          // As kubeclip (pkg/dispatch release.go): only a reusable lease's release names its
+          // answer; a destroy's answer is the lease's one `released {destroyed}`.
+          ...(typeof payload.releaseId === "string" && kind === "release" ? { releaseId: payload.releaseId } : {}),
         });
         break;
       case "resumed":
