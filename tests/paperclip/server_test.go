@@ -367,8 +367,14 @@ func (s *server) runLog(t *testing.T, id string) []logEntry {
 		}
 		t.Fatal(err)
 	}
+	// The server reads the log file while the run appends to it: a last line without its newline
+	// may be cut mid-way. Such a fragment is the next read's.
+	content := l.Content
+	if i := strings.LastIndexByte(content, '\n'); i < len(content)-1 && !json.Valid([]byte(content[i+1:])) {
+		content = content[:i+1]
+	}
 	var out []logEntry
-	sc := bufio.NewScanner(strings.NewReader(l.Content))
+	sc := bufio.NewScanner(strings.NewReader(content))
 	sc.Buffer(make([]byte, 1<<20), 16<<20)
 	for sc.Scan() {
 		if len(bytes.TrimSpace(sc.Bytes())) == 0 {
