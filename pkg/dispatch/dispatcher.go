@@ -363,6 +363,7 @@ func (d *Dispatcher) handleDispatch(ctx context.Context, m jetstream.Msg) error 
 	rec, err = d.records.Modify(ctx, ref, lease.Dispatch(lease.Workload{
 		Namespace: plan.Namespace, Name: name, SecretName: policy.SecretName(name),
 		Backend: string(plan.Config.Backend), VolumeClaim: claim, ExpiresAt: plan.ExpiresAt(),
+		RunDeadline: plan.RunDeadline(),
 	}))
 	if errors.Is(err, lease.ErrEnded) || errors.Is(err, lease.ErrFailed) || errors.Is(err, lease.ErrFinished) {
 		// Released (or failed) before anything was created: nothing to undo but the guard.

@@ -132,7 +132,11 @@ func (d *Dispatcher) releaseReusable(ctx context.Context, log zerolog.Logger, re
 // was interrupted: its pod deleted and waited for, the lease suspended, `suspended` published.
 // A lease resumed meanwhile is left alone.
 func (d *Dispatcher) suspend(ctx context.Context, log zerolog.Logger, rec lease.Record, idle time.Duration) error {
-	rec, err := d.records.Modify(ctx, rec.Ref(), lease.BeginSuspend(d.opts.Now(), idle))
+	var inUse bool // a lease suspended past its expiry: its run held the agent
+	rec, err := d.records.Modify(ctx, rec.Ref(), func(r *lease.Record) (bool, error) {
+		inUse = r.State == lease.StateCreated
+		return lease.BeginSuspend(d.opts.Now(), idle)(r)
+	})
 	if errors.Is(err, lease.ErrInUse) || errors.Is(err, lease.ErrNotDue) || errors.Is(err, lease.ErrEnded) {
 		return nil
 	}
@@ -157,6 +161,9 @@ func (d *Dispatcher) suspend(ctx context.Context, log zerolog.Logger, rec lease.
 	}
 	if err != nil {
 		return err
+	}
+	if inUse {
+		d.freeAgent(ctx, log, rec.CompanyID, rec.AgentID, rec.RunID)
 	}
 	if _, err := d.publisher.Publish(ctx, events.RunSuspendedEvent{
 		RunID: rec.RunID, CompanyID: rec.CompanyID, ProviderLeaseID: rec.WorkloadName,
@@ -194,15 +201,20 @@ func (d *Dispatcher) handleResume(ctx context.Context, m jetstream.Msg) error {
 	if rec.WorkloadName != req.ProviderLeaseID {
 		return events.InvalidRequest("providerLeaseId", "is not the lease of run %s", req.RunID)
 	}
+	if err := d.resumeAgent(ctx, rec); err != nil {
+		return err
+	}
 	var before lease.State
+	now := d.opts.Now()
 	rec, err = d.records.Modify(ctx, ref, func(r *lease.Record) (bool, error) {
 		before = r.State
-		return lease.Resume(r)
+		return lease.Resume(now)(r)
 	})
 	switch {
 	case errors.Is(err, lease.ErrNotReusable):
 		return events.InvalidRequest("providerLeaseId", "lease %s is not reusable (its acquire did not ask for reuseLease)", rec.WorkloadName)
 	case errors.Is(err, lease.ErrEnded), errors.Is(err, lease.ErrFailed), errors.Is(err, lease.ErrFinished):
+		d.freeAgent(ctx, log, rec.CompanyID, rec.AgentID, rec.RunID) // ended since resumeAgent took it
 		return events.Terminalf(events.CodeLeaseNotFound, "providerLeaseId", "lease %s is gone (%s); acquire a new one", rec.WorkloadName, rec.State)
 	case err != nil:
 		return err
@@ -239,11 +251,39 @@ func (d *Dispatcher) handleResume(ctx context.Context, m jetstream.Msg) error {
 	if _, err := d.publisher.Publish(ctx, events.RunResumedEvent{
 		RunID: rec.RunID, CompanyID: rec.CompanyID, ProviderLeaseID: rec.WorkloadName,
 		From: from, Generation: rec.Generation, Resumes: max(rec.Resumes, 1), ResumeID: req.ResumeID,
+		ExpiresAt: rec.ExpiresAt,
 	}); err != nil {
 		return fmt.Errorf("publishing resumed: %w", err)
 	}
 	log.Info().Str("from", string(from)).Int("generation", rec.Generation).Bool("new_pod", made).
 		Dur("took", time.Since(start)).Msg("reusable lease resumed")
+	return nil
+}
+
+// resumeAgent takes the agent's guard for a reusable lease the host resumes: the lease runs its
+// agent again, so it holds the agent as its dispatch did (a release, or a suspend of a lease
+// whose expiry is over, frees it), for its run deadline plus agentGuardMargin. While another
+// run holds the agent the resume is refused with agent_busy and the lease left as it was: the
+// plugin makes the host retry the resume rather than destroy a lease that is only waiting
+// (docs/reuse/resumeexpiry.md). A lease that cannot be resumed (ended, not reusable) takes
+// nothing: its resume is refused next.
+func (d *Dispatcher) resumeAgent(ctx context.Context, rec lease.Record) error {
+	resumable := rec.State.Kept() || rec.State == lease.StateResuming || rec.State == lease.StateCreated
+	if rec.AgentID == "" || !rec.Reusable || !resumable {
+		return nil
+	}
+	deadline := time.Duration(rec.RunDeadlineSec) * time.Second
+	if deadline <= 0 {
+		deadline = policy.DefaultPodActivityDeadlineSec * time.Second
+	}
+	holder, err := d.agents.take(ctx, rec.CompanyID, rec.AgentID, rec.RunID, deadline+agentGuardMargin)
+	if err != nil {
+		return err
+	}
+	if holder != rec.RunID {
+		return events.Terminalf(events.CodeAgentBusy, "agentId",
+			"agent %s is running run %s; one run per agent at a time: lease %s is kept, resume it once that run ends", rec.AgentID, holder, rec.WorkloadName)
+	}
 	return nil
 }
 
@@ -304,6 +344,11 @@ func (d *Dispatcher) sweepLease(ctx context.Context, rec lease.Record) error {
 	switch {
 	case rec.State == lease.StateRetained && rec.RetainedAt != nil && !now.Before(rec.RetainedAt.Add(d.opts.LeaseIdleWindow)),
 		rec.State == lease.StateSuspending:
+		return d.suspend(ctx, log, rec, d.opts.LeaseIdleWindow)
+	case rec.State == lease.StateCreated && rec.Expired(now):
+		// Its run's time is up: what a pod's activeDeadlineSeconds does to any other lease,
+		// the volume kept (a reusable lease's pod has no deadline: policy.RunSpec.VolumeClaim).
+		log.Info().Time("expires_at", *rec.ExpiresAt).Msg("suspending a reusable lease in use past its expiry")
 		return d.suspend(ctx, log, rec, d.opts.LeaseIdleWindow)
 	case rec.State == lease.StateSuspended && rec.SuspendedAt != nil && !now.Before(rec.SuspendedAt.Add(d.opts.LeaseMaxAge)):
 		rec, err := d.records.Modify(ctx, rec.Ref(), lease.Collect(now, d.opts.LeaseMaxAge))

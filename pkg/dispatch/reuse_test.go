@@ -524,3 +524,187 @@ func TestMaxAgeBelowRecordTTL(t *testing.T) {
 		}
 	}
 }
+
+// expiresAt reads an event's expiresAt; the zero time when it has none.
+func expiresAt(t *testing.T, ev map[string]any) time.Time {
+	t.Helper()
+	s, ok := ev["expiresAt"].(string)
+	if !ok {
+		return time.Time{}
+	}
+	at, err := time.Parse(time.RFC3339Nano, s)
+	if err != nil {
+		t.Fatalf("expiresAt %q: %v", s, err)
+	}
+	return at
+}
+
+// TestResumedLeaseExpiry: a reusable lease's expiry is renewed by each resume and enforced by
+// the sweep, not by its pod. The pod has no activeDeadlineSeconds (which counts from the pod's
+// start and would kill a run resumed near it); `created` and each `resumed` carry the expiry
+// from then on (the run deadline, podActivityDeadlineSec, after the acquire or the resume); the
+// sweep leaves a lease in use until that moment and suspends it then (pod deleted, volume kept,
+// the agent freed); a later resume renews it again on a new pod.
+func TestResumedLeaseExpiry(t *testing.T) {
+	e := startReuseEnv(t)
+	const runDeadline = 600 * time.Second // reusableConfig's podActivityDeadlineSec
+	acquiredAt := e.clock.Now()
+	ref := e.acquire(t, "pod")
+	created, _ := e.next(t, ref, events.KindCreated, 0)
+	if got, want := expiresAt(t, created), acquiredAt.Truncate(time.Second).Add(runDeadline); !got.Equal(want) {
+		t.Errorf("created expiresAt %s, want %s", got, want)
+	}
+	rec := e.record(t, ref)
+	if err := waitReadyFor(t, e.cs, rec); err != nil {
+		t.Fatal(err)
+	}
+	if p, _ := e.pod(t, rec); p.Spec.ActiveDeadlineSeconds != nil {
+		t.Errorf("the reusable lease's pod has activeDeadlineSeconds %d: the kubelet would end it at the acquire's expiry whatever a resume renewed", *p.Spec.ActiveDeadlineSeconds)
+	}
+
+	e.publish(t, events.ReleaseRequest{RunID: ref.RunID, CompanyID: ref.CompanyID, ProviderLeaseID: rec.WorkloadName, ReleaseID: "0"})
+	e.waitState(t, ref, lease.StateRetained)
+	e.clock.add(runDeadline - 30*time.Second) // near the acquire's expiry: the case that was killed
+	resumedAt := e.clock.Now()
+	e.publish(t, events.ResumeRequest{RunID: ref.RunID, CompanyID: ref.CompanyID, ProviderLeaseID: rec.WorkloadName, ResumeID: "r1"})
+	resumed, resSeq := e.next(t, ref, events.KindResumed, 0)
+	want := resumedAt.Truncate(time.Second).Add(runDeadline)
+	if got := expiresAt(t, resumed); !got.Equal(want) {
+		t.Fatalf("resumed expiresAt %s (%v), want %s: the resume renews the expiry", got, resumed["expiresAt"], want)
+	}
+	rec = e.waitState(t, ref, lease.StateCreated)
+	if rec.ExpiresAt == nil || !rec.ExpiresAt.Equal(want) {
+		t.Fatalf("the record's expiry %v, want the one the host was told, %s", rec.ExpiresAt, want)
+	}
+
+	// In use past the acquire's expiry but within the renewed one: kept.
+	e.clock.add(runDeadline - time.Second)
+	if err := e.d.sweepLeases(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if got := e.record(t, ref).State; got != lease.StateCreated {
+		t.Fatalf("swept a second before its expiry: %s, want created", got)
+	}
+	// At the expiry: suspended, the agent freed.
+	e.clock.add(time.Second)
+	if err := e.d.sweepLeases(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	rec = e.waitState(t, ref, lease.StateSuspended)
+	if _, ok := e.pod(t, rec); ok {
+		t.Error("a lease suspended at its expiry kept its pod")
+	}
+	if !e.claimExists(t, rec) {
+		t.Error("a lease suspended at its expiry lost its claim")
+	}
+	if holder, err := e.d.agents.holder(t.Context(), rec.CompanyID, rec.AgentID); err != nil || holder != "" {
+		t.Errorf("the agent's guard after the lease was suspended at its expiry: %q (%v), want free", holder, err)
+	}
+
+	// A later resume: a new pod, the expiry renewed from then.
+	resumedAt = e.clock.Now()
+	e.publish(t, events.ResumeRequest{RunID: ref.RunID, CompanyID: ref.CompanyID, ProviderLeaseID: rec.WorkloadName, ResumeID: "r2"})
+	resumed, _ = e.next(t, ref, events.KindResumed, resSeq)
+	if got, want := expiresAt(t, resumed), resumedAt.Truncate(time.Second).Add(runDeadline); resumed["from"] != string(events.ResumedFromSuspended) || !got.Equal(want) {
+		t.Errorf("resumed %v, want from suspended, expiresAt %s", resumed, want)
+	}
+}
+
+// acquireFor publishes a reusable acquire of a run of agent in company and returns the run.
+func (e *reuseEnv) acquireFor(t *testing.T, company, agent string) events.RunRef {
+	t.Helper()
+	run := pipelinetest.NewID("run")
+	if _, err := e.pub.Publish(t.Context(), events.AcquireRequest{
+		RunID: run, CompanyID: company, EnvironmentID: "env-1", AgentID: agent,
+		Config: reusableConfig("pod"), ReuseLease: true,
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return events.Ref(company, run)
+}
+
+// retainedLease is a reusable lease of a new company's agent, acquired and released: retained,
+// its agent free.
+func (e *reuseEnv) retainedLease(t *testing.T) lease.Record {
+	t.Helper()
+	company := pipelinetest.NewID("co")
+	pipelinetest.CleanupTenant(t, e.cs, company)
+	ref := e.acquireFor(t, company, pipelinetest.NewID("agent"))
+	e.next(t, ref, events.KindCreated, 0)
+	rec := e.record(t, ref)
+	e.publish(t, events.ReleaseRequest{RunID: ref.RunID, CompanyID: ref.CompanyID, ProviderLeaseID: rec.WorkloadName, ReleaseID: "0"})
+	rec = e.waitState(t, ref, lease.StateRetained)
+	e.guardHeldBy(t, rec, "")
+	return rec
+}
+
+func (e *reuseEnv) guardHeldBy(t *testing.T, rec lease.Record, want string) {
+	t.Helper()
+	holder, err := e.d.agents.holder(t.Context(), rec.CompanyID, rec.AgentID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if holder != want {
+		t.Fatalf("agent %s held by %q, want %q", rec.AgentID, holder, want)
+	}
+}
+
+// TestResumeTakesTheAgent: a resume holds the lease's agent as its acquire did (one run per agent
+// at a time), in both orders. Resumed first, another run of the agent waits (parked) until the
+// lease is released again, then starts. Another run first, the resume is refused with agent_busy
+// naming agentId and the lease left retained, so the host retries it; once that run is released
+// the resume goes through.
+func TestResumeTakesTheAgent(t *testing.T) {
+	e := startReuseEnv(t)
+
+	t.Run("resume first", func(t *testing.T) {
+		rec := e.retainedLease(t)
+		e.publish(t, events.ResumeRequest{RunID: rec.RunID, CompanyID: rec.CompanyID, ProviderLeaseID: rec.WorkloadName, ResumeID: "r1"})
+		e.next(t, rec.Ref(), events.KindResumed, 0)
+		e.guardHeldBy(t, rec, rec.RunID)
+
+		other := e.acquireFor(t, rec.CompanyID, rec.AgentID)
+		parked, err := e.js.Stream(t.Context(), ParkedStream)
+		if err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, "the other run's dispatch parked", func() bool {
+			_, err := parked.GetLastMsgForSubject(t.Context(), parkedSubject(rec.CompanyID, rec.AgentID))
+			return err == nil
+		})
+		if got := e.record(t, other).State; got != lease.StateRequested {
+			t.Fatalf("the other run's lease is %s beside the resumed one, want requested", got)
+		}
+
+		e.publish(t, events.ReleaseRequest{RunID: rec.RunID, CompanyID: rec.CompanyID, ProviderLeaseID: rec.WorkloadName, ReleaseID: "1"})
+		e.next(t, other, events.KindCreated, 0)
+		e.guardHeldBy(t, rec, other.RunID)
+	})
+
+	t.Run("other run first", func(t *testing.T) {
+		rec := e.retainedLease(t)
+		other := e.acquireFor(t, rec.CompanyID, rec.AgentID)
+		e.next(t, other, events.KindCreated, 0)
+		e.guardHeldBy(t, rec, other.RunID)
+
+		e.publish(t, events.ResumeRequest{RunID: rec.RunID, CompanyID: rec.CompanyID, ProviderLeaseID: rec.WorkloadName, ResumeID: "busy"})
+		failed, _ := e.next(t, rec.Ref(), events.KindFailed, 0)
+		if failed["code"] != string(events.CodeAgentBusy) || failed["field"] != "agentId" || failed["request"] != string(events.LeaseResume) || failed["requestId"] != "busy" {
+			t.Fatalf("resume while another run holds the agent: %v, want agent_busy naming agentId for request busy", failed)
+		}
+		if got := e.record(t, rec.Ref()); got.State != lease.StateRetained || got.Resumes != 0 {
+			t.Fatalf("the refused resume moved the lease: %s, resumes %d", got.State, got.Resumes)
+		}
+		e.guardHeldBy(t, rec, other.RunID)
+
+		otherRec := e.record(t, other)
+		e.publish(t, events.ReleaseRequest{RunID: other.RunID, CompanyID: other.CompanyID, ProviderLeaseID: otherRec.WorkloadName, ReleaseID: "0"})
+		e.waitState(t, other, lease.StateRetained)
+		e.publish(t, events.ResumeRequest{RunID: rec.RunID, CompanyID: rec.CompanyID, ProviderLeaseID: rec.WorkloadName, ResumeID: "retry"})
+		resumed, _ := e.next(t, rec.Ref(), events.KindResumed, 0)
+		if resumed["resumeId"] != "retry" {
+			t.Fatalf("resumed %v, want the retry's answer", resumed)
+		}
+		e.guardHeldBy(t, rec, rec.RunID)
+	})
+}

@@ -76,6 +76,11 @@ type RunResumedEvent struct {
 	// ResumeID is the resume request's resumeId: the answer to that request (a repeated
 	// resume of a lease already resumed answers with the same count under its own id).
 	ResumeID string `json:"resumeId,omitempty"`
+	// ExpiresAt is the lease's expiry from this resume on (lease.Record.ExpiresAt): each resume
+	// renews it by the lease's run deadline, and the dispatcher's sweep suspends a lease still in
+	// use past it. It is what the plugin answers the host (expiresAt), as `created`'s is for the
+	// acquire. Absent for a lease with no run deadline (one acquired before kubeclip kept one).
+	ExpiresAt *time.Time `json:"expiresAt,omitempty"`
 }
 
 // Type implements Event.

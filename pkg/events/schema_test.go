@@ -61,7 +61,7 @@ func schemaCases() []schemaCase {
 		{file: "run-exec.json", path: []string{"agent"}, full: agent, zero: events.AgentResult{}},
 		{file: "run-exec.json", path: []string{"agent", "usage"}, full: usage, zero: events.AgentUsage{}},
 		{file: "run-suspended.json", full: events.RunSuspendedEvent{RunID: "r1", CompanyID: "c1", At: at, ProviderLeaseID: "pc-1", Generation: 1, VolumeClaim: "pc-1-home"}, zero: events.RunSuspendedEvent{}},
-		{file: "run-resumed.json", full: events.RunResumedEvent{RunID: "r1", CompanyID: "c1", At: at, ProviderLeaseID: "pc-1", From: events.ResumedFromSuspended, Generation: 1, Resumes: 2, ResumeID: "x1"}, zero: events.RunResumedEvent{}},
+		{file: "run-resumed.json", full: events.RunResumedEvent{RunID: "r1", CompanyID: "c1", At: at, ProviderLeaseID: "pc-1", From: events.ResumedFromSuspended, Generation: 1, Resumes: 2, ResumeID: "x1", ExpiresAt: &at}, zero: events.RunResumedEvent{}},
 	}
 }
 

@@ -135,6 +135,14 @@ func (p Plan) RunSpec(workloadName string) policy.RunSpec {
 	return spec
 }
 
+// RunDeadline is how long from the acquire the lease's hard stop is (0: none).
+func (p Plan) RunDeadline() time.Duration {
+	if p.Deadline == nil {
+		return 0
+	}
+	return time.Duration(p.Deadline.ActiveDeadlineSeconds) * time.Second
+}
+
 // ExpiresAt is the lease's hard stop, when it has one.
 func (p Plan) ExpiresAt() *time.Time {
 	if p.Deadline == nil {

@@ -59,6 +59,12 @@ type Record struct {
 	SuspendedAt *time.Time `json:"suspendedAt,omitempty"`
 	// Collected is set when it ends because it stayed suspended past the maximum age.
 	Collected bool `json:"collected,omitempty"`
+	// RunDeadlineSec is how long each run it serves may use it: its acquire's deadline (the
+	// config's podActivityDeadlineSec, or what requestedExpiresAt left of it). The acquire's
+	// ExpiresAt is that long after it, and each resume renews ExpiresAt to that long after the
+	// resume (Resume); the dispatcher's sweep suspends a lease still in use past ExpiresAt
+	// (BeginSuspend), since its pod has no deadline of its own (policy.RunSpec.VolumeClaim).
+	RunDeadlineSec int64 `json:"runDeadlineSec,omitempty"`
 }
 
 // Ref is the run the record belongs to.

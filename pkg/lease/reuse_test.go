@@ -48,6 +48,12 @@ func ending(k events.LeaseKind) func(*lease.Record) {
 	return func(r *lease.Record) { r.Ending = k }
 }
 func notReusable(r *lease.Record) { r.Reusable, r.VolumeClaim = false, "" }
+func expiresAt(t time.Time) func(*lease.Record) {
+	return func(r *lease.Record) { r.ExpiresAt = at(t) }
+}
+func deadline(secs int64) func(*lease.Record) {
+	return func(r *lease.Record) { r.RunDeadlineSec = secs }
+}
 
 // TestReusableTransitions is a reusable lease's state machine (state.go): one row per
 // transition and starting state, each refusal with its error, and the whole record after it.
@@ -56,8 +62,13 @@ func TestReusableTransitions(t *testing.T) {
 	withClaim := lease.Workload{Namespace: "paperclip-c1", Name: "pc-1", SecretName: "pc-1-env", Backend: "pod", VolumeClaim: "pc-1-home"}
 	noClaim := withClaim
 	noClaim.VolumeClaim = ""
+	withDeadline := withClaim
+	withDeadline.ExpiresAt, withDeadline.RunDeadline = at(t0.Add(600*time.Second)), 600*time.Second
+	withDeadlineNoClaim := withDeadline
+	withDeadlineNoClaim.VolumeClaim = ""
 	release, cancelRelease := lease.Release(t0, false), lease.Release(t0, true)
 	destroy := lease.BeginRelease(events.LeaseDestroy, false)
+	resume := lease.Resume(t0)
 	suspendDue, suspendEarly := lease.BeginSuspend(t0.Add(idle), idle), lease.BeginSuspend(t0.Add(idle-time.Second), idle)
 	collectDue, collectEarly := lease.Collect(t0.Add(maxAge), maxAge), lease.Collect(t0.Add(maxAge-time.Second), maxAge)
 	requested := reusable(lease.StateRequested, func(r *lease.Record) {
@@ -72,6 +83,8 @@ func TestReusableTransitions(t *testing.T) {
 		want        lease.Record
 	}{
 		{"dispatch a reusable lease with its claim", requested, lease.Dispatch(withClaim), true, nil, reusable(lease.StateDispatching)},
+		{"dispatch a reusable lease keeps its run deadline", requested, lease.Dispatch(withDeadline), true, nil, reusable(lease.StateDispatching, deadline(600), expiresAt(t0.Add(600*time.Second)))},
+		{"dispatch a lease that is not reusable keeps none", reusable(lease.StateRequested, notReusable), lease.Dispatch(withDeadlineNoClaim), true, nil, reusable(lease.StateDispatching, notReusable, expiresAt(t0.Add(600*time.Second)))},
 		{"dispatch a reusable lease without a claim", requested, lease.Dispatch(noClaim), false, errAny, requested},
 		{"dispatch a lease that is not reusable with a claim", reusable(lease.StateRequested, notReusable), lease.Dispatch(withClaim), false, errAny, reusable(lease.StateRequested, notReusable)},
 
@@ -100,6 +113,9 @@ func TestReusableTransitions(t *testing.T) {
 		{"suspend once the idle window is over", reusable(lease.StateRetained, retainedAt(t0)), suspendDue, true, nil, reusable(lease.StateSuspending, retainedAt(t0))},
 		{"suspend before the idle window is over", reusable(lease.StateRetained, retainedAt(t0)), suspendEarly, false, lease.ErrNotDue, reusable(lease.StateRetained, retainedAt(t0))},
 		{"suspend a lease the host resumed", reusable(lease.StateCreated, resumes(1)), suspendDue, false, lease.ErrInUse, reusable(lease.StateCreated, resumes(1))},
+		{"suspend a lease in use within its expiry", reusable(lease.StateCreated, expiresAt(t0.Add(idle+time.Second))), suspendDue, false, lease.ErrInUse, reusable(lease.StateCreated, expiresAt(t0.Add(idle+time.Second)))},
+		{"suspend a lease in use past its expiry", reusable(lease.StateCreated, expiresAt(t0.Add(idle))), suspendDue, true, nil, reusable(lease.StateSuspending, expiresAt(t0.Add(idle)))},
+		{"suspend a resuming lease past its expiry", reusable(lease.StateResuming, generation(1), expiresAt(t0)), suspendDue, false, lease.ErrInUse, reusable(lease.StateResuming, generation(1), expiresAt(t0))},
 		{"suspend a resuming lease", reusable(lease.StateResuming, generation(1)), suspendDue, false, lease.ErrInUse, reusable(lease.StateResuming, generation(1))},
 		{"suspend a suspending lease", reusable(lease.StateSuspending), suspendDue, false, nil, reusable(lease.StateSuspending)},
 		{"suspend a suspended lease", reusable(lease.StateSuspended, suspendedAt(t0)), suspendDue, false, nil, reusable(lease.StateSuspended, suspendedAt(t0))},
@@ -116,18 +132,22 @@ func TestReusableTransitions(t *testing.T) {
 		{"suspended after a destroy", reusable(lease.StateReleasing, ending(events.LeaseDestroy)), lease.Suspended(t0, 0), false, lease.ErrEnded, reusable(lease.StateReleasing, ending(events.LeaseDestroy))},
 		{"suspended without a suspend", reusable(lease.StateDispatching), lease.Suspended(t0, 0), false, errAny, reusable(lease.StateDispatching)},
 
-		{"resume a retained lease at once", reusable(lease.StateRetained, retainedAt(t0), cancelling), lease.Resume, true, nil, reusable(lease.StateCreated, resumes(1))},
-		{"resume a suspended lease", reusable(lease.StateSuspended, suspendedAt(t0), resumes(1)), lease.Resume, true, nil, reusable(lease.StateResuming, generation(1), resumes(2))},
-		{"resume a suspending lease", reusable(lease.StateSuspending, retainedAt(t0)), lease.Resume, true, nil, reusable(lease.StateResuming, generation(1), resumes(1))},
-		{"resume a live lease", reusable(lease.StateCreated), lease.Resume, false, nil, reusable(lease.StateCreated)},
-		{"resume a resuming lease", reusable(lease.StateResuming, generation(1), resumes(1)), lease.Resume, false, nil, reusable(lease.StateResuming, generation(1), resumes(1))},
-		{"resume a lease being destroyed", reusable(lease.StateReleasing, ending(events.LeaseDestroy)), lease.Resume, false, lease.ErrEnded, reusable(lease.StateReleasing, ending(events.LeaseDestroy))},
-		{"resume a destroyed lease", reusable(lease.StateDestroyed), lease.Resume, false, lease.ErrEnded, reusable(lease.StateDestroyed)},
-		{"resume a collected lease", reusable(lease.StateCollected, collected), lease.Resume, false, lease.ErrEnded, reusable(lease.StateCollected, collected)},
-		{"resume a failed lease", reusable(lease.StateFailed), lease.Resume, false, lease.ErrFailed, reusable(lease.StateFailed)},
-		{"resume a lease whose pod ended", reusable(lease.StateFinished), lease.Resume, false, lease.ErrFinished, reusable(lease.StateFinished)},
-		{"resume a requested lease", requested, lease.Resume, false, errAny, requested},
-		{"resume a lease that is not reusable", reusable(lease.StateCreated, notReusable), lease.Resume, false, lease.ErrNotReusable, reusable(lease.StateCreated, notReusable)},
+		{"resume a retained lease at once", reusable(lease.StateRetained, retainedAt(t0), cancelling), resume, true, nil, reusable(lease.StateCreated, resumes(1))},
+		{"resume renews the expiry by the run deadline", reusable(lease.StateRetained, retainedAt(t0), deadline(600), expiresAt(t0.Add(-time.Minute))), lease.Resume(t0.Add(1500 * time.Millisecond)), true, nil, reusable(lease.StateCreated, resumes(1), deadline(600), expiresAt(t0.Add(601*time.Second)))},
+		{"resume of a suspended lease renews it too", reusable(lease.StateSuspended, suspendedAt(t0), deadline(600), expiresAt(t0)), resume, true, nil, reusable(lease.StateResuming, generation(1), resumes(1), deadline(600), expiresAt(t0.Add(600*time.Second)))},
+		{"resume of a lease with no run deadline keeps no stale expiry", reusable(lease.StateRetained, retainedAt(t0), expiresAt(t0.Add(-time.Minute))), resume, true, nil, reusable(lease.StateCreated, resumes(1))},
+		{"a repeated resume does not renew", reusable(lease.StateCreated, resumes(1), deadline(600), expiresAt(t0)), lease.Resume(t0.Add(time.Hour)), false, nil, reusable(lease.StateCreated, resumes(1), deadline(600), expiresAt(t0))},
+		{"resume a suspended lease", reusable(lease.StateSuspended, suspendedAt(t0), resumes(1)), resume, true, nil, reusable(lease.StateResuming, generation(1), resumes(2))},
+		{"resume a suspending lease", reusable(lease.StateSuspending, retainedAt(t0)), resume, true, nil, reusable(lease.StateResuming, generation(1), resumes(1))},
+		{"resume a live lease", reusable(lease.StateCreated), resume, false, nil, reusable(lease.StateCreated)},
+		{"resume a resuming lease", reusable(lease.StateResuming, generation(1), resumes(1)), resume, false, nil, reusable(lease.StateResuming, generation(1), resumes(1))},
+		{"resume a lease being destroyed", reusable(lease.StateReleasing, ending(events.LeaseDestroy)), resume, false, lease.ErrEnded, reusable(lease.StateReleasing, ending(events.LeaseDestroy))},
+		{"resume a destroyed lease", reusable(lease.StateDestroyed), resume, false, lease.ErrEnded, reusable(lease.StateDestroyed)},
+		{"resume a collected lease", reusable(lease.StateCollected, collected), resume, false, lease.ErrEnded, reusable(lease.StateCollected, collected)},
+		{"resume a failed lease", reusable(lease.StateFailed), resume, false, lease.ErrFailed, reusable(lease.StateFailed)},
+		{"resume a lease whose pod ended", reusable(lease.StateFinished), resume, false, lease.ErrFinished, reusable(lease.StateFinished)},
+		{"resume a requested lease", requested, resume, false, errAny, requested},
+		{"resume a lease that is not reusable", reusable(lease.StateCreated, notReusable), resume, false, lease.ErrNotReusable, reusable(lease.StateCreated, notReusable)},
 
 		{"resumed: the new pod is ready", reusable(lease.StateResuming, generation(1)), lease.Resumed(1), true, nil, reusable(lease.StateCreated, generation(1))},
 		{"resumed twice", reusable(lease.StateCreated, generation(1)), lease.Resumed(1), false, nil, reusable(lease.StateCreated, generation(1))},
@@ -233,10 +253,10 @@ func TestReusableLeaseLife(t *testing.T) {
 		{"first run released", lease.Release(t0, false), lease.StateRetained, 0, 0},
 		{"idle window over", lease.BeginSuspend(t0.Add(idle), idle), lease.StateSuspending, 0, 0},
 		{"pod deleted", lease.Suspended(t0.Add(idle+time.Second), 0), lease.StateSuspended, 0, 0},
-		{"second run resumes", lease.Resume, lease.StateResuming, 1, 1},
+		{"second run resumes", lease.Resume(t0), lease.StateResuming, 1, 1},
 		{"new pod ready", lease.Resumed(1), lease.StateCreated, 1, 1},
 		{"second run released", lease.Release(t0.Add(time.Hour), false), lease.StateRetained, 1, 1},
-		{"third run resumes at once", lease.Resume, lease.StateCreated, 1, 2},
+		{"third run resumes at once", lease.Resume(t0), lease.StateCreated, 1, 2},
 		{"destroy", lease.BeginRelease(events.LeaseDestroy, true), lease.StateReleasing, 1, 2},
 		{"destroyed", lease.Released, lease.StateDestroyed, 1, 2},
 	}
@@ -257,7 +277,7 @@ func TestReusableLeaseLife(t *testing.T) {
 				s.name, stored.State, stored.Generation, stored.Resumes, s.wantState, s.wantGeneration, s.wantResumes)
 		}
 	}
-	if _, err := records.Modify(ctx, rec.Ref(), lease.Resume); !errors.Is(err, lease.ErrEnded) {
+	if _, err := records.Modify(ctx, rec.Ref(), lease.Resume(t0)); !errors.Is(err, lease.ErrEnded) {
 		t.Errorf("a resume after the destroy: error %v, want ErrEnded", err)
 	}
 }
@@ -285,7 +305,7 @@ func TestTransitionsAreIdempotent(t *testing.T) {
 		"Release(cancel)":        lease.Release(t0, true),
 		"BeginSuspend":           lease.BeginSuspend(t0.Add(idle), idle),
 		"Suspended":              lease.Suspended(t0, 0),
-		"Resume":                 lease.Resume,
+		"Resume":                 lease.Resume(t0),
 		"Resumed":                lease.Resumed(0),
 		"Collect":                lease.Collect(t0.Add(maxAge), maxAge),
 	}

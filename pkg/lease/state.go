@@ -151,6 +151,9 @@ type Workload struct {
 	VolumeClaim string
 	// ExpiresAt is the lease's hard stop, when it has one.
 	ExpiresAt *time.Time
+	// RunDeadline is how long from its acquire ExpiresAt is: a reusable lease keeps it to renew
+	// its expiry on each resume (Record.RunDeadlineSec).
+	RunDeadline time.Duration
 }
 
 // Dispatch moves a requested lease to dispatching with w. A lease already dispatching or
@@ -172,6 +175,9 @@ func Dispatch(w Workload) func(*Record) (bool, error) {
 		r.Namespace, r.WorkloadName, r.SecretName, r.Backend = w.Namespace, w.Name, w.SecretName, w.Backend
 		r.VolumeClaim = w.VolumeClaim
 		r.ExpiresAt = w.ExpiresAt
+		if r.Reusable {
+			r.RunDeadlineSec = int64(w.RunDeadline / time.Second)
+		}
 		return true, nil
 	}
 }
@@ -297,9 +303,10 @@ func Release(now time.Time, cancelActiveWork bool) func(*Record) (bool, error) {
 }
 
 // BeginSuspend starts suspending a retained lease whose idle window (from its last release) is
-// over at now: its pod is deleted, its volume kept. It refuses a lease the host resumed since
-// (ErrInUse) and one whose window is not over (ErrNotDue). The pod to delete is the record's
-// Generation's.
+// over at now, or a lease in use past its expiry (ExpiresAt: its run's time is up, as a pod's
+// activeDeadlineSeconds would end it, but its volume stays): its pod is deleted, its volume
+// kept. It refuses a lease the host resumed since, or one in use within its expiry (ErrInUse),
+// and one whose window is not over (ErrNotDue). The pod to delete is the record's Generation's.
 func BeginSuspend(now time.Time, idle time.Duration) func(*Record) (bool, error) {
 	return func(r *Record) (bool, error) {
 		if !r.Reusable {
@@ -308,7 +315,13 @@ func BeginSuspend(now time.Time, idle time.Duration) func(*Record) (bool, error)
 		switch r.State {
 		case StateSuspending, StateSuspended:
 			return false, nil
-		case StateCreated, StateResuming:
+		case StateCreated:
+			if !r.Expired(now) {
+				return false, ErrInUse
+			}
+			r.State = StateSuspending
+			return true, nil
+		case StateResuming:
 			return false, ErrInUse
 		case StateRetained:
 			if r.RetainedAt != nil && now.Before(r.RetainedAt.Add(idle)) {
@@ -349,33 +362,47 @@ func Suspended(now time.Time, generation int) func(*Record) (bool, error) {
 	}
 }
 
-// Resume is the host's resume of a reusable lease. A retained lease is live again at
+// Resume is the host's resume at now of a reusable lease. A retained lease is live again at
 // once (created, same pod); a suspended or suspending one is resuming: a new pod, the next
-// Generation, on its volume. A created or resuming lease stays as it is (the host resumes within
-// one run too, and retries). A resume clears the previous run's cancelActiveWork. A lease that
-// ended, failed or whose pod ended on its own is refused with ErrEnded, ErrFailed or
-// ErrFinished: the plugin answers so that the host acquires afresh (docs/reuse/host-rules.md).
-func Resume(r *Record) (bool, error) {
-	if !r.Reusable {
-		return false, ErrNotReusable
-	}
-	switch r.State {
-	case StateCreated, StateResuming:
-		return false, nil
-	case StateRetained:
-		r.State = StateCreated
-	case StateSuspending, StateSuspended:
-		r.State = StateResuming
-		r.Generation++
-	default:
-		if err := r.stopped(); err != nil {
-			return false, err
+// Generation, on its volume. Either way its expiry is renewed: RunDeadlineSec from now (none
+// for a lease that kept no run deadline). A created or resuming lease stays as it is (the host
+// resumes within one run too, and retries). A resume clears the previous run's cancelActiveWork.
+// A lease that ended, failed or whose pod ended on its own is refused with ErrEnded, ErrFailed
+// or ErrFinished: the plugin answers so that the host acquires afresh
+// (docs/reuse/host-rules.md).
+func Resume(now time.Time) func(*Record) (bool, error) {
+	return func(r *Record) (bool, error) {
+		if !r.Reusable {
+			return false, ErrNotReusable
 		}
-		return false, &errTransition{from: r.State, what: "be resumed"}
+		switch r.State {
+		case StateCreated, StateResuming:
+			return false, nil
+		case StateRetained:
+			r.State = StateCreated
+		case StateSuspending, StateSuspended:
+			r.State = StateResuming
+			r.Generation++
+		default:
+			if err := r.stopped(); err != nil {
+				return false, err
+			}
+			return false, &errTransition{from: r.State, what: "be resumed"}
+		}
+		r.Resumes++
+		r.RetainedAt, r.SuspendedAt, r.CancelActiveWork = nil, nil, false
+		r.ExpiresAt = nil
+		if r.RunDeadlineSec > 0 {
+			at := now.UTC().Truncate(time.Second).Add(time.Duration(r.RunDeadlineSec) * time.Second)
+			r.ExpiresAt = &at
+		}
+		return true, nil
 	}
-	r.Resumes++
-	r.RetainedAt, r.SuspendedAt, r.CancelActiveWork = nil, nil, false
-	return true, nil
+}
+
+// Expired reports whether the lease's expiry (ExpiresAt) is over at now.
+func (r Record) Expired(now time.Time) bool {
+	return r.ExpiresAt != nil && !now.Before(*r.ExpiresAt)
 }
 
 // Resumed records that the pod of generation, made by a resume, is ready to run commands. A

@@ -65,9 +65,17 @@ func (s RunSpec) execPodTemplate() corev1.PodTemplateSpec {
 	spec := &tmpl.Spec
 	spec.RestartPolicy = corev1.RestartPolicyNever
 	spec.TerminationGracePeriodSeconds = ptrTo(int64(DefaultExecGracePeriod / time.Second))
-	if s.ActiveDeadlineSeconds != nil {
+	switch {
+	case s.VolumeClaim != "":
+		// A reusable lease's pod serves its agent's runs one after another, and each resume
+		// renews the lease's expiry; a pod's activeDeadlineSeconds counts from its start and can
+		// only be shortened, so it would kill a run resumed near it although the host was told a
+		// later expiry. The lease's expiry (lease.Record.ExpiresAt) is enforced by the
+		// dispatcher's sweep instead, which suspends a lease still in use past it.
+		spec.ActiveDeadlineSeconds = nil
+	case s.ActiveDeadlineSeconds != nil:
 		spec.ActiveDeadlineSeconds = ptrTo(*s.ActiveDeadlineSeconds)
-	} else {
+	default:
 		spec.ActiveDeadlineSeconds = ptrTo(s.Config.PodActivityDeadlineSec)
 	}
 	bin := corev1.VolumeMount{Name: sandboxdBinVolume, MountPath: SandboxdBinDir}
@@ -178,7 +186,8 @@ func SecretEnvKeys(secret *corev1.Secret) []string {
 
 // RenderPod renders a run's bare Pod (backend "pod", kubeclip's exec-capable lease for clusters
 // without agent-sandbox): the exec pod template under the workload's name, bounded by the
-// lease's deadline (activeDeadlineSeconds), owned by nothing (the lease record is its owner;
+// lease's deadline (activeDeadlineSeconds; a reusable lease's by the dispatcher's sweep), owned
+// by nothing (the lease record is its owner;
 // release deletes it, reconciliation finds it by its labels).
 func RenderPod(spec RunSpec) *corev1.Pod {
 	tmpl := spec.execPodTemplate()

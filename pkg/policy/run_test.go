@@ -153,6 +153,23 @@ func TestReusablePodKeepsWorkspaceAndHomeOnItsClaim(t *testing.T) {
 	}
 }
 
+// A reusable lease's pod has no activeDeadlineSeconds, whatever deadline the lease was acquired
+// with: it serves many runs and each resume renews the lease's expiry, which a pod's deadline
+// (counted from its start, never moved later) would cut short; the dispatcher's sweep enforces
+// the expiry. Any other exec pod keeps the lease's deadline.
+func TestReusablePodHasNoKubeletDeadline(t *testing.T) {
+	spec := testRunSpec(policy.DefaultConfig())
+	secs := int64(900)
+	spec.ActiveDeadlineSeconds = &secs
+	if got := policy.RenderPod(spec).Spec.ActiveDeadlineSeconds; got == nil || *got != secs {
+		t.Fatalf("a lease's pod: activeDeadlineSeconds %v, want %d", got, secs)
+	}
+	spec.VolumeClaim = "lease-1-data"
+	if got := policy.RenderPod(spec).Spec.ActiveDeadlineSeconds; got != nil {
+		t.Errorf("a reusable lease's pod: activeDeadlineSeconds %d, want none", *got)
+	}
+}
+
 // An exec-capable pod is the Job's pod with sandboxd as its main process: the same container,
 // security context, resources, Secret values and volumes, plus sandboxd's init container,
 // volumes and port, no restarts, and the lease's deadline. A Sandbox's pod template is exactly
