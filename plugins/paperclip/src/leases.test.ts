@@ -166,10 +166,10 @@ describe("leases", () => {
     // An earlier run's resume answered, and another request's failure: neither is this one's.
     await env.kubeclip.publishRun(C, r, "resumed", { providerLeaseId: "pc-1", from: "retained", generation: 0, resumes: 1, resumeId: "earlier" });
     await env.kubeclip.publishRun(C, r, "failed", { code: "lease_not_found", message: "gone", request: "resume", requestId: "other" });
-    env.kubeclip.onResume = () => ({ kind: "resumed", from: "suspended", generation: 1, resumes: 2 });
+    env.kubeclip.onResume = () => ({ kind: "resumed", from: "suspended", generation: 1, resumes: 2, expiresAt: "2026-08-24T12:05:03Z" });
     try {
       const resumed = await leases.resume({ runId: r, companyId: C, providerLeaseId: "pc-1", resumeId: "this-one" }, opts);
-      assert.deepEqual(resumed, { providerLeaseId: "pc-1", from: "suspended", generation: 1, resumes: 2 });
+      assert.deepEqual(resumed, { providerLeaseId: "pc-1", from: "suspended", generation: 1, resumes: 2, expiresAt: "2026-08-24T12:05:03Z" });
     } finally {
       env.kubeclip.onResume = () => ({ kind: "resumed" });
     }

@@ -50,6 +50,8 @@ export interface ResumedEvent {
   from: "retained" | "suspended";
   generation: number;
   resumes: number;
+  /** The lease's expiry from this resume on (each resume renews it); null when kubeclip keeps none. */
+  expiresAt: string | null;
 }
 
 export interface CreatedEvent {
@@ -291,7 +293,13 @@ function decodeResumed(ev: JsonObject): ResumedEvent {
   const f = new Fields(ev, "resumed event");
   const from = f.str("from");
   if (from !== "retained" && from !== "suspended") throw new ProtocolError(`resumed event: from ${from} is not retained or suspended`);
-  return { providerLeaseId: f.str("providerLeaseId"), from, generation: f.optInt("generation") ?? 0, resumes: f.optInt("resumes") ?? 0 };
+  return {
+    providerLeaseId: f.str("providerLeaseId"),
+    from,
+    generation: f.optInt("generation") ?? 0,
+    resumes: f.optInt("resumes") ?? 0,
+    expiresAt: f.optStr("expiresAt") ?? null,
+  };
 }
 
 function decodeFailed(ev: JsonObject): KubeclipError {

@@ -265,9 +265,10 @@ export function createPlugin(options: PluginOptions = {}): PaperclipPlugin {
   }
 
   /**
-   * Resumes a reusable lease for the agent's next run. A lease kubeclip no longer has (destroyed,
-   * collected, not reusable) is answered with no lease, so the host destroys it and acquires
-   * afresh (docs/reuse/host-rules.md §3); anything else that goes wrong is thrown.
+   * Resumes a reusable lease for the agent's next run, answering the expiry the resume renewed.
+   * A lease kubeclip no longer has (destroyed, collected, not reusable) is answered with no
+   * lease, so the host destroys it and acquires afresh (docs/reuse/host-rules.md §3); anything
+   * else that goes wrong is thrown, as an error the host retries when the lease is only busy.
    */
   async function resumeLease(params: PluginEnvironmentResumeLeaseParams): Promise<PluginEnvironmentLease> {
     const meta = leaseMetadata(params.leaseMetadata, "leaseMetadata");
@@ -286,12 +287,25 @@ export function createPlugin(options: PluginOptions = {}): PaperclipPlugin {
       stats.of(params.providerLeaseId).hook("resumeLease");
       log.info("lease resumed", { runId: meta.runId, providerLeaseId: params.providerLeaseId, from: r.from, generation: r.generation, resumeMs: Date.now() - t0 });
       const remoteCwd = typeof params.leaseMetadata?.remoteCwd === "string" ? params.leaseMetadata.remoteCwd : REMOTE_CWD;
-      // The answer's metadata replaces the lease's: everything later hooks read goes back.
-      return { providerLeaseId: params.providerLeaseId, metadata: { remoteCwd, kubeclip: { ...meta, resumes: r.resumes } } };
+      // The answer's metadata replaces the lease's: everything later hooks read goes back. The
+      // host stores the answer's expiresAt on the lease's new row: the expiry this resume
+      // renewed, which kubeclip enforces.
+      return {
+        providerLeaseId: params.providerLeaseId,
+        expiresAt: r.expiresAt,
+        metadata: { remoteCwd, kubeclip: { ...meta, resumes: r.resumes } },
+      };
     } catch (err) {
       if (err instanceof KubeclipError && err.code === "lease_not_found") {
         log.info("lease gone; the host acquires afresh", { runId: meta.runId, providerLeaseId: params.providerLeaseId });
         return gone;
+      }
+      if (err instanceof KubeclipError && err.code === "agent_busy") {
+        // Another run of the agent holds it: the lease is kept, only not now. The host retries
+        // a resume within its minute when the message reads as transient (host-rules.md §3);
+        // answering "no lease" would make it destroy the agent's workspace and home instead.
+        log.info("lease's agent busy; the host retries the resume", { runId: meta.runId, providerLeaseId: params.providerLeaseId });
+        throw new KubeclipError(err.code, `${err.message.replace(/^agent_busy: /, "")}: service unavailable until that run ends`, err.field);
       }
       // The host retries a resume within its minute only when the error reads as transient
       // (host-rules.md §3); a retry continues the same resume (a new pod is waited for, not made

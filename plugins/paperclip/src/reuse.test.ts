@@ -53,10 +53,12 @@ describe("reusable leases", () => {
     assert.deepEqual(receipt, { providerLeaseId: leaseId, state: "stopped" });
     assert.equal(request(run, "release")[0]?.payload.releaseId, "0");
 
-    env.kubeclip.onResume = () => ({ kind: "resumed", from: "retained", generation: 0, resumes: 1 });
+    env.kubeclip.onResume = () => ({ kind: "resumed", from: "retained", generation: 0, resumes: 1, expiresAt: "2026-08-24T12:30:00Z" });
     const resumed = await h.harness.resumeLease({ ...base, leaseMetadata: { ...lease.metadata, ...scope } });
     env.kubeclip.onResume = () => ({ kind: "resumed" });
     assert.equal(resumed.providerLeaseId, leaseId);
+    // The host stores the answer's expiresAt on the lease's new row: the one the resume renewed.
+    assert.equal(resumed.expiresAt, "2026-08-24T12:30:00Z");
     assert.deepEqual(resumed.metadata, { remoteCwd: (lease.metadata as { remoteCwd: string }).remoteCwd, kubeclip: { ...kubeclip, resumes: 1 } });
     const resume = request(run, "resume")[0];
     assert.ok(resume);
@@ -88,6 +90,30 @@ describe("reusable leases", () => {
       await assert.rejects(
         h.harness.resumeLease({ driverKey: "kubernetes", companyId: C, environmentId: "env-1", config: cfg, providerLeaseId: lease.providerLeaseId ?? "", leaseMetadata: lease.metadata }),
         /backend_unavailable/,
+      );
+    } finally {
+      env.kubeclip.onResume = () => ({ kind: "resumed" });
+    }
+  });
+
+  it("a resume whose agent another run holds throws what the host retries (the lease is kept)", async () => {
+    const run = runId();
+    const lease = await acquire(h, run, "ew-1");
+    env.kubeclip.onResume = () => ({
+      kind: "failed", code: "agent_busy", field: "agentId",
+      message: "agent agent-1 is running run r-2; one run per agent at a time: lease pc-1 is kept, resume it once that run ends",
+    });
+    try {
+      await assert.rejects(
+        h.harness.resumeLease({ driverKey: "kubernetes", companyId: C, environmentId: "env-1", config: cfg, providerLeaseId: lease.providerLeaseId ?? "", leaseMetadata: lease.metadata }),
+        (err: unknown) => {
+          const msg = errorMessage(err);
+          // The host's transient test (environment-runtime.js transientSandboxResumeFailure), as it
+          // reads the message: not matched, the run fails at once instead of waiting its minute.
+          assert.match(msg.toLowerCase(), /\b(timeout|timed out|rate limit|temporar|network|connection reset|service unavailable)\b/);
+          assert.match(msg, /^agent_busy: agentId: agent agent-1 is running run r-2/);
+          return true;
+        },
       );
     } finally {
       env.kubeclip.onResume = () => ({ kind: "resumed" });

@@ -18,7 +18,7 @@ export type Answer =
   | { kind: "created"; extra?: JsonObject }
   | { kind: "failed"; code: string; message: string; field?: string }
   | { kind: "released"; state?: "stopped" | "destroyed" }
-  | { kind: "resumed"; from?: "retained" | "suspended"; generation?: number; resumes?: number }
+  | { kind: "resumed"; from?: "retained" | "suspended"; generation?: number; resumes?: number; expiresAt?: string }
   | { kind: "silent" }
   | { kind: "events"; events: { kind: string; payload: JsonObject }[] };
 
@@ -155,6 +155,7 @@ export class FakeKubeclip {
           generation: answer.generation ?? 0,
           resumes: answer.resumes ?? 1,
           resumeId: String(payload.resumeId),
+          ...(answer.expiresAt ? { expiresAt: answer.expiresAt } : {}),
         });
         break;
       case "events":
