@@ -25,8 +25,11 @@ import (
 //     cancels active work suspends it at once instead (its commands die with the pod);
 //   - once the window is over, the sweep suspends it: the pod deleted, its volume claim and
 //     Secret kept, `suspended` published;
-//   - a resume (<prefix>.lease.<c>.resume) makes a retained lease live again at once, and a
-//     suspended one once a new pod on the same claim is ready, then publishes `resumed`;
+//   - a resume (<prefix>.lease.<c>.resume) takes the agent's guard, makes a retained lease live
+//     again at once, and a suspended one once a new pod on the same claim is ready, renews the
+//     lease's expiry by its run deadline, then publishes `resumed` with it;
+//   - a lease in use past its expiry is suspended by the sweep: its pod has no deadline of its
+//     own (it serves many runs), so the sweep is what ends a run's time;
 //   - a destroy, from any state, deletes pod, Secret and claim;
 //   - a lease suspended for longer than the operator's maximum age (Options.LeaseMaxAge) is
 //     collected by the sweep: destroyed, `released` (destroyed) published. The host never
@@ -128,9 +131,10 @@ func (d *Dispatcher) releaseReusable(ctx context.Context, log zerolog.Logger, re
 	return d.answerRelease(ctx, log, rec, req.ReleaseID)
 }
 
-// suspend suspends a retained lease whose idle window (idle) is over, or one whose suspend
-// was interrupted: its pod deleted and waited for, the lease suspended, `suspended` published.
-// A lease resumed meanwhile is left alone.
+// suspend suspends a retained lease whose idle window (idle) is over, one in use past its
+// expiry (its agent freed once the pod is gone), or one whose suspend was interrupted: its pod
+// deleted and waited for, the lease suspended, `suspended` published. A lease resumed meanwhile
+// is left alone.
 func (d *Dispatcher) suspend(ctx context.Context, log zerolog.Logger, rec lease.Record, idle time.Duration) error {
 	var inUse bool // a lease suspended past its expiry: its run held the agent
 	rec, err := d.records.Modify(ctx, rec.Ref(), func(r *lease.Record) (bool, error) {
