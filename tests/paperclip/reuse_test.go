@@ -108,6 +108,7 @@ func TestPaperclipReusableLease(t *testing.T) {
 	if resumedB.From != events.ResumedFromRetained || resumedB.Generation != 0 || resumedB.Resumes != 1 {
 		t.Errorf("run B's resume: %+v, want from retained, generation 0, the first resume", resumedB)
 	}
+	checkResumedExpiry(t, leaseB, resumedB)
 	pc.waitIdle(t, runTimeout)
 
 	// The idle window passes: kubeclip deletes the pod and keeps the volume.
@@ -142,6 +143,7 @@ func TestPaperclipReusableLease(t *testing.T) {
 	if resumedC.From != events.ResumedFromSuspended || resumedC.Generation != 1 {
 		t.Errorf("run C's resume: %+v, want from suspended, generation 1", resumedC)
 	}
+	checkResumedExpiry(t, leaseC, resumedC)
 	checkClaim(t, cs, ns, claim)
 	pc.waitIdle(t, runTimeout)
 
@@ -269,6 +271,20 @@ func checkResumedRow(t *testing.T, l leaseRecord, p, firstRun string) {
 	t.Helper()
 	if l.Status != "released" || l.ProviderLeaseID != p || l.Metadata.Kubeclip.RunID != firstRun {
 		t.Errorf("lease row %s: %s on %s of kubeclip run %s, want released on %s of %s", l.ID, l.Status, l.ProviderLeaseID, l.Metadata.Kubeclip.RunID, p, firstRun)
+	}
+}
+
+// checkResumedExpiry checks that the host's row of a resumed lease holds the expiry kubeclip's
+// resume renewed (the plugin's answer), a fresh one: later than the row's previous run ended.
+func checkResumedExpiry(t *testing.T, l leaseRecord, ev events.RunResumedEvent) {
+	t.Helper()
+	switch {
+	case ev.ExpiresAt == nil:
+		t.Errorf("resumed %+v carries no expiresAt", ev)
+	case l.ExpiresAt == nil || !l.ExpiresAt.Equal(*ev.ExpiresAt):
+		t.Errorf("lease row %s expires at %v, want the resume's %s", l.ID, l.ExpiresAt, ev.ExpiresAt)
+	case !ev.ExpiresAt.After(ev.At):
+		t.Errorf("resumed %+v: an expiry no later than the resume", ev)
 	}
 }
 
