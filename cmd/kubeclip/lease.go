@@ -198,7 +198,7 @@ func (v leaseView) write(w io.Writer, now time.Time) {
 			state += " (collected: suspended past the maximum age)"
 		case r.State == lease.StateFailed && r.Failure != "":
 			state += " (" + string(r.Failure) + ")"
-		case r.Ending != "" && r.State.Ended():
+		case r.State == lease.StateReleasing && r.Ending != "":
 			state += " (" + string(r.Ending) + ")"
 		}
 		field("state", "%s", state)
