@@ -71,13 +71,15 @@ func releaseAnswer(req events.ReleaseRequest) answerFunc {
 	}
 }
 
-// releasedFinal reports whether a released event ends the lease whatever is asked of it next:
-// one that answers no named release (a destroy's or a collection's, or the release of a lease
-// that is not reusable) and, for a destroy, says destroyed. kubeclip confirms such a lease's
-// next release or destroy with the same event, which JetStream drops as a repeat within its
-// duplicate window: the wait reads it before the request is published.
-func releasedFinal(req events.ReleaseRequest, r events.RunReleasedEvent) bool {
-	return r.ReleaseID == "" && (r.State == events.ReleaseDestroyed || !req.Destroy)
+// releasedFinal reports whether the run's last released event (released), with the sequence
+// of its last resumed event (0: none), ends the lease whatever is asked of it next: one that
+// answers no named release (a destroy's or a collection's, or the release of a lease that is not
+// reusable), not followed by a resume, and for a destroy one that says destroyed. kubeclip
+// confirms such a lease's next release or destroy with the same event, which JetStream drops as
+// a repeat within its duplicate window: the wait reads it before the request is published.
+func releasedFinal(req events.ReleaseRequest, released events.Received, resumedSeq uint64) bool {
+	r, ok := released.Event.(events.RunReleasedEvent)
+	return ok && r.ReleaseID == "" && released.StreamSeq > resumedSeq && (r.State == events.ReleaseDestroyed || !req.Destroy)
 }
 
 // newRequestID names a request among the lease's requests of its kind.
@@ -137,11 +139,12 @@ func releaseLease(ctx context.Context, name string, args []string, lookupEnv con
 	}
 	ref := events.Ref(req.CompanyID, req.RunID)
 	return request(ctx, js, s, req, timeout, printer{w: stdout}, releaseAnswer(req), func(stream jetstream.Stream) (events.Received, bool, error) {
-		last, ok, err := lastEvent[events.RunReleasedEvent](ctx, stream, s, ref)
+		released, ok, err := lastEvent[events.RunReleasedEvent](ctx, stream, s, ref)
 		if err != nil || !ok {
-			return last, false, err
+			return released, false, err
 		}
-		return last, releasedFinal(req, last.Event.(events.RunReleasedEvent)), nil
+		resumed, _, err := lastEvent[events.RunResumedEvent](ctx, stream, s, ref)
+		return released, err == nil && releasedFinal(req, released, resumed.StreamSeq), err
 	})
 }
 

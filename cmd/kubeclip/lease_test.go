@@ -98,18 +98,21 @@ func TestLeaseAnswers(t *testing.T) {
 		})
 	}
 	for _, tc := range []struct {
-		name string
-		req  events.ReleaseRequest
-		ev   events.RunReleasedEvent
-		want bool
+		name       string
+		req        events.ReleaseRequest
+		ev         events.RunReleasedEvent
+		resumedSeq uint64
+		want       bool
 	}{
-		{"destroyed ends a destroy", destroy, events.RunReleasedEvent{State: events.ReleaseDestroyed}, true},
-		{"destroyed ends a release", release, events.RunReleasedEvent{State: events.ReleaseDestroyed}, true},
-		{"a plain release ends a release", release, events.RunReleasedEvent{State: events.ReleaseStopped}, true},
-		{"a plain release does not end a destroy", destroy, events.RunReleasedEvent{State: events.ReleaseStopped}, false},
-		{"a reusable lease's release ends nothing", release, events.RunReleasedEvent{State: events.ReleaseStopped, ReleaseID: "rel-1"}, false},
+		{"destroyed ends a destroy", destroy, events.RunReleasedEvent{State: events.ReleaseDestroyed}, 0, true},
+		{"destroyed ends a release", release, events.RunReleasedEvent{State: events.ReleaseDestroyed}, 0, true},
+		{"a plain release ends a release", release, events.RunReleasedEvent{State: events.ReleaseStopped}, 0, true},
+		{"a plain release does not end a destroy", destroy, events.RunReleasedEvent{State: events.ReleaseStopped}, 0, false},
+		{"a reusable lease's release ends nothing", release, events.RunReleasedEvent{State: events.ReleaseStopped, ReleaseID: "rel-1"}, 0, false},
+		{"a plain release resumed since ends nothing", release, events.RunReleasedEvent{State: events.ReleaseStopped}, 8, false},
+		{"a resume before the plain release", release, events.RunReleasedEvent{State: events.ReleaseStopped}, 6, true},
 	} {
-		if got := releasedFinal(tc.req, tc.ev); got != tc.want {
+		if got := releasedFinal(tc.req, events.Received{Event: tc.ev, StreamSeq: 7}, tc.resumedSeq); got != tc.want {
 			t.Errorf("%s: final %v, want %v", tc.name, got, tc.want)
 		}
 	}
