@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -77,12 +76,13 @@ func runAcquire(ctx context.Context, args []string, lookupEnv config.LookupEnv, 
 	fs.String(&req.AdapterType, "adapter-type", "KUBECLIP_ADAPTER_TYPE", "", "per-run adapter type; empty uses the config's")
 	fs.String(&req.IssueID, "issue", "KUBECLIP_ISSUE", "", "issue id")
 	fs.String(&configPath, "config", "KUBECLIP_PROVIDER_CONFIG", "", `provider config JSON file ("-" for stdin); empty means {"backend":"job"}`)
+	fs.Bool(&req.ReuseLease, "reuse-lease", "KUBECLIP_REUSE_LEASE", false, "a reusable lease (backend pod): a release keeps its pod, then its volume, for a resume (kubeclip lease)")
 	fs.Bool(&follow, "follow", "KUBECLIP_FOLLOW", false, "follow the run's events until its result")
 	if err := parse(fs, args, stdout, "acquire publishes a lease request for a run."); err != nil {
 		return err
 	}
-	if req.CompanyID == "" || req.AgentID == "" {
-		return &app.UsageError{Err: errors.New("--company and --agent are required")}
+	if err := required(fs, flagValue{"company", req.CompanyID}, flagValue{"agent", req.AgentID}); err != nil {
+		return err
 	}
 	if req.RunID == "" {
 		req.RunID = strings.ToLower(ulid.Make().String())
@@ -139,34 +139,7 @@ func readConfig(path string) (json.RawMessage, error) {
 	return data, nil
 }
 
+// runRelease is `kubeclip release`, the code path of `kubeclip lease destroy` (releaseLease).
 func runRelease(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout io.Writer) error {
-	var c client
-	var req events.ReleaseRequest
-	fs := config.New("kubeclip release", lookupEnv)
-	c.bind(fs)
-	fs.String(&req.CompanyID, "company", "KUBECLIP_COMPANY", "", "company id (required)")
-	fs.String(&req.RunID, "run", "KUBECLIP_RUN", "", "run id (required)")
-	fs.String(&req.ProviderLeaseID, "lease", "KUBECLIP_LEASE", "", "providerLeaseId from the created event (required)")
-	fs.Bool(&req.Destroy, "destroy", "KUBECLIP_DESTROY", false, "destroy (also delete the run's Secret) instead of release")
-	fs.Bool(&req.CancelActiveWork, "cancel", "KUBECLIP_CANCEL", true, "cancel active work")
-	if err := parse(fs, args, stdout, "release publishes a release (or destroy) request for a run's lease."); err != nil {
-		return err
-	}
-	if req.CompanyID == "" || req.RunID == "" || req.ProviderLeaseID == "" {
-		return &app.UsageError{Err: errors.New("--company, --run and --lease are required")}
-	}
-	nc, js, s, err := c.connect()
-	if err != nil {
-		return err
-	}
-	defer nc.Close()
-	pub, err := events.NewPublisher(events.PublisherOptions{JS: js, Subjects: s})
-	if err != nil {
-		return err
-	}
-	if _, err := pub.Publish(ctx, req); err != nil {
-		return fmt.Errorf("publishing release: %w", err)
-	}
-	fmt.Fprintf(stdout, "%s published for run %s\n", req.Kind(), req.RunID)
-	return nil
+	return releaseLease(ctx, "kubeclip release", args, lookupEnv, stdout, false)
 }

@@ -1,6 +1,7 @@
 // Command kubeclip is the operator's and developer's CLI: it publishes lease requests, follows
-// a run's events in a readable form, runs commands in exec-capable leases' pods and copies files
-// in and out of them, and runs the whole pipeline locally (demo).
+// a run's events in a readable form, shows a lease's state and resumes or destroys a reusable
+// lease, runs commands in exec-capable leases' pods and copies files in and out of them, and runs
+// the whole pipeline locally (demo).
 package main
 
 import (
@@ -16,8 +17,9 @@ import (
 const usage = `kubeclip publishes Paperclip lease requests and follows run events.
 
 Usage:
-  kubeclip acquire  --company ID --agent ID [--run ID] [--config FILE] [--follow]
-  kubeclip release  --company ID --run ID --lease NAME [--destroy]
+  kubeclip acquire  --company ID --agent ID [--run ID] [--config FILE] [--reuse-lease] [--follow]
+  kubeclip release  --company ID --run ID [--lease NAME] [--destroy] [--cancel=false] [--wait]
+  kubeclip lease    show|resume|destroy --company ID --run ID [--lease NAME]
   kubeclip runs     replay|follow <runId> [--from-seq N | --since DURATION]
   kubeclip exec     <runId> --company ID [--cwd DIR] [-e K=V]... [--timeout D] -- command [args...]
   kubeclip attach   <runId> <execId> --company ID [--from-seq N]
@@ -43,6 +45,8 @@ func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout,
 		return runAcquire(ctx, rest, lookupEnv, stdout)
 	case "release":
 		return runRelease(ctx, rest, lookupEnv, stdout)
+	case "lease":
+		return runLease(ctx, rest, lookupEnv, stdout)
 	case "follow":
 		return runFollow(ctx, rest, lookupEnv, stdout)
 	case "runs":

@@ -70,6 +70,10 @@ func (p printer) print(r events.Received) {
 		}
 	case events.RunReleasedEvent:
 		p.line("released", "lease %s %s", ev.ProviderLeaseID, ev.State)
+	case events.RunSuspendedEvent:
+		p.line("suspended", "lease %s: pod of generation %d deleted, volume %s kept", ev.ProviderLeaseID, ev.Generation, ev.VolumeClaim)
+	case events.RunResumedEvent:
+		p.line("resumed", "lease %s from %s: generation %d, resume %d", ev.ProviderLeaseID, ev.From, ev.Generation, ev.Resumes)
 	case events.RunExecEvent:
 		p.exec(ev)
 	case events.RunFailedEvent:

@@ -29,8 +29,15 @@ const sandboxImage = "kubeclip.local/sandbox:dev"
 // start their own exec-workers, on the route they test.
 var env *pt.Env
 
+// leaseIdleWindow is the dispatcher's --lease-idle-window: long enough for `kubeclip lease show`
+// to see a released reusable lease retained, short enough for the test to see it suspended.
+const leaseIdleWindow = 10 * time.Second
+
 func TestMain(m *testing.M) {
-	os.Exit(pt.Main(m, pt.Options{Name: "exec", ClusterLock: true}, &env))
+	os.Exit(pt.Main(m, pt.Options{
+		Name: "exec", ClusterLock: true,
+		Args: map[string][]string{pt.Dispatcher: {"--lease-idle-window", leaseIdleWindow.String()}},
+	}, &env))
 }
 
 // podConfig is a pod lease's provider config on the sandbox image.
