@@ -211,21 +211,20 @@ func (d *Dispatcher) handleResume(ctx context.Context, m jetstream.Msg) error {
 	if err != nil {
 		return err
 	}
-	rctx, cancel := context.WithTimeout(ctx, d.opts.ReleaseTimeout)
-	defer cancel()
+	rctx, cancel := d.resumeContext(ctx, ref)
 	made, err := w.Resume(rctx, rec.Namespace, rec.WorkloadName, rec.VolumeClaim)
+	cancel()
 	if err != nil {
+		if ended := d.abandonResume(ctx, log, w, ref); ended != nil {
+			return ended
+		}
 		return k8s.Meaning(k8s.OpCreate, err)
 	}
 	generation := rec.Generation
 	rec, err = d.records.Modify(ctx, ref, lease.Resumed(generation))
 	switch {
 	case errors.Is(err, lease.ErrEnded):
-		// Destroyed while the pod came up: the pod goes too (the destroy may have missed it).
-		if err := w.Suspend(ctx, rec.Namespace, rec.WorkloadName, k8s.RunDeleteOptions{PodGracePeriod: time.Second}); err != nil {
-			log.Warn().Err(err).Msg("deleting the pod of a lease destroyed during its resume failed; reconciliation will")
-		}
-		return events.Terminalf(events.CodeLeaseNotFound, "providerLeaseId", "lease %s was destroyed during its resume; acquire a new one", rec.WorkloadName)
+		return d.abandonResume(ctx, log, w, ref)
 	case errors.Is(err, lease.ErrSuspended):
 		// Suspended again while the pod came up: a redelivery resumes it once more.
 		return fmt.Errorf("resuming lease %s: it was suspended meanwhile", rec.WorkloadName)
@@ -245,6 +244,61 @@ func (d *Dispatcher) handleResume(ctx context.Context, m jetstream.Msg) error {
 	log.Info().Str("from", string(from)).Int("generation", rec.Generation).Bool("new_pod", made).
 		Dur("took", time.Since(start)).Msg("reusable lease resumed")
 	return nil
+}
+
+// resumeEndPoll is how often a resume waiting for its pod reads its lease's record for a destroy:
+// a destroyed lease's resume is answered within about this long after the destroy began, and
+// a resume reads its record a few times (a pod is ready in seconds), not a watch's consumer.
+const resumeEndPoll = 500 * time.Millisecond
+
+// resumeContext bounds a resume of the lease ref by the release timeout and ends it early once
+// the lease's record says it ended: a destroy (or a collection) began while the resume made its
+// pod ready. Without it the resume waited the whole release timeout for a pod the destroy had
+// deleted, or for one it made itself after the destroy deleted the old one, on a claim and
+// Secret being deleted, which never starts (tests/failover TestResumeRacesDestroyAndSweep), and
+// that pod stayed behind. The returned cancel must be called; it waits for the watch to stop.
+func (d *Dispatcher) resumeContext(ctx context.Context, ref events.RunRef) (context.Context, context.CancelFunc) {
+	rctx, cancelTimeout := context.WithTimeout(ctx, d.opts.ReleaseTimeout)
+	rctx, cancel := context.WithCancelCause(rctx)
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		tick := time.NewTicker(resumeEndPoll)
+		defer tick.Stop()
+		for {
+			select {
+			case <-rctx.Done():
+				return
+			case <-tick.C:
+			}
+			if rec, _, err := d.records.Get(rctx, ref); err == nil && rec.State.Ended() {
+				cancel(fmt.Errorf("lease %s ended (%s) during its resume", rec.WorkloadName, rec.State))
+				return
+			}
+		}
+	}()
+	return rctx, func() {
+		cancel(context.Canceled)
+		<-stopped
+		cancelTimeout()
+	}
+}
+
+// abandonResume ends a resume whose lease ended meanwhile (a destroy or a collection began
+// while its pod came up): the pod it may have made is deleted, since the destroy may have
+// deleted the old one before the resume made it, and the resume answers lease_not_found, so
+// the plugin tells the host to acquire afresh. It returns nil while the lease lives on.
+func (d *Dispatcher) abandonResume(ctx context.Context, log zerolog.Logger, w workload.Workload, ref events.RunRef) error {
+	rec, _, err := d.records.Get(ctx, ref)
+	if err != nil || !rec.State.Ended() {
+		return nil
+	}
+	dctx, cancel := context.WithTimeout(ctx, d.opts.ReleaseTimeout)
+	defer cancel()
+	if err := w.Suspend(dctx, rec.Namespace, rec.WorkloadName, k8s.RunDeleteOptions{PodGracePeriod: time.Second}); err != nil {
+		log.Warn().Err(err).Msg("deleting the pod of a lease destroyed during its resume failed; reconciliation will")
+	}
+	return events.Terminalf(events.CodeLeaseNotFound, "providerLeaseId", "lease %s was destroyed during its resume; acquire a new one", rec.WorkloadName)
 }
 
 // sweepLeasesLoop looks at every reusable lease each LeaseSweepInterval (and at start).
