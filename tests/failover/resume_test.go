@@ -590,3 +590,125 @@ func podReady(p *corev1.Pod) bool {
 	}
 	return false
 }
+
+// TestResumeRacesDestroyAndSweep runs a resume against the two other things that can happen to
+// a reusable lease meanwhile, each at a moment held still, and checks one coherent outcome:
+//
+//   - a destroy while the resume's new pod comes up (created, not ready): the resume is
+//     answered once, at once (not after --release-timeout), either resumed before the
+//     destroy's released or failed lease_not_found; no resumed after released; no pod and no
+//     claim left;
+//   - a destroy while the resume waits as resuming for the old pod a sweep is deleting: the
+//     same;
+//   - the sweep suspending the lease when the resume comes (its old pod held): the resume
+//     wins: resumed from suspended at generation 1, one pod, no `suspended` for the
+//     generation the resume replaced, and the run ends released, not failed.
+func TestResumeRacesDestroyAndSweep(t *testing.T) {
+	defer restoreReplicas(t)
+	company := pt.NewID("co")
+	pt.CleanupTenant(t, clustertest.Clientset(t), company)
+	startExecWorkers(t, 1)
+	c := newExecClient(t)
+	upDestroyed, heldDestroyed, swept := acquireReusable(t, company), acquireReusable(t, company), acquireReusable(t, company)
+	swept.writeFiles(t, c)
+
+	// The two held leases: released, their pods held, suspended by one sweep that stays in the
+	// pods' deletion.
+	for _, l := range []*reusable{heldDestroyed, swept} {
+		l.hold(t)
+		l.release(t, false)
+	}
+	upDestroyed.release(t, true)
+	upDestroyed.awaitState(t, lease.StateSuspended, time.Minute)
+	suspendBySweep(t)
+	for _, l := range []*reusable{heldDestroyed, swept} {
+		l.awaitState(t, lease.StateSuspending, time.Minute)
+	}
+
+	// A destroy while the resume's new pod comes up.
+	podsUp := upDestroyed.watchPods(t)
+	resumeUp := upDestroyed.resume(t)
+	awaitAdded(t, podsUp, time.Minute)
+	upDestroyed.destroy(t)
+	destroyedAt := time.Now()
+
+	// A destroy and a resume both waiting for the held pod; the sweep's suspend beside a
+	// resume, waiting for it too.
+	resumeHeld, resumeSwept := heldDestroyed.resume(t), swept.resume(t)
+	heldDestroyed.awaitState(t, lease.StateResuming, time.Minute)
+	swept.awaitState(t, lease.StateResuming, time.Minute)
+	heldDestroyed.destroy(t)
+	pt.Eventually(t, time.Minute, "the held lease's destroy to begin", func() bool {
+		return heldDestroyed.record(t).State == lease.StateReleasing
+	})
+	for _, l := range []*reusable{heldDestroyed, swept} {
+		l.unhold(t)
+	}
+	unheldAt := time.Now()
+
+	for _, m := range []struct {
+		l    *reusable
+		id   string
+		from time.Time
+	}{{upDestroyed, resumeUp, destroyedAt}, {heldDestroyed, resumeHeld, unheldAt}} {
+		m.l.awaitAnswer(t, m.id, resumeTimeout)
+		took := time.Since(m.from)
+		t.Logf("lease %s: resume answered %s after the destroy could proceed", m.l.lease, took.Round(time.Millisecond))
+		if took > 30*time.Second {
+			t.Errorf("lease %s: the resume was answered %s after its lease's destroy could proceed: a destroy must end the resume at once", m.l.lease, took.Round(time.Second))
+		}
+		m.l.checkDestroyedDuringResume(t, m.id)
+	}
+
+	swept.awaitAnswer(t, resumeSwept, resumeTimeout)
+	swept.checkResumed(t, resumeSwept)
+	swept.checkFiles(t, c)
+	if s := pt.Only[events.RunSuspendedEvent](swept.run.Events()); len(s) != 0 {
+		t.Errorf("lease %s: suspended %+v published for the generation its resume replaced", swept.lease, s)
+	}
+	swept.destroyed(t)
+}
+
+// checkDestroyedDuringResume checks the outcome of a resume (id) that raced the lease's
+// destroy: exactly one answer to the resume, either resumed before the destroy's released or
+// failed lease_not_found; exactly one released (destroyed); no pod and no claim left.
+func (l *reusable) checkDestroyedDuringResume(t *testing.T, id string) {
+	t.Helper()
+	evs := l.run.WaitFor(runTimeout, "released (destroyed)", func(evs []events.Received) bool {
+		return len(released(evs, "")) > 0
+	})
+	pt.Eventually(t, time.Minute, "the lease's pod and claim gone", func() bool {
+		_, err := l.cs.CoreV1().PersistentVolumeClaims(l.namespace).Get(t.Context(), policy.LeaseClaimName(l.lease), metav1.GetOptions{})
+		return len(l.pods(t)) == 0 && err != nil
+	})
+	resumed, failed := answers(evs, id)
+	switch {
+	case len(resumed)+len(failed) != 1:
+		t.Errorf("lease %s: resume %s answered %d resumed and %d failed, want exactly one answer", l.lease, id, len(resumed), len(failed))
+	case len(failed) == 1 && failed[0].Code != events.CodeLeaseNotFound:
+		t.Errorf("lease %s: resume failed %+v, want lease_not_found", l.lease, failed[0])
+	}
+	var releasedSeq, resumedSeq uint64
+	for _, e := range evs {
+		switch ev := e.Event.(type) {
+		case events.RunReleasedEvent:
+			if ev.ReleaseID == "" && releasedSeq == 0 {
+				releasedSeq = e.StreamSeq
+			}
+		case events.RunResumedEvent:
+			if ev.ResumeID == id {
+				resumedSeq = e.StreamSeq
+			}
+		}
+	}
+	if resumedSeq > releasedSeq {
+		t.Errorf("lease %s: resumed (#%d) after the destroy's released (#%d)", l.lease, resumedSeq, releasedSeq)
+	}
+	if rs := released(evs, ""); len(rs) != 1 || rs[0].State != events.ReleaseDestroyed {
+		t.Errorf("lease %s: destroy answered %+v, want one released (destroyed)", l.lease, rs)
+	}
+	if rec := l.record(t); rec.State != lease.StateDestroyed {
+		t.Errorf("lease %s: record %s, want destroyed", l.lease, rec.State)
+	}
+	t.Logf("lease %s: resume answered %d resumed, %d failed", l.lease, len(resumed), len(failed))
+}
