@@ -194,11 +194,7 @@ func (d *Dispatcher) handleResume(ctx context.Context, m jetstream.Msg) error {
 	if rec.WorkloadName != req.ProviderLeaseID {
 		return events.InvalidRequest("providerLeaseId", "is not the lease of run %s", req.RunID)
 	}
-	var before lease.State
-	rec, err = d.records.Modify(ctx, ref, func(r *lease.Record) (bool, error) {
-		before = r.State
-		return lease.Resume(r)
-	})
+	rec, err = d.records.Modify(ctx, ref, lease.Resume)
 	switch {
 	case errors.Is(err, lease.ErrNotReusable):
 		return events.InvalidRequest("providerLeaseId", "lease %s is not reusable (its acquire did not ask for reuseLease)", rec.WorkloadName)
@@ -231,9 +227,12 @@ func (d *Dispatcher) handleResume(ctx context.Context, m jetstream.Msg) error {
 	case err != nil:
 		return err
 	}
-	from := events.ResumedFromRetained
-	if before == lease.StateSuspended || before == lease.StateSuspending || before == lease.StateResuming {
-		from = events.ResumedFromSuspended
+	// Where this resume found the lease is the record's: a redelivery of a resume that made a
+	// new pod, or the host's retry of it, finds the lease resuming or created already. A lease
+	// never resumed (the host resumes within a run too) has the acquire's pod.
+	from := rec.ResumedFrom
+	if from == "" {
+		from = events.ResumedFromRetained
 	}
 	if _, err := d.publisher.Publish(ctx, events.RunResumedEvent{
 		RunID: rec.RunID, CompanyID: rec.CompanyID, ProviderLeaseID: rec.WorkloadName,

@@ -363,9 +363,9 @@ func Resume(r *Record) (bool, error) {
 	case StateCreated, StateResuming:
 		return false, nil
 	case StateRetained:
-		r.State = StateCreated
+		r.State, r.ResumedFrom = StateCreated, events.ResumedFromRetained
 	case StateSuspending, StateSuspended:
-		r.State = StateResuming
+		r.State, r.ResumedFrom = StateResuming, events.ResumedFromSuspended
 		r.Generation++
 	default:
 		if err := r.stopped(); err != nil {
