@@ -259,8 +259,8 @@ func (l *reusable) checkResumed(t *testing.T, id string) {
 		t.Errorf("lease %s: resume %s answered %d resumed, %d failed (%+v); want exactly one resumed", l.lease, id, len(resumed), len(failed), failed)
 	}
 	if len(resumed) > 0 {
-		if got := resumed[0]; got.From != events.ResumedFromSuspended || got.Generation != 1 {
-			t.Errorf("lease %s: resumed %+v, want from suspended, generation 1", l.lease, got)
+		if got := resumed[0]; got.From != events.ResumedFromSuspended || got.Generation != 1 || got.Resumes != 1 {
+			t.Errorf("lease %s: resume %s answered %+v, want from suspended, generation 1, resumes 1", l.lease, id, got)
 		}
 	}
 	if rec := l.record(t); rec.State != lease.StateCreated || rec.Generation != 1 {
@@ -401,10 +401,12 @@ func suspendBySweep(t *testing.T) {
 //   - lease B after its new pod was created and before `resumed` was published: the kill
 //     follows the pod's creation, seen by a watch, before the pod can be ready.
 //
-// Replacement dispatchers get both resumes again after the consumer's ack wait. Each must end
-// in exactly one `resumed` (from suspended, generation 1), exactly one pod, the record created
-// at generation 1, and the lease running commands that read the files written before the
-// suspend. Then an exec-worker is killed while a command runs on A: the command's result is
+// Replacement dispatchers get both resumes again after the consumer's ack wait (30 s). The
+// plugin's resume has given up by then (its 25 s budget) and the host retried it: B's retry, a
+// new resume, is answered by a replacement at once. Each resume must end in exactly one
+// `resumed` (from suspended, generation 1, resumes 1; the retry its own with the same), exactly
+// one pod, the record created at generation 1, and the lease running commands that read the
+// files written before the suspend. Then an exec-worker is killed while a command runs on A: the command's result is
 // delivered once by the other replica or is an honest error, A's next command works, and a
 // destroy ends both runs with one `released` (destroyed) and no failure in their events.
 func TestResumeDispatcherKilled(t *testing.T) {
@@ -469,6 +471,12 @@ func TestResumeDispatcherKilled(t *testing.T) {
 	a.unhold(t)
 	restoreReplicas(t)
 	killed := time.Now()
+	// The plugin's resume gives up after its RPC budget (25 s), shorter than the ack wait, and
+	// the host retries it: a new resume (its own resumeId) goes to a new dispatcher at once and
+	// finishes the same resume, with no second pod.
+	retryB := b.resume(t)
+	b.awaitAnswer(t, retryB, resumeTimeout)
+	t.Logf("lease %s: the host's retry of the resume answered %s after the restart", b.lease, time.Since(killed).Round(time.Millisecond))
 	for _, m := range []struct {
 		l  *reusable
 		id string
@@ -479,9 +487,11 @@ func TestResumeDispatcherKilled(t *testing.T) {
 	for _, m := range []struct {
 		l  *reusable
 		id string
-	}{{a, resumeA}, {b, resumeB}} {
+	}{{a, resumeA}, {b, resumeB}, {b, retryB}} {
 		m.l.checkResumed(t, m.id)
-		m.l.checkFiles(t, c)
+	}
+	for _, l := range []*reusable{a, b} {
+		l.checkFiles(t, c)
 	}
 	if t.Failed() {
 		t.FailNow()
