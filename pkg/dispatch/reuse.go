@@ -211,8 +211,8 @@ func (d *Dispatcher) handleResume(ctx context.Context, m jetstream.Msg) error {
 	made, err := w.Resume(rctx, rec.Namespace, rec.WorkloadName, rec.VolumeClaim)
 	cancel()
 	if err != nil {
-		if ended := d.abandonResume(ctx, log, w, ref); ended != nil {
-			return ended
+		if now, _, gerr := d.records.Get(ctx, ref); gerr == nil && now.State.Ended() {
+			return d.abandonResume(ctx, log, w, now)
 		}
 		return k8s.Meaning(k8s.OpCreate, err)
 	}
@@ -220,7 +220,7 @@ func (d *Dispatcher) handleResume(ctx context.Context, m jetstream.Msg) error {
 	rec, err = d.records.Modify(ctx, ref, lease.Resumed(generation))
 	switch {
 	case errors.Is(err, lease.ErrEnded):
-		return d.abandonResume(ctx, log, w, ref)
+		return d.abandonResume(ctx, log, w, rec)
 	case errors.Is(err, lease.ErrSuspended):
 		// Suspended again while the pod came up: a redelivery resumes it once more.
 		return fmt.Errorf("resuming lease %s: it was suspended meanwhile", rec.WorkloadName)
@@ -246,8 +246,9 @@ func (d *Dispatcher) handleResume(ctx context.Context, m jetstream.Msg) error {
 }
 
 // resumeEndPoll is how often a resume waiting for its pod reads its lease's record for a destroy:
-// a destroyed lease's resume is answered within about this long after the destroy began, and
-// a resume reads its record a few times (a pod is ready in seconds), not a watch's consumer.
+// a destroyed lease's resume is answered within about this long after the destroy began, and a
+// resume reads its record only a few times (a pod is ready in seconds): cheaper than a KV watch's
+// consumer per resume.
 const resumeEndPoll = 500 * time.Millisecond
 
 // resumeContext bounds a resume of the lease ref by the release timeout and ends it early once
@@ -255,7 +256,7 @@ const resumeEndPoll = 500 * time.Millisecond
 // pod ready. Without it the resume waited the whole release timeout for a pod the destroy had
 // deleted, or for one it made itself after the destroy deleted the old one, on a claim and
 // Secret being deleted, which never starts (tests/failover TestResumeRacesDestroyAndSweep), and
-// that pod stayed behind. The returned cancel must be called; it waits for the watch to stop.
+// that pod stayed behind. The returned cancel must be called; it waits for the poll to stop.
 func (d *Dispatcher) resumeContext(ctx context.Context, ref events.RunRef) (context.Context, context.CancelFunc) {
 	rctx, cancelTimeout := context.WithTimeout(ctx, d.opts.ReleaseTimeout)
 	rctx, cancel := context.WithCancelCause(rctx)
@@ -283,15 +284,11 @@ func (d *Dispatcher) resumeContext(ctx context.Context, ref events.RunRef) (cont
 	}
 }
 
-// abandonResume ends a resume whose lease ended meanwhile (a destroy or a collection began
-// while its pod came up): the pod it may have made is deleted, since the destroy may have
-// deleted the old one before the resume made it, and the resume answers lease_not_found, so
-// the plugin tells the host to acquire afresh. It returns nil while the lease lives on.
-func (d *Dispatcher) abandonResume(ctx context.Context, log zerolog.Logger, w workload.Workload, ref events.RunRef) error {
-	rec, _, err := d.records.Get(ctx, ref)
-	if err != nil || !rec.State.Ended() {
-		return nil
-	}
+// abandonResume ends a resume whose lease (rec) ended meanwhile (a destroy or a collection
+// began while its pod came up): the pod it may have made is deleted, since the destroy may have
+// deleted the old one before the resume made it, and the resume answers lease_not_found, so the
+// plugin tells the host to acquire afresh.
+func (d *Dispatcher) abandonResume(ctx context.Context, log zerolog.Logger, w workload.Workload, rec lease.Record) error {
 	dctx, cancel := context.WithTimeout(ctx, d.opts.ReleaseTimeout)
 	defer cancel()
 	if err := w.Suspend(dctx, rec.Namespace, rec.WorkloadName, k8s.RunDeleteOptions{PodGracePeriod: time.Second}); err != nil {
