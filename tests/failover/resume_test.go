@@ -19,6 +19,7 @@ import (
 	pt "github.com/kubeclip/kubeclip/internal/pipelinetest"
 	"github.com/kubeclip/kubeclip/pkg/events"
 	"github.com/kubeclip/kubeclip/pkg/execclient"
+	"github.com/kubeclip/kubeclip/pkg/execproto"
 	"github.com/kubeclip/kubeclip/pkg/lease"
 	"github.com/kubeclip/kubeclip/pkg/policy"
 )
@@ -406,14 +407,16 @@ func suspendBySweep(t *testing.T) {
 // new resume, is answered by a replacement at once. Each resume must end in exactly one
 // `resumed` (from suspended, generation 1, resumes 1; the retry its own with the same), exactly
 // one pod, the record created at generation 1, and the lease running commands that read the
-// files written before the suspend. Then an exec-worker is killed while a command runs on A: the command's result is
-// delivered once by the other replica or is an honest error, A's next command works, and a
-// destroy ends both runs with one `released` (destroyed) and no failure in their events.
+// files written before the suspend. A command sent during the resumes is refused not_ready, and
+// an exec-worker killed then is replaced. Then an exec-worker is killed while a command runs on
+// A: the command's result is delivered once by the other replica or is an honest error, A's
+// next command works, and a destroy ends both runs with one `released` (destroyed) and no
+// failure in their events.
 func TestResumeDispatcherKilled(t *testing.T) {
 	defer restoreReplicas(t)
 	company := pt.NewID("co")
 	pt.CleanupTenant(t, clustertest.Clientset(t), company)
-	startExecWorkers(t, 2)
+	execs := startExecWorkers(t, 2)
 	c := newExecClient(t)
 
 	a, b := acquireReusable(t, company), acquireReusable(t, company)
@@ -467,6 +470,18 @@ func TestResumeDispatcherKilled(t *testing.T) {
 	if pods := b.pods(t); len(pods) != 1 || podReady(&pods[0]) {
 		t.Fatalf("lease B at the kill: pods %s (ready %v); want its new pod, not ready yet", describePods(pods), len(pods) == 1 && podReady(&pods[0]))
 	}
+
+	// Meanwhile a command on either lease is refused as the lease's (not_ready: resuming), and
+	// an exec-worker dies during the resume; a replacement takes its place.
+	for _, l := range []*reusable{a, b} {
+		if _, err := l.exec(t, c, "true"); !errors.Is(err, execproto.ErrNotReady) {
+			t.Errorf("lease %s: a command during its resume: %v, want not_ready", l.lease, err)
+		}
+	}
+	if err := execs[0].Kill(); err != nil {
+		t.Fatal(err)
+	}
+	startExecWorkers(t, 1)
 
 	a.unhold(t)
 	restoreReplicas(t)
