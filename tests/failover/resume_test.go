@@ -554,7 +554,11 @@ func (l *reusable) execKilled(t *testing.T, c *execclient.Client) {
 	}
 	err := <-done
 	mu.Lock()
-	t.Logf("exec-worker %s killed mid-command; served by %v; result exit %v, error %v", first, serving, res.ExitCode, err)
+	exit := "none"
+	if res.ExitCode != nil {
+		exit = fmt.Sprint(*res.ExitCode)
+	}
+	t.Logf("exec-worker %s killed mid-command; served by %v; exit %s, error %v", first, serving, exit, err)
 	mu.Unlock()
 	want := "begin\n" + l.lease + "\nend\n"
 	switch {
