@@ -454,6 +454,7 @@ func TestResumeDispatcherKilled(t *testing.T) {
 	resumeB := b.resume(t)
 	created := awaitAdded(t, podsB, time.Minute)
 	killAll(t, pt.Dispatcher)
+	killed := time.Now()
 	t.Logf("killed every dispatcher: A resuming with its old pod held, B's pod %s created", created.UID)
 
 	for _, m := range []struct {
@@ -485,13 +486,13 @@ func TestResumeDispatcherKilled(t *testing.T) {
 
 	a.unhold(t)
 	restoreReplicas(t)
-	killed := time.Now()
+	restarted := time.Now()
 	// The plugin's resume gives up after its RPC budget (25 s), shorter than the ack wait, and
 	// the host retries it: a new resume (its own resumeId) goes to a new dispatcher at once and
 	// finishes the same resume, with no second pod.
 	retryB := b.resume(t)
 	b.awaitAnswer(t, retryB, resumeTimeout)
-	t.Logf("lease %s: the host's retry of the resume answered %s after the restart", b.lease, time.Since(killed).Round(time.Millisecond))
+	t.Logf("lease %s: the host's retry of the resume answered %s after the restart", b.lease, time.Since(restarted).Round(time.Millisecond))
 	for _, m := range []struct {
 		l  *reusable
 		id string
