@@ -207,7 +207,7 @@ func (d *Dispatcher) handleResume(ctx context.Context, m jetstream.Msg) error {
 	if err != nil {
 		return err
 	}
-	rctx, cancel := d.resumeContext(ctx, ref)
+	rctx, cancel := resumeContext(ctx, d.records, ref, d.opts.ReleaseTimeout)
 	made, err := w.Resume(rctx, rec.Namespace, rec.WorkloadName, rec.VolumeClaim)
 	cancel()
 	if err != nil {
@@ -251,14 +251,14 @@ func (d *Dispatcher) handleResume(ctx context.Context, m jetstream.Msg) error {
 // consumer per resume.
 const resumeEndPoll = 500 * time.Millisecond
 
-// resumeContext bounds a resume of the lease ref by the release timeout and ends it early once
-// the lease's record says it ended: a destroy (or a collection) began while the resume made its
+// resumeContext bounds a resume of the lease ref by timeout (the release timeout) and ends it
+// early once the lease's record says it ended: a destroy (or a collection) began while the resume made its
 // pod ready. Without it the resume waited the whole release timeout for a pod the destroy had
 // deleted, or for one it made itself after the destroy deleted the old one, on a claim and
 // Secret being deleted, which never starts (tests/failover TestResumeRacesDestroyAndSweep), and
 // that pod stayed behind. The returned cancel must be called; it waits for the poll to stop.
-func (d *Dispatcher) resumeContext(ctx context.Context, ref events.RunRef) (context.Context, context.CancelFunc) {
-	rctx, cancelTimeout := context.WithTimeout(ctx, d.opts.ReleaseTimeout)
+func resumeContext(ctx context.Context, records lease.Records, ref events.RunRef, timeout time.Duration) (context.Context, context.CancelFunc) {
+	rctx, cancelTimeout := context.WithTimeout(ctx, timeout)
 	rctx, cancel := context.WithCancelCause(rctx)
 	stopped := make(chan struct{})
 	go func() {
@@ -271,7 +271,7 @@ func (d *Dispatcher) resumeContext(ctx context.Context, ref events.RunRef) (cont
 				return
 			case <-tick.C:
 			}
-			if rec, _, err := d.records.Get(rctx, ref); err == nil && rec.State.Ended() {
+			if rec, _, err := records.Get(rctx, ref); err == nil && rec.State.Ended() {
 				cancel(fmt.Errorf("lease %s ended (%s) during its resume", rec.WorkloadName, rec.State))
 				return
 			}
