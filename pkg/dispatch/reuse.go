@@ -208,12 +208,7 @@ func (d *Dispatcher) handleResume(ctx context.Context, m jetstream.Msg) error {
 	if err := d.resumeAgent(ctx, rec); err != nil {
 		return err
 	}
-	var before lease.State
-	now := d.opts.Now()
-	rec, err = d.records.Modify(ctx, ref, func(r *lease.Record) (bool, error) {
-		before = r.State
-		return lease.Resume(now)(r)
-	})
+	rec, err = d.records.Modify(ctx, ref, lease.Resume(d.opts.Now()))
 	switch {
 	case errors.Is(err, lease.ErrNotReusable):
 		return events.InvalidRequest("providerLeaseId", "lease %s is not reusable (its acquire did not ask for reuseLease)", rec.WorkloadName)
@@ -227,30 +222,32 @@ func (d *Dispatcher) handleResume(ctx context.Context, m jetstream.Msg) error {
 	if err != nil {
 		return err
 	}
-	rctx, cancel := context.WithTimeout(ctx, d.opts.ReleaseTimeout)
-	defer cancel()
+	rctx, cancel := resumeContext(ctx, d.records, ref, d.opts.ReleaseTimeout)
 	made, err := w.Resume(rctx, rec.Namespace, rec.WorkloadName, rec.VolumeClaim)
+	cancel()
 	if err != nil {
+		if now, _, gerr := d.records.Get(ctx, ref); gerr == nil && now.State.Ended() {
+			return d.abandonResume(ctx, log, w, now)
+		}
 		return k8s.Meaning(k8s.OpCreate, err)
 	}
 	generation := rec.Generation
 	rec, err = d.records.Modify(ctx, ref, lease.Resumed(generation))
 	switch {
 	case errors.Is(err, lease.ErrEnded):
-		// Destroyed while the pod came up: the pod goes too (the destroy may have missed it).
-		if err := w.Suspend(ctx, rec.Namespace, rec.WorkloadName, k8s.RunDeleteOptions{PodGracePeriod: time.Second}); err != nil {
-			log.Warn().Err(err).Msg("deleting the pod of a lease destroyed during its resume failed; reconciliation will")
-		}
-		return events.Terminalf(events.CodeLeaseNotFound, "providerLeaseId", "lease %s was destroyed during its resume; acquire a new one", rec.WorkloadName)
+		return d.abandonResume(ctx, log, w, rec)
 	case errors.Is(err, lease.ErrSuspended):
 		// Suspended again while the pod came up: a redelivery resumes it once more.
 		return fmt.Errorf("resuming lease %s: it was suspended meanwhile", rec.WorkloadName)
 	case err != nil:
 		return err
 	}
-	from := events.ResumedFromRetained
-	if before == lease.StateSuspended || before == lease.StateSuspending || before == lease.StateResuming {
-		from = events.ResumedFromSuspended
+	// Where this resume found the lease is the record's: a redelivery of a resume that made a
+	// new pod, or the host's retry of it, finds the lease resuming or created already. A lease
+	// never resumed (the host resumes within a run too) has the acquire's pod.
+	from := rec.ResumedFrom
+	if from == "" {
+		from = events.ResumedFromRetained
 	}
 	if _, err := d.publisher.Publish(ctx, events.RunResumedEvent{
 		RunID: rec.RunID, CompanyID: rec.CompanyID, ProviderLeaseID: rec.WorkloadName,
@@ -289,6 +286,58 @@ func (d *Dispatcher) resumeAgent(ctx context.Context, rec lease.Record) error {
 			"agent %s is running run %s; one run per agent at a time: lease %s is kept, resume it once that run ends", rec.AgentID, holder, rec.WorkloadName)
 	}
 	return nil
+}
+
+// resumeEndPoll is how often a resume waiting for its pod reads its lease's record for a destroy:
+// a destroyed lease's resume is answered within about this long after the destroy began, and a
+// resume reads its record only a few times (a pod is ready in seconds): cheaper than a KV watch's
+// consumer per resume.
+const resumeEndPoll = 500 * time.Millisecond
+
+// resumeContext bounds a resume of the lease ref by timeout (the release timeout) and ends it
+// early once the lease's record says it ended: a destroy (or a collection) began while the resume made its
+// pod ready. Without it the resume waited the whole release timeout for a pod the destroy had
+// deleted, or for one it made itself after the destroy deleted the old one, on a claim and
+// Secret being deleted, which never starts (tests/failover TestResumeRacesDestroyAndSweep), and
+// that pod stayed behind. The returned cancel must be called; it waits for the poll to stop.
+func resumeContext(ctx context.Context, records lease.Records, ref events.RunRef, timeout time.Duration) (context.Context, context.CancelFunc) {
+	rctx, cancelTimeout := context.WithTimeout(ctx, timeout)
+	rctx, cancel := context.WithCancelCause(rctx)
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		tick := time.NewTicker(resumeEndPoll)
+		defer tick.Stop()
+		for {
+			select {
+			case <-rctx.Done():
+				return
+			case <-tick.C:
+			}
+			if rec, _, err := records.Get(rctx, ref); err == nil && rec.State.Ended() {
+				cancel(fmt.Errorf("lease %s ended (%s) during its resume", rec.WorkloadName, rec.State))
+				return
+			}
+		}
+	}()
+	return rctx, func() {
+		cancel(context.Canceled)
+		<-stopped
+		cancelTimeout()
+	}
+}
+
+// abandonResume ends a resume whose lease (rec) ended meanwhile (a destroy or a collection
+// began while its pod came up): the pod it may have made is deleted, since the destroy may have
+// deleted the old one before the resume made it, and the resume answers lease_not_found, so the
+// plugin tells the host to acquire afresh.
+func (d *Dispatcher) abandonResume(ctx context.Context, log zerolog.Logger, w workload.Workload, rec lease.Record) error {
+	dctx, cancel := context.WithTimeout(ctx, d.opts.ReleaseTimeout)
+	defer cancel()
+	if err := w.Suspend(dctx, rec.Namespace, rec.WorkloadName, k8s.RunDeleteOptions{PodGracePeriod: time.Second}); err != nil {
+		log.Warn().Err(err).Msg("deleting the pod of a lease destroyed during its resume failed; reconciliation will")
+	}
+	return events.Terminalf(events.CodeLeaseNotFound, "providerLeaseId", "lease %s was destroyed during its resume; acquire a new one", rec.WorkloadName)
 }
 
 // sweepLeasesLoop looks at every reusable lease each LeaseSweepInterval (and at start).

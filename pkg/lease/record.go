@@ -52,6 +52,10 @@ type Record struct {
 	Generation int `json:"generation,omitempty"`
 	// Resumes counts the host's resumes that moved the lease (of a retained or suspended one).
 	Resumes int `json:"resumes,omitempty"`
+	// ResumedFrom is where the last of those resumes found the lease (retained: its pod kept;
+	// suspended: a new pod made), so every answer to that resume says so: a redelivered one, or
+	// the host's retry, finds the lease resuming or created already.
+	ResumedFrom events.ResumedFrom `json:"resumedFrom,omitempty"`
 	// RetainedAt is when the host last released it (state retained): the idle window runs
 	// from it. SuspendedAt is when its pod was deleted (state suspended): the maximum age runs
 	// from it.

@@ -42,8 +42,11 @@ func suspendedAt(t time.Time) func(*lease.Record) {
 }
 func generation(g int) func(*lease.Record) { return func(r *lease.Record) { r.Generation = g } }
 func resumes(n int) func(*lease.Record)    { return func(r *lease.Record) { r.Resumes = n } }
-func cancelling(r *lease.Record)           { r.CancelActiveWork = true }
-func collected(r *lease.Record)            { r.Collected = true }
+func resumedFrom(f events.ResumedFrom) func(*lease.Record) {
+	return func(r *lease.Record) { r.ResumedFrom = f }
+}
+func cancelling(r *lease.Record) { r.CancelActiveWork = true }
+func collected(r *lease.Record)  { r.Collected = true }
 func ending(k events.LeaseKind) func(*lease.Record) {
 	return func(r *lease.Record) { r.Ending = k }
 }
@@ -132,13 +135,13 @@ func TestReusableTransitions(t *testing.T) {
 		{"suspended after a destroy", reusable(lease.StateReleasing, ending(events.LeaseDestroy)), lease.Suspended(t0, 0), false, lease.ErrEnded, reusable(lease.StateReleasing, ending(events.LeaseDestroy))},
 		{"suspended without a suspend", reusable(lease.StateDispatching), lease.Suspended(t0, 0), false, errAny, reusable(lease.StateDispatching)},
 
-		{"resume a retained lease at once", reusable(lease.StateRetained, retainedAt(t0), cancelling), resume, true, nil, reusable(lease.StateCreated, resumes(1))},
-		{"resume renews the expiry by the run deadline", reusable(lease.StateRetained, retainedAt(t0), deadline(600), expiresAt(t0.Add(-time.Minute))), lease.Resume(t0.Add(1500 * time.Millisecond)), true, nil, reusable(lease.StateCreated, resumes(1), deadline(600), expiresAt(t0.Add(601*time.Second)))},
-		{"resume of a suspended lease renews it too", reusable(lease.StateSuspended, suspendedAt(t0), deadline(600), expiresAt(t0)), resume, true, nil, reusable(lease.StateResuming, generation(1), resumes(1), deadline(600), expiresAt(t0.Add(600*time.Second)))},
-		{"resume of a lease with no run deadline keeps no stale expiry", reusable(lease.StateRetained, retainedAt(t0), expiresAt(t0.Add(-time.Minute))), resume, true, nil, reusable(lease.StateCreated, resumes(1))},
+		{"resume a retained lease at once", reusable(lease.StateRetained, retainedAt(t0), cancelling), resume, true, nil, reusable(lease.StateCreated, resumes(1), resumedFrom(events.ResumedFromRetained))},
+		{"resume renews the expiry by the run deadline", reusable(lease.StateRetained, retainedAt(t0), deadline(600), expiresAt(t0.Add(-time.Minute))), lease.Resume(t0.Add(1500 * time.Millisecond)), true, nil, reusable(lease.StateCreated, resumes(1), deadline(600), expiresAt(t0.Add(601*time.Second)), resumedFrom(events.ResumedFromRetained))},
+		{"resume of a suspended lease renews it too", reusable(lease.StateSuspended, suspendedAt(t0), deadline(600), expiresAt(t0)), resume, true, nil, reusable(lease.StateResuming, generation(1), resumes(1), deadline(600), expiresAt(t0.Add(600*time.Second)), resumedFrom(events.ResumedFromSuspended))},
+		{"resume of a lease with no run deadline keeps no stale expiry", reusable(lease.StateRetained, retainedAt(t0), expiresAt(t0.Add(-time.Minute))), resume, true, nil, reusable(lease.StateCreated, resumes(1), resumedFrom(events.ResumedFromRetained))},
 		{"a repeated resume does not renew", reusable(lease.StateCreated, resumes(1), deadline(600), expiresAt(t0)), lease.Resume(t0.Add(time.Hour)), false, nil, reusable(lease.StateCreated, resumes(1), deadline(600), expiresAt(t0))},
-		{"resume a suspended lease", reusable(lease.StateSuspended, suspendedAt(t0), resumes(1)), resume, true, nil, reusable(lease.StateResuming, generation(1), resumes(2))},
-		{"resume a suspending lease", reusable(lease.StateSuspending, retainedAt(t0)), resume, true, nil, reusable(lease.StateResuming, generation(1), resumes(1))},
+		{"resume a suspended lease", reusable(lease.StateSuspended, suspendedAt(t0), resumes(1)), resume, true, nil, reusable(lease.StateResuming, generation(1), resumes(2), resumedFrom(events.ResumedFromSuspended))},
+		{"resume a suspending lease", reusable(lease.StateSuspending, retainedAt(t0)), resume, true, nil, reusable(lease.StateResuming, generation(1), resumes(1), resumedFrom(events.ResumedFromSuspended))},
 		{"resume a live lease", reusable(lease.StateCreated), resume, false, nil, reusable(lease.StateCreated)},
 		{"resume a resuming lease", reusable(lease.StateResuming, generation(1), resumes(1)), resume, false, nil, reusable(lease.StateResuming, generation(1), resumes(1))},
 		{"resume a lease being destroyed", reusable(lease.StateReleasing, ending(events.LeaseDestroy)), resume, false, lease.ErrEnded, reusable(lease.StateReleasing, ending(events.LeaseDestroy))},

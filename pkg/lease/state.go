@@ -379,9 +379,9 @@ func Resume(now time.Time) func(*Record) (bool, error) {
 		case StateCreated, StateResuming:
 			return false, nil
 		case StateRetained:
-			r.State = StateCreated
+			r.State, r.ResumedFrom = StateCreated, events.ResumedFromRetained
 		case StateSuspending, StateSuspended:
-			r.State = StateResuming
+			r.State, r.ResumedFrom = StateResuming, events.ResumedFromSuspended
 			r.Generation++
 		default:
 			if err := r.stopped(); err != nil {

@@ -13,7 +13,7 @@ import (
 
 // leaseRelease reads what decides an exec-capable lease's end once its release began: the
 // release or destroy its lease record names (or a reusable lease's release, after which a suspend
-// deletes its pod: lease.State.Kept), and the run's last recorded exec. It returns nil while the
+// deletes its pod: lease.State.Kept, or resuming), and the run's last recorded exec. It returns nil while the
 // lease is live (no release began).
 //
 // The lease record says releasing before the dispatcher deletes anything, so a watcher that sees
@@ -28,7 +28,10 @@ func leaseRelease(ctx context.Context, d *deps, ref events.RunRef) (*verdict.Rel
 	if err != nil {
 		return nil, fmt.Errorf("reading the run's lease: %w", err)
 	}
-	if rec.Ending == "" && !rec.State.Kept() {
+	// A resuming lease was suspending or suspended when the host resumed it: the pod this
+	// watcher sees go is the previous generation's, deleted by that suspend (a resume races the
+	// sweep; tests/failover TestResumeDispatcherKilled), so its end is the release's too.
+	if rec.Ending == "" && !rec.State.Kept() && rec.State != lease.StateResuming {
 		return nil, nil
 	}
 	x, err := lastAgentExec(ctx, d.stream, d.opts.Subjects, ref)

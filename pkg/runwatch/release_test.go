@@ -50,6 +50,7 @@ func TestTrackerStepRelease(t *testing.T) {
 		name       string
 		release    *events.LeaseKind // nil: the pod is deleted under the live lease
 		reusable   bool              // a reusable lease, released (retained) then suspended
+		resumed    bool              // and resumed while its suspend deleted its pod
 		cancel     bool
 		account    *events.AgentResult // nil: the agent's exec has no final event
 		vanish     bool                // the pod goes with no grace period: no deletionTimestamp seen
@@ -76,6 +77,17 @@ func TestTrackerStepRelease(t *testing.T) {
 		},
 		{
 			name: "reusable lease suspended after its release", reusable: true, account: account,
+			wantStatus: []events.RunStatusEvent{
+				{Phase: events.PhaseRunning, Reason: events.ReasonReady},
+				{Phase: events.PhaseRunning, Reason: events.ReasonReleasing, Message: "the lease is being released: its pod ends once its commands finish"},
+				{Phase: events.PhaseSucceeded, Reason: events.ReasonReleased, Message: "the lease was released"},
+			},
+			wantResult: events.RunResultEvent{Outcome: events.OutcomeReleased, Reason: events.ReasonReleased, Message: "the lease was released", ExitCode: &exit0, Agent: account},
+		},
+		{
+			// The host resumed the lease while its suspend waited for the pod to go: the record
+			// says resuming (a new pod comes) when the watcher sees the old one gone.
+			name: "reusable lease resumed while its suspend deleted its pod", reusable: true, resumed: true, account: account,
 			wantStatus: []events.RunStatusEvent{
 				{Phase: events.PhaseRunning, Reason: events.ReasonReady},
 				{Phase: events.PhaseRunning, Reason: events.ReasonReleasing, Message: "the lease is being released: its pod ends once its commands finish"},
@@ -137,7 +149,11 @@ func TestTrackerStepRelease(t *testing.T) {
 			}
 			if tc.reusable {
 				// The host's release keeps the lease; the idle window over, a suspend deletes its pod.
-				for _, step := range []func(*lease.Record) (bool, error){lease.Release(now, false), lease.BeginSuspend(now, 0)} {
+				steps := []func(*lease.Record) (bool, error){lease.Release(now, false), lease.BeginSuspend(now, 0)}
+				if tc.resumed {
+					steps = append(steps, lease.Resume(now))
+				}
+				for _, step := range steps {
 					if _, err := h.d.leases.Modify(t.Context(), ref, step); err != nil {
 						t.Fatal(err)
 					}

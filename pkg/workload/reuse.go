@@ -176,11 +176,11 @@ func podEnded(p *corev1.Pod) bool {
 	return p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed
 }
 
-// ErrPodEnded is returned by a resume whose pod ended before it was ready.
+// ErrPodEnded is returned by a resume whose pod ended, or was deleted, before it was ready.
 var ErrPodEnded = errors.New("pod ended before it was ready")
 
-// waitReady watches the pod until its Ready condition holds (sandboxd serves), it ends
-// (ErrPodEnded), or ctx is done.
+// waitReady watches the pod until its Ready condition holds (sandboxd serves), it ends or is
+// deleted (ErrPodEnded), or ctx is done.
 func waitReady(ctx context.Context, cs kubernetes.Interface, namespace, name string) error {
 	pods := cs.CoreV1().Pods(namespace)
 	sel := fields.OneTermEqualSelector("metadata.name", name).String()
@@ -189,10 +189,11 @@ func waitReady(ctx context.Context, cs kubernetes.Interface, namespace, name str
 		if err != nil {
 			return fmt.Errorf("reading pod %s/%s: %w", namespace, name, err)
 		}
-		if len(list.Items) == 1 {
-			if done, err := readiness(&list.Items[0]); done {
-				return err
-			}
+		if len(list.Items) == 0 {
+			return fmt.Errorf("pod %s/%s: %w (deleted)", namespace, name, ErrPodEnded)
+		}
+		if done, err := readiness(&list.Items[0]); done {
+			return err
 		}
 		wch, err := pods.Watch(ctx, metav1.ListOptions{FieldSelector: sel, ResourceVersion: list.ResourceVersion})
 		if err != nil {
@@ -216,18 +217,28 @@ func watchReady(ctx context.Context, wch watch.Interface) (bool, error) {
 			if !ok {
 				return false, nil
 			}
-			if p, isPod := ev.Object.(*corev1.Pod); isPod && ev.Type != watch.Deleted {
-				if done, err := readiness(p); done {
-					return true, err
-				}
+			p, isPod := ev.Object.(*corev1.Pod)
+			if !isPod {
+				continue
+			}
+			if ev.Type == watch.Deleted {
+				return true, fmt.Errorf("pod %s/%s: %w (deleted)", p.Namespace, p.Name, ErrPodEnded)
+			}
+			if done, err := readiness(p); done {
+				return true, err
 			}
 		}
 	}
 }
 
+// readiness reports whether the wait for p is over: ready, or never going to be: ended, or
+// being deleted (a destroy, or a suspend after a release, deleted the pod the resume waits for).
 func readiness(p *corev1.Pod) (bool, error) {
 	if podEnded(p) {
 		return true, fmt.Errorf("pod %s/%s: %w (%s)", p.Namespace, p.Name, ErrPodEnded, p.Status.Phase)
+	}
+	if p.DeletionTimestamp != nil {
+		return true, fmt.Errorf("pod %s/%s: %w (being deleted)", p.Namespace, p.Name, ErrPodEnded)
 	}
 	for _, c := range p.Status.Conditions {
 		if c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue {

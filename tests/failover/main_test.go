@@ -44,6 +44,9 @@ func TestMain(m *testing.M) {
 			// A hundred runs on a node with room for about 19 agent pods: the rest wait for
 			// capacity, which must not fail them.
 			pt.RunWatcher: {"--unschedulable-grace", "30m"},
+			// Reusable leases (resume_test.go) are suspended by the first sweep after their
+			// release.
+			pt.Dispatcher: {"--lease-idle-window", leaseIdleWindow.String()},
 		},
 	}, &env))
 }
