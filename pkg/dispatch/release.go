@@ -161,6 +161,12 @@ func (d *Dispatcher) handleResult(ctx context.Context, m jetstream.Msg) error {
 	if err != nil {
 		return err
 	}
+	// A reusable lease's released result is its first pod's end at a suspend or destroy, which
+	// moved the record and freed the agent themselves; read late, after a resume made the lease
+	// live again, it must neither finish the lease nor free the agent the resume holds.
+	if rec.Reusable && res.Outcome == events.OutcomeReleased {
+		return nil
+	}
 	// A reusable lease's pod is the lease's release, sweep and resume's: a result its pod's end
 	// published (a suspend deletes it) must not delete the pod a resume made since.
 	if res.Outcome == events.OutcomeFailed && res.ExitCode == nil && rec.WorkloadName != "" && !rec.Reusable {

@@ -708,3 +708,29 @@ func TestResumeTakesTheAgent(t *testing.T) {
 		e.guardHeldBy(t, rec, rec.RunID)
 	})
 }
+
+// TestLateResultKeepsAResumedLease: a reusable lease's one result (released, published when its
+// first pod went at a suspend) may reach the dispatcher after a resume made the lease live again.
+// It must neither finish the live lease (its next resume would be refused, and the host would
+// drop the agent's workspace) nor free the agent its resume holds.
+func TestLateResultKeepsAResumedLease(t *testing.T) {
+	e := startReuseEnv(t)
+	rec := e.retainedLease(t)
+	e.publish(t, events.ResumeRequest{RunID: rec.RunID, CompanyID: rec.CompanyID, ProviderLeaseID: rec.WorkloadName, ResumeID: "r1"})
+	e.next(t, rec.Ref(), events.KindResumed, 0)
+	e.guardHeldBy(t, rec, rec.RunID)
+
+	e.publish(t, events.RunResultEvent{RunID: rec.RunID, CompanyID: rec.CompanyID, Outcome: events.OutcomeReleased, Reason: events.ReasonReleased})
+	cons, err := e.js.Consumer(t.Context(), e.s.RunStream(), events.DispatcherResultConsumer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the result handled", func() bool {
+		info, err := cons.Info(t.Context())
+		return err == nil && info.NumPending == 0 && info.NumAckPending == 0 && info.Delivered.Consumer > 0
+	})
+	if got := e.record(t, rec.Ref()).State; got != lease.StateCreated {
+		t.Errorf("a late released result moved the resumed lease to %s, want created", got)
+	}
+	e.guardHeldBy(t, rec, rec.RunID)
+}
