@@ -89,10 +89,10 @@ func standIn(t *testing.T, cs kubernetes.Interface) dynamic.Interface {
 // TestSandboxCRReusableLease is issue 19's reusable lease on agent-sandbox's Sandbox, kept
 // through the controller's own operatingMode and volumeClaimTemplates (here its stand-in,
 // internal/sandboxtest): acquire (the claim is the controller's, owned by the Sandbox); files
-// written to /workspace and $HOME; release → retained, the same pod; resume at once; a release
-// cancelling active work → suspended: operatingMode Suspended, pod gone, claim kept; resume → a
-// new pod on the same claim that reads both files with the same lease key; destroy → Sandbox,
-// pod and claim gone.
+// written to /workspace and $HOME; release → retained, the same pod; resume at once; release,
+// the pod ends, resume → a new pod with the files; a release cancelling active work →
+// suspended: operatingMode Suspended, pod gone, claim kept; resume → a new pod on the same claim
+// that reads both files with the same lease key; destroy → Sandbox, pod and claim gone.
 func TestSandboxCRReusableLease(t *testing.T) {
 	t.Parallel()
 	cs := clustertest.Clientset(t)
@@ -145,8 +145,32 @@ func TestSandboxCRReusableLease(t *testing.T) {
 		t.Errorf("resume of the retained lease replaced its pod")
 	}
 
+	// A retained lease whose pod ended (its deadline, a crash; here sandboxd told to stop): the
+	// controller keeps an ended pod, so the resume deletes it and waits for the controller's
+	// new one, on the same claim.
+	publish(t, events.ReleaseRequest{RunID: r.RunID, CompanyID: company, ProviderLeaseID: name, ReleaseID: "1"})
+	waitEvent(t, r, "released 1", func(e events.RunReleasedEvent) bool { return e.ReleaseID == "1" })
+	if _, err := newSandboxdClient(t, pod.Status.PodIP+":7070", seed).Start(ctx, sandboxd.Spec{ID: "stop", Command: "sh", Args: []string{"-c", "kill -TERM 1"}}); err != nil {
+		t.Fatalf("stopping sandboxd: %v", err)
+	}
+	pt.Eventually(t, runTimeout, "the retained lease's pod ended", func() bool {
+		p, err := cs.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+		return err == nil && (p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed)
+	})
+	publish(t, events.ResumeRequest{RunID: r.RunID, CompanyID: company, ProviderLeaseID: name, ResumeID: "r2"})
+	resumed = waitEvent(t, r, "resumed r2", func(e events.RunResumedEvent) bool { return e.ResumeID == "r2" })
+	if resumed.From != events.ResumedFromRetained {
+		t.Errorf("resume of the retained lease whose pod ended: %+v, want from retained", resumed)
+	}
+	pod = waitPodReady(t, cs, ns, name, pod.UID)
+	out, exit = runCommand(t, newSandboxdClient(t, pod.Status.PodIP+":7070", seed),
+		sandboxd.Spec{ID: "read-1", Command: "sh", Args: []string{"-c", "cat /workspace/kept $HOME/kept"}})
+	if exit.ExitCode == nil || *exit.ExitCode != 0 || out != "in-workspace\nin-home\n" {
+		t.Errorf("the replaced pod reads %q (exit %+v), want both files", out, exit)
+	}
+
 	// A release cancelling active work suspends at once, through the Sandbox's operatingMode.
-	publish(t, events.ReleaseRequest{RunID: r.RunID, CompanyID: company, ProviderLeaseID: name, ReleaseID: "1", CancelActiveWork: true})
+	publish(t, events.ReleaseRequest{RunID: r.RunID, CompanyID: company, ProviderLeaseID: name, ReleaseID: "2", CancelActiveWork: true})
 	suspended := pt.WaitKind[events.RunSuspendedEvent](r, runTimeout)
 	if suspended.VolumeClaim != claimName {
 		t.Errorf("suspended names claim %q, want the controller's %s", suspended.VolumeClaim, claimName)
@@ -164,14 +188,14 @@ func TestSandboxCRReusableLease(t *testing.T) {
 	})
 
 	// Resume of the suspended lease: a new pod on the same claim, the same lease key.
-	publish(t, events.ResumeRequest{RunID: r.RunID, CompanyID: company, ProviderLeaseID: name, ResumeID: "r2"})
-	resumed = waitEvent(t, r, "resumed r2", func(e events.RunResumedEvent) bool { return e.ResumeID == "r2" })
+	publish(t, events.ResumeRequest{RunID: r.RunID, CompanyID: company, ProviderLeaseID: name, ResumeID: "r3"})
+	resumed = waitEvent(t, r, "resumed r3", func(e events.RunResumedEvent) bool { return e.ResumeID == "r3" })
 	if resumed.From != events.ResumedFromSuspended || resumed.Generation != 1 {
 		t.Errorf("resume of the suspended lease: %+v, want from suspended, generation 1", resumed)
 	}
 	next := waitPodReady(t, cs, ns, name, pod.UID)
 	out, exit = runCommand(t, newSandboxdClient(t, next.Status.PodIP+":7070", seed),
-		sandboxd.Spec{ID: "read", Command: "sh", Args: []string{"-c", "cat /workspace/kept $HOME/kept"}})
+		sandboxd.Spec{ID: "read-2", Command: "sh", Args: []string{"-c", "cat /workspace/kept $HOME/kept"}})
 	if exit.ExitCode == nil || *exit.ExitCode != 0 || out != "in-workspace\nin-home\n" {
 		t.Errorf("the resumed pod reads %q (exit %+v), want both files", out, exit)
 	}
