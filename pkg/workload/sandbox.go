@@ -216,6 +216,10 @@ func (w sandboxWorkload) Resume(ctx context.Context, namespace, name, _ string) 
 		return false, err
 	}
 	sb, err := w.d.Dynamic.Resource(gvr).Namespace(namespace).Get(ctx, name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		// Its claim went with it (the Sandbox owns it): nothing to resume, acquire afresh.
+		return false, events.Terminalf(events.CodeLeaseNotFound, "providerLeaseId", "lease %s has no Sandbox any more; acquire a new one", name)
+	}
 	if err != nil {
 		return false, fmt.Errorf("reading Sandbox %s/%s: %w", namespace, name, err)
 	}

@@ -7,7 +7,10 @@ import (
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	fakediscovery "k8s.io/client-go/discovery/fake"
+	dynamicfake "k8s.io/client-go/dynamic/fake"
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/kubeclip/kubeclip/pkg/events"
@@ -155,5 +158,25 @@ func TestReusableLeasesByBackend(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestResumeOfAGoneSandbox: a reusable Sandbox that is gone took its claim with it (it owns the
+// claim), so its resume is lease_not_found naming providerLeaseId, which the plugin answers the
+// host so that it acquires afresh, not an error retried until it runs out.
+func TestResumeOfAGoneSandbox(t *testing.T) {
+	cs := fake.NewClientset()
+	cs.Discovery().(*fakediscovery.FakeDiscovery).Resources = []*metav1.APIResourceList{{
+		GroupVersion: policy.SandboxAPIVersionV1beta1, APIResources: []metav1.APIResource{{Name: "sandboxes", Kind: "Sandbox", Namespaced: true}},
+	}}
+	gvr := policy.SandboxGVR(policy.SandboxAPIVersionV1beta1)
+	dyn := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), map[schema.GroupVersionResource]string{gvr: "SandboxList"})
+	w, err := For(policy.BackendSandboxCR, Deps{Clientset: cs, Dynamic: dyn})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = w.Resume(t.Context(), "ns", "pc-1", "")
+	if te, ok := events.AsTerminal(err); !ok || te.Code != events.CodeLeaseNotFound || te.Field != "providerLeaseId" {
+		t.Errorf("Resume of a gone Sandbox = %v, want terminal lease_not_found naming providerLeaseId", err)
 	}
 }
