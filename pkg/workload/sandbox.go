@@ -179,14 +179,21 @@ func (sandboxWorkload) ClaimName(name string) string { return policy.SandboxClai
 // controller is about to make: the Sandbox's controller creates the claim, so the tenant quota's
 // or LimitRange's refusal would otherwise leave the Sandbox's pod Pending until its deadline,
 // where the pod backend fails the acquire with quota_exceeded (k8s.Meaning) and nothing created.
-// A claim already there (a redelivered dispatch) is fine. The dry run is not a reservation: a
-// claim of the same company made meanwhile can still take the room.
+// A claim already there (a redelivered dispatch, once the controller made it) is not asked
+// about: the quota, which admission checks before the name, would count it twice. The dry run
+// is not a reservation: a claim of the same company made meanwhile can still take the room.
 func (w sandboxWorkload) admitClaim(ctx context.Context, version string, pvc *corev1.PersistentVolumeClaim) error {
 	if err := reusable(version); err != nil {
 		return err
 	}
-	_, err := w.d.Clientset.CoreV1().PersistentVolumeClaims(pvc.Namespace).Create(ctx, pvc,
-		metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}, FieldManager: k8s.DefaultFieldManager})
+	claims := w.d.Clientset.CoreV1().PersistentVolumeClaims(pvc.Namespace)
+	switch _, err := claims.Get(ctx, pvc.Name, metav1.GetOptions{}); {
+	case err == nil:
+		return nil
+	case !apierrors.IsNotFound(err):
+		return fmt.Errorf("reading PersistentVolumeClaim %s/%s: %w", pvc.Namespace, pvc.Name, err)
+	}
+	_, err := claims.Create(ctx, pvc, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}, FieldManager: k8s.DefaultFieldManager})
 	if err != nil && !apierrors.IsAlreadyExists(err) {
 		return fmt.Errorf("admitting PersistentVolumeClaim %s/%s (dry run): %w", pvc.Namespace, pvc.Name, err)
 	}
