@@ -200,11 +200,18 @@ func (w sandboxWorkload) admitClaim(ctx context.Context, version string, pvc *co
 	return nil
 }
 
-// Suspend sets the Sandbox's operatingMode to Suspended, so its controller deletes the pod and
-// makes no other, and deletes the pod itself with opts' grace (shorter than the pod's own when
-// the release cancels active work), then waits until it is gone. The claim and the Secret stay
-// with the Sandbox. A Sandbox that is gone has nothing to suspend.
+// Suspend deletes the Sandbox's pod with opts' grace, sets the Sandbox's operatingMode to
+// Suspended, so its controller makes no other, and waits until the pod is gone. The pod goes
+// first: the controller deletes a suspended Sandbox's pod with the pod's own grace (2 minutes),
+// and a kubelet does not shorten a termination it has begun (measured on the local cluster: a
+// pod deleted with 120 s, then with 1 s, went after 119.9 s), so a release cancelling active
+// work would wait out its commands. A pod being deleted still exists, so the controller makes
+// no other before the Suspended reaches it; one it made in between is deleted by the wait. The
+// claim and the Secret stay with the Sandbox. A Sandbox that is gone has nothing to suspend.
 func (w sandboxWorkload) Suspend(ctx context.Context, namespace, name string, opts k8s.RunDeleteOptions) error {
+	if err := k8s.StartPodRunDeletion(ctx, w.d.Clientset, namespace, name, opts); err != nil {
+		return err
+	}
 	if err := w.setMode(ctx, namespace, name, modeSuspended); err != nil && !apierrors.IsNotFound(err) {
 		return err
 	}

@@ -343,7 +343,8 @@ func TestRenderedObjectsPassServerDryRun(t *testing.T) {
 			t.Fatalf("creating the reusable Sandbox: %v", err)
 		}
 		t.Cleanup(func() {
-			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			// The test's context is cancelled when cleanups run.
+			ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 			defer cancel()
 			if err := sandboxes.Delete(ctx, sb.GetName(), metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
 				t.Errorf("deleting the Sandbox: %v", err)

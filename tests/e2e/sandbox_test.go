@@ -169,7 +169,12 @@ func TestSandboxCRReusableLease(t *testing.T) {
 		t.Errorf("the replaced pod reads %q (exit %+v), want both files", out, exit)
 	}
 
-	// A release cancelling active work suspends at once, through the Sandbox's operatingMode.
+	// A release cancelling active work suspends at once, through the Sandbox's operatingMode: a
+	// command still running does not hold the pod for its 2-minute grace (sandboxd waits for its
+	// commands on SIGTERM), which would outlast runTimeout.
+	if _, err := newSandboxdClient(t, pod.Status.PodIP+":7070", seed).Start(ctx, sandboxd.Spec{ID: "busy", Command: "sleep", Args: []string{"600"}}); err != nil {
+		t.Fatalf("starting a long command: %v", err)
+	}
 	publish(t, events.ReleaseRequest{RunID: r.RunID, CompanyID: company, ProviderLeaseID: name, ReleaseID: "2", CancelActiveWork: true})
 	suspended := pt.WaitKind[events.RunSuspendedEvent](r, runTimeout)
 	if suspended.VolumeClaim != claimName {
