@@ -144,8 +144,9 @@ func (w sandboxWorkload) served() (version string, ok bool, err error) {
 //   - its claim is the Sandbox's volumeClaimTemplate (policy.RenderSandbox), which the
 //     controller creates before the pod (reconcilePVCs) as policy.SandboxClaimName, owned by the
 //     Sandbox, and keeps whatever the operating mode; deleting the Sandbox deletes it;
-//   - spec.operatingMode Suspended: the controller deletes the Sandbox's pod (reconcilePod) and
-//     reports the Suspended condition True (PodTerminated) once it is gone;
+//   - spec.operatingMode Suspended: the controller deletes the Sandbox's pod (reconcilePod;
+//     kubeclip deletes it first, see Suspend), makes no other, and reports the Suspended
+//     condition True (PodTerminated) once it is gone;
 //   - Running again: the controller makes the pod again from the template, on the same claim.
 //
 // kubeclip waits on the pod itself, not on the Sandbox's conditions: the pod is what the
@@ -209,10 +210,14 @@ func (w sandboxWorkload) admitClaim(ctx context.Context, version string, pvc *co
 // no other before the Suspended reaches it; one it made in between is deleted by the wait. The
 // claim and the Secret stay with the Sandbox. A Sandbox that is gone has nothing to suspend.
 func (w sandboxWorkload) Suspend(ctx context.Context, namespace, name string, opts k8s.RunDeleteOptions) error {
+	gvr, err := w.reusableGVR()
+	if err != nil {
+		return err
+	}
 	if err := k8s.StartPodRunDeletion(ctx, w.d.Clientset, namespace, name, opts); err != nil {
 		return err
 	}
-	if err := w.setMode(ctx, namespace, name, modeSuspended); err != nil && !apierrors.IsNotFound(err) {
+	if err := w.setMode(ctx, gvr, namespace, name, modeSuspended); err != nil && !apierrors.IsNotFound(err) {
 		return err
 	}
 	return k8s.DeletePodRun(ctx, w.d.Clientset, namespace, name, opts)
@@ -239,7 +244,7 @@ func (w sandboxWorkload) Resume(ctx context.Context, namespace, name, _ string) 
 	}
 	made := false
 	if mode, _, _ := unstructured.NestedString(sb.Object, "spec", "operatingMode"); mode == modeSuspended {
-		if err := w.setMode(ctx, namespace, name, modeRunning); err != nil {
+		if err := w.setMode(ctx, gvr, namespace, name, modeRunning); err != nil {
 			return false, err
 		}
 		made = true
@@ -265,11 +270,7 @@ const (
 )
 
 // setMode sets the Sandbox's spec.operatingMode; a Sandbox that is gone is returned as NotFound.
-func (w sandboxWorkload) setMode(ctx context.Context, namespace, name, mode string) error {
-	gvr, err := w.reusableGVR()
-	if err != nil {
-		return err
-	}
+func (w sandboxWorkload) setMode(ctx context.Context, gvr schema.GroupVersionResource, namespace, name, mode string) error {
 	patch, err := json.Marshal(map[string]any{"spec": map[string]any{"operatingMode": mode}})
 	if err != nil {
 		return fmt.Errorf("encoding operatingMode patch: %w", err)
