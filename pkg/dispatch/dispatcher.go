@@ -358,7 +358,11 @@ func (d *Dispatcher) handleDispatch(ctx context.Context, m jetstream.Msg) error 
 	name := policy.WorkloadName(d.opts.NewID())
 	var claim string
 	if rec.Reusable {
-		claim = policy.LeaseClaimName(name)
+		w, err := workload.For(plan.Config.Backend, d.workloads)
+		if err != nil {
+			return err
+		}
+		claim = w.ClaimName(name)
 	}
 	rec, err = d.records.Modify(ctx, ref, lease.Dispatch(lease.Workload{
 		Namespace: plan.Namespace, Name: name, SecretName: policy.SecretName(name),
@@ -465,10 +469,9 @@ func (d *Dispatcher) create(ctx context.Context, log zerolog.Logger, plan lease.
 	}
 	spec.SecretEnvKeys = policy.SecretEnvKeys(secret)
 	if rec.VolumeClaim != "" {
-		if err := d.createClaim(ctx, rec); err != nil {
+		if spec.VolumeClaim, err = d.renderClaim(rec); err != nil {
 			return events.RunCreatedEvent{}, workload.Created{}, err
 		}
-		spec.VolumeClaim = rec.VolumeClaim
 	}
 
 	run, err := w.Create(ctx, spec, secret)

@@ -8,6 +8,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
+	corev1 "k8s.io/api/core/v1"
 
 	"github.com/kubeclip/kubeclip/pkg/events"
 	"github.com/kubeclip/kubeclip/pkg/k8s"
@@ -82,19 +83,17 @@ func (d *Dispatcher) checkReusable(rec lease.Record, plan lease.Plan) error {
 	return w.Reuse()
 }
 
-// createClaim creates a reusable lease's volume claim within the operator's bounds.
-func (d *Dispatcher) createClaim(ctx context.Context, rec lease.Record) error {
+// renderClaim renders a reusable lease's volume claim within the operator's bounds, under the
+// name its record holds (Workload.ClaimName); the workload's Create makes it.
+func (d *Dispatcher) renderClaim(rec lease.Record) (*corev1.PersistentVolumeClaim, error) {
 	pvc, err := d.opts.Operator.RenderLeaseClaim(policy.LeaseClaim{
-		Namespace: rec.Namespace, LeaseName: rec.WorkloadName,
+		Namespace: rec.Namespace, Name: rec.VolumeClaim,
 		RunID: rec.RunID, CompanyID: rec.CompanyID, AgentID: rec.AgentID,
 	})
 	if err != nil {
-		return events.Terminal(events.CodeInvalidConfig, policy.LeaseClaimSizeField, err)
+		return nil, events.Terminal(events.CodeInvalidConfig, policy.LeaseClaimSizeField, err)
 	}
-	if pvc.Name != rec.VolumeClaim {
-		return events.Terminalf(events.CodeInternal, "", "lease names volume claim %s, the policy %s", rec.VolumeClaim, pvc.Name)
-	}
-	return k8s.Meaning(k8s.OpCreate, workload.CreateClaim(ctx, d.opts.Clientset, pvc))
+	return pvc, nil
 }
 
 // releaseReusable is the host's release of a reusable lease (lease.Release): retained, its

@@ -96,6 +96,18 @@ func StartPodRun(ctx context.Context, cs kubernetes.Interface, secret *corev1.Se
 	return createRun(ctx, cs, secret, &podWorkload{cs: cs, pod: pod})
 }
 
+// StartPodRunDeletion starts deleting the pod called name with the grace period of opts and
+// does not wait (DeletePodRun waits). A pod that is gone, or already being deleted at least as
+// fast, is left as it is.
+func StartPodRunDeletion(ctx context.Context, cs kubernetes.Interface, namespace, name string, opts RunDeleteOptions) error {
+	opts = opts.withDefaults()
+	sel := metav1.ListOptions{FieldSelector: "metadata.name=" + name}
+	if err := startPodDeletion(ctx, cs, namespace, sel, opts.PodGracePeriod); err != nil {
+		return fmt.Errorf("deleting pod %s/%s: %w", namespace, name, err)
+	}
+	return nil
+}
+
 // DeletePodRun deletes a run's bare Pod with the grace period of opts and returns once it is
 // gone; like DeleteRun it is idempotent.
 func DeletePodRun(ctx context.Context, cs kubernetes.Interface, namespace, name string, opts RunDeleteOptions) error {

@@ -114,8 +114,8 @@ func (s RunSpec) execPodTemplate() corev1.PodTemplateSpec {
 		corev1.Volume{Name: sandboxdBinVolume, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{SizeLimit: &binSize}}},
 		corev1.Volume{Name: sandboxdRunVolume, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{SizeLimit: &runSize}}},
 		corev1.Volume{Name: sandboxdSeedVolume, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{Medium: corev1.StorageMediumMemory, SizeLimit: &seedSize}}})
-	if s.VolumeClaim != "" {
-		onLeaseVolume(spec, s.VolumeClaim)
+	if s.VolumeClaim != nil {
+		onLeaseVolume(spec, s.VolumeClaim.Name)
 	}
 	return tmpl
 }

@@ -60,9 +60,11 @@ type RunSpec struct {
 	// the lease's sandboxd seed, which only the init container reads. A Job's pod takes the
 	// whole Secret. BOOTSTRAP_TOKEN is always among them.
 	SecretEnvKeys []string
-	// VolumeClaim is a reusable lease's PersistentVolumeClaim (LeaseClaimName): its pod keeps
-	// the workspace and the agent's home on it (RenderPod). Empty for any other lease.
-	VolumeClaim string
+	// VolumeClaim is a reusable lease's PersistentVolumeClaim as Operator.RenderLeaseClaim
+	// rendered it: its pod keeps the workspace and the agent's home on it (RenderPod; a
+	// Sandbox's controller makes it from RenderSandbox's volumeClaimTemplate). Nil for any other
+	// lease.
+	VolumeClaim *corev1.PersistentVolumeClaim
 }
 
 // Validate checks the fields the rendered objects need, naming each bad one (runId, agentId,
@@ -274,6 +276,18 @@ func RenderJob(spec RunSpec) *batchv1.Job {
 // it to 1; v1beta1 has operatingMode, defaulting to Running). No ownerReferences: nothing owns
 // a Sandbox.
 //
+// A reusable lease's Sandbox (spec.VolumeClaim, v1beta1 only: the workload refuses it on
+// v1alpha1) keeps its volume through agent-sandbox's own suspend. Its claim is a
+// volumeClaimTemplate named LeaseVolumeName, of the claim's labels and spec (the operator's
+// class and size, RenderLeaseClaim's decisions), which the controller makes as
+// SandboxClaimName(sandbox), owned by the Sandbox; the pod template mounts it where the pod
+// backend mounts its claim (the controller puts the same volume in the pod: a template's
+// volume replaces the pod template's of that name). It has no shutdownTime: with
+// shutdownPolicy Delete the controller would delete the Sandbox, and with it the claim, at the
+// first run's expiry; with Retain it would never make a pod again. A reusable lease's life is
+// kubeclip's (its idle window and maximum age), as the pod backend's claim is; each pod still
+// ends at its activeDeadlineSeconds.
+//
 // Deviation: upstream's sandbox slept (sleep infinity) and was exec'd through the API server.
 func RenderSandbox(spec RunSpec, apiVersion string) *unstructured.Unstructured {
 	tmpl := spec.execPodTemplate()
@@ -285,7 +299,10 @@ func RenderSandbox(spec RunSpec, apiVersion string) *unstructured.Unstructured {
 		podTemplate, _ = holder.Object["template"].(map[string]any)
 	}
 	sbSpec := map[string]any{"podTemplate": podTemplate}
-	if spec.ExpiresAt != nil {
+	switch {
+	case spec.VolumeClaim != nil:
+		sbSpec["volumeClaimTemplates"] = []any{claimTemplate(spec.VolumeClaim)}
+	case spec.ExpiresAt != nil:
 		sbSpec["shutdownTime"] = spec.ExpiresAt.UTC().Format(time.RFC3339)
 		sbSpec["shutdownPolicy"] = "Delete"
 	}
@@ -303,6 +320,21 @@ func RenderSandbox(spec RunSpec, apiVersion string) *unstructured.Unstructured {
 		u.SetAnnotations(a)
 	}
 	return u
+}
+
+// claimTemplate is the Sandbox's volumeClaimTemplate of a reusable lease's claim: its labels
+// and spec under the name LeaseVolumeName (the controller names the claim, SandboxClaimName).
+func claimTemplate(pvc *corev1.PersistentVolumeClaim) map[string]any {
+	claimSpec := map[string]any{}
+	if holder, err := toUnstructured(&corev1.PersistentVolumeClaim{
+		TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "PersistentVolumeClaim"}, Spec: pvc.Spec,
+	}); err == nil {
+		claimSpec, _ = holder.Object["spec"].(map[string]any)
+	}
+	return map[string]any{
+		"metadata": map[string]any{"name": LeaseVolumeName, "labels": stringMapToAny(pvc.Labels)},
+		"spec":     claimSpec,
+	}
 }
 
 func normalizeSandboxAPIVersion(v string) string {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kubeclip/kubeclip/pkg/execspec"
 	"github.com/kubeclip/kubeclip/pkg/policy"
@@ -106,11 +107,35 @@ func TestRenderSandboxGolden(t *testing.T) {
 	}
 }
 
+// A reusable lease's Sandbox (issue 19): its claim as a volumeClaimTemplate of the operator's
+// class and size, named so that the controller's claim is SandboxClaimName; the pod template
+// mounts that claim where the pod backend mounts its own; no shutdownTime, though the lease
+// has an expiry (RenderSandbox says why).
+func TestRenderReusableSandboxGolden(t *testing.T) {
+	spec := overrideSpec(t)
+	op := policy.DefaultOperator()
+	op.LeaseVolume = policy.DefaultLeaseVolume()
+	op.LeaseVolume.StorageClass = "fast-rwo"
+	pvc, err := op.RenderLeaseClaim(policy.LeaseClaim{
+		Namespace: spec.Namespace, Name: policy.SandboxClaimName(spec.WorkloadName),
+		RunID: spec.RunID, CompanyID: spec.CompanyID, AgentID: spec.AgentID, Size: "5Gi",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec.VolumeClaim = pvc
+	sb := policy.RenderSandbox(spec, policy.SandboxAPIVersionV1beta1)
+	checkGolden(t, "run/sandbox-v1beta1-reusable.yaml", sb.Object)
+	if want := policy.LeaseVolumeName + "-" + spec.WorkloadName; pvc.Name != want {
+		t.Errorf("claim name %s, want agent-sandbox's <template>-<sandbox> %s", pvc.Name, want)
+	}
+}
+
 func TestRenderPodGolden(t *testing.T) {
 	checkGoldenUnstructured(t, "run/pod-defaults.yaml", policy.RenderPod(testRunSpec(policy.DefaultConfig())))
 	checkGoldenUnstructured(t, "run/pod-overrides.yaml", policy.RenderPod(overrideSpec(t)))
 	reusable := testRunSpec(policy.DefaultConfig())
-	reusable.VolumeClaim = policy.LeaseClaimName(reusable.WorkloadName)
+	reusable.VolumeClaim = &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: policy.LeaseClaimName(reusable.WorkloadName)}}
 	checkGoldenUnstructured(t, "run/pod-reusable.yaml", policy.RenderPod(reusable))
 }
 
@@ -120,7 +145,7 @@ func TestRenderPodGolden(t *testing.T) {
 func TestReusablePodKeepsWorkspaceAndHomeOnItsClaim(t *testing.T) {
 	spec := testRunSpec(policy.DefaultConfig())
 	plain := policy.RenderPod(spec)
-	spec.VolumeClaim = "lease-1-data"
+	spec.VolumeClaim = &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: "lease-1-data"}}
 	pod := policy.RenderPod(spec)
 
 	type mount struct{ Volume, SubPath string }

@@ -67,8 +67,9 @@ func (o Operator) leaseVolume() LeaseVolume {
 type LeaseClaim struct {
 	// Namespace is the tenant namespace of the lease.
 	Namespace string
-	// LeaseName is the name of the lease's workload (WorkloadName), which names the claim.
-	LeaseName string
+	// Name is the claim's name, which the lease's backend decides (workload.Workload.ClaimName:
+	// LeaseClaimName for kubeclip's pod, SandboxClaimName for agent-sandbox's Sandbox).
+	Name string
 	// The ids the lease's objects are labelled with (RunLabels); AgentID may be empty.
 	RunID, CompanyID, AgentID string
 	// Size is the size the lease's plan asks for, as the company wrote it; empty takes the
@@ -80,9 +81,18 @@ type LeaseClaim struct {
 // company changes to ask for a size the operator allows.
 const LeaseClaimSizeField = "volumeSize"
 
-// LeaseClaimName is the name of the volume claim of the lease whose workload is leaseName.
+// LeaseClaimName is the name of the volume claim of the pod backend's lease whose workload is
+// leaseName (kubeclip creates it).
 func LeaseClaimName(leaseName string) string {
 	return leaseName + "-data"
+}
+
+// SandboxClaimName is the name of the volume claim of the sandbox-cr lease whose Sandbox is
+// sandbox: agent-sandbox's controller makes it from the Sandbox's volumeClaimTemplate
+// LeaseVolumeName and names it "<template>-<sandbox>" (kubernetes-sigs/agent-sandbox v0.5.6,
+// controllers/sandbox_controller.go, reconcilePVCs and reconcilePod).
+func SandboxClaimName(sandbox string) string {
+	return LeaseVolumeName + "-" + sandbox
 }
 
 // RenderLeaseClaim renders a reusable lease's PersistentVolumeClaim: ReadWriteOnce (one run of
@@ -95,8 +105,8 @@ func (o Operator) RenderLeaseClaim(c LeaseClaim) (*corev1.PersistentVolumeClaim,
 	if msg := checkDNSLabel(c.Namespace); msg != "" {
 		errs.add("namespace", msg)
 	}
-	if msg := checkDNSLabel(LeaseClaimName(c.LeaseName)); c.LeaseName == "" || msg != "" {
-		errs.add("leaseName", fmt.Sprintf("%s cannot name a volume claim: %s", quoteShort(c.LeaseName), msg))
+	if msg := checkDNSLabel(c.Name); msg != "" {
+		errs.add("name", fmt.Sprintf("%s cannot name a volume claim: %s", quoteShort(c.Name), msg))
 	}
 	checkID(&errs, "runId", c.RunID)
 	checkID(&errs, "companyId", c.CompanyID)
@@ -118,7 +128,7 @@ func (o Operator) RenderLeaseClaim(c LeaseClaim) (*corev1.PersistentVolumeClaim,
 	}
 	pvc := &corev1.PersistentVolumeClaim{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "PersistentVolumeClaim"},
-		ObjectMeta: metav1.ObjectMeta{Name: LeaseClaimName(c.LeaseName), Namespace: c.Namespace, Labels: labels},
+		ObjectMeta: metav1.ObjectMeta{Name: c.Name, Namespace: c.Namespace, Labels: labels},
 		Spec: corev1.PersistentVolumeClaimSpec{
 			AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
 			Resources: corev1.VolumeResourceRequirements{

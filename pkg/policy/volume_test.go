@@ -15,7 +15,7 @@ import (
 func testLeaseClaim() policy.LeaseClaim {
 	return policy.LeaseClaim{
 		Namespace: "paperclip-" + testCompanyID,
-		LeaseName: "pc-01jq3v6x8k2m4n5p6q7r8s9t0v",
+		Name:      policy.LeaseClaimName("pc-01jq3v6x8k2m4n5p6q7r8s9t0v"),
 		RunID:     "run-1",
 		CompanyID: testCompanyID,
 		AgentID:   "agent-1",
@@ -94,12 +94,12 @@ func TestLeaseClaimSizeWithinOperatorBounds(t *testing.T) {
 	}
 }
 
-// The ids become label values and the lease name the claim's name: what cannot be either is
+// The ids become label values and Name the claim's name: what cannot be either is
 // refused before anything is created, each naming its field.
 func TestLeaseClaimRefusesBadNames(t *testing.T) {
 	c := policy.LeaseClaim{
 		Namespace: "Not_A_Namespace",
-		LeaseName: strings.Repeat("x", 60),
+		Name:      strings.Repeat("x", 64),
 		RunID:     "",
 		CompanyID: "bad company",
 		AgentID:   "bad/agent",
@@ -110,7 +110,7 @@ func TestLeaseClaimRefusesBadNames(t *testing.T) {
 	if !errors.As(err, &ve) {
 		t.Fatalf("error %v, want a ValidationError", err)
 	}
-	want := []string{"namespace", "leaseName", "runId", "companyId", "agentId", policy.LeaseClaimSizeField}
+	want := []string{"namespace", "name", "runId", "companyId", "agentId", policy.LeaseClaimSizeField}
 	if diff := cmp.Diff(want, ve.Fields()); diff != "" {
 		t.Errorf("fields (-want +got):\n%s", diff)
 	}

@@ -23,7 +23,7 @@ func (jobWorkload) Backend() policy.Backend { return policy.BackendJob }
 func (jobWorkload) Kind() string            { return "Job" }
 
 func (w jobWorkload) Create(ctx context.Context, spec policy.RunSpec, secret *corev1.Secret) (Created, error) {
-	if spec.VolumeClaim != "" {
+	if spec.VolumeClaim != nil {
 		return Created{}, w.Reuse()
 	}
 	run, err := k8s.StartJobRun(ctx, w.d.Clientset, secret, policy.RenderJob(spec))
@@ -75,6 +75,9 @@ func (w jobWorkload) Exists(ctx context.Context, namespace, name string) (bool, 
 
 // Reuse: a reusable lease needs backend pod (reuse.go).
 func (w jobWorkload) Reuse() error { return notReusable(w.Backend()) }
+
+// ClaimName: a Job keeps no reusable lease, so no claim.
+func (jobWorkload) ClaimName(string) string { return "" }
 
 // Suspend refuses: the backend keeps no reusable lease.
 func (w jobWorkload) Suspend(context.Context, string, string, k8s.RunDeleteOptions) error {

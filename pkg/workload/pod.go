@@ -22,9 +22,15 @@ var _ Workload = podWorkload{}
 func (podWorkload) Backend() policy.Backend { return policy.BackendPod }
 func (podWorkload) Kind() string            { return "Pod" }
 
+// ClaimName is kubeclip's own name for the pod backend's claim, which Create creates.
+func (podWorkload) ClaimName(name string) string { return policy.LeaseClaimName(name) }
+
 func (w podWorkload) Create(ctx context.Context, spec policy.RunSpec, secret *corev1.Secret) (Created, error) {
 	pod := policy.RenderPod(spec)
-	if spec.VolumeClaim != "" {
+	if spec.VolumeClaim != nil {
+		if err := CreateClaim(ctx, w.d.Clientset, spec.VolumeClaim); err != nil {
+			return Created{}, err
+		}
 		return w.createOnClaim(ctx, spec, secret, pod)
 	}
 	run, err := k8s.StartPodRun(ctx, w.d.Clientset, secret, pod)

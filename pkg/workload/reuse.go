@@ -22,9 +22,9 @@ import (
 // A reusable lease (docs/reuse/host-rules.md) outlives its run: its workspace and the agent's
 // home are on a volume claim of its own (policy.RenderLeaseClaim), its pod is deleted when it
 // has been idle for the operator's window (suspend) and made again on the same claim when the
-// host resumes it. Only backend pod does this today; job and sandbox-cr refuse a reusable lease
-// at its acquire (Reuse), before anything is created. (agent-sandbox's own operatingMode and
-// volumeClaimTemplates, for sandbox-cr where v1beta1 is served, are left for later.)
+// host resumes it. This file is backend pod's way; sandbox-cr keeps one through agent-sandbox's
+// own operatingMode and volumeClaimTemplates where v1beta1 is served (sandbox.go); job refuses a
+// reusable lease at its acquire (Reuse), before anything is created.
 
 // PodTemplateAnnotation is the claim annotation holding the pod a reusable lease's Create made
 // (as JSON): a resume of a suspended lease makes exactly that pod again, whatever the company's
@@ -79,9 +79,9 @@ func DeleteClaim(ctx context.Context, cs kubernetes.Interface, namespace, name s
 func (w podWorkload) createOnClaim(ctx context.Context, spec policy.RunSpec, secret *corev1.Secret, pod *corev1.Pod) (Created, error) {
 	cs := w.d.Clientset
 	claims := cs.CoreV1().PersistentVolumeClaims(spec.Namespace)
-	claim, err := claims.Get(ctx, spec.VolumeClaim, metav1.GetOptions{})
+	claim, err := claims.Get(ctx, spec.VolumeClaim.Name, metav1.GetOptions{})
 	if err != nil {
-		return Created{}, fmt.Errorf("reading PersistentVolumeClaim %s/%s: %w", spec.Namespace, spec.VolumeClaim, err)
+		return Created{}, fmt.Errorf("reading PersistentVolumeClaim %s/%s: %w", spec.Namespace, spec.VolumeClaim.Name, err)
 	}
 	tmpl, err := json.Marshal(pod)
 	if err != nil {

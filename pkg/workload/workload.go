@@ -7,7 +7,8 @@
 // The shape is kueue's jobframework.GenericJob: one small interface every kind of workload
 // implements, so the dispatcher, its reconcile pass and the run-watcher treat a Sandbox exactly
 // as they treat a Job. Suspend and resume (a reusable lease's pod deleted, its volume kept) join
-// the interface the same way, one method each.
+// the interface the same way: pod does them itself (reuse.go), sandbox-cr through
+// agent-sandbox's operatingMode (sandbox.go).
 //
 // What a Kubernetes error means is not decided here: errors keep the API server's status
 // (wrapped with %w) for k8s.Meaning, except the one answer only a backend can give (the
@@ -67,10 +68,15 @@ type Workload interface {
 	// read-only list and watch suffice.
 	Exists(ctx context.Context, namespace, name string) (bool, error)
 
-	// Reuse is nil when the backend keeps reusable leases (reuse.go), else the terminal
-	// backend_unavailable naming config.backend a reusable acquire fails with, before anything
-	// is created.
+	// Reuse is nil when the backend keeps reusable leases (reuse.go; sandbox.go where the
+	// cluster serves agent-sandbox's v1beta1), else the terminal backend_unavailable naming
+	// config.backend a reusable acquire fails with, before anything is created.
 	Reuse() error
+	// ClaimName is the name of the volume claim of the reusable lease whose workload is name:
+	// the lease record holds it from its dispatch on, so destroy, collection and the suspended
+	// event name the real claim. Create makes the claim from RunSpec.VolumeClaim (pod: kubeclip
+	// creates it; sandbox-cr: the Sandbox's controller does).
+	ClaimName(name string) string
 	// Suspend deletes a reusable lease's pod and returns once it is gone; its volume claim and
 	// Secret stay for a resume.
 	Suspend(ctx context.Context, namespace, name string, opts k8s.RunDeleteOptions) error

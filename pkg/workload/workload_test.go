@@ -7,6 +7,11 @@ import (
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	fakediscovery "k8s.io/client-go/discovery/fake"
+	dynamicfake "k8s.io/client-go/dynamic/fake"
+	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/kubeclip/kubeclip/pkg/events"
 	"github.com/kubeclip/kubeclip/pkg/k8s"
@@ -99,20 +104,50 @@ func name[T interface {
 	return o.GetName()
 }
 
-// TestOnlyThePodBackendKeepsAReusableLease: a reusable acquire on job or sandbox-cr fails at
-// once with backend_unavailable naming config.backend, from Reuse and from every reusable
-// lease's method, and pod accepts it.
-func TestOnlyThePodBackendKeepsAReusableLease(t *testing.T) {
-	for _, w := range All(Deps{}) {
-		t.Run(string(w.Backend()), func(t *testing.T) {
-			if w.Backend() == policy.BackendPod {
+// TestReusableLeasesByBackend: a reusable acquire on job, on sandbox-cr where the cluster
+// serves only agent-sandbox's v1alpha1 (no operatingMode), or on sandbox-cr where it serves no
+// Sandbox API, fails at once with backend_unavailable naming config.backend, from Reuse and
+// from every reusable lease's method; pod, and sandbox-cr where v1beta1 is served, keep it,
+// each with its claim under the name its keeper gives it.
+func TestReusableLeasesByBackend(t *testing.T) {
+	serving := func(versions ...string) Deps {
+		cs := fake.NewClientset()
+		for _, v := range versions {
+			cs.Discovery().(*fakediscovery.FakeDiscovery).Resources = append(cs.Discovery().(*fakediscovery.FakeDiscovery).Resources,
+				&metav1.APIResourceList{GroupVersion: v, APIResources: []metav1.APIResource{{Name: "sandboxes", Kind: "Sandbox", Namespaced: true}}})
+		}
+		return Deps{Clientset: cs}
+	}
+	tests := []struct {
+		name      string
+		backend   policy.Backend
+		deps      Deps
+		wantClaim string // "" refuses a reusable lease
+	}{
+		{"pod", policy.BackendPod, Deps{}, "pc-1-data"},
+		{"sandbox-cr on v1beta1", policy.BackendSandboxCR, serving(policy.SandboxAPIVersionV1beta1, policy.SandboxAPIVersionV1alpha1), "lease-data-pc-1"},
+		{"sandbox-cr on v1alpha1 only", policy.BackendSandboxCR, serving(policy.SandboxAPIVersionV1alpha1), ""},
+		{"sandbox-cr without agent-sandbox", policy.BackendSandboxCR, serving(), ""},
+		{"job", policy.BackendJob, Deps{}, ""},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			w, err := For(tc.backend, tc.deps)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tc.wantClaim != "" {
 				if err := w.Reuse(); err != nil {
 					t.Fatalf("Reuse() = %v, want nil", err)
 				}
+				if got := w.ClaimName("pc-1"); got != tc.wantClaim {
+					t.Errorf("ClaimName(pc-1) = %s, want %s", got, tc.wantClaim)
+				}
 				return
 			}
+			claim := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: "pc-1-data", Namespace: "ns"}}
 			_, resumeErr := w.Resume(t.Context(), "ns", "pc-1", "pc-1-data")
-			_, createErr := w.Create(t.Context(), policy.RunSpec{VolumeClaim: "pc-1-data"}, nil)
+			_, createErr := w.Create(t.Context(), policy.RunSpec{VolumeClaim: claim}, nil)
 			for name, err := range map[string]error{
 				"Reuse": w.Reuse(), "Suspend": w.Suspend(t.Context(), "ns", "pc-1", k8s.RunDeleteOptions{}),
 				"Resume": resumeErr, "Create": createErr,
@@ -123,5 +158,25 @@ func TestOnlyThePodBackendKeepsAReusableLease(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestResumeOfAGoneSandbox: a reusable Sandbox that is gone took its claim with it (it owns the
+// claim), so its resume is lease_not_found naming providerLeaseId, which the plugin answers the
+// host so that it acquires afresh, not an error retried until it runs out.
+func TestResumeOfAGoneSandbox(t *testing.T) {
+	cs := fake.NewClientset()
+	cs.Discovery().(*fakediscovery.FakeDiscovery).Resources = []*metav1.APIResourceList{{
+		GroupVersion: policy.SandboxAPIVersionV1beta1, APIResources: []metav1.APIResource{{Name: "sandboxes", Kind: "Sandbox", Namespaced: true}},
+	}}
+	gvr := policy.SandboxGVR(policy.SandboxAPIVersionV1beta1)
+	dyn := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), map[schema.GroupVersionResource]string{gvr: "SandboxList"})
+	w, err := For(policy.BackendSandboxCR, Deps{Clientset: cs, Dynamic: dyn})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = w.Resume(t.Context(), "ns", "pc-1", "")
+	if te, ok := events.AsTerminal(err); !ok || te.Code != events.CodeLeaseNotFound || te.Field != "providerLeaseId" {
+		t.Errorf("Resume of a gone Sandbox = %v, want terminal lease_not_found naming providerLeaseId", err)
 	}
 }

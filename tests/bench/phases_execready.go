@@ -72,7 +72,7 @@ func (b *bench) execReadyPhase(ctx context.Context, rep *report, key []byte) err
 				return err
 			},
 			func() error {
-				d, err := b.rawPodReady(ctx, plan, key, "")
+				d, err := b.rawPodReady(ctx, plan, key, nil)
 				if i >= readyWarmup {
 					raw.add(d, err)
 				}
@@ -134,10 +134,10 @@ func (b *bench) coldPodLease(ctx context.Context, c *execclient.Client) (ready, 
 }
 
 // rawPodReady renders a pod of plan as the dispatcher does (its Secret with the sandboxd seed
-// of key; on the volume claim named claim, when not empty, as a reusable lease's pod), creates
+// of key; on the volume claim claim, when not nil, as a reusable lease's pod), creates
 // the Secret, then times the Pod's create until a watch sees it Ready. It deletes both (and
 // waits until the pod is gone) before it returns.
-func (b *bench) rawPodReady(ctx context.Context, plan lease.Plan, key []byte, claim string) (d time.Duration, err error) {
+func (b *bench) rawPodReady(ctx context.Context, plan lease.Plan, key []byte, claim *corev1.PersistentVolumeClaim) (d time.Duration, err error) {
 	spec := plan.RunSpec(policy.WorkloadName(ulid.Make()))
 	spec.SandboxdImage = b.s.sandboxdImage // the dispatcher's (--sandboxd-image): the same pod
 	spec.VolumeClaim = claim

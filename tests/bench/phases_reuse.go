@@ -132,7 +132,7 @@ func (b *bench) reuseLease(ctx context.Context, company string, rawFirst, warmUp
 			s.rawFresh.add(0, err)
 			return err
 		}
-		d, err := b.rawPodReady(ctx, rawPlan, b.sandboxKey, rawClaim.Name)
+		d, err := b.rawPodReady(ctx, rawPlan, b.sandboxKey, rawClaim)
 		s.rawFresh.add(created+d, err)
 		return err
 	}
@@ -170,7 +170,7 @@ func (b *bench) reuseLease(ctx context.Context, company string, rawFirst, warmUp
 			return err
 		}
 		rawOnClaim := func() error {
-			d, err := b.rawPodReady(ctx, rawPlan, b.sandboxKey, rawClaim.Name)
+			d, err := b.rawPodReady(ctx, rawPlan, b.sandboxKey, rawClaim)
 			s.rawOnClaim.add(d, err)
 			return err
 		}
@@ -277,7 +277,7 @@ func (b *bench) destroyReusable(ctx context.Context, l reusableLease) error {
 // (the operator's class and default size), not kubeclip's (rawManagedBy).
 func renderRawClaim(plan lease.Plan) (*corev1.PersistentVolumeClaim, error) {
 	pvc, err := benchOperator().RenderLeaseClaim(policy.LeaseClaim{
-		Namespace: plan.Namespace, LeaseName: policy.WorkloadName(ulid.Make()),
+		Namespace: plan.Namespace, Name: policy.LeaseClaimName(policy.WorkloadName(ulid.Make())),
 		RunID: plan.Request.RunID, CompanyID: plan.Request.CompanyID, AgentID: plan.Request.AgentID,
 	})
 	if err != nil {

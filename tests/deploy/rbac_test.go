@@ -111,6 +111,7 @@ func TestRBACAllowsWhatTheCodeDoesAndNothingElse(t *testing.T) {
 				{"delete", "batch", "jobs", "", tenantNS, ""}, {"list", "batch", "jobs", "", "", ""},
 				{"create", "", "pods", "", tenantNS, ""}, {"list", "", "pods", "", "", ""},
 				{"create", "agents.x-k8s.io", "sandboxes", "", tenantNS, ""}, {"delete", "agents.x-k8s.io", "sandboxes", "", tenantNS, ""},
+				{"get", "agents.x-k8s.io", "sandboxes", "", tenantNS, ""}, {"patch", "agents.x-k8s.io", "sandboxes", "", tenantNS, ""},
 				{"list", "agents.x-k8s.io", "sandboxes", "", "", ""},
 				{"list", "", "pods", "", tenantNS, ""}, {"watch", "", "pods", "", tenantNS, ""}, {"delete", "", "pods", "", tenantNS, ""},
 				{"create", "networking.k8s.io", "networkpolicies", "", tenantNS, ""},

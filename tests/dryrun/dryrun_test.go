@@ -308,6 +308,66 @@ func TestRenderedObjectsPassServerDryRun(t *testing.T) {
 		}
 	})
 
+	// A reusable lease's Sandbox (issue 19): the claim as a volumeClaimTemplate, accepted by the
+	// CRD's schema and not pruned; the claim agent-sandbox's controller makes of it admitted by
+	// the tenant's LimitRange and quota (the dispatcher's own dry run, workload.admitClaim); and
+	// the operatingMode changes suspend and resume make accepted, while the templates stay
+	// immutable (the CRD's rule: kubeclip never changes them).
+	t.Run("sandbox/v1beta1-reusable", func(t *testing.T) {
+		reusable := spec
+		reusable.WorkloadName = policy.WorkloadName(ulid.Make())
+		pvc, err := op.RenderLeaseClaim(policy.LeaseClaim{
+			Namespace: ns, Name: policy.SandboxClaimName(reusable.WorkloadName),
+			RunID: spec.RunID, CompanyID: companyID, AgentID: spec.AgentID,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		reusable.VolumeClaim = pvc
+		sb := policy.RenderSandbox(reusable, policy.SandboxAPIVersionV1beta1)
+		got, err := c.dryRunCreate(ctx, t, sb)
+		if err != nil {
+			t.Fatalf("dry-run create of the reusable Sandbox: %v", err)
+		}
+		want, _, _ := unstructured.NestedSlice(sb.Object, "spec", "volumeClaimTemplates")
+		back, _, _ := unstructured.NestedSlice(got.Object, "spec", "volumeClaimTemplates")
+		if fmt.Sprint(back) != fmt.Sprint(want) {
+			t.Errorf("volumeClaimTemplates came back as %v, want %v", back, want)
+		}
+		if _, err := c.cs.CoreV1().PersistentVolumeClaims(ns).Create(ctx, pvc, metav1.CreateOptions{DryRun: dryRunAll, FieldValidation: strict}); err != nil {
+			t.Errorf("dry-run create of the claim the controller makes: %v", err)
+		}
+
+		sandboxes := c.dyn.Resource(policy.SandboxGVR(policy.SandboxAPIVersionV1beta1)).Namespace(ns)
+		if _, err := sandboxes.Create(ctx, sb, metav1.CreateOptions{FieldValidation: strict}); err != nil {
+			t.Fatalf("creating the reusable Sandbox: %v", err)
+		}
+		t.Cleanup(func() {
+			// The test's context is cancelled when cleanups run.
+			ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+			defer cancel()
+			if err := sandboxes.Delete(ctx, sb.GetName(), metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+				t.Errorf("deleting the Sandbox: %v", err)
+			}
+		})
+		patch := func(body string) error {
+			_, err := sandboxes.Patch(ctx, sb.GetName(), types.MergePatchType, []byte(body),
+				metav1.PatchOptions{FieldManager: k8s.DefaultFieldManager, FieldValidation: strict})
+			return err
+		}
+		for _, mode := range []string{"Suspended", "Running"} {
+			if err := patch(`{"spec":{"operatingMode":"` + mode + `"}}`); err != nil {
+				t.Errorf("setting operatingMode %s: %v", mode, err)
+			}
+		}
+		if err := patch(`{"spec":{"operatingMode":"Paused"}}`); !apierrors.IsInvalid(err) {
+			t.Errorf("operatingMode Paused: %v, want Invalid (the CRD's enum)", err)
+		}
+		if err := patch(`{"spec":{"volumeClaimTemplates":null}}`); !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), "volumeClaimTemplates is immutable") {
+			t.Errorf("removing the volumeClaimTemplates: %v, want Invalid: volumeClaimTemplates is immutable", err)
+		}
+	})
+
 	t.Run("scoped-egress", func(t *testing.T) {
 		grant, err := policy.ParseEgressGrant([]byte(`{"networkEgress": {"allowFqdns": ["registry.npmjs.org", "*.pythonhosted.org"], "allowCidrs": ["140.82.112.0/20"]}}`))
 		if err != nil {

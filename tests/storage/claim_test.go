@@ -118,7 +118,7 @@ func createRetryingConflicts(t testing.TB, what string, create func() error) {
 func createLeaseClaim(t testing.TB, cs kubernetes.Interface, op policy.Operator, ns, company, size string) string {
 	t.Helper()
 	pvc, err := op.RenderLeaseClaim(policy.LeaseClaim{
-		Namespace: ns, LeaseName: "pc-" + shortID(), RunID: "run-" + shortID(), CompanyID: company, Size: size,
+		Namespace: ns, Name: policy.LeaseClaimName("pc-" + shortID()), RunID: "run-" + shortID(), CompanyID: company, Size: size,
 	})
 	if err != nil {
 		t.Fatal(err)

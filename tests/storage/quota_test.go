@@ -40,7 +40,7 @@ func TestStorageQuotaRefusalNamesTheResource(t *testing.T) {
 	refused := func(size, wantField string) {
 		t.Helper()
 		pvc, err := op.RenderLeaseClaim(policy.LeaseClaim{
-			Namespace: ns, LeaseName: "pc-" + shortID(), RunID: "run-" + shortID(), CompanyID: company, Size: size,
+			Namespace: ns, Name: policy.LeaseClaimName("pc-" + shortID()), RunID: "run-" + shortID(), CompanyID: company, Size: size,
 		})
 		if err != nil {
 			t.Fatal(err)

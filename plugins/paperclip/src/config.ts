@@ -440,7 +440,11 @@ export const providerConfigSchema = {
       minimum: 1,
       description: "Budget for acquire/release (ms); Paperclip waits 30 s longer. Default 25000. (The connection is the plugin settings' alone.)",
     },
-    reuseLease: { type: "boolean", description: "Paperclip's: not supported by this provider (leases are per run)." },
+    reuseLease: {
+      type: "boolean",
+      description:
+        "Paperclip's: true keeps an agent's lease between its runs in one execution workspace (its pod for an idle window, then a volume with /workspace and $HOME). Backends pod and sandbox-cr (agent-sandbox v0.5 or later); job refuses it.",
+    },
     streamRunLogs: {
       type: "boolean",
       description: "Paperclip's: false streams live output through the provider instead of tail polling (recommended).",

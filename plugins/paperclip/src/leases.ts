@@ -24,7 +24,7 @@ export interface AcquireRequest {
   executionWorkspaceSettings?: JsonObject | undefined;
   requestedExpiresAt?: string | undefined;
   config: JsonObject;
-  /** A reusable lease: its workspace and the agent's home outlive the run (backend pod). */
+  /** A reusable lease: its workspace and the agent's home outlive the run (backends pod and sandbox-cr). */
   reuseLease?: boolean | undefined;
 }
 
