@@ -66,7 +66,7 @@ func (s RunSpec) execPodTemplate() corev1.PodTemplateSpec {
 	spec.RestartPolicy = corev1.RestartPolicyNever
 	spec.TerminationGracePeriodSeconds = ptrTo(int64(DefaultExecGracePeriod / time.Second))
 	switch {
-	case s.VolumeClaim != "":
+	case s.VolumeClaim != nil:
 		// A reusable lease's pod serves its agent's runs one after another, and each resume
 		// renews the lease's expiry; a pod's activeDeadlineSeconds counts from its start and can
 		// only be shortened, so it would kill a run resumed near it although the host was told a

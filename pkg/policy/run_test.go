@@ -189,7 +189,7 @@ func TestReusablePodHasNoKubeletDeadline(t *testing.T) {
 	if got := policy.RenderPod(spec).Spec.ActiveDeadlineSeconds; got == nil || *got != secs {
 		t.Fatalf("a lease's pod: activeDeadlineSeconds %v, want %d", got, secs)
 	}
-	spec.VolumeClaim = "lease-1-data"
+	spec.VolumeClaim = &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: "lease-1-data"}}
 	if got := policy.RenderPod(spec).Spec.ActiveDeadlineSeconds; got != nil {
 		t.Errorf("a reusable lease's pod: activeDeadlineSeconds %d, want none", *got)
 	}
