@@ -41,19 +41,24 @@ func notReusable(b policy.Backend) error {
 
 // CreateClaim creates a reusable lease's volume claim; one that exists for the same run (a
 // redelivered dispatch) is fine, one of another run under the name is k8s.ErrRunConflict.
-// What a refusal means (the tenant quota: quota_exceeded) is k8s.Meaning's.
+// What a refusal means (the tenant quota: quota_exceeded) is k8s.Meaning's. The claim is read
+// before it is created: quota admission runs before the name check, so a redelivered dispatch's
+// create of the lease's own claim would be refused quota_exceeded at the company's claim limit.
 func CreateClaim(ctx context.Context, cs kubernetes.Interface, pvc *corev1.PersistentVolumeClaim) error {
 	claims := cs.CoreV1().PersistentVolumeClaims(pvc.Namespace)
-	_, err := claims.Create(ctx, pvc, metav1.CreateOptions{FieldManager: k8s.DefaultFieldManager})
-	if !apierrors.IsAlreadyExists(err) {
-		if err != nil {
-			return fmt.Errorf("creating PersistentVolumeClaim %s/%s: %w", pvc.Namespace, pvc.Name, err)
-		}
-		return nil
-	}
 	got, err := claims.Get(ctx, pvc.Name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		_, err = claims.Create(ctx, pvc, metav1.CreateOptions{FieldManager: k8s.DefaultFieldManager})
+		if !apierrors.IsAlreadyExists(err) {
+			if err != nil {
+				return fmt.Errorf("creating PersistentVolumeClaim %s/%s: %w", pvc.Namespace, pvc.Name, err)
+			}
+			return nil
+		}
+		got, err = claims.Get(ctx, pvc.Name, metav1.GetOptions{}) // made meanwhile
+	}
 	if err != nil {
-		return fmt.Errorf("reading existing PersistentVolumeClaim %s/%s: %w", pvc.Namespace, pvc.Name, err)
+		return fmt.Errorf("reading PersistentVolumeClaim %s/%s: %w", pvc.Namespace, pvc.Name, err)
 	}
 	if run := got.Labels[policy.LabelRunID]; run != pvc.Labels[policy.LabelRunID] {
 		return fmt.Errorf("creating PersistentVolumeClaim %s/%s: exists with %s=%q: %w", pvc.Namespace, pvc.Name, policy.LabelRunID, run, k8s.ErrRunConflict)

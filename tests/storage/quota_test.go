@@ -1,6 +1,7 @@
 package storage_test
 
 import (
+	"errors"
 	"strings"
 	"testing"
 
@@ -13,6 +14,7 @@ import (
 	"github.com/kubeclip/kubeclip/pkg/events"
 	"github.com/kubeclip/kubeclip/pkg/k8s"
 	"github.com/kubeclip/kubeclip/pkg/policy"
+	"github.com/kubeclip/kubeclip/pkg/workload"
 )
 
 // TestStorageQuotaRefusalNamesTheResource is issue 19's "a company over its storage quota gets
@@ -72,4 +74,39 @@ func TestStorageQuotaRefusalNamesTheResource(t *testing.T) {
 	refused("4Gi", string(corev1.ResourceRequestsStorage))
 	createLeaseClaim(t, cs, op, ns, company, "1Gi")
 	refused("1Gi", string(corev1.ResourcePersistentVolumeClaims))
+}
+
+// TestRedeliveredClaimAtTheClaimLimit: a redelivered dispatch of a reusable lease creates its
+// claim again (workload.CreateClaim). At the company's claim limit, its own claim counting,
+// that must find the claim, not be refused quota_exceeded by quota admission (which runs before
+// the name check); another run's claim under the name is still a conflict.
+func TestRedeliveredClaimAtTheClaimLimit(t *testing.T) {
+	cs := clustertest.Clientset(t)
+	op := policy.DefaultOperator()
+	op.TenantQuota = corev1.ResourceList{corev1.ResourcePersistentVolumeClaims: resource.MustParse("1")}
+	if err := op.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	ns, company := applyTenant(t, cs, op)
+	claim := policy.LeaseClaim{Namespace: ns, Name: policy.LeaseClaimName("pc-" + shortID()), RunID: "run-" + shortID(), CompanyID: company}
+	pvc, err := op.RenderLeaseClaim(claim)
+	if err != nil {
+		t.Fatal(err)
+	}
+	createRetryingConflicts(t, "claim "+pvc.Name, func() error { return workload.CreateClaim(t.Context(), cs, pvc) })
+	again, err := op.RenderLeaseClaim(claim)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := workload.CreateClaim(t.Context(), cs, again); err != nil {
+		t.Fatalf("the redelivered dispatch's claim at the claim limit: %v, want the existing claim found", err)
+	}
+	claim.RunID = "run-" + shortID()
+	other, err := op.RenderLeaseClaim(claim)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := workload.CreateClaim(t.Context(), cs, other); !errors.Is(err, k8s.ErrRunConflict) {
+		t.Fatalf("another run's claim under the name: %v, want k8s.ErrRunConflict", err)
+	}
 }
