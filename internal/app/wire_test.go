@@ -26,7 +26,7 @@ func TestFirstStartOnAFreshCluster(t *testing.T) {
 			cluster := natstest.StartCluster(t, 3)
 			c := app.Common{NATSURL: cluster.URLs(), SubjectPrefix: "paperclip"}
 			subjects, _ := events.NewSubjects(c.SubjectPrefix)
-			st := app.Streams{Replicas: 3, LeaseRetention: events.DefaultLeaseMaxAge, RunRetention: events.DefaultRunMaxAge, StoreBytes: 256 << 20}
+			st := app.Streams{Replicas: 3, LeaseRetention: events.DefaultLeaseMaxAge, RunRetention: events.DefaultRunMaxAge, StoreBytes: natstest.ClusterStoreBytes}
 			// No deadline, as a worker's own: each request waits jetstream's default timeout.
 			ctx := t.Context()
 			var wg sync.WaitGroup

@@ -24,6 +24,10 @@ import (
 // one the cluster runs.
 const serverModule = "github.com/nats-io/nats-server/v2"
 
+// ClusterStoreBytes is each node's max_file_store: a cluster's streams take their share of it
+// (events.Options.StoreBytes, the workers' --store-bytes), or find no peer with room for them.
+const ClusterStoreBytes = 1 << 30
+
 // Cluster is nats-server processes on loopback, each with JetStream, joined by cluster routes,
 // as the production overlay runs them. They are processes, not in-process servers, so a test
 // can SIGKILL one the way a node or a pod dies, and start it again on its port and store.
@@ -99,7 +103,7 @@ http: %s:%d
 jetstream {
   store_dir: %q
   max_memory_store: 64MB
-  max_file_store: 1GB
+  max_file_store: %d
   limits { default_max_consumers: %d }
 }
 cluster {
@@ -108,7 +112,7 @@ cluster {
   routes: [%s]
   connect_retries: 120
 }
-`, name, embeddednats.DefaultHost, port, embeddednats.DefaultHost, monitorPort, store, embeddednats.DefaultMaxConsumers,
+`, name, embeddednats.DefaultHost, port, embeddednats.DefaultHost, monitorPort, store, ClusterStoreBytes, embeddednats.DefaultMaxConsumers,
 		embeddednats.DefaultHost, routePort, strings.Join(routes, ", "))
 }
 
