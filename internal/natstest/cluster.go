@@ -94,8 +94,9 @@ func StartCluster(t testing.TB, n int) *Cluster {
 	return c
 }
 
-// clusterConf is a node's configuration: the shipped production nats.conf's settings that shape
-// JetStream (default_max_consumers, as embeddednats.DefaultMaxConsumers), on loopback ports.
+// clusterConf is a node's configuration: the production overlay's nats.conf on loopback ports,
+// with its memory store, default_max_consumers (embeddednats.DefaultMaxConsumers) and route
+// retries, and a file store of ClusterStoreBytes rather than 8 GB.
 func clusterConf(name string, port, routePort, monitorPort int, store string, routes []string) string {
 	return fmt.Sprintf(`server_name: %s
 listen: %s:%d
