@@ -1,6 +1,7 @@
 package natstest_test
 
 import (
+	"context"
 	"testing"
 	"time"
 
@@ -57,5 +58,60 @@ func TestManyConsumersOnAStream(t *testing.T) {
 		if _, err := stream.CreateConsumer(t.Context(), jetstream.ConsumerConfig{AckPolicy: jetstream.AckNonePolicy, InactiveThreshold: time.Minute}); err != nil {
 			t.Fatalf("consumer %d: %v", i+1, err)
 		}
+	}
+}
+
+// TestClusterLosesANode: the cluster's nodes are processes a test can SIGKILL; an R3 stream
+// elects another leader and takes writes again, and the node comes back on its port and store.
+func TestClusterLosesANode(t *testing.T) {
+	c := natstest.StartCluster(t, 3)
+	ctx := t.Context()
+	if err := c.WaitHealthy(ctx); err != nil {
+		t.Fatal(err)
+	}
+	_, js := c.Connect(t)
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "T", Subjects: []string{"t.>"}, Replicas: 3}); err != nil {
+		t.Fatalf("creating stream: %v", err)
+	}
+	if _, err := js.Publish(ctx, "t.x", []byte("before")); err != nil {
+		t.Fatalf("publishing: %v", err)
+	}
+	leader, err := c.StreamLeader(ctx, js, "T")
+	if err != nil {
+		t.Fatal(err)
+	}
+	leader.Kill()
+	if leader.Running() {
+		t.Fatal("the killed node still runs")
+	}
+	// Writes resume once the other two elect a leader.
+	deadline := time.Now().Add(time.Minute)
+	for {
+		pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		_, err := js.Publish(pctx, "t.x", []byte("after"))
+		cancel()
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no write accepted a minute after the leader died: %v", err)
+		}
+	}
+	if l, err := c.StreamLeader(ctx, js, "T"); err != nil || l == leader {
+		t.Fatalf("leader after the kill: %v, %v", l, err)
+	}
+	if err := leader.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if err := leader.WaitHealthy(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Healthy means the restarted node's replica is current again.
+	s, err := js.Stream(ctx, "T")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := s.CachedInfo().State.Msgs; got != 2 {
+		t.Errorf("stream holds %d messages, want 2", got)
 	}
 }

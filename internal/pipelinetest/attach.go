@@ -18,6 +18,16 @@ import (
 // Close stops those processes and the Env's connection but leaves n running. bin is the
 // directory of the worker binaries (empty: Binaries()); kubeconfig is the cluster's.
 func Attach(opts Options, n *NATS, bin, kubeconfig string) (*Env, error) {
+	e, err := AttachURL(opts, n.URL(), bin, kubeconfig)
+	if e != nil {
+		e.NATS = n
+	}
+	return e, err
+}
+
+// AttachURL is Attach to the NATS servers at url (comma-separated for a cluster, as
+// --nats-url takes it), which the caller runs, such as internal/natstest's cluster.
+func AttachURL(opts Options, url, bin, kubeconfig string) (*Env, error) {
 	if opts.Name == "" {
 		opts.Name = "pipeline"
 	}
@@ -31,16 +41,17 @@ func Attach(opts Options, n *NATS, bin, kubeconfig string) (*Env, error) {
 	if err != nil {
 		return nil, err
 	}
-	e := &Env{opts: opts, Bin: bin, Dir: dir, LogDir: filepath.Join(dir, "logs"), Kubeconfig: kubeconfig, NATS: n, attached: true}
+	e := &Env{opts: opts, Bin: bin, Dir: dir, LogDir: filepath.Join(dir, "logs"), Kubeconfig: kubeconfig, natsURL: url, attached: true}
 	if err := os.MkdirAll(e.LogDir, 0o755); err != nil {
 		return e, err
 	}
 	e.Subjects, _ = events.NewSubjects("")
-	// Its inbox is the CLI's: exec-workers answer only into a client's inbox.
-	e.NC, err = nats.Connect(n.URL(), nats.Name("kubeclip-"+opts.Name), nats.CustomInboxPrefix(inbox.CLIPrefix), nats.MaxReconnects(-1),
-		nats.ReconnectWait(100*time.Millisecond))
+	// Its inbox is the CLI's: exec-workers answer only into a client's inbox. It retries its
+	// first connection: a cluster's nodes may still be starting.
+	e.NC, err = nats.Connect(url, nats.Name("kubeclip-"+opts.Name), nats.CustomInboxPrefix(inbox.CLIPrefix), nats.MaxReconnects(-1),
+		nats.ReconnectWait(100*time.Millisecond), nats.RetryOnFailedConnect(true))
 	if err != nil {
-		return e, fmt.Errorf("connecting to %s: %w", n.URL(), err)
+		return e, fmt.Errorf("connecting to %s: %w", url, err)
 	}
 	e.JS, err = jetstream.New(e.NC)
 	return e, err

@@ -89,6 +89,8 @@ type Env struct {
 	SandboxKeyFile string
 
 	workers workerSet
+	// natsURL is where the workers connect: NATS's URL, or the caller's servers (AttachURL).
+	natsURL string
 	// attached: the server is the caller's (Attach), so Close leaves it running.
 	attached bool
 }
@@ -181,6 +183,7 @@ func Setup(opts Options) (*Env, error) {
 	if err != nil {
 		return e, err
 	}
+	e.natsURL = e.NATS.URL()
 	// The test's own connection outlives a NATS restart, like the workers' do.
 	// Its inbox is the CLI's: exec-workers answer only into a client's inbox.
 	e.NC, err = nats.Connect(e.NATS.URL(), nats.Name("kubeclip-"+opts.Name), nats.CustomInboxPrefix(inbox.CLIPrefix), nats.MaxReconnects(-1),

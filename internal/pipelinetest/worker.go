@@ -68,7 +68,7 @@ func (s *workerSet) live() []*Worker {
 // id (<kind>-<n>, counting every process of that kind the suite started).
 func (e *Env) StartWorker(kind string, extra ...string) (*Worker, error) {
 	id := e.workers.nextID(kind)
-	args := []string{"--nats-url", e.NATS.URL(), "--kubeconfig", e.Kubeconfig, "--log-level", "debug"}
+	args := []string{"--nats-url", e.natsURL, "--kubeconfig", e.Kubeconfig, "--log-level", "debug"}
 	switch kind {
 	case Dispatcher:
 		// Other suites share the cluster with their own lease buckets: to this dispatcher

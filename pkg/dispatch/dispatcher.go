@@ -235,7 +235,7 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("opening KV bucket %s: %w", lease.Bucket, err)
 	}
-	agents, err := js.CreateOrUpdateKeyValue(ctx, AgentBucketConfig(d.opts.StreamReplicas))
+	agents, err := events.EnsureBucket(ctx, js, AgentBucketConfig(d.opts.StreamReplicas))
 	if err != nil {
 		return fmt.Errorf("opening KV bucket %s: %w", AgentBucket, err)
 	}

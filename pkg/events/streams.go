@@ -270,14 +270,29 @@ type StreamManager interface {
 var _ StreamManager = (jetstream.JetStream)(nil)
 
 // EnsureStream creates the stream cfg names, or updates it when its configuration differs from
-// cfg, and returns it. Every worker calls it at start-up; an update it does not need is left out:
-// nats-server applies even an unchanged configuration to its store, racing consumers being created
-// on the stream at the same time (seen as a data race in nats-server v2.15.2 under -race: a
-// stream update's fileStore.UpdateConfig against a consumer create's fileStore.ConsumerStore).
+// cfg, and returns it. Every worker calls it at start-up, so it waits for a cluster that is still
+// forming (settle). An update it does not need is left out: nats-server applies even an
+// unchanged configuration to its store, racing consumers being created on the stream at the same
+// time (seen as a data race in nats-server v2.15.2 under -race: a stream update's
+// fileStore.UpdateConfig against a consumer create's fileStore.ConsumerStore).
 //
 // A field cfg leaves at its zero value is the server's to choose (its default), so it is not
 // compared: a setting can be changed, not returned to its default by leaving it out.
 func EnsureStream(ctx context.Context, js StreamManager, cfg jetstream.StreamConfig) (jetstream.Stream, error) {
+	var st jetstream.Stream
+	err := defaultSetupRetry.settle(ctx, func(ctx context.Context) error {
+		var err error
+		st, err = ensureStream(ctx, js, cfg)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return st, nil
+}
+
+// ensureStream is one attempt of EnsureStream.
+func ensureStream(ctx context.Context, js StreamManager, cfg jetstream.StreamConfig) (jetstream.Stream, error) {
 	st, err := js.Stream(ctx, cfg.Name)
 	if errors.Is(err, jetstream.ErrStreamNotFound) {
 		st, err = js.CreateStream(ctx, cfg)

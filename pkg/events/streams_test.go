@@ -1,6 +1,7 @@
 package events_test
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -307,5 +308,20 @@ func TestStreamsFitTheShippedStore(t *testing.T) {
 				t.Errorf("creating the streams and the budget bucket: %v, want an error: %v", err, tc.wantErr)
 			}
 		})
+	}
+}
+
+// TestEnsureStreamsReturnsAConfigErrorAtOnce: EnsureStreams waits for a cluster that is still
+// forming, but an answer no wait can change (3 replicas on a server that is not clustered) is
+// returned at once, naming the stream, not after the retry bound.
+func TestEnsureStreamsReturnsAConfigErrorAtOnce(t *testing.T) {
+	_, _, js := natstest.Start(t)
+	err := events.EnsureStreams(t.Context(), js, events.Options{Prefix: "paperclip", Replicas: 3})
+	if err == nil || !strings.Contains(err.Error(), "PAPERCLIP_LEASES") {
+		t.Fatalf("EnsureStreams = %v, want an error naming PAPERCLIP_LEASES", err)
+	}
+	var api *jetstream.APIError
+	if !errors.As(err, &api) || api.ErrorCode != 10074 || strings.Contains(err.Error(), "attempts") {
+		t.Errorf("EnsureStreams = %v, want the server's first answer (10074, replicas > 1 not supported)", err)
 	}
 }

@@ -104,7 +104,7 @@ type BudgetObserver interface {
 
 // openBudgets opens KUBECLIP_BUDGETS and returns the recorded execs' budgets.
 func openBudgets(ctx context.Context, js jetstream.JetStream, replicas int, limits RecordLimits, observer Observer) (*events.Budgets, error) {
-	kv, err := js.CreateOrUpdateKeyValue(ctx, events.BudgetBucketConfig(replicas, 0))
+	kv, err := events.EnsureBucket(ctx, js, events.BudgetBucketConfig(replicas, 0))
 	if err != nil {
 		return nil, fmt.Errorf("opening KV bucket %s: %w", events.BudgetBucket, err)
 	}

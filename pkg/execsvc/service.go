@@ -80,7 +80,7 @@ func (s *Service) Run(ctx context.Context) error {
 		return fmt.Errorf("opening KV bucket %s: %w", lease.Bucket, err)
 	}
 	s.leases = lease.Records{KV: kv}
-	rkv, err := s.opts.JetStream.CreateOrUpdateKeyValue(ctx, RecordedBucketConfig(s.opts.StreamReplicas))
+	rkv, err := events.EnsureBucket(ctx, s.opts.JetStream, RecordedBucketConfig(s.opts.StreamReplicas))
 	if err != nil {
 		return fmt.Errorf("opening KV bucket %s: %w", RecordedBucket, err)
 	}

@@ -109,21 +109,14 @@ func (o BucketOptions) TenantBucketConfig() jetstream.KeyValueConfig {
 	}
 }
 
-// BucketMaker is the part of jetstream.JetStream EnsureBuckets needs.
-type BucketMaker interface {
-	CreateOrUpdateKeyValue(ctx context.Context, cfg jetstream.KeyValueConfig) (jetstream.KeyValue, error)
-}
-
-var _ BucketMaker = (jetstream.JetStream)(nil)
-
 // EnsureBuckets creates the lease and tenant buckets, or updates them to o. It is idempotent:
 // every worker calls it at start-up, after events.EnsureStreams.
-func EnsureBuckets(ctx context.Context, js BucketMaker, o BucketOptions) error {
+func EnsureBuckets(ctx context.Context, js events.BucketMaker, o BucketOptions) error {
 	if err := o.Validate(); err != nil {
 		return fmt.Errorf("bucket options: %w", err)
 	}
 	for _, cfg := range []jetstream.KeyValueConfig{o.RecordBucketConfig(), o.TenantBucketConfig()} {
-		if _, err := js.CreateOrUpdateKeyValue(ctx, cfg); err != nil {
+		if _, err := events.EnsureBucket(ctx, js, cfg); err != nil {
 			return fmt.Errorf("creating or updating KV bucket %s: %w", cfg.Bucket, err)
 		}
 	}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
 
 	"github.com/kubeclip/kubeclip/pkg/events"
 	"github.com/kubeclip/kubeclip/pkg/k8s"
@@ -18,8 +19,8 @@ import (
 // 2, 3, ... without gaps, continued after a takeover), their batching, the fence that keeps a
 // second writer out, and the replay of what was published, which positions the container log's
 // cursor and feeds the agent parser. The follower adds lines; a timer publishes a partial chunk
-// once its first line has waited the flush interval; the tracker flushes before it publishes the
-// run's result.
+// once its first line has waited the flush interval, and retries chunks whose publish failed;
+// the tracker flushes before it publishes the run's result.
 //
 // It is given what it needs when it is made (the publisher, the run stream, the clock) and a
 // context with every call that may publish; it knows nothing of the tracker.
@@ -30,6 +31,7 @@ type journal struct {
 	stream   runStream
 	now      func() time.Time
 	interval time.Duration
+	log      zerolog.Logger
 
 	mu  sync.Mutex
 	seq *sequence
@@ -44,7 +46,11 @@ type journal struct {
 	// so they are retried (idempotently, by message id) before anything newer goes out.
 	outbox []events.RunLogEvent
 	timer  *time.Timer
-	parser streamjson.Parser
+	// failures counts the publishes that failed in a row (0: the last one went out): the
+	// timer's retry backoff, and one log line per outage rather than one per attempt.
+	failures     uint64
+	failingSince time.Time
+	parser       streamjson.Parser
 	// feedPiece and rememberPiece hold the pieces of a split line until its last piece, which
 	// may come in a later chunk.
 	feedPiece, rememberPiece []byte
@@ -77,6 +83,7 @@ type journalOptions struct {
 	// interval is the longest a line waits before its chunk is published (Options.FlushInterval).
 	interval time.Duration
 	budgets  budgetCharger
+	log      zerolog.Logger
 }
 
 // maxOutbox bounds the chunks kept while NATS is unreachable; past it the follower stops and
@@ -85,10 +92,22 @@ const maxOutbox = 64
 
 var errOutboxFull = errors.New("log chunks are not being published")
 
+// A chunk whose publish failed (NATS unreachable, the run stream without a leader) waits in the
+// outbox and the flush timer retries it, publishRetryBase after the first failure, doubling up
+// to publishRetryLimit. Retried only when the next line came, a quiet agent's lines waited for
+// the run's end: 41.8 to 43.1 s after writes resumed in issue 16's cluster run. The limit is how
+// long a line may wait after writes resume (plus one publish); a run-watcher's every run with
+// lines waiting sends at most one publish per limit during an outage.
+const (
+	publishRetryBase  = 100 * time.Millisecond
+	publishRetryLimit = 2 * time.Second
+)
+
 // newJournal is the journal of a run with nothing published yet.
 func newJournal(ref events.RunRef, o journalOptions) *journal {
 	return &journal{
 		ref: ref, subjects: o.subjects, pub: o.pub, stream: o.stream, now: o.now, interval: o.interval,
+		log: o.log.With().Str(events.LogKeyRunID, ref.RunID).Str(events.LogKeyTenant, ref.CompanyID).Logger(),
 		seq: newSequence(0), budgets: o.budgets,
 	}
 }
@@ -251,21 +270,64 @@ func (j *journal) add(ctx context.Context, line k8s.Line) error {
 	j.outbox = append(j.outbox, j.batcher.Add(events.LogLine{TS: ts, Text: line.Text})...)
 	j.cur.Add(line)
 	if len(j.outbox) > 0 {
-		// A failure here leaves the chunks in the outbox for the next attempt, except a
+		// A failure here leaves the chunks in the outbox for the timer's retry, except a
 		// fenced one, which ends this follower.
-		if err := j.publishOutboxLocked(ctx); errors.Is(err, errFenced) {
+		if err := j.attemptLocked(ctx, j.publishOutboxLocked); errors.Is(err, errFenced) {
 			return err
 		}
 	}
-	if j.timer == nil && j.batcher.Pending() > 0 {
-		j.timer = time.AfterFunc(j.interval, func() {
-			j.mu.Lock()
-			defer j.mu.Unlock()
-			j.timer = nil
-			_ = j.flushLocked(ctx)
-		})
+	if j.batcher.Pending() > 0 {
+		j.armLocked(ctx, j.interval)
 	}
 	return nil
+}
+
+// armLocked has the timer publish what waits after d, with ctx (the run's), unless it is armed
+// already.
+func (j *journal) armLocked(ctx context.Context, d time.Duration) {
+	if j.timer != nil || j.stopped {
+		return
+	}
+	j.timer = time.AfterFunc(d, func() {
+		j.mu.Lock()
+		defer j.mu.Unlock()
+		j.timer = nil
+		_ = j.attemptLocked(ctx, j.flushLocked)
+	})
+}
+
+// attemptLocked runs publish (flushLocked or publishOutboxLocked) and, when it fails while
+// chunks wait, has the timer retry with backoff: the next line may never come. It is not
+// retried once fenced (another replica owns the log) or once ctx ended (the run is over here).
+// The first failure of an outage and the end of it are logged, not every attempt.
+func (j *journal) attemptLocked(ctx context.Context, publish func(context.Context) error) error {
+	err := publish(ctx)
+	switch {
+	case err == nil:
+		if j.failures > 0 {
+			j.log.Info().Uint64(events.LogKeyAttempt, j.failures+1).Dur("waited", j.now().Sub(j.failingSince)).
+				Msg("publishing the run's log resumed")
+		}
+		j.failures = 0
+	case errors.Is(err, errFenced) || ctx.Err() != nil:
+	default:
+		if j.failures == 0 {
+			j.failingSince = j.now()
+			j.log.Warn().Err(err).Int("chunks", len(j.outbox)).Msg("publishing the run's log failed; retrying")
+		}
+		j.failures++
+		j.armLocked(ctx, retryBackoff(j.failures))
+	}
+	return err
+}
+
+// retryBackoff is the wait before the retry that follows the n-th failed publish in a row.
+func retryBackoff(n uint64) time.Duration {
+	d := publishRetryBase
+	for i := uint64(1); i < n && d < publishRetryLimit; i++ {
+		d *= 2
+	}
+	return min(d, publishRetryLimit)
 }
 
 // flush publishes everything pending.
@@ -276,7 +338,7 @@ func (j *journal) flush(ctx context.Context) error {
 		j.timer.Stop()
 		j.timer = nil
 	}
-	return j.flushLocked(ctx)
+	return j.attemptLocked(ctx, j.flushLocked)
 }
 
 // stop ends the flush timer; nothing is published after it.

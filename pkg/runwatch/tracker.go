@@ -36,7 +36,7 @@ type deps struct {
 
 // journalOptions is how the run's journal is made.
 func (d *deps) journalOptions() journalOptions {
-	return journalOptions{subjects: d.opts.Subjects, pub: d.pub, stream: d.stream, now: d.opts.Now, interval: d.opts.FlushInterval, budgets: d.budgets}
+	return journalOptions{subjects: d.opts.Subjects, pub: d.pub, stream: d.stream, now: d.opts.Now, interval: d.opts.FlushInterval, budgets: d.budgets, log: d.log}
 }
 
 // tracker follows one run: it wires the run's verdict (pkg/runwatch/verdict), its journal and

@@ -75,7 +75,7 @@ func (w *Watcher) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("looking up stream %s: %w", w.opts.Subjects.RunStream(), err)
 	}
-	kv, err := js.CreateOrUpdateKeyValue(ctx, OwnershipBucketConfig(w.opts.OwnershipTTL, w.opts.StreamReplicas))
+	kv, err := events.EnsureBucket(ctx, js, OwnershipBucketConfig(w.opts.OwnershipTTL, w.opts.StreamReplicas))
 	if err != nil {
 		return fmt.Errorf("opening KV bucket %s: %w", OwnershipBucket, err)
 	}
