@@ -251,7 +251,7 @@ func (b *Budgets) write(ctx context.Context, key string, c *budgetCounter, n, li
 		return nil
 	}
 	c.pending -= n
-	return fmt.Errorf("charging budget %s: %d concurrent updates in a row", key, budgetCASAttempts)
+	return fmt.Errorf("charging budget %s: %w (%d attempts)", key, cas.ErrContended, budgetCASAttempts)
 }
 
 // refresh reads key's counter into c.
