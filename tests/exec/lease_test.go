@@ -23,7 +23,8 @@ import (
 // released (kept: `lease show` says retained), resumed at once, released again, suspended once
 // the dispatcher's idle window is over (pod gone, claim kept), resumed on a new pod that finds
 // the files on its volume, refused for another company's run (exit 1, the code and field), and
-// destroyed (pod and claim gone).
+// destroyed (pod and claim gone). The claude stub run with --resume on the new pod continues the
+// session the first pod started, found under $HOME.
 func TestCLILease(t *testing.T) {
 	execWorkers(t, execsvc.RouteDaemon, 1)
 	cs := clustertest.Clientset(t)
@@ -81,6 +82,24 @@ func TestCLILease(t *testing.T) {
 	}
 
 	ok("exec", runID, "--company", company, "--", "sh", "-c", `echo workspace > /workspace/kept && echo home > "$HOME/kept"`)
+	// The claude stub keeps its session under $HOME, as Claude Code keeps its own in ~/.claude.
+	claude := func(runLabel string, resume ...string) (session, note string) {
+		t.Helper()
+		args := append([]string{"exec", runID, "--company", company, "--cwd", "/workspace",
+			"-e", "KUBECLIP_STUB_STATE=1", "-e", "CLAUDE_STUB_INTERVAL=0", "-e", "PAPERCLIP_RUN_ID=" + runLabel,
+			"--", "claude", "--print", "--output-format", "stream-json", "--verbose"}, resume...)
+		out, errOut, code := cli(t, "", append(args, "say hello")...)
+		id := regexp.MustCompile(`"session_id":"([0-9a-f-]{36})"`).FindStringSubmatch(out)
+		line := regexp.MustCompile(`claude-stub: (?:new|resumed|session) .*`).FindString(errOut)
+		if code != 0 || id == nil || line == "" {
+			t.Fatalf("claude %v: exit %d, stdout %q, stderr %q", resume, code, out, errOut)
+		}
+		return id[1], line
+	}
+	firstSession, note := claude("run-a")
+	if want := "claude-stub: new session " + firstSession; !strings.HasPrefix(note, want) {
+		t.Errorf("the first claude run said %q, want %q…", note, want)
+	}
 	first := podUID()
 	has("show of the created lease", show(), "lease       "+name, "state       created", "reusable    yes", "backend     pod, namespace "+ns,
 		"volume      "+claim, "generation  0 (resumes 0)")
@@ -116,6 +135,13 @@ func TestCLILease(t *testing.T) {
 	has("show of the lease resumed from suspended", show(), "state       created", "generation  1 (resumes 2)")
 	if got := ok("exec", runID, "--company", company, "--", "sh", "-c", `cat /workspace/kept "$HOME/kept"`); got != "workspace\nhome\n" {
 		t.Errorf("the resumed pod's files: %q, want what the first pod wrote", got)
+	}
+	// On the new pod, claude --resume finds the first pod's session in $HOME and continues it.
+	// (Paperclip's claude_local adapter does not ask for it on a resumed lease: a host rule,
+	// docs/reuse/host-rules.md; tests/paperclip pins the host's refusal.)
+	resumedSession, note := claude("run-b", "--resume", firstSession)
+	if want := "claude-stub: resumed session " + firstSession + " from $HOME (1 earlier runs); other sessions in $HOME: []; workspace runs before: [run-a]; home runs before: [run-a]"; resumedSession != firstSession || note != want {
+		t.Errorf("claude --resume on the resumed lease's new pod: session %s, said %q; want session %s, %q", resumedSession, note, firstSession, want)
 	}
 
 	// Another company cannot resume this company's run.
