@@ -1,9 +1,9 @@
 import assert from "node:assert/strict";
 import { after, before, describe, it } from "node:test";
 import { jetstream, jetstreamManager } from "@nats-io/jetstream";
-import { headers } from "@nats-io/transport-node";
+import { connect, headers } from "@nats-io/transport-node";
 import { ANSWER_PULL_EXPIRES_MS } from "./answers.js";
-import { KubeclipError, TimeoutError } from "./errors.js";
+import { KubeclipError, TimeoutError, UnreachableError } from "./errors.js";
 import { Leases, rfc3339Nano } from "./leases.js";
 import { startEnv, type Env } from "../test/support/harness.js";
 
@@ -279,6 +279,27 @@ describe("leases", () => {
       assert.equal(created.providerLeaseId, `pc-${r.slice(0, 8)}`);
       // Recreated after two missed heartbeats, not found by the last read of the history (29 s).
       assert.ok(Date.now() - t0 < 3 * ANSWER_PULL_EXPIRES_MS, `answered after ${Date.now() - t0} ms`);
+    } finally {
+      env.kubeclip.onAcquire = () => ({ kind: "created" });
+    }
+  });
+
+  it("fails at once, not at its deadline, when its connection closes while it waits", async () => {
+    const nc = await connect({ servers: env.server.url });
+    const own = new Leases(nc, "paperclip");
+    env.kubeclip.onAcquire = () => ({ kind: "silent" });
+    try {
+      const r = runId();
+      const p = own.acquire({ runId: r, companyId: C, environmentId: "e", agentId: "a", config: {} }, { ...opts, timeoutMs: 30_000 });
+      // Published: the request waits on the consumer alone.
+      while (!env.kubeclip.requests.some((q) => q.payload.runId === r)) await new Promise((resolve) => setTimeout(resolve, 5));
+      const t0 = Date.now();
+      await nc.close();
+      await assert.rejects(p, (err: unknown) => {
+        assert.ok(err instanceof UnreachableError, String(err));
+        return true;
+      });
+      assert.ok(Date.now() - t0 < 5_000, `failed after ${Date.now() - t0} ms`);
     } finally {
       env.kubeclip.onAcquire = () => ({ kind: "created" });
     }

@@ -229,8 +229,14 @@ export class Leases {
     const waiter: Waiter = {
       offer: (a) => void take(a),
       // The consumer ended; its successor brings what comes next, the history what came between.
+      // None to be had (nats.js ends one only for a closed connection or a stream it could not
+      // find for long): the request fails now, not at its deadline.
       reset: () => {
-        void this.answers.ready().then(readHistory).catch(() => undefined);
+        void this.answers.ready().then(readHistory).catch((err: unknown) => {
+          if (done) return;
+          done = true;
+          reject(err);
+        });
       },
     };
 
