@@ -1,7 +1,9 @@
 import assert from "node:assert/strict";
 import { after, before, describe, it } from "node:test";
-import { jetstreamManager } from "@nats-io/jetstream";
-import { KubeclipError, TimeoutError } from "./errors.js";
+import { jetstream, jetstreamManager } from "@nats-io/jetstream";
+import { connect, headers } from "@nats-io/transport-node";
+import { ANSWER_PULL_EXPIRES_MS } from "./answers.js";
+import { KubeclipError, TimeoutError, UnreachableError } from "./errors.js";
 import { Leases, rfc3339Nano } from "./leases.js";
 import { startEnv, type Env } from "../test/support/harness.js";
 
@@ -219,6 +221,102 @@ describe("leases", () => {
   it("reports missing streams as kubeclip unreachable", async () => {
     const other = new Leases(env.nc, "nostreams");
     await assert.rejects(other.acquire({ runId: runId(), companyId: C, environmentId: "e", agentId: "a", config: {} }, opts), /kubeclip unreachable at nats:\/\/test: streams NOSTREAMS_LEASES\/NOSTREAMS_RUNS not found/);
+  });
+
+  it("shares one consumer among its requests and keeps no wait after them", async () => {
+    const jsm = await jetstreamManager(env.nc);
+    const before = (await jsm.streams.info("PAPERCLIP_RUNS")).state.consumer_count;
+    let waiting = 0;
+    let open!: () => void;
+    const gate = new Promise<void>((resolve) => (open = resolve));
+    env.kubeclip.onAcquire = async () => {
+      if (++waiting === 20) open();
+      await gate;
+      return { kind: "created" };
+    };
+    try {
+      const runs = Array.from({ length: 20 }, () => runId());
+      const all = Promise.all(runs.map((r) => leases.acquire({ runId: r, companyId: C, environmentId: "e", agentId: "a", config: {} }, opts)));
+      await gate;
+      assert.equal(leases.answers.waiting, 20);
+      assert.equal((await jsm.streams.info("PAPERCLIP_RUNS")).state.consumer_count, before);
+      // Each takes its own run's answer.
+      assert.deepEqual((await all).map((c) => c.providerLeaseId), runs.map((r) => `pc-${r.slice(0, 8)}`));
+      assert.equal(leases.answers.waiting, 0);
+    } finally {
+      env.kubeclip.onAcquire = () => ({ kind: "created" });
+    }
+  });
+
+  it("skips an answer it cannot read and takes the next", async () => {
+    const r = runId();
+    env.kubeclip.onAcquire = async () => {
+      const h = headers();
+      h.set("ce-type", "io.paperclip.run.created.v1");
+      await jetstream(env.nc).publish(`paperclip.run.${C}.${r}.created`, "{not json", { headers: h });
+      return { kind: "created" };
+    };
+    try {
+      const created = await leases.acquire({ runId: r, companyId: C, environmentId: "e", agentId: "a", config: {} }, opts);
+      assert.equal(created.providerLeaseId, `pc-${r.slice(0, 8)}`);
+    } finally {
+      env.kubeclip.onAcquire = () => ({ kind: "created" });
+    }
+  });
+
+  it("gets its answer through a consumer the server dropped while it waited", async () => {
+    const jsm = await jetstreamManager(env.nc);
+    env.kubeclip.onAcquire = async () => {
+      for await (const c of jsm.consumers.list("PAPERCLIP_RUNS")) await jsm.consumers.delete("PAPERCLIP_RUNS", c.name);
+      // After the request's own read of the history: the answer comes through the consumer.
+      await new Promise((resolve) => setTimeout(resolve, 300));
+      return { kind: "created" };
+    };
+    try {
+      const r = runId();
+      const t0 = Date.now();
+      const created = await leases.acquire({ runId: r, companyId: C, environmentId: "e", agentId: "a", config: {} }, { ...opts, timeoutMs: 30_000 });
+      assert.equal(created.providerLeaseId, `pc-${r.slice(0, 8)}`);
+      // Recreated after two missed heartbeats, not found by the last read of the history (29 s).
+      assert.ok(Date.now() - t0 < 3 * ANSWER_PULL_EXPIRES_MS, `answered after ${Date.now() - t0} ms`);
+    } finally {
+      env.kubeclip.onAcquire = () => ({ kind: "created" });
+    }
+  });
+
+  it("fails at once, not at its deadline, when its connection closes while it waits", async () => {
+    const nc = await connect({ servers: env.server.url });
+    const own = new Leases(nc, "paperclip");
+    env.kubeclip.onAcquire = () => ({ kind: "silent" });
+    try {
+      const r = runId();
+      const p = own.acquire({ runId: r, companyId: C, environmentId: "e", agentId: "a", config: {} }, { ...opts, timeoutMs: 30_000 });
+      // Published: the request waits on the consumer alone.
+      while (!env.kubeclip.requests.some((q) => q.payload.runId === r)) await new Promise((resolve) => setTimeout(resolve, 5));
+      const t0 = Date.now();
+      await nc.close();
+      await assert.rejects(p, (err: unknown) => {
+        assert.ok(err instanceof UnreachableError, String(err));
+        return true;
+      });
+      assert.ok(Date.now() - t0 < 5_000, `failed after ${Date.now() - t0} ms`);
+    } finally {
+      env.kubeclip.onAcquire = () => ({ kind: "created" });
+    }
+  });
+
+  it("stops waiting when its caller aborts", async () => {
+    env.kubeclip.onAcquire = () => ({ kind: "silent" });
+    try {
+      const abort = new AbortController();
+      const p = leases.acquire({ runId: runId(), companyId: C, environmentId: "e", agentId: "a", config: {} }, { ...opts, signal: abort.signal });
+      while (leases.answers.waiting === 0) await new Promise((resolve) => setTimeout(resolve, 5));
+      abort.abort(new Error("host cancelled"));
+      await assert.rejects(p, /host cancelled/);
+      assert.equal(leases.answers.waiting, 0);
+    } finally {
+      env.kubeclip.onAcquire = () => ({ kind: "created" });
+    }
   });
 
   it("formats ce-time with nanoseconds", () => {

@@ -1,18 +1,23 @@
 // Lease requests on JetStream (docs/events.md): publish acquire/release/destroy/resume to
-// `<prefix>.lease.<companyId>.<kind>` and follow the run's events until kubeclip answers.
+// `<prefix>.lease.<companyId>.<kind>` and wait for kubeclip's answer among the run's events.
 //
-// The follower is created (and the server has acknowledged it) before the request is published,
-// and it delivers the run's whole history: an answer that comes before the plugin is listening,
-// or that a previous attempt already got, is never missed. A reusable lease is released and
-// resumed once per run: those requests name themselves (releaseId, resumeId), and only the answer
-// carrying the same id is theirs.
+// Every request of a Leases shares one consumer of the runs' answers (answers.ts): a request
+// registers its wait, and the consumer exists, before the request is published, so no answer to
+// it is missed; an answer stored before (a repeated request) or while the consumer was gone is
+// read from the run's history, as is the run's history once more before a wait gives up. A
+// reusable lease is released and resumed once per run: those requests name themselves
+// (releaseId, resumeId), and only the answer carrying the same id is theirs.
 
-import { DeliverPolicy, jetstream, type ConsumerMessages, type JetStreamClient } from "@nats-io/jetstream";
+import { jetstream, type JetStreamClient } from "@nats-io/jetstream";
 import { headers, type NatsConnection } from "@nats-io/transport-node";
+import { RunAnswers, type Answer, type AnswerKind, type Waiter } from "./answers.js";
 import { KubeclipError, ProtocolError, TimeoutError, UnreachableError, errorMessage } from "./errors.js";
 import { Fields, encode, parseObject, type JsonObject } from "./json.js";
 
 export type LeaseKind = "acquire" | "release" | "destroy" | "resume";
+
+/** The end of a wait kept for a last read of the run's history (at most a quarter of it). */
+export const HISTORY_RESERVE_MS = 1_000;
 
 export interface AcquireRequest {
   runId: string;
@@ -77,15 +82,22 @@ export interface WaitOptions {
   onEvent?: ((kind: string) => void) | undefined;
 }
 
+/**
+ * Lease requests on one connection and subject prefix. Make one per connection and keep it: its
+ * requests share one consumer of the runs' answers.
+ */
 export class Leases {
   private readonly js: JetStreamClient;
   private readonly prefix: string;
   private readonly now: () => Date;
+  /** The answers every request of this Leases waits on. */
+  readonly answers: RunAnswers;
 
   constructor(nc: NatsConnection, prefix: string, now: () => Date = () => new Date()) {
     this.js = jetstream(nc);
     this.prefix = prefix;
     this.now = now;
+    this.answers = new RunAnswers(nc, prefix);
   }
 
   get leaseStream(): string {
@@ -110,16 +122,13 @@ export class Leases {
     if (req.requestedExpiresAt) payload.requestedExpiresAt = req.requestedExpiresAt;
     payload.config = req.config;
     if (req.reuseLease) payload.reuseLease = true;
-    return this.request(req.companyId, req.runId, "acquire", payload, [`${this.runSubjectBase(req)}.*`], opts, (kind, ev) => {
+    return this.request(req.companyId, req.runId, "acquire", payload, ["created", "failed"], opts, (kind, ev) => {
       if (kind === "created") return decodeCreated(ev);
       return undefined;
     });
   }
 
-  /**
-   * Publishes a release or destroy and waits for `released` (returned) or `failed` (thrown).
-   * Only those two kinds are followed: a run's history can hold thousands of log and exec events.
-   */
+  /** Publishes a release or destroy and waits for `released` (returned) or `failed` (thrown). */
   async release(req: ReleaseRequest, kind: "release" | "destroy", opts: WaitOptions): Promise<ReleasedEvent> {
     const payload: JsonObject = {
       runId: req.runId,
@@ -128,8 +137,7 @@ export class Leases {
     };
     if (req.cancelActiveWork) payload.cancelActiveWork = true;
     if (req.releaseId) payload.releaseId = req.releaseId;
-    const base = this.runSubjectBase(req);
-    return this.request(req.companyId, req.runId, kind, payload, [`${base}.released`, `${base}.failed`], opts, (k, ev) => {
+    return this.request(req.companyId, req.runId, kind, payload, ["released", "failed"], opts, (k, ev) => {
       if (k !== "released" || !answers(ev, "releaseId", req.releaseId)) return undefined;
       const r = decodeReleased(ev);
       // A destroy needs the workload gone; an earlier release's `stopped` is not its answer.
@@ -144,15 +152,10 @@ export class Leases {
    */
   async resume(req: ResumeRequest, opts: WaitOptions): Promise<ResumedEvent> {
     const payload: JsonObject = { runId: req.runId, companyId: req.companyId, providerLeaseId: req.providerLeaseId, resumeId: req.resumeId };
-    const base = this.runSubjectBase(req);
-    return this.request(req.companyId, req.runId, "resume", payload, [`${base}.resumed`, `${base}.failed`], opts, (k, ev) => {
+    return this.request(req.companyId, req.runId, "resume", payload, ["resumed", "failed"], opts, (k, ev) => {
       if (k !== "resumed" || !answers(ev, "resumeId", req.resumeId)) return undefined;
       return decodeResumed(ev);
     }, req.resumeId);
-  }
-
-  private runSubjectBase(ids: { companyId: string; runId: string }): string {
-    return `${this.prefix}.run.${ids.companyId}.${ids.runId}`;
   }
 
   private async request<T>(
@@ -160,68 +163,106 @@ export class Leases {
     runId: string,
     kind: LeaseKind,
     payload: JsonObject,
-    filter: string[],
+    kinds: readonly AnswerKind[],
     opts: WaitOptions,
     decide: (kind: string, ev: JsonObject) => T | undefined,
     requestId: string | undefined = typeof payload.releaseId === "string" ? payload.releaseId : undefined,
   ): Promise<T> {
     const deadline = Date.now() + opts.timeoutMs;
-    const abort = new AbortController();
+    const base = this.answers.base(companyId, runId);
+    const gone = new AbortController();
     const timer = setTimeout(() => {
-      abort.abort(new TimeoutError(`no answer to ${kind} of run ${runId} within ${opts.timeoutMs} ms`));
+      gone.abort(new TimeoutError(`no answer to ${kind} of run ${runId} within ${opts.timeoutMs} ms`));
     }, opts.timeoutMs);
     const onAbort = (): void => {
-      abort.abort(opts.signal?.reason ?? new Error(`${kind} of run ${runId} cancelled`));
+      gone.abort(opts.signal?.reason ?? new Error(`${kind} of run ${runId} cancelled`));
     };
     opts.signal?.addEventListener("abort", onAbort, { once: true });
-    let messages: ConsumerMessages | undefined;
-    try {
-      messages = await bounded(this.follow(filter), abort.signal);
-      abort.signal.addEventListener("abort", () => messages?.stop(), { once: true });
-      await bounded(this.publish(companyId, runId, kind, payload, deadline, requestId), abort.signal);
-      for await (const m of messages) {
-        const k = m.subject.slice(m.subject.lastIndexOf(".") + 1);
-        // kubeclip's events carry their CloudEvents type. JetStream itself stores its answer to a
-        // publish or an API request on whatever reply subject the sender named, a run subject
-        // included, with no header: that is no event of this run (pkg/events readback.go).
-        if (m.headers?.get("ce-type") !== runEventType(k)) continue;
-        opts.onEvent?.(k);
-        let ev: JsonObject;
-        try {
-          ev = parseObject(m.data, `${k} event of run ${runId}`);
-        } catch {
-          continue; // not ours to judge; the run stream is kubeclip's
-        }
+
+    let done = false as boolean; // set by take(), which the consumer calls
+    let resolve!: (v: T) => void;
+    let reject!: (err: unknown) => void;
+    const answered = new Promise<T>((res, rej) => {
+      resolve = res;
+      reject = rej;
+    });
+    answered.catch(() => undefined); // awaited below, unless the request failed before
+    /** Takes one answer of the run: whether the request is answered. */
+    const take = (a: Answer): boolean => {
+      if (done || !(kinds as readonly string[]).includes(a.kind)) return done;
+      // kubeclip's events carry their CloudEvents type. JetStream itself stores its answer to a
+      // publish or an API request on whatever reply subject the sender named, a run subject
+      // included, with no header: that is no event of this run (pkg/events readback.go).
+      if (a.headers?.get("ce-type") !== runEventType(a.kind)) return false;
+      opts.onEvent?.(a.kind);
+      let ev: JsonObject;
+      try {
+        ev = parseObject(a.data, `${a.kind} event of run ${runId}`);
+      } catch {
+        return false; // not ours to judge; the run stream is kubeclip's
+      }
+      try {
         // A failure answers the request that carries the same id (none: the run's own).
-        if (k === "failed") {
-          if (!answers(ev, "requestId", requestId)) continue;
+        if (a.kind === "failed") {
+          if (!answers(ev, "requestId", requestId)) return false;
           throw decodeFailed(ev);
         }
-        const result = decide(k, ev);
-        if (result !== undefined) return result;
+        const value = decide(a.kind, ev);
+        if (value === undefined) return false;
+        resolve(value);
+      } catch (err) {
+        reject(err);
       }
-      throw abort.signal.aborted ? reason(abort.signal) : new UnreachableError(opts.display, `following run ${runId} stopped`);
+      done = true;
+      return true;
+    };
+    let reading: Promise<void> | undefined;
+    /** Reads the run's stored answers (one read at a time). */
+    const readHistory = (): Promise<void> => {
+      reading ??= (async () => {
+        try {
+          for (const a of await this.answers.history(base, kinds, deadline)) if (take(a)) return;
+        } finally {
+          reading = undefined;
+        }
+      })();
+      return reading;
+    };
+    const waiter: Waiter = {
+      offer: (a) => void take(a),
+      // The consumer ended; its successor brings what comes next, the history what came between.
+      // None to be had (nats.js ends one only for a closed connection or a stream it could not
+      // find for long): the request fails now, not at its deadline.
+      reset: () => {
+        void this.answers.ready().then(readHistory).catch((err: unknown) => {
+          if (done) return;
+          done = true;
+          reject(err);
+        });
+      },
+    };
+
+    const unwatch = this.answers.watch(base, waiter);
+    try {
+      await bounded(this.answers.ready(), gone.signal);
+      await bounded(this.publish(companyId, runId, kind, payload, deadline, requestId), gone.signal);
+      // An answer stored before the consumer existed: a repeated request's (a retry after a lost
+      // ack, the host's after a plugin restart), which kubeclip does not handle twice.
+      void readHistory().catch(() => undefined);
+      // The end of the budget reads the history once more (an answer the consumer did not
+      // bring) and listens on until the deadline.
+      const reserve = Math.min(HISTORY_RESERVE_MS, Math.floor(opts.timeoutMs / 4));
+      await bounded(within(answered, deadline - reserve - Date.now()), gone.signal);
+      if (!done) await bounded(readHistory(), gone.signal);
+      return await bounded(answered, gone.signal);
     } catch (err) {
-      if (abort.signal.aborted && !(err instanceof KubeclipError)) throw reason(abort.signal);
+      if (gone.signal.aborted && !(err instanceof KubeclipError)) throw reason(gone.signal);
       throw mapJetStreamError(err, opts.display, this.leaseStream, this.runStream);
     } finally {
       clearTimeout(timer);
       opts.signal?.removeEventListener("abort", onAbort);
-      if (messages) {
-        await messages.close().catch(() => undefined);
-      }
+      unwatch();
     }
-  }
-
-  /** An ordered consumer on the run's subjects, history included; resolves once it exists. */
-  private async follow(filter: string[]): Promise<ConsumerMessages> {
-    const consumer = await this.js.consumers.get(this.runStream, {
-      filter_subjects: filter,
-      deliver_policy: DeliverPolicy.All,
-      // Only a crashed plugin leaves it behind; the server then drops it after a minute.
-      inactive_threshold: 60_000,
-    });
-    return consumer.consume({ max_messages: 64 });
   }
 
   private async publish(companyId: string, runId: string, kind: LeaseKind, payload: JsonObject, deadline: number, requestId?: string): Promise<void> {
@@ -328,6 +369,16 @@ async function bounded<T>(p: Promise<T>, signal: AbortSignal): Promise<T> {
       signal.removeEventListener("abort", onAbort);
     });
   });
+}
+
+/** Settles when p does (its value or error not kept) or after ms, whichever is first. */
+async function within(p: Promise<unknown>, ms: number): Promise<void> {
+  let t: NodeJS.Timeout | undefined;
+  try {
+    await Promise.race([p.catch(() => undefined), new Promise<void>((resolve) => (t = setTimeout(resolve, Math.max(0, ms))))]);
+  } finally {
+    clearTimeout(t);
+  }
 }
 
 function reason(signal: AbortSignal): Error {

@@ -13,6 +13,7 @@
 import { AsyncResource } from "node:async_hooks";
 import { randomUUID } from "node:crypto";
 import { jetstreamManager } from "@nats-io/jetstream";
+import type { NatsConnection } from "@nats-io/transport-node";
 import {
   definePlugin,
   type PaperclipPlugin,
@@ -102,6 +103,19 @@ export function createPlugin(options: PluginOptions = {}): PaperclipPlugin {
   const stats = new StatsBook();
   /** Executes in flight per company, bounded by settings.maxConcurrentExecutesPerCompany. */
   const limiter = new CompanyLimiter(options.executeSlotWaitMs);
+  /**
+   * Lease requests per connection and subject prefix, kept: each one's waits share one consumer
+   * of the runs' answers (answers.ts), not one per lease in flight. A closed connection's go
+   * with it.
+   */
+  const leasesByConn = new WeakMap<NatsConnection, Map<string, Leases>>();
+  const leasesOn = (nc: NatsConnection, prefix: string): Leases => {
+    let byPrefix = leasesByConn.get(nc);
+    if (!byPrefix) leasesByConn.set(nc, (byPrefix = new Map<string, Leases>()));
+    let l = byPrefix.get(prefix);
+    if (!l) byPrefix.set(prefix, (l = new Leases(nc, prefix)));
+    return l;
+  };
   let ctx: PluginContext | undefined;
   /**
    * Plugin settings delivered by configChanged, per company (null: an instance-wide save).
@@ -216,8 +230,7 @@ export function createPlugin(options: PluginOptions = {}): PaperclipPlugin {
       for (const c of inflight.get(providerLeaseId) ?? []) c.abort();
     }
     const conn = await connectionFor(params.config, params.companyId);
-    const nc = await pool.get(conn);
-    const leases = new Leases(nc, conn.prefix);
+    const leases = leasesOn(await pool.get(conn), conn.prefix);
     const log = context().logger;
     log.info(`lease ${kind} requested`, { runId: meta.runId, providerLeaseId, cancelActiveWork: cancel });
     const t0 = Date.now();
@@ -276,7 +289,7 @@ export function createPlugin(options: PluginOptions = {}): PaperclipPlugin {
     const gone: PluginEnvironmentLease = { providerLeaseId: null, metadata: { expired: true } };
     if (!meta.reusable || params.providerLeaseId !== meta.workloadName) return gone;
     const conn = await connectionFor(params.config, params.companyId);
-    const leases = new Leases(await pool.get(conn), conn.prefix);
+    const leases = leasesOn(await pool.get(conn), conn.prefix);
     const log = context().logger;
     const t0 = Date.now();
     try {
@@ -541,8 +554,7 @@ export function createPlugin(options: PluginOptions = {}): PaperclipPlugin {
       const conn = resolveConnection(s, readEnvironmentKeys(split.plugin));
       // Reusable only when declared and the host can find the lease again (host-rules.md §1).
       const reuse = reusableLeases && params.config.reuseLease === true && !!params.executionWorkspaceId;
-      const nc = await pool.get(conn);
-      const leases = new Leases(nc, conn.prefix);
+      const leases = leasesOn(await pool.get(conn), conn.prefix);
       const log = context().logger;
       log.info("lease acquire requested", { runId: params.runId, reuseLease: reuse });
       const t0 = Date.now();

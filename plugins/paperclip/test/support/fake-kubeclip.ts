@@ -59,7 +59,8 @@ export class FakeKubeclip {
       [`${up}_LEASES`, `${prefix}.lease.>`],
       [`${up}_RUNS`, `${prefix}.run.>`],
     ] as const) {
-      await jsm.streams.add({ name, subjects: [subject], duplicate_window: nanos(600_000), max_msg_size: 1 << 20 });
+      // As kubeclip's (pkg/events streams.go): the plugin reads a run's answers by direct get.
+      await jsm.streams.add({ name, subjects: [subject], duplicate_window: nanos(600_000), max_msg_size: 1 << 20, allow_direct: true });
     }
     f.subs.push(nc.subscribe(`${prefix}.lease.>`, { callback: (_e, m) => void f.onLease(m) }));
     f.subs.push(

@@ -1,0 +1,162 @@
+// kubeclip's answers to lease requests, for every request one plugin process waits on: one
+// ordered consumer per connection and subject prefix on every run's answer subjects
+// (`<prefix>.run.*.*.created|released|resumed|failed`), its messages handed to the waiters of
+// their run in this process. A consumer per waiting request would cost the run stream one
+// server-side consumer per lease in flight, and nats-server refuses a stream's 1,001st consumer
+// unless its config raises `default_max_consumers` (docs/follow.md).
+//
+// The consumer starts after the stream's last message at the time it is created, and a waiter
+// registers (and waits for it to exist) before its request is published: every answer to that
+// request comes after, through it. nats.js recreates an ordered consumer from the last stream
+// sequence it delivered (a missed heartbeat, a restarted server): nothing is skipped. What the
+// consumer cannot deliver is read from the run's history (`history`): an answer stored before
+// the request (a repeat the stream took as a duplicate), or one that came while the consumer was
+// gone (its iteration ended: each waiter is told, and a new one is created).
+
+import { DeliverPolicy, jetstreamManager, type ConsumerMessages, type JetStreamManager, type StoredMsg } from "@nats-io/jetstream";
+import type { MsgHdrs, NatsConnection } from "@nats-io/transport-node";
+import { jetstream } from "@nats-io/jetstream";
+
+/** The run events that answer lease requests (docs/events.md). */
+export const ANSWER_KINDS = ["created", "released", "resumed", "failed"] as const;
+export type AnswerKind = (typeof ANSWER_KINDS)[number];
+
+/** Messages the consumer holds at most before the waiters took them: answers are small. */
+export const ANSWER_BATCH = 256;
+/**
+ * How long one pull of the consumer lasts. nats.js takes two missed heartbeats (half of this
+ * each) as the consumer lost and recreates it: a consumer the server dropped (deleted, a
+ * restarted server's memory) is back within about this, well inside a request's 25 s budget.
+ */
+export const ANSWER_PULL_EXPIRES_MS = 5_000;
+/** Answers of one kind read from one run's history at most (a reusable lease's releases). */
+export const HISTORY_LIMIT = 10_000;
+
+/** One message of a run's answer subjects. */
+export interface Answer {
+  kind: string;
+  seq: number;
+  headers: MsgHdrs | undefined;
+  data: Uint8Array;
+}
+
+/** A request waiting for its run's answers. */
+export interface Waiter {
+  /** Called for each answer of the run, in stream order; must not block. */
+  offer(a: Answer): void;
+  /** The consumer ended: answers may have been missed; read the history. */
+  reset(): void;
+}
+
+export class RunAnswers {
+  private readonly nc: NatsConnection;
+  private readonly prefix: string;
+  private readonly stream: string;
+  /** Waiters by their run's subject base (`<prefix>.run.<company>.<run>`). */
+  private readonly waiters = new Map<string, Set<Waiter>>();
+  /** Resolves once the consumer exists; undefined while none is (first use, after it ended). */
+  private live: Promise<void> | undefined;
+  private jsm: Promise<JetStreamManager> | undefined;
+
+  constructor(nc: NatsConnection, prefix: string) {
+    this.nc = nc;
+    this.prefix = prefix;
+    this.stream = `${prefix.toUpperCase()}_RUNS`;
+  }
+
+  /** The subject base of a run's events. */
+  base(companyId: string, runId: string): string {
+    return `${this.prefix}.run.${companyId}.${runId}`;
+  }
+
+  /** How many requests wait (tests, the load driver). */
+  get waiting(): number {
+    let n = 0;
+    for (const s of this.waiters.values()) n += s.size;
+    return n;
+  }
+
+  /**
+   * Registers w for the run at base: once ready() resolves, every answer stored from then on
+   * reaches it. Returns the call that unregisters it.
+   */
+  watch(base: string, w: Waiter): () => void {
+    let set = this.waiters.get(base);
+    if (!set) this.waiters.set(base, (set = new Set()));
+    set.add(w);
+    return () => {
+      const s = this.waiters.get(base);
+      s?.delete(w);
+      if (s?.size === 0) this.waiters.delete(base);
+    };
+  }
+
+  /** Resolves once the consumer exists, creating it when there is none. */
+  ready(): Promise<void> {
+    if (!this.live) {
+      const p = this.start();
+      this.live = p;
+      p.catch(() => {
+        // Not created: the next request tries again.
+        if (this.live === p) this.live = undefined;
+      });
+    }
+    return this.live;
+  }
+
+  /**
+   * The run's stored answers of these kinds, in stream order, read one message at a time without
+   * a consumer (direct gets, which the run stream allows). Stops at the deadline.
+   */
+  async history(base: string, kinds: readonly string[], deadline: number): Promise<Answer[]> {
+    const jsm = await this.manager();
+    const out: Answer[] = [];
+    for (const kind of kinds) {
+      let seq = 1;
+      for (let i = 0; i < HISTORY_LIMIT && Date.now() < deadline; i++) {
+        const m: StoredMsg | null = await jsm.direct.getMessage(this.stream, { seq, next_by_subj: `${base}.${kind}` });
+        if (!m) break;
+        out.push({ kind, seq: m.seq, headers: m.header, data: m.data });
+        seq = m.seq + 1;
+      }
+    }
+    return out.sort((a, b) => a.seq - b.seq);
+  }
+
+  private manager(): Promise<JetStreamManager> {
+    this.jsm ??= jetstreamManager(this.nc, { checkAPI: false });
+    return this.jsm;
+  }
+
+  private async start(): Promise<void> {
+    const jsm = await this.manager();
+    // After the stream's last message now: the answers to requests not yet published. (nats.js
+    // recreates the consumer from its last delivered sequence, here this one before any.)
+    const last = (await jsm.streams.info(this.stream)).state.last_seq;
+    const consumer = await jetstream(this.nc).consumers.get(this.stream, {
+      filter_subjects: ANSWER_KINDS.map((k) => `${this.prefix}.run.*.*.${k}`),
+      deliver_policy: DeliverPolicy.StartSequence,
+      opt_start_seq: last + 1,
+      // Only a crashed plugin leaves it behind; the server then drops it after a minute.
+      inactive_threshold: 60_000,
+    });
+    const messages = await consumer.consume({ max_messages: ANSWER_BATCH, expires: ANSWER_PULL_EXPIRES_MS });
+    void this.deliver(messages);
+  }
+
+  private async deliver(messages: ConsumerMessages): Promise<void> {
+    try {
+      for await (const m of messages) {
+        const dot = m.subject.lastIndexOf(".");
+        const set = this.waiters.get(m.subject.slice(0, dot));
+        if (!set) continue;
+        const a: Answer = { kind: m.subject.slice(dot + 1), seq: m.seq, headers: m.headers, data: m.data };
+        for (const w of set) w.offer(a);
+      }
+    } catch {
+      // Ended: the waiters read what they missed, below.
+    }
+    this.live = undefined;
+    for (const set of this.waiters.values()) for (const w of set) w.reset();
+  }
+}
