@@ -71,7 +71,7 @@ func parseSettings(args []string, stderr io.Writer) (settings, error) {
 	fs.StringVar(&s.out, "out", "bin/scale", "directory of the table, plot, JSON and logs")
 	sizes := fs.String("sizes", "1000,3000,10000", "comma-separated numbers of concurrent leases, one run each")
 	fs.Float64Var(&s.rate, "rate", 100, "offered acquires per second")
-	fs.IntVar(&s.perCompany, "leases-per-company", 500, "live leases per company (each company is one tenant namespace)")
+	fs.IntVar(&s.perCompany, "leases-per-company", 100, "live leases per company (each company is one tenant namespace)")
 	fs.IntVar(&s.burst, "burst", 500, "acquires published at once, with the size live, for the saturation rate")
 	fs.DurationVar(&s.steady, "steady", 30*time.Second, "window with every lease live over which idle CPU and API requests are measured")
 	if err := fs.Parse(args); err != nil {

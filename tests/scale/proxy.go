@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"sort"
 	"sync"
+	"time"
 
 	"k8s.io/client-go/rest"
 )
@@ -18,14 +19,17 @@ import (
 // apiProxy counts the workers' requests to the API server. The workers' kubeconfig points at it
 // (plain HTTP on loopback, no credentials); it forwards every request with the bench's own
 // credentials and counts it by verb (a GET with watch=true is a WATCH, a GET of a collection is
-// not told apart from a GET of an object). The API server's own apiserver_request_total cannot
-// tell kubeclip's requests from the scheduler's, kwok's and the controllers'.
+// not told apart from a GET of an object), with the time each took (a WATCH's is its whole life:
+// not summed). The API server's own apiserver_request_total cannot tell kubeclip's requests from
+// the scheduler's, kwok's and the controllers'.
 type apiProxy struct {
 	srv *http.Server
 	ln  net.Listener
 
 	mu     sync.Mutex
 	counts map[string]int64
+	// took sums the time of the requests of each verb but WATCH.
+	took map[string]time.Duration
 }
 
 func startAPIProxy(cfg *rest.Config) (*apiProxy, error) {
@@ -44,16 +48,20 @@ func startAPIProxy(cfg *rest.Config) (*apiProxy, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &apiProxy{ln: ln, counts: map[string]int64{}}
+	p := &apiProxy{ln: ln, counts: map[string]int64{}, took: map[string]time.Duration{}}
 	p.srv = &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		verb := r.Method
 		if verb == http.MethodGet && r.URL.Query().Get("watch") == "true" {
 			verb = "WATCH"
 		}
-		p.mu.Lock()
-		p.counts[verb]++
-		p.mu.Unlock()
+		start := time.Now()
 		rp.ServeHTTP(w, r)
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		p.counts[verb]++
+		if verb != "WATCH" {
+			p.took[verb] += time.Since(start)
+		}
 	})}
 	go func() { _ = p.srv.Serve(ln) }()
 	return p, nil
@@ -84,6 +92,30 @@ func (p *apiProxy) snapshot() apiCounts {
 	defer p.mu.Unlock()
 	out := apiCounts{}
 	for k, v := range p.counts {
+		out[k] = v
+	}
+	return out
+}
+
+// meanMs returns each verb's mean request time in ms since before (taken by snapshotTook).
+func (p *apiProxy) meanMs(before apiCounts, beforeTook map[string]time.Duration) map[string]float64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := map[string]float64{}
+	for verb, took := range p.took {
+		if n := p.counts[verb] - before[verb]; n > 0 {
+			out[verb] = round(float64((took - beforeTook[verb]).Microseconds()) / 1000 / float64(n))
+		}
+	}
+	return out
+}
+
+// snapshotTook returns the summed request times so far.
+func (p *apiProxy) snapshotTook() map[string]time.Duration {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := map[string]time.Duration{}
+	for k, v := range p.took {
 		out[k] = v
 	}
 	return out

@@ -73,8 +73,8 @@ func writeReport(stdout io.Writer, dir string, results []sizeResult) error {
 	}
 	_ = tw.Flush()
 	for _, r := range results {
-		fmt.Fprintf(&b, "%d leases (%s backend, %d companies): %.0f s; load average %s at start, %s at end; API requests during the drive: %s; idle: %s\n",
-			r.Leases, r.Backend, r.Companies, r.DurationSec, r.LoadStart, r.LoadEnd, r.APIDrive, r.APISteady)
+		fmt.Fprintf(&b, "%d leases (%s backend, %d companies): %.0f s; load average %s at start, %s at end; API requests during the drive: %s (mean ms: %v); idle: %s\n",
+			r.Leases, r.Backend, r.Companies, r.DurationSec, r.LoadStart, r.LoadEnd, r.APIDrive, r.APIDriveMeanMs, r.APISteady)
 		if r.FirstEnded != "" {
 			fmt.Fprintf(&b, "  first ended run: %s\n", r.FirstEnded)
 		}
