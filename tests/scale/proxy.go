@@ -54,13 +54,17 @@ func startAPIProxy(cfg *rest.Config) (*apiProxy, error) {
 		if verb == http.MethodGet && r.URL.Query().Get("watch") == "true" {
 			verb = "WATCH"
 		}
+		// Counted before it is served: a client may have the whole answer before ServeHTTP
+		// returns.
+		p.mu.Lock()
+		p.counts[verb]++
+		p.mu.Unlock()
 		start := time.Now()
 		rp.ServeHTTP(w, r)
-		p.mu.Lock()
-		defer p.mu.Unlock()
-		p.counts[verb]++
 		if verb != "WATCH" {
+			p.mu.Lock()
 			p.took[verb] += time.Since(start)
+			p.mu.Unlock()
 		}
 	})}
 	go func() { _ = p.srv.Serve(ln) }()
