@@ -56,8 +56,12 @@ func startFleet(ctx context.Context, cs kubernetes.Interface, kwok, stages, kube
 	if err != nil {
 		return f, err
 	}
+	// kwok renews each node's Lease (--node-lease-duration-seconds): without it the node
+	// lifecycle controller saw no heartbeat for minutes, marked the nodes NotReady and tainted
+	// them, and the run-watcher rightly failed the pods left Unschedulable (110 of 3,000).
 	f.cmd = exec.Command(kwok, "--kubeconfig", kubeconfig, "--config", stages,
-		"--manage-nodes-with-label-selector", fleetLabel+"=true", "--cidr", podCIDR, "--node-ip", "10.99.0.1")
+		"--manage-nodes-with-label-selector", fleetLabel+"=true", "--cidr", podCIDR, "--node-ip", "10.99.0.1",
+		"--node-lease-duration-seconds", "40")
 	// The API server has no watch-list support (RequestWatchProgress off): without this client-go
 	// logs a warning on every watch before falling back to list.
 	f.cmd.Env = append(os.Environ(), "KUBE_FEATURE_WatchListClient=false")
