@@ -26,6 +26,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -59,6 +60,8 @@ type settings struct {
 	perCompany                    int
 	burst                         int
 	steady                        time.Duration
+	// previous is a scale.json of an earlier run whose sizes are reported before this run's.
+	previous string
 }
 
 func parseSettings(args []string, stderr io.Writer) (settings, error) {
@@ -74,6 +77,7 @@ func parseSettings(args []string, stderr io.Writer) (settings, error) {
 	fs.IntVar(&s.perCompany, "leases-per-company", 100, "live leases per company (each company is one tenant namespace)")
 	fs.IntVar(&s.burst, "burst", 500, "acquires published at once, with the size live, for the saturation rate")
 	fs.DurationVar(&s.steady, "steady", 30*time.Second, "window with every lease live over which idle CPU and API requests are measured")
+	fs.StringVar(&s.previous, "previous", "", "scale.json of an earlier run: its sizes are reported first, beside this run's")
 	if err := fs.Parse(args); err != nil {
 		return s, err
 	}
@@ -144,6 +148,15 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 	}()
 
 	var results []sizeResult
+	if s.previous != "" {
+		data, err := os.ReadFile(s.previous)
+		if err != nil {
+			return err
+		}
+		if err := json.Unmarshal(data, &results); err != nil {
+			return fmt.Errorf("reading %s: %w", s.previous, err)
+		}
+	}
 	for _, n := range s.sizes {
 		logf("== %d leases", n)
 		res, err := measureSize(ctx, s, n, proxy, proxyKubeconfig, logDir, logf)
