@@ -243,7 +243,8 @@ func measureSize(ctx context.Context, s settings, n int, proxy *apiProxy, proxyK
 	logf("live: run-watcher %.1f MiB, dispatcher %.1f MiB; %d consumers; API %.1f req/s idle",
 		res.Workers[pipelinetest.RunWatcher].RSSLiveMiB, res.Workers[pipelinetest.Dispatcher].RSSLiveMiB, res.Consumers, res.APISteadyPerSec)
 
-	// Restarts with every lease live.
+	// Restarts with every lease live. A run that ended (none should) has no owner to adopt.
+	live := len(all) - r.tally(all).ended
 	for _, kind := range workerKinds {
 		old := env.Workers(kind)[0]
 		if err := old.Stop(); err != nil {
@@ -256,7 +257,7 @@ func measureSize(ctx context.Context, s settings, n int, proxy *apiProxy, proxyK
 			return res, err
 		}
 		if kind == pipelinetest.RunWatcher {
-			adopt, err = watchAdoption(ctx, env.JS, w.ID, n, restarted)
+			adopt, err = watchAdoption(ctx, env.JS, w.ID, live, restarted)
 			if err != nil {
 				return res, err
 			}
