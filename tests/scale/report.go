@@ -7,6 +7,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"text/tabwriter"
 
@@ -57,6 +58,9 @@ func metrics() []metric {
 
 // writeReport prints the table to stdout and writes it, the JSON and the plot into dir.
 func writeReport(stdout io.Writer, dir string, results []sizeResult) error {
+	// An earlier run's sizes (--previous) may come in any order.
+	results = slices.Clone(results)
+	slices.SortStableFunc(results, func(a, b sizeResult) int { return a.Leases - b.Leases })
 	var b strings.Builder
 	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', tabwriter.AlignRight|tabwriter.Debug)
 	fmt.Fprint(tw, "metric\tunit\t")
@@ -131,7 +135,7 @@ func plot(results []sizeResult) string {
 		y := func(v float64) float64 { return oy + pad + h - v/ymax*h }
 		fmt.Fprintf(&b, `<text x="%.0f" y="%.0f">%s (%s)</text>`+"\n", ox+10, oy+20, escape(m.name), escape(m.unit))
 		fmt.Fprintf(&b, `<path d="M%.0f %.0f V%.0f H%.0f" fill="none" stroke="#888"/>`+"\n", ox+pad, oy+pad, oy+pad+h, ox+pad+w)
-		fmt.Fprintf(&b, `<text x="%.0f" y="%.0f" text-anchor="end">%s</text>`+"\n", ox+pad-4, oy+pad+4, format(round(ymax)))
+		fmt.Fprintf(&b, `<text x="%.0f" y="%.0f" fill="#555">max %s</text>`+"\n", ox+pad+4, oy+pad-4, format(round(ymax)))
 		var pts []string
 		for _, r := range results {
 			pts = append(pts, fmt.Sprintf("%.1f,%.1f", x(r.Leases), y(m.value(r))))

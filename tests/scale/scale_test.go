@@ -1,9 +1,13 @@
 package main
 
 import (
+	"bytes"
+	"encoding/xml"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -53,5 +57,37 @@ func TestPercentile(t *testing.T) {
 	}
 	if got := percentile(nil, 99); got != 0 {
 		t.Errorf("p99 of nothing = %v, want 0", got)
+	}
+}
+
+// The report orders the sizes, writes a row per metric and an SVG that parses.
+func TestWriteReport(t *testing.T) {
+	dir := t.TempDir()
+	results := []sizeResult{
+		{Leases: 10000, CreatedP99Ms: 900, Workers: map[string]workerCost{rw: {RSSPerLeaseKiB: 12}}},
+		{Leases: 1000, CreatedP99Ms: 100.5, Workers: map[string]workerCost{rw: {RSSPerLeaseKiB: 8}}},
+	}
+	var out strings.Builder
+	if err := writeReport(&out, dir, results); err != nil {
+		t.Fatal(err)
+	}
+	table := out.String()
+	if i, j := strings.Index(table, "1000 leases"), strings.Index(table, "10000 leases"); i < 0 || j < 0 || i > j {
+		t.Errorf("sizes not in order in:\n%s", table)
+	}
+	if !strings.Contains(table, "acquire → created p99|        ms|       100.50|           900|") {
+		t.Errorf("no p99 row with both sizes in:\n%s", table)
+	}
+	svg, err := os.ReadFile(filepath.Join(dir, "scale.svg"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dec := xml.NewDecoder(bytes.NewReader(svg))
+	for {
+		if _, err := dec.Token(); err == io.EOF {
+			break
+		} else if err != nil {
+			t.Fatalf("scale.svg does not parse: %v", err)
+		}
 	}
 }
