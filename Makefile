@@ -9,7 +9,7 @@ GOLANGCI_LINT := $(CACHE)/tools/golangci-lint-$(GOLANGCI_LINT_VERSION)
 # Tests talk to a real nats-server and a real Kubernetes cluster; several run the worker binaries.
 TEST_FLAGS    ?= -race -count=1 -timeout 45m
 
-.PHONY: all build test unit fuzz vet fmt-check lint cluster-up cluster-down cluster-status images demo bench clean \
+.PHONY: all build test unit fuzz vet fmt-check lint cluster-up cluster-down cluster-status images demo bench bench-scale clean \
 	images-prod images-import deploy-dev undeploy-dev compose-up compose-down \
 	plugin-deps plugin-build plugin-lint plugin-test plugin-pack plugin-e2e demo-paperclip
 
@@ -167,3 +167,13 @@ $(NATS_SERVER_BIN): go.mod
 	@mkdir -p $(dir $@)
 	$(GO) build -o $@.tmp github.com/nats-io/nats-server/v2
 	mv $@.tmp $@
+
+# bench-scale: 1,000, 3,000 and 10,000 concurrent pod leases through the worker binaries on a
+# fleet of fake nodes kwok simulates on the local cluster (hack/kwok; tests/scale, docs/scale.md);
+# the table, plot (scale.svg) and JSON go to $(SCALE_OUT). Not part of `make test`: the three sizes
+# took about 30 min on this 2-core machine (10,000: 18 min), with other work on it.
+SCALE_SIZES ?= 1000,3000,10000
+SCALE_OUT   ?= $(BIN)/scale
+bench-scale: build cluster-up
+	KUBECLIP_BIN=$(BIN) $(GO) run ./tests/scale --kubeconfig "$$($(CLUSTER) kubeconfig)" \
+		--kwok "$$(KUBECLIP_CACHE=$(CACHE) bash hack/kwok/kwok.sh build)" --sizes $(SCALE_SIZES) --out $(SCALE_OUT)

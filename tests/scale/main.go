@@ -1,0 +1,175 @@
+// Command scale measures how kubeclip's costs grow with the number of live leases: 1,000, 3,000
+// and 10,000 concurrent pod leases (by default) through the real worker binaries, on a fleet of
+// fake nodes that kwok (sigs.k8s.io/kwok, hack/kwok) simulates on the local cluster's real API
+// server. kwok moves each pod Pending → Running (Ready, with an IP); nothing runs in it, so the
+// bench measures kubeclip's bookkeeping (acquire → created, watches, ownership, streams), not
+// agents or exec.
+//
+// For each size, against a fresh JetStream server and fresh workers:
+//   - acquire published → created received, p50/p99, at --rate acquires/s offered (the first
+//     acquire of each company, which provisions its tenant, is not counted);
+//   - acquisitions/s at saturation: --burst more acquires published at once, with the size live;
+//   - each worker's RSS and CPU per live lease (/proc of its process: RSS growth over its
+//     start, CPU during the drive per acquire and during a --steady window with every lease live);
+//   - NATS consumers (every stream's count) and stream bytes per run;
+//   - the API server requests the workers made (a counting proxy between them and the API
+//     server), per second during the drive and the steady window;
+//   - start-up after a restart with the size live: each worker SIGTERMed and started again, time
+//     to /readyz (its caches synced), and for the run-watcher to own every live run again;
+//   - replay: the whole run stream read by one ordered consumer, events/s;
+//   - nothing lost or doubled: every lease created once, none failed or ended.
+//
+// The table goes to stdout and, with the plot (scale.svg) and JSON (scale.json), to --out.
+// Every tenant namespace starts with "kcscale-"; they, the fake nodes and the RuntimeClass are
+// deleted after each size and at the end. Run it with `make bench-scale`.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
+		fmt.Fprintln(os.Stderr, "scale:", err)
+		os.Exit(1)
+	}
+}
+
+// settings are the bench's flags.
+type settings struct {
+	kubeconfig, kwok, stages, out string
+	sizes                         []int
+	rate                          float64
+	perCompany                    int
+	burst                         int
+	steady                        time.Duration
+	// previous is a scale.json of an earlier run whose sizes are reported before this run's.
+	previous string
+}
+
+func parseSettings(args []string, stderr io.Writer) (settings, error) {
+	var s settings
+	fs := flag.NewFlagSet("scale", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&s.kubeconfig, "kubeconfig", "", "kubeconfig of the cluster (required)")
+	fs.StringVar(&s.kwok, "kwok", "", "kwok controller binary (hack/kwok/kwok.sh build prints it; required)")
+	fs.StringVar(&s.stages, "stages", "hack/kwok/stages.yaml", "kwok's stage configuration")
+	fs.StringVar(&s.out, "out", "bin/scale", "directory of the table, plot, JSON and logs")
+	sizes := fs.String("sizes", "1000,3000,10000", "comma-separated numbers of concurrent leases, one run each")
+	fs.Float64Var(&s.rate, "rate", 100, "offered acquires per second")
+	fs.IntVar(&s.perCompany, "leases-per-company", 100, "live leases per company (each company is one tenant namespace)")
+	fs.IntVar(&s.burst, "burst", 500, "acquires published at once, with the size live, for the saturation rate")
+	fs.DurationVar(&s.steady, "steady", 30*time.Second, "window with every lease live over which idle CPU and API requests are measured")
+	fs.StringVar(&s.previous, "previous", "", "scale.json of an earlier run: its sizes are reported first, beside this run's")
+	if err := fs.Parse(args); err != nil {
+		return s, err
+	}
+	if s.kubeconfig == "" || s.kwok == "" {
+		return s, errors.New("--kubeconfig and --kwok are required")
+	}
+	for f := range strings.SplitSeq(*sizes, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 {
+			return s, fmt.Errorf("--sizes: %q is not a positive number", f)
+		}
+		s.sizes = append(s.sizes, n)
+	}
+	if s.rate <= 0 || s.perCompany < 1 || s.burst < 1 || s.steady <= 0 {
+		return s, errors.New("--rate, --leases-per-company, --burst and --steady must be positive")
+	}
+	return s, nil
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err error) {
+	s, err := parseSettings(args, stderr)
+	if err != nil {
+		return err
+	}
+	logDir := filepath.Join(s.out, "logs")
+	if err := os.MkdirAll(logDir, 0o755); err != nil {
+		return err
+	}
+	cfg, err := clientcmd.BuildConfigFromFlags("", s.kubeconfig)
+	if err != nil {
+		return fmt.Errorf("loading %s: %w", s.kubeconfig, err)
+	}
+	cfg.QPS, cfg.Burst = 100, 200
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return err
+	}
+	logf := func(format string, a ...any) {
+		fmt.Fprintf(stderr, "%s scale: %s\n", time.Now().Format("15:04:05.000"), fmt.Sprintf(format, a...))
+	}
+	// A run that was killed leaves its tenants and nodes: remove them before measuring.
+	if err := deleteTenants(ctx, cs, logf); err != nil {
+		return err
+	}
+	proxy, err := startAPIProxy(cfg)
+	if err != nil {
+		return err
+	}
+	defer func() { err = errors.Join(err, proxy.close()) }()
+	proxyKubeconfig, err := proxy.writeKubeconfig(s.out)
+	if err != nil {
+		return err
+	}
+	largest := 0
+	for _, n := range s.sizes {
+		largest = max(largest, n+s.burst+1)
+	}
+	nodes := (largest + podsPerNode - 1) / podsPerNode
+	logf("starting kwok with %d fake nodes of %d pods", nodes, podsPerNode)
+	fl, err := startFleet(ctx, cs, s.kwok, s.stages, s.kubeconfig, logDir, nodes)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		cctx := context.WithoutCancel(ctx)
+		err = errors.Join(err, deleteTenants(cctx, cs, logf), fl.stop(cctx))
+		logf("fleet removed")
+	}()
+
+	var results []sizeResult
+	if s.previous != "" {
+		data, err := os.ReadFile(s.previous)
+		if err != nil {
+			return err
+		}
+		if err := json.Unmarshal(data, &results); err != nil {
+			return fmt.Errorf("reading %s: %w", s.previous, err)
+		}
+	}
+	for _, n := range s.sizes {
+		logf("== %d leases", n)
+		res, err := measureSize(ctx, s, n, proxy, proxyKubeconfig, logDir, logf)
+		results = append(results, res)
+		if werr := writeReport(stdout, s.out, results); werr != nil {
+			return errors.Join(err, werr)
+		}
+		if err != nil {
+			return fmt.Errorf("%d leases: %w", n, err)
+		}
+		if err := deleteTenants(ctx, cs, logf); err != nil {
+			return err
+		}
+	}
+	return nil
+}

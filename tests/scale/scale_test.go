@@ -1,0 +1,93 @@
+package main
+
+import (
+	"bytes"
+	"encoding/xml"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"k8s.io/client-go/rest"
+)
+
+// The proxy forwards every request and counts it by verb, a watch as WATCH.
+func TestAPIProxyCountsByVerb(t *testing.T) {
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.WriteString(w, r.Method+" "+r.URL.Path)
+	}))
+	defer upstream.Close()
+	p, err := startAPIProxy(&rest.Config{Host: upstream.URL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.close()
+	base := "http://" + p.ln.Addr().String()
+	before := p.snapshot()
+	for _, req := range []struct{ method, path string }{
+		{http.MethodGet, "/api/v1/pods?watch=true"}, {http.MethodGet, "/api/v1/pods"},
+		{http.MethodPost, "/api/v1/namespaces/x/pods"}, {http.MethodPost, "/api/v1/namespaces/x/secrets"},
+	} {
+		r, _ := http.NewRequest(req.method, base+req.path, strings.NewReader("{}"))
+		resp, err := http.DefaultClient.Do(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if want := req.method + " " + strings.Split(req.path, "?")[0]; string(body) != want {
+			t.Errorf("%s %s: upstream answered %q, want %q", req.method, req.path, body, want)
+		}
+	}
+	got := p.snapshot().since(before)
+	if got.String() != "GET 1, POST 2, WATCH 1" || got.total() != 4 {
+		t.Errorf("counts = %q (total %d), want GET 1, POST 2, WATCH 1", got, got.total())
+	}
+}
+
+func TestPercentile(t *testing.T) {
+	ms := []float64{5, 1, 4, 2, 3, 6, 7, 8, 9, 10}
+	for _, c := range []struct{ p, want float64 }{{50, 5}, {99, 10}, {100, 10}, {1, 1}} {
+		if got := percentile(ms, c.p); got != c.want {
+			t.Errorf("p%v = %v, want %v", c.p, got, c.want)
+		}
+	}
+	if got := percentile(nil, 99); got != 0 {
+		t.Errorf("p99 of nothing = %v, want 0", got)
+	}
+}
+
+// The report orders the sizes, writes a row per metric and an SVG that parses.
+func TestWriteReport(t *testing.T) {
+	dir := t.TempDir()
+	results := []sizeResult{
+		{Leases: 10000, CreatedP99Ms: 900, Workers: map[string]workerCost{rw: {RSSPerLeaseKiB: 12}}},
+		{Leases: 1000, CreatedP99Ms: 100.5, Workers: map[string]workerCost{rw: {RSSPerLeaseKiB: 8}}},
+	}
+	var out strings.Builder
+	if err := writeReport(&out, dir, results); err != nil {
+		t.Fatal(err)
+	}
+	table := out.String()
+	if i, j := strings.Index(table, "1000 leases"), strings.Index(table, "10000 leases"); i < 0 || j < 0 || i > j {
+		t.Errorf("sizes not in order in:\n%s", table)
+	}
+	if !strings.Contains(table, "acquire → created p99|        ms|       100.50|           900|") {
+		t.Errorf("no p99 row with both sizes in:\n%s", table)
+	}
+	svg, err := os.ReadFile(filepath.Join(dir, "scale.svg"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dec := xml.NewDecoder(bytes.NewReader(svg))
+	for {
+		if _, err := dec.Token(); err == io.EOF {
+			break
+		} else if err != nil {
+			t.Fatalf("scale.svg does not parse: %v", err)
+		}
+	}
+}
