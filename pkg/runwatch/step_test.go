@@ -21,7 +21,10 @@ func withInformerCaches(t *testing.T, h *harness) (jobs, pods cache.Indexer) {
 	if err != nil {
 		t.Fatalf("creating the ownership bucket: %v", err)
 	}
-	h.d.owners = newOwners(kv, "replica-1", time.Minute, h.d.log)
+	h.d.owners, err = newOwners(h.js.Conn(), kv, "replica-1", time.Minute, h.d.log)
+	if err != nil {
+		t.Fatal(err)
+	}
 	h.d.opts.StartErrorGrace = DefaultStartErrorGrace
 	jobs = cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{runIndex: indexByRun})
 	pods = cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{runIndex: indexByRun})

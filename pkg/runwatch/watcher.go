@@ -87,9 +87,12 @@ func (w *Watcher) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	owners, err := newOwners(js.Conn(), kv, w.opts.ReplicaID, w.opts.OwnershipTTL, w.log)
+	if err != nil {
+		return err
+	}
 	d := &deps{
-		opts: w.opts, log: w.log, pub: w.publisher, stream: stream,
-		owners: newOwners(kv, w.opts.ReplicaID, w.opts.OwnershipTTL, w.log),
+		opts: w.opts, log: w.log, pub: w.publisher, stream: stream, owners: owners,
 		leases: lease.Records{KV: leases}, budgets: budgets,
 		workloads: workload.Deps{Clientset: w.opts.Clientset, Dynamic: w.opts.Dynamic},
 	}
