@@ -32,6 +32,8 @@ type Common struct {
 	NATS NATSAuth
 	// OpsAddr is where /healthz, /readyz and /metrics are served; empty turns them off.
 	OpsAddr string
+	// Pprof serves Go's runtime profiles on the ops server too (/debug/pprof/).
+	Pprof bool
 	// DefaultLogLevel, when set before Bind, replaces "info" as --log-level's default.
 	DefaultLogLevel string
 	// ClientInboxPrefixes are the inbox prefixes of the client users (Paperclip's plugin, the
@@ -60,6 +62,7 @@ func (c *Common) Bind(s *config.Set) {
 	// Off by default: several workers (or replicas in tests) on one host would fight over one
 	// port. The manifests and the compose file set it.
 	s.String(&c.OpsAddr, "ops-addr", "KUBECLIP_OPS_ADDR", "", "listen address of /healthz, /readyz and /metrics, such as :8080; empty: not served")
+	s.Bool(&c.Pprof, "pprof", "KUBECLIP_PPROF", false, "also serve Go's runtime profiles (heap, goroutines, CPU) under /debug/pprof/ on --ops-addr")
 }
 
 // Validate checks the common settings; errors name the flag and its environment variable.
@@ -79,6 +82,9 @@ func (c *Common) Validate(s *config.Set) error {
 	}
 	if c.ShutdownTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("%s must be > 0", s.Names("shutdown-timeout")))
+	}
+	if c.Pprof && c.OpsAddr == "" {
+		errs = append(errs, fmt.Errorf("%s needs %s: the profiles are served there", s.Names("pprof"), s.Names("ops-addr")))
 	}
 	if err := c.NATS.Validate(s); err != nil {
 		errs = append(errs, err)

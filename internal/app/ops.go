@@ -38,7 +38,7 @@ func (c *Common) StartOps(ctx context.Context, log zerolog.Logger) (*Ops, error)
 	if c.OpsAddr == "" {
 		return o, nil
 	}
-	srv, err := ops.Listen(ops.Options{Addr: c.OpsAddr, Gatherer: reg, Logger: log})
+	srv, err := ops.Listen(ops.Options{Addr: c.OpsAddr, Gatherer: reg, Logger: log, Profiling: c.Pprof})
 	if err != nil {
 		return nil, err
 	}

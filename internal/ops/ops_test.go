@@ -27,7 +27,14 @@ var _ events.Observer = (*ops.Metrics)(nil)
 // serve starts a Server on a random loopback port and returns its base URL.
 func serve(t *testing.T, reg *prometheus.Registry) (*ops.Server, string) {
 	t.Helper()
-	s, err := ops.Listen(ops.Options{Addr: "127.0.0.1:0", Gatherer: reg, Logger: zerolog.New(zerolog.NewTestWriter(t))})
+	return serveWith(t, ops.Options{Gatherer: reg})
+}
+
+// serveWith starts a Server with opts on a random loopback port and returns its base URL.
+func serveWith(t *testing.T, opts ops.Options) (*ops.Server, string) {
+	t.Helper()
+	opts.Addr, opts.Logger = "127.0.0.1:0", zerolog.New(zerolog.NewTestWriter(t))
+	s, err := ops.Listen(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -52,6 +59,21 @@ func get(t *testing.T, url string) (int, string) {
 	defer resp.Body.Close()
 	body, _ := io.ReadAll(resp.Body)
 	return resp.StatusCode, string(body)
+}
+
+// TestProfiling: /debug/pprof/ is served only when Profiling is on.
+func TestProfiling(t *testing.T) {
+	for _, tc := range []struct {
+		profiling bool
+		wantCode  int
+	}{{false, http.StatusNotFound}, {true, http.StatusOK}} {
+		_, base := serveWith(t, ops.Options{Gatherer: prometheus.NewRegistry(), Profiling: tc.profiling})
+		for _, path := range []string{"/debug/pprof/", "/debug/pprof/heap", "/debug/pprof/goroutine?debug=1"} {
+			if code, _ := get(t, base+path); code != tc.wantCode {
+				t.Errorf("Profiling %v: GET %s = %d, want %d", tc.profiling, path, code, tc.wantCode)
+			}
+		}
+	}
 }
 
 func TestReadiness(t *testing.T) {

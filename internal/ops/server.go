@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"strings"
 	"sync"
 	"time"
@@ -48,9 +49,13 @@ type Options struct {
 	Logger zerolog.Logger
 	// CheckTimeout bounds the readiness checks of one request (default DefaultCheckTimeout).
 	CheckTimeout time.Duration
+	// Profiling serves Go's runtime profiles under /debug/pprof/ (net/http/pprof). Off unless
+	// an operator asks: a CPU profile or trace costs the worker while it runs, and the heap
+	// profile names the code's own allocation sites.
+	Profiling bool
 }
 
-// Server serves /healthz, /readyz and /metrics. It is not ready until SetReady is called and
+// Server serves /healthz, /readyz and /metrics, and /debug/pprof/ when asked to. It is not ready until SetReady is called and
 // stops being ready when Stopping is called.
 type Server struct {
 	opts Options
@@ -86,6 +91,13 @@ func Listen(opts Options) (*Server, error) {
 	mux.Handle("GET /metrics", promhttp.HandlerFor(opts.Gatherer, promhttp.HandlerOpts{
 		ErrorLog: promLogger{opts.Logger}, ErrorHandling: promhttp.ContinueOnError,
 	}))
+	if opts.Profiling {
+		mux.HandleFunc("GET /debug/pprof/", pprof.Index)
+		mux.HandleFunc("GET /debug/pprof/cmdline", pprof.Cmdline)
+		mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("GET /debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
+	}
 	s.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	return s, nil
 }
