@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/kubeclip/kubeclip/pkg/cas"
 	"github.com/kubeclip/kubeclip/pkg/events"
@@ -110,10 +111,19 @@ func (o *owners) release(ctx context.Context, ref events.RunRef) {
 	if !ok {
 		return
 	}
-	err := o.kv.Delete(ctx, ref.Key(), jetstream.LastRevision(rev))
-	if err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) && !errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+	if err := o.deleteKey(ctx, ref, rev); err != nil {
 		o.log.Warn().Err(err).Str(events.LogKeyRunID, ref.RunID).Msg("releasing run ownership failed; it expires on its own")
 	}
+}
+
+// deleteKey deletes the run's key if it is still at rev, ours; a key that expired or moved on
+// is not ours to delete.
+func (o *owners) deleteKey(ctx context.Context, ref events.RunRef, rev uint64) error {
+	err := o.kv.Delete(ctx, ref.Key(), jetstream.LastRevision(rev))
+	if err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) && !cas.IsConflict(err) {
+		return err
+	}
+	return nil
 }
 
 // renewInFlight bounds the renewals published and not yet answered. One synchronous update
@@ -230,15 +240,45 @@ func (o *owners) settle(ref events.RunRef, ack *jetstream.PubAck, err error) ren
 	}
 }
 
-// releaseAll gives every owned run up (graceful shutdown), so takeover is immediate.
+// releaseWorkers bounds the releases in flight at shutdown: one at a time, 10,000 runs took
+// longer than releaseTimeout on a loaded machine and the rest waited for the TTL.
+const releaseWorkers = 64
+
+// releaseAll gives every owned run up (graceful shutdown), so takeover is immediate. What is
+// not released when ctx ends expires after the TTL; that is said once, not once per run.
 func (o *owners) releaseAll(ctx context.Context) {
 	o.mu.Lock()
-	runs := make([]events.RunRef, 0, len(o.owned))
-	for r := range o.owned {
-		runs = append(runs, r)
-	}
+	runs := o.owned
+	o.owned = map[events.RunRef]uint64{}
 	o.mu.Unlock()
-	for _, r := range runs {
-		o.release(ctx, r)
+	var (
+		mu       sync.Mutex
+		released int
+		failure  error
+	)
+	var g errgroup.Group
+	g.SetLimit(releaseWorkers)
+	for ref, rev := range runs {
+		if ctx.Err() != nil {
+			break
+		}
+		g.Go(func() error {
+			err := o.deleteKey(ctx, ref, rev)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				failure = err
+			} else {
+				released++
+			}
+			return nil
+		})
+	}
+	_ = g.Wait()
+	if released < len(runs) {
+		if failure == nil {
+			failure = ctx.Err()
+		}
+		o.log.Warn().Err(failure).Int("runs", len(runs)-released).Msg("releasing run ownership failed; the runs not released expire on their own")
 	}
 }

@@ -235,3 +235,28 @@ func BenchmarkRenewAll(b *testing.B) {
 	}
 	b.ReportMetric(float64(lost), "lost")
 }
+
+// TestReleaseAll hands 10,000 runs over at shutdown: every key is deleted and nothing is
+// logged; a release cut short by its deadline says so once.
+func TestReleaseAll(t *testing.T) {
+	var logged syncBuffer
+	w := ownedRuns(t, 10_000, time.Minute, zerolog.New(&logged))
+	w.o.releaseAll(t.Context())
+	if got := w.stored(t); len(got) > 0 {
+		t.Errorf("%d keys left after releaseAll", len(got))
+	}
+	if got := logged.String(); got != "" {
+		t.Errorf("releaseAll logged:\n%.500s", got)
+	}
+
+	w = ownedRuns(t, 1_000, time.Minute, zerolog.New(&logged))
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	w.o.releaseAll(ctx)
+	if got := strings.Count(logged.String(), "releasing run ownership failed"); got != 1 {
+		t.Errorf("logged %d failures, want 1:\n%.1000s", got, logged.String())
+	}
+	if w.o.owns(w.refs[0]) {
+		t.Error("a run not released is still owned")
+	}
+}
