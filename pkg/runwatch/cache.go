@@ -14,6 +14,7 @@ import (
 	"github.com/kubeclip/kubeclip/pkg/events"
 	"github.com/kubeclip/kubeclip/pkg/k8s"
 	"github.com/kubeclip/kubeclip/pkg/policy"
+	"github.com/kubeclip/kubeclip/pkg/runwatch/verdict"
 )
 
 // jobEventIndex indexes FailedCreate events by the namespace/name of their Job.
@@ -51,7 +52,7 @@ func newClusterCache(cs kubernetes.Interface, h clusterHandlers) (*clusterCache,
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 			o.LabelSelector = policy.LabelManagedBy + "=" + policy.ManagedBy
 		}),
-		informers.WithTransform(stripManagedFields),
+		informers.WithTransform(trimCached),
 	)
 	jobInf := factory.Batch().V1().Jobs().Informer()
 	podInf := factory.Core().V1().Pods().Informer()
@@ -210,6 +211,19 @@ func metaOf(obj any) (metav1.Object, error) {
 		return nil, fmt.Errorf("%T has no object metadata", obj)
 	}
 	return m, nil
+}
+
+// trimCached keeps of a Job or pod what the run-watcher reads (verdict.TrimJob,
+// verdict.TrimPod): an idle run-watcher holds one cached pod per live run, and most of a pod is
+// its spec.
+func trimCached(obj any) (any, error) {
+	switch o := obj.(type) {
+	case *corev1.Pod:
+		return verdict.TrimPod(o), nil
+	case *batchv1.Job:
+		return verdict.TrimJob(o), nil
+	}
+	return stripManagedFields(obj)
 }
 
 // stripManagedFields drops managedFields from cached objects: the watcher never reads them and

@@ -239,8 +239,8 @@ func TestDecide(t *testing.T) {
 		},
 	}
 	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			d := Decide(Input{Job: tc.job, Pod: tc.pod, SeenJob: tc.seenJob}, decideOptions)
+		forms(t, tc.name, tc.job, tc.pod, func(t *testing.T, job *batchv1.Job, pod *corev1.Pod) {
+			d := Decide(Input{Job: job, Pod: pod, SeenJob: tc.seenJob}, decideOptions)
 			got := decision{Phase: d.Phase, Reason: d.Reason, Message: d.Message, Verdict: d.End}
 			if diff := cmp.Diff(tc.want, got); diff != "" {
 				t.Errorf("Decide() (-want +got):\n%s", diff)
@@ -384,8 +384,8 @@ func TestDecideRelease(t *testing.T) {
 		},
 	}
 	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			d := Decide(Input{Job: tc.job, Pod: tc.pod, SeenPod: tc.seenPod, ExecCapable: tc.job == nil, Release: tc.release}, decideOptions)
+		forms(t, tc.name, tc.job, tc.pod, func(t *testing.T, job *batchv1.Job, pod *corev1.Pod) {
+			d := Decide(Input{Job: job, Pod: pod, SeenPod: tc.seenPod, ExecCapable: job == nil, Release: tc.release}, decideOptions)
 			got := decision{Phase: d.Phase, Reason: d.Reason, Message: d.Message, Verdict: d.End}
 			if diff := cmp.Diff(tc.want, got); diff != "" {
 				t.Errorf("Decide() (-want +got):\n%s", diff)

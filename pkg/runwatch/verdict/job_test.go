@@ -102,8 +102,8 @@ func TestClassifyJob(t *testing.T) {
 		},
 	}
 	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			if diff := cmp.Diff(tc.want, classifyJob(tc.job)); diff != "" {
+		forms(t, tc.name, tc.job, nil, func(t *testing.T, job *batchv1.Job, _ *corev1.Pod) {
+			if diff := cmp.Diff(tc.want, classifyJob(job)); diff != "" {
 				t.Errorf("classifyJob (-want +got):\n%s", diff)
 			}
 		})

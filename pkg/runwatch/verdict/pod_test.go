@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -344,8 +345,8 @@ func TestClassifyPod(t *testing.T) {
 	}...)
 
 	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			got := classifyPod(tc.pod, agent, tc.opts)
+		forms(t, tc.name, nil, tc.pod, func(t *testing.T, _ *batchv1.Job, pod *corev1.Pod) {
+			got := classifyPod(pod, agent, tc.opts)
 			if diff := cmp.Diff(tc.want, got); diff != "" {
 				t.Errorf("classifyPod (-want +got):\n%s", diff)
 			}
