@@ -51,7 +51,7 @@ func TestTrackerObservesThroughTheLeasesBackend(t *testing.T) {
 				t.Fatal(err)
 			}
 
-			tr := newTracker(h.d, testNamespace, events.Ref(testCompany, runID))
+			tr := newTracker(h.d, testNamespace, events.Ref(testCompany, runID), func() {})
 			if err := tr.step(t.Context()); err != nil {
 				t.Fatalf("step(): %v", err)
 			}

@@ -88,7 +88,7 @@ func TestCacheTrimsWhatTheWatcherDoesNotRead(t *testing.T) {
 				End             bool
 			}
 			see := func(job *batchv1.Job, pod *corev1.Pod) view {
-				tr := newDecideTracker(t)
+				tr, _ := newDecideTracker(t)
 				tr.workload = wl
 				j, p := wl.Observe([]*batchv1.Job{job}, []*corev1.Pod{pod})
 				ref, _ := runOf(pod)

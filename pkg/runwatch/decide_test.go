@@ -50,8 +50,8 @@ func startedAgo(d time.Duration) func(*corev1.Pod) {
 	return func(p *corev1.Pod) { ts := metav1.NewTime(now.Add(-d)); p.Status.StartTime = &ts }
 }
 
-// newDecideTracker returns a tracker with only what decide reads.
-func newDecideTracker(t *testing.T) *tracker {
+// newDecideTracker returns a tracker with only what decide reads; its pokes go to woken.
+func newDecideTracker(t *testing.T) (tr *tracker, woken <-chan struct{}) {
 	t.Helper()
 	d := &deps{opts: Options{
 		Now:                clock,
@@ -59,27 +59,33 @@ func newDecideTracker(t *testing.T) *tracker {
 		UnschedulableGrace: 5 * time.Second,
 		StartErrorGrace:    10 * time.Second,
 	}, log: testLogger(t), cluster: &clusterCache{}}
-	tr := newTracker(d, "paperclip-acme", events.Ref("acme", "run-1"))
+	wake := make(chan struct{}, 1)
+	tr = newTracker(d, "paperclip-acme", events.Ref("acme", "run-1"), func() {
+		select {
+		case wake <- struct{}{}:
+		default:
+		}
+	})
 	tr.workload, _ = workload.For(policy.BackendJob, workload.Deps{})
 	t.Cleanup(func() {
 		if tr.recheck != nil {
 			tr.recheck.Stop()
 		}
 	})
-	return tr
+	return tr, wake
 }
 
 // TestTrackerDecideRecheckPokes checks that a verdict waiting out a grace wakes the tracker
 // when the grace ends, with no informer event.
 func TestTrackerDecideRecheckPokes(t *testing.T) {
-	tr := newDecideTracker(t)
+	tr, woken := newDecideTracker(t)
 	tr.d.opts.StartErrorGrace = 50 * time.Millisecond
 	startedNow := pod(corev1.PodPending, waiting("ErrImagePull"), startedAgo(0))
 	if d := tr.decide(job(active), startedNow, nil); d.End != nil {
 		t.Fatalf("decide() verdict %+v within the grace, want none", d.End)
 	}
 	select {
-	case <-tr.wakeCh:
+	case <-woken:
 	case <-time.After(10 * time.Second):
 		t.Fatal("the tracker was not poked when the start grace ran out")
 	}

@@ -54,7 +54,7 @@ func TestStatusIsFenced(t *testing.T) {
 // sat silent until its deadline, holding its agent. The Job controller's FailedCreate event
 // fails the run at once, naming the quota.
 func TestQuotaRefusalFailsTheRun(t *testing.T) {
-	tr := newDecideTracker(t)
+	tr, _ := newDecideTracker(t)
 	tr.d.cluster.jobEvents = cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{jobEventIndex: indexByJob})
 	job := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: "pc-q", Namespace: "paperclip-acme", UID: types.UID("job-uid"), Labels: runLabels("run-1")}}
 	event := func(name string, uid types.UID, msg string) *corev1.Event {
@@ -103,7 +103,7 @@ func TestReconcileSkipsRunsItFollows(t *testing.T) {
 		t.Fatal(err)
 	}
 	ref := events.Ref(testCompany, runID)
-	h.w.trackers[ref] = newTracker(h.d, testNamespace, ref)
+	h.w.trackers[ref] = newTracker(h.d, testNamespace, ref, func() {})
 	h.w.reconcile(ctx, h.d)
 	if got := runEvents[events.RunResultEvent](t, h, runID, events.KindResult); len(got) != 0 {
 		t.Fatalf("reconcile published %+v for a run this replica follows", got)

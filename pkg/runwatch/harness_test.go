@@ -79,7 +79,7 @@ func (h *harness) lease(t *testing.T, runID string) {
 func (h *harness) tracker(t *testing.T, runID string) *tracker {
 	t.Helper()
 	ref := events.Ref(testCompany, runID)
-	tr := newTracker(h.d, testNamespace, ref)
+	tr := newTracker(h.d, testNamespace, ref, func() {})
 	tr.journal = newJournal(ref, h.d.journalOptions())
 	return tr
 }

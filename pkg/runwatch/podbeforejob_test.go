@@ -16,7 +16,7 @@ func TestTrackerStepWaitsForTheJob(t *testing.T) {
 	_, pods := withInformerCaches(t, h)
 	const runID = "run-no-job"
 	h.lease(t, runID)
-	tr := newTracker(h.d, testNamespace, events.Ref(testCompany, runID))
+	tr := newTracker(h.d, testNamespace, events.Ref(testCompany, runID), func() {})
 
 	if err := tr.step(t.Context()); err != nil {
 		t.Fatalf("step() error: %v", err)
@@ -48,7 +48,7 @@ func TestTrackerStepPodWithoutJob(t *testing.T) {
 	_, pods := withInformerCaches(t, h)
 	const runID = "run-sandbox"
 	h.lease(t, runID)
-	tr := newTracker(h.d, testNamespace, events.Ref(testCompany, runID))
+	tr := newTracker(h.d, testNamespace, events.Ref(testCompany, runID), func() {})
 	p := pod(corev1.PodPending, waiting("ErrImageNeverPull"))
 	p.Labels = runLabels(runID)
 	if err := pods.Add(p); err != nil {
@@ -69,7 +69,7 @@ func TestTrackerIgnoresRunsWithoutALease(t *testing.T) {
 	h := newHarness(t)
 	_, pods := withInformerCaches(t, h)
 	const runID = "run-elsewhere"
-	tr := newTracker(h.d, testNamespace, events.Ref(testCompany, runID))
+	tr := newTracker(h.d, testNamespace, events.Ref(testCompany, runID), func() {})
 	p := pod(corev1.PodPending, waiting("ErrImageNeverPull"))
 	p.Labels = runLabels(runID)
 	if err := pods.Add(p); err != nil {

@@ -123,7 +123,7 @@ func TestTrackerStepRelease(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			tr := newTracker(h.d, testNamespace, ref)
+			tr := newTracker(h.d, testNamespace, ref, func() {})
 			step := func(what string) {
 				t.Helper()
 				if err := tr.step(t.Context()); err != nil {

@@ -44,7 +44,7 @@ func TestTrackerStepRunReleasedBeforeItStarted(t *testing.T) {
 	jobs, pods := withInformerCaches(t, h)
 	const runID = "run-step"
 	h.lease(t, runID)
-	tr := newTracker(h.d, testNamespace, events.Ref(testCompany, runID))
+	tr := newTracker(h.d, testNamespace, events.Ref(testCompany, runID), func() {})
 	t.Cleanup(func() {
 		if tr.recheck != nil {
 			tr.recheck.Stop()
@@ -112,7 +112,7 @@ func TestTrackerStepRunReleasedBeforeItStarted(t *testing.T) {
 	}
 
 	// A restarted watcher finds the result and publishes nothing more, whatever the caches say.
-	again := newTracker(h.d, testNamespace, events.Ref(testCompany, runID))
+	again := newTracker(h.d, testNamespace, events.Ref(testCompany, runID), func() {})
 	if err := jobs.Add(j); err != nil {
 		t.Fatal(err)
 	}

@@ -51,12 +51,16 @@ type tracker struct {
 	namespace string
 	log       zerolog.Logger
 
-	wakeCh chan struct{}
+	// wake has the watcher step the run (on one of its step workers, one step at a time).
+	wake func()
+	// inFlightEnded stops counting the run in flight (Observer.RunsInFlight).
+	inFlightEnded func()
 	// ownerEvents counts changes of the run's ownership key seen by the watcher; a replica
 	// that lost the race for the run waits until it moves before claiming again.
 	ownerEvents atomic.Uint64
 
-	// Owned by the run goroutine.
+	// Owned by the step in progress: the watcher never steps one run twice at once.
+	backoff  time.Duration     // before the retry of a step that failed; 0 after a success
 	workload workload.Workload // the lease's backend (workload.For), once ours
 
 	blocked   bool   // another replica owns the run
@@ -75,64 +79,61 @@ type tracker struct {
 	journal *journal
 }
 
-func newTracker(d *deps, namespace string, ref events.RunRef) *tracker {
+// newTracker follows the run of ref in namespace; wake asks the watcher to step it.
+func newTracker(d *deps, namespace string, ref events.RunRef, wake func()) *tracker {
 	return &tracker{
-		d:         d,
-		ref:       ref,
-		namespace: namespace,
-		log:       d.log.With().Str(events.LogKeyRunID, ref.RunID).Str(events.LogKeyTenant, ref.CompanyID).Logger(),
-		wakeCh:    make(chan struct{}, 1),
-		status:    newStatusLine(),
+		d:             d,
+		ref:           ref,
+		namespace:     namespace,
+		log:           d.log.With().Str(events.LogKeyRunID, ref.RunID).Str(events.LogKeyTenant, ref.CompanyID).Logger(),
+		wake:          wake,
+		inFlightEnded: countInFlight(d.opts.Observer),
+		status:        newStatusLine(),
 	}
 }
 
-// poke asks the run goroutine to look at the run again; it never blocks.
-func (t *tracker) poke() {
-	select {
-	case t.wakeCh <- struct{}{}:
+// poke asks for the run to be looked at again; it never blocks.
+func (t *tracker) poke() { t.wake() }
+
+// Retries of a step that failed wait stepRetryBase, doubling up to stepRetryLimit.
+const (
+	stepRetryBase  = 100 * time.Millisecond
+	stepRetryLimit = 5 * time.Second
+)
+
+// wakeUp steps the run once (the watcher calls it when the run was poked) and reports finished
+// once the run is done and neither its Job nor its pods are left: the watcher then forgets the
+// run and stops its tracker.
+func (t *tracker) wakeUp(ctx context.Context) (finished bool) {
+	err := t.step(ctx)
+	switch {
+	case err == nil:
+		t.backoff = 0
+	case ctx.Err() != nil:
+		return false
 	default:
+		// Publishing failed (NATS unreachable) or the stream could not be read: try again
+		// with a growing pause; the Kubernetes state is still in the informer cache.
+		t.backoff = min(max(2*t.backoff, stepRetryBase), stepRetryLimit)
+		t.log.Warn().Err(err).Dur("retry_in", t.backoff).Msg("tracking run failed; retrying")
+		time.AfterFunc(t.backoff, t.poke)
 	}
+	if t.done {
+		t.inFlightEnded()
+		return t.d.cluster.gone(t.ref, t.namespace)
+	}
+	return false
 }
 
-// run steps the run whenever it is poked until ctx ends, or until the run is done and neither
-// its Job nor its pods are left, when it reports finished: the watcher then forgets the run.
-func (t *tracker) run(ctx context.Context) (finished bool) {
-	inFlightEnded := countInFlight(t.d.opts.Observer)
-	defer inFlightEnded()
-	defer func() {
-		if t.recheck != nil {
-			t.recheck.Stop()
-		}
-		if t.follow != nil {
-			t.follow.stopAndWait()
-		}
-	}()
-	backoff := 100 * time.Millisecond
-	for {
-		select {
-		case <-ctx.Done():
-			return false
-		case <-t.wakeCh:
-		}
-		err := t.step(ctx)
-		switch {
-		case err == nil:
-			backoff = 100 * time.Millisecond
-		case ctx.Err() != nil:
-			return false
-		default:
-			// Publishing failed (NATS unreachable) or the stream could not be read: try again
-			// with a growing pause; the Kubernetes state is still in the informer cache.
-			t.log.Warn().Err(err).Dur("retry_in", backoff).Msg("tracking run failed; retrying")
-			time.AfterFunc(backoff, t.poke)
-			backoff = min(2*backoff, 5*time.Second)
-		}
-		if t.done {
-			inFlightEnded()
-			if t.d.cluster.gone(t.ref, t.namespace) {
-				return true
-			}
-		}
+// stop ends what the tracker runs besides its steps (its recheck timer, its log follower)
+// once the watcher forgot the run or stops; the run's state is in the stream, not here.
+func (t *tracker) stop() {
+	t.inFlightEnded()
+	if t.recheck != nil {
+		t.recheck.Stop()
+	}
+	if t.follow != nil {
+		t.follow.stopAndWait()
 	}
 }
 

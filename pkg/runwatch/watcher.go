@@ -3,8 +3,9 @@
 // run.
 //
 // It is watch-driven: one shared informer over Jobs and one over Pods, both filtered to the
-// objects kubeclip manages, wake a goroutine per live run (tracker.go). Each run's goroutine
-// wires three parts with explicit inputs: the pure verdict on its Job and pod
+// objects kubeclip manages, wake the tracker of each live run (tracker.go), which a pool of step
+// workers shared by every run steps, one step of a run at a time. Each run's tracker wires
+// three parts with explicit inputs: the pure verdict on its Job and pod
 // (pkg/runwatch/verdict), its journal (journal.go: numbering, batching, fencing and replay of
 // its log chunks) and its log follower (follower.go). Replicas share the runs through an
 // ownership bucket (ownership.go); reconcile.go ends runs whose workload vanished unobserved.
@@ -21,6 +22,7 @@ import (
 	"github.com/rs/zerolog"
 	"golang.org/x/sync/errgroup"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/util/workqueue"
 
 	"github.com/kubeclip/kubeclip/pkg/events"
 	"github.com/kubeclip/kubeclip/pkg/lease"
@@ -35,9 +37,17 @@ type Watcher struct {
 
 	mu       sync.Mutex
 	trackers map[events.RunRef]*tracker
-	wg       sync.WaitGroup
-	ready    chan struct{}
+	// steps holds the runs poked and not yet stepped; a run poked while it is stepped is
+	// stepped again after.
+	steps workqueue.TypedInterface[events.RunRef]
+	ready chan struct{}
 }
+
+// stepWorkers is how many runs are stepped at once. A step waits on NATS (a publish, a KV or
+// stream read: a few round trips when a run is first seen) and never on the cluster, whose
+// state is in the informer cache. An idle run costs no goroutine: 10,000 live runs held
+// 10,022 goroutines, one per run, each with its stack, when each run had its own (issue 16).
+const stepWorkers = 64
 
 // New validates opts and returns a Watcher; Run starts it.
 func New(opts Options) (*Watcher, error) {
@@ -66,8 +76,8 @@ func New(opts Options) (*Watcher, error) {
 func (w *Watcher) Ready() <-chan struct{} { return w.ready }
 
 // Run starts the watcher (the run stream, the ownership and lease buckets, the informer caches),
-// follows runs until ctx is done, then stops: the run goroutines end (a run's state is in the
-// stream, not in memory) and the runs it owned are handed over at once. Runs in flight are
+// follows runs until ctx is done, then stops: the steps end (a run's state is in the stream,
+// not in memory) and the runs it owned are handed over at once. Runs in flight are
 // picked up again, from the last published log chunk, by the next watcher to own them.
 func (w *Watcher) Run(ctx context.Context) error {
 	js := w.opts.JetStream
@@ -97,6 +107,8 @@ func (w *Watcher) Run(ctx context.Context) error {
 		workloads: workload.Deps{Clientset: w.opts.Clientset, Dynamic: w.opts.Dynamic},
 	}
 	g, gctx := errgroup.WithContext(ctx)
+	stopSteps := w.startSteps(gctx)
+	defer stopSteps()
 	d.cluster, err = newClusterCache(w.opts.Clientset, clusterHandlers{
 		object: func(obj any) { w.wake(gctx, d, obj) },
 		jobEvent: func(obj any) {
@@ -117,7 +129,7 @@ func (w *Watcher) Run(ctx context.Context) error {
 	g.Go(func() error {
 		<-gctx.Done()
 		d.cluster.stop()
-		w.wg.Wait() // the run goroutines
+		stopSteps()
 		return nil
 	})
 	close(w.ready)
@@ -209,8 +221,8 @@ func (w *Watcher) pokeAll() {
 	}
 }
 
-// wake hands an informer event to the run's tracker, starting one for a run seen first. The
-// tracker runs until the run is done and its objects are gone; then it is forgotten.
+// wake hands an informer event to the run's tracker, making one for a run seen first. The
+// tracker is stepped until the run is done and its objects are gone; then it is forgotten.
 func (w *Watcher) wake(ctx context.Context, d *deps, obj any) {
 	if tomb, ok := obj.(cache.DeletedFinalStateUnknown); ok {
 		obj = tomb.Obj
@@ -230,17 +242,54 @@ func (w *Watcher) wake(ctx context.Context, d *deps, obj any) {
 	}
 	t, ok := w.trackers[ref]
 	if !ok {
-		t = newTracker(d, m.GetNamespace(), ref)
+		t = newTracker(d, m.GetNamespace(), ref, func() { w.steps.Add(ref) })
 		w.trackers[ref] = t
-		w.wg.Add(1)
-		go func() {
-			defer w.wg.Done()
-			if t.run(ctx) {
-				w.forget(ref)
-			}
-		}()
 	}
 	t.poke()
+}
+
+// startSteps starts the step workers; stop (once ctx ended, or any time: it may be called
+// again) ends them and then every tracker.
+func (w *Watcher) startSteps(ctx context.Context) (stop func()) {
+	w.steps = workqueue.NewTyped[events.RunRef]()
+	ctx, cancel := context.WithCancel(ctx)
+	var steppers sync.WaitGroup
+	for range stepWorkers {
+		steppers.Go(func() { w.stepRuns(ctx) })
+	}
+	return sync.OnceFunc(func() {
+		cancel()
+		w.steps.ShutDown()
+		steppers.Wait()
+		w.stopTrackers()
+	})
+}
+
+// stepRuns steps the runs poked, one at a time, until the watcher stops.
+func (w *Watcher) stepRuns(ctx context.Context) {
+	for {
+		ref, shutdown := w.steps.Get()
+		if shutdown {
+			return
+		}
+		w.mu.Lock()
+		t := w.trackers[ref]
+		w.mu.Unlock()
+		if t != nil && ctx.Err() == nil && t.wakeUp(ctx) {
+			w.forget(ref)
+			t.stop()
+		}
+		w.steps.Done(ref)
+	}
+}
+
+// stopTrackers stops every tracker once no step runs any more (the watcher stops).
+func (w *Watcher) stopTrackers() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, t := range w.trackers {
+		t.stop()
+	}
 }
 
 // following reports whether this replica has a tracker for the run: reconcile must not build
