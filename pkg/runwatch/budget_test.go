@@ -39,7 +39,7 @@ func TestLogBudgets(t *testing.T) {
 			}
 			logLines := func(ref events.RunRef, n int, last string) *journal {
 				t.Helper()
-				j := newJournal(ref, h.d.journalOptions())
+				j := newJournal(ref, h.d.journalOptions(h.d.log))
 				if err := j.setPod("pc-x-abcde", agentContainer); err != nil {
 					t.Fatal(err)
 				}
@@ -90,7 +90,7 @@ func TestLogBudgets(t *testing.T) {
 			}
 
 			// A journal that takes the run over stays stopped.
-			taken, err := loadJournal(t.Context(), over, h.d.journalOptions())
+			taken, err := loadJournal(t.Context(), over, h.d.journalOptions(h.d.log))
 			if err != nil {
 				t.Fatal(err)
 			}

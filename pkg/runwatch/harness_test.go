@@ -80,7 +80,7 @@ func (h *harness) tracker(t *testing.T, runID string) *tracker {
 	t.Helper()
 	ref := events.Ref(testCompany, runID)
 	tr := newTracker(h.d, testNamespace, ref, func() {})
-	tr.journal = newJournal(ref, h.d.journalOptions())
+	tr.journal = newJournal(ref, h.d.journalOptions(h.d.log))
 	return tr
 }
 

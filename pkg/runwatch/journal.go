@@ -83,7 +83,9 @@ type journalOptions struct {
 	// interval is the longest a line waits before its chunk is published (Options.FlushInterval).
 	interval time.Duration
 	budgets  budgetCharger
-	log      zerolog.Logger
+	// log is the run's logger, its fields naming the run: the tracker's, so a run holds one
+	// (a logger's fields take 500 bytes).
+	log zerolog.Logger
 }
 
 // maxOutbox bounds the chunks kept while NATS is unreachable; past it the follower stops and
@@ -107,7 +109,7 @@ const (
 func newJournal(ref events.RunRef, o journalOptions) *journal {
 	return &journal{
 		ref: ref, subjects: o.subjects, pub: o.pub, stream: o.stream, now: o.now, interval: o.interval,
-		log: o.log.With().Str(events.LogKeyRunID, ref.RunID).Str(events.LogKeyTenant, ref.CompanyID).Logger(),
+		log: o.log,
 		seq: newSequence(0), budgets: o.budgets,
 	}
 }

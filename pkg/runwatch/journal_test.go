@@ -261,7 +261,7 @@ func TestJournalRetriesItsOutbox(t *testing.T) {
 func TestJournalFlushesALoneLineQuickly(t *testing.T) {
 	h := newHarness(t)
 	const runID = "run-lone"
-	opts := h.d.journalOptions()
+	opts := h.d.journalOptions(h.d.log)
 	opts.interval = 20 * time.Millisecond
 	j := newJournal(events.Ref(testCompany, runID), opts)
 	t.Cleanup(j.stop)

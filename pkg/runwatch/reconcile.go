@@ -116,7 +116,7 @@ func reportLost(ctx context.Context, d *deps, rec lease.Record) bool {
 		log.Warn().Err(err).Msg("reconcile: reading the run's history failed")
 		return false
 	}
-	j, err := loadJournal(ctx, ref, d.journalOptions())
+	j, err := loadJournal(ctx, ref, d.journalOptions(log))
 	if err != nil {
 		log.Warn().Err(err).Msg("reconcile: reading the run's history failed")
 		return false

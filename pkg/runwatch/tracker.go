@@ -34,9 +34,10 @@ type deps struct {
 	workloads workload.Deps
 }
 
-// journalOptions is how the run's journal is made.
-func (d *deps) journalOptions() journalOptions {
-	return journalOptions{subjects: d.opts.Subjects, pub: d.pub, stream: d.stream, now: d.opts.Now, interval: d.opts.FlushInterval, budgets: d.budgets, log: d.log}
+// journalOptions is how a run's journal is made; log is the run's logger (its fields name the
+// run).
+func (d *deps) journalOptions(log zerolog.Logger) journalOptions {
+	return journalOptions{subjects: d.opts.Subjects, pub: d.pub, stream: d.stream, now: d.opts.Now, interval: d.opts.FlushInterval, budgets: d.budgets, log: log}
 }
 
 // tracker follows one run: it wires the run's verdict (pkg/runwatch/verdict), its journal and
@@ -235,7 +236,7 @@ func (t *tracker) load(ctx context.Context) error {
 	if err := t.status.load(ctx, t.d.stream, t.d.opts.Subjects, t.ref); err != nil {
 		return err
 	}
-	j, err := loadJournal(ctx, t.ref, t.d.journalOptions())
+	j, err := loadJournal(ctx, t.ref, t.d.journalOptions(t.log))
 	if err != nil {
 		return err
 	}
