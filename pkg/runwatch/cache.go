@@ -219,11 +219,27 @@ func metaOf(obj any) (metav1.Object, error) {
 func trimCached(obj any) (any, error) {
 	switch o := obj.(type) {
 	case *corev1.Pod:
-		return verdict.TrimPod(o), nil
+		p := verdict.TrimPod(o)
+		p.Labels = runLabelsOf(p.Labels)
+		return p, nil
 	case *batchv1.Job:
-		return verdict.TrimJob(o), nil
+		j := verdict.TrimJob(o)
+		j.Labels = runLabelsOf(j.Labels)
+		return j, nil
 	}
 	return stripManagedFields(obj)
+}
+
+// runLabelsOf keeps of an object's labels the two that name its run (runOf): the informers
+// select by the others on the server, and nothing here reads them.
+func runLabelsOf(labels map[string]string) map[string]string {
+	kept := make(map[string]string, 2)
+	for _, k := range []string{policy.LabelCompanyID, policy.LabelRunID} {
+		if v, ok := labels[k]; ok {
+			kept[k] = v
+		}
+	}
+	return kept
 }
 
 // stripManagedFields drops managedFields from cached objects: the watcher never reads them and

@@ -55,7 +55,8 @@ func renderedRun(t *testing.T, backend policy.Backend) (*batchv1.Job, *corev1.Po
 }
 
 // TestCacheTrimsWhatTheWatcherDoesNotRead: the informers store Jobs and pods trimmed (no spec
-// but the pod's restart policy, no images or managed fields), and everything the run-watcher
+// but the pod's restart policy, no images or managed fields, only the labels naming the run),
+// and everything the run-watcher
 // reads from them is as on the whole objects: the run they belong to, which pod is newest,
 // whether the agent's container started, and the verdict.
 func TestCacheTrimsWhatTheWatcherDoesNotRead(t *testing.T) {
@@ -74,6 +75,9 @@ func TestCacheTrimsWhatTheWatcherDoesNotRead(t *testing.T) {
 			if len(cachedPod.Spec.Containers) > 0 || len(cachedPod.Spec.Volumes) > 0 || len(cachedJob.Spec.Template.Spec.Containers) > 0 ||
 				len(cachedPod.ManagedFields) > 0 || cachedPod.Status.ContainerStatuses[0].Image != "" {
 				t.Errorf("cached objects keep what nobody reads: pod %+v, job spec %+v", cachedPod, cachedJob.Spec)
+			}
+			if len(cachedPod.Labels) != 2 || len(cachedJob.Labels) != 2 {
+				t.Errorf("cached labels: pod %v, Job %v; want the run's two", cachedPod.Labels, cachedJob.Labels)
 			}
 			t.Logf("pod %d bytes whole, %d trimmed; Job %d, %d", pod.Size(), cachedPod.Size(), job.Size(), cachedJob.Size())
 

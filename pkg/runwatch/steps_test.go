@@ -50,7 +50,7 @@ func TestStepWorkersFollowManyRuns(t *testing.T) {
 		}
 		h.w.wake(ctx, h.d, p)
 	}
-	eventually(t, "every run owned", func() bool {
+	waitUntil(t, time.Minute, "every run owned", func() bool {
 		for _, ref := range refs {
 			if !h.d.owners.owns(ref) {
 				return false
@@ -77,7 +77,7 @@ func TestStepWorkersFollowManyRuns(t *testing.T) {
 		}
 		h.w.wake(ctx, h.d, cache.DeletedFinalStateUnknown{Key: p.Namespace + "/" + p.Name, Obj: p})
 	}
-	eventually(t, "the runs whose pods went forgotten", func() bool {
+	waitUntil(t, time.Minute, "the runs whose pods went forgotten", func() bool {
 		h.w.mu.Lock()
 		defer h.w.mu.Unlock()
 		return len(h.w.trackers) == runs-ended
@@ -92,17 +92,5 @@ func TestStepWorkersFollowManyRuns(t *testing.T) {
 	}
 	if !h.w.following(refs[ended]) {
 		t.Errorf("%s is no longer followed", refs[ended].RunID)
-	}
-}
-
-// eventually polls cond until it holds, failing the test after 30 s.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("gave up waiting: %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
 	}
 }
