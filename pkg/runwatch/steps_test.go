@@ -1,11 +1,14 @@
 package runwatch
 
 import (
+	"encoding/json"
 	"fmt"
 	"runtime"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/rs/zerolog"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/tools/cache"
 
@@ -92,5 +95,27 @@ func TestStepWorkersFollowManyRuns(t *testing.T) {
 	}
 	if !h.w.following(refs[ended]) {
 		t.Errorf("%s is no longer followed", refs[ended].RunID)
+	}
+}
+
+// TestTrackerRecordsNameTheRun: a tracker's records, and its journal's, carry the run's id and
+// company (added by a hook rather than held as the logger's context by every idle run).
+func TestTrackerRecordsNameTheRun(t *testing.T) {
+	var logged syncBuffer
+	d := &deps{log: zerolog.New(&logged)}
+	tr := newTracker(d, testNamespace, events.Ref(testCompany, "run-named"), func() {})
+	tr.log.Info().Msg("from the tracker")
+	newJournal(tr.ref, d.journalOptions(tr.log)).log.Warn().Msg("from the journal")
+	for _, line := range strings.Split(strings.TrimSpace(logged.String()), "\n") {
+		var rec map[string]any
+		if err := json.Unmarshal([]byte(line), &rec); err != nil {
+			t.Fatal(err)
+		}
+		if rec[events.LogKeyRunID] != "run-named" || rec[events.LogKeyTenant] != testCompany {
+			t.Errorf("record %s does not name the run", line)
+		}
+	}
+	if n := strings.Count(logged.String(), "\n"); n != 2 {
+		t.Errorf("%d records, want 2", n)
 	}
 }

@@ -86,11 +86,19 @@ func newTracker(d *deps, namespace string, ref events.RunRef, wake func()) *trac
 		d:             d,
 		ref:           ref,
 		namespace:     namespace,
-		log:           d.log.With().Str(events.LogKeyRunID, ref.RunID).Str(events.LogKeyTenant, ref.CompanyID).Logger(),
+		log:           d.log.Hook(runLogFields(ref)),
 		wake:          wake,
 		inFlightEnded: countInFlight(d.opts.Observer),
 		status:        newStatusLine(),
 	}
+}
+
+// runLogFields names the run in each of its tracker's records. A hook, not the logger's own
+// context: a context's fields take 500 bytes a logger, which every idle run would hold.
+type runLogFields events.RunRef
+
+func (r runLogFields) Run(e *zerolog.Event, _ zerolog.Level, _ string) {
+	e.Str(events.LogKeyRunID, r.RunID).Str(events.LogKeyTenant, r.CompanyID)
 }
 
 // poke asks for the run to be looked at again; it never blocks.
