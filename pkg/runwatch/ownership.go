@@ -137,9 +137,10 @@ const renewInFlight = 512
 // publish to the key's subject, as KeyValue.Update is.
 const ownershipSubjectPrefix = "$KV." + OwnershipBucket + "."
 
-// renewal is one key's renewal in flight, or its publish's error.
+// renewal is one key's renewal in flight, at revision rev, or its publish's error.
 type renewal struct {
 	ref events.RunRef
+	rev uint64
 	ack jetstream.PubAckFuture
 	err error
 }
@@ -171,7 +172,7 @@ func (o *owners) renewAll(ctx context.Context) []events.RunRef {
 				return
 			default:
 			}
-			r := renewal{ref: ref}
+			r := renewal{ref: ref, rev: rev}
 			r.ack, r.err = o.renewer.PublishAsync(ownershipSubjectPrefix+ref.Key(), []byte(o.id),
 				jetstream.WithExpectLastSequencePerSubject(rev), jetstream.WithStallWait(o.ttl/3))
 			inFlight <- r // read whatever happens: its answer moves the key's revision
@@ -191,7 +192,7 @@ func (o *owners) renewAll(ctx context.Context) []events.RunRef {
 			case err = <-ack.Err():
 			}
 		}
-		switch o.settle(r.ref, pa, err) {
+		switch o.settle(r.ref, r.rev, pa, err) {
 		case renewKept:
 			renewed++
 		case renewLost:
@@ -220,12 +221,14 @@ const (
 	renewFailed
 )
 
-// settle records a renewal's answer: the key's new revision, or err.
-func (o *owners) settle(ref events.RunRef, ack *jetstream.PubAck, err error) renewOutcome {
+// settle records the answer to a renewal at rev: the key's new revision, or err.
+func (o *owners) settle(ref events.RunRef, rev uint64, ack *jetstream.PubAck, err error) renewOutcome {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	if _, still := o.owned[ref]; !still {
-		return renewKept // released while we renewed
+	if held, still := o.owned[ref]; !still || held != rev {
+		// Released, or released and claimed again, while we renewed: the answer is about a
+		// key this replica no longer holds at rev.
+		return renewKept
 	}
 	switch {
 	case err == nil:

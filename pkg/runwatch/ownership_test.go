@@ -260,3 +260,22 @@ func TestReleaseAll(t *testing.T) {
 		t.Error("a run not released is still owned")
 	}
 }
+
+// TestSettleIgnoresARunClaimedAgain: a run released and claimed again while a pass renewed it
+// at its old revision is refused by the stream (the key moved on), and is still owned at its new
+// revision, not lost.
+func TestSettleIgnoresARunClaimedAgain(t *testing.T) {
+	o := &owners{owned: map[events.RunRef]uint64{}}
+	ref := events.Ref(testCompany, "run-again")
+	o.owned[ref] = 12 // claimed again at 12 after the pass read 7
+	refused := &jetstream.APIError{Code: 400, ErrorCode: jetstream.JSErrCodeStreamWrongLastSequence}
+	if got := o.settle(ref, 7, nil, refused); got != renewKept {
+		t.Errorf("settle = %v, want kept", got)
+	}
+	if rev, ok := o.owned[ref]; !ok || rev != 12 {
+		t.Errorf("owned at %d (%v), want 12", rev, ok)
+	}
+	if got := o.settle(ref, 12, nil, refused); got != renewLost || o.owns(ref) {
+		t.Errorf("settle at the revision held = %v, owned %v; want lost", got, o.owns(ref))
+	}
+}
