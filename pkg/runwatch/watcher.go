@@ -157,8 +157,13 @@ func (w *Watcher) renewOwnership(ctx context.Context, d *deps) {
 			return
 		case <-tick.C:
 		}
-		for _, ref := range d.owners.renewAll(ctx) {
-			w.log.Warn().Str(events.LogKeyRunID, ref.RunID).Str(events.LogKeyTenant, ref.CompanyID).Msg("lost ownership of a run")
+		lost := d.owners.renewAll(ctx)
+		if len(lost) > 0 {
+			// One line a pass: a replica too slow to renew loses its runs by the thousand.
+			w.log.Warn().Int("runs", len(lost)).Str(events.LogKeyRunID, lost[0].RunID).Str(events.LogKeyTenant, lost[0].CompanyID).
+				Msg("lost ownership of runs")
+		}
+		for _, ref := range lost {
 			w.pokeRun(ref)
 		}
 	}
