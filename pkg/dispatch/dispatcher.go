@@ -304,6 +304,7 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 // the lease releasing, and this handler, which holds the only dispatch, completes it: the
 // run ends in exactly one coherent outcome.
 func (d *Dispatcher) handleDispatch(ctx context.Context, m jetstream.Msg) error {
+	took := newStepTimer(d.opts.Now, queuedAt(m, time.Time{}))
 	req, err := events.DecodeDispatch(m.Subject(), m.Data())
 	if err != nil {
 		return err
@@ -352,9 +353,11 @@ func (d *Dispatcher) handleDispatch(ctx context.Context, m jetstream.Msg) error 
 	if err := d.checkReusable(rec, plan); err != nil {
 		return err
 	}
+	took.done(stepCheck)
 	if held, err := d.holdAgent(ctx, log, m, plan); !held || err != nil {
 		return err
 	}
+	took.done(stepGuard)
 	name := policy.WorkloadName(d.opts.NewID())
 	var claim string
 	if rec.Reusable {
@@ -378,10 +381,12 @@ func (d *Dispatcher) handleDispatch(ctx context.Context, m jetstream.Msg) error 
 	if err != nil {
 		return err
 	}
+	took.done(stepRecord)
 	created, run, err := d.create(ctx, log, plan, rec)
 	if err != nil {
 		return err
 	}
+	took.done(stepCreate)
 	rec, err = d.records.Modify(ctx, ref, lease.Created)
 	if errors.Is(err, lease.ErrEnded) {
 		return d.completeRelease(ctx, log, rec)
@@ -389,16 +394,19 @@ func (d *Dispatcher) handleDispatch(ctx context.Context, m jetstream.Msg) error 
 	if err != nil {
 		return err
 	}
+	took.done(stepCreated)
 	if _, err := d.publisher.Publish(ctx, created); err != nil {
 		return fmt.Errorf("publishing created: %w", err)
 	}
+	took.done(stepPublish)
 	// The Secret's owner is set after `created` goes out: the pod starts without it, and
 	// Paperclip hears one API round trip sooner. A failure is retried through the whole
 	// (idempotent) handler.
 	if err := run.AdoptSecret(ctx); err != nil {
 		return err
 	}
-	log.Info().Str(events.LogKeyNamespace, created.Namespace).Str("workload", created.WorkloadName).Msg("run created")
+	took.done(stepAdopt)
+	log.Info().Str(events.LogKeyNamespace, created.Namespace).Str("workload", created.WorkloadName).Dict(logKeyTookMs, took.dict()).Msg("run created")
 	return nil
 }
 

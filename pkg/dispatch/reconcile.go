@@ -59,6 +59,7 @@ func (d *Dispatcher) reconcileLoop(ctx context.Context) {
 // Sandboxes), that have no live lease and applies the orphan policy to them. A backend whose
 // list fails does not keep the others from their pass.
 func (d *Dispatcher) reconcile(ctx context.Context) error {
+	start, seen := d.opts.Now(), 0
 	var errs []error
 	for _, w := range workload.All(d.workloads) {
 		objs, err := w.List(ctx)
@@ -67,11 +68,13 @@ func (d *Dispatcher) reconcile(ctx context.Context) error {
 			continue
 		}
 		for _, obj := range objs {
+			seen++
 			if err := d.reconcileWorkload(ctx, w, obj); err != nil {
 				return err
 			}
 		}
 	}
+	d.log.Info().Int("workloads", seen).Dur("took", d.opts.Now().Sub(start)).Msg("reconcile: pass done")
 	return errors.Join(errs...)
 }
 
