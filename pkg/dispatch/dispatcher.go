@@ -21,6 +21,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/metadata"
 
 	"github.com/kubeclip/kubeclip/pkg/events"
 	"github.com/kubeclip/kubeclip/pkg/execspec"
@@ -56,6 +57,8 @@ type Options struct {
 	Clientset kubernetes.Interface
 	// Dynamic creates Sandbox CRs and scoped egress policies; required.
 	Dynamic dynamic.Interface
+	// Metadata lists the workloads of the reconcile pass, their metadata only; required.
+	Metadata metadata.Interface
 	// Applier applies scoped egress policies; required.
 	Applier *k8s.Applier
 	// JetStream consumes the requests and publishes the events; required.
@@ -91,6 +94,9 @@ type Options struct {
 	// ReconcileInterval is how often orphaned workloads are looked for (default
 	// DefaultReconcileInterval).
 	ReconcileInterval time.Duration
+	// ReconcilePageSize is how many workloads one LIST of the reconcile pass returns (default
+	// workload.DefaultListPageSize): the pass holds one page at a time.
+	ReconcilePageSize int64
 	// Observer is told about consumed and published messages (metrics); nil means none.
 	Observer events.Observer
 	// StreamReplicas is the replica count of the parking stream and the agent bucket (default 1).
@@ -126,6 +132,8 @@ func (o Options) withDefaults() (Options, error) {
 		return o, errors.New("dispatch: Options.Clientset is required")
 	case o.Dynamic == nil:
 		return o, errors.New("dispatch: Options.Dynamic is required")
+	case o.Metadata == nil:
+		return o, errors.New("dispatch: Options.Metadata is required")
 	case o.Applier == nil:
 		return o, errors.New("dispatch: Options.Applier is required")
 	case o.JetStream == nil:
@@ -174,6 +182,9 @@ func (o Options) withDefaults() (Options, error) {
 	if o.ReconcileInterval <= 0 {
 		o.ReconcileInterval = DefaultReconcileInterval
 	}
+	if o.ReconcilePageSize <= 0 {
+		o.ReconcilePageSize = workload.DefaultListPageSize
+	}
 	if o.LeaseIdleWindow == 0 {
 		o.LeaseIdleWindow = DefaultLeaseIdleWindow
 	}
@@ -217,7 +228,7 @@ func New(opts Options) (*Dispatcher, error) {
 	}
 	return &Dispatcher{
 		opts: opts, log: opts.Logger, publisher: pub,
-		workloads: workload.Deps{Clientset: opts.Clientset, Dynamic: opts.Dynamic},
+		workloads: workload.Deps{Clientset: opts.Clientset, Dynamic: opts.Dynamic, Metadata: opts.Metadata},
 		ready:     make(chan struct{}),
 	}, nil
 }
