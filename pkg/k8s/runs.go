@@ -59,22 +59,32 @@ func (r CreatedRun) AdoptSecret(ctx context.Context, cs kubernetes.Interface) er
 // StartJobRun is steps 1 and 2 of the three in which a Job run is created, so that a redelivered
 // or duplicated request never starts a second workload and bad input leaves nothing behind:
 //
-//  1. Create the Secret without an owner. AlreadyExists is fine when its LabelRunID matches,
-//     ErrRunConflict otherwise.
-//  2. Create the Job. AlreadyExists is fine (Existed) when its LabelRunID matches, ErrRunConflict
-//     otherwise. If the create fails for good (Invalid, Forbidden (which includes an exceeded
-//     ResourceQuota), BadRequest, ...), the Secret is deleted and the error returned.
+//  1. Create the Secret without an owner and, at the same time, the Job. For each,
+//     AlreadyExists is fine when its LabelRunID matches (for the Job: Existed), ErrRunConflict
+//     otherwise.
+//  2. If the Job's create failed for good (Invalid, Forbidden (which includes an exceeded
+//     ResourceQuota), BadRequest, ...), the Secret is deleted, whoever created it (it carries
+//     the run id), and the error returned; after an ErrRunConflict only the Secret this call
+//     created. If the Secret's create failed for good (ErrRunConflict included), the Job this
+//     call created is deleted. Nothing would ever complete the run.
 //  3. Merge-patch the Secret's ownerReferences to the Job (controller, blockOwnerDeletion), so the
 //     garbage collector removes the Secret with the Job. The patch replaces the whole list, so it
 //     is idempotent.
 //
-// The Secret comes first because the pod's envFrom secretRef is not optional: a Job created first
-// (as the TypeScript provider did) makes the kubelet report CreateContainerConfigError until the
-// Secret appears, which the run classifier must treat as an early failure.
+// The two creates go at once because an acquire's time is mostly API round trips (issue 16: the
+// two creates one after the other were 457 of the 592 ms a dispatch took at 1,000 leases). The
+// pod's envFrom secretRef is not optional, so a pod whose Secret is missing reports
+// CreateContainerConfigError until it appears: that is why the Secret used to come first. Both
+// requests are answered before the pod can be scheduled, bound and synced by its kubelet, so it
+// does not happen when both succeed; when only the Secret's create fails and a retry completes it
+// (a redelivery finds the Job and creates the Secret), the run classifier's StartErrorGrace
+// covers the wait, as it covers the kubelet's own "failed to sync secret cache" after binding.
 //
 // secret and job must be in the same namespace and both carry LabelRunID with the same value.
 // Neither argument is modified. A retryable error (network, 5xx, 429, Conflict) may leave the
-// Secret without an owner; calling again with the same input completes the run.
+// Secret without an owner, or the Job without its Secret; calling again with the same input
+// completes the run, and a lease that fails instead has its workload deleted (the dispatcher's
+// failure path, else its reconcile pass).
 //
 // The run's pod can start once StartJobRun returns. The caller finishes with AdoptSecret
 // (step 3), after reporting the run created if it is in a hurry; a crash in
@@ -87,8 +97,8 @@ func StartJobRun(ctx context.Context, cs kubernetes.Interface, secret *corev1.Se
 	return createRun(ctx, cs, secret, &jobWorkload{cs: cs, job: job})
 }
 
-// StartPodRun is StartJobRun for a bare Pod (the exec-capable backend "pod"): the Secret first,
-// then the Pod; the caller finishes with AdoptSecret.
+// StartPodRun is StartJobRun for a bare Pod (the exec-capable backend "pod"): the Secret and the
+// Pod at once; the caller finishes with AdoptSecret.
 func StartPodRun(ctx context.Context, cs kubernetes.Interface, secret *corev1.Secret, pod *corev1.Pod) (CreatedRun, error) {
 	if pod == nil {
 		return CreatedRun{}, fmt.Errorf("creating run: nil Pod: %w", ErrInvalidObject)
@@ -139,6 +149,15 @@ type workload interface {
 	apiVersionKind() (apiVersion, kind string)
 	create(ctx context.Context) (types.UID, error)
 	get(ctx context.Context) (metav1.Object, error)
+	// discard starts deleting the incarnation uid; gone already is success.
+	discard(ctx context.Context, uid types.UID) error
+}
+
+// runPart is the outcome of one of createRun's two creates.
+type runPart struct {
+	uid     types.UID // of the object made now, or found with the run's id
+	created bool      // this call made it
+	err     error
 }
 
 func createRun(ctx context.Context, cs kubernetes.Interface, secret *corev1.Secret, w workload) (CreatedRun, error) {
@@ -150,59 +169,88 @@ func createRun(ctx context.Context, cs kubernetes.Interface, secret *corev1.Secr
 	}
 	runID := wm.GetLabels()[LabelRunID]
 
-	// 1. Secret, without owner.
-	sec := secret.DeepCopy()
-	sec.OwnerReferences = nil
-	sec.ResourceVersion = ""
+	// 1. The Secret, without owner, and the workload, at once.
 	secrets := cs.CoreV1().Secrets(ns)
-	createdSecret, err := secrets.Create(ctx, sec, metav1.CreateOptions{FieldManager: DefaultFieldManager})
-	secretCreated := err == nil
-	switch {
-	case err == nil:
-	case apierrors.IsAlreadyExists(err):
-		createdSecret, err = secrets.Get(ctx, sec.Name, metav1.GetOptions{})
-		if err != nil {
-			return CreatedRun{}, fmt.Errorf("reading existing Secret %s/%s: %w", ns, sec.Name, err)
-		}
-		if got := createdSecret.Labels[LabelRunID]; got != runID {
-			return CreatedRun{}, fmt.Errorf("creating Secret %s/%s: exists with %s=%q: %w", ns, sec.Name, LabelRunID, got, ErrRunConflict)
-		}
-	default:
-		return CreatedRun{}, fmt.Errorf("creating Secret %s/%s: %w", ns, sec.Name, err)
-	}
-	secretUID := createdSecret.UID
+	secretDone := make(chan runPart, 1)
+	go func() { secretDone <- createRunSecret(ctx, secrets, secret, runID) }()
+	wp := createRunWorkload(ctx, w, runID)
+	sp := <-secretDone
 
-	// 2. Workload.
-	var run CreatedRun
-	uid, err := w.create(ctx)
+	// 2. What failed for good takes what nothing will ever complete with it.
 	switch {
-	case err == nil:
-		run.JobUID = uid
-	case apierrors.IsAlreadyExists(err):
-		existing, gerr := w.get(ctx)
-		if gerr != nil {
-			return CreatedRun{}, fmt.Errorf("reading existing %s: %w", objRef(kind, ns, name), gerr)
-		}
-		if got := existing.GetLabels()[LabelRunID]; got != runID {
-			cerr := fmt.Errorf("creating %s: exists with %s=%q: %w", objRef(kind, ns, name), LabelRunID, got, ErrRunConflict)
-			if secretCreated {
-				return CreatedRun{}, errors.Join(cerr, deleteSecretUID(ctx, secrets, sec.Name, secretUID))
-			}
-			return CreatedRun{}, cerr
-		}
-		run = CreatedRun{JobUID: existing.GetUID(), Existed: true}
-	case isPermanentCreateError(err):
-		// Nothing will ever own the Secret: remove it, whoever created it (it carries our run id).
-		cerr := fmt.Errorf("creating %s: %w", objRef(kind, ns, name), err)
-		return CreatedRun{}, errors.Join(cerr, deleteSecretUID(ctx, secrets, sec.Name, secretUID))
+	case wp.err == nil && sp.err == nil:
+	case sp.err == nil && (isPermanentCreateError(wp.err) || sp.created && errors.Is(wp.err, ErrRunConflict)):
+		return CreatedRun{}, errors.Join(wp.err, deleteSecretUID(ctx, secrets, secret.Name, sp.uid))
+	case wp.created && (isPermanentCreateError(sp.err) || errors.Is(sp.err, ErrRunConflict)):
+		return CreatedRun{}, errors.Join(sp.err, w.discard(ctx, wp.uid))
 	default:
-		return CreatedRun{}, fmt.Errorf("creating %s: %w", objRef(kind, ns, name), err)
+		return CreatedRun{}, errors.Join(wp.err, sp.err)
 	}
 
 	// 3. Owner reference on the Secret: AdoptSecret.
-	run.namespace, run.secretName, run.name = ns, sec.Name, name
+	run := CreatedRun{JobUID: wp.uid, Existed: !wp.created}
+	run.namespace, run.secretName, run.name = ns, secret.Name, name
 	run.apiVersion, run.kind = w.apiVersionKind()
 	return run, nil
+}
+
+// createRunSecret creates the run's Secret without owner, or finds it made for runID.
+func createRunSecret(ctx context.Context, secrets typedcorev1.SecretInterface, secret *corev1.Secret, runID string) runPart {
+	sec := secret.DeepCopy()
+	sec.OwnerReferences = nil
+	sec.ResourceVersion = ""
+	got, err := secrets.Create(ctx, sec, metav1.CreateOptions{FieldManager: DefaultFieldManager})
+	switch {
+	case err == nil:
+		return runPart{uid: got.UID, created: true}
+	case !apierrors.IsAlreadyExists(err):
+		return runPart{err: fmt.Errorf("creating Secret %s/%s: %w", sec.Namespace, sec.Name, err)}
+	}
+	got, err = secrets.Get(ctx, sec.Name, metav1.GetOptions{})
+	if err != nil {
+		return runPart{err: fmt.Errorf("reading existing Secret %s/%s: %w", sec.Namespace, sec.Name, err)}
+	}
+	if label := got.Labels[LabelRunID]; label != runID {
+		return runPart{err: fmt.Errorf("creating Secret %s/%s: exists with %s=%q: %w", sec.Namespace, sec.Name, LabelRunID, label, ErrRunConflict)}
+	}
+	return runPart{uid: got.UID}
+}
+
+// createRunWorkload creates the run's workload, or finds it made for runID.
+func createRunWorkload(ctx context.Context, w workload, runID string) runPart {
+	wm := w.meta()
+	_, kind := w.apiVersionKind()
+	ref := objRef(kind, wm.GetNamespace(), wm.GetName())
+	uid, err := w.create(ctx)
+	switch {
+	case err == nil:
+		return runPart{uid: uid, created: true}
+	case !apierrors.IsAlreadyExists(err):
+		return runPart{err: fmt.Errorf("creating %s: %w", ref, err)}
+	}
+	existing, err := w.get(ctx)
+	if err != nil {
+		return runPart{err: fmt.Errorf("reading existing %s: %w", ref, err)}
+	}
+	if label := existing.GetLabels()[LabelRunID]; label != runID {
+		return runPart{err: fmt.Errorf("creating %s: exists with %s=%q: %w", ref, LabelRunID, label, ErrRunConflict)}
+	}
+	return runPart{uid: existing.GetUID()}
+}
+
+// discardOptions deletes the incarnation uid in the background.
+func discardOptions(uid types.UID) metav1.DeleteOptions {
+	prop := metav1.DeletePropagationBackground
+	return metav1.DeleteOptions{PropagationPolicy: &prop, Preconditions: &metav1.Preconditions{UID: &uid}}
+}
+
+// discarded is the outcome of a discard: gone already, or replaced by another incarnation, is
+// success.
+func discarded(err error, kind, namespace, name string) error {
+	if err == nil || apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
+		return nil
+	}
+	return fmt.Errorf("cleaning up %s: %w", objRef(kind, namespace, name), err)
 }
 
 func validateRunInput(secret *corev1.Secret, w workload) error {
@@ -276,6 +324,11 @@ func (w *jobWorkload) get(ctx context.Context) (metav1.Object, error) {
 	return w.cs.BatchV1().Jobs(w.job.Namespace).Get(ctx, w.job.Name, metav1.GetOptions{})
 }
 
+func (w *jobWorkload) discard(ctx context.Context, uid types.UID) error {
+	err := w.cs.BatchV1().Jobs(w.job.Namespace).Delete(ctx, w.job.Name, discardOptions(uid))
+	return discarded(err, "Job", w.job.Namespace, w.job.Name)
+}
+
 func (w *jobWorkload) create(ctx context.Context) (types.UID, error) {
 	j := w.job.DeepCopy()
 	j.ResourceVersion = ""
@@ -295,6 +348,11 @@ func (w *podWorkload) meta() metav1.Object              { return w.pod }
 func (w *podWorkload) apiVersionKind() (string, string) { return "v1", "Pod" }
 func (w *podWorkload) get(ctx context.Context) (metav1.Object, error) {
 	return w.cs.CoreV1().Pods(w.pod.Namespace).Get(ctx, w.pod.Name, metav1.GetOptions{})
+}
+
+func (w *podWorkload) discard(ctx context.Context, uid types.UID) error {
+	err := w.cs.CoreV1().Pods(w.pod.Namespace).Delete(ctx, w.pod.Name, discardOptions(uid))
+	return discarded(err, "Pod", w.pod.Namespace, w.pod.Name)
 }
 
 func (w *podWorkload) create(ctx context.Context) (types.UID, error) {
@@ -320,6 +378,11 @@ func (w *unstructuredWorkload) apiVersionKind() (string, string) {
 
 func (w *unstructuredWorkload) get(ctx context.Context) (metav1.Object, error) {
 	return w.dyn.Resource(w.gvr).Namespace(w.obj.GetNamespace()).Get(ctx, w.obj.GetName(), metav1.GetOptions{})
+}
+
+func (w *unstructuredWorkload) discard(ctx context.Context, uid types.UID) error {
+	err := w.dyn.Resource(w.gvr).Namespace(w.obj.GetNamespace()).Delete(ctx, w.obj.GetName(), discardOptions(uid))
+	return discarded(err, w.obj.GetKind(), w.obj.GetNamespace(), w.obj.GetName())
 }
 
 func (w *unstructuredWorkload) create(ctx context.Context) (types.UID, error) {

@@ -178,6 +178,65 @@ func TestClusterCreateJobRunInvalidLeavesNothing(t *testing.T) {
 		}
 	})
 
+	// Issue 16: the Secret and the Job are created at once, so a Secret refused for good must
+	// take the Job this call created with it.
+	jobGoing := func(t *testing.T, ns, name string) {
+		t.Helper()
+		job, err := c.cs.BatchV1().Jobs(ns).Get(ctx, name, metav1.GetOptions{})
+		if err == nil && job.DeletionTimestamp == nil {
+			t.Errorf("Job %s after its Secret was refused for good: still there, want it deleted", name)
+		} else if err != nil && !apierrors.IsNotFound(err) {
+			t.Fatal(err)
+		}
+	}
+
+	t.Run("the Secret's name is another run's", func(t *testing.T) {
+		name := runName()
+		other, _ := stubRun(ns, name, "run-other", nil)
+		if _, err := c.cs.CoreV1().Secrets(ns).Create(ctx, other, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		secret, job := stubRun(ns, name, "run-mine", nil)
+		if _, err := createJobRun(ctx, c.cs, secret, job); !errors.Is(err, ErrRunConflict) {
+			t.Fatalf("CreateJobRun = %v, want ErrRunConflict", err)
+		}
+		jobGoing(t, ns, job.Name)
+		got, err := c.cs.CoreV1().Secrets(ns).Get(ctx, secret.Name, metav1.GetOptions{})
+		if err != nil || got.Labels[LabelRunID] != "run-other" || got.DeletionTimestamp != nil {
+			t.Errorf("the other run's Secret after the conflict: %v, %v; want it untouched", got.ObjectMeta, err)
+		}
+	})
+
+	t.Run("quota forbids the Secret", func(t *testing.T) {
+		qns := testNamespace(ctx, t, c.cs)
+		_, err := c.cs.CoreV1().ResourceQuotas(qns).Create(ctx, &corev1.ResourceQuota{
+			ObjectMeta: metav1.ObjectMeta{Name: "no-secrets"},
+			Spec:       corev1.ResourceQuotaSpec{Hard: corev1.ResourceList{"count/secrets": resource.MustParse("0")}},
+		}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var made []string
+		secret, job := stubRun(qns, runName(), "run-quota-secret", nil)
+		// As above: retry on new names until the quota controller has filled in status.used.
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			made = append(made, job.Name)
+			_, err = createJobRun(ctx, c.cs, secret, job)
+			if err != nil || time.Now().After(deadline) {
+				break
+			}
+			secret, job = stubRun(qns, runName(), "run-quota-secret", nil)
+			if err := sleepCtx(ctx, 200*time.Millisecond); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if !apierrors.IsForbidden(err) {
+			t.Fatalf("CreateJobRun = %v, want a Forbidden (exceeded quota) error", err)
+		}
+		jobGoing(t, qns, made[len(made)-1])
+	})
+
 	t.Run("input rejected before any request", func(t *testing.T) {
 		secret, job := stubRun(ns, runName(), "run-a", nil)
 		secret.Labels[LabelRunID] = "run-b"
