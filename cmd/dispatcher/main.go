@@ -49,7 +49,7 @@ func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout,
 	fs.String(&s.AdapterSecret, "adapter-secret", "KUBECLIP_ADAPTER_SECRET", "", "namespace/name of an optional Secret holding adapter API keys (ANTHROPIC_API_KEY, ...); keys also come from this process's environment")
 	fs.Duration(&s.AgentBusyTimeout, "agent-busy-timeout", "KUBECLIP_AGENT_BUSY_TIMEOUT", dispatch.DefaultAgentBusyTimeout, "how long an acquire waits for its agent's previous run before failing with agent_busy")
 	fs.Duration(&s.ReleaseTimeout, "release-timeout", "KUBECLIP_RELEASE_TIMEOUT", dispatch.DefaultReleaseTimeout, "bound on deleting a run's workload and waiting for its pod to go")
-	fs.Int(&s.Concurrency, "concurrency", "KUBECLIP_CONCURRENCY", 16, "requests handled at once per consumer")
+	fs.Int(&s.Concurrency, "concurrency", "KUBECLIP_CONCURRENCY", dispatch.DefaultConcurrency, "requests handled at once per consumer (an acquire is mostly API round trips; --kube-qps bounds the API server's load)")
 	fs.String(&s.OrphanPolicy, "orphan-policy", "KUBECLIP_ORPHAN_POLICY", string(dispatch.OrphanReport), "what to do with a managed workload (Job, Pod, Sandbox) that has no lease at all: report (log only) or delete; one whose lease was released is always deleted")
 	fs.String(&s.SandboxKeyFile, "sandbox-key-file", "KUBECLIP_SANDBOX_KEY_FILE", "", "file holding the installation's sandbox master key (hex or raw, at least 32 bytes; shared with the exec-worker): exec-capable backends (pod, sandbox-cr) need it")
 	fs.String(&s.SandboxdImage, "sandboxd-image", "KUBECLIP_SANDBOXD_IMAGE", dispatch.DefaultSandboxdImage, "image of kubeclip's sandboxd, copied into exec-capable pods by an init container")

@@ -31,7 +31,7 @@ import (
 // The workers' concurrency: the binaries' defaults (cmd/tenant-worker, cmd/dispatcher).
 const (
 	tenantConcurrency     = 8
-	dispatcherConcurrency = 16
+	dispatcherConcurrency = dispatch.DefaultConcurrency
 )
 
 // pipeline is kubeclip in one process: an embedded JetStream server and the three workers, wired
