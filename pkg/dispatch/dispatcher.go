@@ -50,13 +50,13 @@ const (
 	// within a minute without a GET per acquire.
 	adapterSecretTTL = 30 * time.Second
 	// DefaultConcurrency is how many requests of each stream one dispatcher handles at once. An
-	// acquire's handler is almost all API round trips (a Secret and a workload POSTed at once,
-	// then the Secret's owner PATCHed; its KV steps took 8 ms of the 592 a handler took at 1,000
-	// live leases, issue 16), so a dispatcher acquires about Concurrency ÷ (POST + PATCH time)
-	// per second: 16 was 27/s at 100/s offered. 64 covers 100 acquires/s with a POST at 250 ms
-	// and a PATCH at 130 ms, and more; the client-side rate limit (--kube-qps, 3 requests per
-	// acquire) is what bounds the API server's load, not this.
-	DefaultConcurrency = 64
+	// acquire's handler is almost all API round trips (issue 16: its KV steps took 8 ms of the
+	// 592 a handler took at 1,000 live leases; the rest was two POSTs and a PATCH, now the two
+	// POSTs of k8s.StartPodRun), so a dispatcher acquires at most Concurrency ÷ 2 POSTs per
+	// second: 16 was 27/s at 100/s offered with POSTs at 227 ms. Past what the API server
+	// answers, more only queues in it: 64 on the 2-core test machine made a POST take 1.3 s and
+	// acquired 30/s. 32 keeps up with 100/s at POSTs of 160 ms.
+	DefaultConcurrency = 32
 )
 
 // Options configures a Dispatcher.
@@ -422,7 +422,8 @@ func (d *Dispatcher) handleDispatch(ctx context.Context, m jetstream.Msg) error 
 		return fmt.Errorf("publishing created: %w", err)
 	}
 	took.done(stepPublish)
-	// The Secret's owner is set after `created` goes out: the pod starts without it, and
+	// A Secret the workload does not own yet (a redelivery found it; a reusable lease's, which
+	// its claim owns) is adopted after `created` goes out: the pod starts without it, and
 	// Paperclip hears one API round trip sooner. A failure is retried through the whole
 	// (idempotent) handler.
 	if err := run.AdoptSecret(ctx); err != nil {

@@ -13,7 +13,7 @@ import (
 	"github.com/kubeclip/kubeclip/pkg/workload"
 )
 
-// TestOptionsDefaults pins the settings issue 16 chose: 64 requests at once (an acquire is API
+// TestOptionsDefaults pins the settings issue 16 chose: 32 requests at once (an acquire is API
 // round trips, see DefaultConcurrency), reconcile pages of 500 (workload.DefaultListPageSize),
 // and no dispatcher without the metadata client its reconcile pass lists with.
 func TestOptionsDefaults(t *testing.T) {
@@ -33,7 +33,7 @@ func TestOptionsDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got.Concurrency != 64 || got.ReconcilePageSize != 500 || workload.DefaultListPageSize != 500 {
-		t.Errorf("Concurrency %d, ReconcilePageSize %d (default %d); want 64 and 500", got.Concurrency, got.ReconcilePageSize, workload.DefaultListPageSize)
+	if got.Concurrency != 32 || got.ReconcilePageSize != 500 || workload.DefaultListPageSize != 500 {
+		t.Errorf("Concurrency %d, ReconcilePageSize %d (default %d); want 32 and 500", got.Concurrency, got.ReconcilePageSize, workload.DefaultListPageSize)
 	}
 }

@@ -17,10 +17,10 @@ const (
 	stepCheck   = "check"   // decoding, the tenant record and the lease record (KV reads)
 	stepGuard   = "guard"   // taking the agent's guard (KV compare-and-set)
 	stepRecord  = "record"  // the lease record to dispatching (KV read and update)
-	stepCreate  = "create"  // rendering, then the Secret and the workload (API POSTs)
+	stepCreate  = "create"  // rendering, then the workload and its Secret (two API POSTs)
 	stepCreated = "created" // the lease record to created (KV read and update)
 	stepPublish = "publish" // the created event (JetStream publish and ack)
-	stepAdopt   = "adopt"   // the Secret's owner reference (API PATCH)
+	stepAdopt   = "adopt"   // the Secret's owner reference, when it was not created with it (PATCH)
 )
 
 // stepTimer measures consecutive steps of one dispatch on the dispatcher's clock.

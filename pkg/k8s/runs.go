@@ -39,12 +39,18 @@ type CreatedRun struct {
 
 	// What AdoptSecret needs.
 	namespace, secretName, apiVersion, kind, name string
+	// adopted: the Secret was created owned by the workload; AdoptSecret has nothing to do.
+	adopted bool
 }
 
 // AdoptSecret makes the run's workload the owner of its Secret (controller,
-// blockOwnerDeletion), so the garbage collector removes the Secret with the workload. The
-// merge patch replaces the whole ownerReferences list, so it is idempotent.
+// blockOwnerDeletion), so the garbage collector removes the Secret with the workload, unless the
+// Secret was created so. The merge patch replaces the whole ownerReferences list, so it is
+// idempotent.
 func (r CreatedRun) AdoptSecret(ctx context.Context, cs kubernetes.Interface) error {
+	if r.adopted {
+		return nil
+	}
 	patch, err := ownerPatch(r.apiVersion, r.kind, r.name, r.JobUID)
 	if err != nil {
 		return err
@@ -56,40 +62,37 @@ func (r CreatedRun) AdoptSecret(ctx context.Context, cs kubernetes.Interface) er
 	return nil
 }
 
-// StartJobRun is steps 1 and 2 of the three in which a Job run is created, so that a redelivered
-// or duplicated request never starts a second workload and bad input leaves nothing behind:
+// StartJobRun creates a Job run in two steps, so that a redelivered or duplicated request never
+// starts a second workload, bad input leaves nothing behind, and no Secret is ever without its
+// owner:
 //
-//  1. Create the Secret without an owner and, at the same time, the Job. For each,
-//     AlreadyExists is fine when its LabelRunID matches (for the Job: Existed), ErrRunConflict
-//     otherwise.
-//  2. If the Job's create failed for good (Invalid, Forbidden (which includes an exceeded
-//     ResourceQuota), BadRequest, ...), the Secret is deleted, whoever created it (it carries
-//     the run id), and the error returned; after an ErrRunConflict only the Secret this call
-//     created. If the Secret's create failed for good (ErrRunConflict included), the Job this
-//     call created is deleted. Nothing would ever complete the run.
-//  3. Merge-patch the Secret's ownerReferences to the Job (controller, blockOwnerDeletion), so the
-//     garbage collector removes the Secret with the Job. The patch replaces the whole list, so it
-//     is idempotent.
+//  1. Create the Job. AlreadyExists is fine (Existed) when its LabelRunID matches,
+//     ErrRunConflict otherwise. If the create fails for good (Invalid, Forbidden (which includes
+//     an exceeded ResourceQuota), BadRequest, ...), a Secret of this run an earlier attempt left
+//     is deleted and the error returned.
+//  2. Create the Secret owned by the Job (controller, blockOwnerDeletion), so the garbage
+//     collector removes it with the Job. AlreadyExists is fine when its LabelRunID matches (the
+//     caller's AdoptSecret then sets its owner: a merge patch of the whole list, idempotent),
+//     ErrRunConflict otherwise. If it fails for good (ErrRunConflict included), the Job this
+//     call created is deleted: nothing would ever complete the run.
 //
-// The two creates go at once because an acquire's time is mostly API round trips (issue 16: the
-// two creates one after the other were 457 of the 592 ms a dispatch took at 1,000 leases). The
-// pod's envFrom secretRef is not optional, so a pod whose Secret is missing reports
-// CreateContainerConfigError until it appears: that is why the Secret used to come first. Both
-// requests are answered before the pod can be scheduled, bound and synced by its kubelet, so it
-// does not happen when both succeed; when only the Secret's create fails and a retry completes it
-// (a redelivery finds the Job and creates the Secret), the run classifier's StartErrorGrace
-// covers the wait, as it covers the kubelet's own "failed to sync secret cache" after binding.
+// Two API requests, one after the other, where there were three (the Secret first, the Job,
+// then a PATCH of the Secret's owner): on a busy API server kubeclip's acquisitions/s are its
+// requests/s over its requests per acquire (issue 16). The pod's envFrom secretRef is not
+// optional, so a pod whose Secret is missing reports CreateContainerConfigError until it appears:
+// that is why the Secret used to come first. The Secret's POST goes out as soon as the Job's is
+// answered, before the Job controller, the scheduler and the kubelet have made, bound and
+// started the pod, so it exists first in practice; if it does not (or a retry completes it, a
+// redelivery finding the Job), the run classifier's StartErrorGrace covers the wait, as it covers
+// the kubelet's own "failed to sync secret cache" right after binding.
 //
 // secret and job must be in the same namespace and both carry LabelRunID with the same value.
-// Neither argument is modified. A retryable error (network, 5xx, 429, Conflict) may leave the
-// Secret without an owner, or the Job without its Secret; calling again with the same input
-// completes the run, and a lease that fails instead has its workload deleted (the dispatcher's
-// failure path, else its reconcile pass).
+// Neither argument is modified. A retryable error (network, 5xx, 429, Conflict) may leave the Job
+// without its Secret; calling again with the same input completes the run, and a lease that fails
+// instead has its workload deleted (the dispatcher's failure path, else its reconcile pass).
 //
-// The run's pod can start once StartJobRun returns. The caller finishes with AdoptSecret
-// (step 3), after reporting the run created if it is in a hurry; a crash in
-// between leaves a Secret without owner that a second StartJobRun plus AdoptSecret (a
-// redelivered request) completes.
+// The run's pod can start once StartJobRun returns. The caller finishes with AdoptSecret, which
+// does nothing unless the Secret already existed.
 func StartJobRun(ctx context.Context, cs kubernetes.Interface, secret *corev1.Secret, job *batchv1.Job) (CreatedRun, error) {
 	if job == nil {
 		return CreatedRun{}, fmt.Errorf("creating run: nil Job: %w", ErrInvalidObject)
@@ -97,8 +100,8 @@ func StartJobRun(ctx context.Context, cs kubernetes.Interface, secret *corev1.Se
 	return createRun(ctx, cs, secret, &jobWorkload{cs: cs, job: job})
 }
 
-// StartPodRun is StartJobRun for a bare Pod (the exec-capable backend "pod"): the Secret and the
-// Pod at once; the caller finishes with AdoptSecret.
+// StartPodRun is StartJobRun for a bare Pod (the exec-capable backend "pod"): the Pod, then its
+// Secret owned by it; the caller finishes with AdoptSecret.
 func StartPodRun(ctx context.Context, cs kubernetes.Interface, secret *corev1.Secret, pod *corev1.Pod) (CreatedRun, error) {
 	if pod == nil {
 		return CreatedRun{}, fmt.Errorf("creating run: nil Pod: %w", ErrInvalidObject)
@@ -162,42 +165,45 @@ type runPart struct {
 
 func createRun(ctx context.Context, cs kubernetes.Interface, secret *corev1.Secret, w workload) (CreatedRun, error) {
 	wm := w.meta()
-	_, kind := w.apiVersionKind()
+	apiVersion, kind := w.apiVersionKind()
 	ns, name := wm.GetNamespace(), wm.GetName()
 	if err := validateRunInput(secret, w); err != nil {
 		return CreatedRun{}, fmt.Errorf("creating run %s: %w", objRef(kind, ns, name), err)
 	}
 	runID := wm.GetLabels()[LabelRunID]
-
-	// 1. The Secret, without owner, and the workload, at once.
 	secrets := cs.CoreV1().Secrets(ns)
-	secretDone := make(chan runPart, 1)
-	go func() { secretDone <- createRunSecret(ctx, secrets, secret, runID) }()
-	wp := createRunWorkload(ctx, w, runID)
-	sp := <-secretDone
 
-	// 2. What failed for good takes what nothing will ever complete with it.
+	// 1. The workload.
+	wp := createRunWorkload(ctx, w, runID)
+	if wp.err != nil {
+		if isPermanentCreateError(wp.err) {
+			// Nothing will ever own a Secret an earlier attempt of this run left: remove it.
+			return CreatedRun{}, errors.Join(wp.err, deleteRunSecret(ctx, secrets, secret.Name, runID))
+		}
+		return CreatedRun{}, wp.err
+	}
+
+	// 2. The Secret, owned by the workload.
+	run := CreatedRun{JobUID: wp.uid, Existed: !wp.created}
+	run.namespace, run.secretName, run.apiVersion, run.kind, run.name = ns, secret.Name, apiVersion, kind, name
+	yes := true
+	owner := metav1.OwnerReference{APIVersion: apiVersion, Kind: kind, Name: name, UID: wp.uid, Controller: &yes, BlockOwnerDeletion: &yes}
+	sp := createRunSecret(ctx, secrets, secret, runID, owner)
 	switch {
-	case wp.err == nil && sp.err == nil:
-	case sp.err == nil && (isPermanentCreateError(wp.err) || sp.created && errors.Is(wp.err, ErrRunConflict)):
-		return CreatedRun{}, errors.Join(wp.err, deleteSecretUID(ctx, secrets, secret.Name, sp.uid))
+	case sp.err == nil:
+		run.adopted = sp.created
+		return run, nil
 	case wp.created && (isPermanentCreateError(sp.err) || errors.Is(sp.err, ErrRunConflict)):
 		return CreatedRun{}, errors.Join(sp.err, w.discard(ctx, wp.uid))
 	default:
-		return CreatedRun{}, errors.Join(wp.err, sp.err)
+		return CreatedRun{}, sp.err
 	}
-
-	// 3. Owner reference on the Secret: AdoptSecret.
-	run := CreatedRun{JobUID: wp.uid, Existed: !wp.created}
-	run.namespace, run.secretName, run.name = ns, secret.Name, name
-	run.apiVersion, run.kind = w.apiVersionKind()
-	return run, nil
 }
 
-// createRunSecret creates the run's Secret without owner, or finds it made for runID.
-func createRunSecret(ctx context.Context, secrets typedcorev1.SecretInterface, secret *corev1.Secret, runID string) runPart {
+// createRunSecret creates the run's Secret owned by owner, or finds it made for runID.
+func createRunSecret(ctx context.Context, secrets typedcorev1.SecretInterface, secret *corev1.Secret, runID string, owner metav1.OwnerReference) runPart {
 	sec := secret.DeepCopy()
-	sec.OwnerReferences = nil
+	sec.OwnerReferences = []metav1.OwnerReference{owner}
 	sec.ResourceVersion = ""
 	got, err := secrets.Create(ctx, sec, metav1.CreateOptions{FieldManager: DefaultFieldManager})
 	switch {
@@ -214,6 +220,20 @@ func createRunSecret(ctx context.Context, secrets typedcorev1.SecretInterface, s
 		return runPart{err: fmt.Errorf("creating Secret %s/%s: exists with %s=%q: %w", sec.Namespace, sec.Name, LabelRunID, label, ErrRunConflict)}
 	}
 	return runPart{uid: got.UID}
+}
+
+// deleteRunSecret deletes the Secret name if it is runID's.
+func deleteRunSecret(ctx context.Context, secrets typedcorev1.SecretInterface, name, runID string) error {
+	got, err := secrets.Get(ctx, name, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		return nil
+	case err != nil:
+		return fmt.Errorf("reading Secret %s: %w", name, err)
+	case got.Labels[LabelRunID] != runID:
+		return nil
+	}
+	return deleteSecretUID(ctx, secrets, name, got.UID)
 }
 
 // createRunWorkload creates the run's workload, or finds it made for runID.

@@ -3,6 +3,8 @@ package k8s
 import (
 	"context"
 	"errors"
+	"net/http"
+	"path"
 	"sync"
 	"testing"
 	"time"
@@ -79,6 +81,71 @@ func TestClusterCreateJobRunIdempotent(t *testing.T) {
 		t.Errorf("verdict = %+v, want succeeded with exit 0", v)
 	}
 }
+
+// TestClusterStartJobRunOwnsItsSecretAtOnce is issue 16's two requests per run: the Job, then its
+// Secret created owned by it (no PATCH afterwards, so AdoptSecret sends nothing); a redelivery
+// finds both and only re-asserts the owner.
+func TestClusterStartJobRunOwnsItsSecretAtOnce(t *testing.T) {
+	t.Parallel()
+	cfg := clusterConfig(t)
+	var mu sync.Mutex
+	var requests []string
+	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper {
+		return roundTripFunc(func(r *http.Request) (*http.Response, error) {
+			if r.Method != http.MethodGet {
+				mu.Lock()
+				requests = append(requests, r.Method+" "+path.Base(r.URL.Path))
+				mu.Unlock()
+			}
+			return rt.RoundTrip(r)
+		})
+	})
+	c := newTestClients(t, cfg)
+	ctx := t.Context()
+	ns := testNamespace(ctx, t, c.cs)
+	name := runName()
+	secret, job := stubRun(ns, name, "run-owned", nil)
+	job.Spec.Suspend = ptrTo(true) // no pod needed
+	requests = nil
+
+	run, err := StartJobRun(ctx, c.cs, secret, job)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := run.AdoptSecret(ctx, c.cs); err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]string{"POST jobs", "POST secrets"}, requests); diff != "" {
+		t.Errorf("requests of a new run (-want +got):\n%s", diff)
+	}
+	got, err := c.cs.CoreV1().Secrets(ns).Get(ctx, secret.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	yes := true
+	wantOwners := []metav1.OwnerReference{{APIVersion: "batch/v1", Kind: "Job", Name: name, UID: run.JobUID, Controller: &yes, BlockOwnerDeletion: &yes}}
+	if diff := cmp.Diff(wantOwners, got.OwnerReferences); diff != "" {
+		t.Errorf("Secret owner references (-want +got):\n%s", diff)
+	}
+
+	requests = nil
+	again, err := StartJobRun(ctx, c.cs, secret, job)
+	if err != nil || !again.Existed || again.JobUID != run.JobUID {
+		t.Fatalf("redelivered StartJobRun = %+v, %v; want the existing Job %s", again, err, run.JobUID)
+	}
+	if err := again.AdoptSecret(ctx, c.cs); err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]string{"POST jobs", "POST secrets", "PATCH " + secret.Name}, requests); diff != "" {
+		t.Errorf("requests of a redelivery (-want +got):\n%s", diff)
+	}
+}
+
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+func ptrTo[T any](v T) *T { return &v }
 
 func TestClusterCreateJobRunConcurrentDuplicates(t *testing.T) {
 	t.Parallel()
