@@ -50,7 +50,7 @@ const (
 	// within a minute without a GET per acquire.
 	adapterSecretTTL = 30 * time.Second
 	// DefaultConcurrency is how many requests of each stream one dispatcher handles at once. An
-	// acquire's handler is almost all API round trips (issue 16: its KV steps took 8 ms of the
+	// acquire's handler is almost all API round trips (issue 16: its KV steps took 6 ms of the
 	// 592 a handler took at 1,000 live leases; the rest was two POSTs and a PATCH, now the two
 	// POSTs of k8s.StartPodRun), so a dispatcher acquires at most Concurrency ÷ 2 POSTs per
 	// second: 16 was 27/s at 100/s offered with POSTs at 227 ms. Past what the API server
