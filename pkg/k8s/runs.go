@@ -186,9 +186,7 @@ func createRun(ctx context.Context, cs kubernetes.Interface, secret *corev1.Secr
 	// 2. The Secret, owned by the workload.
 	run := CreatedRun{JobUID: wp.uid, Existed: !wp.created}
 	run.namespace, run.secretName, run.apiVersion, run.kind, run.name = ns, secret.Name, apiVersion, kind, name
-	yes := true
-	owner := metav1.OwnerReference{APIVersion: apiVersion, Kind: kind, Name: name, UID: wp.uid, Controller: &yes, BlockOwnerDeletion: &yes}
-	sp := createRunSecret(ctx, secrets, secret, runID, owner)
+	sp := createRunSecret(ctx, secrets, secret, runID, secretOwner(apiVersion, kind, name, wp.uid))
 	switch {
 	case sp.err == nil:
 		run.adopted = sp.created
@@ -303,12 +301,15 @@ func isPermanentCreateError(err error) bool {
 		apierrors.IsNotAcceptable(err)
 }
 
-func ownerPatch(apiVersion, kind, name string, uid types.UID) ([]byte, error) {
+// secretOwner is the run's workload as its Secret's owner: the controller, and the workload's
+// foreground deletion waits for the Secret.
+func secretOwner(apiVersion, kind, name string, uid types.UID) metav1.OwnerReference {
 	yes := true
-	p := map[string]any{"metadata": map[string]any{"ownerReferences": []metav1.OwnerReference{{
-		APIVersion: apiVersion, Kind: kind, Name: name, UID: uid,
-		Controller: &yes, BlockOwnerDeletion: &yes,
-	}}}}
+	return metav1.OwnerReference{APIVersion: apiVersion, Kind: kind, Name: name, UID: uid, Controller: &yes, BlockOwnerDeletion: &yes}
+}
+
+func ownerPatch(apiVersion, kind, name string, uid types.UID) ([]byte, error) {
+	p := map[string]any{"metadata": map[string]any{"ownerReferences": []metav1.OwnerReference{secretOwner(apiVersion, kind, name, uid)}}}
 	b, err := json.Marshal(p)
 	if err != nil {
 		return nil, fmt.Errorf("encoding owner patch: %w", err)
