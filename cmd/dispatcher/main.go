@@ -16,6 +16,7 @@ import (
 	"github.com/kubeclip/kubeclip/internal/config"
 	"github.com/kubeclip/kubeclip/pkg/dispatch"
 	"github.com/kubeclip/kubeclip/pkg/execspec"
+	"github.com/kubeclip/kubeclip/pkg/workload"
 )
 
 const summary = "dispatcher creates each run's Job (or Sandbox) and Secret, one run per agent at a time, and releases them."
@@ -32,6 +33,7 @@ type settings struct {
 	Concurrency      int
 	OrphanPolicy     string
 	Reconcile        time.Duration
+	ReconcilePage    int
 	SandboxKeyFile   string
 	SandboxdImage    string
 	LeaseIdleWindow  time.Duration
@@ -47,13 +49,14 @@ func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout,
 	fs.String(&s.AdapterSecret, "adapter-secret", "KUBECLIP_ADAPTER_SECRET", "", "namespace/name of an optional Secret holding adapter API keys (ANTHROPIC_API_KEY, ...); keys also come from this process's environment")
 	fs.Duration(&s.AgentBusyTimeout, "agent-busy-timeout", "KUBECLIP_AGENT_BUSY_TIMEOUT", dispatch.DefaultAgentBusyTimeout, "how long an acquire waits for its agent's previous run before failing with agent_busy")
 	fs.Duration(&s.ReleaseTimeout, "release-timeout", "KUBECLIP_RELEASE_TIMEOUT", dispatch.DefaultReleaseTimeout, "bound on deleting a run's workload and waiting for its pod to go")
-	fs.Int(&s.Concurrency, "concurrency", "KUBECLIP_CONCURRENCY", 16, "requests handled at once per consumer")
+	fs.Int(&s.Concurrency, "concurrency", "KUBECLIP_CONCURRENCY", dispatch.DefaultConcurrency, "requests handled at once per consumer (an acquire is mostly API round trips; --kube-qps bounds the API server's load)")
 	fs.String(&s.OrphanPolicy, "orphan-policy", "KUBECLIP_ORPHAN_POLICY", string(dispatch.OrphanReport), "what to do with a managed workload (Job, Pod, Sandbox) that has no lease at all: report (log only) or delete; one whose lease was released is always deleted")
 	fs.String(&s.SandboxKeyFile, "sandbox-key-file", "KUBECLIP_SANDBOX_KEY_FILE", "", "file holding the installation's sandbox master key (hex or raw, at least 32 bytes; shared with the exec-worker): exec-capable backends (pod, sandbox-cr) need it")
 	fs.String(&s.SandboxdImage, "sandboxd-image", "KUBECLIP_SANDBOXD_IMAGE", dispatch.DefaultSandboxdImage, "image of kubeclip's sandboxd, copied into exec-capable pods by an init container")
 	fs.Duration(&s.LeaseIdleWindow, "lease-idle-window", "KUBECLIP_LEASE_IDLE_WINDOW", dispatch.DefaultLeaseIdleWindow, "how long a released reusable lease keeps its pod (the agent's next run resumes it at once) before it is suspended: pod deleted, volume kept")
 	fs.Duration(&s.LeaseMaxAge, "lease-max-age", "KUBECLIP_LEASE_MAX_AGE", dispatch.DefaultLeaseMaxAge, "how long a suspended reusable lease keeps its volume without a resume before it is collected (destroyed)")
 	fs.Duration(&s.Reconcile, "reconcile-interval", "KUBECLIP_RECONCILE_INTERVAL", dispatch.DefaultReconcileInterval, "how often orphaned workloads are looked for (also at start)")
+	fs.Int(&s.ReconcilePage, "reconcile-page-size", "KUBECLIP_RECONCILE_PAGE_SIZE", workload.DefaultListPageSize, "workloads per LIST page of the orphan reconcile pass (metadata only); the pass holds one page at a time")
 	if err := fs.Parse(args); err != nil {
 		fs.Usage(stdout, summary)
 		return app.Usage(err)
@@ -80,12 +83,12 @@ func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout,
 	defer p.Close()
 
 	d, err := dispatch.New(dispatch.Options{
-		Clientset: p.Kube.Clientset, Dynamic: p.Kube.Dynamic, Applier: p.Kube.Applier,
+		Clientset: p.Kube.Clientset, Dynamic: p.Kube.Dynamic, Metadata: p.Kube.Metadata, Applier: p.Kube.Applier,
 		JetStream: p.JS, Subjects: p.Subjects, Logger: p.Log,
 		LookupEnv: lookupEnv, AdapterSecret: secretRef,
 		AgentBusyTimeout: s.AgentBusyTimeout, ReleaseTimeout: s.ReleaseTimeout,
 		Concurrency: s.Concurrency, DrainTimeout: s.ShutdownTimeout,
-		OrphanPolicy: dispatch.OrphanPolicy(s.OrphanPolicy), ReconcileInterval: s.Reconcile,
+		OrphanPolicy: dispatch.OrphanPolicy(s.OrphanPolicy), ReconcileInterval: s.Reconcile, ReconcilePageSize: int64(s.ReconcilePage),
 		Observer: p.Ops.Metrics, Operator: op, StreamReplicas: s.Streams.Replicas, StoreBytes: int64(s.Streams.StoreBytes),
 		SandboxKey: sandboxKey, SandboxdImage: s.SandboxdImage,
 		LeaseIdleWindow: s.LeaseIdleWindow, LeaseMaxAge: s.LeaseMaxAge,
@@ -114,6 +117,9 @@ func (s *settings) Validate(fs *config.Set) (types.NamespacedName, error) {
 	}
 	if s.Reconcile <= 0 {
 		return types.NamespacedName{}, fmt.Errorf("%s must be > 0", fs.Names("reconcile-interval"))
+	}
+	if s.ReconcilePage <= 0 {
+		return types.NamespacedName{}, fmt.Errorf("%s must be > 0", fs.Names("reconcile-page-size"))
 	}
 	if s.LeaseIdleWindow <= 0 {
 		return types.NamespacedName{}, fmt.Errorf("%s must be > 0", fs.Names("lease-idle-window"))

@@ -101,7 +101,7 @@ func runDemo(ctx context.Context, args []string, lookupEnv config.LookupEnv, std
 		return err
 	}
 	d, err := dispatch.New(dispatch.Options{
-		Clientset: kube.Clientset, Dynamic: kube.Dynamic, Applier: kube.Applier,
+		Clientset: kube.Clientset, Dynamic: kube.Dynamic, Metadata: kube.Metadata, Applier: kube.Applier,
 		JetStream: js, Subjects: subjects, Logger: log, LookupEnv: lookupEnv,
 	})
 	if err != nil {

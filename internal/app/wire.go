@@ -11,6 +11,7 @@ import (
 	"github.com/rs/zerolog"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/rest"
 
 	"github.com/kubeclip/kubeclip/internal/config"
@@ -52,7 +53,9 @@ type Kube struct {
 	Config    *rest.Config
 	Clientset kubernetes.Interface
 	Dynamic   dynamic.Interface
-	Applier   *k8s.Applier
+	// Metadata lists objects' metadata only (the dispatcher's reconcile pass).
+	Metadata metadata.Interface
+	Applier  *k8s.Applier
 }
 
 // Kubernetes builds the clients of component from the common settings.
@@ -70,11 +73,15 @@ func (c *Common) Kubernetes(component string) (*Kube, error) {
 	if err != nil {
 		return nil, fmt.Errorf("building Kubernetes dynamic client: %w", err)
 	}
+	md, err := metadata.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("building Kubernetes metadata client: %w", err)
+	}
 	applier, err := k8s.NewApplier(k8s.ApplierOptions{Dynamic: dyn, Mapper: k8s.NewRESTMapper(cs.Discovery())})
 	if err != nil {
 		return nil, err
 	}
-	return &Kube{Config: cfg, Clientset: cs, Dynamic: dyn, Applier: applier}, nil
+	return &Kube{Config: cfg, Clientset: cs, Dynamic: dyn, Metadata: md, Applier: applier}, nil
 }
 
 // InboxPrefix is the inbox prefix of the workers that connect through Common, all of them user

@@ -21,6 +21,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/metadata"
 
 	"github.com/kubeclip/kubeclip/pkg/events"
 	"github.com/kubeclip/kubeclip/pkg/execspec"
@@ -48,6 +49,14 @@ const (
 	// adapterSecretTTL is how long the adapter key Secret is cached: key rotation shows up
 	// within a minute without a GET per acquire.
 	adapterSecretTTL = 30 * time.Second
+	// DefaultConcurrency is how many requests of each stream one dispatcher handles at once. An
+	// acquire's handler is almost all API round trips (issue 16: its KV steps took 6 ms of the
+	// 592 a handler took at 1,000 live leases; the rest was two POSTs and a PATCH, now the two
+	// POSTs of k8s.StartPodRun), so a dispatcher acquires at most Concurrency ÷ 2 POSTs per
+	// second: 16 was 27/s at 100/s offered with POSTs at 227 ms. Past what the API server
+	// answers, more only queues in it: 64 on the 2-core test machine made a POST take 1.3 s and
+	// acquired 30/s. 32 keeps up with 100/s at POSTs of 160 ms.
+	DefaultConcurrency = 32
 )
 
 // Options configures a Dispatcher.
@@ -56,6 +65,8 @@ type Options struct {
 	Clientset kubernetes.Interface
 	// Dynamic creates Sandbox CRs and scoped egress policies; required.
 	Dynamic dynamic.Interface
+	// Metadata lists the workloads of the reconcile pass, their metadata only; required.
+	Metadata metadata.Interface
 	// Applier applies scoped egress policies; required.
 	Applier *k8s.Applier
 	// JetStream consumes the requests and publishes the events; required.
@@ -82,7 +93,8 @@ type Options struct {
 	AgentBusyRetry time.Duration
 	// ReleaseTimeout bounds one release or destroy.
 	ReleaseTimeout time.Duration
-	// Concurrency is the number of requests handled at once per consumer.
+	// Concurrency is the number of requests handled at once per consumer (default
+	// DefaultConcurrency).
 	Concurrency int
 	// DrainTimeout bounds shutdown.
 	DrainTimeout time.Duration
@@ -91,6 +103,9 @@ type Options struct {
 	// ReconcileInterval is how often orphaned workloads are looked for (default
 	// DefaultReconcileInterval).
 	ReconcileInterval time.Duration
+	// ReconcilePageSize is how many workloads one LIST of the reconcile pass returns (default
+	// workload.DefaultListPageSize): the pass holds one page at a time.
+	ReconcilePageSize int64
 	// Observer is told about consumed and published messages (metrics); nil means none.
 	Observer events.Observer
 	// StreamReplicas is the replica count of the parking stream and the agent bucket (default 1).
@@ -126,6 +141,8 @@ func (o Options) withDefaults() (Options, error) {
 		return o, errors.New("dispatch: Options.Clientset is required")
 	case o.Dynamic == nil:
 		return o, errors.New("dispatch: Options.Dynamic is required")
+	case o.Metadata == nil:
+		return o, errors.New("dispatch: Options.Metadata is required")
 	case o.Applier == nil:
 		return o, errors.New("dispatch: Options.Applier is required")
 	case o.JetStream == nil:
@@ -174,6 +191,12 @@ func (o Options) withDefaults() (Options, error) {
 	if o.ReconcileInterval <= 0 {
 		o.ReconcileInterval = DefaultReconcileInterval
 	}
+	if o.Concurrency <= 0 {
+		o.Concurrency = DefaultConcurrency
+	}
+	if o.ReconcilePageSize <= 0 {
+		o.ReconcilePageSize = workload.DefaultListPageSize
+	}
 	if o.LeaseIdleWindow == 0 {
 		o.LeaseIdleWindow = DefaultLeaseIdleWindow
 	}
@@ -217,7 +240,7 @@ func New(opts Options) (*Dispatcher, error) {
 	}
 	return &Dispatcher{
 		opts: opts, log: opts.Logger, publisher: pub,
-		workloads: workload.Deps{Clientset: opts.Clientset, Dynamic: opts.Dynamic},
+		workloads: workload.Deps{Clientset: opts.Clientset, Dynamic: opts.Dynamic, Metadata: opts.Metadata},
 		ready:     make(chan struct{}),
 	}, nil
 }
@@ -304,6 +327,7 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 // the lease releasing, and this handler, which holds the only dispatch, completes it: the
 // run ends in exactly one coherent outcome.
 func (d *Dispatcher) handleDispatch(ctx context.Context, m jetstream.Msg) error {
+	took := newStepTimer(d.opts.Now, queuedAt(m, time.Time{}))
 	req, err := events.DecodeDispatch(m.Subject(), m.Data())
 	if err != nil {
 		return err
@@ -352,9 +376,11 @@ func (d *Dispatcher) handleDispatch(ctx context.Context, m jetstream.Msg) error 
 	if err := d.checkReusable(rec, plan); err != nil {
 		return err
 	}
+	took.done(stepCheck)
 	if held, err := d.holdAgent(ctx, log, m, plan); !held || err != nil {
 		return err
 	}
+	took.done(stepGuard)
 	name := policy.WorkloadName(d.opts.NewID())
 	var claim string
 	if rec.Reusable {
@@ -378,10 +404,12 @@ func (d *Dispatcher) handleDispatch(ctx context.Context, m jetstream.Msg) error 
 	if err != nil {
 		return err
 	}
+	took.done(stepRecord)
 	created, run, err := d.create(ctx, log, plan, rec)
 	if err != nil {
 		return err
 	}
+	took.done(stepCreate)
 	rec, err = d.records.Modify(ctx, ref, lease.Created)
 	if errors.Is(err, lease.ErrEnded) {
 		return d.completeRelease(ctx, log, rec)
@@ -389,16 +417,20 @@ func (d *Dispatcher) handleDispatch(ctx context.Context, m jetstream.Msg) error 
 	if err != nil {
 		return err
 	}
+	took.done(stepCreated)
 	if _, err := d.publisher.Publish(ctx, created); err != nil {
 		return fmt.Errorf("publishing created: %w", err)
 	}
-	// The Secret's owner is set after `created` goes out: the pod starts without it, and
+	took.done(stepPublish)
+	// A Secret the workload does not own yet (a redelivery found it; a reusable lease's, which
+	// its claim owns) is adopted after `created` goes out: the pod starts without it, and
 	// Paperclip hears one API round trip sooner. A failure is retried through the whole
 	// (idempotent) handler.
 	if err := run.AdoptSecret(ctx); err != nil {
 		return err
 	}
-	log.Info().Str(events.LogKeyNamespace, created.Namespace).Str("workload", created.WorkloadName).Msg("run created")
+	took.done(stepAdopt)
+	log.Info().Str(events.LogKeyNamespace, created.Namespace).Str("workload", created.WorkloadName).Dict(logKeyTookMs, took.dict()).Msg("run created")
 	return nil
 }
 

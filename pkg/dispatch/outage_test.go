@@ -12,6 +12,7 @@ import (
 	"github.com/rs/zerolog"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/rest"
 
 	"github.com/kubeclip/kubeclip/internal/natstest"
@@ -42,12 +43,16 @@ func TestKubernetesOutageEndsBackendUnavailable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	md, err := metadata.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
 	applier, err := k8s.NewApplier(k8s.ApplierOptions{Dynamic: dyn, Mapper: k8s.NewRESTMapper(cs.Discovery())})
 	if err != nil {
 		t.Fatal(err)
 	}
 	d, err := New(Options{
-		Clientset: cs, Dynamic: dyn, Applier: applier, JetStream: js, Logger: zerolog.New(zerolog.NewTestWriter(t)),
+		Clientset: cs, Dynamic: dyn, Metadata: md, Applier: applier, JetStream: js, Logger: zerolog.New(zerolog.NewTestWriter(t)),
 		Backoff: func(uint64) time.Duration { return 10 * time.Millisecond }, ReconcileInterval: time.Hour,
 	})
 	if err != nil {

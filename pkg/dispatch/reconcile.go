@@ -56,22 +56,28 @@ func (d *Dispatcher) reconcileLoop(ctx context.Context) {
 }
 
 // reconcile finds the workloads kubeclip manages, of every backend (Jobs, bare Pods,
-// Sandboxes), that have no live lease and applies the orphan policy to them. A backend whose
-// list fails does not keep the others from their pass.
+// Sandboxes), that have no live lease and applies the orphan policy to them, a page of their
+// metadata at a time (workload.Workload.List), so the pass's memory does not grow with the
+// cluster. A backend whose list fails does not keep the others from their pass; a lease that
+// cannot be read or a workload that cannot be deleted ends it.
 func (d *Dispatcher) reconcile(ctx context.Context) error {
+	start, seen := d.opts.Now(), 0
 	var errs []error
 	for _, w := range workload.All(d.workloads) {
-		objs, err := w.List(ctx)
+		var stop error
+		err := w.List(ctx, d.opts.ReconcilePageSize, func(obj *metav1.PartialObjectMetadata) error {
+			seen++
+			stop = d.reconcileWorkload(ctx, w, obj)
+			return stop
+		})
+		if stop != nil {
+			return stop
+		}
 		if err != nil {
 			errs = append(errs, err)
-			continue
-		}
-		for _, obj := range objs {
-			if err := d.reconcileWorkload(ctx, w, obj); err != nil {
-				return err
-			}
 		}
 	}
+	d.log.Info().Int("workloads", seen).Dur("took", d.opts.Now().Sub(start)).Msg("reconcile: pass done")
 	return errors.Join(errs...)
 }
 

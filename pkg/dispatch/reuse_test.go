@@ -69,7 +69,7 @@ const (
 func startReuseEnv(t *testing.T) *reuseEnv {
 	t.Helper()
 	ctx, cancel := context.WithCancel(t.Context())
-	cs, dyn := clusterClients(t)
+	cs, dyn, md := clusterClients(t)
 	_, _, js := natstest.Start(t)
 	if err := events.EnsureStreams(ctx, js, events.Options{}); err != nil {
 		t.Fatal(err)
@@ -98,7 +98,7 @@ func startReuseEnv(t *testing.T) *reuseEnv {
 		t.Fatal(err)
 	}
 	d, err := New(Options{
-		Clientset: cs, Dynamic: dyn, Applier: applier, JetStream: js, Subjects: s, Logger: log,
+		Clientset: cs, Dynamic: dyn, Metadata: md, Applier: applier, JetStream: js, Subjects: s, Logger: log,
 		Now: clk.Now, SandboxKey: key, Operator: op, ReleaseTimeout: time.Minute,
 		LeaseIdleWindow: testIdleWindow, LeaseMaxAge: testMaxAge, LeaseSweepInterval: time.Hour,
 	})
@@ -496,7 +496,7 @@ func TestMaxAgeBelowRecordTTL(t *testing.T) {
 	if err := lease.EnsureBuckets(ctx, js, lease.BucketOptions{RecordTTL: 2 * time.Hour, LeaseMaxAge: time.Hour}); err != nil {
 		t.Fatal(err)
 	}
-	cs, dyn := clusterClients(t)
+	cs, dyn, md := clusterClients(t)
 	applier, err := k8s.NewApplier(k8s.ApplierOptions{Dynamic: dyn, Mapper: k8s.NewRESTMapper(cs.Discovery())})
 	if err != nil {
 		t.Fatal(err)
@@ -505,7 +505,7 @@ func TestMaxAgeBelowRecordTTL(t *testing.T) {
 		maxAge  time.Duration
 		wantErr bool
 	}{{2 * time.Hour, true}, {time.Hour, false}} {
-		d, err := New(Options{Clientset: cs, Dynamic: dyn, Applier: applier, JetStream: js, Logger: zerolog.New(zerolog.NewTestWriter(t)), LeaseMaxAge: tc.maxAge})
+		d, err := New(Options{Clientset: cs, Dynamic: dyn, Metadata: md, Applier: applier, JetStream: js, Logger: zerolog.New(zerolog.NewTestWriter(t)), LeaseMaxAge: tc.maxAge})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -39,12 +39,18 @@ type CreatedRun struct {
 
 	// What AdoptSecret needs.
 	namespace, secretName, apiVersion, kind, name string
+	// adopted: the Secret was created owned by the workload; AdoptSecret has nothing to do.
+	adopted bool
 }
 
 // AdoptSecret makes the run's workload the owner of its Secret (controller,
-// blockOwnerDeletion), so the garbage collector removes the Secret with the workload. The
-// merge patch replaces the whole ownerReferences list, so it is idempotent.
+// blockOwnerDeletion), so the garbage collector removes the Secret with the workload, unless the
+// Secret was created so. The merge patch replaces the whole ownerReferences list, so it is
+// idempotent.
 func (r CreatedRun) AdoptSecret(ctx context.Context, cs kubernetes.Interface) error {
+	if r.adopted {
+		return nil
+	}
 	patch, err := ownerPatch(r.apiVersion, r.kind, r.name, r.JobUID)
 	if err != nil {
 		return err
@@ -56,30 +62,37 @@ func (r CreatedRun) AdoptSecret(ctx context.Context, cs kubernetes.Interface) er
 	return nil
 }
 
-// StartJobRun is steps 1 and 2 of the three in which a Job run is created, so that a redelivered
-// or duplicated request never starts a second workload and bad input leaves nothing behind:
+// StartJobRun creates a Job run in two steps, so that a redelivered or duplicated request never
+// starts a second workload, bad input leaves nothing behind, and no Secret is ever without its
+// owner:
 //
-//  1. Create the Secret without an owner. AlreadyExists is fine when its LabelRunID matches,
-//     ErrRunConflict otherwise.
-//  2. Create the Job. AlreadyExists is fine (Existed) when its LabelRunID matches, ErrRunConflict
-//     otherwise. If the create fails for good (Invalid, Forbidden (which includes an exceeded
-//     ResourceQuota), BadRequest, ...), the Secret is deleted and the error returned.
-//  3. Merge-patch the Secret's ownerReferences to the Job (controller, blockOwnerDeletion), so the
-//     garbage collector removes the Secret with the Job. The patch replaces the whole list, so it
-//     is idempotent.
+//  1. Create the Job. AlreadyExists is fine (Existed) when its LabelRunID matches,
+//     ErrRunConflict otherwise. If the create fails for good (Invalid, Forbidden (which includes
+//     an exceeded ResourceQuota), BadRequest, ...), a Secret of this run an earlier attempt left
+//     is deleted and the error returned.
+//  2. Create the Secret owned by the Job (controller, blockOwnerDeletion), so the garbage
+//     collector removes it with the Job. AlreadyExists is fine when its LabelRunID matches (the
+//     caller's AdoptSecret then sets its owner: a merge patch of the whole list, idempotent),
+//     ErrRunConflict otherwise. If it fails for good (ErrRunConflict included), the Job this
+//     call created is deleted: nothing would ever complete the run.
 //
-// The Secret comes first because the pod's envFrom secretRef is not optional: a Job created first
-// (as the TypeScript provider did) makes the kubelet report CreateContainerConfigError until the
-// Secret appears, which the run classifier must treat as an early failure.
+// Two API requests, one after the other, where there were three (the Secret first, the Job,
+// then a PATCH of the Secret's owner): on a busy API server kubeclip's acquisitions/s are its
+// requests/s over its requests per acquire (issue 16). The pod's envFrom secretRef is not
+// optional, so a pod whose Secret is missing reports CreateContainerConfigError until it appears:
+// that is why the Secret used to come first. The Secret's POST goes out as soon as the Job's is
+// answered, before the Job controller, the scheduler and the kubelet have made, bound and
+// started the pod, so it exists first in practice; if it does not (or a retry completes it, a
+// redelivery finding the Job), the run classifier's StartErrorGrace covers the wait, as it covers
+// the kubelet's own "failed to sync secret cache" right after binding.
 //
 // secret and job must be in the same namespace and both carry LabelRunID with the same value.
-// Neither argument is modified. A retryable error (network, 5xx, 429, Conflict) may leave the
-// Secret without an owner; calling again with the same input completes the run.
+// Neither argument is modified. A retryable error (network, 5xx, 429, Conflict) may leave the Job
+// without its Secret; calling again with the same input completes the run, and a lease that fails
+// instead has its workload deleted (the dispatcher's failure path, else its reconcile pass).
 //
-// The run's pod can start once StartJobRun returns. The caller finishes with AdoptSecret
-// (step 3), after reporting the run created if it is in a hurry; a crash in
-// between leaves a Secret without owner that a second StartJobRun plus AdoptSecret (a
-// redelivered request) completes.
+// The run's pod can start once StartJobRun returns. The caller finishes with AdoptSecret, which
+// does nothing unless the Secret already existed.
 func StartJobRun(ctx context.Context, cs kubernetes.Interface, secret *corev1.Secret, job *batchv1.Job) (CreatedRun, error) {
 	if job == nil {
 		return CreatedRun{}, fmt.Errorf("creating run: nil Job: %w", ErrInvalidObject)
@@ -87,8 +100,8 @@ func StartJobRun(ctx context.Context, cs kubernetes.Interface, secret *corev1.Se
 	return createRun(ctx, cs, secret, &jobWorkload{cs: cs, job: job})
 }
 
-// StartPodRun is StartJobRun for a bare Pod (the exec-capable backend "pod"): the Secret first,
-// then the Pod; the caller finishes with AdoptSecret.
+// StartPodRun is StartJobRun for a bare Pod (the exec-capable backend "pod"): the Pod, then its
+// Secret owned by it; the caller finishes with AdoptSecret.
 func StartPodRun(ctx context.Context, cs kubernetes.Interface, secret *corev1.Secret, pod *corev1.Pod) (CreatedRun, error) {
 	if pod == nil {
 		return CreatedRun{}, fmt.Errorf("creating run: nil Pod: %w", ErrInvalidObject)
@@ -139,70 +152,123 @@ type workload interface {
 	apiVersionKind() (apiVersion, kind string)
 	create(ctx context.Context) (types.UID, error)
 	get(ctx context.Context) (metav1.Object, error)
+	// discard starts deleting the incarnation uid; gone already is success.
+	discard(ctx context.Context, uid types.UID) error
+}
+
+// runPart is the outcome of one of createRun's two creates.
+type runPart struct {
+	uid     types.UID // of the object made now, or found with the run's id
+	created bool      // this call made it
+	err     error
 }
 
 func createRun(ctx context.Context, cs kubernetes.Interface, secret *corev1.Secret, w workload) (CreatedRun, error) {
 	wm := w.meta()
-	_, kind := w.apiVersionKind()
+	apiVersion, kind := w.apiVersionKind()
 	ns, name := wm.GetNamespace(), wm.GetName()
 	if err := validateRunInput(secret, w); err != nil {
 		return CreatedRun{}, fmt.Errorf("creating run %s: %w", objRef(kind, ns, name), err)
 	}
 	runID := wm.GetLabels()[LabelRunID]
-
-	// 1. Secret, without owner.
-	sec := secret.DeepCopy()
-	sec.OwnerReferences = nil
-	sec.ResourceVersion = ""
 	secrets := cs.CoreV1().Secrets(ns)
-	createdSecret, err := secrets.Create(ctx, sec, metav1.CreateOptions{FieldManager: DefaultFieldManager})
-	secretCreated := err == nil
+
+	// 1. The workload.
+	wp := createRunWorkload(ctx, w, runID)
+	if wp.err != nil {
+		if isPermanentCreateError(wp.err) {
+			// Nothing will ever own a Secret an earlier attempt of this run left: remove it.
+			return CreatedRun{}, errors.Join(wp.err, deleteRunSecret(ctx, secrets, secret.Name, runID))
+		}
+		return CreatedRun{}, wp.err
+	}
+
+	// 2. The Secret, owned by the workload.
+	run := CreatedRun{JobUID: wp.uid, Existed: !wp.created}
+	run.namespace, run.secretName, run.apiVersion, run.kind, run.name = ns, secret.Name, apiVersion, kind, name
+	sp := createRunSecret(ctx, secrets, secret, runID, secretOwner(apiVersion, kind, name, wp.uid))
+	switch {
+	case sp.err == nil:
+		run.adopted = sp.created
+		return run, nil
+	case wp.created && (isPermanentCreateError(sp.err) || errors.Is(sp.err, ErrRunConflict)):
+		return CreatedRun{}, errors.Join(sp.err, w.discard(ctx, wp.uid))
+	default:
+		return CreatedRun{}, sp.err
+	}
+}
+
+// createRunSecret creates the run's Secret owned by owner, or finds it made for runID.
+func createRunSecret(ctx context.Context, secrets typedcorev1.SecretInterface, secret *corev1.Secret, runID string, owner metav1.OwnerReference) runPart {
+	sec := secret.DeepCopy()
+	sec.OwnerReferences = []metav1.OwnerReference{owner}
+	sec.ResourceVersion = ""
+	got, err := secrets.Create(ctx, sec, metav1.CreateOptions{FieldManager: DefaultFieldManager})
 	switch {
 	case err == nil:
-	case apierrors.IsAlreadyExists(err):
-		createdSecret, err = secrets.Get(ctx, sec.Name, metav1.GetOptions{})
-		if err != nil {
-			return CreatedRun{}, fmt.Errorf("reading existing Secret %s/%s: %w", ns, sec.Name, err)
-		}
-		if got := createdSecret.Labels[LabelRunID]; got != runID {
-			return CreatedRun{}, fmt.Errorf("creating Secret %s/%s: exists with %s=%q: %w", ns, sec.Name, LabelRunID, got, ErrRunConflict)
-		}
-	default:
-		return CreatedRun{}, fmt.Errorf("creating Secret %s/%s: %w", ns, sec.Name, err)
+		return runPart{uid: got.UID, created: true}
+	case !apierrors.IsAlreadyExists(err):
+		return runPart{err: fmt.Errorf("creating Secret %s/%s: %w", sec.Namespace, sec.Name, err)}
 	}
-	secretUID := createdSecret.UID
+	got, err = secrets.Get(ctx, sec.Name, metav1.GetOptions{})
+	if err != nil {
+		return runPart{err: fmt.Errorf("reading existing Secret %s/%s: %w", sec.Namespace, sec.Name, err)}
+	}
+	if label := got.Labels[LabelRunID]; label != runID {
+		return runPart{err: fmt.Errorf("creating Secret %s/%s: exists with %s=%q: %w", sec.Namespace, sec.Name, LabelRunID, label, ErrRunConflict)}
+	}
+	return runPart{uid: got.UID}
+}
 
-	// 2. Workload.
-	var run CreatedRun
+// deleteRunSecret deletes the Secret name if it is runID's.
+func deleteRunSecret(ctx context.Context, secrets typedcorev1.SecretInterface, name, runID string) error {
+	got, err := secrets.Get(ctx, name, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		return nil
+	case err != nil:
+		return fmt.Errorf("reading Secret %s: %w", name, err)
+	case got.Labels[LabelRunID] != runID:
+		return nil
+	}
+	return deleteSecretUID(ctx, secrets, name, got.UID)
+}
+
+// createRunWorkload creates the run's workload, or finds it made for runID.
+func createRunWorkload(ctx context.Context, w workload, runID string) runPart {
+	wm := w.meta()
+	_, kind := w.apiVersionKind()
+	ref := objRef(kind, wm.GetNamespace(), wm.GetName())
 	uid, err := w.create(ctx)
 	switch {
 	case err == nil:
-		run.JobUID = uid
-	case apierrors.IsAlreadyExists(err):
-		existing, gerr := w.get(ctx)
-		if gerr != nil {
-			return CreatedRun{}, fmt.Errorf("reading existing %s: %w", objRef(kind, ns, name), gerr)
-		}
-		if got := existing.GetLabels()[LabelRunID]; got != runID {
-			cerr := fmt.Errorf("creating %s: exists with %s=%q: %w", objRef(kind, ns, name), LabelRunID, got, ErrRunConflict)
-			if secretCreated {
-				return CreatedRun{}, errors.Join(cerr, deleteSecretUID(ctx, secrets, sec.Name, secretUID))
-			}
-			return CreatedRun{}, cerr
-		}
-		run = CreatedRun{JobUID: existing.GetUID(), Existed: true}
-	case isPermanentCreateError(err):
-		// Nothing will ever own the Secret: remove it, whoever created it (it carries our run id).
-		cerr := fmt.Errorf("creating %s: %w", objRef(kind, ns, name), err)
-		return CreatedRun{}, errors.Join(cerr, deleteSecretUID(ctx, secrets, sec.Name, secretUID))
-	default:
-		return CreatedRun{}, fmt.Errorf("creating %s: %w", objRef(kind, ns, name), err)
+		return runPart{uid: uid, created: true}
+	case !apierrors.IsAlreadyExists(err):
+		return runPart{err: fmt.Errorf("creating %s: %w", ref, err)}
 	}
+	existing, err := w.get(ctx)
+	if err != nil {
+		return runPart{err: fmt.Errorf("reading existing %s: %w", ref, err)}
+	}
+	if label := existing.GetLabels()[LabelRunID]; label != runID {
+		return runPart{err: fmt.Errorf("creating %s: exists with %s=%q: %w", ref, LabelRunID, label, ErrRunConflict)}
+	}
+	return runPart{uid: existing.GetUID()}
+}
 
-	// 3. Owner reference on the Secret: AdoptSecret.
-	run.namespace, run.secretName, run.name = ns, sec.Name, name
-	run.apiVersion, run.kind = w.apiVersionKind()
-	return run, nil
+// discardOptions deletes the incarnation uid in the background.
+func discardOptions(uid types.UID) metav1.DeleteOptions {
+	prop := metav1.DeletePropagationBackground
+	return metav1.DeleteOptions{PropagationPolicy: &prop, Preconditions: &metav1.Preconditions{UID: &uid}}
+}
+
+// discarded is the outcome of a discard: gone already, or replaced by another incarnation, is
+// success.
+func discarded(err error, kind, namespace, name string) error {
+	if err == nil || apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
+		return nil
+	}
+	return fmt.Errorf("cleaning up %s: %w", objRef(kind, namespace, name), err)
 }
 
 func validateRunInput(secret *corev1.Secret, w workload) error {
@@ -235,12 +301,15 @@ func isPermanentCreateError(err error) bool {
 		apierrors.IsNotAcceptable(err)
 }
 
-func ownerPatch(apiVersion, kind, name string, uid types.UID) ([]byte, error) {
+// secretOwner is the run's workload as its Secret's owner: the controller, and the workload's
+// foreground deletion waits for the Secret.
+func secretOwner(apiVersion, kind, name string, uid types.UID) metav1.OwnerReference {
 	yes := true
-	p := map[string]any{"metadata": map[string]any{"ownerReferences": []metav1.OwnerReference{{
-		APIVersion: apiVersion, Kind: kind, Name: name, UID: uid,
-		Controller: &yes, BlockOwnerDeletion: &yes,
-	}}}}
+	return metav1.OwnerReference{APIVersion: apiVersion, Kind: kind, Name: name, UID: uid, Controller: &yes, BlockOwnerDeletion: &yes}
+}
+
+func ownerPatch(apiVersion, kind, name string, uid types.UID) ([]byte, error) {
+	p := map[string]any{"metadata": map[string]any{"ownerReferences": []metav1.OwnerReference{secretOwner(apiVersion, kind, name, uid)}}}
 	b, err := json.Marshal(p)
 	if err != nil {
 		return nil, fmt.Errorf("encoding owner patch: %w", err)
@@ -276,6 +345,11 @@ func (w *jobWorkload) get(ctx context.Context) (metav1.Object, error) {
 	return w.cs.BatchV1().Jobs(w.job.Namespace).Get(ctx, w.job.Name, metav1.GetOptions{})
 }
 
+func (w *jobWorkload) discard(ctx context.Context, uid types.UID) error {
+	err := w.cs.BatchV1().Jobs(w.job.Namespace).Delete(ctx, w.job.Name, discardOptions(uid))
+	return discarded(err, "Job", w.job.Namespace, w.job.Name)
+}
+
 func (w *jobWorkload) create(ctx context.Context) (types.UID, error) {
 	j := w.job.DeepCopy()
 	j.ResourceVersion = ""
@@ -295,6 +369,11 @@ func (w *podWorkload) meta() metav1.Object              { return w.pod }
 func (w *podWorkload) apiVersionKind() (string, string) { return "v1", "Pod" }
 func (w *podWorkload) get(ctx context.Context) (metav1.Object, error) {
 	return w.cs.CoreV1().Pods(w.pod.Namespace).Get(ctx, w.pod.Name, metav1.GetOptions{})
+}
+
+func (w *podWorkload) discard(ctx context.Context, uid types.UID) error {
+	err := w.cs.CoreV1().Pods(w.pod.Namespace).Delete(ctx, w.pod.Name, discardOptions(uid))
+	return discarded(err, "Pod", w.pod.Namespace, w.pod.Name)
 }
 
 func (w *podWorkload) create(ctx context.Context) (types.UID, error) {
@@ -320,6 +399,11 @@ func (w *unstructuredWorkload) apiVersionKind() (string, string) {
 
 func (w *unstructuredWorkload) get(ctx context.Context) (metav1.Object, error) {
 	return w.dyn.Resource(w.gvr).Namespace(w.obj.GetNamespace()).Get(ctx, w.obj.GetName(), metav1.GetOptions{})
+}
+
+func (w *unstructuredWorkload) discard(ctx context.Context, uid types.UID) error {
+	err := w.dyn.Resource(w.gvr).Namespace(w.obj.GetNamespace()).Delete(ctx, w.obj.GetName(), discardOptions(uid))
+	return discarded(err, w.obj.GetKind(), w.obj.GetNamespace(), w.obj.GetName())
 }
 
 func (w *unstructuredWorkload) create(ctx context.Context) (types.UID, error) {

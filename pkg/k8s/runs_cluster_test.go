@@ -3,6 +3,8 @@ package k8s
 import (
 	"context"
 	"errors"
+	"net/http"
+	"path"
 	"sync"
 	"testing"
 	"time"
@@ -79,6 +81,71 @@ func TestClusterCreateJobRunIdempotent(t *testing.T) {
 		t.Errorf("verdict = %+v, want succeeded with exit 0", v)
 	}
 }
+
+// TestClusterStartJobRunOwnsItsSecretAtOnce is issue 16's two requests per run: the Job, then its
+// Secret created owned by it (no PATCH afterwards, so AdoptSecret sends nothing); a redelivery
+// finds both and only re-asserts the owner.
+func TestClusterStartJobRunOwnsItsSecretAtOnce(t *testing.T) {
+	t.Parallel()
+	cfg := clusterConfig(t)
+	var mu sync.Mutex
+	var requests []string
+	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper {
+		return roundTripFunc(func(r *http.Request) (*http.Response, error) {
+			if r.Method != http.MethodGet {
+				mu.Lock()
+				requests = append(requests, r.Method+" "+path.Base(r.URL.Path))
+				mu.Unlock()
+			}
+			return rt.RoundTrip(r)
+		})
+	})
+	c := newTestClients(t, cfg)
+	ctx := t.Context()
+	ns := testNamespace(ctx, t, c.cs)
+	name := runName()
+	secret, job := stubRun(ns, name, "run-owned", nil)
+	job.Spec.Suspend = ptrTo(true) // no pod needed
+	requests = nil
+
+	run, err := StartJobRun(ctx, c.cs, secret, job)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := run.AdoptSecret(ctx, c.cs); err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]string{"POST jobs", "POST secrets"}, requests); diff != "" {
+		t.Errorf("requests of a new run (-want +got):\n%s", diff)
+	}
+	got, err := c.cs.CoreV1().Secrets(ns).Get(ctx, secret.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	yes := true
+	wantOwners := []metav1.OwnerReference{{APIVersion: "batch/v1", Kind: "Job", Name: name, UID: run.JobUID, Controller: &yes, BlockOwnerDeletion: &yes}}
+	if diff := cmp.Diff(wantOwners, got.OwnerReferences); diff != "" {
+		t.Errorf("Secret owner references (-want +got):\n%s", diff)
+	}
+
+	requests = nil
+	again, err := StartJobRun(ctx, c.cs, secret, job)
+	if err != nil || !again.Existed || again.JobUID != run.JobUID {
+		t.Fatalf("redelivered StartJobRun = %+v, %v; want the existing Job %s", again, err, run.JobUID)
+	}
+	if err := again.AdoptSecret(ctx, c.cs); err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]string{"POST jobs", "POST secrets", "PATCH " + secret.Name}, requests); diff != "" {
+		t.Errorf("requests of a redelivery (-want +got):\n%s", diff)
+	}
+}
+
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+func ptrTo[T any](v T) *T { return &v }
 
 func TestClusterCreateJobRunConcurrentDuplicates(t *testing.T) {
 	t.Parallel()
@@ -176,6 +243,65 @@ func TestClusterCreateJobRunInvalidLeavesNothing(t *testing.T) {
 		if _, gerr := c.cs.CoreV1().Secrets(qns).Get(ctx, secret.Name, metav1.GetOptions{}); !apierrors.IsNotFound(gerr) {
 			t.Errorf("Secret %s after a forbidden Job: %v, want NotFound", secret.Name, gerr)
 		}
+	})
+
+	// Issue 16: the Secret and the Job are created at once, so a Secret refused for good must
+	// take the Job this call created with it.
+	jobGoing := func(t *testing.T, ns, name string) {
+		t.Helper()
+		job, err := c.cs.BatchV1().Jobs(ns).Get(ctx, name, metav1.GetOptions{})
+		if err == nil && job.DeletionTimestamp == nil {
+			t.Errorf("Job %s after its Secret was refused for good: still there, want it deleted", name)
+		} else if err != nil && !apierrors.IsNotFound(err) {
+			t.Fatal(err)
+		}
+	}
+
+	t.Run("the Secret's name is another run's", func(t *testing.T) {
+		name := runName()
+		other, _ := stubRun(ns, name, "run-other", nil)
+		if _, err := c.cs.CoreV1().Secrets(ns).Create(ctx, other, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		secret, job := stubRun(ns, name, "run-mine", nil)
+		if _, err := createJobRun(ctx, c.cs, secret, job); !errors.Is(err, ErrRunConflict) {
+			t.Fatalf("CreateJobRun = %v, want ErrRunConflict", err)
+		}
+		jobGoing(t, ns, job.Name)
+		got, err := c.cs.CoreV1().Secrets(ns).Get(ctx, secret.Name, metav1.GetOptions{})
+		if err != nil || got.Labels[LabelRunID] != "run-other" || got.DeletionTimestamp != nil {
+			t.Errorf("the other run's Secret after the conflict: %v, %v; want it untouched", got.ObjectMeta, err)
+		}
+	})
+
+	t.Run("quota forbids the Secret", func(t *testing.T) {
+		qns := testNamespace(ctx, t, c.cs)
+		_, err := c.cs.CoreV1().ResourceQuotas(qns).Create(ctx, &corev1.ResourceQuota{
+			ObjectMeta: metav1.ObjectMeta{Name: "no-secrets"},
+			Spec:       corev1.ResourceQuotaSpec{Hard: corev1.ResourceList{"count/secrets": resource.MustParse("0")}},
+		}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var made []string
+		secret, job := stubRun(qns, runName(), "run-quota-secret", nil)
+		// As above: retry on new names until the quota controller has filled in status.used.
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			made = append(made, job.Name)
+			_, err = createJobRun(ctx, c.cs, secret, job)
+			if err != nil || time.Now().After(deadline) {
+				break
+			}
+			secret, job = stubRun(qns, runName(), "run-quota-secret", nil)
+			if err := sleepCtx(ctx, 200*time.Millisecond); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if !apierrors.IsForbidden(err) {
+			t.Fatalf("CreateJobRun = %v, want a Forbidden (exceeded quota) error", err)
+		}
+		jobGoing(t, qns, made[len(made)-1])
 	})
 
 	t.Run("input rejected before any request", func(t *testing.T) {

@@ -53,16 +53,8 @@ func (w jobWorkload) Discard(ctx context.Context, namespace, name string, uid ty
 	return discarded(err, uid, "Job", namespace, name)
 }
 
-func (w jobWorkload) List(ctx context.Context) ([]metav1.Object, error) {
-	list, err := w.d.Clientset.BatchV1().Jobs(metav1.NamespaceAll).List(ctx, managed)
-	if err != nil {
-		return nil, fmt.Errorf("listing Jobs: %w", err)
-	}
-	objs := make([]metav1.Object, len(list.Items))
-	for i := range list.Items {
-		objs[i] = &list.Items[i]
-	}
-	return objs, nil
+func (w jobWorkload) List(ctx context.Context, pageSize int64, each func(*metav1.PartialObjectMetadata) error) error {
+	return listPages(ctx, "Jobs", w.d.Metadata.Resource(batchv1.SchemeGroupVersion.WithResource("jobs")).List, pageSize, each)
 }
 
 func (w jobWorkload) Exists(ctx context.Context, namespace, name string) (bool, error) {

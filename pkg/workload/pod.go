@@ -54,19 +54,15 @@ func (w podWorkload) Discard(ctx context.Context, namespace, name string, uid ty
 	return discarded(err, uid, "Pod", namespace, name)
 }
 
-// List returns the bare pods only: a Job's or a Sandbox's pod is its owner's, listed with it.
-func (w podWorkload) List(ctx context.Context) ([]metav1.Object, error) {
-	list, err := w.d.Clientset.CoreV1().Pods(metav1.NamespaceAll).List(ctx, managed)
-	if err != nil {
-		return nil, fmt.Errorf("listing Pods: %w", err)
-	}
-	var objs []metav1.Object
-	for i := range list.Items {
-		if metav1.GetControllerOf(&list.Items[i]) == nil {
-			objs = append(objs, &list.Items[i])
+// List hands on the bare pods only: a Job's or a Sandbox's pod is its owner's, listed with it.
+func (w podWorkload) List(ctx context.Context, pageSize int64, each func(*metav1.PartialObjectMetadata) error) error {
+	pods := w.d.Metadata.Resource(corev1.SchemeGroupVersion.WithResource("pods"))
+	return listPages(ctx, "Pods", pods.List, pageSize, func(obj *metav1.PartialObjectMetadata) error {
+		if metav1.GetControllerOf(obj) != nil {
+			return nil
 		}
-	}
-	return objs, nil
+		return each(obj)
+	})
 }
 
 func (w podWorkload) Exists(ctx context.Context, namespace, name string) (bool, error) {

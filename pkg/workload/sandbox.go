@@ -77,20 +77,12 @@ func (w sandboxWorkload) Discard(ctx context.Context, namespace, name string, ui
 
 // List returns no Sandbox where the cluster serves none (the agent-sandbox controller is not
 // installed): there cannot be one.
-func (w sandboxWorkload) List(ctx context.Context) ([]metav1.Object, error) {
+func (w sandboxWorkload) List(ctx context.Context, pageSize int64, each func(*metav1.PartialObjectMetadata) error) error {
 	version, served, err := w.served()
 	if err != nil || !served {
-		return nil, err
+		return err
 	}
-	list, err := w.d.Dynamic.Resource(policy.SandboxGVR(version)).Namespace(metav1.NamespaceAll).List(ctx, managed)
-	if err != nil {
-		return nil, fmt.Errorf("listing Sandboxes: %w", err)
-	}
-	objs := make([]metav1.Object, len(list.Items))
-	for i := range list.Items {
-		objs[i] = &list.Items[i]
-	}
-	return objs, nil
+	return listPages(ctx, "Sandboxes", w.d.Metadata.Resource(policy.SandboxGVR(version)).List, pageSize, each)
 }
 
 // Exists: no Sandbox exists where the cluster serves none.

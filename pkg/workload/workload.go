@@ -27,6 +27,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/metadata"
 
 	"github.com/kubeclip/kubeclip/pkg/events"
 	"github.com/kubeclip/kubeclip/pkg/k8s"
@@ -59,9 +60,11 @@ type Workload interface {
 	// set, limits it to that incarnation; gone already, or replaced by another incarnation,
 	// is success.
 	Discard(ctx context.Context, namespace, name string, uid types.UID) error
-	// List returns every workload of this backend kubeclip manages, in every namespace (the
-	// dispatcher's reconcile pass); none where the cluster does not serve its API.
-	List(ctx context.Context) ([]metav1.Object, error)
+	// List hands each the metadata of every workload of this backend kubeclip manages, in
+	// every namespace (the dispatcher's reconcile pass), pageSize at a time (listPages); none
+	// where the cluster does not serve its API. An error of each stops the list and is
+	// returned as it is.
+	List(ctx context.Context, pageSize int64, each func(*metav1.PartialObjectMetadata) error) error
 	// Exists reports whether the workload is still in the cluster, being deleted or not. The
 	// run-watcher asks before it ends a run it saw no Job or pod of: a Sandbox waits for its
 	// controller to make its pod. It lists (by name) rather than gets, so the run-watcher's
@@ -91,6 +94,8 @@ type Deps struct {
 	Clientset kubernetes.Interface
 	// Dynamic reaches Sandboxes; only Backend, Kind and Observe do without it.
 	Dynamic dynamic.Interface
+	// Metadata lists the workloads kubeclip manages, their metadata only; only List needs it.
+	Metadata metadata.Interface
 }
 
 // All is every backend's workload, in the order the reconcile pass visits them.
@@ -175,8 +180,51 @@ func newest(pods []*corev1.Pod) *corev1.Pod {
 	})
 }
 
-// managed lists what kubeclip labelled as its own.
-var managed = metav1.ListOptions{LabelSelector: policy.ManagedBySelector}
+// DefaultListPageSize is how many workloads one page of List holds: client-go's pager's default,
+// and small enough (metadata only, a few KiB each) that a page is a few MiB at most.
+const DefaultListPageSize = 500
+
+// maxListRestarts bounds how often one List starts again after its continue token expired.
+const maxListRestarts = 3
+
+// listFunc is one page's LIST (a metadata client's List).
+type listFunc func(ctx context.Context, opts metav1.ListOptions) (*metav1.PartialObjectMetadataList, error)
+
+// listPages lists what kubeclip labelled as its own, in every namespace, metadata only, and
+// hands each object to each before it asks for the next page: whatever the cluster's size, the
+// caller holds one page of metadata, not every object in full (the dispatcher's reconcile pass
+// held 10,000 whole pods and grew to 410 MiB). The pages are one consistent snapshot; a continue
+// token that expired meanwhile (410 Gone: etcd compacted past the snapshot while the pass took
+// its time) starts the list again from the beginning, so objects already seen are handed again
+// (each must be idempotent; the reconcile pass is), at most maxListRestarts times.
+func listPages(ctx context.Context, resource string, list listFunc, pageSize int64, each func(*metav1.PartialObjectMetadata) error) error {
+	if pageSize <= 0 {
+		pageSize = DefaultListPageSize
+	}
+	opts := metav1.ListOptions{LabelSelector: policy.ManagedBySelector, Limit: pageSize}
+	restarts := 0
+	for {
+		page, err := list(ctx, opts)
+		switch {
+		case err == nil:
+		case opts.Continue != "" && apierrors.IsResourceExpired(err) && restarts < maxListRestarts:
+			restarts++
+			opts.Continue = ""
+			continue
+		default:
+			return fmt.Errorf("listing %s: %w", resource, err)
+		}
+		for i := range page.Items {
+			if err := each(&page.Items[i]); err != nil {
+				return err
+			}
+		}
+		if page.Continue == "" {
+			return nil
+		}
+		opts.Continue = page.Continue
+	}
+}
 
 // byName lists the one object called name that kubeclip labelled as its own.
 func byName(name string) metav1.ListOptions {

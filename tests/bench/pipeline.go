@@ -15,6 +15,7 @@ import (
 	"github.com/rs/zerolog"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/rest"
 
 	"github.com/kubeclip/kubeclip/internal/app"
@@ -30,7 +31,7 @@ import (
 // The workers' concurrency: the binaries' defaults (cmd/tenant-worker, cmd/dispatcher).
 const (
 	tenantConcurrency     = 8
-	dispatcherConcurrency = 16
+	dispatcherConcurrency = dispatch.DefaultConcurrency
 )
 
 // pipeline is kubeclip in one process: an embedded JetStream server and the three workers, wired
@@ -206,7 +207,7 @@ func (p *pipeline) dispatcher(ctx context.Context, name string) (worker, *nats.C
 		return nil, nc, err
 	}
 	w, err := dispatch.New(dispatch.Options{
-		Clientset: kube.Clientset, Dynamic: kube.Dynamic, Applier: kube.Applier,
+		Clientset: kube.Clientset, Dynamic: kube.Dynamic, Metadata: kube.Metadata, Applier: kube.Applier,
 		JetStream: js, Subjects: subjects, Logger: log,
 		Concurrency: dispatcherConcurrency, DrainTimeout: p.common.ShutdownTimeout, SandboxKey: p.sandboxKey, SandboxdImage: p.sandboxdImage,
 		Operator: benchOperator(),
@@ -268,11 +269,15 @@ func (p *pipeline) kubernetes(component string) (*app.Kube, error) {
 	if err != nil {
 		return nil, fmt.Errorf("building the dynamic client: %w", err)
 	}
+	md, err := metadata.NewForConfig(dynCfg)
+	if err != nil {
+		return nil, fmt.Errorf("building the metadata client: %w", err)
+	}
 	applier, err := k8s.NewApplier(k8s.ApplierOptions{Dynamic: dyn, Mapper: k8s.NewRESTMapper(cs.Discovery())})
 	if err != nil {
 		return nil, err
 	}
-	return &app.Kube{Config: cfg, Clientset: cs, Dynamic: dyn, Applier: applier}, nil
+	return &app.Kube{Config: cfg, Clientset: cs, Dynamic: dyn, Metadata: md, Applier: applier}, nil
 }
 
 // jetStream connects the bench itself (not a worker) to the embedded server; the streams exist

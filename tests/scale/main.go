@@ -60,6 +60,8 @@ type settings struct {
 	perCompany                    int
 	burst                         int
 	steady                        time.Duration
+	// dispatchConcurrency is the dispatcher's --concurrency; 0 leaves the binary's default.
+	dispatchConcurrency int
 	// previous is a scale.json of an earlier run whose sizes are reported before this run's.
 	previous string
 }
@@ -77,6 +79,7 @@ func parseSettings(args []string, stderr io.Writer) (settings, error) {
 	fs.IntVar(&s.perCompany, "leases-per-company", 100, "live leases per company (each company is one tenant namespace)")
 	fs.IntVar(&s.burst, "burst", 500, "acquires published at once, with the size live, for the saturation rate")
 	fs.DurationVar(&s.steady, "steady", 30*time.Second, "window with every lease live over which idle CPU and API requests are measured")
+	fs.IntVar(&s.dispatchConcurrency, "dispatch-concurrency", 0, "the dispatcher's --concurrency (0: the binary's default)")
 	fs.StringVar(&s.previous, "previous", "", "scale.json of an earlier run: its sizes are reported first, beside this run's")
 	if err := fs.Parse(args); err != nil {
 		return s, err
@@ -102,6 +105,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 	if err != nil {
 		return err
 	}
+	// Two runs at once would delete each other's tenants and fake nodes (the names are fixed):
+	// the second waits for the first.
+	unlock, err := lockBench(newLogf(stderr))
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	logDir := filepath.Join(s.out, "logs")
 	if err := os.MkdirAll(logDir, 0o755); err != nil {
 		return err
@@ -115,9 +125,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 	if err != nil {
 		return err
 	}
-	logf := func(format string, a ...any) {
-		fmt.Fprintf(stderr, "%s scale: %s\n", time.Now().Format("15:04:05.000"), fmt.Sprintf(format, a...))
-	}
+	logf := newLogf(stderr)
 	// A run that was killed leaves its tenants and nodes: remove them before measuring.
 	if err := deleteTenants(ctx, cs, logf); err != nil {
 		return err
@@ -172,4 +180,28 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 		}
 	}
 	return nil
+}
+
+// lockBench takes the bench's own machine-wide lock (a file lock, released when the process
+// dies), saying so when it has to wait.
+func lockBench(logf func(string, ...any)) (func(), error) {
+	path := filepath.Join(os.TempDir(), "kubeclip-bench-scale.lock")
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o666)
+	if err != nil {
+		return nil, fmt.Errorf("opening the bench lock %s: %w", path, err)
+	}
+	if syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB) != nil {
+		logf("another bench-scale holds %s; waiting for it", path)
+		if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+			f.Close()
+			return nil, fmt.Errorf("locking %s: %w", path, err)
+		}
+	}
+	return func() { f.Close() }, nil
+}
+
+func newLogf(stderr io.Writer) func(string, ...any) {
+	return func(format string, a ...any) {
+		fmt.Fprintf(stderr, "%s scale: %s\n", time.Now().Format("15:04:05.000"), fmt.Sprintf(format, a...))
+	}
 }

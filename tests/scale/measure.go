@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -61,6 +62,14 @@ type sizeResult struct {
 	// APIDriveMeanMs is each verb's mean request time during the drive, through the proxy.
 	APIDriveMeanMs  map[string]float64 `json:"apiDriveMeanMs"`
 	RestartReadySec map[string]float64 `json:"restartReadySec"`
+	// DispatchSteps is where the dispatcher's time went per acquire of the drive (its "run
+	// created" records), by step.
+	DispatchSteps map[string]stepFigures `json:"dispatchSteps"`
+	// ReconcileSec and ReconcileWorkloads are the restarted dispatcher's first orphan
+	// reconcile pass, with every lease live; ReconcilePeakMiB is its peak RSS (VmHWM) after it.
+	ReconcileSec       float64 `json:"reconcileSec"`
+	ReconcileWorkloads int     `json:"reconcileWorkloads"`
+	ReconcilePeakMiB   float64 `json:"reconcilePeakMiB"`
 	// RunWatcherAdoptSec is a restarted run-watcher's start → every live run owned by it.
 	RunWatcherAdoptSec float64 `json:"runWatcherAdoptSec"`
 	ReplayEvents       int     `json:"replayEvents"`
@@ -112,6 +121,9 @@ func measureSize(ctx context.Context, s settings, n int, proxy *apiProxy, proxyK
 	}
 	args[pipelinetest.TenantWorker] = append(args[pipelinetest.TenantWorker], tenancy...)
 	args[pipelinetest.Dispatcher] = append(args[pipelinetest.Dispatcher], tenancy...)
+	if s.dispatchConcurrency > 0 {
+		args[pipelinetest.Dispatcher] = append(args[pipelinetest.Dispatcher], "--concurrency", strconv.Itoa(s.dispatchConcurrency))
+	}
 	// The workers reach the API server through the counting proxy.
 	os.Setenv(clustertest.KubeconfigEnv, proxyKubeconfig)
 	env, err := pipelinetest.Setup(pipelinetest.Options{Name: "scale", Args: args})
@@ -210,6 +222,9 @@ func measureSize(ctx context.Context, s settings, n int, proxy *apiProxy, proxyK
 	res.APIDriveMeanMs = proxy.meanMs(api0, took0)
 	res.APIDrivePerSec = round(float64(res.APIDrive.total()) / time.Since(driveStart).Seconds())
 	cpu1 := readAll(env)
+	if res.DispatchSteps, err = acquireSteps(env.Workers(pipelinetest.Dispatcher)[0].LogPath, paced); err != nil {
+		return res, err
+	}
 	lat := r.latencies(paced)
 	res.CreatedP50Ms, res.CreatedP99Ms, res.CreatedMaxMs = percentile(lat, 50), percentile(lat, 99), percentile(lat, 100)
 	logf("drive: %d created, p50 %.1f ms, p99 %.1f ms; waiting for every pod Ready", t.created, res.CreatedP50Ms, res.CreatedP99Ms)
@@ -267,6 +282,18 @@ func measureSize(ctx context.Context, s settings, n int, proxy *apiProxy, proxyK
 			return res, fmt.Errorf("restarted %s: %w", kind, err)
 		}
 		res.RestartReadySec[kind] = round(took.Seconds())
+		if kind == pipelinetest.Dispatcher {
+			seen, took, err := reconcilePass(ctx, w.LogPath, 5*time.Minute)
+			if err != nil {
+				return res, err
+			}
+			after, err := readProc(w.Pid())
+			if err != nil {
+				return res, err
+			}
+			res.ReconcileWorkloads, res.ReconcileSec, res.ReconcilePeakMiB = seen, round(took.Seconds()), round(float64(after.hwm)/(1<<20))
+			logf("dispatcher reconcile pass: %d workloads in %.2f s, peak RSS %.1f MiB", seen, took.Seconds(), res.ReconcilePeakMiB)
+		}
 		if adopt != nil {
 			if res.RunWatcherAdoptSec, err = adopt(); err != nil {
 				return res, err

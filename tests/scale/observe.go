@@ -173,6 +173,7 @@ func (r *runs) latencies(ids []string) []float64 {
 // procSample is one reading of a process's resident memory and CPU time.
 type procSample struct {
 	rss int64 // bytes
+	hwm int64 // peak RSS, bytes
 	cpu time.Duration
 }
 
@@ -184,12 +185,14 @@ func readProc(pid int) (procSample, error) {
 		return s, err
 	}
 	for line := range strings.SplitSeq(string(status), "\n") {
-		if rest, ok := strings.CutPrefix(line, "VmRSS:"); ok {
-			kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
-			if err != nil {
-				return s, fmt.Errorf("parsing VmRSS %q: %w", rest, err)
+		for key, to := range map[string]*int64{"VmRSS:": &s.rss, "VmHWM:": &s.hwm} {
+			if rest, ok := strings.CutPrefix(line, key); ok {
+				kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
+				if err != nil {
+					return s, fmt.Errorf("parsing %s %q: %w", key, rest, err)
+				}
+				*to = kb * 1024
 			}
-			s.rss = kb * 1024
 		}
 	}
 	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))

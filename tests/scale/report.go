@@ -28,7 +28,7 @@ var (
 )
 
 func metrics() []metric {
-	return []metric{
+	ms := []metric{
 		{"acquire → created p50", "ms", "", func(r sizeResult) float64 { return r.CreatedP50Ms }},
 		{"acquire → created p99", "ms", "≤ 1000 at 10k", func(r sizeResult) float64 { return r.CreatedP99Ms }},
 		{"achieved rate at offered", "acq/s", "", func(r sizeResult) float64 { return r.AchievedRate }},
@@ -50,10 +50,14 @@ func metrics() []metric {
 		{"run-watcher restart → ready", "s", "≤ 30", func(r sizeResult) float64 { return r.RestartReadySec[rw] }},
 		{"run-watcher restart → owns every run", "s", "", func(r sizeResult) float64 { return r.RunWatcherAdoptSec }},
 		{"dispatcher restart → ready", "s", "≤ 30", func(r sizeResult) float64 { return r.RestartReadySec[dp] }},
+		{"dispatcher reconcile pass, all live", "s", "", func(r sizeResult) float64 { return r.ReconcileSec }},
+		{"dispatcher workloads listed by the pass", "", "", func(r sizeResult) float64 { return float64(r.ReconcileWorkloads) }},
+		{"dispatcher peak RSS after the pass", "MiB", "", func(r sizeResult) float64 { return r.ReconcilePeakMiB }},
 		{"tenant-worker restart → ready", "s", "≤ 30", func(r sizeResult) float64 { return r.RestartReadySec[tw] }},
 		{"replay of the run stream", "events/s", "", func(r sizeResult) float64 { return r.ReplayPerSec }},
 		{"lost + doubled + ended", "", "0", func(r sizeResult) float64 { return float64(r.Lost + r.Doubled + r.Ended) }},
 	}
+	return append(ms, stepMetrics()...)
 }
 
 // writeReport prints the table to stdout and writes it, the JSON and the plot into dir.
