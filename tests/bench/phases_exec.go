@@ -87,18 +87,36 @@ func (b *bench) execRoundTripPhase(ctx context.Context, rep *report, key []byte)
 		err := kube.run(ctx, l, []string{"true"}, nil, io.Discard)
 		raw.add(time.Since(start), err)
 	}
+	// The primitives under the daemon route, in the same run: sandboxd called directly, and a
+	// hop through NATS in the bench's process.
+	direct, err := b.sandboxdSamples(ctx, l, key, execRoundTrips)
+	if err != nil {
+		return err
+	}
+	echo, err := b.natsSamples(execRoundTrips)
+	if err != nil {
+		return err
+	}
+	rep.add(latencyRow("(i'') sandboxd called directly, `true` (POST start, output to the exit frame, DELETE)", direct, samples{}, "", "", nil))
+	rep.add(latencyRow("(i''') NATS request → reply, an echo responder on the bench's server", echo, samples{}, "", "", nil))
 	for _, route := range []string{execsvc.RouteDaemon, execsvc.RouteKubeExec} {
-		stop, err := b.startExecWorkers(ctx, route, key, 1)
+		obs := &execObserver{}
+		stop, err := b.startObservedExecWorkers(ctx, route, key, 1, obs)
 		if err != nil {
 			return err
 		}
-		pipe, err := b.execSamples(ctx, l.Lease, execRoundTrips)
+		throttleBefore, gcBefore := b.readThrottle(ctx, l), readGC()
+		pipe, trace, err := b.tracedSamples(ctx, l.Lease, execRoundTrips, obs)
+		throttleAfter, gcAfter := b.readThrottle(ctx, l), readGC()
 		if stopErr := stop(); stopErr != nil {
 			err = errors.Join(err, stopErr)
 		}
 		if err != nil {
 			return err
 		}
+		rep.Breakdown = append(rep.Breakdown, trace.stages(phaseExecRoundTrip, route)...)
+		rep.note("(i) %s route: %s; %s; the %d slowest execs, total = publish→handler + handler→answered + answered→started + started→exit (ms): %s",
+			route, throttleAfter.since(throttleBefore), gcAfter.since(gcBefore), slowestTraced, trace.slowest(slowestTraced))
 		const rawWhat = "client-go WebSocket exec of `true` in the same pod (the Kubernetes exec API)"
 		if route == execsvc.RouteKubeExec {
 			rep.add(latencyRow("(i') exec round trip, `true`, kube-exec route", pipe, raw, rawWhat, "", nil))
@@ -109,23 +127,6 @@ func (b *bench) execRoundTripPhase(ctx context.Context, rep *report, key []byte)
 			func(p50, _, rawP50 float64) bool { return p50 <= 5 && rawP50 >= 10*p50 }))
 	}
 	return nil
-}
-
-// execSamples runs `true` n times, one after the other, after a warm-up.
-func (b *bench) execSamples(ctx context.Context, l execclient.Lease, n int) (samples, error) {
-	c, err := b.execClient(ctx)
-	if err != nil {
-		return samples{}, err
-	}
-	if _, err := b.execTrue(ctx, c, l); err != nil { // warm: connections, the lease's client
-		return samples{}, fmt.Errorf("warming exec up: %w", err)
-	}
-	var s samples
-	for range n {
-		d, err := b.execTrue(ctx, c, l)
-		s.add(d, err)
-	}
-	return s, nil
 }
 
 // execTrue runs `true` and returns how long it took from the request to the exit.
@@ -233,6 +234,11 @@ func podConfig() json.RawMessage {
 // startExecWorkers runs n exec-workers on route in the bench's process, each with its own NATS
 // connection and Kubernetes clients, as the binary wires them; stop stops them.
 func (b *bench) startExecWorkers(ctx context.Context, route string, key []byte, n int) (stop func() error, err error) {
+	return b.startObservedExecWorkers(ctx, route, key, n, nil)
+}
+
+// startObservedExecWorkers is startExecWorkers with the workers telling obs (nil: nothing).
+func (b *bench) startObservedExecWorkers(ctx context.Context, route string, key []byte, n int, obs execsvc.Observer) (stop func() error, err error) {
 	type running struct {
 		cancel context.CancelFunc
 		done   chan error
@@ -262,7 +268,7 @@ func (b *bench) startExecWorkers(ctx context.Context, route string, key []byte, 
 		if route == execsvc.RouteKubeExec {
 			r = &execsvc.KubeExecRoute{Config: kube.Config, Clientset: kube.Clientset}
 		}
-		svc, err := execsvc.New(execsvc.Options{NATS: nc, JetStream: js, Subjects: b.subjects, Pods: pods, Route: r, MasterKey: key, Replica: name, Logger: log,
+		svc, err := execsvc.New(execsvc.Options{NATS: nc, JetStream: js, Subjects: b.subjects, Pods: pods, Route: r, MasterKey: key, Replica: name, Logger: log, Observer: obs,
 			Replies: inbox.MustRule(inbox.DefaultClientPrefixes()...)})
 		if err != nil {
 			return stop, errors.Join(err, stop())
