@@ -67,7 +67,9 @@ func (b *bench) execPhases(sandboxKey []byte) []phase {
 }
 
 func (b *bench) execRoundTripPhase(ctx context.Context, rep *report, key []byte) (err error) {
-	leases, err := b.acquirePodLeases(ctx, 1)
+	// The pod's CPU quota is the tenant's, and the execs, back to back, use about half a core
+	// in it (phases_exectrace.go reports its throttling): --exec-cpu-limit sets it.
+	leases, err := b.acquirePodLeasesWith(ctx, 1, podConfigWithCPULimit(b.s.execCPULimit))
 	if err != nil {
 		return err
 	}
@@ -156,10 +158,15 @@ type podLease struct {
 // fresh company (as n Paperclip agents would), and waits until every lease's pod is ready
 // (the run's status Running/Ready event).
 func (b *bench) acquirePodLeases(ctx context.Context, n int) ([]podLease, error) {
+	return b.acquirePodLeasesWith(ctx, n, podConfig())
+}
+
+// acquirePodLeasesWith is acquirePodLeases with the leases' provider config.
+func (b *bench) acquirePodLeasesWith(ctx context.Context, n int, config json.RawMessage) ([]podLease, error) {
 	reqs := make([]events.AcquireRequest, n)
 	for i := range reqs {
 		reqs[i] = b.request(newID("co-"), nil)
-		reqs[i].Config = podConfig()
+		reqs[i].Config = config
 		if _, err := b.pub.Publish(ctx, reqs[i]); err != nil {
 			return nil, fmt.Errorf("publishing a pod lease's acquire: %w", err)
 		}
@@ -227,6 +234,16 @@ func podConfig() json.RawMessage {
 	cfg["backend"] = "pod"
 	cfg["podActivityDeadlineSec"] = 1800
 	cfg["adapters"].([]any)[0].(map[string]any)["runtimeImage"] = sandboxImage
+	data, _ := json.Marshal(cfg)
+	return data
+}
+
+// podConfigWithCPULimit is podConfig with the pod's CPU limit (a quantity) in place of the
+// bench's 500m.
+func podConfigWithCPULimit(limit string) json.RawMessage {
+	var cfg map[string]any
+	_ = json.Unmarshal(podConfig(), &cfg)
+	cfg["defaultResources"].(map[string]any)["limits"].(map[string]any)["cpu"] = limit
 	data, _ := json.Marshal(cfg)
 	return data
 }

@@ -1,10 +1,16 @@
 package main
 
 import (
+	"encoding/json"
+	"errors"
+	"io"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/kubeclip/kubeclip/internal/app"
 )
 
 // (i)'s hop rows and its slowest execs must add up to each exec's round trip: a hop left out
@@ -52,5 +58,38 @@ func TestParseCPUStat(t *testing.T) {
 				t.Errorf("(-want +got):\n%s", diff)
 			}
 		})
+	}
+}
+
+// --exec-cpu-limit is the (i) pod's CPU limit, and only that: the rest of the pod config stays.
+func TestExecCPULimit(t *testing.T) {
+	noEnv := func(string) (string, bool) { return "", false }
+	for _, tc := range []struct {
+		limit   string
+		wantErr bool
+	}{{"2", false}, {"750m", false}, {"0", true}, {"-1", true}, {"lots", true}} {
+		t.Run(tc.limit, func(t *testing.T) {
+			s, err := parseSettings([]string{"--kubeconfig", "kc", "--exec-cpu-limit", tc.limit}, noEnv, io.Discard)
+			var usage *app.UsageError
+			switch {
+			case tc.wantErr && (!errors.As(err, &usage) || !strings.Contains(err.Error(), "--exec-cpu-limit (KUBECLIP_BENCH_EXEC_CPU_LIMIT) must be a CPU quantity")):
+				t.Fatalf("parseSettings = %v, want a usage error naming --exec-cpu-limit", err)
+			case !tc.wantErr && err != nil:
+				t.Fatalf("parseSettings: %v", err)
+			case !tc.wantErr && s.execCPULimit != tc.limit:
+				t.Fatalf("execCPULimit = %q, want %q", s.execCPULimit, tc.limit)
+			}
+		})
+	}
+	var got, want map[string]any
+	if err := json.Unmarshal(podConfigWithCPULimit("2"), &got); err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(podConfig(), &want); err != nil {
+		t.Fatal(err)
+	}
+	want["defaultResources"].(map[string]any)["limits"].(map[string]any)["cpu"] = "2"
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("podConfigWithCPULimit(2) (-want +got):\n%s", diff)
 	}
 }
