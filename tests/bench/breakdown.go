@@ -7,6 +7,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/kubeclip/kubeclip/pkg/events"
 )
 
 // breakdownRow is a diagnostic: where a phase's time went (a pipeline stage, or one kind of
@@ -51,6 +53,33 @@ func (b *bench) acquireStages(phase string, runs []string) []breakdownRow {
 		stageRow(phase, "stage work queue: dispatch request seen → dispatcher handler starts", queued),
 		stageRow(phase, "stage dispatcher handler: start → created published", handler),
 		stageRow(phase, "stage delivery: created published → received by the bench", delivery),
+	}
+}
+
+// resultStages splits (c)'s runs' container terminated (the bench's pod informer) → result
+// received into the run-watcher's terminal status (its informer's event, the status publish,
+// its delivery), the log's tail (from the status's receipt to the start of the result's
+// publish: the final log read and the last chunk's publish), the result's publish and its
+// delivery to the bench.
+func (b *bench) resultStages(phase string, terminated map[string]time.Time) []breakdownRow {
+	var status, tail, publish, delivery samples
+	for id, at := range terminated {
+		ev := b.events.snapshot(id)
+		publishing, okStart := b.stats.marked(markPublishing+string(events.KindResult), id)
+		published, okEnd := b.stats.marked(markPublished+string(events.KindResult), id)
+		if ev.ended.IsZero() || ev.result.IsZero() || !okStart || !okEnd {
+			continue
+		}
+		status.add(ev.ended.Sub(at), nil)
+		tail.add(publishing.Sub(ev.ended), nil)
+		publish.add(published.Sub(publishing), nil)
+		delivery.add(ev.result.Sub(published), nil)
+	}
+	return []breakdownRow{
+		stageRow(phase, "stage run-watcher: raw watch saw container terminated → terminal status received", status),
+		stageRow(phase, "stage run-watcher: terminal status received → result publish starts (final log read, last chunk)", tail),
+		stageRow(phase, "stage run-watcher: result publish (start → acknowledged)", publish),
+		stageRow(phase, "stage delivery: result published → received by the bench", delivery),
 	}
 }
 

@@ -163,7 +163,8 @@ func stubLineNumber(text string) (int, bool) {
 func (b *bench) resultPhase(ctx context.Context, rep *report) error {
 	wctx, cancel := b.waitCtx(ctx)
 	defer cancel()
-	var delta, toStatus, toResult samples
+	var delta samples
+	terminated := map[string]time.Time{} // the runs measured
 	var notSucceeded, missing int
 	runs := slices.Concat(b.warmRuns, b.coldRuns, b.logRuns)
 	for _, id := range runs {
@@ -184,14 +185,9 @@ func (b *bench) resultPhase(ctx context.Context, rep *report) error {
 			continue
 		}
 		delta.add(ev.result.Sub(pod.terminated), nil)
-		if !ev.ended.IsZero() {
-			toStatus.add(ev.ended.Sub(pod.terminated), nil)
-			toResult.add(ev.result.Sub(ev.ended), nil)
-		}
+		terminated[id] = pod.terminated
 	}
-	rep.Breakdown = append(rep.Breakdown,
-		stageRow(phaseResults, "stage run-watcher: raw watch saw container terminated → terminal status received", toStatus),
-		stageRow(phaseResults, "stage run-watcher: terminal status received → result received (log tail, result)", toResult))
+	rep.Breakdown = append(rep.Breakdown, b.resultStages(phaseResults, terminated)...)
 	rep.add(latencyRow("(c) container terminated → result, after the raw pod watch", delta, samples{},
 		"reference: the bench's own pod informer seeing the agent container terminated (delta = result − raw watch)",
 		"p99 ≤ 50 ms", func(_, p99, _ float64) bool { return p99 <= 50 }))
