@@ -1,14 +1,20 @@
 package main
 
 import (
+	"context"
 	"fmt"
+	"io"
 	"os"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/rest"
+
 	"github.com/kubeclip/kubeclip/pkg/events"
+	"github.com/kubeclip/kubeclip/pkg/policy"
 )
 
 // breakdownRow is a diagnostic: where a phase's time went (a pipeline stage, or one kind of
@@ -81,6 +87,32 @@ func (b *bench) resultStages(phase string, terminated map[string]time.Time) []br
 		stageRow(phase, "stage run-watcher: result publish (start → acknowledged)", publish),
 		stageRow(phase, "stage delivery: result published → received by the bench", delivery),
 	}
+}
+
+// finalReads times a non-follow GetLogs (with timestamps, read to the end) of each pod's agent
+// container, one after the other: the request the run-watcher's final log read makes once it
+// learns a container terminated (k8s.ReadLogs).
+func (b *bench) finalReads(ctx context.Context, pods []podTimes) samples {
+	var s samples
+	for _, p := range pods {
+		wctx, cancel := b.waitCtx(ctx)
+		start := time.Now()
+		err := readAll(wctx, b.raw.cs.CoreV1().Pods(p.namespace).GetLogs(p.name, &corev1.PodLogOptions{Container: policy.AgentContainerName, Timestamps: true}))
+		s.add(time.Since(start), err)
+		cancel()
+	}
+	return s
+}
+
+// readAll reads a log request's stream to its end.
+func readAll(ctx context.Context, req *rest.Request) error {
+	stream, err := req.Stream(ctx)
+	if err != nil {
+		return err
+	}
+	defer stream.Close()
+	_, err = io.Copy(io.Discard, stream)
+	return err
 }
 
 // minCPUWindow is the shortest phase whose CPU use is reported: shorter ones are mostly the
