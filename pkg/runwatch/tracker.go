@@ -290,6 +290,16 @@ func (t *tracker) step(ctx context.Context) error {
 			}
 		}
 		d := t.decide(job, pod, release)
+		if d.End != nil {
+			// The result waits for the log's tail (the follower's final read, k8s.ReadLogs):
+			// start it now, while the terminal status is published, not a round trip later.
+			if err := t.startFollowing(ctx, pod); err != nil {
+				return err
+			}
+			if t.follow != nil {
+				t.follow.stop()
+			}
+		}
 		if err := t.publishStatus(ctx, d, pod); errors.Is(err, errFenced) {
 			t.fenced(ctx)
 			return nil
@@ -315,15 +325,8 @@ func (t *tracker) step(ctx context.Context) error {
 		}
 		t.follow = nil
 	}
-	// An exec-capable lease's container log is sandboxd's own: its commands' output reaches
-	// clients through the exec service (and, when recorded, as exec events), not from here.
-	container := t.d.opts.Container
-	if t.follow == nil && pod != nil && !t.workload.Backend().ExecCapable() && containerStarted(pod, container) {
-		if err := t.journal.setPod(pod.Name, container); err != nil {
-			return err
-		}
-		target := followTarget{clientset: t.d.opts.Clientset, namespace: t.namespace, pod: pod.Name, container: container}
-		t.follow = startFollower(ctx, target, t.journal, t.log, t.poke)
+	if err := t.startFollowing(ctx, pod); err != nil {
+		return err
 	}
 
 	if t.end == nil {
@@ -352,6 +355,22 @@ func (t *tracker) step(ctx context.Context) error {
 	t.journal.stop()
 	t.journal = nil // a finished run keeps no log state while its Job waits for its TTL
 	t.d.owners.release(ctx, t.ref)
+	return nil
+}
+
+// startFollowing starts the follower of the pod's container once it has run, unless one runs.
+// An exec-capable lease's container log is sandboxd's own: its commands' output reaches clients
+// through the exec service (and, when recorded, as exec events), not from here.
+func (t *tracker) startFollowing(ctx context.Context, pod *corev1.Pod) error {
+	container := t.d.opts.Container
+	if t.follow != nil || pod == nil || t.workload.Backend().ExecCapable() || !containerStarted(pod, container) {
+		return nil
+	}
+	if err := t.journal.setPod(pod.Name, container); err != nil {
+		return err
+	}
+	target := followTarget{clientset: t.d.opts.Clientset, namespace: t.namespace, pod: pod.Name, container: container}
+	t.follow = startFollower(ctx, target, t.journal, t.log, t.poke)
 	return nil
 }
 

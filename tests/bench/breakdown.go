@@ -1,12 +1,21 @@
 package main
 
 import (
+	"context"
 	"fmt"
+	"io"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/rest"
+
+	"github.com/kubeclip/kubeclip/pkg/events"
+	"github.com/kubeclip/kubeclip/pkg/policy"
 )
 
 // breakdownRow is a diagnostic: where a phase's time went (a pipeline stage, or one kind of
@@ -52,6 +61,87 @@ func (b *bench) acquireStages(phase string, runs []string) []breakdownRow {
 		stageRow(phase, "stage dispatcher handler: start → created published", handler),
 		stageRow(phase, "stage delivery: created published → received by the bench", delivery),
 	}
+}
+
+// resultStages splits (c)'s runs' container terminated (the bench's pod informer) → result
+// received into the run-watcher's terminal status (its informer's event, the status publish,
+// its delivery), the log's tail (from the status's receipt to the start of the result's
+// publish: the final log read and the last chunk's publish), the result's publish and its
+// delivery to the bench; slowest describes the slowest runs stage by stage.
+func (b *bench) resultStages(phase string, pods map[string]podTimes) (rows []breakdownRow, slowest string) {
+	type split struct {
+		run                             string
+		total, status, tail, pub, deliv time.Duration
+		ran                             time.Duration // running → terminated, as the bench saw it
+	}
+	var all []split
+	var status, tail, publish, delivery samples
+	for id, pod := range pods {
+		ev := b.events.snapshot(id)
+		publishing, okStart := b.stats.marked(markPublishing+string(events.KindResult), id)
+		published, okEnd := b.stats.marked(markPublished+string(events.KindResult), id)
+		if ev.ended.IsZero() || ev.result.IsZero() || !okStart || !okEnd {
+			continue
+		}
+		sp := split{run: id, total: ev.result.Sub(pod.terminated), status: ev.ended.Sub(pod.terminated), tail: publishing.Sub(ev.ended),
+			pub: published.Sub(publishing), deliv: ev.result.Sub(published), ran: pod.terminated.Sub(pod.running)}
+		all = append(all, sp)
+		status.add(sp.status, nil)
+		tail.add(sp.tail, nil)
+		publish.add(sp.pub, nil)
+		delivery.add(sp.deliv, nil)
+	}
+	slices.SortFunc(all, func(x, y split) int { return int(y.total - x.total) })
+	parts := make([]string, 0, 3)
+	for _, sp := range all[:min(3, len(all))] {
+		parts = append(parts, fmt.Sprintf("%s run seen running %.0f ms: %.1f = %.1f + %.1f + %.1f + %.1f", b.runPhase(sp.run), msf(sp.ran),
+			msf(sp.total), msf(sp.status), msf(sp.tail), msf(sp.pub), msf(sp.deliv)))
+	}
+	return []breakdownRow{
+		stageRow(phase, "stage run-watcher: raw watch saw container terminated → terminal status received", status),
+		stageRow(phase, "stage run-watcher: terminal status received → result publish starts (final log read, last chunk)", tail),
+		stageRow(phase, "stage run-watcher: result publish (start → acknowledged)", publish),
+		stageRow(phase, "stage delivery: result published → received by the bench", delivery),
+	}, strings.Join(parts, "; ")
+}
+
+// runPhase is the letter of the phase that started runID: (a), (b) or (d).
+func (b *bench) runPhase(runID string) string {
+	switch {
+	case slices.Contains(b.warmRuns, runID):
+		return "(a)"
+	case slices.Contains(b.coldRuns, runID):
+		return "(b)"
+	case slices.Contains(b.logRuns, runID):
+		return "(d)"
+	}
+	return "?"
+}
+
+// finalReads times a non-follow GetLogs (with timestamps, read to the end) of each pod's agent
+// container, one after the other: the request the run-watcher's final log read makes once it
+// learns a container terminated (k8s.ReadLogs).
+func (b *bench) finalReads(ctx context.Context, pods []podTimes) samples {
+	var s samples
+	for _, p := range pods {
+		wctx, cancel := b.waitCtx(ctx)
+		start := time.Now()
+		err := readAll(wctx, b.raw.cs.CoreV1().Pods(p.namespace).GetLogs(p.name, &corev1.PodLogOptions{Container: policy.AgentContainerName, Timestamps: true}))
+		s.add(time.Since(start), err)
+		cancel()
+	}
+	return s
+}
+
+// readAll reads a log request's stream to its end.
+func readAll(ctx context.Context, req *rest.Request) error {
+	stream, err := req.Stream(ctx)
+	if err != nil {
+		return err
+	}
+	defer stream.Close()
+	_, err = io.Copy(io.Discard, stream)
+	return err
 }
 
 // minCPUWindow is the shortest phase whose CPU use is reported: shorter ones are mostly the

@@ -35,8 +35,12 @@ const (
 	// markLeaseRead: the dispatcher read the run's lease record, the first thing its dispatch
 	// handler does: the message left the queue.
 	markLeaseRead = "lease read"
+	// markPublishing + kind: a worker's publish of the run's first event of kind (created,
+	// result) began; markPublished + kind: it returned.
+	markPublishing = "publishing "
+	markPublished  = "published "
 	// markCreatedPublished: the dispatcher's publish of the created event returned.
-	markCreatedPublished = "created published"
+	markCreatedPublished = markPublished + "created"
 )
 
 // op names a kind of operation: {"dispatcher", "API", "POST jobs"}.

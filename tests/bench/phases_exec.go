@@ -67,7 +67,9 @@ func (b *bench) execPhases(sandboxKey []byte) []phase {
 }
 
 func (b *bench) execRoundTripPhase(ctx context.Context, rep *report, key []byte) (err error) {
-	leases, err := b.acquirePodLeases(ctx, 1)
+	// The pod's CPU quota is the tenant's, and the execs, back to back, use about half a core
+	// in it (phases_exectrace.go reports its throttling): --exec-cpu-limit sets it.
+	leases, err := b.acquirePodLeasesWith(ctx, 1, podConfigWithCPULimit(b.s.execCPULimit))
 	if err != nil {
 		return err
 	}
@@ -87,18 +89,36 @@ func (b *bench) execRoundTripPhase(ctx context.Context, rep *report, key []byte)
 		err := kube.run(ctx, l, []string{"true"}, nil, io.Discard)
 		raw.add(time.Since(start), err)
 	}
+	// The primitives under the daemon route, in the same run: sandboxd called directly, and a
+	// hop through NATS in the bench's process.
+	direct, err := b.sandboxdSamples(ctx, l, key, execRoundTrips)
+	if err != nil {
+		return err
+	}
+	echo, err := b.natsSamples(execRoundTrips)
+	if err != nil {
+		return err
+	}
+	rep.add(latencyRow("(i'') sandboxd called directly, `true` (POST start, output to the exit frame, DELETE)", direct, samples{}, "", "", nil))
+	rep.add(latencyRow("(i''') NATS request → reply, an echo responder on the bench's server", echo, samples{}, "", "", nil))
 	for _, route := range []string{execsvc.RouteDaemon, execsvc.RouteKubeExec} {
-		stop, err := b.startExecWorkers(ctx, route, key, 1)
+		obs := &execObserver{}
+		stop, err := b.startObservedExecWorkers(ctx, route, key, 1, obs)
 		if err != nil {
 			return err
 		}
-		pipe, err := b.execSamples(ctx, l.Lease, execRoundTrips)
+		throttleBefore, gcBefore := b.readThrottle(ctx, l), readGC()
+		pipe, trace, err := b.tracedSamples(ctx, l.Lease, execRoundTrips, obs)
+		throttleAfter, gcAfter := b.readThrottle(ctx, l), readGC()
 		if stopErr := stop(); stopErr != nil {
 			err = errors.Join(err, stopErr)
 		}
 		if err != nil {
 			return err
 		}
+		rep.Breakdown = append(rep.Breakdown, trace.stages(phaseExecRoundTrip, route)...)
+		rep.note("(i) %s route: %s; %s; the %d slowest execs, total = publish→handler + handler→answered + answered→started + started→exit (ms): %s",
+			route, throttleAfter.since(throttleBefore), gcAfter.since(gcBefore), slowestTraced, trace.slowest(slowestTraced))
 		const rawWhat = "client-go WebSocket exec of `true` in the same pod (the Kubernetes exec API)"
 		if route == execsvc.RouteKubeExec {
 			rep.add(latencyRow("(i') exec round trip, `true`, kube-exec route", pipe, raw, rawWhat, "", nil))
@@ -109,23 +129,6 @@ func (b *bench) execRoundTripPhase(ctx context.Context, rep *report, key []byte)
 			func(p50, _, rawP50 float64) bool { return p50 <= 5 && rawP50 >= 10*p50 }))
 	}
 	return nil
-}
-
-// execSamples runs `true` n times, one after the other, after a warm-up.
-func (b *bench) execSamples(ctx context.Context, l execclient.Lease, n int) (samples, error) {
-	c, err := b.execClient(ctx)
-	if err != nil {
-		return samples{}, err
-	}
-	if _, err := b.execTrue(ctx, c, l); err != nil { // warm: connections, the lease's client
-		return samples{}, fmt.Errorf("warming exec up: %w", err)
-	}
-	var s samples
-	for range n {
-		d, err := b.execTrue(ctx, c, l)
-		s.add(d, err)
-	}
-	return s, nil
 }
 
 // execTrue runs `true` and returns how long it took from the request to the exit.
@@ -155,10 +158,15 @@ type podLease struct {
 // fresh company (as n Paperclip agents would), and waits until every lease's pod is ready
 // (the run's status Running/Ready event).
 func (b *bench) acquirePodLeases(ctx context.Context, n int) ([]podLease, error) {
+	return b.acquirePodLeasesWith(ctx, n, podConfig())
+}
+
+// acquirePodLeasesWith is acquirePodLeases with the leases' provider config.
+func (b *bench) acquirePodLeasesWith(ctx context.Context, n int, config json.RawMessage) ([]podLease, error) {
 	reqs := make([]events.AcquireRequest, n)
 	for i := range reqs {
 		reqs[i] = b.request(newID("co-"), nil)
-		reqs[i].Config = podConfig()
+		reqs[i].Config = config
 		if _, err := b.pub.Publish(ctx, reqs[i]); err != nil {
 			return nil, fmt.Errorf("publishing a pod lease's acquire: %w", err)
 		}
@@ -230,9 +238,24 @@ func podConfig() json.RawMessage {
 	return data
 }
 
+// podConfigWithCPULimit is podConfig with the pod's CPU limit (a quantity) in place of the
+// bench's 500m.
+func podConfigWithCPULimit(limit string) json.RawMessage {
+	var cfg map[string]any
+	_ = json.Unmarshal(podConfig(), &cfg)
+	cfg["defaultResources"].(map[string]any)["limits"].(map[string]any)["cpu"] = limit
+	data, _ := json.Marshal(cfg)
+	return data
+}
+
 // startExecWorkers runs n exec-workers on route in the bench's process, each with its own NATS
 // connection and Kubernetes clients, as the binary wires them; stop stops them.
 func (b *bench) startExecWorkers(ctx context.Context, route string, key []byte, n int) (stop func() error, err error) {
+	return b.startObservedExecWorkers(ctx, route, key, n, nil)
+}
+
+// startObservedExecWorkers is startExecWorkers with the workers telling obs (nil: nothing).
+func (b *bench) startObservedExecWorkers(ctx context.Context, route string, key []byte, n int, obs execsvc.Observer) (stop func() error, err error) {
 	type running struct {
 		cancel context.CancelFunc
 		done   chan error
@@ -262,7 +285,7 @@ func (b *bench) startExecWorkers(ctx context.Context, route string, key []byte, 
 		if route == execsvc.RouteKubeExec {
 			r = &execsvc.KubeExecRoute{Config: kube.Config, Clientset: kube.Clientset}
 		}
-		svc, err := execsvc.New(execsvc.Options{NATS: nc, JetStream: js, Subjects: b.subjects, Pods: pods, Route: r, MasterKey: key, Replica: name, Logger: log,
+		svc, err := execsvc.New(execsvc.Options{NATS: nc, JetStream: js, Subjects: b.subjects, Pods: pods, Route: r, MasterKey: key, Replica: name, Logger: log, Observer: obs,
 			Replies: inbox.MustRule(inbox.DefaultClientPrefixes()...)})
 		if err != nil {
 			return stop, errors.Join(err, stop())

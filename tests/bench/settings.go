@@ -7,6 +7,8 @@ import (
 	"strings"
 	"time"
 
+	"k8s.io/apimachinery/pkg/api/resource"
+
 	"github.com/kubeclip/kubeclip/internal/app"
 	"github.com/kubeclip/kubeclip/internal/config"
 	"github.com/kubeclip/kubeclip/pkg/dispatch"
@@ -48,6 +50,8 @@ type settings struct {
 
 	replayLines  int
 	replayRounds int
+
+	execCPULimit string
 
 	pollAgents   int
 	pollInterval time.Duration
@@ -95,6 +99,7 @@ func parseSettings(args []string, lookupEnv config.LookupEnv, stdout io.Writer) 
 	fs.Duration(&s.takeoverInterval, "takeover-interval", "KUBECLIP_BENCH_TAKEOVER_INTERVAL", 100*time.Millisecond, "(g) pause between two lines of the streaming runs")
 	fs.Int(&s.replayLines, "replay-lines", "KUBECLIP_BENCH_REPLAY_LINES", 100_000, "(h) log lines of each synthetic run replayed")
 	fs.Int(&s.replayRounds, "replay-rounds", "KUBECLIP_BENCH_REPLAY_ROUNDS", 3, "(h) replays of each synthetic run (and as many raw reads); the median is reported")
+	fs.String(&s.execCPULimit, "exec-cpu-limit", "KUBECLIP_BENCH_EXEC_CPU_LIMIT", "500m", "(i) the exec pod's CPU limit (its config's defaultResources.limits.cpu, as the other pod leases' 500m): 300 back-to-back execs of `true` use about half a core in the pod")
 	fs.Int(&s.pollAgents, "poll-agents", "KUBECLIP_BENCH_POLL_AGENTS", 50, "(j) agents polling like Paperclip's bridge, each on a pod lease of its own company as far as the node's free CPU admits them (the rest share those round-robin)")
 	fs.Duration(&s.pollInterval, "poll-interval", "KUBECLIP_BENCH_POLL_INTERVAL", 116*time.Millisecond, "(j) an agent's bridge poll cadence, start to start (Paperclip's, contract §3.3)")
 	fs.Duration(&s.pollWindow, "poll-window", "KUBECLIP_BENCH_POLL_WINDOW", 15*time.Second, "(j) length of each measured window (raw, daemon and kube-exec route; at the cadence and saturating)")
@@ -157,6 +162,9 @@ func (s settings) validate(fs *config.Set) error {
 	}
 	if s.pollInterval <= 0 || s.pollWindow < time.Second {
 		errs = append(errs, fmt.Errorf("%s must be > 0 and %s at least 1s", fs.Names("poll-interval"), fs.Names("poll-window")))
+	}
+	if q, err := resource.ParseQuantity(s.execCPULimit); err != nil || q.Sign() <= 0 {
+		errs = append(errs, fmt.Errorf("%s must be a CPU quantity > 0 (500m, 2)", fs.Names("exec-cpu-limit")))
 	}
 	if strings.Trim(s.phases, "abcdefghijklmn, ") != "" && s.phases != "all" {
 		errs = append(errs, fmt.Errorf("%s takes phase letters a to n, or all", fs.Names("phases")))

@@ -29,9 +29,10 @@ func (t timedJS) PublishMsg(ctx context.Context, msg *nats.Msg, opts ...jetstrea
 	end := time.Now()
 	kind := subjectKind(msg.Subject)
 	t.stats.record(op{t.component, "NATS", "publish " + kind}, end.Sub(start), err)
-	if kind == string(events.KindCreated) && err == nil {
+	if (kind == string(events.KindCreated) || kind == string(events.KindResult)) && err == nil {
 		if _, runID, _, perr := t.subjects.ParseRunSubject(msg.Subject); perr == nil {
-			t.stats.mark(markCreatedPublished, runID, end)
+			t.stats.mark(markPublishing+kind, runID, start)
+			t.stats.mark(markPublished+kind, runID, end)
 		}
 	}
 	return ack, err
