@@ -85,6 +85,12 @@ func (s Subjects) DecodeRunEvent(subject string, data []byte) (Event, error) {
 	if err != nil {
 		return nil, asInvalidSubject(err)
 	}
+	return decodeRunEvent(companyID, runID, kind, data)
+}
+
+// decodeRunEvent is DecodeRunEvent for a subject already parsed.
+func decodeRunEvent(companyID, runID string, kind RunKind, data []byte) (Event, error) {
+	var err error
 	var ev Event
 	switch kind {
 	case KindCreated:

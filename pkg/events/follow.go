@@ -84,14 +84,16 @@ func Follow(ctx context.Context, js OrderedConsumerMaker, s Subjects, companyID,
 			}
 			return fmt.Errorf("following run %s: %w", runID, err)
 		}
-		if !s.IsRunEvent(m.Subject(), m.Headers()) {
+		// The subject is parsed once, for IsRunEvent's check and the decoding both.
+		companyID, runID, kind, err := s.ParseRunSubject(m.Subject())
+		if err != nil || !hasRunType(kind, m.Headers()) {
 			continue // stored on a run subject by JetStream for someone's reply, not kubeclip's
 		}
 		r := Received{Subject: m.Subject()}
 		if meta, err := m.Metadata(); err == nil {
 			r.StreamSeq, r.Published, r.Pending = meta.Sequence.Stream, meta.Timestamp, meta.NumPending
 		}
-		r.Event, r.Err = s.DecodeRunEvent(m.Subject(), m.Data())
+		r.Event, r.Err = decodeRunEvent(companyID, runID, kind, m.Data())
 		if err := fn(r); err != nil {
 			if errors.Is(err, ErrStopFollowing) {
 				return nil

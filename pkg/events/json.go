@@ -45,18 +45,20 @@ func decode(data []byte, v any) error {
 	if len(bytes.TrimSpace(data)) == 0 {
 		return InvalidRequest("", "payload is empty")
 	}
-	var keyErr *strictjson.KeyError
-	if err := strictjson.CheckKeys(data, ""); errors.As(err, &keyErr) {
-		return InvalidRequest(keyErr.Path, "%s", keyErr.Reason)
-	}
-	if err := strictjson.CheckFields(data, v, ""); errors.As(err, &keyErr) {
-		return InvalidRequest(keyErr.Path, "%s", keyErr.Reason)
-	}
+	// Unmarshal checks that data is valid JSON before it fills v; once it has, the keys are
+	// checked (one more read of data, not two), and a refused key is the error, before
+	// anything Unmarshal made of data.
 	err := json.Unmarshal(data, v)
+	var syntaxErr *json.SyntaxError
+	if !errors.As(err, &syntaxErr) {
+		var keyErr *strictjson.KeyError
+		if err := strictjson.CheckParsed(data, v, ""); errors.As(err, &keyErr) {
+			return InvalidRequest(keyErr.Path, "%s", keyErr.Reason)
+		}
+	}
 	if err == nil {
 		return nil
 	}
-	var syntaxErr *json.SyntaxError
 	var typeErr *json.UnmarshalTypeError
 	switch {
 	case errors.As(err, &syntaxErr):

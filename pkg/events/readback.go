@@ -156,5 +156,10 @@ func ResultPublished(ctx context.Context, stream MsgGetter, subjects Subjects, r
 // type of the subject's kind. Readers skip anything else (see above).
 func (s Subjects) IsRunEvent(subject string, h nats.Header) bool {
 	_, _, kind, err := s.ParseRunSubject(subject)
-	return err == nil && h.Get(HeaderType) == EncodeHeaderValue(runType(kind))
+	return err == nil && hasRunType(kind, h)
+}
+
+// hasRunType reports whether h's ce-type is the type of a run event of kind.
+func hasRunType(kind RunKind, h nats.Header) bool {
+	return h.Get(HeaderType) == EncodeHeaderValue(runType(kind))
 }

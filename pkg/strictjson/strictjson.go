@@ -10,10 +10,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"reflect"
 	"strconv"
 	"strings"
+	"sync"
 	"unicode"
 )
 
@@ -34,72 +34,67 @@ const maxDepth = 64
 
 // CheckKeys walks the whole document and refuses any object that holds the same key twice, or
 // two keys that are equal when case is ignored (Unicode simple folding, as encoding/json
-// matches field names). root prefixes every path ("" for none).
+// matches field names). root prefixes every path ("" for none). A document that is not valid
+// JSON is ErrMalformed, whatever keys it holds.
 func CheckKeys(data []byte, root string) error {
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.UseNumber()
-	if err := walk(dec, root, 0); err != nil {
-		return err
-	}
-	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		return fmt.Errorf("%w: data after the top-level value", ErrMalformed)
-	}
-	return nil
+	return Check(data, nil, root)
 }
 
-func walk(dec *json.Decoder, path string, depth int) error {
-	if depth > maxDepth {
-		return &KeyError{Path: orRoot(path), Reason: fmt.Sprintf("nested more than %d levels deep", maxDepth)}
-	}
-	tok, err := dec.Token()
-	if err != nil {
-		return fmt.Errorf("%w: %w", ErrMalformed, err)
-	}
-	delim, ok := tok.(json.Delim)
-	if !ok {
-		return nil // a scalar
-	}
-	switch delim {
-	case '{':
-		seen := map[string]string{} // folded key → key as written
-		for dec.More() {
-			tok, err := dec.Token()
-			if err != nil {
-				return fmt.Errorf("%w: %w", ErrMalformed, err)
-			}
-			key, _ := tok.(string)
-			keyPath := Join(path, key)
-			folded := fold(key)
-			if prev, dup := seen[folded]; dup {
-				if prev == key {
-					return &KeyError{Path: keyPath, Reason: "duplicate key"}
-				}
-				return &KeyError{Path: keyPath, Reason: fmt.Sprintf("key differs from %s only in case", strconv.Quote(prev))}
-			}
-			seen[folded] = key
-			if err := walk(dec, keyPath, depth+1); err != nil {
-				return err
-			}
-		}
-	case '[':
-		for i := 0; dec.More(); i++ {
-			if err := walk(dec, path+"["+strconv.Itoa(i)+"]", depth+1); err != nil {
-				return err
-			}
-		}
-	}
-	if _, err := dec.Token(); err != nil { // the closing delimiter
-		return fmt.Errorf("%w: %w", ErrMalformed, err)
-	}
-	return nil
-}
-
-// CheckFields refuses a top-level key of the object in data that encoding/json would match to a
-// field of v's struct type although it is not spelled as the field's JSON name (`COMPANYID` for
+// CheckFields refuses a key of the object in data that encoding/json would match to a field of
+// v's struct type although it is not spelled as the field's JSON name (`COMPANYID` for
 // `companyId`). Keys matching no field are left alone: payloads may grow fields. It recurses
 // into fields whose type is itself a struct (or a pointer to one). data must have passed
-// CheckKeys.
+// CheckKeys; a document that is not valid JSON passes (the decoder reports it).
 func CheckFields(data []byte, v any, root string) error {
+	if !json.Valid(data) {
+		return nil
+	}
+	w := walker{data: data, root: root}
+	w.walk(0, structType(v))
+	if w.fieldErr != nil {
+		return w.fieldErr
+	}
+	return nil
+}
+
+// Check is CheckKeys and CheckFields in one pass over data, as a decoder of client payloads
+// calls them: ErrMalformed for a document that is not valid JSON, then the first refused key in
+// document order, then a key spelled unlike the field of v it fills. It reads data twice
+// (json.Valid, then the walk), allocates nothing for ASCII keys without escapes, and costs
+// about as much as one json.Unmarshal of data.
+func Check(data []byte, v any, root string) error {
+	if !json.Valid(data) {
+		return fmt.Errorf("%w: %s", ErrMalformed, validityError(data))
+	}
+	return CheckParsed(data, v, root)
+}
+
+// CheckParsed is Check without its json.Valid pass, for data that json.Unmarshal has just
+// parsed (it returned no *json.SyntaxError, so data is valid JSON): a decoder that unmarshals
+// first and checks the keys before it looks at the result reads data twice, not three times.
+// For data that is not valid JSON its answer means nothing, but it returns.
+func CheckParsed(data []byte, v any, root string) error {
+	w := walker{data: data, root: root}
+	if err := w.walk(0, structType(v)); err != nil {
+		return err
+	}
+	if w.fieldErr != nil {
+		return w.fieldErr
+	}
+	return nil
+}
+
+// validityError is encoding/json's account of why data is not valid JSON.
+func validityError(data []byte) error {
+	var v any
+	if err := json.Unmarshal(data, &v); err != nil {
+		return err
+	}
+	return errors.New("invalid JSON")
+}
+
+// structType is the struct type v points to, or nil when v holds no struct.
+func structType(v any) reflect.Type {
 	t := reflect.TypeOf(v)
 	for t != nil && t.Kind() == reflect.Pointer {
 		t = t.Elem()
@@ -107,30 +102,261 @@ func CheckFields(data []byte, v any, root string) error {
 	if t == nil || t.Kind() != reflect.Struct {
 		return nil
 	}
-	return checkFields(data, t, root)
+	return t
 }
 
-func checkFields(data []byte, t reflect.Type, path string) error {
-	var obj map[string]json.RawMessage
-	if json.Unmarshal(data, &obj) != nil {
-		return nil // not an object: the decoder reports the type error
+// smallObject is how many keys an object may hold before the walker looks its keys up in a map
+// of their folded forms instead of comparing each new key with every earlier one.
+const smallObject = 16
+
+// walker reads one valid JSON document once. It keeps the path to the value it reads as a stack
+// of keys and indexes and formats it only for an error. It never reads past data's end and
+// every loop moves on by a byte at least, so a document that is not valid JSON after all ends
+// the walk early rather than in a panic or a loop.
+type walker struct {
+	data []byte
+	i    int
+	root string
+	path []step
+	// fieldErr is the first key found spelled unlike the struct field it fills.
+	fieldErr *KeyError
+}
+
+// step is one key (key != nil) or array index on the path to the current value.
+type step struct {
+	key   []byte
+	index int
+}
+
+// walk reads the value at w.i; t is the struct type it decodes into, or nil. It returns the
+// first duplicate or case-variant key, or a value nested deeper than maxDepth.
+func (w *walker) walk(depth int, t reflect.Type) error {
+	if depth > maxDepth {
+		return &KeyError{Path: orRoot(w.pathString()), Reason: fmt.Sprintf("nested more than %d levels deep", maxDepth)}
 	}
-	fields := jsonFields(t)
-	for key, raw := range obj {
-		want, ok := fields[fold(key)]
-		if !ok {
-			continue
+	w.space()
+	switch w.at() {
+	case '{':
+		return w.object(depth, t)
+	case '[':
+		w.i++
+		w.space()
+		if w.at() == ']' {
+			w.i++
+			return nil
 		}
-		if want.name != key {
-			return &KeyError{Path: Join(path, key), Reason: "unknown field; did you mean " + strconv.Quote(want.name) + "? (names are case-sensitive)"}
-		}
-		if want.typ != nil {
-			if err := checkFields(raw, want.typ, Join(path, key)); err != nil {
+		for index := 0; ; index++ {
+			w.path = append(w.path, step{index: index})
+			if err := w.walk(depth+1, nil); err != nil {
 				return err
 			}
+			w.path = w.path[:len(w.path)-1]
+			w.space()
+			c := w.at()
+			w.i++ // ',' or ']'
+			if c != ',' {
+				return nil
+			}
+		}
+	case '"':
+		w.str()
+	default: // a number, true, false or null
+		for w.i < len(w.data) && !isDelim(w.data[w.i]) {
+			w.i++
 		}
 	}
 	return nil
+}
+
+// object reads the object at w.i.
+func (w *walker) object(depth int, t reflect.Type) error {
+	var fields map[string]field
+	if t != nil {
+		fields = cachedFields(t)
+	}
+	var small [smallObject][]byte
+	seen := small[:0]
+	var folded map[string][]byte // folded key → key as written, once seen outgrows small
+	w.i++
+	w.space()
+	if w.at() == '}' {
+		w.i++
+		return nil
+	}
+	for {
+		w.space()
+		key := w.key()
+		if prev, dup := w.seen(seen, folded, key); dup {
+			w.path = append(w.path, step{key: key})
+			if string(prev) == string(key) {
+				return &KeyError{Path: w.pathString(), Reason: "duplicate key"}
+			}
+			return &KeyError{Path: w.pathString(), Reason: fmt.Sprintf("key differs from %s only in case", strconv.Quote(string(prev)))}
+		}
+		switch {
+		case folded != nil:
+			folded[fold(string(key))] = key
+		case len(seen) < smallObject:
+			seen = append(seen, key)
+		default:
+			folded = make(map[string][]byte, 2*smallObject)
+			for _, k := range append(seen, key) {
+				folded[fold(string(k))] = k
+			}
+		}
+		w.path = append(w.path, step{key: key})
+		var inner reflect.Type
+		if want, ok := lookup(fields, key); ok {
+			if want.name != string(key) && w.fieldErr == nil {
+				w.fieldErr = &KeyError{Path: w.pathString(), Reason: "unknown field; did you mean " + strconv.Quote(want.name) + "? (names are case-sensitive)"}
+			}
+			inner = want.typ
+		}
+		w.space()
+		w.i++ // ':'
+		if err := w.walk(depth+1, inner); err != nil {
+			return err
+		}
+		w.path = w.path[:len(w.path)-1]
+		w.space()
+		c := w.at()
+		w.i++ // ',' or '}'
+		if c != ',' {
+			return nil
+		}
+	}
+}
+
+// seen reports the earlier key of the object that equals key when case is ignored.
+func (w *walker) seen(small [][]byte, folded map[string][]byte, key []byte) ([]byte, bool) {
+	if folded != nil {
+		prev, ok := folded[fold(string(key))]
+		return prev, ok
+	}
+	for _, prev := range small {
+		if bytes.EqualFold(prev, key) {
+			return prev, true
+		}
+	}
+	return nil, false
+}
+
+// key reads the string at w.i and returns it decoded: the bytes as written when they are
+// ASCII without escapes, else what encoding/json makes of them (escapes resolved, invalid
+// UTF-8 replaced), so that keys compare as the decoder will see them.
+func (w *walker) key() []byte {
+	start := w.i
+	plain := w.str()
+	raw := w.data[start:min(w.i, len(w.data))]
+	if plain && len(raw) >= 2 {
+		return raw[1 : len(raw)-1]
+	}
+	var s string
+	_ = json.Unmarshal(raw, &s) // raw is a valid JSON string in valid JSON
+	return []byte(s)
+}
+
+// str skips the string at w.i and reports whether it is ASCII without escapes.
+func (w *walker) str() (plain bool) {
+	plain = true
+	w.i++ // '"'
+	for w.i < len(w.data) {
+		c := w.data[w.i]
+		w.i++
+		switch {
+		case c == '"':
+			return plain
+		case c == '\\':
+			plain = false
+			w.i++ // the escaped byte; a \uXXXX's hex digits are plain bytes
+		case c >= 0x80:
+			plain = false
+		}
+	}
+	return false
+}
+
+// at is the byte at w.i, or 0 past the end.
+func (w *walker) at() byte {
+	if w.i < len(w.data) {
+		return w.data[w.i]
+	}
+	return 0
+}
+
+func (w *walker) space() {
+	for w.i < len(w.data) {
+		switch w.data[w.i] {
+		case ' ', '\t', '\n', '\r':
+			w.i++
+		default:
+			return
+		}
+	}
+}
+
+func isDelim(c byte) bool {
+	switch c {
+	case ',', ']', '}', ' ', '\t', '\n', '\r':
+		return true
+	}
+	return false
+}
+
+// pathString formats the path to the current value, as kubeclip's errors name fields.
+func (w *walker) pathString() string {
+	p := w.root
+	for _, s := range w.path {
+		if s.key == nil {
+			p += "[" + strconv.Itoa(s.index) + "]"
+			continue
+		}
+		p = Join(p, string(s.key))
+	}
+	return p
+}
+
+// lookup finds the field key fills, matched as encoding/json matches names (case ignored).
+func lookup(fields map[string]field, key []byte) (field, bool) {
+	if fields == nil {
+		return field{}, false
+	}
+	var buf [64]byte
+	if len(key) <= len(buf) && isASCII(key) {
+		// An ASCII string folds to its upper case: the least rune of the orbits of 'k' and 's'
+		// (with the Kelvin sign and the long s) is the capital letter.
+		for i, c := range key {
+			if 'a' <= c && c <= 'z' {
+				c -= 'a' - 'A'
+			}
+			buf[i] = c
+		}
+		f, ok := fields[string(buf[:len(key)])]
+		return f, ok
+	}
+	f, ok := fields[fold(string(key))]
+	return f, ok
+}
+
+func isASCII(b []byte) bool {
+	for _, c := range b {
+		if c >= 0x80 {
+			return false
+		}
+	}
+	return true
+}
+
+// fieldCache holds each struct type's fields by folded JSON name, computed once per type as
+// encoding/json caches its own field lists: the walk of a payload only looks them up.
+var fieldCache sync.Map // reflect.Type → map[string]field
+
+func cachedFields(t reflect.Type) map[string]field {
+	if f, ok := fieldCache.Load(t); ok {
+		return f.(map[string]field)
+	}
+	f, _ := fieldCache.LoadOrStore(t, jsonFields(t))
+	return f.(map[string]field)
 }
 
 type field struct {

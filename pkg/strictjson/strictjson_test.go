@@ -4,6 +4,10 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"io"
+	"reflect"
+	"strconv"
 	"strings"
 	"testing"
 	"unicode"
@@ -155,4 +159,127 @@ func otherCase(s string) string {
 		}
 	}
 	return ""
+}
+
+// tokenCheckKeys is CheckKeys as it was written first, with encoding/json's tokenizer: the
+// reference the one-pass walker must agree with.
+func tokenCheckKeys(data []byte) error {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.UseNumber()
+	if err := tokenWalk(dec, "", 0); err != nil {
+		return err
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return ErrMalformed
+	}
+	return nil
+}
+
+func tokenWalk(dec *json.Decoder, path string, depth int) error {
+	if depth > maxDepth {
+		return &KeyError{Path: orRoot(path), Reason: fmt.Sprintf("nested more than %d levels deep", maxDepth)}
+	}
+	tok, err := dec.Token()
+	if err != nil {
+		return ErrMalformed
+	}
+	delim, ok := tok.(json.Delim)
+	if !ok {
+		return nil
+	}
+	switch delim {
+	case '{':
+		seen := map[string]string{}
+		for dec.More() {
+			tok, err := dec.Token()
+			if err != nil {
+				return ErrMalformed
+			}
+			key, _ := tok.(string)
+			keyPath := Join(path, key)
+			if prev, dup := seen[fold(key)]; dup {
+				if prev == key {
+					return &KeyError{Path: keyPath, Reason: "duplicate key"}
+				}
+				return &KeyError{Path: keyPath, Reason: fmt.Sprintf("key differs from %s only in case", strconv.Quote(prev))}
+			}
+			seen[fold(key)] = key
+			if err := tokenWalk(dec, keyPath, depth+1); err != nil {
+				return err
+			}
+		}
+	case '[':
+		for i := 0; dec.More(); i++ {
+			if err := tokenWalk(dec, path+"["+strconv.Itoa(i)+"]", depth+1); err != nil {
+				return err
+			}
+		}
+	}
+	if _, err := dec.Token(); err != nil {
+		return ErrMalformed
+	}
+	return nil
+}
+
+// mapCheckFields is CheckFields as it was written first, with a map of the object's keys.
+func mapCheckFields(data []byte, t reflect.Type, path string) error {
+	var obj map[string]json.RawMessage
+	if json.Unmarshal(data, &obj) != nil {
+		return nil
+	}
+	fields := jsonFields(t)
+	for key, raw := range obj {
+		want, ok := fields[fold(key)]
+		if !ok {
+			continue
+		}
+		if want.name != key {
+			return &KeyError{Path: Join(path, key), Reason: "unknown field"}
+		}
+		if want.typ != nil {
+			if err := mapCheckFields(raw, want.typ, Join(path, key)); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// FuzzCheckAgreesWithTokenizer holds the one-pass walker to the tokenizer-based checks it
+// replaced: on valid JSON the same refused key (path and reason) or none, and a case-variant
+// field wherever the map-based check found one; invalid JSON is refused by both. CheckParsed
+// on any input returns (no panic, no endless loop).
+func FuzzCheckAgreesWithTokenizer(f *testing.F) {
+	for _, seed := range []string{
+		`{"companyId":"a","inner":{"name":"n"},"zone":"z","NoTag":"x"}`, `{"inner":{"NAME":"n"}}`,
+		`{"ptr":{"Name":"n"},"COMPANYID":1}`, `{"a":[{"b":1,"B":2}]}`, `{"k":1,"\u212a":2}`,
+		`{"a\u0062":1,"ab":2}`, `{"\xff":1,"\xfe":2}`, `[[[[{"x":{"x":1,"x":2}}]]]]`,
+		`{"a":1,"b":2,"c":3,"d":4,"e":5,"f":6,"g":7,"h":8,"i":9,"j":10,"k":11,"l":12,"m":13,"n":14,"o":15,"p":16,"q":17,"A":18}`,
+		`{"a":`, `{"a":1 "a":2}`, `[1,]`, ` {"a" : [ 1 , {"b":true} ] } `, `"x"`, `null`,
+	} {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		_ = CheckParsed(data, &outer{}, "")
+		got, want := CheckKeys(data, ""), tokenCheckKeys(data)
+		if !json.Valid(data) {
+			if got == nil || want == nil {
+				t.Fatalf("%q is not valid JSON: CheckKeys = %v, the tokenizer's = %v", data, got, want)
+			}
+			return
+		}
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Fatalf("CheckKeys(%q) = %v, the tokenizer's = %v", data, got, want)
+		}
+		if got != nil {
+			return
+		}
+		gotF, wantF := CheckFields(data, &outer{}, ""), mapCheckFields(data, reflect.TypeFor[outer](), "")
+		if (gotF == nil) != (wantF == nil) {
+			t.Fatalf("CheckFields(%q) = %v, the map-based one's = %v", data, gotF, wantF)
+		}
+		if checked := Check(data, &outer{}, ""); fmt.Sprint(checked) != fmt.Sprint(gotF) {
+			t.Fatalf("Check(%q) = %v, CheckKeys then CheckFields = %v", data, checked, gotF)
+		}
+	})
 }

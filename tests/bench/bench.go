@@ -21,8 +21,9 @@ import (
 const stubImage = "kubeclip.local/agent-stub:dev"
 
 // The phases, in the order they run: (c) measures the runs of (a), (b) and (d) once they are
-// over; (g) and (h) need a quiet node too; the bursts go last because the pods they leave
-// behind load the node for minutes ((f) removes the previous burst's before its own).
+// over; (g) and (h) need a quiet node too; the bursts go after them because the pods they leave
+// behind would load the node for minutes (each burst ends its runs once measured, and every
+// phase starts once the node is clear of the ones before: settle).
 const (
 	phaseSetup    = "setup"
 	phaseWarm     = "(a) warm acquire"
@@ -62,13 +63,13 @@ type bench struct {
 	rawWarmCompany string
 	// published is when the bench started publishing each run's acquire.
 	published map[string]time.Time
+	// ended are the published runs settle has seen end.
+	ended map[string]bool
 	// The runs of each phase; (c) measures the results of (a), (b) and (d).
 	warmRuns, coldRuns, logRuns, burstRuns []string
 
-	// Set by (e) and (f): the raw burst's creates/s, and the bursts whose pods the next burst
-	// removes first (clearBursts).
+	// Set by (e): the raw burst's creates/s.
 	rawBurstRate float64
-	uncleared    []burstResult
 	// replicaBursts are (f)'s bursts, by dispatcher count.
 	replicaBursts map[int][]burstResult
 	// sandboxKey is the installation's sandbox master key (phases_exec.go).
@@ -79,7 +80,7 @@ type bench struct {
 func newBench(ctx context.Context, s settings, stderr io.Writer) (b *bench, err error) {
 	b = &bench{
 		s: s, session: newID(""), progress: stderr, stats: newOpStats(),
-		published: map[string]time.Time{}, replicaBursts: map[int][]burstResult{},
+		published: map[string]time.Time{}, ended: map[string]bool{}, replicaBursts: map[int][]burstResult{},
 	}
 	defer func() {
 		if err != nil {
@@ -158,8 +159,8 @@ func (b *bench) cleanup(ctx context.Context) error {
 	return nil
 }
 
-// measure runs every phase in turn and returns the report, with the rows of the phases that
-// ran when one fails.
+// measure runs every phase in turn, each on a node the ones before it have left (settle), and
+// returns the report, with the rows of the phases that ran when one fails.
 func (b *bench) measure(ctx context.Context) (*report, error) {
 	rep := newReport(b.session)
 	rep.note("p50/p99 are nearest-rank percentiles: p99 is the ⌈0.99·n⌉-th smallest of n samples (the largest when n < 100, the second largest when n = 100)")
@@ -176,9 +177,16 @@ func (b *bench) measure(ctx context.Context) (*report, error) {
 	phases = append(phases, b.replicaPhases()...)
 	phases = append(phases, b.execPhases(b.sandboxKey)...)
 	phases = append(phases, phase{phaseReuse, b.reusePhase})
-	for _, p := range phases {
+	for i, p := range phases {
 		if !b.s.runs(p.name) {
 			continue
+		}
+		if i > 0 {
+			ps, err := b.settle(ctx, p.name)
+			if err != nil {
+				return rep, err
+			}
+			rep.Phases = append(rep.Phases, ps)
 		}
 		b.logf("%s ...", p.name)
 		b.stats.reset()

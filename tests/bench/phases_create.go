@@ -191,7 +191,6 @@ func (b *bench) burstPhase(ctx context.Context, rep *report) error {
 		return err
 	}
 	b.burstRuns, b.rawBurstRate = burst.runs, rawRate
-	b.uncleared = append(b.uncleared, burst)
 	pipeRate, pipeLat := burst.rate, burst.lat
 	met := pipeRate >= burstTarget
 	rep.add(row{
@@ -209,9 +208,9 @@ func (b *bench) burstPhase(ctx context.Context, rep *report) error {
 	if burst.pods*5 < len(burst.runs) {
 		shielded = fmt.Sprintf(": right after the raw burst's %d suspended Jobs the Job controller is still busy and creates the pipeline's pods late, so (e) measures the pipeline without the load of its own pods starting on this node ((f) has no raw burst in front of its bursts)", b.s.burst)
 	}
-	rep.note("(e): node CPU during the pipeline's burst %.0f%% busy; %d of its %d pods had been created before its last created event%s",
-		burst.cpu, burst.pods, len(burst.runs), shielded)
-	return nil
+	rep.note("(e): node CPU during the pipeline's burst %.0f%% busy (per process, %% of one core: %s); %d of its %d pods had been created before its last created event%s",
+		burst.cpu, burst.procs, burst.pods, len(burst.runs), shielded)
+	return b.clearBurst(ctx, burst)
 }
 
 // burstCompanies returns the warm company and --burst-companies − 1 more, made warm by one
@@ -288,6 +287,9 @@ type burstResult struct {
 	pods int
 	// postJobs are the dispatchers' POST jobs requests during the burst.
 	postJobs samples
+	// procs is the CPU of the bench and of the node's processes during the burst, in percent
+	// of one core each (procShares).
+	procs string
 }
 
 // pipelineBurst publishes --burst acquires for fresh agents, round robin over companies, one
@@ -295,7 +297,7 @@ type burstResult struct {
 // failed) event.
 func (b *bench) pipelineBurst(ctx context.Context, companies []string) (burstResult, error) {
 	res := burstResult{companies: companies, runs: make([]string, 0, b.s.burst)}
-	cpuBefore := readCPU()
+	cpuBefore, procsBefore := readCPU(), readNodeCPU()
 	start := time.Now()
 	for i := range b.s.burst {
 		req := b.request(companies[i%len(companies)], oneLine())
@@ -312,7 +314,7 @@ func (b *bench) pipelineBurst(ctx context.Context, companies []string) (burstRes
 	if err != nil {
 		return res, err
 	}
-	res.cpu = nodeBusy(cpuBefore, readCPU())
+	res.cpu, res.procs = nodeBusy(cpuBefore, readCPU()), procShares(procsBefore, readNodeCPU())
 	res.pods = b.pods.seenBefore(res.runs, last)
 	res.postJobs = b.stats.combined("API", componentDispatcher, "POST jobs")
 	for _, id := range res.runs {

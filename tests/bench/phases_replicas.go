@@ -13,7 +13,7 @@ import (
 )
 
 const (
-	// clearTimeout bounds how long clearBursts waits for a burst's pods to be gone.
+	// clearTimeout bounds how long clearBurst waits for a burst's pods to be gone.
 	clearTimeout = 2 * time.Minute
 	// clearPoll is how often it looks.
 	clearPoll = time.Second
@@ -30,14 +30,12 @@ const (
 // tenants, created events per second from the first publish to the last created). The extra
 // dispatchers run in process, each with its own NATS connection and Kubernetes clients (so its
 // own client-side rate limit), sharing the durable consumers as replicas in separate processes
-// would. Each burst gets fresh tenants and starts once the previous burst's pods are gone and
-// the node is quiet; unlike (e), no raw burst comes right before it. The bursts alternate
-// (1, n, n, 1, ...); the last one adds the rows.
+// would. Each burst gets fresh tenants and starts once the node is clear of the phases before
+// it (settle) and quiet; unlike (e), no raw burst comes right before it. The bursts alternate
+// (1, n, n, 1, ...); the last one adds the rows. Each burst ends its runs once measured
+// (clearBurst).
 func (b *bench) replicaPhase(phase string, dispatchers int) func(context.Context, *report) error {
 	return func(ctx context.Context, rep *report) (err error) {
-		if err := b.clearBursts(ctx); err != nil {
-			return err
-		}
 		if dispatchers > 1 {
 			stop, err := b.pipe.addDispatchers(ctx, dispatchers-1)
 			if err != nil {
@@ -63,14 +61,13 @@ func (b *bench) replicaPhase(phase string, dispatchers int) func(context.Context
 			return err
 		}
 		b.logf("(f): %d dispatcher(s): %.1f acq/s", dispatchers, burst.rate)
-		b.uncleared = append(b.uncleared, burst)
 		b.replicaBursts[dispatchers] = append(b.replicaBursts[dispatchers], burst)
 		rep.Breakdown = append(rep.Breakdown, b.acquireStages(phase, burst.runs)...)
 		rep.Breakdown = append(rep.Breakdown, stageRow(phase, "stage end to end: acquire published → created received", burst.lat))
 		if len(b.replicaBursts[1]) == b.s.replicaRounds && len(b.replicaBursts[b.s.dispatchers]) == b.s.replicaRounds {
 			b.replicaRows(rep)
 		}
-		return nil
+		return b.clearBurst(ctx, burst)
 	}
 }
 
@@ -185,7 +182,10 @@ func (b *bench) scalingNote(one, many []burstResult, n int) string {
 			perBurst(many, func(br burstResult) string { return fmt.Sprintf("%.0f", br.cpu) })),
 		fmt.Sprintf("pods of the burst created before its last created event %s → %s",
 			perBurst(one, func(br burstResult) string { return fmt.Sprint(br.pods) }),
-			perBurst(many, func(br burstResult) string { return fmt.Sprint(br.pods) })))
+			perBurst(many, func(br burstResult) string { return fmt.Sprint(br.pods) })),
+		fmt.Sprintf("CPU per process during the bursts, %% of one core (2 cores in all): with 1 dispatcher [%s], with %d [%s]",
+			perBurst(one, func(br burstResult) string { return br.procs }), n,
+			perBurst(many, func(br burstResult) string { return br.procs })))
 	r1, _ := meanRate(one)
 	rn, _ := meanRate(many)
 	speedup := 0.0
@@ -245,34 +245,34 @@ func (b *bench) freshCompanies(ctx context.Context, n int) ([]string, error) {
 	return companies, nil
 }
 
-// clearBursts removes what the earlier bursts left on the node: it deletes their tenants' Jobs
-// (the pods go with them), waits until the pods are gone and the run-watcher has published a
-// result for each of their runs (cancelled, JobDeleted, for those that had not ended), so the
-// next burst does not share the node with the last one's backlog. Waits that run out are
-// logged, not fatal: the burst is then measured on a busier node, as the log says.
-func (b *bench) clearBursts(ctx context.Context) error {
-	if len(b.uncleared) == 0 {
-		return nil
-	}
+// clearBurst removes what a burst leaves on the node once it is measured: its hundreds of Jobs
+// are still starting pods a tenant quota's worth at a time, for minutes. It deletes the Jobs
+// and their pods (grace 0: a pod runs a one-line stub, nothing to shut down), waits until the
+// pods are gone and the run-watcher has published a result for each run (cancelled,
+// JobDeleted, for those that had not ended). Waits that run out are logged, not fatal: the
+// next phase's settle waits for the rest, bounded, and names what is left.
+func (b *bench) clearBurst(ctx context.Context, burst burstResult) error {
 	start := time.Now()
-	var namespaces, runs []string
-	for _, burst := range b.uncleared {
-		for _, c := range burst.companies {
-			ns, err := b.tenantNamespace(c)
-			if err != nil {
-				return err
-			}
-			namespaces = append(namespaces, ns)
+	var namespaces []string
+	for _, c := range burst.companies {
+		ns, err := b.tenantNamespace(c)
+		if err != nil {
+			return err
 		}
-		runs = append(runs, burst.runs...)
+		namespaces = append(namespaces, ns)
 	}
-	b.uncleared = nil
+	runs := burst.runs
 	prop := metav1.DeletePropagationBackground
+	zero := int64(0)
 	selector := metav1.ListOptions{LabelSelector: policy.ManagedBySelector}
 	for _, ns := range namespaces {
 		err := b.raw.cs.BatchV1().Jobs(ns).DeleteCollection(ctx, metav1.DeleteOptions{PropagationPolicy: &prop}, selector)
 		if err != nil {
 			return fmt.Errorf("deleting the Jobs of the burst in %s: %w", ns, err)
+		}
+		err = b.raw.cs.CoreV1().Pods(ns).DeleteCollection(ctx, metav1.DeleteOptions{GracePeriodSeconds: &zero}, selector)
+		if err != nil {
+			return fmt.Errorf("deleting the pods of the burst in %s: %w", ns, err)
 		}
 	}
 	wctx, cancel := context.WithTimeout(ctx, clearTimeout)
@@ -290,7 +290,7 @@ func (b *bench) clearBursts(ctx context.Context) error {
 	if ctx.Err() != nil {
 		return context.Cause(ctx)
 	}
-	b.logf("cleared the previous burst (%d runs in %d namespaces) in %s: %d pod(s) left, %d run(s) without a result",
+	b.logf("cleared the burst (%d runs in %d namespaces) in %s: %d pod(s) left, %d run(s) without a result",
 		len(runs), len(namespaces), time.Since(start).Round(100*time.Millisecond), left, missing)
 	return nil
 }

@@ -24,6 +24,9 @@ type report struct {
 	// Breakdown says where the time went: pipeline stages, and the workers' Kubernetes
 	// requests per phase.
 	Breakdown []breakdownRow `json:"breakdown,omitempty"`
+	// Phases says how each phase after the set-up started: the wait for the node to be clear
+	// of the phases before it, and the load average then.
+	Phases []phaseStart `json:"phases,omitempty"`
 }
 
 // row is one measurement. Latencies are in milliseconds; a throughput row has its rate in P50
@@ -151,7 +154,27 @@ func (r *report) printTable(w io.Writer) error {
 			fmt.Fprintf(w, "  - %s\n", n)
 		}
 	}
+	if err := r.printPhases(w); err != nil {
+		return err
+	}
 	return r.printBreakdown(w)
+}
+
+// printPhases prints how each phase started: the wait for a clear node and the load then.
+func (r *report) printPhases(w io.Writer) error {
+	if len(r.Phases) == 0 {
+		return nil
+	}
+	fmt.Fprintln(w, "\nphase starts (settle: earlier runs ended, their pods and namespaces deleted and gone):")
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight|tabwriter.Debug)
+	fmt.Fprintln(tw, "phase\tsettle s\truns waited for\tof them unended\tpods deleted\tnamespaces deleted\tload 1/5/15 min\t")
+	for _, p := range r.Phases {
+		fmt.Fprintf(tw, "%s\t%.1f\t%d\t%d\t%d\t%d\t%s\t\n", p.Phase, p.SettleSeconds, p.Runs, p.Unended, p.Pods, p.Namespaces, p.Load)
+	}
+	if err := tw.Flush(); err != nil {
+		return fmt.Errorf("printing the phase starts: %w", err)
+	}
+	return nil
 }
 
 // minPrintedOps is the fewest operations of a kind the printed breakdown shows.

@@ -71,6 +71,7 @@ type settings struct {
 
 	waitTimeout    time.Duration
 	cleanupTimeout time.Duration
+	settleTimeout  time.Duration
 }
 
 func parseSettings(args []string, lookupEnv config.LookupEnv, stdout io.Writer) (settings, error) {
@@ -114,6 +115,7 @@ func parseSettings(args []string, lookupEnv config.LookupEnv, stdout io.Writer) 
 	fs.String(&s.sandboxdImage, "sandboxd-image", "KUBECLIP_SANDBOXD_IMAGE", dispatch.DefaultSandboxdImage, "the dispatcher's sandboxd image, as cmd/dispatcher's flag (a build of this checkout for the exec phases)")
 	fs.Duration(&s.waitTimeout, "wait-timeout", "KUBECLIP_BENCH_WAIT_TIMEOUT", 60*time.Second, "longest wait for one event")
 	fs.Duration(&s.cleanupTimeout, "cleanup-timeout", "KUBECLIP_BENCH_CLEANUP_TIMEOUT", 3*time.Minute, "longest wait for the bench's namespaces to be gone")
+	fs.Duration(&s.settleTimeout, "settle-timeout", "KUBECLIP_BENCH_SETTLE_TIMEOUT", 4*time.Minute, "longest wait, before each phase, for the runs of the phases before it to end and their pods and namespaces to be gone (the bench stops, naming what is left, when it runs out)")
 	if err := fs.Parse(args); err != nil {
 		fs.Usage(stdout, summary)
 		return s, app.Usage(err)
@@ -148,8 +150,8 @@ func (s settings) validate(fs *config.Set) error {
 	if s.logSkip >= s.logLines {
 		errs = append(errs, fmt.Errorf("%s must be below %s", fs.Names("log-skip"), fs.Names("log-lines")))
 	}
-	if s.logInterval <= 0 || s.waitTimeout <= 0 || s.cleanupTimeout <= 0 {
-		errs = append(errs, fmt.Errorf("%s, %s and %s must be > 0", fs.Names("log-interval"), fs.Names("wait-timeout"), fs.Names("cleanup-timeout")))
+	if s.logInterval <= 0 || s.waitTimeout <= 0 || s.cleanupTimeout <= 0 || s.settleTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("%s, %s, %s and %s must be > 0", fs.Names("log-interval"), fs.Names("wait-timeout"), fs.Names("cleanup-timeout"), fs.Names("settle-timeout")))
 	}
 	if s.dispatchers < 2 {
 		errs = append(errs, fmt.Errorf("%s must be at least 2 (compared with one)", fs.Names("dispatchers")))
