@@ -43,7 +43,7 @@ func TestTrackerReadsTheLogTailBeforeItPublishesTheTerminalStatus(t *testing.T) 
 			running := pod(corev1.PodRunning, corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}, startedAgo(time.Second))
 			running.Labels = runLabels(runID)
 			h.d.opts.Clientset = k8sfake.NewClientset(running)
-			tr := newTracker(h.d, testNamespace, events.Ref(testCompany, runID))
+			tr := newTracker(h.d, testNamespace, events.Ref(testCompany, runID), func() {})
 			var stopRequested, published bool
 			h.d.pub = statusWatch{publisher: h.d.pub, onTerminal: func() {
 				published = true
