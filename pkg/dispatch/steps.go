@@ -13,7 +13,7 @@ const logKeyTookMs = "took_ms"
 
 // Steps of a dispatch, as logKeyTookMs names them.
 const (
-	stepQueued  = "queued"  // in the work queue: stream timestamp → the handler's start
+	stepQueued  = "queued"  // in the work queue (queuedAt: a parked dispatch's from its acquire) → the handler's start
 	stepCheck   = "check"   // decoding, the tenant record and the lease record (KV reads)
 	stepGuard   = "guard"   // taking the agent's guard (KV compare-and-set)
 	stepRecord  = "record"  // the lease record to dispatching (KV read and update)
