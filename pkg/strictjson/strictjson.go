@@ -74,7 +74,8 @@ func Check(data []byte, v any, root string) error {
 // first and checks the keys before it looks at the result reads data twice, not three times.
 // For data that is not valid JSON its answer means nothing, but it returns.
 func CheckParsed(data []byte, v any, root string) error {
-	w := walker{data: data, root: root}
+	var path [8]step // deep enough for kubeclip's payloads without growing
+	w := walker{data: data, root: root, path: path[:0]}
 	if err := w.walk(0, structType(v)); err != nil {
 		return err
 	}

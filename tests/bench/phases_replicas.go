@@ -183,9 +183,8 @@ func (b *bench) scalingNote(one, many []burstResult, n int) string {
 		fmt.Sprintf("pods of the burst created before its last created event %s → %s",
 			perBurst(one, func(br burstResult) string { return fmt.Sprint(br.pods) }),
 			perBurst(many, func(br burstResult) string { return fmt.Sprint(br.pods) })),
-		fmt.Sprintf("CPU per process during the bursts, %% of one core (2 cores in all): with 1 dispatcher [%s], with %d [%s]",
-			perBurst(one, func(br burstResult) string { return br.procs }), n,
-			perBurst(many, func(br burstResult) string { return br.procs })))
+		fmt.Sprintf("CPU per process during each burst, %% of one core (2 cores in all): with 1 dispatcher [%s], with %d [%s]",
+			procsPerBurst(one), n, procsPerBurst(many)))
 	r1, _ := meanRate(one)
 	rn, _ := meanRate(many)
 	speedup := 0.0
@@ -204,6 +203,15 @@ func (b *bench) scalingNote(one, many []burstResult, n int) string {
 		verdict += fmt.Sprintf(", far from the %d× of independent dispatchers: the dispatcher is not the bottleneck. The API server, etcd, the controllers, the scheduler and the kubelet share this node's 2 cores (busy throughout the bursts); with up to %d× the requests in flight each took %s, so the server's throughput, not the number of handlers, sets the rate", n, n, slower)
 	}
 	return fmt.Sprintf("(f): %s (%s)", verdict, strings.Join(parts, "; "))
+}
+
+// procsPerBurst is each burst's CPU per process, the bursts apart.
+func procsPerBurst(bursts []burstResult) string {
+	out := make([]string, len(bursts))
+	for i, br := range bursts {
+		out[i] = br.procs
+	}
+	return strings.Join(out, "] [")
 }
 
 // waitQuiet waits until the node's CPU use over quietWindow is below quietCPU percent or
