@@ -332,12 +332,12 @@ func (t *tracker) step(ctx context.Context) error {
 	if t.end == nil {
 		return nil
 	}
-	// The run is over: let the follower read the rest of the log, then publish the result.
+	// The run is over: let the follower read the rest of the log (one request, bounded by ctx),
+	// then publish the result. Waited for here: the follower's poke comes before it reports
+	// finished, so a step that looked then missed it and slept until the run's next event.
 	if t.follow != nil {
 		t.follow.stop()
-		if !t.follow.finished() {
-			return nil // the follower pokes when it is done
-		}
+		t.follow.stopAndWait()
 		if err := t.follow.err(); err != nil && !errors.Is(err, context.Canceled) {
 			t.log.Warn().Err(err).Msg("log follower ended with an error; publishing the result with the lines read")
 		}
