@@ -40,8 +40,10 @@ func startFollower(ctx context.Context, target followTarget, j *journal, log zer
 	// publishes outlives the stream it was read from.
 	add := func(line k8s.Line) error { return j.add(ctx, line) }
 	go func() {
-		defer close(f.doneCh)
+		// Deferred calls run last first: the follower is finished (doneCh closed) before done
+		// pokes the tracker, so a tracker that looks at once sees it finished.
 		defer done()
+		defer close(f.doneCh)
 		cur, err := k8s.FollowLogs(fctx, target.clientset, target.namespace, target.pod, target.container, j.cursor(), add, k8s.FollowOptions{Logger: log})
 		if errors.Is(err, context.Canceled) && ctx.Err() == nil && f.stopRequested() {
 			// The run is over and the follow stream was cut short rather than waiting for the

@@ -1,7 +1,9 @@
 package runwatch
 
 import (
+	"context"
 	"encoding/json"
+	"fmt"
 	"testing"
 	"time"
 
@@ -97,34 +99,43 @@ func (h *harness) publish(t *testing.T, ev events.Event) uint64 {
 // runEvents reads every event of kind the stream holds for runID, in order.
 func runEvents[E any](t *testing.T, h *harness, runID string, kind events.RunKind) []E {
 	t.Helper()
-	subj, err := events.Subjects{}.Run(testCompany, runID, kind)
+	out, err := readRunEvents[E](t.Context(), h, runID, kind)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cons, err := h.stream.OrderedConsumer(t.Context(), jetstream.OrderedConsumerConfig{FilterSubjects: []string{subj}})
+	return out
+}
+
+// readRunEvents reads every event of kind of the run from the stream.
+func readRunEvents[E any](ctx context.Context, h *harness, runID string, kind events.RunKind) ([]E, error) {
+	subj, err := events.Subjects{}.Run(testCompany, runID, kind)
 	if err != nil {
-		t.Fatalf("creating consumer: %v", err)
+		return nil, err
+	}
+	cons, err := h.stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{FilterSubjects: []string{subj}})
+	if err != nil {
+		return nil, fmt.Errorf("creating consumer: %w", err)
 	}
 	var out []E
 	for {
 		batch, err := cons.FetchNoWait(100)
 		if err != nil {
-			t.Fatalf("fetching: %v", err)
+			return nil, fmt.Errorf("fetching: %w", err)
 		}
 		n := 0
 		for msg := range batch.Messages() {
 			n++
 			var ev E
 			if err := json.Unmarshal(msg.Data(), &ev); err != nil {
-				t.Fatalf("decoding %s: %v", msg.Subject(), err)
+				return nil, fmt.Errorf("decoding %s: %w", msg.Subject(), err)
 			}
 			out = append(out, ev)
 		}
 		if err := batch.Error(); err != nil {
-			t.Fatalf("fetching: %v", err)
+			return nil, fmt.Errorf("fetching: %w", err)
 		}
 		if n == 0 {
-			return out
+			return out, nil
 		}
 	}
 }

@@ -110,7 +110,14 @@ func TestJournalRetriesAChunkAfterAnOutage(t *testing.T) {
 		logEvent(runID, 1, line(ts0, "before the outage")),
 		logEvent(runID, 2, line(ts1, "during the outage, then silence")),
 	}
-	got := runEvents[events.RunLogEvent](t, h, runID, events.KindLog)
+	// The stream may still be settling after the restarts (a read can find no responders for a
+	// moment): read until a read succeeds.
+	var got []events.RunLogEvent
+	waitUntil(t, 30*time.Second, "a read of the run's log events", func() bool {
+		var err error
+		got, err = readRunEvents[events.RunLogEvent](ctx, h, runID, events.KindLog)
+		return err == nil
+	})
 	if diff := cmp.Diff(want, got, cmpopts.IgnoreFields(events.RunLogEvent{}, "At")); diff != "" {
 		t.Errorf("published log events (-want +got):\n%s", diff)
 	}

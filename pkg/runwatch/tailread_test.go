@@ -151,7 +151,7 @@ func TestTrackerPublishesTheResultInTheStepThatSeesTheEnd(t *testing.T) {
 	running := pod(corev1.PodRunning, corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}, startedAgo(time.Second))
 	running.Labels = runLabels(runID)
 	h.d.opts.Clientset = slowTail{Clientset: k8sfake.NewClientset(running), delay: 200 * time.Millisecond}
-	tr := newTracker(h.d, testNamespace, events.Ref(testCompany, runID))
+	tr := newTracker(h.d, testNamespace, events.Ref(testCompany, runID), func() {})
 	t.Cleanup(func() {
 		if tr.follow != nil {
 			tr.follow.stopAndWait()
