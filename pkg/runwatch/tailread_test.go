@@ -138,12 +138,13 @@ func (p slowTailPods) GetLogs(string, *corev1.PodLogOptions) *rest.Request {
 	return c.Request()
 }
 
-// The step that sees the run end publishes its result once the log's tail is read. It used to
-// return and wait for the follower's poke, which comes before the follower says it is done
-// (follower.go calls done before it closes doneCh): a tracker that looked at once saw the
-// follower still running and slept until the run's next event (the Job's own status, a second
-// or so later), bench (c)'s p99 of 1.3 s.
-func TestTrackerPublishesTheResultInTheStepThatSeesTheEnd(t *testing.T) {
+// A run's result goes out as soon as the log's tail is read. The step that sees the run end
+// stops the follower and returns (a step worker serves every run); the follower pokes the
+// tracker once it has read the tail. That poke used to come before the follower said it was
+// finished (follower.go called done before it closed doneCh): a tracker that looked at once saw
+// the follower still running and slept until the run's next event (the Job's own status, a
+// second or so later), bench (c)'s p99 of 1.3 s.
+func TestTrackerPublishesTheResultWhenTheTailIsRead(t *testing.T) {
 	h := newHarness(t)
 	jobs, pods := withInformerCaches(t, h)
 	const runID = "run-tail-result"
@@ -151,7 +152,12 @@ func TestTrackerPublishesTheResultInTheStepThatSeesTheEnd(t *testing.T) {
 	running := pod(corev1.PodRunning, corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}, startedAgo(time.Second))
 	running.Labels = runLabels(runID)
 	h.d.opts.Clientset = slowTail{Clientset: k8sfake.NewClientset(running), delay: 200 * time.Millisecond}
-	tr := newTracker(h.d, testNamespace, events.Ref(testCompany, runID), func() {})
+	// The follower's pokes, and whether it said it was finished when it poked.
+	pokes := make(chan bool, 16)
+	var tr *tracker
+	tr = newTracker(h.d, testNamespace, events.Ref(testCompany, runID), func() {
+		pokes <- tr.follow != nil && tr.follow.finished()
+	})
 	t.Cleanup(func() {
 		if tr.follow != nil {
 			tr.follow.stopAndWait()
@@ -176,8 +182,21 @@ func TestTrackerPublishesTheResultInTheStepThatSeesTheEnd(t *testing.T) {
 	if err := tr.step(t.Context()); err != nil {
 		t.Fatalf("step() with the container terminated: %v", err)
 	}
+	// The tail read answers after 200 ms; the follower's poke must then find it finished, so
+	// the step it brings publishes the result.
+	select {
+	case finished := <-pokes:
+		if !finished {
+			t.Fatal("the follower poked its tracker before it was finished: the result would wait for the run's next event")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the follower never poked its tracker after the tail read")
+	}
+	if err := tr.step(t.Context()); err != nil {
+		t.Fatalf("step() after the follower's poke: %v", err)
+	}
 	if got := runEvents[events.RunResultEvent](t, h, runID, events.KindResult); len(got) != 1 || !tr.done {
-		t.Fatalf("after the step that saw the end: %d results, done %v; want the result published", len(got), tr.done)
+		t.Fatalf("after the follower's poke: %d results, done %v; want the result published", len(got), tr.done)
 	}
 	logs := runEvents[events.RunLogEvent](t, h, runID, events.KindLog)
 	if len(logs) == 0 || logs[len(logs)-1].Lines[len(logs[len(logs)-1].Lines)-1].Text != "last line" {

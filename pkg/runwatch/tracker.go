@@ -332,12 +332,14 @@ func (t *tracker) step(ctx context.Context) error {
 	if t.end == nil {
 		return nil
 	}
-	// The run is over: let the follower read the rest of the log (one request, bounded by ctx),
-	// then publish the result. Waited for here: the follower's poke comes before it reports
-	// finished, so a step that looked then missed it and slept until the run's next event.
+	// The run is over: let the follower read the rest of the log, then publish the result. The
+	// step does not wait for the read (a step worker serves every run): the follower pokes once
+	// it is finished.
 	if t.follow != nil {
 		t.follow.stop()
-		t.follow.stopAndWait()
+		if !t.follow.finished() {
+			return nil
+		}
 		if err := t.follow.err(); err != nil && !errors.Is(err, context.Canceled) {
 			t.log.Warn().Err(err).Msg("log follower ended with an error; publishing the result with the lines read")
 		}
