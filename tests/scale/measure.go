@@ -228,7 +228,7 @@ func measureSize(ctx context.Context, s settings, backend string, n int, proxy *
 		paced = append(paced, id)
 	}
 	all = append(all, paced...)
-	// The waits allow 10 acquires/s, well under what the pipeline does on a busy 2-core machine.
+	// A wait gives up when nothing moved for this long (waitFor): a stuck pipeline, not a slow one.
 	patience := max(5*time.Minute, time.Duration(n/10)*time.Second)
 	t, err := r.waitFor(ctx, paced, patience, func(t tally) bool { return t.created+t.ended == len(paced) })
 	if err != nil {

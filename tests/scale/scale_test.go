@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/xml"
 	"io"
 	"net/http"
@@ -11,8 +12,11 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"k8s.io/client-go/rest"
+
+	"github.com/kubeclip/kubeclip/pkg/events"
 )
 
 // The proxy forwards every request and counts it by verb, a watch as WATCH.
@@ -136,5 +140,31 @@ func TestParseSettingsBackends(t *testing.T) {
 		if err != nil || strings.Join(s.backends, ",") != tc.want {
 			t.Errorf("%v: backends = %v, %v; want %s", tc.args, s.backends, err, tc.want)
 		}
+	}
+}
+
+// waitFor gives up when the tally stands still for its stall time, not after it in total: runs
+// created one after the other, each within the stall time, are waited for however long they
+// take together.
+func TestWaitForTimesOutOnAStallOnly(t *testing.T) {
+	r := &runs{byID: map[string]*runSeen{}, changed: make(chan struct{})}
+	ids := []string{"a", "b", "c", "d", "e"}
+	const stall = 300 * time.Millisecond
+	go func() {
+		for _, id := range ids {
+			time.Sleep(stall / 3) // progress, each step well within the stall time
+			r.record(events.RunCreatedEvent{RunID: id}, time.Now())
+		}
+	}()
+	start := time.Now()
+	if _, err := r.waitFor(context.Background(), ids, stall, func(t tally) bool { return t.created == len(ids) }); err != nil {
+		t.Fatalf("steady progress: %v", err)
+	}
+	if took := time.Since(start); took < stall {
+		t.Fatalf("the runs came in %s, before one stall time: the test proves nothing", took)
+	}
+	_, err := r.waitFor(context.Background(), append(ids, "never"), stall, func(t tally) bool { return t.created == len(ids)+1 })
+	if err == nil || !strings.Contains(err.Error(), "no progress for 300ms (created 5,") {
+		t.Errorf("no progress: error = %v, want one naming the stall and the counts", err)
 	}
 }
