@@ -357,8 +357,8 @@ func measureSize(ctx context.Context, s settings, backend string, n int, proxy *
 	if backend == "job" {
 		// The runs that were live through the restarts: each log once and in order (the
 		// restarted run-watcher resumed every follower without repeating a line), none missing.
-		logs := r.tally(liveBefore)
-		res.LogWrong, res.FirstLogWrong = len(liveBefore)-logs.ended-logs.logged, logs.firstLogWrong
+		lt := r.tally(liveBefore)
+		res.LogWrong, res.FirstLogWrong = len(liveBefore)-lt.ended-lt.logged, lt.firstLogWrong
 	}
 	logf("%d %s leases: lost %d, doubled %d, ended %d, wrong logs %d; replay %.0f events/s", n, backend, res.Lost, res.Doubled, res.Ended, res.LogWrong, res.ReplayPerSec)
 	return res, nil
