@@ -168,12 +168,16 @@ $(NATS_SERVER_BIN): go.mod
 	$(GO) build -o $@.tmp github.com/nats-io/nats-server/v2
 	mv $@.tmp $@
 
-# bench-scale: 1,000, 3,000 and 10,000 concurrent pod leases through the worker binaries on a
-# fleet of fake nodes kwok simulates on the local cluster (hack/kwok; tests/scale, docs/scale.md);
-# the table, plot (scale.svg) and JSON go to $(SCALE_OUT). Not part of `make test`: the three sizes
-# took about 30 min on this 2-core machine (10,000: 18 min), with other work on it.
-SCALE_SIZES ?= 1000,3000,10000
-SCALE_OUT   ?= $(BIN)/scale
+# bench-scale: 1,000, 3,000 and 10,000 concurrent leases of each of SCALE_BACKENDS (pod, job)
+# through the worker binaries on a fleet of fake nodes kwok simulates on the local cluster
+# (hack/kwok; tests/scale, docs/scale.md); the table (one column set per backend), plot (scale.svg)
+# and JSON go to $(SCALE_OUT). The job backend's log server gets its certificate from the
+# cluster's CA (the pki directory beside its kubeconfig). Not part of `make test`: the three pod
+# sizes took about 30 min on this 2-core machine (10,000: 18 min), with other work on it.
+SCALE_SIZES    ?= 1000,3000,10000
+SCALE_BACKENDS ?= pod
+SCALE_OUT      ?= $(BIN)/scale
 bench-scale: build cluster-up
-	KUBECLIP_BIN=$(BIN) $(GO) run ./tests/scale --kubeconfig "$$($(CLUSTER) kubeconfig)" \
-		--kwok "$$(KUBECLIP_CACHE=$(CACHE) bash hack/kwok/kwok.sh build)" --sizes $(SCALE_SIZES) --out $(SCALE_OUT)
+	kubeconfig="$$($(CLUSTER) kubeconfig)" && KUBECLIP_BIN=$(BIN) $(GO) run ./tests/scale --kubeconfig "$$kubeconfig" \
+		--cluster-pki "$$(dirname "$$kubeconfig")/pki" --kwok "$$(KUBECLIP_CACHE=$(CACHE) bash hack/kwok/kwok.sh build)" \
+		--sizes $(SCALE_SIZES) --backends $(SCALE_BACKENDS) --out $(SCALE_OUT)

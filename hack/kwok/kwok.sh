@@ -2,7 +2,9 @@
 # kwok.sh build: builds kwok's controller (sigs.k8s.io/kwok, from the Go module proxy) into the
 # cache once per version and prints the binary's path. `make bench-scale` runs it against the
 # local cluster's API server (tests/scale starts and stops it, and creates and deletes its fake
-# nodes), so a simulated fleet holds thousands of pods that no kubelet runs.
+# nodes), so a simulated fleet holds thousands of pods that no kubelet runs. Its stages
+# (stages.yaml) are kwok's "fast" ones with one change, said there. The fleet's kubelet port for
+# container logs is the bench's own (tests/scale/kubelet.go), not kwok's server: why is said there.
 #
 #   KUBECLIP_CACHE   cache of built tools (default ~/.cache/kubeclip)
 set -euo pipefail

@@ -43,8 +43,10 @@ type fleet struct {
 }
 
 // startFleet starts kwok (its stages from stages) on kubeconfig's cluster, managing only nodes
-// labelled fleetLabel, and creates nodes fake nodes and the RuntimeClass.
-func startFleet(ctx context.Context, cs kubernetes.Interface, kwok, stages, kubeconfig, logDir string, nodes int) (f *fleet, err error) {
+// labelled fleetLabel, and creates nodes fake nodes and the RuntimeClass. A kubeletPort other
+// than "" is every node's kubelet endpoint on 127.0.0.1 (the bench's logServer): where the API
+// server sends a GetLogs of a fleet pod.
+func startFleet(ctx context.Context, cs kubernetes.Interface, kwok, stages, kubeconfig, logDir string, nodes int, kubeletPort string) (f *fleet, err error) {
 	f = &fleet{cs: cs, done: make(chan error, 1)}
 	defer func() {
 		if err != nil {
@@ -59,9 +61,23 @@ func startFleet(ctx context.Context, cs kubernetes.Interface, kwok, stages, kube
 	// kwok renews each node's Lease (--node-lease-duration-seconds): without it the node
 	// lifecycle controller saw no heartbeat for minutes, marked the nodes NotReady and tainted
 	// them, and the run-watcher rightly failed the pods left Unschedulable (110 of 3,000).
-	f.cmd = exec.Command(kwok, "--kubeconfig", kubeconfig, "--config", stages,
-		"--manage-nodes-with-label-selector", fleetLabel+"=true", "--cidr", podCIDR, "--node-ip", "10.99.0.1",
-		"--node-lease-duration-seconds", "40")
+	// The nodes' InternalIP is loopback, the API server's own host: with --node-port (kwok's
+	// node-initialize stage writes it into the node's kubeletEndpoint) the API server reaches the
+	// bench's log server there. Given --node-port, kwok starts its own server too, on
+	// 0.0.0.0:<node port> unless --server-address says otherwise (and exits if it cannot bind):
+	// it gets a port of its own, where nothing calls it.
+	args := []string{"--kubeconfig", kubeconfig, "--config", stages,
+		"--manage-nodes-with-label-selector", fleetLabel + "=true", "--cidr", podCIDR, "--node-ip", "127.0.0.1",
+		"--node-lease-duration-seconds", "40"}
+	if kubeletPort != "" {
+		own, err := freePort()
+		if err != nil {
+			logFile.Close()
+			return f, err
+		}
+		args = append(args, "--node-port", kubeletPort, "--server-address", "127.0.0.1:"+own)
+	}
+	f.cmd = exec.Command(kwok, args...)
 	// The API server has no watch-list support (RequestWatchProgress off): without this client-go
 	// logs a warning on every watch before falling back to list.
 	f.cmd.Env = append(os.Environ(), "KUBE_FEATURE_WatchListClient=false")

@@ -1,9 +1,11 @@
 // Command scale measures how kubeclip's costs grow with the number of live leases: 1,000, 3,000
-// and 10,000 concurrent pod leases (by default) through the real worker binaries, on a fleet of
-// fake nodes that kwok (sigs.k8s.io/kwok, hack/kwok) simulates on the local cluster's real API
-// server. kwok moves each pod Pending → Running (Ready, with an IP); nothing runs in it, so the
-// bench measures kubeclip's bookkeeping (acquire → created, watches, ownership, streams), not
-// agents or exec.
+// and 10,000 concurrent leases (by default) of each --backends (pod, job) through the real worker
+// binaries, on a fleet of fake nodes that kwok (sigs.k8s.io/kwok, hack/kwok) simulates on the
+// local cluster's real API server. kwok moves each pod Pending → Running (Ready, with an IP) and
+// keeps it there (a Job's pod too: hack/kwok/stages.yaml); nothing runs in it, so the bench
+// measures kubeclip's bookkeeping (acquire → created, watches, ownership, streams), not agents or
+// exec. A Job lease's container log, which the run-watcher follows through the API server and
+// the node's kubelet port, comes from the bench's logServer: a few lines, then a stream held open.
 //
 // For each size, against a fresh JetStream server and fresh workers:
 //   - acquire published → created received, p50/p99, at --rate acquires/s offered (the first
@@ -34,6 +36,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -56,10 +59,14 @@ func main() {
 type settings struct {
 	kubeconfig, kwok, stages, out string
 	sizes                         []int
-	rate                          float64
-	perCompany                    int
-	burst                         int
-	steady                        time.Duration
+	backends                      []string
+	// clusterPKI holds the cluster's CA (ca.crt, ca.key), which issues the log server's
+	// certificate; needed for the job backend only.
+	clusterPKI string
+	rate       float64
+	perCompany int
+	burst      int
+	steady     time.Duration
 	// dispatchConcurrency is the dispatcher's --concurrency; 0 leaves the binary's default.
 	dispatchConcurrency int
 	// previous is a scale.json of an earlier run whose sizes are reported before this run's.
@@ -75,6 +82,8 @@ func parseSettings(args []string, stderr io.Writer) (settings, error) {
 	fs.StringVar(&s.stages, "stages", "hack/kwok/stages.yaml", "kwok's stage configuration")
 	fs.StringVar(&s.out, "out", "bin/scale", "directory of the table, plot, JSON and logs")
 	sizes := fs.String("sizes", "1000,3000,10000", "comma-separated numbers of concurrent leases, one run each")
+	backends := fs.String("backends", "pod", "comma-separated lease backends (pod, job): every size runs for each, in this order")
+	fs.StringVar(&s.clusterPKI, "cluster-pki", "", "directory of the cluster's CA (ca.crt, ca.key), which issues the job backend's log server certificate")
 	fs.Float64Var(&s.rate, "rate", 100, "offered acquires per second")
 	fs.IntVar(&s.perCompany, "leases-per-company", 100, "live leases per company (each company is one tenant namespace)")
 	fs.IntVar(&s.burst, "burst", 500, "acquires published at once, with the size live, for the saturation rate")
@@ -93,6 +102,19 @@ func parseSettings(args []string, stderr io.Writer) (settings, error) {
 			return s, fmt.Errorf("--sizes: %q is not a positive number", f)
 		}
 		s.sizes = append(s.sizes, n)
+	}
+	for f := range strings.SplitSeq(*backends, ",") {
+		b := strings.TrimSpace(f)
+		if b != "pod" && b != "job" {
+			return s, fmt.Errorf("--backends: %q is neither pod nor job", f)
+		}
+		if slices.Contains(s.backends, b) {
+			return s, fmt.Errorf("--backends: %q twice", b)
+		}
+		s.backends = append(s.backends, b)
+	}
+	if slices.Contains(s.backends, "job") && s.clusterPKI == "" {
+		return s, errors.New("--cluster-pki is required with the job backend (its log server's certificate)")
 	}
 	if s.rate <= 0 || s.perCompany < 1 || s.burst < 1 || s.steady <= 0 {
 		return s, errors.New("--rate, --leases-per-company, --burst and --steady must be positive")
@@ -144,8 +166,17 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 		largest = max(largest, n+s.burst+1)
 	}
 	nodes := (largest + podsPerNode - 1) / podsPerNode
+	var logs *logServer
+	kubeletPort := ""
+	if slices.Contains(s.backends, "job") {
+		if logs, err = startLogServer(s.clusterPKI); err != nil {
+			return err
+		}
+		defer func() { err = errors.Join(err, logs.close()) }()
+		kubeletPort = logs.port()
+	}
 	logf("starting kwok with %d fake nodes of %d pods", nodes, podsPerNode)
-	fl, err := startFleet(ctx, cs, s.kwok, s.stages, s.kubeconfig, logDir, nodes)
+	fl, err := startFleet(ctx, cs, s.kwok, s.stages, s.kubeconfig, logDir, nodes, kubeletPort)
 	if err != nil {
 		return err
 	}
@@ -165,18 +196,20 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 			return fmt.Errorf("reading %s: %w", s.previous, err)
 		}
 	}
-	for _, n := range s.sizes {
-		logf("== %d leases", n)
-		res, err := measureSize(ctx, s, n, proxy, proxyKubeconfig, logDir, logf)
-		results = append(results, res)
-		if werr := writeReport(stdout, s.out, results); werr != nil {
-			return errors.Join(err, werr)
-		}
-		if err != nil {
-			return fmt.Errorf("%d leases: %w", n, err)
-		}
-		if err := deleteTenants(ctx, cs, logf); err != nil {
-			return err
+	for _, backend := range s.backends {
+		for _, n := range s.sizes {
+			logf("== %d %s leases", n, backend)
+			res, err := measureSize(ctx, s, backend, n, proxy, proxyKubeconfig, logs, logDir, logf)
+			results = append(results, res)
+			if werr := writeReport(stdout, s.out, results); werr != nil {
+				return errors.Join(err, werr)
+			}
+			if err != nil {
+				return fmt.Errorf("%d %s leases: %w", n, backend, err)
+			}
+			if err := deleteTenants(ctx, cs, logf); err != nil {
+				return err
+			}
 		}
 	}
 	return nil

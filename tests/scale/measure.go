@@ -43,7 +43,8 @@ type sizeResult struct {
 	CreatedP50Ms float64 `json:"createdP50Ms"`
 	CreatedP99Ms float64 `json:"createdP99Ms"`
 	CreatedMaxMs float64 `json:"createdMaxMs"`
-	// AllReadySec is the first paced publish → the last lease's Ready status received.
+	// AllReadySec is the first paced publish → every lease live: a pod lease's Ready status
+	// received; a Job lease's Running status and its whole log.
 	AllReadySec    float64 `json:"allReadySec"`
 	SaturationRate float64 `json:"saturationAcqPerSec"`
 	SaturationP99  float64 `json:"saturationP99Ms"`
@@ -79,7 +80,16 @@ type sizeResult struct {
 	Ended              int     `json:"ended"`
 	FirstEnded         string  `json:"firstEnded,omitempty"`
 	DurationSec        float64 `json:"durationSec"`
-	Error              string  `json:"error,omitempty"`
+	// LogRequests is the container log requests the fleet's kubelet port answered during the
+	// size (the job backend's followers, reconnects and final reads); LogStreamsLive the follow
+	// streams open at the end of the steady window.
+	LogRequests    int64 `json:"logRequests"`
+	LogStreamsLive int64 `json:"logStreamsLive"`
+	// LogWrong counts the job backend's runs (those live before the restarts) whose stored log
+	// is not agentLog once and in order at the end; FirstLogWrong shows one.
+	LogWrong      int    `json:"logWrong"`
+	FirstLogWrong string `json:"firstLogWrong,omitempty"`
+	Error         string `json:"error,omitempty"`
 }
 
 // workerCost is one worker's resource use.
@@ -91,12 +101,21 @@ type workerCost struct {
 	IdleCPUPerLeaseUs float64 `json:"idleCpuPerLeaseUsPerSec"`
 }
 
-// measureSize runs n leases through fresh workers and measures them.
-func measureSize(ctx context.Context, s settings, n int, proxy *apiProxy, proxyKubeconfig, logDir string, logf func(string, ...any)) (res sizeResult, err error) {
+// measureSize runs n leases of backend through fresh workers and measures them. logs is the
+// fleet's kubelet log server (nil without the job backend).
+func measureSize(ctx context.Context, s settings, backend string, n int, proxy *apiProxy, proxyKubeconfig string, logs *logServer, logDir string, logf func(string, ...any)) (res sizeResult, err error) {
 	begin := time.Now()
-	res = sizeResult{Leases: n, Backend: "pod", OfferedRate: s.rate, LoadStart: loadAvg(), Workers: map[string]workerCost{}, RestartReadySec: map[string]float64{}}
+	res = sizeResult{Leases: n, Backend: backend, OfferedRate: s.rate, LoadStart: loadAvg(), Workers: map[string]workerCost{}, RestartReadySec: map[string]float64{}}
+	var logRequests0 int64
+	if logs != nil {
+		logRequests0, _ = logs.counts()
+	}
 	defer func() {
 		res.LoadEnd, res.DurationSec = loadAvg(), round(time.Since(begin).Seconds())
+		if logs != nil {
+			opened, _ := logs.counts()
+			res.LogRequests = opened - logRequests0
+		}
 		if err != nil {
 			res.Error = err.Error()
 		}
@@ -166,7 +185,7 @@ func measureSize(ctx context.Context, s settings, n int, proxy *apiProxy, proxyK
 	publish := func(i int, company string) (string, error) {
 		req := events.AcquireRequest{
 			RunID: fmt.Sprintf("run-%d-%d", n, i), CompanyID: company, EnvironmentID: "scale",
-			AgentID: fmt.Sprintf("agent-%d-%d", n, i), Config: podConfig(),
+			AgentID: fmt.Sprintf("agent-%d-%d", n, i), Config: leaseConfig(backend),
 		}
 		r.published(req.RunID, time.Now())
 		_, err := pub.Publish(ctx, req)
@@ -209,7 +228,7 @@ func measureSize(ctx context.Context, s settings, n int, proxy *apiProxy, proxyK
 		paced = append(paced, id)
 	}
 	all = append(all, paced...)
-	// The waits allow 10 acquires/s, well under what the pipeline does on a busy 2-core machine.
+	// A wait gives up when nothing moved for this long (waitFor): a stuck pipeline, not a slow one.
 	patience := max(5*time.Minute, time.Duration(n/10)*time.Second)
 	t, err := r.waitFor(ctx, paced, patience, func(t tally) bool { return t.created+t.ended == len(paced) })
 	if err != nil {
@@ -227,10 +246,16 @@ func measureSize(ctx context.Context, s settings, n int, proxy *apiProxy, proxyK
 	}
 	lat := r.latencies(paced)
 	res.CreatedP50Ms, res.CreatedP99Ms, res.CreatedMaxMs = percentile(lat, 50), percentile(lat, 99), percentile(lat, 100)
-	logf("drive: %d created, p50 %.1f ms, p99 %.1f ms; waiting for every pod Ready", t.created, res.CreatedP50Ms, res.CreatedP99Ms)
-	t, err = r.waitFor(ctx, all, patience, func(t tally) bool { return t.ready+t.ended == len(all) })
+	logf("drive: %d created, p50 %.1f ms, p99 %.1f ms; waiting for every lease live", t.created, res.CreatedP50Ms, res.CreatedP99Ms)
+	// A pod lease is live once Ready (it accepts exec); a Job lease has no Ready: once Running,
+	// with its whole log stored (or a wrong one, which the check below reports).
+	allLive := func(t tally) bool { return t.ready+t.ended == len(all) }
+	if backend == "job" {
+		allLive = func(t tally) bool { return t.running+t.ended == len(all) && t.logged+t.logWrong+t.ended >= len(all) }
+	}
+	t, err = r.waitFor(ctx, all, patience, allLive)
 	if err != nil {
-		return res, fmt.Errorf("waiting for Ready: %w", err)
+		return res, fmt.Errorf("waiting for every lease live: %w", err)
 	}
 	res.AllReadySec = round(time.Since(driveStart).Seconds())
 
@@ -241,6 +266,9 @@ func measureSize(ctx context.Context, s settings, n int, proxy *apiProxy, proxyK
 		return res, err
 	}
 	steady1 := readAll(env)
+	if logs != nil {
+		_, res.LogStreamsLive = logs.counts()
+	}
 	res.APISteady = proxy.snapshot().since(api1)
 	res.APISteadyPerSec = round(float64(res.APISteady.total()) / s.steady.Seconds())
 	for _, kind := range workerKinds {
@@ -303,6 +331,7 @@ func measureSize(ctx context.Context, s settings, n int, proxy *apiProxy, proxyK
 	}
 
 	// Saturation: --burst acquires at once, with every lease live.
+	liveBefore := slices.Clone(all)
 	var burst []string
 	burstStart := time.Now()
 	for i := range s.burst {
@@ -325,15 +354,22 @@ func measureSize(ctx context.Context, s settings, n int, proxy *apiProxy, proxyK
 	}
 	final := r.tally(all)
 	res.Lost, res.Doubled, res.Ended, res.FirstEnded = len(all)-final.created-final.ended, final.doubled, final.ended, final.firstEnded
-	logf("%d leases: lost %d, doubled %d, ended %d; replay %.0f events/s", n, res.Lost, res.Doubled, res.Ended, res.ReplayPerSec)
+	if backend == "job" {
+		// The runs that were live through the restarts: each log once and in order (the
+		// restarted run-watcher resumed every follower without repeating a line), none missing.
+		lt := r.tally(liveBefore)
+		res.LogWrong, res.FirstLogWrong = len(liveBefore)-lt.ended-lt.logged, lt.firstLogWrong
+	}
+	logf("%d %s leases: lost %d, doubled %d, ended %d, wrong logs %d; replay %.0f events/s", n, backend, res.Lost, res.Doubled, res.Ended, res.LogWrong, res.ReplayPerSec)
 	return res, nil
 }
 
-// podConfig is every lease's config: an exec-capable pod lease of the stub image (never run: kwok
-// only pretends) with the e2e tests' resources.
-func podConfig() json.RawMessage {
+// leaseConfig is every lease's config: a lease of backend (pod: exec-capable; job: the agent's
+// own container, whose log the run-watcher follows) of the stub image (never run: kwok only
+// pretends) with the e2e tests' resources.
+func leaseConfig(backend string) json.RawMessage {
 	data, _ := json.Marshal(map[string]any{
-		"namespacePrefix": namespacePrefix, "backend": "pod", "podActivityDeadlineSec": 3600,
+		"namespacePrefix": namespacePrefix, "backend": backend, "podActivityDeadlineSec": 3600,
 		"adapters": []any{map[string]any{"adapterType": "claude_local", "runtimeImage": "kubeclip.local/agent-stub:dev"}},
 		"defaultResources": map[string]any{
 			"requests": map[string]string{"cpu": "100m", "memory": "128Mi"},
@@ -478,9 +514,10 @@ func freePort() (string, error) {
 	return port, err
 }
 
-// deleteTenants deletes every bench tenant namespace and waits until they are gone. Their pods
-// go first, at once and with no grace period: nothing runs in them, and kwok's pod-delete stage
-// finalizes a gracefully deleted pod at about 15 pods/s on this machine (1,000 took 70 s).
+// deleteTenants deletes every bench tenant namespace and waits until they are gone. Their Jobs
+// go first (or the Job controller makes new pods for them), then their pods, at once and with no
+// grace period: nothing runs in them, and kwok's pod-delete stage finalizes a gracefully deleted
+// pod at about 15 pods/s on this machine (1,000 took 70 s).
 func deleteTenants(ctx context.Context, cs kubernetes.Interface, logf func(string, ...any)) error {
 	deadline := time.Now().Add(15 * time.Minute)
 	announced := false
@@ -494,7 +531,11 @@ func deleteTenants(ctx context.Context, cs kubernetes.Interface, logf func(strin
 			if strings.HasPrefix(ns.Name, namespacePrefix) {
 				left = append(left, ns.Name)
 				if ns.DeletionTimestamp == nil {
-					err := cs.CoreV1().Pods(ns.Name).DeleteCollection(ctx, metav1.DeleteOptions{GracePeriodSeconds: ptr(int64(0))}, metav1.ListOptions{})
+					err := cs.BatchV1().Jobs(ns.Name).DeleteCollection(ctx, metav1.DeleteOptions{PropagationPolicy: ptr(metav1.DeletePropagationBackground)}, metav1.ListOptions{})
+					if err != nil && !apierrors.IsNotFound(err) {
+						return fmt.Errorf("deleting the Jobs of %s: %w", ns.Name, err)
+					}
+					err = cs.CoreV1().Pods(ns.Name).DeleteCollection(ctx, metav1.DeleteOptions{GracePeriodSeconds: ptr(int64(0))}, metav1.ListOptions{})
 					if err != nil && !apierrors.IsNotFound(err) {
 						return fmt.Errorf("deleting the pods of %s: %w", ns.Name, err)
 					}

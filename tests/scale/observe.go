@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -14,9 +15,10 @@ import (
 	"github.com/kubeclip/kubeclip/pkg/events"
 )
 
-// runs records, per run, when the bench received its created and ready events, how many created
-// events it got (more than one is a doubled lease), and any failed or result event (a live lease
-// must have neither). One ordered consumer reads every run event, as a Paperclip consumer would.
+// runs records, per run, when the bench received its created, running and ready events, how many
+// created events it got (more than one is a doubled lease), its log lines, and any failed or
+// result event (a live lease must have neither). One ordered consumer reads every run event, as a
+// Paperclip consumer would.
 type runs struct {
 	mu      sync.Mutex
 	byID    map[string]*runSeen
@@ -26,9 +28,17 @@ type runs struct {
 type runSeen struct {
 	published time.Time
 	created   time.Time
-	ready     time.Time
-	creates   int
-	ended     string // the failed or result event's kind and detail
+	// running is the first status with phase Running (a Job lease's: it has no Ready); ready
+	// the first Running/Ready (an exec-capable lease's).
+	running time.Time
+	ready   time.Time
+	creates int
+	ended   string // the failed or result event's kind and detail
+	// logLines are the texts of the run's log events in order; logSeq the last event's Seq, and
+	// logOutOfOrder whether an event came with another Seq than the next (doubled or lost).
+	logLines      []string
+	logSeq        uint64
+	logOutOfOrder bool
 }
 
 func watchRuns(ctx context.Context, js jetstream.JetStream, s events.Subjects) (*runs, error) {
@@ -85,8 +95,19 @@ func (r *runs) record(ev events.Event, at time.Time) {
 			s.created = at
 		}
 	case events.RunStatusEvent:
+		if e.Phase == events.PhaseRunning && s.running.IsZero() {
+			s.running = at
+		}
 		if e.Phase == events.PhaseRunning && e.Reason == events.ReasonReady && s.ready.IsZero() {
 			s.ready = at
+		}
+	case events.RunLogEvent:
+		if e.Seq != s.logSeq+1 {
+			s.logOutOfOrder = true
+		}
+		s.logSeq = max(s.logSeq, e.Seq)
+		for _, l := range e.Lines {
+			s.logLines = append(s.logLines, l.Text)
 		}
 	case events.RunFailedEvent:
 		s.ended = fmt.Sprintf("failed %s: %s", e.Code, e.Message)
@@ -101,9 +122,14 @@ func (r *runs) record(ev events.Event, at time.Time) {
 
 // tally is what the bench saw of a set of runs.
 type tally struct {
-	created, ready, doubled, ended int
-	firstEnded                     string
-	lastCreated                    time.Time
+	created, running, ready, doubled, ended int
+	// logged counts the runs whose log is agentLog exactly, each line once and in order;
+	// logWrong those whose log has more lines than agentLog, other lines, or an event out of
+	// order.
+	logged, logWrong int
+	firstLogWrong    string
+	firstEnded       string
+	lastCreated      time.Time
 }
 
 func (r *runs) tally(ids []string) tally {
@@ -118,8 +144,20 @@ func (r *runs) tally(ids []string) tally {
 				t.lastCreated = s.created
 			}
 		}
+		if !s.running.IsZero() {
+			t.running++
+		}
 		if !s.ready.IsZero() {
 			t.ready++
+		}
+		switch {
+		case s.logOutOfOrder || len(s.logLines) > len(agentLog) || !slices.Equal(s.logLines, agentLog[:len(s.logLines)]):
+			if t.logWrong == 0 {
+				t.firstLogWrong = fmt.Sprintf("%s: log %q (events in order: %t)", id, s.logLines, !s.logOutOfOrder)
+			}
+			t.logWrong++
+		case len(s.logLines) == len(agentLog):
+			t.logged++
 		}
 		if s.creates > 1 {
 			t.doubled++
@@ -134,10 +172,13 @@ func (r *runs) tally(ids []string) tally {
 	return t
 }
 
-// waitFor waits until done holds for the tally of ids or timeout passes, and returns the last
-// tally.
-func (r *runs) waitFor(ctx context.Context, ids []string, timeout time.Duration, done func(tally) bool) (tally, error) {
-	deadline := time.After(timeout)
+// waitFor waits until done holds for the tally of ids, or until the tally has not changed for
+// stall, and returns the last tally. A stall, not a total: at 10,000 Job leases the local Job
+// controller alone takes over 20 minutes to make the pods (about 7.6 pods/s), steadily.
+func (r *runs) waitFor(ctx context.Context, ids []string, stall time.Duration, done func(tally) bool) (tally, error) {
+	timer := time.NewTimer(stall)
+	defer timer.Stop()
+	var last tally
 	for {
 		r.mu.Lock()
 		ch := r.changed
@@ -146,10 +187,14 @@ func (r *runs) waitFor(ctx context.Context, ids []string, timeout time.Duration,
 		if done(t) {
 			return t, nil
 		}
+		if t != last {
+			timer.Reset(stall)
+			last = t
+		}
 		select {
 		case <-ch:
-		case <-deadline:
-			return t, fmt.Errorf("timed out after %s (created %d, ready %d, ended %d of %d)", timeout, t.created, t.ready, t.ended, len(ids))
+		case <-timer.C:
+			return t, fmt.Errorf("no progress for %s (created %d, running %d, ready %d, logged %d, ended %d of %d)", stall, t.created, t.running, t.ready, t.logged, t.ended, len(ids))
 		case <-ctx.Done():
 			return t, context.Cause(ctx)
 		}

@@ -56,20 +56,38 @@ func metrics() []metric {
 		{"tenant-worker restart → ready", "s", "≤ 30", func(r sizeResult) float64 { return r.RestartReadySec[tw] }},
 		{"replay of the run stream", "events/s", "", func(r sizeResult) float64 { return r.ReplayPerSec }},
 		{"lost + doubled + ended", "", "0", func(r sizeResult) float64 { return float64(r.Lost + r.Doubled + r.Ended) }},
+		{"runs with a wrong log (job)", "", "0", func(r sizeResult) float64 { return float64(r.LogWrong) }},
+		{"kubelet log requests (job)", "", "", func(r sizeResult) float64 { return float64(r.LogRequests) }},
+		{"log follow streams open, all live (job)", "", "", func(r sizeResult) float64 { return float64(r.LogStreamsLive) }},
 	}
 	return append(ms, stepMetrics()...)
 }
 
+// backendOrder is the order of the table's column sets: the pod backend's sizes, then the job
+// backend's.
+var backendOrder = []string{"pod", "job"}
+
 // writeReport prints the table to stdout and writes it, the JSON and the plot into dir.
 func writeReport(stdout io.Writer, dir string, results []sizeResult) error {
-	// An earlier run's sizes (--previous) may come in any order.
+	// An earlier run's sizes (--previous) may come in any order, and from before the backend was
+	// recorded (the pod backend's).
 	results = slices.Clone(results)
-	slices.SortStableFunc(results, func(a, b sizeResult) int { return a.Leases - b.Leases })
+	for i := range results {
+		if results[i].Backend == "" {
+			results[i].Backend = "pod"
+		}
+	}
+	slices.SortStableFunc(results, func(a, b sizeResult) int {
+		if a.Backend != b.Backend {
+			return slices.Index(backendOrder, a.Backend) - slices.Index(backendOrder, b.Backend)
+		}
+		return a.Leases - b.Leases
+	})
 	var b strings.Builder
 	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', tabwriter.AlignRight|tabwriter.Debug)
 	fmt.Fprint(tw, "metric\tunit\t")
 	for _, r := range results {
-		fmt.Fprintf(tw, "%d leases\t", r.Leases)
+		fmt.Fprintf(tw, "%d %s\t", r.Leases, r.Backend)
 	}
 	fmt.Fprintln(tw, "goal\t")
 	for _, m := range metrics() {
@@ -85,6 +103,9 @@ func writeReport(stdout io.Writer, dir string, results []sizeResult) error {
 			r.Leases, r.Backend, r.Companies, r.DurationSec, r.LoadStart, r.LoadEnd, r.APIDrive, r.APIDriveMeanMs, r.APISteady)
 		if r.FirstEnded != "" {
 			fmt.Fprintf(&b, "  first ended run: %s\n", r.FirstEnded)
+		}
+		if r.FirstLogWrong != "" {
+			fmt.Fprintf(&b, "  first wrong log: %s\n", r.FirstLogWrong)
 		}
 		if r.Error != "" {
 			fmt.Fprintf(&b, "  stopped: %s\n", r.Error)
@@ -123,7 +144,7 @@ func plot(results []sizeResult) string {
 	rows := (len(ms) + cols - 1) / cols
 	var b strings.Builder
 	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" font-family="sans-serif" font-size="11">`+"\n", cols*panelW, rows*panelH+30)
-	fmt.Fprintf(&b, `<text x="10" y="18" font-size="14">kubeclip cost curves on a kwok fleet (x: live leases, 0 to %d)</text>`+"\n", maxLeases(results))
+	fmt.Fprintf(&b, `<text x="10" y="18" font-size="14">kubeclip cost curves on a kwok fleet (x: live leases, 0 to %d;%s)</text>`+"\n", maxLeases(results), legend(results))
 	xmax := float64(maxLeases(results))
 	for i, m := range ms {
 		ox, oy := float64(i%cols*panelW), float64(30+i/cols*panelH)
@@ -140,26 +161,54 @@ func plot(results []sizeResult) string {
 		fmt.Fprintf(&b, `<text x="%.0f" y="%.0f">%s (%s)</text>`+"\n", ox+10, oy+20, escape(m.name), escape(m.unit))
 		fmt.Fprintf(&b, `<path d="M%.0f %.0f V%.0f H%.0f" fill="none" stroke="#888"/>`+"\n", ox+pad, oy+pad, oy+pad+h, ox+pad+w)
 		fmt.Fprintf(&b, `<text x="%.0f" y="%.0f" fill="#555">max %s</text>`+"\n", ox+pad+4, oy+pad-4, format(round(ymax)))
-		var pts []string
-		for _, r := range results {
-			pts = append(pts, fmt.Sprintf("%.1f,%.1f", x(r.Leases), y(m.value(r))))
-			fmt.Fprintf(&b, `<circle cx="%.1f" cy="%.1f" r="3" fill="#c33"/>`+"\n", x(r.Leases), y(m.value(r)))
-			fmt.Fprintf(&b, `<text x="%.1f" y="%.0f" text-anchor="middle" fill="#555">%d</text>`+"\n", x(r.Leases), oy+pad+h+14, r.Leases)
-		}
-		if len(results) > 0 && results[0].Leases > 0 {
-			// The linear reference through the origin and the first point.
-			// It ends where it leaves the panel.
-			slope := m.value(results[0]) / float64(results[0].Leases)
-			end := xmax
-			if slope*xmax > ymax {
-				end = ymax / slope
+		// One curve per backend (results are ordered by backend, then size).
+		for k, group := range byBackend(results) {
+			color := curveColors[k%len(curveColors)]
+			var pts []string
+			for _, r := range group {
+				pts = append(pts, fmt.Sprintf("%.1f,%.1f", x(r.Leases), y(m.value(r))))
+				fmt.Fprintf(&b, `<circle cx="%.1f" cy="%.1f" r="3" fill="%s"/>`+"\n", x(r.Leases), y(m.value(r)), color)
+				fmt.Fprintf(&b, `<text x="%.1f" y="%.0f" text-anchor="middle" fill="#555">%d</text>`+"\n", x(r.Leases), oy+pad+h+14, r.Leases)
 			}
-			fmt.Fprintf(&b, `<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#99c" stroke-dasharray="4 3"/>`+"\n",
-				x(0), y(0), x(int(end)), y(slope*end))
+			if first := group[0]; first.Leases > 0 && m.value(first) > 0 {
+				// The linear reference through the origin and the backend's first point.
+				// It ends where it leaves the panel.
+				slope := m.value(first) / float64(first.Leases)
+				end := xmax
+				if slope*xmax > ymax {
+					end = ymax / slope
+				}
+				fmt.Fprintf(&b, `<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="%s" stroke-opacity="0.4" stroke-dasharray="4 3"/>`+"\n",
+					x(0), y(0), x(int(end)), y(slope*end), color)
+			}
+			fmt.Fprintf(&b, `<polyline points="%s" fill="none" stroke="%s"/>`+"\n", strings.Join(pts, " "), color)
 		}
-		fmt.Fprintf(&b, `<polyline points="%s" fill="none" stroke="#c33"/>`+"\n", strings.Join(pts, " "))
 	}
 	b.WriteString("</svg>\n")
+	return b.String()
+}
+
+// curveColors are the backends' curve colours, in the order of byBackend.
+var curveColors = []string{"#c33", "#36c"}
+
+// byBackend splits results, ordered by backend, into one group per backend.
+func byBackend(results []sizeResult) [][]sizeResult {
+	var groups [][]sizeResult
+	for i, r := range results {
+		if i == 0 || r.Backend != results[i-1].Backend {
+			groups = append(groups, nil)
+		}
+		groups[len(groups)-1] = append(groups[len(groups)-1], r)
+	}
+	return groups
+}
+
+// legend names each backend's curve colour.
+func legend(results []sizeResult) string {
+	var b strings.Builder
+	for k, group := range byBackend(results) {
+		fmt.Fprintf(&b, ` <tspan fill="%s">%s</tspan>`, curveColors[k%len(curveColors)], escape(group[0].Backend))
+	}
 	return b.String()
 }
 

@@ -2,16 +2,21 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/xml"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"k8s.io/client-go/rest"
+
+	"github.com/kubeclip/kubeclip/pkg/events"
 )
 
 // The proxy forwards every request and counts it by verb, a watch as WATCH.
@@ -72,10 +77,10 @@ func TestWriteReport(t *testing.T) {
 		t.Fatal(err)
 	}
 	table := out.String()
-	if i, j := strings.Index(table, "1000 leases"), strings.Index(table, "10000 leases"); i < 0 || j < 0 || i > j {
+	if i, j := strings.Index(table, "1000 pod"), strings.Index(table, "10000 pod"); i < 0 || j < 0 || i > j {
 		t.Errorf("sizes not in order in:\n%s", table)
 	}
-	if !strings.Contains(table, "acquire → created p99|        ms|       100.50|           900|") {
+	if !strings.Contains(table, "acquire → created p99|        ms|    100.50|        900|") {
 		t.Errorf("no p99 row with both sizes in:\n%s", table)
 	}
 	svg, err := os.ReadFile(filepath.Join(dir, "scale.svg"))
@@ -89,5 +94,77 @@ func TestWriteReport(t *testing.T) {
 		} else if err != nil {
 			t.Fatalf("scale.svg does not parse: %v", err)
 		}
+	}
+}
+
+// Each backend gets its own column set, the pod backend's first, each in size order; a result
+// from before the backend was recorded is the pod backend's.
+func TestWriteReportOneColumnSetPerBackend(t *testing.T) {
+	var out strings.Builder
+	results := []sizeResult{{Leases: 3000, Backend: "job"}, {Leases: 1000, Backend: "job"}, {Leases: 3000}, {Leases: 1000, Backend: "pod"}}
+	if err := writeReport(&out, t.TempDir(), results); err != nil {
+		t.Fatal(err)
+	}
+	header := strings.SplitN(out.String(), "\n", 2)[0]
+	var cols []string
+	for f := range strings.SplitSeq(header, "|") {
+		if f = strings.TrimSpace(f); strings.HasSuffix(f, " pod") || strings.HasSuffix(f, " job") {
+			cols = append(cols, f)
+		}
+	}
+	if got, want := strings.Join(cols, ", "), "1000 pod, 3000 pod, 1000 job, 3000 job"; got != want {
+		t.Errorf("columns = %q, want %q (header %q)", got, want, header)
+	}
+}
+
+func TestParseSettingsBackends(t *testing.T) {
+	base := []string{"--kubeconfig", "k", "--kwok", "w"}
+	for _, tc := range []struct {
+		args    []string
+		want    string
+		wantErr string
+	}{
+		{args: nil, want: "pod"},
+		{args: []string{"--backends", "pod,job", "--cluster-pki", "/p"}, want: "pod,job"},
+		{args: []string{"--backends", "job"}, wantErr: "--cluster-pki is required"},
+		{args: []string{"--backends", "sandbox"}, wantErr: `"sandbox" is neither pod nor job`},
+		{args: []string{"--backends", "pod,pod"}, wantErr: `"pod" twice`},
+	} {
+		s, err := parseSettings(append(slices.Clone(base), tc.args...), io.Discard)
+		if tc.wantErr != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Errorf("%v: error = %v, want %q", tc.args, err, tc.wantErr)
+			}
+			continue
+		}
+		if err != nil || strings.Join(s.backends, ",") != tc.want {
+			t.Errorf("%v: backends = %v, %v; want %s", tc.args, s.backends, err, tc.want)
+		}
+	}
+}
+
+// waitFor gives up when the tally stands still for its stall time, not after it in total: runs
+// created one after the other, each within the stall time, are waited for however long they
+// take together.
+func TestWaitForTimesOutOnAStallOnly(t *testing.T) {
+	r := &runs{byID: map[string]*runSeen{}, changed: make(chan struct{})}
+	ids := []string{"a", "b", "c", "d", "e"}
+	const stall = 300 * time.Millisecond
+	go func() {
+		for _, id := range ids {
+			time.Sleep(stall / 3) // progress, each step well within the stall time
+			r.record(events.RunCreatedEvent{RunID: id}, time.Now())
+		}
+	}()
+	start := time.Now()
+	if _, err := r.waitFor(context.Background(), ids, stall, func(t tally) bool { return t.created == len(ids) }); err != nil {
+		t.Fatalf("steady progress: %v", err)
+	}
+	if took := time.Since(start); took < stall {
+		t.Fatalf("the runs came in %s, before one stall time: the test proves nothing", took)
+	}
+	_, err := r.waitFor(context.Background(), append(ids, "never"), stall, func(t tally) bool { return t.created == len(ids)+1 })
+	if err == nil || !strings.Contains(err.Error(), "no progress for 300ms (created 5,") {
+		t.Errorf("no progress: error = %v, want one naming the stall and the counts", err)
 	}
 }
