@@ -100,6 +100,10 @@ func decodeRunEvent(companyID, runID string, kind RunKind, data []byte) (Event, 
 		var e RunStatusEvent
 		err, ev = decode(data, &e), &e
 	case KindLog:
+		if e, ok := decodeLogEvent(data); ok {
+			ev = e
+			break
+		}
 		var e RunLogEvent
 		err, ev = decode(data, &e), &e
 	case KindResult:

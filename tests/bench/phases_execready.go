@@ -163,7 +163,10 @@ func (b *bench) rawPodReady(ctx context.Context, plan lease.Plan, key []byte, cl
 	defer cancel()
 	secrets, pods := b.raw.cs.CoreV1().Secrets(spec.Namespace), b.raw.cs.CoreV1().Pods(spec.Namespace)
 	opts := metav1.CreateOptions{FieldManager: benchFieldManager}
-	if _, err := secrets.Create(wctx, secret, opts); err != nil {
+	if err := createRetryingConflicts(func() error {
+		_, err := secrets.Create(wctx, secret, opts)
+		return err
+	}); err != nil {
 		return 0, fmt.Errorf("creating Secret %s/%s: %w", secret.Namespace, secret.Name, err)
 	}
 	defer func() {
@@ -177,7 +180,10 @@ func (b *bench) rawPodReady(ctx context.Context, plan lease.Plan, key []byte, cl
 		}
 	}()
 	start := time.Now()
-	if _, err := pods.Create(wctx, pod, opts); err != nil {
+	if err := createRetryingConflicts(func() error {
+		_, err := pods.Create(wctx, pod, opts)
+		return err
+	}); err != nil {
 		return 0, fmt.Errorf("creating pod %s/%s: %w", pod.Namespace, pod.Name, err)
 	}
 	// List, then watch (again, should the API server end a watch): the pod takes seconds to

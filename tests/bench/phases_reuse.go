@@ -125,7 +125,10 @@ func (b *bench) reuseLease(ctx context.Context, company string, rawFirst, warmUp
 		wctx, cancel := b.waitCtx(ctx)
 		defer cancel()
 		start := time.Now()
-		_, err := claims.Create(wctx, rawClaim, metav1.CreateOptions{FieldManager: benchFieldManager})
+		err := createRetryingConflicts(func() error {
+			_, err := claims.Create(wctx, rawClaim, metav1.CreateOptions{FieldManager: benchFieldManager})
+			return err
+		})
 		created := time.Since(start)
 		if err != nil {
 			err = fmt.Errorf("creating PersistentVolumeClaim %s/%s: %w", rawClaim.Namespace, rawClaim.Name, err)

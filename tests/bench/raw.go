@@ -9,11 +9,13 @@ import (
 	"github.com/oklog/ulid/v2"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/util/retry"
 
 	"github.com/kubeclip/kubeclip/pkg/events"
 	"github.com/kubeclip/kubeclip/pkg/k8s"
@@ -119,13 +121,27 @@ func renderTenant(plan lease.Plan, session string) ([]*unstructured.Unstructured
 // createRun creates the Secret, then the Job: the two creates the dispatcher's run rides on.
 func (r *rawKube) createRun(ctx context.Context, ro rendered) error {
 	opts := metav1.CreateOptions{FieldManager: benchFieldManager}
-	if _, err := r.cs.CoreV1().Secrets(ro.secret.Namespace).Create(ctx, ro.secret, opts); err != nil {
+	if err := createRetryingConflicts(func() error {
+		_, err := r.cs.CoreV1().Secrets(ro.secret.Namespace).Create(ctx, ro.secret, opts)
+		return err
+	}); err != nil {
 		return fmt.Errorf("creating Secret %s/%s: %w", ro.secret.Namespace, ro.secret.Name, err)
 	}
-	if _, err := r.cs.BatchV1().Jobs(ro.job.Namespace).Create(ctx, ro.job, opts); err != nil {
+	if err := createRetryingConflicts(func() error {
+		_, err := r.cs.BatchV1().Jobs(ro.job.Namespace).Create(ctx, ro.job, opts)
+		return err
+	}); err != nil {
 		return fmt.Errorf("creating Job %s/%s: %w", ro.job.Namespace, ro.job.Name, err)
 	}
 	return nil
+}
+
+// createRetryingConflicts runs a raw create again while the API server refuses it with Conflict,
+// as kubeclip's workers do (k8s.Meaning): a ResourceQuota's admission refuses a create with
+// Conflict when another create in the namespace updated the quota's usage at the same moment,
+// and the raw side must not fail a phase on what kubeclip's side rides out.
+func createRetryingConflicts(create func() error) error {
+	return retry.OnError(retry.DefaultRetry, apierrors.IsConflict, create)
 }
 
 // apply server-side applies objs one by one, in order, as the tenant-worker does.
