@@ -76,6 +76,7 @@ func Follow(ctx context.Context, js OrderedConsumerMaker, s Subjects, companyID,
 		return fmt.Errorf("following run %s: %w", runID, err)
 	}
 	defer it.Stop()
+	var subj followedSubject
 	for {
 		m, err := it.Next(jetstream.NextContext(ctx))
 		if err != nil {
@@ -84,16 +85,17 @@ func Follow(ctx context.Context, js OrderedConsumerMaker, s Subjects, companyID,
 			}
 			return fmt.Errorf("following run %s: %w", runID, err)
 		}
-		// The subject is parsed once, for IsRunEvent's check and the decoding both.
-		companyID, runID, kind, err := s.ParseRunSubject(m.Subject())
-		if err != nil || !hasRunType(kind, m.Headers()) {
+		if m.Subject() != subj.subject {
+			subj = parseFollowedSubject(s, m.Subject())
+		}
+		if subj.err != nil || m.Headers().Get(HeaderType) != subj.ceType {
 			continue // stored on a run subject by JetStream for someone's reply, not kubeclip's
 		}
 		r := Received{Subject: m.Subject()}
 		if meta, err := m.Metadata(); err == nil {
 			r.StreamSeq, r.Published, r.Pending = meta.Sequence.Stream, meta.Timestamp, meta.NumPending
 		}
-		r.Event, r.Err = decodeRunEvent(companyID, runID, kind, m.Data())
+		r.Event, r.Err = decodeRunEvent(subj.companyID, subj.runID, subj.kind, m.Data())
 		if err := fn(r); err != nil {
 			if errors.Is(err, ErrStopFollowing) {
 				return nil
@@ -101,4 +103,23 @@ func Follow(ctx context.Context, js OrderedConsumerMaker, s Subjects, companyID,
 			return err
 		}
 	}
+}
+
+// followedSubject is a run subject parsed for Follow, with the ce-type its events carry (see
+// IsRunEvent). A run's messages come on a handful of subjects, mostly one after the other on
+// its log subject: Follow parses a subject only when it differs from the previous message's.
+type followedSubject struct {
+	subject, companyID, runID string
+	kind                      RunKind
+	ceType                    string
+	err                       error
+}
+
+func parseFollowedSubject(s Subjects, subject string) followedSubject {
+	f := followedSubject{subject: subject}
+	f.companyID, f.runID, f.kind, f.err = s.ParseRunSubject(subject)
+	if f.err == nil {
+		f.ceType = EncodeHeaderValue(runType(f.kind))
+	}
+	return f
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/kubeclip/kubeclip/internal/natstest"
@@ -69,6 +70,21 @@ func TestFollowDeliversHistoryThenLive(t *testing.T) {
 	}
 	// Live events follow.
 	publish(events.RunLogEvent{RunID: "r1", CompanyID: "c1", Seq: 1, Pod: "p", Container: "c", Lines: []events.LogLine{{TS: ts, Text: "hi"}}})
+	// What someone else stored on the run's log subject is skipped: without a ce-type, or with
+	// another kind's.
+	logSubject, err := events.Subjects{}.Run("c1", "r1", events.KindLog)
+	if err != nil {
+		t.Fatal(err)
+	}
+	foreign := nats.NewMsg(logSubject)
+	foreign.Data = []byte(`{"runId":"r1","companyId":"c1","seq":2,"lines":[]}`)
+	if _, err := js.PublishMsg(ctx, foreign); err != nil {
+		t.Fatal(err)
+	}
+	foreign.Header.Set(events.HeaderType, events.RunStatusEvent{}.Type())
+	if _, err := js.PublishMsg(ctx, foreign); err != nil {
+		t.Fatal(err)
+	}
 	publish(events.RunResultEvent{RunID: "r1", CompanyID: "c1", Outcome: events.OutcomeSucceeded, ExitCode: ptr(0)})
 	next()
 	next()
@@ -87,7 +103,7 @@ func TestFollowDeliversHistoryThenLive(t *testing.T) {
 
 	// StartSeq skips what came before.
 	var fromSeq []string
-	err := events.Follow(ctx, js, events.Subjects{}, "c1", "r1", events.FollowOptions{StartSeq: rs[2].StreamSeq}, func(r events.Received) error {
+	err = events.Follow(ctx, js, events.Subjects{}, "c1", "r1", events.FollowOptions{StartSeq: rs[2].StreamSeq}, func(r events.Received) error {
 		fromSeq = append(fromSeq, fmt.Sprintf("%T", r.Event))
 		if r.Pending == 0 {
 			return events.ErrStopFollowing
