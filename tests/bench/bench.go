@@ -67,6 +67,9 @@ type bench struct {
 	ended map[string]bool
 	// The runs of each phase; (c) measures the results of (a), (b) and (d).
 	warmRuns, coldRuns, logRuns, burstRuns []string
+	// finalLogReads is (c'): each of those runs' agent log read once by (a), (b) and (d) at
+	// their end, before the next phase's settle deletes their pods.
+	finalLogReads samples
 
 	// Set by (e): the raw burst's creates/s.
 	rawBurstRate float64

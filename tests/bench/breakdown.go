@@ -118,19 +118,22 @@ func (b *bench) runPhase(runID string) string {
 	return "?"
 }
 
-// finalReads times a non-follow GetLogs (with timestamps, read to the end) of each pod's agent
-// container, one after the other: the request the run-watcher's final log read makes once it
-// learns a container terminated (k8s.ReadLogs).
-func (b *bench) finalReads(ctx context.Context, pods []podTimes) samples {
-	var s samples
-	for _, p := range pods {
-		wctx, cancel := b.waitCtx(ctx)
+// readFinalLogs adds to (c')'s samples each of runIDs' agent log read once (Timestamps, no
+// Follow), the request the run-watcher's final read makes (k8s.ReadLogs) once the container has
+// terminated. A phase calls it at its end: the next phase's settle deletes the pods.
+func (b *bench) readFinalLogs(ctx context.Context, runIDs []string) {
+	wctx, cancel := b.waitCtx(ctx)
+	defer cancel()
+	for _, id := range runIDs {
+		p, err := b.pods.terminated(wctx, id)
+		if err != nil {
+			b.finalLogReads.add(0, err)
+			continue
+		}
 		start := time.Now()
-		err := readAll(wctx, b.raw.cs.CoreV1().Pods(p.namespace).GetLogs(p.name, &corev1.PodLogOptions{Container: policy.AgentContainerName, Timestamps: true}))
-		s.add(time.Since(start), err)
-		cancel()
+		err = readAll(wctx, b.raw.cs.CoreV1().Pods(p.namespace).GetLogs(p.name, &corev1.PodLogOptions{Container: policy.AgentContainerName, Timestamps: true}))
+		b.finalLogReads.add(time.Since(start), err)
 	}
-	return s
 }
 
 // readAll reads a log request's stream to its end.

@@ -59,6 +59,7 @@ func (b *bench) warmPhase(ctx context.Context, rep *report) error {
 		return err
 	}
 	rep.Breakdown = append(rep.Breakdown, b.acquireStages(phaseWarm, b.warmRuns[b.s.warmup:])...)
+	b.readFinalLogs(ctx, b.warmRuns[b.s.warmup:])
 	rep.add(latencyRow("(a) acquire → created, warm tenant", pipe, raw,
 		"client-go create Secret + create Job (same objects rendered by pkg/lease+pkg/policy) in a warm scratch tenant",
 		"p99 ≤ 100 ms; p50 ≤ 1.5× raw",
@@ -75,6 +76,7 @@ func (b *bench) coldPhase(ctx context.Context, rep *report) error {
 		return err
 	}
 	rep.Breakdown = append(rep.Breakdown, b.acquireStages(phaseCold, b.coldRuns[b.s.warmup:])...)
+	b.readFinalLogs(ctx, b.coldRuns[b.s.warmup:])
 	rep.add(latencyRow("(b) acquire → created, cold tenant", pipe, raw,
 		"SSA of the tenant's 8 objects (in order, as the tenant-worker) + create Secret + create Job, new scratch tenant each",
 		"none (informational)", nil))
