@@ -187,26 +187,28 @@ func (b *bench) describeRuns(ids []string) string {
 }
 
 // poll calls left until it returns "" (nothing left) and returns nil, or ctx ends: the error
-// then says what was left.
+// then says what was left when last known. An answer of the API server's (Forbidden, say) ends
+// the poll at once; a request that could not be made is asked again: near the deadline, the
+// client's rate limiter refuses to wait past it, and that must not hide what was left.
 func (b *bench) poll(ctx context.Context, left func() (string, error)) error {
 	t := time.NewTicker(settlePoll)
 	defer t.Stop()
-	last := ""
+	last := "unknown"
 	for {
 		what, err := left()
+		var status apierrors.APIStatus
 		switch {
-		case err != nil && ctx.Err() == nil:
-			return err
 		case err == nil && what == "":
 			return nil
 		case err == nil:
 			last = what
+		case errors.As(err, &status) && ctx.Err() == nil:
+			return err
+		case last == "unknown":
+			last = "unknown (" + err.Error() + ")"
 		}
 		select {
 		case <-ctx.Done():
-			if last == "" {
-				last = "unknown"
-			}
 			return fmt.Errorf("%s: %w", last, context.Cause(ctx))
 		case <-t.C:
 		}

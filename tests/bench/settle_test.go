@@ -102,3 +102,28 @@ func TestProcShares(t *testing.T) {
 		t.Errorf("readNodeCPU: the bench process used %s CPU so far, want > 0", r.bench)
 	}
 }
+
+// A read that could not be made near the deadline (the rate limiter's refusal) does not hide
+// what was left; the API server's refusal ends the poll at once.
+func TestPollKeepsWhatWasLeft(t *testing.T) {
+	b := &bench{}
+	ctx, cancel := context.WithTimeout(t.Context(), 3*settlePoll/2)
+	defer cancel()
+	calls := 0
+	err := b.poll(ctx, func() (string, error) {
+		if calls++; calls == 1 {
+			return "ns/stub", nil
+		}
+		return "", errors.New("client rate limiter Wait returned an error: rate: Wait(n=1) would exceed context deadline")
+	})
+	if !errors.Is(err, context.DeadlineExceeded) || !strings.HasPrefix(err.Error(), "ns/stub: ") {
+		t.Fatalf("poll = %v, want the deadline naming ns/stub", err)
+	}
+
+	forbidden := apierrors.NewForbidden(corev1.Resource("pods"), "", errors.New("no"))
+	calls = 0
+	err = b.poll(t.Context(), func() (string, error) { calls++; return "", forbidden })
+	if !apierrors.IsForbidden(err) || calls != 1 {
+		t.Fatalf("poll = %v after %d calls, want Forbidden after 1", err, calls)
+	}
+}
