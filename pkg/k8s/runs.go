@@ -83,8 +83,8 @@ func (r CreatedRun) AdoptSecret(ctx context.Context, cs kubernetes.Interface) er
 // that is why the Secret used to come first. The Secret's POST goes out as soon as the Job's is
 // answered, before the Job controller, the scheduler and the kubelet have made, bound and
 // started the pod, so it exists first in practice; if it does not (or a retry completes it, a
-// redelivery finding the Job), the run classifier's StartErrorGrace covers the wait, as it covers
-// the kubelet's own "failed to sync secret cache" right after binding.
+// redelivery finding the Job), the run classifier's StartErrorGrace covers the wait (the kubelet
+// reports `secret "…" not found`); its own "failed to sync secret cache" gets a minute.
 //
 // secret and job must be in the same namespace and both carry LabelRunID with the same value.
 // Neither argument is modified. A retryable error (network, 5xx, 429, Conflict) may leave the Job

@@ -26,10 +26,11 @@ const (
 	// DefaultUnschedulableGrace lets a transient Unschedulable (capacity freed a moment later)
 	// pass before the run fails.
 	DefaultUnschedulableGrace = 5 * time.Second
-	// DefaultStartErrorGrace lets start errors that clear by themselves pass: right after a pod
-	// is bound, the kubelet may report CreateContainerConfigError ("failed to sync secret
-	// cache") until the node authorizer lets it read the run's Secret. An image that cannot be
-	// pulled still fails the run seconds after the pod starts, not at its deadline.
+	// DefaultStartErrorGrace lets start errors that clear by themselves pass: an image pull's
+	// hiccup, a run's Secret created a moment after its pod started (`secret "…" not found`).
+	// The kubelet's own "failed to sync secret cache" waits at least a minute
+	// (verdict.cacheSyncGrace). An image that cannot be pulled still fails the run seconds after
+	// the pod starts, not at its deadline.
 	DefaultStartErrorGrace = 10 * time.Second
 )
 

@@ -2,6 +2,7 @@ package verdict
 
 import (
 	"fmt"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -18,10 +19,8 @@ const oomExitCode = 137
 // is certain at once (true: the image is not on the node and will never be pulled, or its name
 // is malformed) or only once it has lasted Options.StartErrorGrace (false): an image
 // pull can fail on a registry hiccup, and the kubelet reports CreateContainerConfigError with
-// "failed to sync secret cache" when it starts a pod before the node authorizer lets it read the
-// pod's Secret, which clears on its next sync. A missing Secret or key, a refused container and a
-// missing image persist, and the run's Secret is created before its Job so that its absence
-// never looks like one of these.
+// "failed to sync secret cache" while it cannot read the pod's Secret yet (see cacheSyncGrace).
+// A missing Secret or key, a refused container and a missing image persist.
 var fatalWaitingReasons = map[string]bool{
 	events.ReasonErrImageNeverPull:          true,
 	"InvalidImageName":                      true,
@@ -31,6 +30,15 @@ var fatalWaitingReasons = map[string]bool{
 	"CreateContainerError":                  false,
 	"RunContainerError":                     false,
 }
+
+// cacheSyncGrace is the least a container may wait with the kubelet's own cache-sync timeout
+// ("failed to sync secret cache: timed out waiting for the condition", or configmap): the
+// kubelet has not managed to read the pod's Secret yet, because the node authorizer does not
+// know the pod is bound to it or the API server answers slowly. A Secret that does not exist
+// reads `secret "…" not found` instead. It clears on a later sync of the pod, which on a node
+// busy starting many pods comes tens of seconds later (seen 46 s from pod created to container
+// started, under load): StartErrorGrace, meant for errors that persist, would fail such a run.
+const cacheSyncGrace = time.Minute
 
 // podVerdict is what a run's pod says about the run.
 type podVerdict struct {
@@ -222,9 +230,13 @@ func fatalWaitingVerdict(pod *corev1.Pod, opts Options) (podVerdict, bool) {
 				if pod.Status.StartTime != nil {
 					since = pod.Status.StartTime.Time
 				}
-				if waited := now.Sub(since); waited < opts.StartErrorGrace {
+				grace := opts.StartErrorGrace
+				if w.Reason == events.ReasonCreateContainerConfigError && strings.HasPrefix(w.Message, "failed to sync ") {
+					grace = max(grace, cacheSyncGrace)
+				}
+				if waited := now.Sub(since); waited < grace {
 					if pending == nil {
-						pending = &podVerdict{Phase: events.PhasePending, Reason: w.Reason, Message: msg, RecheckAfter: opts.StartErrorGrace - waited}
+						pending = &podVerdict{Phase: events.PhasePending, Reason: w.Reason, Message: msg, RecheckAfter: grace - waited}
 					}
 					continue
 				}
