@@ -185,6 +185,12 @@ func (j *journal) replay(ctx context.Context, last uint64) error {
 		return fmt.Errorf("replaying the published log: %w", err)
 	}
 	for {
+		// Chunk last is in the stream (loadJournal read it), so the replay goes on until it has
+		// it: a pull that comes back empty before that (one did once in 10,000 resumes on a
+		// loaded server) is an error, which the step retries, never the end of the log. Ending
+		// there left the cursor short, and the follower published the run's lines again
+		// (issue 16, bench-scale, 10,000 Job leases). A no-wait pull, not a waiting one: the
+		// replay stops at last, mid-batch, and a waiting pull would outlive it.
 		batch, err := cons.FetchNoWait(256)
 		if err != nil {
 			return fmt.Errorf("replaying the published log: %w", err)
@@ -211,7 +217,7 @@ func (j *journal) replay(ctx context.Context, last uint64) error {
 			return fmt.Errorf("replaying the published log: %w", err)
 		}
 		if n == 0 {
-			return nil
+			return fmt.Errorf("replaying the published log: the stream delivered nothing before chunk %d", last)
 		}
 	}
 }

@@ -137,7 +137,9 @@ func TestJournalResume(t *testing.T) {
 func TestJournalResumeWithoutLines(t *testing.T) {
 	h := newHarness(t)
 	tr := h.tracker(t, "run-empty")
-	if err := tr.journal.resume(t.Context(), logEvent("run-empty", 4), 0); err != nil {
+	last := logEvent("run-empty", 4)
+	streamSeq := h.publish(t, last)
+	if err := tr.journal.resume(t.Context(), last, streamSeq); err != nil {
 		t.Fatalf("resume() error: %v", err)
 	}
 	if diff := cmp.Diff(k8s.Cursor{}, tr.journal.cursor()); diff != "" {
