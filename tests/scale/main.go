@@ -166,6 +166,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 	var logs *logServer
 	kubeletPort := ""
 	if slices.Contains(s.backends, "job") {
+		if err := checkOpenFileLimit(largest); err != nil {
+			return err
+		}
 		if logs, err = startLogServer(s.clusterPKI); err != nil {
 			return err
 		}
@@ -208,6 +211,21 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 				return err
 			}
 		}
+	}
+	return nil
+}
+
+// checkOpenFileLimit fails early when this process may not hold a connection per live Job lease
+// and some: the log server holds one per follow stream (the API server speaks HTTP/1.1 to a
+// kubelet, one connection per request), leases of them at the largest size.
+func checkOpenFileLimit(leases int) error {
+	var lim syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+		return fmt.Errorf("reading the open-file limit: %w", err)
+	}
+	// The Go runtime raised the soft limit to the hard one at start.
+	if need := uint64(leases) + 2000; lim.Cur < need {
+		return fmt.Errorf("the open-file limit is %d; the job backend's log server needs about %d at %d leases (ulimit -n)", lim.Cur, need, leases)
 	}
 	return nil
 }
