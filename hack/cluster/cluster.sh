@@ -715,10 +715,16 @@ start_apiserver() {
 start_controller_manager() {
   # No leader election: there is one instance, and a lease left by a killed one would hold the
   # new one back for up to 15 s.
+  # --kube-api-qps/--kube-api-burst: each controller's client-side rate (each has its own client,
+  # --use-service-account-credentials). The default, 20/30, held the Job controller to
+  # about 7.6 pods/s (a pod POST, Job status updates and an event per pod): 22 min for the 10,000
+  # Job leases of `make bench-scale` (docs/scale/jobscale.md). A setting of this test cluster, not
+  # a recommendation: a real cluster's operator sizes their own.
   start_daemon kube-controller-manager "$BIN/kube-controller-manager" \
     --kubeconfig="$STATE/controller-manager.kubeconfig" \
     --bind-address=127.0.0.1 \
     --leader-elect=false \
+    --kube-api-qps=100 --kube-api-burst=200 \
     --use-service-account-credentials=true \
     --service-account-private-key-file="$PKI/sa.key" --root-ca-file="$PKI/ca.crt" \
     --cluster-signing-cert-file="$PKI/ca.crt" --cluster-signing-key-file="$PKI/ca.key" \

@@ -3,7 +3,7 @@
 # cache once per version and prints the binary's path. `make bench-scale` runs it against the
 # local cluster's API server (tests/scale starts and stops it, and creates and deletes its fake
 # nodes), so a simulated fleet holds thousands of pods that no kubelet runs. Its stages
-# (stages.yaml) are kwok's "fast" ones with one change, said there. The fleet's kubelet port for
+# (stages.yaml) are kwok's "fast" ones with two changes, said there. The fleet's kubelet port for
 # container logs is the bench's own (tests/scale/kubelet.go), not kwok's server: why is said there.
 #
 #   KUBECLIP_CACHE   cache of built tools (default ~/.cache/kubeclip)

@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/util/retry"
 )
 
 // The simulated fleet. Its nodes carry fleetLabel and the taint fleetTaint, so no pod lands on
@@ -125,7 +126,62 @@ func startFleet(ctx context.Context, cs kubernetes.Interface, kwok, stages, kube
 		}
 		f.nodes = append(f.nodes, n.Name)
 	}
-	return f, f.waitReady(ctx)
+	if err := f.waitReady(ctx); err != nil {
+		return f, err
+	}
+	return f, f.checkReinitialized(ctx, kubeletPort)
+}
+
+// checkReinitialized has kwok initialize every fake node once more and checks that each keeps
+// its InternalIP (and kubeletPort, other than ""). kwok's node-initialize stage runs again
+// whenever a node is not Ready: when kwok's Lease renewals lag on a busy machine, the node
+// lifecycle controller marks the node's Ready Unknown (each node once within five minutes of
+// the stopped 3,000 job size). A node without its address is one the API server cannot reach
+// the log server through: every Job lease's log follow on it fails (docs/scale/jobscale.md,
+// "3,000: stopped"; hack/kwok/stages.yaml). The check marks each node Unknown as that
+// controller does and waits for kwok to make it Ready again.
+func (f *fleet) checkReinitialized(ctx context.Context, kubeletPort string) error {
+	nodes := f.cs.CoreV1().Nodes()
+	for _, name := range f.nodes {
+		err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+			n, err := nodes.Get(ctx, name, metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			for i, c := range n.Status.Conditions {
+				if c.Type == corev1.NodeReady {
+					n.Status.Conditions[i].Status, n.Status.Conditions[i].Reason = corev1.ConditionUnknown, "NodeStatusUnknown"
+					n.Status.Conditions[i].Message = "scale: marked Unknown to check that kwok initializes the node again"
+				}
+			}
+			_, err = nodes.UpdateStatus(ctx, n, metav1.UpdateOptions{})
+			return err
+		})
+		if err != nil {
+			return fmt.Errorf("marking node %s Unknown: %w", name, err)
+		}
+	}
+	if err := f.waitReady(ctx); err != nil {
+		return fmt.Errorf("kwok initializing the nodes again: %w", err)
+	}
+	for _, name := range f.nodes {
+		n, err := nodes.Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		ip := ""
+		for _, a := range n.Status.Addresses {
+			if a.Type == corev1.NodeInternalIP {
+				ip = a.Address
+			}
+		}
+		port := strconv.Itoa(int(n.Status.DaemonEndpoints.KubeletEndpoint.Port))
+		if ip != "127.0.0.1" || (kubeletPort != "" && port != kubeletPort) {
+			return fmt.Errorf("node %s, initialized again by kwok, has InternalIP %q and kubelet port %s, want 127.0.0.1 and %s (addresses %v): check the node stages of hack/kwok/stages.yaml",
+				name, ip, port, kubeletPort, n.Status.Addresses)
+		}
+	}
+	return nil
 }
 
 // waitReady waits until every fake node is Ready (kwok's node-initialize stage).

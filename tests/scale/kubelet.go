@@ -138,7 +138,8 @@ func (s *logServer) close() error {
 	return nil
 }
 
-// servingCert issues a one-day serving certificate for 127.0.0.1 from the CA in pkiDir.
+// servingCert issues a one-day serving certificate for 127.0.0.1 from the CA in pkiDir: the log
+// server's and the API proxy's.
 func servingCert(pkiDir string) (tls.Certificate, error) {
 	caPair, err := tls.LoadX509KeyPair(filepath.Join(pkiDir, "ca.crt"), filepath.Join(pkiDir, "ca.key"))
 	if err != nil {
@@ -158,7 +159,7 @@ func servingCert(pkiDir string) (tls.Certificate, error) {
 	}
 	tmpl := &x509.Certificate{
 		SerialNumber: serial,
-		Subject:      pkix.Name{CommonName: "kubeclip-scale-kubelet"},
+		Subject:      pkix.Name{CommonName: "kubeclip-scale"},
 		NotBefore:    time.Now().Add(-time.Minute),
 		NotAfter:     time.Now().Add(24 * time.Hour),
 		KeyUsage:     x509.KeyUsageDigitalSignature,
@@ -167,7 +168,7 @@ func servingCert(pkiDir string) (tls.Certificate, error) {
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caPair.PrivateKey)
 	if err != nil {
-		return tls.Certificate{}, fmt.Errorf("issuing the log server's certificate: %w", err)
+		return tls.Certificate{}, fmt.Errorf("issuing a serving certificate from the cluster CA: %w", err)
 	}
 	keyDER, err := x509.MarshalECPrivateKey(key)
 	if err != nil {

@@ -62,8 +62,8 @@ type settings struct {
 	kubeconfig, kwok, stages, out string
 	sizes                         []int
 	backends                      []string
-	// clusterPKI holds the cluster's CA (ca.crt, ca.key), which issues the log server's
-	// certificate; needed for the job backend only.
+	// clusterPKI holds the cluster's CA (ca.crt, ca.key), which issues the API proxy's and the
+	// log server's certificates.
 	clusterPKI string
 	rate       float64
 	perCompany int
@@ -85,7 +85,7 @@ func parseSettings(args []string, stderr io.Writer) (settings, error) {
 	fs.StringVar(&s.out, "out", "bin/scale", "directory of the table, plot, JSON and logs")
 	sizes := fs.String("sizes", "1000,3000,10000", "comma-separated numbers of concurrent leases, one run each")
 	backends := fs.String("backends", "pod", "comma-separated lease backends (pod, job): every size runs for each, in this order")
-	fs.StringVar(&s.clusterPKI, "cluster-pki", "", "directory of the cluster's CA (ca.crt, ca.key), which issues the job backend's log server certificate")
+	fs.StringVar(&s.clusterPKI, "cluster-pki", "", "directory of the cluster's CA (ca.crt, ca.key), which issues the API proxy's and the log server's certificates (required)")
 	fs.Float64Var(&s.rate, "rate", 100, "offered acquires per second")
 	fs.IntVar(&s.perCompany, "leases-per-company", 100, "live leases per company (each company is one tenant namespace)")
 	fs.IntVar(&s.burst, "burst", 500, "acquires published at once, with the size live, for the saturation rate")
@@ -95,8 +95,8 @@ func parseSettings(args []string, stderr io.Writer) (settings, error) {
 	if err := fs.Parse(args); err != nil {
 		return s, err
 	}
-	if s.kubeconfig == "" || s.kwok == "" {
-		return s, errors.New("--kubeconfig and --kwok are required")
+	if s.kubeconfig == "" || s.kwok == "" || s.clusterPKI == "" {
+		return s, errors.New("--kubeconfig, --kwok and --cluster-pki are required")
 	}
 	for f := range strings.SplitSeq(*sizes, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(f))
@@ -114,9 +114,6 @@ func parseSettings(args []string, stderr io.Writer) (settings, error) {
 			return s, fmt.Errorf("--backends: %q twice", b)
 		}
 		s.backends = append(s.backends, b)
-	}
-	if slices.Contains(s.backends, "job") && s.clusterPKI == "" {
-		return s, errors.New("--cluster-pki is required with the job backend (its log server's certificate)")
 	}
 	if s.rate <= 0 || s.perCompany < 1 || s.burst < 1 || s.steady <= 0 {
 		return s, errors.New("--rate, --leases-per-company, --burst and --steady must be positive")
@@ -161,7 +158,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 	if err := deleteTenants(ctx, cs, logf); err != nil {
 		return err
 	}
-	proxy, err := startAPIProxy(cfg)
+	proxy, err := startAPIProxy(cfg, s.clusterPKI)
 	if err != nil {
 		return err
 	}
@@ -178,6 +175,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 	var logs *logServer
 	kubeletPort := ""
 	if slices.Contains(s.backends, "job") {
+		if err := checkOpenFileLimit(largest); err != nil {
+			return err
+		}
 		if logs, err = startLogServer(s.clusterPKI); err != nil {
 			return err
 		}
@@ -220,6 +220,21 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 				return err
 			}
 		}
+	}
+	return nil
+}
+
+// checkOpenFileLimit fails early when this process may not hold a connection per live Job lease
+// and some: the log server holds one per follow stream (the API server speaks HTTP/1.1 to a
+// kubelet, one connection per request), leases of them at the largest size.
+func checkOpenFileLimit(leases int) error {
+	var lim syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+		return fmt.Errorf("reading the open-file limit: %w", err)
+	}
+	// The Go runtime raised the soft limit to the hard one at start.
+	if need := uint64(leases) + 2000; lim.Cur < need {
+		return fmt.Errorf("the open-file limit is %d; the job backend's log server needs about %d at %d leases (ulimit -n)", lim.Cur, need, leases)
 	}
 	return nil
 }

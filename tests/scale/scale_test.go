@@ -15,29 +15,45 @@ import (
 	"time"
 
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/kubeclip/kubeclip/pkg/events"
 )
 
-// The proxy forwards every request and counts it by verb, a watch as WATCH.
+// The proxy forwards every request and counts it by verb, a watch as WATCH. A client built from
+// the kubeconfig it writes reaches it over TLS and speaks HTTP/2, as to the API server: its
+// requests share a connection instead of holding one each.
 func TestAPIProxyCountsByVerb(t *testing.T) {
 	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.WriteString(w, r.Method+" "+r.URL.Path)
 	}))
 	defer upstream.Close()
-	p, err := startAPIProxy(&rest.Config{Host: upstream.URL})
+	pki, _ := testCA(t)
+	p, err := startAPIProxy(&rest.Config{Host: upstream.URL}, pki)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer p.close()
-	base := "http://" + p.ln.Addr().String()
+	kubeconfig, err := p.writeKubeconfig(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	transport, err := rest.TransportFor(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	client := &http.Client{Transport: transport}
 	before := p.snapshot()
 	for _, req := range []struct{ method, path string }{
 		{http.MethodGet, "/api/v1/pods?watch=true"}, {http.MethodGet, "/api/v1/pods"},
 		{http.MethodPost, "/api/v1/namespaces/x/pods"}, {http.MethodPost, "/api/v1/namespaces/x/secrets"},
 	} {
-		r, _ := http.NewRequest(req.method, base+req.path, strings.NewReader("{}"))
-		resp, err := http.DefaultClient.Do(r)
+		r, _ := http.NewRequest(req.method, cfg.Host+req.path, strings.NewReader("{}"))
+		resp, err := client.Do(r)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -45,6 +61,9 @@ func TestAPIProxyCountsByVerb(t *testing.T) {
 		resp.Body.Close()
 		if want := req.method + " " + strings.Split(req.path, "?")[0]; string(body) != want {
 			t.Errorf("%s %s: upstream answered %q, want %q", req.method, req.path, body, want)
+		}
+		if resp.Proto != "HTTP/2.0" {
+			t.Errorf("%s %s: the client spoke %s to the proxy, want HTTP/2.0", req.method, req.path, resp.Proto)
 		}
 	}
 	got := p.snapshot().since(before)
@@ -118,15 +137,14 @@ func TestWriteReportOneColumnSetPerBackend(t *testing.T) {
 }
 
 func TestParseSettingsBackends(t *testing.T) {
-	base := []string{"--kubeconfig", "k", "--kwok", "w"}
+	base := []string{"--kubeconfig", "k", "--kwok", "w", "--cluster-pki", "/p"}
 	for _, tc := range []struct {
 		args    []string
 		want    string
 		wantErr string
 	}{
 		{args: nil, want: "pod"},
-		{args: []string{"--backends", "pod,job", "--cluster-pki", "/p"}, want: "pod,job"},
-		{args: []string{"--backends", "job"}, wantErr: "--cluster-pki is required"},
+		{args: []string{"--backends", "pod,job"}, want: "pod,job"},
 		{args: []string{"--backends", "sandbox"}, wantErr: `"sandbox" is neither pod nor job`},
 		{args: []string{"--backends", "pod,pod"}, wantErr: `"pod" twice`},
 	} {
@@ -140,6 +158,9 @@ func TestParseSettingsBackends(t *testing.T) {
 		if err != nil || strings.Join(s.backends, ",") != tc.want {
 			t.Errorf("%v: backends = %v, %v; want %s", tc.args, s.backends, err, tc.want)
 		}
+	}
+	if _, err := parseSettings([]string{"--kubeconfig", "k", "--kwok", "w"}, io.Discard); err == nil || !strings.Contains(err.Error(), "--cluster-pki are required") {
+		t.Errorf("without --cluster-pki: error = %v, want it required", err)
 	}
 }
 
