@@ -563,6 +563,7 @@ func TestResumedLeaseExpiry(t *testing.T) {
 	}
 
 	e.publish(t, events.ReleaseRequest{RunID: ref.RunID, CompanyID: ref.CompanyID, ProviderLeaseID: rec.WorkloadName, ReleaseID: "0"})
+	e.next(t, ref, events.KindReleased, 0) // as the host does, resumed only once released
 	e.waitState(t, ref, lease.StateRetained)
 	e.clock.add(runDeadline - 30*time.Second) // near the acquire's expiry: the case that was killed
 	resumedAt := e.clock.Now()
@@ -633,6 +634,8 @@ func (e *reuseEnv) retainedLease(t *testing.T) lease.Record {
 	e.next(t, ref, events.KindCreated, 0)
 	rec := e.record(t, ref)
 	e.publish(t, events.ReleaseRequest{RunID: ref.RunID, CompanyID: ref.CompanyID, ProviderLeaseID: rec.WorkloadName, ReleaseID: "0"})
+	// The record is retained before the agent is freed; the release's answer comes after both.
+	e.next(t, ref, events.KindReleased, 0)
 	rec = e.waitState(t, ref, lease.StateRetained)
 	e.guardHeldBy(t, rec, "")
 	return rec
@@ -699,6 +702,7 @@ func TestResumeTakesTheAgent(t *testing.T) {
 
 		otherRec := e.record(t, other)
 		e.publish(t, events.ReleaseRequest{RunID: other.RunID, CompanyID: other.CompanyID, ProviderLeaseID: otherRec.WorkloadName, ReleaseID: "0"})
+		e.next(t, other, events.KindReleased, 0) // answered once the agent is free
 		e.waitState(t, other, lease.StateRetained)
 		e.publish(t, events.ResumeRequest{RunID: rec.RunID, CompanyID: rec.CompanyID, ProviderLeaseID: rec.WorkloadName, ResumeID: "retry"})
 		resumed, _ := e.next(t, rec.Ref(), events.KindResumed, 0)
