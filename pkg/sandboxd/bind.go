@@ -158,7 +158,6 @@ func Bind(ctx context.Context, dial func(ctx context.Context) (net.Conn, error),
 	if err != nil {
 		return fmt.Errorf("binding sandboxd: encoding the request: %w", err)
 	}
-	defer clear(body)
 	err = oneShot(dial, bindSeed, func(c *Client) error {
 		_, err := c.call(ctx, http.MethodPost, "/v1/bind", bytes.NewReader(body), "application/json", nil, http.StatusNoContent)
 		return err
