@@ -410,3 +410,36 @@ func TestBindErrorsHoldNoSecrets(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkBind measures Bind over loopback: "first" binds an unbound daemon (one handshake with
+// the bind key, the lease's certificate made, the switch); "retry" is a repeated Bind of a daemon
+// already bound to the lease (a failed handshake, then the probe's handshake and info).
+func BenchmarkBind(b *testing.B) {
+	quiet := func(o *sandboxd.Options) { o.Logger = zerolog.Nop() }
+	ctx := context.Background()
+	env := map[string]string{"PAPERCLIP_RUN": "run-1", "PATH": "/usr/local/bin:/usr/bin:/bin"}
+	b.Run("first", func(b *testing.B) {
+		for b.Loop() {
+			b.StopTimer()
+			h := startUnbound(b, quiet)
+			b.StartTimer()
+			if err := sandboxd.Bind(ctx, sandboxd.DialTCP(h.addr), bindSeed, testSeed, env); err != nil {
+				b.Fatal(err)
+			}
+			b.StopTimer()
+			h.stop()
+			b.StartTimer()
+		}
+	})
+	b.Run("retry", func(b *testing.B) {
+		h := startUnbound(b, quiet)
+		if err := sandboxd.Bind(ctx, sandboxd.DialTCP(h.addr), bindSeed, testSeed, env); err != nil {
+			b.Fatal(err)
+		}
+		for b.Loop() {
+			if err := sandboxd.Bind(ctx, sandboxd.DialTCP(h.addr), bindSeed, testSeed, env); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
