@@ -378,3 +378,68 @@ func TestBindLosesToAnEarlierSwitch(t *testing.T) {
 		t.Errorf("the second bind's lease after the held one: %q", got.Stdout)
 	}
 }
+
+// TestBindErrorsHoldNoSecrets: Bind's errors name what went wrong, never a seed, a token or an
+// env value.
+func TestBindErrorsHoldNoSecrets(t *testing.T) {
+	h := startUnbound(t, nil)
+	const value = "env-value-never-shown"
+	secrets := []string{value, hex.EncodeToString(testSeed), hex.EncodeToString(bindSeed), hex.EncodeToString(otherLease),
+		sandboxd.ClientToken(testSeed), sandboxd.ClientToken(bindSeed), sandboxd.ClientToken(otherLease)}
+	for _, tc := range []struct {
+		name       string
+		lease      []byte
+		env        map[string]string
+		wantErr    error
+		wantInText string
+	}{
+		{"a bad env name", testSeed, map[string]string{"A=B": value}, sandboxd.ErrInvalidRequest, `"A=B"`},
+		{"the seed variable", testSeed, map[string]string{execspec.SeedEnv: value}, sandboxd.ErrInvalidRequest, execspec.SeedEnv},
+		{"a NUL in a value", testSeed, map[string]string{"A": value + "\x00"}, sandboxd.ErrInvalidRequest, "env.A"},
+		{"bound", testSeed, map[string]string{"A": value}, nil, ""},
+		{"bound elsewhere", otherLease, map[string]string{"A": value}, sandboxd.ErrBoundElsewhere, "another lease"},
+	} {
+		err := sandboxd.Bind(t.Context(), sandboxd.DialTCP(h.addr), bindSeed, tc.lease, tc.env)
+		if !errors.Is(err, tc.wantErr) || (err != nil && !strings.Contains(err.Error(), tc.wantInText)) {
+			t.Errorf("%s: %v, want %v naming %s", tc.name, err, tc.wantErr, tc.wantInText)
+		}
+		for _, secret := range secrets {
+			if err != nil && strings.Contains(err.Error(), secret) {
+				t.Errorf("%s: the error %q holds %q", tc.name, err, secret)
+			}
+		}
+	}
+}
+
+// BenchmarkBind measures Bind over loopback: "first" binds an unbound daemon (one handshake with
+// the bind key, the lease's certificate made, the switch); "retry" is a repeated Bind of a daemon
+// already bound to the lease (a failed handshake, then the probe's handshake and info).
+func BenchmarkBind(b *testing.B) {
+	quiet := func(o *sandboxd.Options) { o.Logger = zerolog.Nop() }
+	ctx := context.Background()
+	env := map[string]string{"PAPERCLIP_RUN": "run-1", "PATH": "/usr/local/bin:/usr/bin:/bin"}
+	b.Run("first", func(b *testing.B) {
+		for b.Loop() {
+			b.StopTimer()
+			h := startUnbound(b, quiet)
+			b.StartTimer()
+			if err := sandboxd.Bind(ctx, sandboxd.DialTCP(h.addr), bindSeed, testSeed, env); err != nil {
+				b.Fatal(err)
+			}
+			b.StopTimer()
+			h.stop()
+			b.StartTimer()
+		}
+	})
+	b.Run("retry", func(b *testing.B) {
+		h := startUnbound(b, quiet)
+		if err := sandboxd.Bind(ctx, sandboxd.DialTCP(h.addr), bindSeed, testSeed, env); err != nil {
+			b.Fatal(err)
+		}
+		for b.Loop() {
+			if err := sandboxd.Bind(ctx, sandboxd.DialTCP(h.addr), bindSeed, testSeed, env); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
