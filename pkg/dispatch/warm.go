@@ -499,6 +499,7 @@ func (p *warmPools) maintain(ctx context.Context, key string) error {
 	now := p.now()
 	target := rec.target(now, p.opts, companyID)
 	alive, ended := p.poolPods(rec.Namespace, shape, now)
+	p.log.Debug().Str("pool", key).Int("target", target).Int("alive", len(alive)).Int("ended", len(ended)).Msg("maintaining warm pool")
 	var errs []error
 	for _, pod := range ended {
 		errs = append(errs, workload.EvictWarmPod(ctx, p.cs, pod))
@@ -556,8 +557,9 @@ func (p *warmPools) poolPods(namespace, shape string, now time.Time) (alive, end
 	}
 	made := p.made[namespace+"/"+shape]
 	for name, at := range made {
+		_, taken := p.taken[namespace+"/"+name] // claimed before this replica's pass saw it
 		switch {
-		case seen[name], now.Sub(at) > warmPendingTTL:
+		case seen[name], taken, now.Sub(at) > warmPendingTTL:
 			delete(made, name)
 		default:
 			alive = append(alive, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace, CreationTimestamp: metav1.NewTime(at)}})
