@@ -231,7 +231,9 @@ func TestTwoClaimsNeverBindOnePod(t *testing.T) {
 	e.stopWarmPools(t, company)
 
 	spec := e.warmSpecOf(t, first)
-	replicas := []*warmPools{e.otherReplica(t), e.otherReplica(t)}
+	a, _ := e.otherReplica(t)
+	b, _ := e.otherReplica(t)
+	replicas := []*warmPools{a, b}
 	got := make([]*corev1.Pod, len(replicas))
 	errs := make([]error, len(replicas))
 	var wg sync.WaitGroup
@@ -347,6 +349,39 @@ func TestIdleCompanyPoolDrains(t *testing.T) {
 	})
 }
 
+// TestLaggingReplicaCountsThePodsMadeElsewhere: a replica whose cache has not seen the pods
+// another replica just made (a watch is behind) still counts them, from the pool record's made
+// list, so it does not make the pool larger than its target; and the maintainer records what
+// it made there.
+func TestLaggingReplicaCountsThePodsMadeElsewhere(t *testing.T) {
+	e := startEnv(t, func(o *Options) { o.Warm = WarmOptions{Max: 2} })
+	company := pipelinetest.NewID("co")
+	pipelinetest.CleanupTenant(t, e.cs, company)
+	lagging, stop := e.otherReplica(t)
+	stop() // its cache stays as it is now: no warm pod of this company
+	first := e.acquireWarm(t, company, warmConfig("m", "100m"))
+	created, _ := e.next(t, refOf(first), events.KindCreated, 0)
+	ns := created["namespace"].(string)
+	key := poolKey(company, policy.WarmShape(e.warmSpecOf(t, first)))
+	var rec poolRecord
+	eventually(t, "the pool's pods recorded as made", func() bool {
+		entry, err := e.d.warm.kv.Get(t.Context(), key)
+		if err != nil {
+			return false
+		}
+		rec = poolRecord{}
+		return json.Unmarshal(entry.Value(), &rec) == nil && len(rec.Made) == 2
+	})
+	shape := policy.WarmShape(rec.Spec)
+	if alive, _, _ := lagging.poolPods(ns, shape, nil, e.clock.Now()); len(alive) != 0 {
+		t.Fatalf("the lagging cache shows %d pods; the test needs it behind", len(alive))
+	}
+	alive, _, left := lagging.poolPods(ns, shape, rec.Made, e.clock.Now())
+	if len(alive) != 2 || len(left) != 2 {
+		t.Fatalf("a lagging replica counts %d live pods (%d still made), want the 2 made elsewhere", len(alive), len(left))
+	}
+}
+
 // warmSpecOf is the warm spec of req, as the dispatcher computes it.
 func (e *reuseEnv) warmSpecOf(t *testing.T, req events.AcquireRequest) policy.RunSpec {
 	t.Helper()
@@ -358,15 +393,17 @@ func (e *reuseEnv) warmSpecOf(t *testing.T, req events.AcquireRequest) policy.Ru
 }
 
 // otherReplica is the warm pools of another dispatcher replica: its own cache, the same bucket.
-func (e *reuseEnv) otherReplica(t *testing.T) *warmPools {
+// stop stops its cache, which then keeps what it holds.
+func (e *reuseEnv) otherReplica(t *testing.T) (p *warmPools, stop func()) {
 	t.Helper()
-	p := newWarmPools(e.d.opts, e.d.warm.kv)
+	p = newWarmPools(e.d.opts, e.d.warm.kv)
 	ctx, cancel := context.WithCancel(t.Context())
-	t.Cleanup(func() { cancel(); p.factory.Shutdown() })
+	stop = func() { cancel(); p.factory.Shutdown() }
+	t.Cleanup(stop)
 	if err := p.start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	return p
+	return p, stop
 }
 
 // stopWarmPools holds company's pools' maintenance locks for the test, as if another replica
