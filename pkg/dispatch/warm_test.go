@@ -189,10 +189,10 @@ func TestWarmAcquireBindsAReadyPod(t *testing.T) {
 	if _, err := e.cs.CoreV1().Secrets(ns).Get(t.Context(), policy.WarmSecretName(pod.Name), metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 		t.Errorf("the bound pod's bind Secret: %v, want it deleted", err)
 	}
-	secret, err := e.cs.CoreV1().Secrets(ns).Get(t.Context(), rec.SecretName, metav1.GetOptions{})
-	if err != nil || len(secret.OwnerReferences) != 1 || secret.OwnerReferences[0].UID != pod.UID {
-		t.Fatalf("run Secret %v, %v: want it owned by the bound pod", secret.OwnerReferences, err)
-	}
+	eventually(t, "the run Secret, owned by the bound pod", func() bool {
+		secret, err := e.cs.CoreV1().Secrets(ns).Get(t.Context(), rec.SecretName, metav1.GetOptions{})
+		return err == nil && len(secret.OwnerReferences) == 1 && secret.OwnerReferences[0].UID == pod.UID
+	})
 
 	refill := e.waitWarm(t, ns, 1)[0]
 	if refill.Name == pod.Name {
