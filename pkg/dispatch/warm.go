@@ -94,8 +94,13 @@ const (
 	warmMaintainers = 4
 	// maxWarmRecordBytes bounds a pool record (its spec is one provider config).
 	maxWarmRecordBytes = 64 << 10
-	// warmLockPrefix names the maintenance locks, beside the pool records.
+	// warmLockPrefix names the maintenance locks, beside the pool records: "/" is in no pool
+	// key (poolKey).
 	warmLockPrefix = "lock/"
+	// maxWarmPoolsPerCompany bounds the pools one company has at once, whatever shapes its
+	// acquires ask for: a company varying its config cannot grow the bucket or the passes
+	// without bound. An acquire of a further shape is simply not warmed.
+	maxWarmPoolsPerCompany = 4
 	// poolIndex indexes the cache of warm pods by pool (namespace/shape).
 	poolIndex = "pool"
 )
@@ -196,15 +201,15 @@ func (r poolRecord) target(now time.Time, o WarmOptions, companyID string) int {
 	return max(least, min(want, o.Max))
 }
 
-// poolKey is a pool's record key: company and shape (label values and hex, valid key tokens;
-// a company id has no '/').
-func poolKey(companyID, shape string) string { return companyID + "/" + shape }
+// poolKey is a pool's record key, company.shape: a company id is a subject token (no '.'), a
+// shape is hex, so a company's pools are the keys company.* (ListKeysFiltered).
+func poolKey(companyID, shape string) string { return companyID + "." + shape }
 
 // splitPoolKey returns the company and shape of a pool key; ok is false for any other key (a
-// lock).
+// lock: lock/<pool key>).
 func splitPoolKey(key string) (companyID, shape string, ok bool) {
-	companyID, shape, ok = strings.Cut(key, "/")
-	return companyID, shape, ok && !strings.Contains(shape, "/")
+	companyID, shape, ok = strings.Cut(key, ".")
+	return companyID, shape, ok && !strings.ContainsAny(key, "/") && !strings.Contains(shape, ".")
 }
 
 // warmPools is one replica's side of the warm pools.
@@ -301,21 +306,38 @@ func (p *warmPools) run(ctx context.Context) {
 	}
 }
 
-// pass kicks every pool.
+// pass kicks every pool, and evicts the warm pods of pools that have no record (deleted while
+// a pod was being made, or lost): nothing else would ever bind or delete them.
 func (p *warmPools) pass(ctx context.Context) {
 	keys, err := p.kv.ListKeys(ctx)
-	if err != nil {
-		if ctx.Err() == nil && !errors.Is(err, jetstream.ErrNoKeysFound) {
+	if err != nil && !errors.Is(err, jetstream.ErrNoKeysFound) {
+		if ctx.Err() == nil {
 			p.log.Warn().Err(err).Msg("listing warm pools failed")
 		}
 		return
 	}
-	for key := range keys.Keys() {
-		if _, _, ok := splitPoolKey(key); ok {
-			p.kick(key)
+	pools := map[string]bool{}
+	if err == nil {
+		for key := range keys.Keys() {
+			if _, _, ok := splitPoolKey(key); ok {
+				pools[key] = true
+				p.kick(key)
+			}
 		}
 	}
-	p.observer.WarmPods(len(p.pods.GetStore().ListKeys()))
+	now := p.now()
+	pods := p.pods.GetStore().List()
+	for _, obj := range pods {
+		pod := obj.(*corev1.Pod)
+		key := poolKey(pod.Labels[policy.LabelCompanyID], pod.Labels[policy.LabelWarmPool])
+		if pools[key] || pod.DeletionTimestamp != nil || now.Sub(pod.CreationTimestamp.Time) < warmPendingTTL || !p.take(pod, now) {
+			continue
+		}
+		if err := workload.EvictWarmPod(ctx, p.cs, pod); err != nil {
+			p.log.Warn().Err(err).Str("pool", key).Msg("evicting a warm pod of no pool failed")
+		}
+	}
+	p.observer.WarmPods(len(pods))
 }
 
 // kick queues a pool's maintenance, once however often it is kicked before it runs.
@@ -447,8 +469,16 @@ func (p *warmPools) noteAcquire(ctx context.Context, spec policy.RunSpec, hit bo
 	p.observer.WarmAcquire(hit)
 	key := poolKey(spec.CompanyID, policy.WarmShape(spec))
 	now := p.now()
-	_, err := cas.Update(ctx, p.kv, key, func(current []byte, _ uint64) ([]byte, bool, error) {
+	full, err := p.companyFull(ctx, spec.CompanyID, key)
+	if err != nil {
+		p.log.Warn().Err(err).Str("pool", key).Msg("counting the company's warm pools failed")
+		return
+	}
+	_, err = cas.Update(ctx, p.kv, key, func(current []byte, _ uint64) ([]byte, bool, error) {
 		rec := poolRecord{Namespace: spec.Namespace}
+		if current == nil && full {
+			return nil, false, nil // a new shape of a company with all its pools: not warmed
+		}
 		if current != nil {
 			if err := json.Unmarshal(current, &rec); err != nil {
 				return nil, false, fmt.Errorf("decoding warm pool %s: %w", key, err)
@@ -470,6 +500,26 @@ func (p *warmPools) noteAcquire(ctx context.Context, spec policy.RunSpec, hit bo
 		return
 	}
 	p.kick(key)
+}
+
+// companyFull reports whether companyID has maxWarmPoolsPerCompany pools, key not among them.
+func (p *warmPools) companyFull(ctx context.Context, companyID, key string) (bool, error) {
+	keys, err := p.kv.ListKeysFiltered(ctx, poolKey(companyID, "*"))
+	if errors.Is(err, jetstream.ErrNoKeysFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("listing the warm pools of company %s: %w", companyID, err)
+	}
+	defer func() { _ = keys.Stop() }()
+	n := 0
+	for k := range keys.Keys() {
+		if k == key {
+			return false, nil
+		}
+		n++
+	}
+	return n >= maxWarmPoolsPerCompany, nil
 }
 
 // maintain brings one pool to its target, if no other replica is at it: failed pods deleted,

@@ -382,6 +382,78 @@ func TestLaggingReplicaCountsThePodsMadeElsewhere(t *testing.T) {
 	}
 }
 
+// TestCompanyPoolsAreBounded: a company whose acquires ask for ever new shapes gets at most
+// maxWarmPoolsPerCompany pools (records in the shared bucket); a further shape is not warmed,
+// while another company still gets its own.
+func TestCompanyPoolsAreBounded(t *testing.T) {
+	e := startEnv(t, func(o *Options) { o.Warm = WarmOptions{Max: 1} })
+	// A namespace that does not exist: the pools' pods cannot be made, their records can.
+	spec := policy.RunSpec{CompanyID: pipelinetest.NewID("co"), Namespace: pipelinetest.NewID("kubeclip-none"), SandboxdImage: e.d.opts.SandboxdImage}
+	var cfg policy.Config
+	if err := json.Unmarshal(warmConfig("m", "100m"), &cfg); err != nil {
+		t.Fatal(err)
+	}
+	spec.Config = cfg
+	for i := range maxWarmPoolsPerCompany + 2 {
+		s := spec
+		s.Image = sandboxImage + "-" + strconv.Itoa(i)
+		e.d.warm.noteAcquire(t.Context(), s, false)
+	}
+	other := spec
+	other.CompanyID = pipelinetest.NewID("co")
+	e.d.warm.noteAcquire(t.Context(), other, false)
+	count := func(company string) int {
+		keys, err := e.d.warm.kv.ListKeysFiltered(t.Context(), poolKey(company, "*"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for range keys.Keys() {
+			n++
+		}
+		return n
+	}
+	if got := count(spec.CompanyID); got != maxWarmPoolsPerCompany {
+		t.Errorf("a company with %d shapes has %d pools, want %d", maxWarmPoolsPerCompany+2, got, maxWarmPoolsPerCompany)
+	}
+	if got := count(other.CompanyID); got != 1 {
+		t.Errorf("another company has %d pools, want 1", got)
+	}
+}
+
+// TestPassEvictsWarmPodsOfNoPool: a warm pod whose pool has no record (deleted while the pod was
+// made, or lost) is evicted by the next pass once it is older than warmPendingTTL, not left to
+// hold the tenant's quota.
+func TestPassEvictsWarmPodsOfNoPool(t *testing.T) {
+	company := pipelinetest.NewID("co")
+	e := startWarmEnv(t, 1, nil, company)
+	pipelinetest.CleanupTenant(t, e.cs, company)
+	first := e.acquireWarm(t, company, warmConfig("m", "100m"))
+	created, _ := e.next(t, refOf(first), events.KindCreated, 0)
+	ns := created["namespace"].(string)
+	spec := e.warmSpecOf(t, first)
+	spec.Image += "-nopool" // a shape no acquire asked for
+	name := policy.WorkloadName(e.d.opts.NewID())
+	pod, secret := policy.RenderWarmPod(spec, name, execspec.DeriveBindSeed(e.d.opts.SandboxKey, ns, name))
+	if err := workload.CreateWarmPod(t.Context(), e.cs, pod, secret); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the stray pod in the cache", func() bool {
+		_, ok, _ := e.d.warm.pods.GetStore().GetByKey(ns + "/" + name)
+		return ok
+	})
+	e.d.warm.pass(t.Context())
+	if _, err := e.cs.CoreV1().Pods(ns).Get(t.Context(), name, metav1.GetOptions{}); err != nil {
+		t.Fatalf("a young pod of no pool: %v, want it left (its record may be on its way)", err)
+	}
+	e.clock.add(warmPendingTTL + time.Second)
+	e.d.warm.pass(t.Context())
+	eventually(t, "the stray pod gone", func() bool {
+		_, err := e.cs.CoreV1().Pods(ns).Get(t.Context(), name, metav1.GetOptions{})
+		return apierrors.IsNotFound(err)
+	})
+}
+
 // warmSpecOf is the warm spec of req, as the dispatcher computes it.
 func (e *reuseEnv) warmSpecOf(t *testing.T, req events.AcquireRequest) policy.RunSpec {
 	t.Helper()
