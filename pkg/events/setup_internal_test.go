@@ -124,7 +124,7 @@ func (f *flakyOpener) CreateOrUpdateConsumer(ctx context.Context, stream string,
 
 // TestOpenersWaitForAFormingCluster: a worker's Run opens its buckets and streams and makes its
 // consumers through lookups that are retried, not given up on the first unanswered one (a
-// dispatcher exited so on a fresh 3-node cluster); an answer about the request itself is not.
+// dispatcher exited so on a fresh 3-node cluster).
 func TestOpenersWaitForAFormingCluster(t *testing.T) {
 	for name, open := range map[string]func(*flakyOpener) error{
 		"bucket": func(f *flakyOpener) error { _, err := OpenBucket(t.Context(), f, "B"); return err },
