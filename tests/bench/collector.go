@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"sync"
@@ -51,6 +52,8 @@ type runEvents struct {
 	created    time.Time
 	// lease and namespace are the created event's providerLeaseId and namespace.
 	lease, namespace string
+	// warm is the created event's warm: the lease bound a warm pod of its company's pool.
+	warm bool
 	// ready is the first status Running/Ready: an exec-capable lease's pod accepts exec.
 	ready time.Time
 	// released is the released event (release or destroy done: commands and pod gone).
@@ -144,6 +147,9 @@ func (c *collector) read(ctx context.Context, it jetstream.MessagesContext, s ev
 		if err != nil {
 			continue // not the bench's business: the contract tests cover decoding
 		}
+		if e, ok := ev.(events.RunCreatedEvent); ok {
+			ev = warmCreated{RunCreatedEvent: e, warm: createdWarm(m.Data())}
+		}
 		c.record(ev, now)
 	}
 }
@@ -187,9 +193,9 @@ func (c *collector) record(ev events.Event, at time.Time) {
 	defer c.mu.Unlock()
 	r := c.runLocked(runID)
 	switch e := ev.(type) {
-	case events.RunCreatedEvent:
+	case warmCreated:
 		setOnce(&r.created, at)
-		r.lease, r.namespace = e.ProviderLeaseID, e.Namespace
+		r.lease, r.namespace, r.warm = e.ProviderLeaseID, e.Namespace, e.warm
 	case events.RunStatusEvent:
 		if e.Phase == events.PhaseSucceeded || e.Phase == events.PhaseFailed {
 			setOnce(&r.ended, at)
@@ -219,6 +225,21 @@ func (c *collector) record(ev events.Event, at time.Time) {
 	}
 	close(c.changed)
 	c.changed = make(chan struct{})
+}
+
+// warmCreated is a created event with its warm (issue 17), read from the payload beside
+// pkg/events' decoding.
+type warmCreated struct {
+	events.RunCreatedEvent
+	warm bool
+}
+
+// createdWarm is a created event's "warm": true when the lease bound a warm pod.
+func createdWarm(data []byte) bool {
+	var v struct {
+		Warm bool `json:"warm"`
+	}
+	return json.Unmarshal(data, &v) == nil && v.Warm
 }
 
 func (c *collector) runLocked(runID string) *runEvents {
