@@ -80,10 +80,10 @@ func TestWarmRows(t *testing.T) {
 			ready := rows[0]
 			got := want{
 				n: ready.N, p50: ready.P50, p99: ready.P99, met: ready.Met, errors: ready.Errors,
-				hitN:    byMetric["(o') warm pool: acquire → ready, hits only"].N,
-				missN:   byMetric["(o') warm pool: acquire → ready, misses only (cold path under the same load)"].N,
-				hitRate: byMetric["(o') warm pool: hit rate (created events saying warm, of the acquires measured)"].P50,
-				achieved: byMetric["(o') warm pool: achieved acquire rate, 45/s offered open loop"].P50,
+				hitN:              byMetric["(o') warm pool: acquire → ready, hits only"].N,
+				missN:             byMetric["(o') warm pool: acquire → ready, misses only (cold path under the same load)"].N,
+				hitRate:           byMetric["(o') warm pool: hit rate (created events saying warm, of the acquires measured)"].P50,
+				achieved:          byMetric["(o') warm pool: achieved acquire rate, 45/s offered open loop"].P50,
 				readyMetric:       ready.Metric,
 				hitRateMetricUnit: byMetric["(o') warm pool: hit rate (created events saying warm, of the acquires measured)"].Unit,
 			}
