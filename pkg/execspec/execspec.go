@@ -62,16 +62,34 @@ const SeedSize = sha256.Size
 // a future scheme coexist with leases created under this one.
 const seedContext = "kubeclip-sandboxd-v1"
 
+// bindSeedContext separates a warm pod's bind seed from every lease seed: a pod and a workload
+// may share a name, and the two keys must never be equal.
+const bindSeedContext = "kubeclip-sandboxd-bind-v1"
+
 // DeriveSeed returns a lease's seed: HMAC-SHA256(masterKey, "kubeclip-sandboxd-v1" 0x00
 // namespace 0x00 workload). The NUL separators keep ("a", "bc") and ("ab", "c") apart; Kubernetes
 // names cannot contain NUL.
 func DeriveSeed(masterKey []byte, namespace, workload string) []byte {
+	return deriveNamed(masterKey, seedContext, namespace, workload)
+}
+
+// DeriveBindSeed returns a warm pod's bind seed: HMAC-SHA256(masterKey,
+// "kubeclip-sandboxd-bind-v1" 0x00 namespace 0x00 pod). A warm pod's sandboxd starts unbound
+// with it (`sandboxd serve --unbound`) and accepts one call keyed by it, the bind, which installs
+// the lease's seed (DeriveSeed) and makes this one useless. Only a holder of the master key can
+// derive it, so only kubeclip can bind a warm pod; the namespace in it keeps a pod of one
+// company from being bound with a key meant for another's.
+func DeriveBindSeed(masterKey []byte, namespace, pod string) []byte {
+	return deriveNamed(masterKey, bindSeedContext, namespace, pod)
+}
+
+func deriveNamed(masterKey []byte, label, namespace, name string) []byte {
 	m := hmac.New(sha256.New, masterKey)
-	m.Write([]byte(seedContext))
+	m.Write([]byte(label))
 	m.Write([]byte{0})
 	m.Write([]byte(namespace))
 	m.Write([]byte{0})
-	m.Write([]byte(workload))
+	m.Write([]byte(name))
 	return m.Sum(nil)
 }
 
