@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -38,6 +39,9 @@ type settings struct {
 	SandboxdImage    string
 	LeaseIdleWindow  time.Duration
 	LeaseMaxAge      time.Duration
+	WarmPoolMax      int
+	WarmPoolMin      string
+	WarmPoolIdle     time.Duration
 }
 
 func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout, stderr io.Writer) error {
@@ -55,6 +59,9 @@ func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout,
 	fs.String(&s.SandboxdImage, "sandboxd-image", "KUBECLIP_SANDBOXD_IMAGE", dispatch.DefaultSandboxdImage, "image of kubeclip's sandboxd, copied into exec-capable pods by an init container")
 	fs.Duration(&s.LeaseIdleWindow, "lease-idle-window", "KUBECLIP_LEASE_IDLE_WINDOW", dispatch.DefaultLeaseIdleWindow, "how long a released reusable lease keeps its pod (the agent's next run resumes it at once) before it is suspended: pod deleted, volume kept")
 	fs.Duration(&s.LeaseMaxAge, "lease-max-age", "KUBECLIP_LEASE_MAX_AGE", dispatch.DefaultLeaseMaxAge, "how long a suspended reusable lease keeps its volume without a resume before it is collected (destroyed)")
+	fs.Int(&s.WarmPoolMax, "warm-pool-max", "KUBECLIP_WARM_POOL_MAX", 0, "the most unbound warm pods (backend pod, started ahead of demand, bound at acquire) one company may have per pod shape; 0 turns warm pools off. Needs --sandbox-key-file; warm pods count against the tenant quota and are evicted before an acquire would fail for it")
+	fs.String(&s.WarmPoolMin, "warm-pool-min", "KUBECLIP_WARM_POOL_MIN", "", "pinned minimum warm pods per company, company=N[,company=N] (at most --warm-pool-max), kept from the company's first acquire of a shape on, however idle it is")
+	fs.Duration(&s.WarmPoolIdle, "warm-pool-idle", "KUBECLIP_WARM_POOL_IDLE", dispatch.DefaultWarmIdle, "how long after a company's last acquire of a shape its warm pool drains to its pinned minimum")
 	fs.Duration(&s.Reconcile, "reconcile-interval", "KUBECLIP_RECONCILE_INTERVAL", dispatch.DefaultReconcileInterval, "how often orphaned workloads are looked for (also at start)")
 	fs.Int(&s.ReconcilePage, "reconcile-page-size", "KUBECLIP_RECONCILE_PAGE_SIZE", workload.DefaultListPageSize, "workloads per LIST page of the orphan reconcile pass (metadata only); the pass holds one page at a time")
 	if err := fs.Parse(args); err != nil {
@@ -66,6 +73,10 @@ func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout,
 		return &app.UsageError{Err: err}
 	}
 	op, err := s.Tenancy.Operator(fs)
+	if err != nil {
+		return &app.UsageError{Err: err}
+	}
+	warm, err := s.warmOptions(fs)
 	if err != nil {
 		return &app.UsageError{Err: err}
 	}
@@ -92,6 +103,7 @@ func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout,
 		Observer: p.Ops.Metrics, Operator: op, StreamReplicas: s.Streams.Replicas, StoreBytes: int64(s.Streams.StoreBytes),
 		SandboxKey: sandboxKey, SandboxdImage: s.SandboxdImage,
 		LeaseIdleWindow: s.LeaseIdleWindow, LeaseMaxAge: s.LeaseMaxAge,
+		Warm: warm, WarmObserver: p.Ops.Metrics,
 	})
 	if err != nil {
 		return err
@@ -135,4 +147,34 @@ func (s *settings) Validate(fs *config.Set) (types.NamespacedName, error) {
 		return types.NamespacedName{}, fmt.Errorf("%s must be namespace/name, got %q", fs.Names("adapter-secret"), s.AdapterSecret)
 	}
 	return types.NamespacedName{Namespace: ns, Name: name}, nil
+}
+
+// warmOptions reads the warm pool flags: the maximum, each pinned minimum (a company id and a
+// count within the maximum) and the idle window; warm pools need the sandbox key.
+func (s *settings) warmOptions(fs *config.Set) (dispatch.WarmOptions, error) {
+	o := dispatch.WarmOptions{Max: s.WarmPoolMax, Idle: s.WarmPoolIdle}
+	switch {
+	case s.WarmPoolMax < 0:
+		return o, fmt.Errorf("%s must be >= 0", fs.Names("warm-pool-max"))
+	case s.WarmPoolIdle <= 0:
+		return o, fmt.Errorf("%s must be > 0", fs.Names("warm-pool-idle"))
+	case s.WarmPoolMax > 0 && s.SandboxKeyFile == "":
+		return o, fmt.Errorf("%s needs %s: warm pods are exec pods", fs.Names("warm-pool-max"), fs.Names("sandbox-key-file"))
+	}
+	if s.WarmPoolMin == "" {
+		return o, nil
+	}
+	o.Min = map[string]int{}
+	for entry := range strings.SplitSeq(s.WarmPoolMin, ",") {
+		company, count, ok := strings.Cut(strings.TrimSpace(entry), "=")
+		n, err := strconv.Atoi(count)
+		switch {
+		case !ok || company == "" || strings.ContainsAny(company, "/ "):
+			return o, fmt.Errorf("%s: %q is not company=N", fs.Names("warm-pool-min"), entry)
+		case err != nil || n < 0 || n > s.WarmPoolMax:
+			return o, fmt.Errorf("%s: the minimum of company %s must be a count from 0 to %s (%d), got %q", fs.Names("warm-pool-min"), company, fs.Names("warm-pool-max"), s.WarmPoolMax, count)
+		}
+		o.Min[company] = n
+	}
+	return o, nil
 }

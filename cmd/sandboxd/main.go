@@ -17,7 +17,8 @@ import (
 const usage = `sandboxd runs commands in an agent pod for kubeclip's exec service.
 
 Usage:
-  sandboxd serve [flags]    the daemon, PID 1 of the pod (seed from --seed-file, or $KUBECLIP_SANDBOXD_SEED)
+  sandboxd serve [flags]    the daemon, PID 1 of the pod (seed from --seed-file, or $KUBECLIP_SANDBOXD_SEED;
+                            with --unbound, a warm pod's bind seed: it serves only its bind)
   sandboxd install <dst> [<seed-file>]
                             copy this executable to dst, mode 0755, and $KUBECLIP_SANDBOXD_SEED
                             to seed-file, mode 0400 (run by an init container)

@@ -88,6 +88,16 @@ func TestServeSettings(t *testing.T) {
 			Listen: ":9000", Socket: "/kubeclip/run/sandboxd.sock", JournalDir: "/kubeclip/run/journal",
 			MaxOutputBytes: 256 << 20, OutputBytesLimit: 1280 << 20, JournalDiskBytes: 1536 << 20, JournalTTL: 30 * time.Second, LogLevel: "info", Seed: testSeed,
 		}, 0, ""},
+		{"unbound", []string{"--unbound"}, map[string]string{execspec.SeedEnv: seedHex}, serveSettings{
+			Listen: ":7070", Socket: "/kubeclip/run/sandboxd.sock", JournalDir: "/kubeclip/run/journal",
+			MaxOutputBytes: 256 << 20, OutputBytesLimit: 1280 << 20, JournalDiskBytes: 1536 << 20, JournalTTL: 10 * time.Minute, LogLevel: "info", Seed: testSeed, Unbound: true,
+		}, 0, ""},
+		{"unbound from the environment", nil, map[string]string{execspec.SeedEnv: seedHex, "KUBECLIP_SANDBOXD_UNBOUND": "true"}, serveSettings{
+			Listen: ":7070", Socket: "/kubeclip/run/sandboxd.sock", JournalDir: "/kubeclip/run/journal",
+			MaxOutputBytes: 256 << 20, OutputBytesLimit: 1280 << 20, JournalDiskBytes: 1536 << 20, JournalTTL: 10 * time.Minute, LogLevel: "info", Seed: testSeed, Unbound: true,
+		}, 0, ""},
+		{"unbound without the TLS listener", []string{"--unbound", "--listen="}, nil, serveSettings{}, 2, "--unbound (KUBECLIP_SANDBOXD_UNBOUND) needs --listen (KUBECLIP_SANDBOXD_LISTEN)"},
+		{"unbound not a boolean", nil, map[string]string{execspec.SeedEnv: seedHex, "KUBECLIP_SANDBOXD_UNBOUND": "maybe"}, serveSettings{}, 2, "KUBECLIP_SANDBOXD_UNBOUND"},
 		{"no seed", nil, nil, serveSettings{}, 2, "KUBECLIP_SANDBOXD_SEED is not set"},
 		{"bad seed", nil, map[string]string{execspec.SeedEnv: "abc"}, serveSettings{}, 2, "KUBECLIP_SANDBOXD_SEED"},
 		{"nothing to serve on", []string{"--listen=", "--socket="}, nil, serveSettings{}, 2, "nothing to serve on"},
@@ -419,5 +429,58 @@ func TestSeedFile(t *testing.T) {
 	defer c.Close()
 	if stdout, exit := collect(t, c, sandboxd.Spec{ID: "seed-file", Command: "sh", Args: []string{"-c", "echo served"}}); stdout != "served\n" || exit.ExitCode == nil || *exit.ExitCode != 0 {
 		t.Errorf("a command over TLS keyed by the file's seed: %q, %+v", stdout, exit)
+	}
+}
+
+// TestServeUnbound runs the built binary as a warm pod's daemon: `serve --unbound` keyed by the
+// pod's bind seed refuses every call on the socket, and serves a command over TLS keyed by the
+// lease's seed once sandboxd.Bind installed it, with the bind's environment.
+func TestServeUnbound(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.Chmod(filepath.Dir(dir), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	var cred *syscall.Credential
+	if os.Geteuid() == 0 {
+		cred = &syscall.Credential{Uid: 65532, Gid: 65532}
+		if err := os.Chown(dir, 65532, 65532); err != nil {
+			t.Fatal(err)
+		}
+	}
+	master := []byte("master")
+	bindSeed := execspec.DeriveBindSeed(master, "tenant", "warm-1")
+	socket := filepath.Join(dir, "sandboxd.sock")
+	daemon := exec.Command(binary, "serve", "--unbound", "--listen=127.0.0.1:0", "--socket="+socket, "--journal-dir="+filepath.Join(dir, "journal"))
+	daemon.Env = []string{"PATH=/usr/bin:/bin", execspec.SeedEnv + "=" + hex.EncodeToString(bindSeed)}
+	daemon.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
+	logs, err := daemon.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := daemon.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = daemon.Process.Kill(); _ = daemon.Wait() })
+	addr, _ := serving(t, logs)
+
+	local, err := sandboxd.NewClient(sandboxd.ClientOptions{Dial: sandboxd.DialUnix(socket)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer local.Close()
+	if _, err := local.Start(t.Context(), sandboxd.Spec{ID: "early", Command: "true"}); !errors.Is(err, sandboxd.ErrNotBound) {
+		t.Fatalf("a start on the socket before bind: %v, want ErrNotBound", err)
+	}
+	if err := sandboxd.Bind(t.Context(), sandboxd.DialTCP(addr), bindSeed, testSeed, map[string]string{"WARM": "bound"}); err != nil {
+		t.Fatalf("Bind: %v", err)
+	}
+	c, err := sandboxd.NewClient(sandboxd.ClientOptions{Dial: sandboxd.DialTCP(addr), TLS: sandboxd.ClientTLSConfig(testSeed), Token: sandboxd.ClientToken(testSeed)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	script := `echo "$WARM ${KUBECLIP_SANDBOXD_SEED-unset}"`
+	if stdout, exit := collect(t, c, sandboxd.Spec{ID: "bound", Command: "sh", Args: []string{"-c", script}}); stdout != "bound unset\n" || exit.ExitCode == nil || *exit.ExitCode != 0 {
+		t.Errorf("a command over TLS keyed by the lease's seed: %q, %+v; want the bind's env and no seed", stdout, exit)
 	}
 }

@@ -33,13 +33,16 @@ type serveSettings struct {
 	SeedFile string
 	// Seed is SeedEnv's when SeedFile is empty; serve reads SeedFile's.
 	Seed []byte
+	// Unbound starts a warm pod's daemon: the seed is the pod's bind seed, and only a bind,
+	// which installs the lease's seed and environment, is served until one succeeds.
+	Unbound bool
 }
 
 // parseServe reads serve's settings: defaults, environment, flags, then checks them.
 func parseServe(args []string, lookupEnv config.LookupEnv, stdout io.Writer) (serveSettings, error) {
 	var s serveSettings
 	fs := config.New("sandboxd serve", lookupEnv)
-	fs.String(&s.Listen, "listen", "KUBECLIP_SANDBOXD_LISTEN", sandboxd.DefaultListen, "TLS listen address for the exec-worker (key and token derived from the lease seed: --seed-file, or "+execspec.SeedEnv+"); empty: none")
+	fs.String(&s.Listen, "listen", "KUBECLIP_SANDBOXD_LISTEN", sandboxd.DefaultListen, "TLS listen address for the exec-worker (key and token derived from the lease seed, or with --unbound the bind seed: --seed-file, or "+execspec.SeedEnv+"); empty: none")
 	fs.String(&s.Socket, "socket", "KUBECLIP_SANDBOXD_SOCKET", sandboxd.DefaultSocket, "unix socket for the pod's own processes and `sandboxd proxy` (no TLS, no token); empty: none")
 	fs.String(&s.JournalDir, "journal-dir", "KUBECLIP_SANDBOXD_JOURNAL_DIR", sandboxd.DefaultJournalDir, "directory of the output journals (in the pod's emptyDir)")
 	fs.Int(&s.MaxOutputBytes, "max-output-bytes", "KUBECLIP_SANDBOXD_MAX_OUTPUT_BYTES", sandboxd.DefaultMaxOutputBytes, "cap of each exec's journal (payload plus 14 bytes per chunk); past it output is dropped and the exit says truncated")
@@ -47,6 +50,7 @@ func parseServe(args []string, lookupEnv config.LookupEnv, stdout io.Writer) (se
 	fs.Int(&s.JournalDiskBytes, "journal-disk-bytes", "KUBECLIP_SANDBOXD_JOURNAL_DISK_BYTES", sandboxd.DefaultJournalDisk, "bound of all journal files together (the run emptyDir's sizeLimit is 2 GiB); past it output is dropped and the exit says truncated")
 	fs.Duration(&s.JournalTTL, "journal-ttl", "KUBECLIP_SANDBOXD_JOURNAL_TTL", sandboxd.DefaultJournalTTL, "how long an exited command's journal is kept when no client deletes it")
 	fs.String(&s.SeedFile, "seed-file", "KUBECLIP_SANDBOXD_SEED_FILE", "", "file holding the lease seed (hex), removed once read; empty: "+execspec.SeedEnv)
+	fs.Bool(&s.Unbound, "unbound", "KUBECLIP_SANDBOXD_UNBOUND", false, "start unbound, as a warm pod: the seed is the pod's bind seed and only POST /v1/bind (on --listen) is served until a bind installs the lease's seed and environment")
 	fs.String(&s.LogLevel, "log-level", "KUBECLIP_LOG_LEVEL", "info", "log level: debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
 		fs.Usage(stdout, serveSummary)
@@ -55,6 +59,9 @@ func parseServe(args []string, lookupEnv config.LookupEnv, stdout io.Writer) (se
 	var errs []error
 	if s.Listen == "" && s.Socket == "" {
 		errs = append(errs, fmt.Errorf("%s and %s are both empty: nothing to serve on", fs.Names("listen"), fs.Names("socket")))
+	}
+	if s.Unbound && s.Listen == "" {
+		errs = append(errs, fmt.Errorf("%s needs %s: the bind is served there", fs.Names("unbound"), fs.Names("listen")))
 	}
 	if s.Listen != "" && s.SeedFile == "" {
 		v, ok := lookupEnv(execspec.SeedEnv)
@@ -118,12 +125,13 @@ func serve(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdou
 	defer func() { stopReaper(); <-reaped }()
 
 	srv, err := sandboxd.New(sandboxd.Options{
-		Logger: log, Reaper: reaper, Seed: s.Seed,
+		Logger: log, Reaper: reaper, Seed: s.Seed, Unbound: s.Unbound,
 		TCPAddr: s.Listen, SocketPath: s.Socket, JournalDir: s.JournalDir,
 		MaxOutputBytes: int64(s.MaxOutputBytes), OutputBytesLimit: int64(s.OutputBytesLimit),
 		JournalDisk: int64(s.JournalDiskBytes), JournalTTL: s.JournalTTL,
 		Env: os.Environ(),
 	})
+	clear(s.Seed) // the server keeps only what it derived from it
 	if err != nil {
 		return err
 	}

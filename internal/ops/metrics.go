@@ -27,6 +27,8 @@ type Metrics struct {
 	apiDropped   *prometheus.CounterVec
 	// budgetExceeded is kubeclip_budget_exceeded_total (budget.go).
 	budgetExceeded *prometheus.CounterVec
+	// warm is the dispatcher's warm pools (warm.go).
+	warm *warmMetrics
 }
 
 var _ events.Observer = (*Metrics)(nil)
@@ -100,6 +102,9 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		return nil, err
 	}
 	if m.budgetExceeded, err = newBudgetMetric(reg); err != nil {
+		return nil, err
+	}
+	if m.warm, err = newWarmMetrics(reg); err != nil {
 		return nil, err
 	}
 	return m, nil

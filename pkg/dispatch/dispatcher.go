@@ -18,6 +18,8 @@ import (
 	"github.com/rs/zerolog"
 	"golang.org/x/sync/errgroup"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
@@ -133,9 +135,14 @@ type Options struct {
 	// LeaseSweepInterval is how often reusable leases are looked at (default
 	// DefaultLeaseSweepInterval).
 	LeaseSweepInterval time.Duration
+	// Warm bounds the warm pools of backend pod (warm.go); off unless Warm.Max > 0, which
+	// needs SandboxKey.
+	Warm WarmOptions
+	// WarmObserver is told about warm acquires and pools (metrics); nil means none.
+	WarmObserver WarmObserver
 }
 
-func (o Options) withDefaults() (Options, error) {
+func (o Options) withDefaults() (_ Options, err error) {
 	switch {
 	case o.Clientset == nil:
 		return o, errors.New("dispatch: Options.Clientset is required")
@@ -182,6 +189,12 @@ func (o Options) withDefaults() (Options, error) {
 	if o.SandboxKey != nil && len(o.SandboxKey) < execspec.MinMasterKeySize {
 		return o, fmt.Errorf("dispatch: Options.SandboxKey must hold at least %d bytes", execspec.MinMasterKeySize)
 	}
+	if o.Warm, err = o.Warm.withDefaults(); err != nil {
+		return o, err
+	}
+	if o.Warm.Enabled() && o.SandboxKey == nil {
+		return o, errors.New("dispatch: warm pools (Options.Warm.Max > 0) need Options.SandboxKey: their pods serve backend pod")
+	}
 	if o.OrphanPolicy == "" {
 		o.OrphanPolicy = OrphanReport
 	}
@@ -220,6 +233,8 @@ type Dispatcher struct {
 	runs      jetstream.Stream
 	parked    jetstream.Stream
 	workloads workload.Deps
+	// warm is the warm pools (warm.go); nil when they are off.
+	warm *warmPools
 
 	secretMu      sync.Mutex
 	secretValues  map[string]string
@@ -276,6 +291,16 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	if d.parked, err = events.EnsureStream(ctx, js, ParkedStreamConfig(d.opts.StreamReplicas, d.opts.StoreBytes)); err != nil {
 		return fmt.Errorf("creating stream %s: %w", ParkedStream, err)
 	}
+	if d.opts.Warm.Enabled() {
+		kv, err := events.EnsureBucket(ctx, js, WarmBucketConfig(d.opts.StreamReplicas))
+		if err != nil {
+			return fmt.Errorf("opening KV bucket %s: %w", WarmBucket, err)
+		}
+		d.warm = newWarmPools(d.opts, kv)
+		if err := d.warm.start(ctx); err != nil {
+			return err
+		}
+	}
 
 	type consumer struct {
 		stream     string
@@ -313,6 +338,9 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	g.Go(func() error { d.reconcileLoop(gctx); return nil })
 	g.Go(func() error { d.sweepLoop(gctx); return nil })
 	g.Go(func() error { d.sweepLeasesLoop(gctx); return nil })
+	if d.warm != nil {
+		g.Go(func() error { d.warm.run(gctx); return nil })
+	}
 	close(d.ready)
 	d.log.Info().Msg("consuming dispatch, release and result messages")
 	return g.Wait()
@@ -382,6 +410,16 @@ func (d *Dispatcher) handleDispatch(ctx context.Context, m jetstream.Msg) error 
 	}
 	took.done(stepGuard)
 	name := policy.WorkloadName(d.opts.NewID())
+	var warmPod *corev1.Pod
+	if rec.State == lease.StateRequested && d.warmEligible(plan, rec) {
+		if warmPod, err = d.claimWarm(ctx, m, plan); err != nil {
+			return err
+		}
+		if warmPod != nil {
+			name = warmPod.Name
+		}
+		took.done(stepClaim)
+	}
 	var claim string
 	if rec.Reusable {
 		w, err := workload.For(plan.Config.Backend, d.workloads)
@@ -393,8 +431,12 @@ func (d *Dispatcher) handleDispatch(ctx context.Context, m jetstream.Msg) error 
 	rec, err = d.records.Modify(ctx, ref, lease.Dispatch(lease.Workload{
 		Namespace: plan.Namespace, Name: name, SecretName: policy.SecretName(name),
 		Backend: string(plan.Config.Backend), VolumeClaim: claim, ExpiresAt: plan.ExpiresAt(),
-		RunDeadline: plan.RunDeadline(),
+		RunDeadline: plan.RunDeadline(), Warm: warmPod != nil,
 	}))
+	if warmPod != nil && (err != nil || rec.WorkloadName != warmPod.Name) {
+		// The lease did not take the pod this attempt claimed: nothing else may have it.
+		err = errors.Join(err, workload.EvictWarmPod(ctx, d.opts.Clientset, warmPod))
+	}
 	if errors.Is(err, lease.ErrEnded) || errors.Is(err, lease.ErrFailed) || errors.Is(err, lease.ErrFinished) {
 		// Released (or failed) before anything was created: nothing to undo but the guard.
 		d.freeAgent(ctx, log, req.CompanyID, req.AgentID, req.RunID)
@@ -405,7 +447,7 @@ func (d *Dispatcher) handleDispatch(ctx context.Context, m jetstream.Msg) error 
 		return err
 	}
 	took.done(stepRecord)
-	created, run, err := d.create(ctx, log, plan, rec)
+	created, run, err := d.create(ctx, log, plan, rec, warmPod)
 	if err != nil {
 		return err
 	}
@@ -430,8 +472,99 @@ func (d *Dispatcher) handleDispatch(ctx context.Context, m jetstream.Msg) error 
 		return err
 	}
 	took.done(stepAdopt)
-	log.Info().Str(events.LogKeyNamespace, created.Namespace).Str("workload", created.WorkloadName).Dict(logKeyTookMs, took.dict()).Msg("run created")
+	log.Info().Str(events.LogKeyNamespace, created.Namespace).Str("workload", created.WorkloadName).Bool("warm", rec.Warm).Dict(logKeyTookMs, took.dict()).Msg("run created")
+	if d.warmEligible(plan, rec) {
+		d.afterWarmAcquire(ctx, log, plan, rec)
+	}
 	return nil
+}
+
+// warmEligible reports whether an acquire may get a warm pod: warm pools are on, its backend
+// is pod, and it is not a reusable lease (whose pod mounts the lease's own volume).
+func (d *Dispatcher) warmEligible(plan lease.Plan, rec lease.Record) bool {
+	return d.warm != nil && plan.Config.Backend == policy.BackendPod && !rec.Reusable
+}
+
+// warmSpec is the run's spec as a warm pod of its shape is rendered from (policy.WarmSpec).
+func (d *Dispatcher) warmSpec(plan lease.Plan) policy.RunSpec {
+	spec := plan.RunSpec("")
+	spec.SandboxdImage = d.opts.SandboxdImage
+	return spec
+}
+
+// claimWarm claims a warm pod for the acquire: the one an earlier attempt of this dispatch
+// claimed without recording it, or a Ready one of its pool; nil when there is none.
+func (d *Dispatcher) claimWarm(ctx context.Context, m jetstream.Msg, plan lease.Plan) (*corev1.Pod, error) {
+	if md, err := m.Metadata(); err == nil && md.NumDelivered > 1 {
+		if pod, err := d.warm.boundTo(ctx, plan.Namespace, plan.Request.RunID); err != nil || pod != nil {
+			return pod, err
+		}
+	}
+	return d.warm.claim(ctx, d.warmSpec(plan))
+}
+
+// startWarm makes pod, the warm pod the lease record names (claimed by this dispatch, or read
+// again on a redelivery), the run's workload: its run Secret, then the bind call.
+func (d *Dispatcher) startWarm(ctx context.Context, rec lease.Record, secret *corev1.Secret, pod *corev1.Pod) (workload.Created, error) {
+	if pod == nil {
+		got, err := d.opts.Clientset.CoreV1().Pods(rec.Namespace).Get(ctx, rec.WorkloadName, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return workload.Created{}, events.Terminalf(events.CodeInternal, "", "the warm pod %s the lease bound is gone before it served", rec.WorkloadName)
+		}
+		if err != nil {
+			return workload.Created{}, fmt.Errorf("reading warm pod %s/%s: %w", rec.Namespace, rec.WorkloadName, err)
+		}
+		pod = got
+	}
+	if pod.Labels[policy.LabelRunID] != rec.RunID {
+		return workload.Created{}, events.Terminalf(events.CodeInternal, "", "pod %s is not bound to run %s", rec.WorkloadName, rec.RunID)
+	}
+	run, err := workload.StartBound(ctx, d.opts.Clientset, secret, pod)
+	if err != nil {
+		return workload.Created{}, k8s.Meaning(k8s.OpCreate, err)
+	}
+	if err := d.warm.bind(ctx, pod, secret); err != nil {
+		return workload.Created{}, err
+	}
+	return run, nil
+}
+
+// afterWarmAcquire is an eligible acquire's bookkeeping once `created` is out: a bound pod's
+// bind Secret deleted (its sandboxd read it long ago), the acquire recorded in its pool. Errors
+// are logged; the run is created.
+func (d *Dispatcher) afterWarmAcquire(ctx context.Context, log zerolog.Logger, plan lease.Plan, rec lease.Record) {
+	if rec.Warm {
+		if err := workload.DeleteWarmSecret(ctx, d.opts.Clientset, rec.Namespace, rec.WorkloadName); err != nil {
+			log.Warn().Err(err).Msg("deleting a bound pod's bind Secret failed; the pod's deletion takes it")
+		}
+	}
+	d.warm.noteAcquire(ctx, d.warmSpec(plan), rec.Warm)
+}
+
+// createEvictingWarm is a cold create the tenant's quota refused (err): the company's warm pods
+// are evicted for it, and it is tried again until the quota takes the deletions into account
+// (its controller recounts within a second or two), for at most warmQuotaRetry. Without warm
+// pods to evict, err stands.
+func (d *Dispatcher) createEvictingWarm(ctx context.Context, log zerolog.Logger, w workload.Workload, spec policy.RunSpec, secret *corev1.Secret, err error) (workload.Created, error) {
+	evicted, eerr := d.warm.evictForQuota(ctx, log, spec.Namespace, spec.CompanyID)
+	if eerr != nil {
+		log.Warn().Err(eerr).Msg("evicting warm pods for a quota refusal failed in part")
+	}
+	if evicted == 0 {
+		return workload.Created{}, err
+	}
+	deadline := d.opts.Now().Add(warmQuotaRetry)
+	for {
+		select {
+		case <-ctx.Done():
+			return workload.Created{}, errors.Join(err, context.Cause(ctx))
+		case <-time.After(warmQuotaRetryEvery):
+		}
+		run, err := w.Create(ctx, spec, secret)
+		if _, quota := k8s.QuotaRefusal(err); !quota || !d.opts.Now().Before(deadline) {
+			return run, err
+		}
+	}
 }
 
 // holdAgent takes the agent's guard for this run. While another run of the agent holds it, the
@@ -482,8 +615,9 @@ func (d *Dispatcher) freeAgent(ctx context.Context, log zerolog.Logger, companyI
 
 // create makes the run's workload and Secret under the name its lease record fixed,
 // idempotently, and returns the created event and the workload, whose Secret adoption is done
-// once the event is published.
-func (d *Dispatcher) create(ctx context.Context, log zerolog.Logger, plan lease.Plan, rec lease.Record) (events.RunCreatedEvent, workload.Created, error) {
+// once the event is published. A warm lease's workload is the warm pod it claimed (warmPod,
+// nil on a redelivery: read again), bound instead of created.
+func (d *Dispatcher) create(ctx context.Context, log zerolog.Logger, plan lease.Plan, rec lease.Record, warmPod *corev1.Pod) (events.RunCreatedEvent, workload.Created, error) {
 	req := plan.Request
 	spec := plan.RunSpec(rec.WorkloadName)
 	spec.SandboxdImage, spec.ExpiresAt = d.opts.SandboxdImage, rec.ExpiresAt
@@ -506,7 +640,16 @@ func (d *Dispatcher) create(ctx context.Context, log zerolog.Logger, plan lease.
 		}
 	}
 
-	run, err := w.Create(ctx, spec, secret)
+	var run workload.Created
+	switch {
+	case rec.Warm:
+		run, err = d.startWarm(ctx, rec, secret, warmPod)
+	default:
+		run, err = w.Create(ctx, spec, secret)
+		if _, quota := k8s.QuotaRefusal(err); quota && d.warm != nil {
+			run, err = d.createEvictingWarm(ctx, log, w, spec, secret, err)
+		}
+	}
 	if err != nil {
 		return events.RunCreatedEvent{}, workload.Created{}, k8s.Meaning(k8s.OpCreate, err)
 	}
@@ -524,11 +667,15 @@ func (d *Dispatcher) create(ctx context.Context, log zerolog.Logger, plan lease.
 	if run.Existed {
 		log.Info().Msg("workload already existed; republishing created")
 	}
+	phase := events.PhasePending
+	if rec.Warm {
+		phase = events.PhaseRunning // a warm pod is Running and Ready when it is claimed
+	}
 	return events.RunCreatedEvent{
 		RunID: req.RunID, CompanyID: req.CompanyID,
 		ProviderLeaseID: rec.WorkloadName, Namespace: rec.Namespace,
 		WorkloadName: rec.WorkloadName, SecretName: rec.SecretName, Backend: rec.Backend,
-		Phase: events.PhasePending, ExpiresAt: rec.ExpiresAt,
+		Phase: phase, ExpiresAt: rec.ExpiresAt, Warm: rec.Warm,
 	}, run, nil
 }
 

@@ -68,6 +68,13 @@ const (
 
 func startReuseEnv(t *testing.T) *reuseEnv {
 	t.Helper()
+	return startEnv(t, nil)
+}
+
+// startEnv is startReuseEnv with the dispatcher's options changed by tweak (nil: none); the
+// tenant-worker takes the same Operator.
+func startEnv(t *testing.T, tweak func(*Options)) *reuseEnv {
+	t.Helper()
 	ctx, cancel := context.WithCancel(t.Context())
 	cs, dyn, md := clusterClients(t)
 	_, _, js := natstest.Start(t)
@@ -93,15 +100,19 @@ func startReuseEnv(t *testing.T) *reuseEnv {
 	log := zerolog.New(zerolog.NewTestWriter(t))
 	op := policy.Operator{PreloadedImages: policy.DefaultPreloadedImages}
 	clk := &clock{t: time.Now()}
-	tw, err := tenant.New(tenant.Options{Clientset: cs, Applier: applier, JetStream: js, Subjects: s, Logger: log, Operator: op})
-	if err != nil {
-		t.Fatal(err)
-	}
-	d, err := New(Options{
+	opts := Options{
 		Clientset: cs, Dynamic: dyn, Metadata: md, Applier: applier, JetStream: js, Subjects: s, Logger: log,
 		Now: clk.Now, SandboxKey: key, Operator: op, ReleaseTimeout: time.Minute,
 		LeaseIdleWindow: testIdleWindow, LeaseMaxAge: testMaxAge, LeaseSweepInterval: time.Hour,
-	})
+	}
+	if tweak != nil {
+		tweak(&opts)
+	}
+	tw, err := tenant.New(tenant.Options{Clientset: cs, Applier: applier, JetStream: js, Subjects: s, Logger: log, Operator: opts.Operator})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := New(opts)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -16,8 +16,9 @@ const (
 	stepQueued  = "queued"  // in the work queue (queuedAt: a parked dispatch's from its acquire) → the handler's start
 	stepCheck   = "check"   // decoding, the tenant record and the lease record (KV reads)
 	stepGuard   = "guard"   // taking the agent's guard (KV compare-and-set)
+	stepClaim   = "claim"   // claiming a warm pod (an eligible acquire with warm pools on: one PUT per pod tried)
 	stepRecord  = "record"  // the lease record to dispatching (KV read and update)
-	stepCreate  = "create"  // rendering, then the workload and its Secret (two API POSTs)
+	stepCreate  = "create"  // rendering, then the workload and its Secret (two API POSTs; a warm pod's: its Secret and the bind call)
 	stepCreated = "created" // the lease record to created (KV read and update)
 	stepPublish = "publish" // the created event (JetStream publish and ack)
 	stepAdopt   = "adopt"   // the Secret's owner reference, when it was not created with it (PATCH)

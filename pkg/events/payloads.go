@@ -392,6 +392,9 @@ type RunCreatedEvent struct {
 	PodName         string     `json:"podName,omitempty"`
 	Phase           Phase      `json:"phase"`
 	ExpiresAt       *time.Time `json:"expiresAt,omitempty"`
+	// Warm is true when the lease got a warm pod (ready to run commands at once), absent when
+	// its workload was created for it.
+	Warm bool `json:"warm,omitempty"`
 }
 
 // Type implements Event.

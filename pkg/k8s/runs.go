@@ -671,3 +671,23 @@ func drainPodWatch(ctx context.Context, w watch.Interface, left map[types.UID]bo
 		}
 	}
 }
+
+// StartBoundPodRun is StartPodRun for a pod that exists already (a warm pod an acquire bound,
+// labelled with the run's id): it creates only the run's Secret, owned by the pod, or finds it
+// made for the run (a redelivery). The pod's run-id label must be the Secret's.
+func StartBoundPodRun(ctx context.Context, cs kubernetes.Interface, secret *corev1.Secret, pod *corev1.Pod) (CreatedRun, error) {
+	if pod == nil || secret == nil || pod.UID == "" {
+		return CreatedRun{}, fmt.Errorf("creating run: nil Pod or Secret, or a Pod without uid: %w", ErrInvalidObject)
+	}
+	runID := pod.Labels[LabelRunID]
+	if runID == "" || secret.Labels[LabelRunID] != runID || secret.Namespace != pod.Namespace {
+		return CreatedRun{}, fmt.Errorf("creating run %s: the Secret is not of the pod's run: %w", objRef("Pod", pod.Namespace, pod.Name), ErrInvalidObject)
+	}
+	sp := createRunSecret(ctx, cs.CoreV1().Secrets(pod.Namespace), secret, runID, secretOwner("v1", "Pod", pod.Name, pod.UID))
+	if sp.err != nil {
+		return CreatedRun{}, sp.err
+	}
+	run := CreatedRun{JobUID: pod.UID, adopted: sp.created}
+	run.namespace, run.secretName, run.apiVersion, run.kind, run.name = pod.Namespace, secret.Name, "v1", "Pod", pod.Name
+	return run, nil
+}

@@ -29,6 +29,10 @@ type Record struct {
 	WorkloadName string `json:"workloadName,omitempty"`
 	SecretName   string `json:"secretName,omitempty"`
 	Backend      string `json:"backend,omitempty"`
+	// Warm is set by the dispatch transition when the workload is a warm pod the acquire bound
+	// (policy.RenderWarmPod): a redelivered dispatch binds that pod again instead of creating
+	// one under its name.
+	Warm bool `json:"warm,omitempty"`
 	// Failure is the code the acquire failed with (state failed).
 	Failure events.Code `json:"failure,omitempty"`
 	// Ending is the request that ended the lease (release or destroy) once one came, and

@@ -154,6 +154,8 @@ type Workload struct {
 	// RunDeadline is how long from its acquire ExpiresAt is: a reusable lease keeps it to renew
 	// its expiry on each resume (Record.RunDeadlineSec).
 	RunDeadline time.Duration
+	// Warm: the workload is a warm pod the acquire bound (Record.Warm).
+	Warm bool
 }
 
 // Dispatch moves a requested lease to dispatching with w. A lease already dispatching or
@@ -173,7 +175,7 @@ func Dispatch(w Workload) func(*Record) (bool, error) {
 		}
 		r.State = StateDispatching
 		r.Namespace, r.WorkloadName, r.SecretName, r.Backend = w.Namespace, w.Name, w.SecretName, w.Backend
-		r.VolumeClaim = w.VolumeClaim
+		r.VolumeClaim, r.Warm = w.VolumeClaim, w.Warm
 		r.ExpiresAt = w.ExpiresAt
 		if r.Reusable {
 			r.RunDeadlineSec = int64(w.RunDeadline / time.Second)

@@ -59,8 +59,9 @@ func denyAllPolicy(namespace string) *networkingv1.NetworkPolicy {
 }
 
 // sandboxdIngressPolicy admits the exec-workers of kubeclip's namespace to sandboxd on the
-// tenant's agent pods; the deny-all policy keeps everything else out, other tenants' pods
-// included. (sandboxd also authenticates every connection with the lease's key.)
+// tenant's agent pods, and its dispatchers (which bind warm pods: the bind call); the deny-all
+// policy keeps everything else out, other tenants' pods included. (sandboxd also authenticates
+// every connection with the lease's key, or a warm pod's bind key.)
 func sandboxdIngressPolicy(namespace, kubeclipNamespace string) *networkingv1.NetworkPolicy {
 	return &networkingv1.NetworkPolicy{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "networking.k8s.io/v1", Kind: "NetworkPolicy"},
@@ -72,6 +73,9 @@ func sandboxdIngressPolicy(namespace, kubeclipNamespace string) *networkingv1.Ne
 				From: []networkingv1.NetworkPolicyPeer{{
 					NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"kubernetes.io/metadata.name": kubeclipNamespace}},
 					PodSelector:       &metav1.LabelSelector{MatchLabels: map[string]string{"app.kubernetes.io/name": ExecWorkerAppLabel}},
+				}, {
+					NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"kubernetes.io/metadata.name": kubeclipNamespace}},
+					PodSelector:       &metav1.LabelSelector{MatchLabels: map[string]string{"app.kubernetes.io/name": DispatcherAppLabel}},
 				}},
 				Ports: []networkingv1.NetworkPolicyPort{port(corev1.ProtocolTCP, SandboxdPort)},
 			}},

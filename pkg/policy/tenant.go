@@ -43,7 +43,8 @@ type Tenant struct {
 	// (the per-tenant half of their RBAC; see deploy/kustomize/base/rbac-*.yaml).
 	WorkerBindings []*rbacv1.RoleBinding
 	DenyAll        *networkingv1.NetworkPolicy
-	// SandboxdIngress admits kubeclip's exec-workers, and nothing else, to sandboxd's port.
+	// SandboxdIngress admits kubeclip's exec-workers and dispatchers, and nothing else, to
+	// sandboxd's port.
 	SandboxdIngress *networkingv1.NetworkPolicy
 	EgressAllow     *networkingv1.NetworkPolicy
 	EgressFQDN      *unstructured.Unstructured
@@ -62,8 +63,11 @@ var workerTenantRoles = []struct{ serviceAccount, clusterRole string }{
 const (
 	SandboxdIngressPolicyName = "paperclip-sandboxd-ingress"
 	// ExecWorkerAppLabel is the app.kubernetes.io/name of the exec-worker's pods (the kustomize
-	// base's), the only pods admitted to sandboxd.
+	// base's), admitted to sandboxd.
 	ExecWorkerAppLabel = "exec-worker"
+	// DispatcherAppLabel is the app.kubernetes.io/name of the dispatcher's pods, admitted to
+	// sandboxd for the bind call of warm pods.
+	DispatcherAppLabel = "dispatcher"
 )
 
 // RenderTenant renders a company's tenant objects (tenant-orchestrator.ts, with managed-by

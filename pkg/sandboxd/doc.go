@@ -6,7 +6,9 @@
 // chunk it holds with no gap and no duplicate. It reaps every orphan of the pod (Reaper) and
 // drains on SIGTERM. Client speaks the same HTTP/1.1 API over any byte stream: TCP with TLS
 // pinned to the lease's key (keys.go), or the Kubernetes exec API through `sandboxd proxy`,
-// which bridges stdin/stdout to the daemon's unix socket.
+// which bridges stdin/stdout to the daemon's unix socket. A warm pod's daemon starts unbound,
+// keyed by the pod's bind seed, and serves nothing until Bind installs a lease's seed and
+// environment (bind.go).
 //
 // docs/exec.md is the contract this package implements.
 package sandboxd

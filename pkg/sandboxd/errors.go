@@ -17,6 +17,8 @@ const (
 	CodeStdinClosed    = "stdin_closed"    // 409: stdin is closed: eof was sent, the command exited, or it has no stdin
 	CodeRunning        = "running"         // 409: DELETE of a command still running
 	CodeExited         = "exited"          // 409: signal to a command (and process group) that is gone
+	CodeNotBound       = "not_bound"       // 409: an unbound (warm) daemon answers only its bind, on TLS
+	CodeAlreadyBound   = "already_bound"   // 409: a bind to a daemon that is bound already
 	CodeTooLarge       = "too_large"       // 413: body over the limit
 	CodeDraining       = "draining"        // 503: sandboxd is shutting down and starts nothing new
 	CodeInternal       = "internal"        // 500
@@ -32,6 +34,8 @@ var (
 	ErrStdinClosed    = errors.New("sandboxd: stdin closed")
 	ErrRunning        = errors.New("sandboxd: exec still running")
 	ErrExited         = errors.New("sandboxd: exec exited")
+	ErrNotBound       = errors.New("sandboxd: not bound to a lease yet")
+	ErrAlreadyBound   = errors.New("sandboxd: bound already")
 	ErrTooLarge       = errors.New("sandboxd: request too large")
 	ErrDraining       = errors.New("sandboxd: draining")
 	ErrInternal       = errors.New("sandboxd: internal error")
@@ -55,6 +59,8 @@ func codeTable() map[string]codeInfo {
 		CodeStdinClosed:    {http.StatusConflict, ErrStdinClosed},
 		CodeRunning:        {http.StatusConflict, ErrRunning},
 		CodeExited:         {http.StatusConflict, ErrExited},
+		CodeNotBound:       {http.StatusConflict, ErrNotBound},
+		CodeAlreadyBound:   {http.StatusConflict, ErrAlreadyBound},
 		CodeTooLarge:       {http.StatusRequestEntityTooLarge, ErrTooLarge},
 		CodeDraining:       {http.StatusServiceUnavailable, ErrDraining},
 		CodeInternal:       {http.StatusInternalServerError, ErrInternal},

@@ -61,6 +61,7 @@ func TestStdinOffsets(t *testing.T) {
 func TestErrorCodes(t *testing.T) {
 	h := startServer(t, nil)
 	d := startServer(t, nil) // to be drained
+	warm := startUnbound(t, nil)
 	ctx := t.Context()
 	exited := newID()
 	run(t, h.tls, sandboxd.Spec{ID: exited, Command: "true"}, nil)
@@ -95,6 +96,15 @@ func TestErrorCodes(t *testing.T) {
 		},
 		sandboxd.CodeRunning: func(*testing.T) error { return h.tls.Delete(ctx, sleeping) },
 		sandboxd.CodeExited:  func(*testing.T) error { return h.tls.Signal(ctx, exited, "SIGTERM") },
+		sandboxd.CodeNotBound: func(*testing.T) error {
+			_, err := warm.unix.Info(ctx)
+			return err
+		},
+		sandboxd.CodeAlreadyBound: func(*testing.T) error {
+			// Keyed by h's lease seed, the bind reaches h's bind route, where a bound daemon
+			// refuses it; the probe with another seed then fails its handshake.
+			return sandboxd.Bind(ctx, sandboxd.DialTCP(h.addr), testSeed, otherLease, nil)
+		},
 		sandboxd.CodeTooLarge: func(*testing.T) error {
 			_, err := h.tls.Start(ctx, sandboxd.Spec{ID: newID(), Command: "echo", Args: []string{strings.Repeat("x", 5<<20)}})
 			return err
@@ -120,7 +130,8 @@ func TestErrorCodes(t *testing.T) {
 		sandboxd.CodeOffsetMismatch: sandboxd.ErrOffsetMismatch, sandboxd.CodeStdinClosed: sandboxd.ErrStdinClosed,
 		sandboxd.CodeRunning: sandboxd.ErrRunning, sandboxd.CodeExited: sandboxd.ErrExited,
 		sandboxd.CodeTooLarge: sandboxd.ErrTooLarge, sandboxd.CodeDraining: sandboxd.ErrDraining,
-		sandboxd.CodeInternal: sandboxd.ErrInternal,
+		sandboxd.CodeInternal: sandboxd.ErrInternal, sandboxd.CodeNotBound: sandboxd.ErrNotBound,
+		sandboxd.CodeAlreadyBound: sandboxd.ErrAlreadyBound,
 	}
 	// Codes no request can produce on a healthy node.
 	unproducible := map[string]string{

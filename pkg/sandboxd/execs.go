@@ -52,7 +52,7 @@ func (s *Server) admit(spec Spec) (*execution, bool, error) {
 func (s *Server) launch(e *execution) {
 	defer close(e.started)
 	e.startedAt = s.opts.Now()
-	p, err := spawn(s.opts.Reaper, e.spec, s.opts.Env, s.devNull)
+	p, err := spawn(s.opts.Reaper, e.spec, s.id.Load().env, s.devNull)
 	if err != nil {
 		s.finished(e, e.failStart(err))
 		return

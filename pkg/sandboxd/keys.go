@@ -51,6 +51,27 @@ var (
 // ServerTLSConfig returns the daemon's TLS 1.3 configuration: a self-signed certificate for
 // ServerKey(seed), made in memory.
 func ServerTLSConfig(seed []byte) (*tls.Config, error) {
+	cert, err := serverCertificate(seed)
+	if err != nil {
+		return nil, err
+	}
+	return serverTLSConfig(func() *tls.Certificate { return cert }), nil
+}
+
+// serverTLSConfig presents, in each handshake, the certificate current returns then: a warm
+// pod's daemon changes its key once, when it is bound.
+func serverTLSConfig(current func() *tls.Certificate) *tls.Config {
+	return &tls.Config{
+		MinVersion:     tls.VersionTLS13,
+		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return current(), nil },
+		// HTTP/1.1 only: the API streams one response per connection at a time and the
+		// exec-worker keeps a few connections alive per lease.
+		NextProtos: []string{"http/1.1"},
+	}
+}
+
+// serverCertificate is the self-signed certificate for ServerKey(seed).
+func serverCertificate(seed []byte) (*tls.Certificate, error) {
 	key := ServerKey(seed)
 	tmpl := &x509.Certificate{
 		SerialNumber:          big.NewInt(1),
@@ -66,13 +87,7 @@ func ServerTLSConfig(seed []byte) (*tls.Config, error) {
 	if err != nil {
 		return nil, fmt.Errorf("creating the sandboxd certificate: %w", err)
 	}
-	return &tls.Config{
-		MinVersion:   tls.VersionTLS13,
-		Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}},
-		// HTTP/1.1 only: the API streams one response per connection at a time and the
-		// exec-worker keeps a few connections alive per lease.
-		NextProtos: []string{"http/1.1"},
-	}, nil
+	return &tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}, nil
 }
 
 // ClientTLSConfig returns a client TLS 1.3 configuration that accepts only the server key of the

@@ -21,4 +21,6 @@ const (
 	LogKeyAddr        = "addr"
 	LogKeySocket      = "socket"
 	LogKeyJournalDir  = "journal_dir"
+	LogKeyUnbound     = "unbound"
+	LogKeyEnvVars     = "env_vars" // how many variables a bind installed; never their values
 )

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -64,8 +65,13 @@ type Options struct {
 	// Reaper is the process's one reaper; it must be running while the server is.
 	Reaper *Reaper
 	// Seed is the lease seed: the TCP listener serves TLS with ServerKey(Seed) and requires
-	// ClientToken(Seed). Required with TCPAddr.
+	// ClientToken(Seed). Required with TCPAddr. With Unbound, it is the pod's bind seed. New
+	// derives the key and token and keeps no reference to Seed: the caller zeroes it.
 	Seed []byte
+	// Unbound starts a warm pod's daemon: Seed is the bind seed, and the daemon answers only
+	// POST /v1/bind (on TCP, with ClientToken(Seed)) until a bind installs a lease's seed and
+	// environment (bind.go). Requires TCPAddr.
+	Unbound bool
 	// TCPAddr is the TLS listen address (":7070"); empty: no TCP listener.
 	TCPAddr string
 	// SocketPath is the unix socket (no TLS, no token); empty: none.
@@ -104,6 +110,8 @@ type Server struct {
 	disk      *byteBudget // disk of journal files
 	devNull   *os.File    // every command without stdin reads it
 	buffers   sync.Pool   // *[frameHeaderSize + readSize]byte for the output pumps
+	// id is the current identity: replaced once, by a bind, when the daemon started unbound.
+	id atomic.Pointer[identity]
 
 	mu       sync.Mutex
 	execs    map[string]*execution
@@ -125,6 +133,9 @@ func New(opts Options) (*Server, error) {
 	}
 	if opts.TCPAddr != "" && len(opts.Seed) != execspec.SeedSize {
 		return nil, fmt.Errorf("sandboxd: the TCP listener needs a %d-byte seed (%s)", execspec.SeedSize, execspec.SeedEnv)
+	}
+	if opts.Unbound && opts.TCPAddr == "" {
+		return nil, errors.New("sandboxd: an unbound daemon needs the TCP listener, where it is bound")
 	}
 	if opts.JournalDir == "" || opts.MaxOutputBytes <= frameHeaderSize || opts.JournalTTL <= 0 {
 		return nil, errors.New("sandboxd: JournalDir, MaxOutputBytes and JournalTTL are required")
@@ -153,6 +164,15 @@ func New(opts Options) (*Server, error) {
 	if opts.JournalDisk <= 0 {
 		opts.JournalDisk = DefaultJournalDisk
 	}
+	var env []string // an unbound daemon runs nothing until its bind sets the environment
+	if !opts.Unbound {
+		env = opts.Env
+	}
+	id, err := newIdentity(opts.Seed, opts.TCPAddr != "", !opts.Unbound, env)
+	if err != nil {
+		return nil, err
+	}
+	opts.Seed = nil
 	if err := prepareJournalDir(opts.JournalDir); err != nil {
 		return nil, err
 	}
@@ -165,20 +185,17 @@ func New(opts Options) (*Server, error) {
 		budget: newByteBudget(opts.JournalMemory), disk: newByteBudget(opts.JournalDisk), devNull: devNull,
 		buffers: sync.Pool{New: func() any { return new([frameHeaderSize + readSize]byte) }},
 	}
-	mux := s.routes()
+	s.id.Store(id)
+	api := s.logRequests(s.routes())
 	if opts.TCPAddr != "" {
-		cfg, err := ServerTLSConfig(opts.Seed)
-		if err != nil {
-			s.close()
-			return nil, err
-		}
 		l, err := net.Listen("tcp", opts.TCPAddr)
 		if err != nil {
 			s.close()
 			return nil, fmt.Errorf("listening on %s: %w", opts.TCPAddr, err)
 		}
+		cfg := serverTLSConfig(func() *tls.Certificate { return s.id.Load().cert })
 		s.listeners = append(s.listeners, tls.NewListener(l, cfg))
-		s.handlers = append(s.handlers, requireToken(ClientToken(opts.Seed), mux))
+		s.handlers = append(s.handlers, s.gate(true, api))
 	}
 	if opts.SocketPath != "" {
 		l, err := listenUnix(opts.SocketPath)
@@ -187,7 +204,7 @@ func New(opts Options) (*Server, error) {
 			return nil, err
 		}
 		s.listeners = append(s.listeners, l)
-		s.handlers = append(s.handlers, mux)
+		s.handlers = append(s.handlers, s.gate(false, api))
 	}
 	return s, nil
 }
@@ -270,7 +287,7 @@ func (s *Server) Run(ctx context.Context) error {
 			errc <- err
 		}()
 	}
-	ev := s.log.Info().Str(LogKeySocket, s.opts.SocketPath).Str(LogKeyJournalDir, s.opts.JournalDir)
+	ev := s.log.Info().Str(LogKeySocket, s.opts.SocketPath).Str(LogKeyJournalDir, s.opts.JournalDir).Bool(LogKeyUnbound, s.opts.Unbound)
 	if a := s.TCPAddr(); a != nil {
 		ev = ev.Stringer(LogKeyAddr, a)
 	}

@@ -120,14 +120,7 @@ func (s Spec) Validate() error {
 	if strings.ContainsRune(s.Cwd, 0) {
 		bad("cwd", "must not contain NUL")
 	}
-	for _, k := range slices.Sorted(maps.Keys(s.Env)) {
-		if k == "" || strings.ContainsAny(k, "=\x00") {
-			bad("env", fmt.Sprintf("invalid variable name %q", k))
-		}
-		if strings.ContainsRune(s.Env[k], 0) {
-			bad("env."+k, "must not contain NUL")
-		}
-	}
+	checkEnv("env", s.Env, bad)
 	if s.TimeoutMs < 0 {
 		bad("timeoutMs", "must be >= 0")
 	}
@@ -135,6 +128,20 @@ func (s Spec) Validate() error {
 		bad("maxOutputBytes", "must be >= 0")
 	}
 	return errors.Join(errs...)
+}
+
+// checkEnv reports each bad variable of env, named under field: a name must be non-empty and
+// hold neither '=' nor NUL, a value no NUL (execve could not pass them). Messages name variables,
+// never their values.
+func checkEnv(field string, env map[string]string, bad func(field, msg string)) {
+	for _, k := range slices.Sorted(maps.Keys(env)) {
+		if k == "" || strings.ContainsAny(k, "=\x00") {
+			bad(field, fmt.Sprintf("invalid variable name %q", k))
+		}
+		if strings.ContainsRune(env[k], 0) {
+			bad(field+"."+k, "must not contain NUL")
+		}
+	}
 }
 
 // decodeStrict decodes exactly one JSON object of at most limit bytes into v, rejecting unknown
