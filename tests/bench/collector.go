@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"sync"
@@ -147,9 +146,6 @@ func (c *collector) read(ctx context.Context, it jetstream.MessagesContext, s ev
 		if err != nil {
 			continue // not the bench's business: the contract tests cover decoding
 		}
-		if e, ok := ev.(events.RunCreatedEvent); ok {
-			ev = warmCreated{RunCreatedEvent: e, warm: createdWarm(m.Data())}
-		}
 		c.record(ev, now)
 	}
 }
@@ -193,9 +189,9 @@ func (c *collector) record(ev events.Event, at time.Time) {
 	defer c.mu.Unlock()
 	r := c.runLocked(runID)
 	switch e := ev.(type) {
-	case warmCreated:
+	case events.RunCreatedEvent:
 		setOnce(&r.created, at)
-		r.lease, r.namespace, r.warm = e.ProviderLeaseID, e.Namespace, e.warm
+		r.lease, r.namespace, r.warm = e.ProviderLeaseID, e.Namespace, e.Warm
 	case events.RunStatusEvent:
 		if e.Phase == events.PhaseSucceeded || e.Phase == events.PhaseFailed {
 			setOnce(&r.ended, at)
@@ -225,21 +221,6 @@ func (c *collector) record(ev events.Event, at time.Time) {
 	}
 	close(c.changed)
 	c.changed = make(chan struct{})
-}
-
-// warmCreated is a created event with its warm (issue 17), read from the payload beside
-// pkg/events' decoding.
-type warmCreated struct {
-	events.RunCreatedEvent
-	warm bool
-}
-
-// createdWarm is a created event's "warm": true when the lease bound a warm pod.
-func createdWarm(data []byte) bool {
-	var v struct {
-		Warm bool `json:"warm"`
-	}
-	return json.Unmarshal(data, &v) == nil && v.Warm
 }
 
 func (c *collector) runLocked(runID string) *runEvents {

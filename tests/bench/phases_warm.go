@@ -41,9 +41,6 @@ import (
 // the flags, is reported (rows NOT MET, a note saying why), not a failed bench.
 const (
 	phaseWarmPool = "(o) warm pool"
-	// warmPoolLabel is on every warm pod (value: the pool's shape hash); an unbound one has no
-	// run-id label.
-	warmPoolLabel = "paperclip.io/warm-pool"
 	// warmGoal is issue 17's.
 	warmGoal = "p50 ≤ 50 ms, p99 ≤ 200 ms at 45/s (agent-sandbox warm pool: 92 / 376 ms at 45/s)"
 	// warmDispatcherReadyTimeout bounds the dispatcher process's start until /readyz answers.
@@ -299,7 +296,7 @@ func (b *bench) waitPool(ctx context.Context, namespace string, want int) (poolF
 	defer t.Stop()
 	var fill poolFill
 	for {
-		list, err := b.raw.cs.CoreV1().Pods(namespace).List(wctx, metav1.ListOptions{LabelSelector: warmPoolLabel})
+		list, err := b.raw.cs.CoreV1().Pods(namespace).List(wctx, metav1.ListOptions{LabelSelector: policy.LabelWarmPool})
 		if err == nil {
 			fill.total, fill.ready = unboundWarmPods(list.Items)
 			fill.took = time.Since(start)
@@ -337,7 +334,7 @@ func unboundWarmPods(pods []corev1.Pod) (total, ready int) {
 // isUnboundWarmPod reports whether p is a warm pod waiting for a lease: idle, so settle may
 // delete it like a stopped pod.
 func isUnboundWarmPod(p *corev1.Pod) bool {
-	_, warm := p.Labels[warmPoolLabel]
+	_, warm := p.Labels[policy.LabelWarmPool]
 	_, bound := p.Labels[policy.LabelRunID]
 	return warm && !bound
 }

@@ -156,7 +156,7 @@ func TestOffsetAndAchievedRate(t *testing.T) {
 
 // warmPod is a pod of (o)'s pool: bound when runID is not empty.
 func warmPod(name, runID string, ready, deleting bool) corev1.Pod {
-	p := corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{warmPoolLabel: "shape"}}}
+	p := corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{policy.LabelWarmPool: "shape"}}}
 	if runID != "" {
 		p.Labels[policy.LabelRunID] = runID
 	}
@@ -175,7 +175,7 @@ func warmPod(name, runID string, ready, deleting bool) corev1.Pod {
 
 func TestUnboundWarmPods(t *testing.T) {
 	plain := warmPod("plain", "", true, false)
-	delete(plain.Labels, warmPoolLabel)
+	delete(plain.Labels, policy.LabelWarmPool)
 	pods := []corev1.Pod{
 		warmPod("ready", "", true, false),
 		warmPod("starting", "", false, false),
@@ -193,7 +193,7 @@ func TestUnboundWarmPods(t *testing.T) {
 // stopped ones. A bound warm pod runs a lease and is waited for.
 func TestRunningLeavesIdleWarmPodsToDelete(t *testing.T) {
 	plain := warmPod("plain", "", true, false)
-	delete(plain.Labels, warmPoolLabel)
+	delete(plain.Labels, policy.LabelWarmPool)
 	pods := []corev1.Pod{warmPod("idle", "", true, false), warmPod("bound", "run-1", true, false), plain}
 	var names []string
 	for _, p := range running(pods) {
@@ -219,18 +219,5 @@ kubeclip_acquires_total 61
 	}
 	if got := warmSeries("kubeclip_acquires_total 3\n"); got != "no kubeclip_warm_acquires_total or kubeclip_warm_pods series" {
 		t.Errorf("warmSeries without warm series = %q", got)
-	}
-}
-
-func TestCreatedWarm(t *testing.T) {
-	for data, want := range map[string]bool{
-		`{"runId":"r","warm":true}`:  true,
-		`{"runId":"r"}`:              false,
-		`{"runId":"r","warm":false}`: false,
-		`not json`:                   false,
-	} {
-		if got := createdWarm([]byte(data)); got != want {
-			t.Errorf("createdWarm(%s) = %t, want %t", data, got, want)
-		}
 	}
 }
