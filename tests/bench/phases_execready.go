@@ -106,18 +106,20 @@ func (b *bench) execReadyPhase(ctx context.Context, rep *report, key []byte) err
 	return nil
 }
 
-// leaseTimes are one pod lease's times from just before its acquire's publish.
+// leaseTimes are one pod lease's times from just before its acquire's publish; a stage not
+// reached is 0.
 type leaseTimes struct {
-	// created is to its created event, ready to its status Running/Ready event, firstExec to
-	// the exit of a `true` sent as soon as the created event arrived (the exec-worker holds it
-	// until the pod is ready).
-	created, ready, firstExec time.Duration
+	// created is to its created event, firstExec to the exit 0 of a `true` sent as soon as the
+	// created event arrived (the exec-worker holds it until the pod is ready), ready to its
+	// status Running/Ready event.
+	created, firstExec, ready time.Duration
 	// warm is the created event's: the lease bound a warm pod of the company's pool.
 	warm bool
 }
 
 // timePodLease acquires a pod lease (podConfig) of a fresh agent of companyID, times it
-// (leaseTimes), and destroys the lease before it returns.
+// (leaseTimes, each stage in turn: a stage that fails is the error, the ones before it are
+// set), and destroys the lease before it returns.
 func (b *bench) timePodLease(ctx context.Context, c *execclient.Client, companyID string) (lt leaseTimes, err error) {
 	req := b.request(companyID, nil)
 	req.Config = podConfig()
@@ -135,10 +137,11 @@ func (b *bench) timePodLease(ctx context.Context, c *execclient.Client, companyI
 	l := podLease{Lease: execclient.Lease{CompanyID: req.CompanyID, RunID: req.RunID, ProviderLeaseID: ev.lease}, namespace: ev.namespace}
 	defer func() { err = errors.Join(err, b.releasePodLeases(ctx, []podLease{l})) }()
 	res, err := c.Run(wctx, execclient.Exec{Lease: l.Lease, Command: "true", Timeout: time.Minute})
-	lt.firstExec = time.Since(start)
+	exited := time.Since(start)
 	if err := exitErr("true", res, err); err != nil {
 		return lt, err
 	}
+	lt.firstExec = exited
 	readyAt, err := b.events.ready(wctx, req.RunID)
 	if err != nil {
 		return lt, err

@@ -59,6 +59,14 @@ func TestWarmRows(t *testing.T) {
 				readyMetric: phaseWarmPool + ": acquire → ready (status Running/Ready), every acquire", hitRateMetricUnit: "%"},
 		},
 		{
+			// A hit whose status Ready never came: a hit all the same, its exec counted, its
+			// ready a failure.
+			name:    "a hit without its ready",
+			results: []warmResult{hit(20, 25), {leaseTimes: leaseTimes{created: ms(10), firstExec: ms(30), warm: true}, err: errors.New("waiting for run: deadline exceeded")}},
+			want: want{n: 1, p50: f(20), p99: f(20), met: &no, hitN: 1, errors: 1, hitRate: f(100), achieved: f(44.9),
+				readyMetric: phaseWarmPool + ": acquire → ready (status Running/Ready), every acquire", hitRateMetricUnit: "%"},
+		},
+		{
 			// The phase could not run: the goal's row is there, NOT MET, without samples.
 			name:    "nothing measured",
 			results: nil,
@@ -82,10 +90,10 @@ func TestWarmRows(t *testing.T) {
 				n: ready.N, p50: ready.P50, p99: ready.P99, met: ready.Met, errors: ready.Errors,
 				hitN:              byMetric["(o') warm pool: acquire → ready, hits only"].N,
 				missN:             byMetric["(o') warm pool: acquire → ready, misses only (cold path under the same load)"].N,
-				hitRate:           byMetric["(o') warm pool: hit rate (created events saying warm, of the acquires measured)"].P50,
+				hitRate:           byMetric["(o') warm pool: hit rate (created events saying warm, of the acquires answered)"].P50,
 				achieved:          byMetric["(o') warm pool: achieved acquire rate, 45/s offered open loop"].P50,
 				readyMetric:       ready.Metric,
-				hitRateMetricUnit: byMetric["(o') warm pool: hit rate (created events saying warm, of the acquires measured)"].Unit,
+				hitRateMetricUnit: byMetric["(o') warm pool: hit rate (created events saying warm, of the acquires answered)"].Unit,
 			}
 			if diff := cmp.Diff(tc.want, got, cmp.AllowUnexported(want{})); diff != "" {
 				t.Errorf("warmRows (-want +got):\n%s", diff)
