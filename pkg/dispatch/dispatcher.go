@@ -466,8 +466,8 @@ func (d *Dispatcher) handleDispatch(ctx context.Context, m jetstream.Msg) error 
 	took.done(stepPublish)
 	// A Secret the workload does not own yet (a redelivery found it; a reusable lease's, which
 	// its claim owns) is adopted after `created` goes out: the pod starts without it, and
-	// Paperclip hears one API round trip sooner. A failure is retried through the whole
-	// (idempotent) handler.
+	// Paperclip hears one API round trip sooner. A warm pod's is created only now: its sandboxd
+	// got the keys with the bind. A failure is retried through the whole (idempotent) handler.
 	if err := run.AdoptSecret(ctx); err != nil {
 		return err
 	}
@@ -504,7 +504,8 @@ func (d *Dispatcher) claimWarm(ctx context.Context, m jetstream.Msg, plan lease.
 }
 
 // startWarm makes pod, the warm pod the lease record names (claimed by this dispatch, or read
-// again on a redelivery), the run's workload: its run Secret, then the bind call.
+// again on a redelivery), the run's workload: the bind call, with the run Secret's keys; the
+// Secret itself is created once `created` is out (workload.StartBound).
 func (d *Dispatcher) startWarm(ctx context.Context, rec lease.Record, secret *corev1.Secret, pod *corev1.Pod) (workload.Created, error) {
 	if pod == nil {
 		got, err := d.opts.Clientset.CoreV1().Pods(rec.Namespace).Get(ctx, rec.WorkloadName, metav1.GetOptions{})
@@ -519,14 +520,10 @@ func (d *Dispatcher) startWarm(ctx context.Context, rec lease.Record, secret *co
 	if pod.Labels[policy.LabelRunID] != rec.RunID {
 		return workload.Created{}, events.Terminalf(events.CodeInternal, "", "pod %s is not bound to run %s", rec.WorkloadName, rec.RunID)
 	}
-	run, err := workload.StartBound(ctx, d.opts.Clientset, secret, pod)
-	if err != nil {
-		return workload.Created{}, k8s.Meaning(k8s.OpCreate, err)
-	}
 	if err := d.warm.bind(ctx, pod, secret); err != nil {
 		return workload.Created{}, err
 	}
-	return run, nil
+	return workload.StartBound(d.opts.Clientset, secret, pod), nil
 }
 
 // afterWarmAcquire is an eligible acquire's bookkeeping once `created` is out: a bound pod's

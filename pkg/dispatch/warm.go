@@ -82,8 +82,8 @@ const (
 	// warmClaimAttempts bounds the pods one acquire tries to claim before it goes cold: each
 	// losing claim is one API round trip.
 	warmClaimAttempts = 3
-	// warmPendingTTL is how long a pod this replica made (or claimed) is counted before its
-	// cache shows it: the watch normally brings it within milliseconds.
+	// warmPendingTTL is how long a pod a maintainer made (or this replica claimed) is counted
+	// before a cache shows it: the watch normally brings it within milliseconds.
 	warmPendingTTL = 30 * time.Second
 	// warmQuotaRetry bounds how long an acquire the quota refused tries again once it evicted
 	// its company's warm pods, every warmQuotaRetryEvery: the quota controller recounts a
@@ -94,8 +94,13 @@ const (
 	warmMaintainers = 4
 	// maxWarmRecordBytes bounds a pool record (its spec is one provider config).
 	maxWarmRecordBytes = 64 << 10
-	// warmLockPrefix names the maintenance locks, beside the pool records.
+	// warmLockPrefix names the maintenance locks, beside the pool records: "/" is in no pool
+	// key (poolKey).
 	warmLockPrefix = "lock/"
+	// maxWarmPoolsPerCompany bounds the pools one company has at once, whatever shapes its
+	// acquires ask for: a company varying its config cannot grow the bucket or the passes
+	// without bound. An acquire of a further shape is simply not warmed.
+	maxWarmPoolsPerCompany = 4
 	// poolIndex indexes the cache of warm pods by pool (namespace/shape).
 	poolIndex = "pool"
 )
@@ -170,6 +175,10 @@ type poolRecord struct {
 	Misses      uint64    `json:"misses"`
 	// QuotaAt is when the company's quota last refused one of its acquires.
 	QuotaAt time.Time `json:"quotaAt,omitzero"`
+	// Made is the pods the pool's maintainer made (by name, when) until a maintainer's cache
+	// shows them, or warmPendingTTL: the next maintainer, another replica whose cache has not
+	// seen them yet, counts them too and does not make the pool larger than its target.
+	Made map[string]time.Time `json:"made,omitempty"`
 }
 
 // rate is the decayed acquire rate at now.
@@ -192,15 +201,15 @@ func (r poolRecord) target(now time.Time, o WarmOptions, companyID string) int {
 	return max(least, min(want, o.Max))
 }
 
-// poolKey is a pool's record key: company and shape (label values and hex, valid key tokens;
-// a company id has no '/').
-func poolKey(companyID, shape string) string { return companyID + "/" + shape }
+// poolKey is a pool's record key, company.shape: a company id is a subject token (no '.'), a
+// shape is hex, so a company's pools are the keys company.* (ListKeysFiltered).
+func poolKey(companyID, shape string) string { return companyID + "." + shape }
 
 // splitPoolKey returns the company and shape of a pool key; ok is false for any other key (a
-// lock).
+// lock: lock/<pool key>).
 func splitPoolKey(key string) (companyID, shape string, ok bool) {
-	companyID, shape, ok = strings.Cut(key, "/")
-	return companyID, shape, ok && !strings.Contains(shape, "/")
+	companyID, shape, ok = strings.Cut(key, ".")
+	return companyID, shape, ok && !strings.ContainsAny(key, "/") && !strings.Contains(shape, ".")
 }
 
 // warmPools is one replica's side of the warm pools.
@@ -221,8 +230,6 @@ type warmPools struct {
 	mu sync.Mutex
 	// taken: pods this replica claimed or evicted, until its cache drops them.
 	taken map[string]time.Time
-	// made: per pool, pods this replica created, until its cache shows them.
-	made map[string]map[string]time.Time
 	// queued: pools waiting in kicks.
 	queued map[string]bool
 }
@@ -239,7 +246,7 @@ func newWarmPools(opts Options, kv jetstream.KeyValue) *warmPools {
 		opts: opts.Warm, key: opts.SandboxKey, cs: opts.Clientset, kv: kv, factory: factory, pods: pods,
 		log: opts.Logger.With().Str("part", "warm").Logger(), now: opts.Now, newID: opts.NewID, observer: observer,
 		replica: opts.NewID().String(), kicks: make(chan string, 1024),
-		taken: map[string]time.Time{}, made: map[string]map[string]time.Time{}, queued: map[string]bool{},
+		taken: map[string]time.Time{}, queued: map[string]bool{},
 	}
 	_ = pods.AddIndexers(cache.Indexers{poolIndex: func(obj any) ([]string, error) {
 		pod, ok := obj.(*corev1.Pod)
@@ -299,21 +306,38 @@ func (p *warmPools) run(ctx context.Context) {
 	}
 }
 
-// pass kicks every pool.
+// pass kicks every pool, and evicts the warm pods of pools that have no record (deleted while
+// a pod was being made, or lost): nothing else would ever bind or delete them.
 func (p *warmPools) pass(ctx context.Context) {
 	keys, err := p.kv.ListKeys(ctx)
-	if err != nil {
-		if ctx.Err() == nil && !errors.Is(err, jetstream.ErrNoKeysFound) {
+	if err != nil && !errors.Is(err, jetstream.ErrNoKeysFound) {
+		if ctx.Err() == nil {
 			p.log.Warn().Err(err).Msg("listing warm pools failed")
 		}
 		return
 	}
-	for key := range keys.Keys() {
-		if _, _, ok := splitPoolKey(key); ok {
-			p.kick(key)
+	pools := map[string]bool{}
+	if err == nil {
+		for key := range keys.Keys() {
+			if _, _, ok := splitPoolKey(key); ok {
+				pools[key] = true
+				p.kick(key)
+			}
 		}
 	}
-	p.observer.WarmPods(len(p.pods.GetStore().ListKeys()))
+	now := p.now()
+	pods := p.pods.GetStore().List()
+	for _, obj := range pods {
+		pod := obj.(*corev1.Pod)
+		key := poolKey(pod.Labels[policy.LabelCompanyID], pod.Labels[policy.LabelWarmPool])
+		if pools[key] || pod.DeletionTimestamp != nil || now.Sub(pod.CreationTimestamp.Time) < warmPendingTTL || !p.take(pod, now) {
+			continue
+		}
+		if err := workload.EvictWarmPod(ctx, p.cs, pod); err != nil {
+			p.log.Warn().Err(err).Str("pool", key).Msg("evicting a warm pod of no pool failed")
+		}
+	}
+	p.observer.WarmPods(len(pods))
 }
 
 // kick queues a pool's maintenance, once however often it is kicked before it runs.
@@ -445,8 +469,16 @@ func (p *warmPools) noteAcquire(ctx context.Context, spec policy.RunSpec, hit bo
 	p.observer.WarmAcquire(hit)
 	key := poolKey(spec.CompanyID, policy.WarmShape(spec))
 	now := p.now()
-	_, err := cas.Update(ctx, p.kv, key, func(current []byte, _ uint64) ([]byte, bool, error) {
+	full, err := p.companyFull(ctx, spec.CompanyID, key)
+	if err != nil {
+		p.log.Warn().Err(err).Str("pool", key).Msg("counting the company's warm pools failed")
+		return
+	}
+	_, err = cas.Update(ctx, p.kv, key, func(current []byte, _ uint64) ([]byte, bool, error) {
 		rec := poolRecord{Namespace: spec.Namespace}
+		if current == nil && full {
+			return nil, false, nil // a new shape of a company with all its pools: not warmed
+		}
 		if current != nil {
 			if err := json.Unmarshal(current, &rec); err != nil {
 				return nil, false, fmt.Errorf("decoding warm pool %s: %w", key, err)
@@ -468,6 +500,26 @@ func (p *warmPools) noteAcquire(ctx context.Context, spec policy.RunSpec, hit bo
 		return
 	}
 	p.kick(key)
+}
+
+// companyFull reports whether companyID has maxWarmPoolsPerCompany pools, key not among them.
+func (p *warmPools) companyFull(ctx context.Context, companyID, key string) (bool, error) {
+	keys, err := p.kv.ListKeysFiltered(ctx, poolKey(companyID, "*"))
+	if errors.Is(err, jetstream.ErrNoKeysFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("listing the warm pools of company %s: %w", companyID, err)
+	}
+	defer func() { _ = keys.Stop() }()
+	n := 0
+	for k := range keys.Keys() {
+		if k == key {
+			return false, nil
+		}
+		n++
+	}
+	return n >= maxWarmPoolsPerCompany, nil
 }
 
 // maintain brings one pool to its target, if no other replica is at it: failed pods deleted,
@@ -498,7 +550,7 @@ func (p *warmPools) maintain(ctx context.Context, key string) error {
 
 	now := p.now()
 	target := rec.target(now, p.opts, companyID)
-	alive, ended := p.poolPods(rec.Namespace, shape, now)
+	alive, ended, made := p.poolPods(rec.Namespace, shape, rec.Made, now)
 	p.log.Debug().Str("pool", key).Int("target", target).Int("alive", len(alive)).Int("ended", len(ended)).Msg("maintaining warm pool")
 	var errs []error
 	for _, pod := range ended {
@@ -506,7 +558,7 @@ func (p *warmPools) maintain(ctx context.Context, key string) error {
 	}
 	switch {
 	case len(alive) < target:
-		errs = append(errs, p.grow(ctx, key, rec, target-len(alive)))
+		errs = append(errs, p.grow(ctx, key, rec, target-len(alive), made))
 	case len(alive) > target:
 		// The surplus goes: pods not Ready yet first, then the youngest.
 		slices.SortFunc(alive, func(a, b *corev1.Pod) int {
@@ -519,26 +571,58 @@ func (p *warmPools) maintain(ctx context.Context, key string) error {
 			}
 			return b.CreationTimestamp.Compare(a.CreationTimestamp.Time)
 		})
-		for _, pod := range alive[:len(alive)-target] {
-			if p.take(pod, now) {
+		surplus := len(alive) - target
+		for _, pod := range alive {
+			if surplus == 0 {
+				break
+			}
+			// A pod made but not seen yet has no uid to delete by; the next pass sees it.
+			if pod.UID != "" && p.take(pod, now) {
 				errs = append(errs, workload.EvictWarmPod(ctx, p.cs, pod))
+				surplus--
 			}
 		}
-	case target == 0 && now.Sub(rec.LastAcquire) >= p.opts.Idle && now.Sub(rec.QuotaAt) >= warmQuotaCooldown:
+	case target == 0 && len(made) == 0 && now.Sub(rec.LastAcquire) >= p.opts.Idle && now.Sub(rec.QuotaAt) >= warmQuotaCooldown:
 		// Drained and idle: the pool is forgotten until the company's next acquire.
 		if err := p.kv.Delete(ctx, key, jetstream.LastRevision(entry.Revision())); err != nil && !cas.IsConflict(err) {
 			errs = append(errs, fmt.Errorf("deleting idle warm pool %s: %w", key, err))
 		} else if err == nil {
 			p.log.Info().Str(events.LogKeyTenant, companyID).Str("pool", key).Uint64("hits", rec.Hits).Uint64("misses", rec.Misses).Msg("idle warm pool drained")
 		}
+		return errors.Join(errs...)
+	}
+	if !maps.Equal(made, rec.Made) {
+		errs = append(errs, p.saveMade(ctx, key, made))
 	}
 	return errors.Join(errs...)
 }
 
-// poolPods returns the pool's unbound pods that live (those this replica made and its cache
-// does not show yet included, as placeholders) and those that ended (Failed or Succeeded: a
-// warm pod never ends by itself unless it broke).
-func (p *warmPools) poolPods(namespace, shape string, now time.Time) (alive, ended []*corev1.Pod) {
+// saveMade writes the pool's pods made and not yet seen (poolRecord.Made), leaving the rest of
+// its record as it is now.
+func (p *warmPools) saveMade(ctx context.Context, key string, made map[string]time.Time) error {
+	_, err := cas.Update(ctx, p.kv, key, func(current []byte, _ uint64) ([]byte, bool, error) {
+		if current == nil {
+			return nil, false, nil
+		}
+		var rec poolRecord
+		if err := json.Unmarshal(current, &rec); err != nil {
+			return nil, false, fmt.Errorf("decoding warm pool %s: %w", key, err)
+		}
+		rec.Made = made
+		b, err := json.Marshal(rec)
+		return b, true, err
+	})
+	if err != nil {
+		return fmt.Errorf("recording the pods of warm pool %s: %w", key, err)
+	}
+	return nil
+}
+
+// poolPods returns the pool's unbound pods that live, those a maintainer made (made) and the
+// cache does not show yet included as placeholders, and those that ended (Failed or Succeeded: a
+// warm pod never ends by itself unless it broke); and what is left of made: those neither seen,
+// nor claimed here, nor older than warmPendingTTL.
+func (p *warmPools) poolPods(namespace, shape string, made map[string]time.Time, now time.Time) (alive, ended []*corev1.Pod, left map[string]time.Time) {
 	objs, _ := p.pods.GetIndexer().ByIndex(poolIndex, namespace+"/"+shape)
 	seen := map[string]bool{}
 	p.mu.Lock()
@@ -555,23 +639,21 @@ func (p *warmPools) poolPods(namespace, shape string, now time.Time) (alive, end
 		}
 		alive = append(alive, pod)
 	}
-	made := p.made[namespace+"/"+shape]
+	left = map[string]time.Time{}
 	for name, at := range made {
-		_, taken := p.taken[namespace+"/"+name] // claimed before this replica's pass saw it
-		switch {
-		case seen[name], taken, now.Sub(at) > warmPendingTTL:
-			delete(made, name)
-		default:
-			alive = append(alive, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace, CreationTimestamp: metav1.NewTime(at)}})
+		_, taken := p.taken[namespace+"/"+name] // claimed before a pass here saw it
+		if seen[name] || taken || now.Sub(at) > warmPendingTTL {
+			continue
 		}
+		left[name] = at
+		alive = append(alive, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace, CreationTimestamp: metav1.NewTime(at)}})
 	}
-	return alive, ended
+	return alive, ended, left
 }
 
-// grow makes n pods of the pool. The tenant's quota refusing one ends the pass quietly: warm
-// pods take only what the company's own acquires leave.
-func (p *warmPools) grow(ctx context.Context, key string, rec poolRecord, n int) error {
-	shape := policy.WarmShape(rec.Spec)
+// grow makes n pods of the pool, each added to made. The tenant's quota refusing one ends the
+// pass quietly: warm pods take only what the company's own acquires leave.
+func (p *warmPools) grow(ctx context.Context, key string, rec poolRecord, n int, made map[string]time.Time) error {
 	for range n {
 		name := policy.WorkloadName(p.newID())
 		pod, secret := policy.RenderWarmPod(rec.Spec, name, execspec.DeriveBindSeed(p.key, rec.Namespace, name))
@@ -583,13 +665,7 @@ func (p *warmPools) grow(ctx context.Context, key string, rec poolRecord, n int)
 		if err != nil {
 			return err
 		}
-		p.mu.Lock()
-		pool := rec.Namespace + "/" + shape
-		if p.made[pool] == nil {
-			p.made[pool] = map[string]time.Time{}
-		}
-		p.made[pool][name] = p.now()
-		p.mu.Unlock()
+		made[name] = p.now()
 	}
 	return nil
 }

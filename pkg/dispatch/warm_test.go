@@ -189,10 +189,10 @@ func TestWarmAcquireBindsAReadyPod(t *testing.T) {
 	if _, err := e.cs.CoreV1().Secrets(ns).Get(t.Context(), policy.WarmSecretName(pod.Name), metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 		t.Errorf("the bound pod's bind Secret: %v, want it deleted", err)
 	}
-	secret, err := e.cs.CoreV1().Secrets(ns).Get(t.Context(), rec.SecretName, metav1.GetOptions{})
-	if err != nil || len(secret.OwnerReferences) != 1 || secret.OwnerReferences[0].UID != pod.UID {
-		t.Fatalf("run Secret %v, %v: want it owned by the bound pod", secret.OwnerReferences, err)
-	}
+	eventually(t, "the run Secret, owned by the bound pod", func() bool {
+		secret, err := e.cs.CoreV1().Secrets(ns).Get(t.Context(), rec.SecretName, metav1.GetOptions{})
+		return err == nil && len(secret.OwnerReferences) == 1 && secret.OwnerReferences[0].UID == pod.UID
+	})
 
 	refill := e.waitWarm(t, ns, 1)[0]
 	if refill.Name == pod.Name {
@@ -231,7 +231,9 @@ func TestTwoClaimsNeverBindOnePod(t *testing.T) {
 	e.stopWarmPools(t, company)
 
 	spec := e.warmSpecOf(t, first)
-	replicas := []*warmPools{e.otherReplica(t), e.otherReplica(t)}
+	a, _ := e.otherReplica(t)
+	b, _ := e.otherReplica(t)
+	replicas := []*warmPools{a, b}
 	got := make([]*corev1.Pod, len(replicas))
 	errs := make([]error, len(replicas))
 	var wg sync.WaitGroup
@@ -347,6 +349,111 @@ func TestIdleCompanyPoolDrains(t *testing.T) {
 	})
 }
 
+// TestLaggingReplicaCountsThePodsMadeElsewhere: a replica whose cache has not seen the pods
+// another replica just made (a watch is behind) still counts them, from the pool record's made
+// list, so it does not make the pool larger than its target; and the maintainer records what
+// it made there.
+func TestLaggingReplicaCountsThePodsMadeElsewhere(t *testing.T) {
+	e := startEnv(t, func(o *Options) { o.Warm = WarmOptions{Max: 2} })
+	company := pipelinetest.NewID("co")
+	pipelinetest.CleanupTenant(t, e.cs, company)
+	lagging, stop := e.otherReplica(t)
+	stop() // its cache stays as it is now: no warm pod of this company
+	first := e.acquireWarm(t, company, warmConfig("m", "100m"))
+	created, _ := e.next(t, refOf(first), events.KindCreated, 0)
+	ns := created["namespace"].(string)
+	key := poolKey(company, policy.WarmShape(e.warmSpecOf(t, first)))
+	var rec poolRecord
+	eventually(t, "the pool's pods recorded as made", func() bool {
+		entry, err := e.d.warm.kv.Get(t.Context(), key)
+		if err != nil {
+			return false
+		}
+		rec = poolRecord{}
+		return json.Unmarshal(entry.Value(), &rec) == nil && len(rec.Made) == 2
+	})
+	shape := policy.WarmShape(rec.Spec)
+	if alive, _, _ := lagging.poolPods(ns, shape, nil, e.clock.Now()); len(alive) != 0 {
+		t.Fatalf("the lagging cache shows %d pods; the test needs it behind", len(alive))
+	}
+	alive, _, left := lagging.poolPods(ns, shape, rec.Made, e.clock.Now())
+	if len(alive) != 2 || len(left) != 2 {
+		t.Fatalf("a lagging replica counts %d live pods (%d still made), want the 2 made elsewhere", len(alive), len(left))
+	}
+}
+
+// TestCompanyPoolsAreBounded: a company whose acquires ask for ever new shapes gets at most
+// maxWarmPoolsPerCompany pools (records in the shared bucket); a further shape is not warmed,
+// while another company still gets its own.
+func TestCompanyPoolsAreBounded(t *testing.T) {
+	e := startEnv(t, func(o *Options) { o.Warm = WarmOptions{Max: 1} })
+	// A namespace that does not exist: the pools' pods cannot be made, their records can.
+	spec := policy.RunSpec{CompanyID: pipelinetest.NewID("co"), Namespace: pipelinetest.NewID("kubeclip-none"), SandboxdImage: e.d.opts.SandboxdImage}
+	var cfg policy.Config
+	if err := json.Unmarshal(warmConfig("m", "100m"), &cfg); err != nil {
+		t.Fatal(err)
+	}
+	spec.Config = cfg
+	for i := range maxWarmPoolsPerCompany + 2 {
+		s := spec
+		s.Image = sandboxImage + "-" + strconv.Itoa(i)
+		e.d.warm.noteAcquire(t.Context(), s, false)
+	}
+	other := spec
+	other.CompanyID = pipelinetest.NewID("co")
+	e.d.warm.noteAcquire(t.Context(), other, false)
+	count := func(company string) int {
+		keys, err := e.d.warm.kv.ListKeysFiltered(t.Context(), poolKey(company, "*"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for range keys.Keys() {
+			n++
+		}
+		return n
+	}
+	if got := count(spec.CompanyID); got != maxWarmPoolsPerCompany {
+		t.Errorf("a company with %d shapes has %d pools, want %d", maxWarmPoolsPerCompany+2, got, maxWarmPoolsPerCompany)
+	}
+	if got := count(other.CompanyID); got != 1 {
+		t.Errorf("another company has %d pools, want 1", got)
+	}
+}
+
+// TestPassEvictsWarmPodsOfNoPool: a warm pod whose pool has no record (deleted while the pod was
+// made, or lost) is evicted by the next pass once it is older than warmPendingTTL, not left to
+// hold the tenant's quota.
+func TestPassEvictsWarmPodsOfNoPool(t *testing.T) {
+	company := pipelinetest.NewID("co")
+	e := startWarmEnv(t, 1, nil, company)
+	pipelinetest.CleanupTenant(t, e.cs, company)
+	first := e.acquireWarm(t, company, warmConfig("m", "100m"))
+	created, _ := e.next(t, refOf(first), events.KindCreated, 0)
+	ns := created["namespace"].(string)
+	spec := e.warmSpecOf(t, first)
+	spec.Image += "-nopool" // a shape no acquire asked for
+	name := policy.WorkloadName(e.d.opts.NewID())
+	pod, secret := policy.RenderWarmPod(spec, name, execspec.DeriveBindSeed(e.d.opts.SandboxKey, ns, name))
+	if err := workload.CreateWarmPod(t.Context(), e.cs, pod, secret); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the stray pod in the cache", func() bool {
+		_, ok, _ := e.d.warm.pods.GetStore().GetByKey(ns + "/" + name)
+		return ok
+	})
+	e.d.warm.pass(t.Context())
+	if _, err := e.cs.CoreV1().Pods(ns).Get(t.Context(), name, metav1.GetOptions{}); err != nil {
+		t.Fatalf("a young pod of no pool: %v, want it left (its record may be on its way)", err)
+	}
+	e.clock.add(warmPendingTTL + time.Second)
+	e.d.warm.pass(t.Context())
+	eventually(t, "the stray pod gone", func() bool {
+		_, err := e.cs.CoreV1().Pods(ns).Get(t.Context(), name, metav1.GetOptions{})
+		return apierrors.IsNotFound(err)
+	})
+}
+
 // warmSpecOf is the warm spec of req, as the dispatcher computes it.
 func (e *reuseEnv) warmSpecOf(t *testing.T, req events.AcquireRequest) policy.RunSpec {
 	t.Helper()
@@ -358,15 +465,17 @@ func (e *reuseEnv) warmSpecOf(t *testing.T, req events.AcquireRequest) policy.Ru
 }
 
 // otherReplica is the warm pools of another dispatcher replica: its own cache, the same bucket.
-func (e *reuseEnv) otherReplica(t *testing.T) *warmPools {
+// stop stops its cache, which then keeps what it holds.
+func (e *reuseEnv) otherReplica(t *testing.T) (p *warmPools, stop func()) {
 	t.Helper()
-	p := newWarmPools(e.d.opts, e.d.warm.kv)
+	p = newWarmPools(e.d.opts, e.d.warm.kv)
 	ctx, cancel := context.WithCancel(t.Context())
-	t.Cleanup(func() { cancel(); p.factory.Shutdown() })
+	stop = func() { cancel(); p.factory.Shutdown() }
+	t.Cleanup(stop)
 	if err := p.start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	return p
+	return p, stop
 }
 
 // stopWarmPools holds company's pools' maintenance locks for the test, as if another replica

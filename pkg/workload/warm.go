@@ -76,15 +76,17 @@ func DeleteWarmSecret(ctx context.Context, cs kubernetes.Interface, namespace, p
 	return fmt.Errorf("deleting the bind Secret of pod %s/%s: %w", namespace, pod, err)
 }
 
-// StartBound makes pod, a warm pod bound to the run of secret, the run's workload: the run's
-// Secret created owned by it (k8s.StartBoundPodRun). The Created reports the pod, never
+// StartBound makes pod, a warm pod bound to the run of secret, the run's workload. Nothing
+// reads the run's Secret in it (the bind hands its keys to sandboxd), so the Secret is created,
+// owned by the pod, only by Created.AdoptSecret, after `created` went out
+// (k8s.StartBoundPodRun: or found made for the run, on a redelivery). The Created is never
 // Existed: the run's workload is this pod whatever an earlier attempt did.
-func StartBound(ctx context.Context, cs kubernetes.Interface, secret *corev1.Secret, pod *corev1.Pod) (Created, error) {
-	run, err := k8s.StartBoundPodRun(ctx, cs, secret, pod)
-	if err != nil {
-		return Created{}, err
+func StartBound(cs kubernetes.Interface, secret *corev1.Secret, pod *corev1.Pod) Created {
+	return Created{
+		Owner: policy.OwnerReference("v1", "Pod", pod.Name, pod.UID),
+		adopt: func(ctx context.Context) error {
+			_, err := k8s.StartBoundPodRun(ctx, cs, secret, pod)
+			return err
+		},
 	}
-	c := created(run, cs, "v1", "Pod", pod.Name)
-	c.Existed = false
-	return c, nil
 }

@@ -125,7 +125,8 @@ type Created struct {
 	run     k8s.CreatedRun
 	cs      kubernetes.Interface
 	adopted bool // Create adopted the Secret already
-	// adopt, when set, adopts the Secret instead of run (a reusable lease's claim owns it).
+	// adopt, when set, adopts the Secret instead of run (a reusable lease's claim owns it), or
+	// creates it owned by the workload (a warm pod's, StartBound).
 	adopt func(ctx context.Context) error
 }
 
