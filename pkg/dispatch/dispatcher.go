@@ -382,6 +382,8 @@ func (d *Dispatcher) handleDispatch(ctx context.Context, m jetstream.Msg) error 
 	if errors.Is(err, lease.ErrNotFound) {
 		return events.Terminalf(events.CodeInternal, "", "run %s has no lease record; the tenant-worker writes one before it dispatches", req.RunID)
 	}
+	// A dispatch redelivered after its run was created counts nowhere again (warm pools).
+	createdBefore := rec.State == lease.StateCreated
 	if err != nil {
 		return err
 	}
@@ -433,11 +435,15 @@ func (d *Dispatcher) handleDispatch(ctx context.Context, m jetstream.Msg) error 
 		Backend: string(plan.Config.Backend), VolumeClaim: claim, ExpiresAt: plan.ExpiresAt(),
 		RunDeadline: plan.RunDeadline(), Warm: warmPod != nil,
 	}))
-	if warmPod != nil && (err != nil || rec.WorkloadName != warmPod.Name) {
-		// The lease did not take the pod this attempt claimed: nothing else may have it.
-		err = errors.Join(err, workload.EvictWarmPod(ctx, d.opts.Clientset, warmPod))
+	ended := errors.Is(err, lease.ErrEnded) || errors.Is(err, lease.ErrFailed) || errors.Is(err, lease.ErrFinished)
+	if warmPod != nil && (ended || (err == nil && rec.WorkloadName != warmPod.Name)) {
+		// The lease did not take the pod this attempt claimed: nothing else may have it. (After
+		// any other error the record may have taken it: a redelivery finds it, boundTo.)
+		if eerr := workload.EvictWarmPod(ctx, d.opts.Clientset, warmPod); eerr != nil {
+			log.Warn().Err(eerr).Msg("evicting a warm pod the lease did not take failed; the orphan pass will")
+		}
 	}
-	if errors.Is(err, lease.ErrEnded) || errors.Is(err, lease.ErrFailed) || errors.Is(err, lease.ErrFinished) {
+	if ended {
 		// Released (or failed) before anything was created: nothing to undo but the guard.
 		d.freeAgent(ctx, log, req.CompanyID, req.AgentID, req.RunID)
 		log.Info().Str("state", string(rec.State)).Msg("lease ended before its workload was created")
@@ -473,7 +479,7 @@ func (d *Dispatcher) handleDispatch(ctx context.Context, m jetstream.Msg) error 
 	}
 	took.done(stepAdopt)
 	log.Info().Str(events.LogKeyNamespace, created.Namespace).Str("workload", created.WorkloadName).Bool("warm", rec.Warm).Dict(logKeyTookMs, took.dict()).Msg("run created")
-	if d.warmEligible(plan, rec) {
+	if d.warmEligible(plan, rec) && !createdBefore {
 		d.afterWarmAcquire(ctx, log, plan, rec)
 	}
 	return nil

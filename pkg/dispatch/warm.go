@@ -214,18 +214,20 @@ func splitPoolKey(key string) (companyID, shape string, ok bool) {
 
 // warmPools is one replica's side of the warm pools.
 type warmPools struct {
-	opts     WarmOptions
-	key      []byte // the installation's master key: bind seeds and lease seeds
-	cs       kubernetes.Interface
-	kv       jetstream.KeyValue
-	factory  informers.SharedInformerFactory
-	pods     cache.SharedIndexInformer // unbound warm pods, every namespace
-	log      zerolog.Logger
-	now      func() time.Time
-	newID    func() ulid.ULID
-	observer WarmObserver
-	replica  string // this replica's name as a lock holder
-	kicks    chan string
+	opts    WarmOptions
+	key     []byte // the installation's master key: bind seeds and lease seeds
+	cs      kubernetes.Interface
+	kv      jetstream.KeyValue
+	factory informers.SharedInformerFactory
+	pods    cache.SharedIndexInformer // unbound warm pods, every namespace
+	// stopCache stops the cache start started.
+	stopCache context.CancelFunc
+	log       zerolog.Logger
+	now       func() time.Time
+	newID     func() ulid.ULID
+	observer  WarmObserver
+	replica   string // this replica's name as a lock holder
+	kicks     chan string
 
 	mu sync.Mutex
 	// taken: pods this replica claimed or evicted, until its cache drops them.
@@ -263,8 +265,10 @@ type noWarmObserver struct{}
 func (noWarmObserver) WarmAcquire(bool) {}
 func (noWarmObserver) WarmPods(int)     {}
 
-// start fills the cache of warm pods and returns once it is synced.
+// start fills the cache of warm pods and returns once it is synced; the cache runs until ctx
+// ends or run returns.
 func (p *warmPools) start(ctx context.Context) error {
+	ctx, p.stopCache = context.WithCancel(ctx)
 	p.factory.Start(ctx.Done())
 	if !cache.WaitForCacheSync(ctx.Done(), p.pods.HasSynced) {
 		return fmt.Errorf("syncing the cache of warm pods: %w", context.Cause(ctx))
@@ -276,7 +280,7 @@ func (p *warmPools) start(ctx context.Context) error {
 // warmPassInterval.
 func (p *warmPools) run(ctx context.Context) {
 	var wg sync.WaitGroup
-	defer func() { p.factory.Shutdown(); wg.Wait() }()
+	defer func() { p.stopCache(); p.factory.Shutdown(); wg.Wait() }()
 	for range warmMaintainers {
 		wg.Go(func() {
 			for {
@@ -456,6 +460,10 @@ func (p *warmPools) bind(ctx context.Context, pod *corev1.Pod, secret *corev1.Se
 	defer cancel()
 	err := sandboxd.Bind(bctx, sandboxd.DialTCP(addr),
 		execspec.DeriveBindSeed(p.key, pod.Namespace, pod.Name), execspec.DeriveSeed(p.key, pod.Namespace, pod.Name), env)
+	if errors.Is(err, sandboxd.ErrBoundElsewhere) {
+		// Never this lease's: another lease's, or the address is another pod's now.
+		return events.Terminalf(events.CodeInternal, "", "warm pod %s/%s cannot be bound to the lease: %v", pod.Namespace, pod.Name, err)
+	}
 	if err != nil {
 		return fmt.Errorf("binding warm pod %s/%s: %w", pod.Namespace, pod.Name, err)
 	}

@@ -469,10 +469,9 @@ func (e *reuseEnv) warmSpecOf(t *testing.T, req events.AcquireRequest) policy.Ru
 func (e *reuseEnv) otherReplica(t *testing.T) (p *warmPools, stop func()) {
 	t.Helper()
 	p = newWarmPools(e.d.opts, e.d.warm.kv)
-	ctx, cancel := context.WithCancel(t.Context())
-	stop = func() { cancel(); p.factory.Shutdown() }
+	stop = func() { p.stopCache(); p.factory.Shutdown() }
 	t.Cleanup(stop)
-	if err := p.start(ctx); err != nil {
+	if err := p.start(t.Context()); err != nil {
 		t.Fatal(err)
 	}
 	return p, stop

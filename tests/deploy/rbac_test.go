@@ -114,6 +114,8 @@ func TestRBACAllowsWhatTheCodeDoesAndNothingElse(t *testing.T) {
 				{"get", "agents.x-k8s.io", "sandboxes", "", tenantNS, ""}, {"patch", "agents.x-k8s.io", "sandboxes", "", tenantNS, ""},
 				{"list", "agents.x-k8s.io", "sandboxes", "", "", ""},
 				{"list", "", "pods", "", tenantNS, ""}, {"watch", "", "pods", "", tenantNS, ""}, {"delete", "", "pods", "", tenantNS, ""},
+				// Warm pods: the cache of them (every namespace), the claim (an update in a tenant).
+				{"watch", "", "pods", "", "", ""}, {"update", "", "pods", "", tenantNS, ""},
 				{"create", "networking.k8s.io", "networkpolicies", "", tenantNS, ""},
 				{"patch", "cilium.io", "ciliumnetworkpolicies", "", tenantNS, ""},
 			},
@@ -123,6 +125,7 @@ func TestRBACAllowsWhatTheCodeDoesAndNothingElse(t *testing.T) {
 				{"get", "", "secrets", "", "kube-system", ""}, {"get", "", "secrets", "", other, ""},
 				{"create", "batch", "jobs", "", "default", ""}, {"delete", "batch", "jobs", "", other, ""},
 				{"delete", "", "pods", "", "kube-system", ""}, {"delete", "", "pods", "", ns, ""},
+				{"update", "", "pods", "", "kube-system", ""}, {"update", "", "pods", "", other, ""},
 				{"list", "", "secrets", "", tenantNS, ""},
 				{"watch", "", "secrets", "", tenantNS, ""},
 				{"get", "", "pods", "log", tenantNS, ""},
