@@ -4,6 +4,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -16,7 +17,9 @@ import (
 	"github.com/kubeclip/kubeclip/internal/app"
 	"github.com/kubeclip/kubeclip/internal/config"
 	"github.com/kubeclip/kubeclip/pkg/dispatch"
+	"github.com/kubeclip/kubeclip/pkg/events"
 	"github.com/kubeclip/kubeclip/pkg/execspec"
+	"github.com/kubeclip/kubeclip/pkg/sandboxd"
 	"github.com/kubeclip/kubeclip/pkg/workload"
 )
 
@@ -103,7 +106,7 @@ func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout,
 		Observer: p.Ops.Metrics, Operator: op, StreamReplicas: s.Streams.Replicas, StoreBytes: int64(s.Streams.StoreBytes),
 		SandboxKey: sandboxKey, SandboxdImage: s.SandboxdImage,
 		LeaseIdleWindow: s.LeaseIdleWindow, LeaseMaxAge: s.LeaseMaxAge,
-		Warm: warm, WarmObserver: p.Ops.Metrics,
+		Warm: warm, WarmObserver: p.Ops.Metrics, Bind: bindWarmPod,
 	})
 	if err != nil {
 		return err
@@ -177,4 +180,15 @@ func (s *settings) warmOptions(fs *config.Set) (dispatch.WarmOptions, error) {
 		o.Min[company] = n
 	}
 	return o, nil
+}
+
+// bindWarmPod is the dispatcher's dispatch.Binder: sandboxd's bind call over TCP. A pod bound to
+// another lease (or an address that is another pod's now) can never be this lease's: the
+// acquire fails for good, and its cleanup deletes the pod.
+func bindWarmPod(ctx context.Context, addr string, bindSeed, leaseSeed []byte, env map[string]string) error {
+	err := sandboxd.Bind(ctx, sandboxd.DialTCP(addr), bindSeed, leaseSeed, env)
+	if errors.Is(err, sandboxd.ErrBoundElsewhere) {
+		return events.Terminalf(events.CodeInternal, "", "the warm pod at %s cannot be bound to the lease: %v", addr, err)
+	}
+	return err
 }

@@ -140,6 +140,8 @@ type Options struct {
 	Warm WarmOptions
 	// WarmObserver is told about warm acquires and pools (metrics); nil means none.
 	WarmObserver WarmObserver
+	// Bind is sandboxd's bind call, which warm pools need.
+	Bind Binder
 }
 
 func (o Options) withDefaults() (_ Options, err error) {
@@ -192,8 +194,8 @@ func (o Options) withDefaults() (_ Options, err error) {
 	if o.Warm, err = o.Warm.withDefaults(); err != nil {
 		return o, err
 	}
-	if o.Warm.Enabled() && o.SandboxKey == nil {
-		return o, errors.New("dispatch: warm pools (Options.Warm.Max > 0) need Options.SandboxKey: their pods serve backend pod")
+	if o.Warm.Enabled() && (o.SandboxKey == nil || o.Bind == nil) {
+		return o, errors.New("dispatch: warm pools (Options.Warm.Max > 0) need Options.SandboxKey and Options.Bind: their pods serve backend pod")
 	}
 	if o.OrphanPolicy == "" {
 		o.OrphanPolicy = OrphanReport

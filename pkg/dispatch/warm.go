@@ -30,7 +30,6 @@ import (
 	"github.com/kubeclip/kubeclip/pkg/execspec"
 	"github.com/kubeclip/kubeclip/pkg/k8s"
 	"github.com/kubeclip/kubeclip/pkg/policy"
-	"github.com/kubeclip/kubeclip/pkg/sandboxd"
 	"github.com/kubeclip/kubeclip/pkg/workload"
 )
 
@@ -136,6 +135,12 @@ func (o WarmOptions) withDefaults() (WarmOptions, error) {
 	return o, nil
 }
 
+// Binder is sandboxd's bind call (sandboxd.Bind) to the daemon of a warm pod at addr (host:port,
+// TLS pinned to bindSeed's key): it installs leaseSeed and env, and is idempotent. cmd/dispatcher
+// wires it; pkg/dispatch speaks pkg/execspec's vocabulary, not the daemon's package. A pod that
+// can never be this lease's (bound to another) is an *events.TerminalError.
+type Binder func(ctx context.Context, addr string, bindSeed, leaseSeed []byte, env map[string]string) error
+
 // WarmObserver is told about warm pools (metrics); it must not block.
 type WarmObserver interface {
 	// WarmAcquire counts an eligible acquire: a hit got a warm pod, a miss was created cold.
@@ -216,6 +221,7 @@ func splitPoolKey(key string) (companyID, shape string, ok bool) {
 type warmPools struct {
 	opts    WarmOptions
 	key     []byte // the installation's master key: bind seeds and lease seeds
+	binder  Binder
 	cs      kubernetes.Interface
 	kv      jetstream.KeyValue
 	factory informers.SharedInformerFactory
@@ -245,7 +251,7 @@ func newWarmPools(opts Options, kv jetstream.KeyValue) *warmPools {
 		observer = noWarmObserver{}
 	}
 	p := &warmPools{
-		opts: opts.Warm, key: opts.SandboxKey, cs: opts.Clientset, kv: kv, factory: factory, pods: pods,
+		opts: opts.Warm, key: opts.SandboxKey, binder: opts.Bind, cs: opts.Clientset, kv: kv, factory: factory, pods: pods,
 		log: opts.Logger.With().Str("part", "warm").Logger(), now: opts.Now, newID: opts.NewID, observer: observer,
 		replica: opts.NewID().String(), kicks: make(chan string, 1024),
 		taken: map[string]time.Time{}, queued: map[string]bool{},
@@ -458,12 +464,7 @@ func (p *warmPools) bind(ctx context.Context, pod *corev1.Pod, secret *corev1.Se
 	addr := net.JoinHostPort(pod.Status.PodIP, strconv.Itoa(policy.SandboxdPort))
 	bctx, cancel := context.WithTimeout(ctx, warmBindTimeout)
 	defer cancel()
-	err := sandboxd.Bind(bctx, sandboxd.DialTCP(addr),
-		execspec.DeriveBindSeed(p.key, pod.Namespace, pod.Name), execspec.DeriveSeed(p.key, pod.Namespace, pod.Name), env)
-	if errors.Is(err, sandboxd.ErrBoundElsewhere) {
-		// Never this lease's: another lease's, or the address is another pod's now.
-		return events.Terminalf(events.CodeInternal, "", "warm pod %s/%s cannot be bound to the lease: %v", pod.Namespace, pod.Name, err)
-	}
+	err := p.binder(bctx, addr, execspec.DeriveBindSeed(p.key, pod.Namespace, pod.Name), execspec.DeriveSeed(p.key, pod.Namespace, pod.Name), env)
 	if err != nil {
 		return fmt.Errorf("binding warm pod %s/%s: %w", pod.Namespace, pod.Name, err)
 	}

@@ -45,9 +45,15 @@ func startWarmEnv(t *testing.T, max int, quota corev1.ResourceList, companies ..
 		pinned[c] = max
 	}
 	return startEnv(t, func(o *Options) {
-		o.Warm = WarmOptions{Max: max, Min: pinned}
+		o.Warm, o.Bind = WarmOptions{Max: max, Min: pinned}, bindTCP
 		o.Operator.TenantQuota = quota
 	})
+}
+
+// bindTCP is the Binder cmd/dispatcher wires, but for the terminal error it makes of a pod bound
+// elsewhere.
+func bindTCP(ctx context.Context, addr string, bindSeed, leaseSeed []byte, env map[string]string) error {
+	return sandboxd.Bind(ctx, sandboxd.DialTCP(addr), bindSeed, leaseSeed, env)
 }
 
 // acquireWarm publishes a (non-reusable) pod acquire of company with config cfg and returns
@@ -329,7 +335,7 @@ func TestQuotaEvictsWarmPodsFirst(t *testing.T) {
 // TestIdleCompanyPoolDrains: a pool whose company acquired nothing for the idle window is
 // drained to nothing (no pinned minimum) and its record forgotten.
 func TestIdleCompanyPoolDrains(t *testing.T) {
-	e := startEnv(t, func(o *Options) { o.Warm = WarmOptions{Max: 1, Idle: time.Minute} })
+	e := startEnv(t, func(o *Options) { o.Warm, o.Bind = WarmOptions{Max: 1, Idle: time.Minute}, bindTCP })
 	company := pipelinetest.NewID("co")
 	pipelinetest.CleanupTenant(t, e.cs, company)
 	first := e.acquireWarm(t, company, warmConfig("m", "100m"))
@@ -354,7 +360,7 @@ func TestIdleCompanyPoolDrains(t *testing.T) {
 // list, so it does not make the pool larger than its target; and the maintainer records what
 // it made there.
 func TestLaggingReplicaCountsThePodsMadeElsewhere(t *testing.T) {
-	e := startEnv(t, func(o *Options) { o.Warm = WarmOptions{Max: 2} })
+	e := startEnv(t, func(o *Options) { o.Warm, o.Bind = WarmOptions{Max: 2}, bindTCP })
 	company := pipelinetest.NewID("co")
 	pipelinetest.CleanupTenant(t, e.cs, company)
 	lagging, stop := e.otherReplica(t)
@@ -386,7 +392,7 @@ func TestLaggingReplicaCountsThePodsMadeElsewhere(t *testing.T) {
 // maxWarmPoolsPerCompany pools (records in the shared bucket); a further shape is not warmed,
 // while another company still gets its own.
 func TestCompanyPoolsAreBounded(t *testing.T) {
-	e := startEnv(t, func(o *Options) { o.Warm = WarmOptions{Max: 1} })
+	e := startEnv(t, func(o *Options) { o.Warm, o.Bind = WarmOptions{Max: 1}, bindTCP })
 	// A namespace that does not exist: the pools' pods cannot be made, their records can.
 	spec := policy.RunSpec{CompanyID: pipelinetest.NewID("co"), Namespace: pipelinetest.NewID("kubeclip-none"), SandboxdImage: e.d.opts.SandboxdImage}
 	var cfg policy.Config
