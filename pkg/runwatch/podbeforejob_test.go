@@ -2,11 +2,14 @@ package runwatch
 
 import (
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kubeclip/kubeclip/pkg/events"
+	"github.com/kubeclip/kubeclip/pkg/lease"
+	"github.com/kubeclip/kubeclip/pkg/policy"
 )
 
 // TestTrackerStepWaitsForTheJob: a pod whose Job the informer has not delivered yet (and never
@@ -85,5 +88,46 @@ func TestTrackerIgnoresRunsWithoutALease(t *testing.T) {
 		if got := runEvents[events.RunResultEvent](t, h, runID, kind); len(got) != 0 {
 			t.Errorf("%d %s events published for another installation's run", len(got), kind)
 		}
+	}
+}
+
+// TestTrackerWaitsForTheDispatch: a warm pod an acquire claimed carries the run's labels a moment
+// before the dispatcher's dispatch transition names its backend in the lease record. The
+// tracker neither drops the run nor publishes anything meanwhile; it looks again by itself, and
+// follows the run once the record names its workload.
+func TestTrackerWaitsForTheDispatch(t *testing.T) {
+	h := newHarness(t)
+	_, pods := withInformerCaches(t, h)
+	const runID = "run-warm"
+	ref := events.Ref(testCompany, runID)
+	if _, _, err := h.d.leases.Create(t.Context(), lease.Record{RunID: runID, CompanyID: testCompany, State: lease.StateRequested}); err != nil {
+		t.Fatal(err)
+	}
+	woken := make(chan struct{}, 8)
+	tr := newTracker(h.d, testNamespace, ref, func() { woken <- struct{}{} })
+	p := pod(corev1.PodRunning, corev1.ContainerState{Running: &corev1.ContainerStateRunning{}})
+	p.Labels = runLabels(runID)
+	if err := pods.Add(p); err != nil {
+		t.Fatal(err)
+	}
+	if err := tr.step(t.Context()); err != nil {
+		t.Fatalf("step() error: %v", err)
+	}
+	if tr.done || tr.ours {
+		t.Fatalf("done %v, ours %v before the lease was dispatched; want the run kept and not yet followed", tr.done, tr.ours)
+	}
+	select {
+	case <-woken:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the tracker did not look again by itself")
+	}
+	if _, err := h.d.leases.Modify(t.Context(), ref, lease.Dispatch(lease.Workload{Namespace: testNamespace, Name: p.Name, SecretName: p.Name + "-env", Backend: string(policy.BackendPod), Warm: true})); err != nil {
+		t.Fatal(err)
+	}
+	if err := tr.step(t.Context()); err != nil {
+		t.Fatalf("step() error: %v", err)
+	}
+	if tr.done || !tr.ours || tr.workload == nil || tr.workload.Backend() != policy.BackendPod {
+		t.Fatalf("done %v, ours %v, workload %v once dispatched; want the pod lease followed", tr.done, tr.ours, tr.workload)
 	}
 }

@@ -63,6 +63,8 @@ type tracker struct {
 	// Owned by the step in progress: the watcher never steps one run twice at once.
 	backoff  time.Duration     // before the retry of a step that failed; 0 after a success
 	workload workload.Workload // the lease's backend (workload.For), once ours
+	// undispatched: before the next look at a lease not dispatched yet (own).
+	undispatched time.Duration
 
 	blocked   bool   // another replica owns the run
 	blockedAt uint64 // ownerEvents when the claim was lost
@@ -104,10 +106,13 @@ func (r runLogFields) Run(e *zerolog.Event, _ zerolog.Level, _ string) {
 // poke asks for the run to be looked at again; it never blocks.
 func (t *tracker) poke() { t.wake() }
 
-// Retries of a step that failed wait stepRetryBase, doubling up to stepRetryLimit.
+// Retries of a step that failed wait stepRetryBase, doubling up to stepRetryLimit. A run whose
+// lease is not dispatched yet is looked at again after undispatchedRetryBase, doubling up to
+// stepRetryLimit: the dispatcher's next step, milliseconds away.
 const (
-	stepRetryBase  = 100 * time.Millisecond
-	stepRetryLimit = 5 * time.Second
+	stepRetryBase         = 100 * time.Millisecond
+	stepRetryLimit        = 5 * time.Second
+	undispatchedRetryBase = 5 * time.Millisecond
 )
 
 // wakeUp steps the run once (the watcher calls it when the run was poked) and reports finished
@@ -179,6 +184,14 @@ func (t *tracker) own(ctx context.Context) (bool, error) {
 		}
 		if err != nil {
 			return false, err
+		}
+		if rec.State == lease.StateRequested {
+			// A warm pod an acquire just claimed carries the run's labels a moment before the
+			// dispatcher's dispatch transition names it as the lease's workload: look again
+			// shortly (no object of the run changes meanwhile to wake it).
+			t.undispatched = min(max(2*t.undispatched, undispatchedRetryBase), stepRetryLimit)
+			time.AfterFunc(t.undispatched, t.poke)
+			return false, nil
 		}
 		if rec.Namespace != "" {
 			// Objects labelled with the run elsewhere are not it (objects filters by namespace).
