@@ -59,7 +59,7 @@ type acquireStats struct {
 	// warm is the created event's: the lease bound a warm pod.
 	warm bool
 	// toCreated is the plugin's acquire hook until kubeclip's created event; toReady adds the
-	// run stream's created → status Running/Ready (store times).
+	// run stream's created → status Running/Ready (store times), nothing when ready came first.
 	toCreated, toReady time.Duration
 }
 

@@ -87,8 +87,8 @@ func useWarmDispatcher(t *testing.T) {
 }
 
 // acquireOf is run runID's acquire as the plugin and kubeclip's run stream saw it: the
-// plugin's acquire hook until the created event (st.acquire), plus the stream's created →
-// status Running/Ready (store times), and the created event's warm.
+// plugin's acquire hook until the created event (st.acquire), that plus the stream's created →
+// status Running/Ready (store times; none when ready came first), and the created event's warm.
 func acquireOf(t *testing.T, pc *server, runID string, st runStats) acquireStats {
 	t.Helper()
 	// The run was released (checkRun): its history, read back from the start, is complete once
@@ -114,7 +114,9 @@ func acquireOf(t *testing.T, pc *server, runID string, st runStats) acquireStats
 	case readyAt.IsZero():
 		t.Errorf("run %s (warm %t): no status Running/Ready in its stream", runID, created.Warm)
 	default:
-		a.toReady = st.acquire + readyAt.Sub(createdAt)
+		// A warm pod's ready may be stored before created (docs/events.md, Ordering): the lease
+		// is ready to run commands once both are out.
+		a.toReady = st.acquire + max(0, readyAt.Sub(createdAt))
 	}
 	return a
 }
