@@ -180,6 +180,7 @@ func (b *bench) measure(ctx context.Context) (*report, error) {
 	phases = append(phases, b.replicaPhases()...)
 	phases = append(phases, b.execPhases(b.sandboxKey)...)
 	phases = append(phases, phase{phaseReuse, b.reusePhase})
+	phases = append(phases, phase{phaseWarmPool, func(ctx context.Context, rep *report) error { return b.warmPoolPhase(ctx, rep, b.sandboxKey) }})
 	for i, p := range phases {
 		if !b.s.runs(p.name) {
 			continue

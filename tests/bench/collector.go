@@ -51,6 +51,8 @@ type runEvents struct {
 	created    time.Time
 	// lease and namespace are the created event's providerLeaseId and namespace.
 	lease, namespace string
+	// warm is the created event's warm: the lease bound a warm pod of its company's pool.
+	warm bool
 	// ready is the first status Running/Ready: an exec-capable lease's pod accepts exec.
 	ready time.Time
 	// released is the released event (release or destroy done: commands and pod gone).
@@ -189,7 +191,7 @@ func (c *collector) record(ev events.Event, at time.Time) {
 	switch e := ev.(type) {
 	case events.RunCreatedEvent:
 		setOnce(&r.created, at)
-		r.lease, r.namespace = e.ProviderLeaseID, e.Namespace
+		r.lease, r.namespace, r.warm = e.ProviderLeaseID, e.Namespace, e.Warm
 	case events.RunStatusEvent:
 		if e.Phase == events.PhaseSucceeded || e.Phase == events.PhaseFailed {
 			setOnce(&r.ended, at)

@@ -83,3 +83,29 @@ func TestCollectorTellsALeaseAnswersApart(t *testing.T) {
 		}
 	})
 }
+
+// (o) tells hits from misses by the created event's warm, as it arrives on the run stream.
+func TestCollectorRecordsWarm(t *testing.T) {
+	s, err := events.NewSubjects("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := newCollector()
+	for run, payload := range map[string]string{
+		"run-hit":  `{"runId":"run-hit","companyId":"co-1","at":"2026-11-26T03:00:00Z","providerLeaseId":"pc-1","namespace":"ns","workloadName":"pc-1","secretName":"pc-1","backend":"pod","phase":"Running","warm":true}`,
+		"run-miss": `{"runId":"run-miss","companyId":"co-1","at":"2026-11-26T03:00:00Z","providerLeaseId":"pc-2","namespace":"ns","workloadName":"pc-2","secretName":"pc-2","backend":"pod","phase":"Pending"}`,
+	} {
+		subject, err := s.Run("co-1", run, events.KindCreated)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ev, err := s.DecodeRunEvent(subject, []byte(payload))
+		if err != nil {
+			t.Fatalf("decoding %s's created event: %v", run, err)
+		}
+		c.record(ev, time.Now())
+	}
+	if hit, miss := c.snapshot("run-hit"), c.snapshot("run-miss"); !hit.warm || miss.warm || hit.lease != "pc-1" {
+		t.Errorf("warm: hit %t (lease %s), miss %t; want the created events' true and absent", hit.warm, hit.lease, miss.warm)
+	}
+}

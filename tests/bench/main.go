@@ -20,11 +20,15 @@
 //	(n) a reusable lease: first acquire → ready (claim provisioned)       vs  client-go claim + pod create → Ready
 //	    resume of a retained lease (pod live) → resumed                   vs  client-go GET of its pod
 //	    resume of a suspended lease (new pod on its claim) → resumed      vs  client-go pod create → Ready on a bound claim
+//	(o) acquire → ready to exec (status Ready; first exec) at 45/s open loop, one company with a
+//	    full warm pool (a dispatcher process with --warm-pool-max); hits and misses apart, the
+//	    hit rate                                                         vs  client-go pod create → Ready
 //
 // The pipeline is the real one, in process: an embedded JetStream server and the tenant-worker,
 // dispatcher and run-watcher, each with its own NATS connection and Kubernetes client (so its
 // own client-side rate limit) and the binaries' default settings; (f) adds dispatchers the same
-// way, and (g) replaces the run-watcher by processes joining the embedded server over TCP.
+// way, (g) replaces the run-watcher by processes joining the embedded server over TCP, and (o)
+// the dispatcher by a process started with warm pools.
 // Times are the bench's receive times (monotonic clock; (g) compares the wall clock with the
 // stream's store times, same machine); the run events are read with one JetStream ordered
 // consumer, as a Paperclip consumer would. Every namespace it creates starts with "kcbench-"

@@ -64,10 +64,14 @@ func (b *bench) execReadyPhase(ctx context.Context, rep *report, key []byte) err
 	for i := range readyWarmup + b.s.readySamples {
 		sides := []func() error{
 			func() error {
-				r, e, err := b.coldPodLease(ctx, c)
+				company := newID("cold-")
+				lt, err := b.timePodLease(ctx, c, company)
+				if err == nil {
+					err = b.labelTenants(ctx, company)
+				}
 				if i >= readyWarmup {
-					ready.add(r, err)
-					firstExec.add(e, err)
+					ready.add(lt.ready, err)
+					firstExec.add(lt.firstExec, err)
 				}
 				return err
 			},
@@ -102,35 +106,49 @@ func (b *bench) execReadyPhase(ctx context.Context, rep *report, key []byte) err
 	return nil
 }
 
-// coldPodLease acquires a pod lease for a new company and returns the time from just before
-// the acquire's publish to its status Running/Ready event and to the exit of a `true` sent as
-// soon as the created event arrived (the exec-worker holds it until the pod is ready). It
-// destroys the lease before it returns.
-func (b *bench) coldPodLease(ctx context.Context, c *execclient.Client) (ready, firstExec time.Duration, err error) {
-	req := b.request(newID("cold-"), nil)
+// leaseTimes are one pod lease's times from just before its acquire's publish; a stage not
+// reached is 0.
+type leaseTimes struct {
+	// created is to its created event, firstExec to the exit 0 of a `true` sent as soon as the
+	// created event arrived (the exec-worker holds it until the pod is ready), ready to its
+	// status Running/Ready event, or to created when that came later (a warm pod is Ready
+	// before its lease is announced, docs/events.md Ordering): ready to run commands needs both.
+	created, firstExec, ready time.Duration
+	// warm is the created event's: the lease bound a warm pod of the company's pool.
+	warm bool
+}
+
+// timePodLease acquires a pod lease (podConfig) of a fresh agent of companyID, times it
+// (leaseTimes, each stage in turn: a stage that fails is the error, the ones before it are
+// set), and destroys the lease before it returns.
+func (b *bench) timePodLease(ctx context.Context, c *execclient.Client, companyID string) (lt leaseTimes, err error) {
+	req := b.request(companyID, nil)
 	req.Config = podConfig()
 	wctx, cancel := b.waitCtx(ctx)
 	defer cancel()
 	start := time.Now()
 	if _, err := b.pub.Publish(wctx, req); err != nil {
-		return 0, 0, fmt.Errorf("publishing acquire: %w", err)
+		return lt, fmt.Errorf("publishing acquire: %w", err)
 	}
 	ev, err := b.events.createdEvent(wctx, req.RunID)
 	if err != nil {
-		return 0, 0, err
+		return lt, err
 	}
+	lt.created, lt.warm = ev.created.Sub(start), ev.warm
 	l := podLease{Lease: execclient.Lease{CompanyID: req.CompanyID, RunID: req.RunID, ProviderLeaseID: ev.lease}, namespace: ev.namespace}
 	defer func() { err = errors.Join(err, b.releasePodLeases(ctx, []podLease{l})) }()
 	res, err := c.Run(wctx, execclient.Exec{Lease: l.Lease, Command: "true", Timeout: time.Minute})
-	firstExec = time.Since(start)
+	exited := time.Since(start)
 	if err := exitErr("true", res, err); err != nil {
-		return 0, 0, err
+		return lt, err
 	}
+	lt.firstExec = exited
 	readyAt, err := b.events.ready(wctx, req.RunID)
 	if err != nil {
-		return 0, 0, err
+		return lt, err
 	}
-	return readyAt.Sub(start), firstExec, b.labelTenants(ctx, req.CompanyID)
+	lt.ready = max(readyAt.Sub(start), lt.created)
+	return lt, nil
 }
 
 // rawPodReady renders a pod of plan as the dispatcher does (its Secret with the sandboxd seed

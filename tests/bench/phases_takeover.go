@@ -224,7 +224,7 @@ func (b *bench) binDir() string {
 			return dir
 		}
 	}
-	b.logf("(g): no run-watcher binary in %s (%v): building the binaries", b.s.bin, err)
+	b.logf("no run-watcher binary in %s (%v): building the binaries", b.s.bin, err)
 	return ""
 }
 

@@ -176,6 +176,11 @@ func (p *pipeline) addDispatchers(ctx context.Context, n int) (func() error, err
 	return func() error { return p.stopWorkers(names...) }, nil
 }
 
+// restartDispatcher starts the in-process dispatcher again after stopWorkers stopped it.
+func (p *pipeline) restartDispatcher(ctx context.Context) error {
+	return p.start(ctx, componentDispatcher, p.dispatcher)
+}
+
 // restartRunWatcher starts the in-process run-watcher again after stopWorkers stopped it.
 func (p *pipeline) restartRunWatcher(ctx context.Context) error {
 	return p.start(ctx, componentRunWatcher, p.runWatcher)

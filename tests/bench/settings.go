@@ -65,6 +65,11 @@ type settings struct {
 	reuseLiveResumes      int
 	reuseSuspendedResumes int
 
+	warmPoolMax         int
+	warmPoolRate        float64
+	warmPoolSamples     int
+	warmPoolFillTimeout time.Duration
+
 	phases string
 
 	sandboxdImage string
@@ -105,12 +110,16 @@ func parseSettings(args []string, lookupEnv config.LookupEnv, stdout io.Writer) 
 	fs.Duration(&s.pollInterval, "poll-interval", "KUBECLIP_BENCH_POLL_INTERVAL", 116*time.Millisecond, "(j) an agent's bridge poll cadence, start to start (Paperclip's, contract §3.3)")
 	fs.Duration(&s.pollWindow, "poll-window", "KUBECLIP_BENCH_POLL_WINDOW", 15*time.Second, "(j) length of each measured window (raw, daemon and kube-exec route; at the cadence and saturating)")
 	fs.Int(&s.pollInflight, "poll-inflight", "KUBECLIP_BENCH_POLL_INFLIGHT", 4, "(j) polls in flight per lease, back to back, in the saturating windows")
-	fs.Int(&s.readySamples, "ready-samples", "KUBECLIP_BENCH_READY_SAMPLES", 6, "(k) cold pod leases measured, and as many raw pod creates (one warm-up pair more)")
+	fs.Int(&s.readySamples, "ready-samples", "KUBECLIP_BENCH_READY_SAMPLES", 6, "(k) cold pod leases measured, and as many raw pod creates (one warm-up pair more); (o) raw pod creates measured beside the warm pool")
 	fs.Int(&s.streamBytes, "stream-bytes", "KUBECLIP_BENCH_STREAM_BYTES", 64<<20, "(l) bytes sent through stdin, and received from stdout, per transfer")
 	fs.Int(&s.streamRounds, "stream-rounds", "KUBECLIP_BENCH_STREAM_ROUNDS", 3, "(l) transfers each way per route (and raw); the median is reported")
 	fs.Int(&s.reuseLeases, "reuse-leases", "KUBECLIP_BENCH_REUSE_LEASES", 2, "(n) reusable leases acquired (after a warm-up lease), each measured through its resumes, and as many raw fresh claims")
 	fs.Int(&s.reuseLiveResumes, "reuse-live-resumes", "KUBECLIP_BENCH_REUSE_LIVE_RESUMES", 10, "(n) releases and resumes of each lease while its pod is live, and as many raw GETs of the pod")
 	fs.Int(&s.reuseSuspendedResumes, "reuse-suspended-resumes", "KUBECLIP_BENCH_REUSE_SUSPENDED_RESUMES", 2, "(n) suspensions (release with cancelActiveWork) and resumes of each lease, and as many raw pod creates on a bound claim")
+	fs.Int(&s.warmPoolMax, "warm-pool-max", "KUBECLIP_BENCH_WARM_POOL_MAX", 12, "(o) the warm dispatcher's --warm-pool-max, and its pinned --warm-pool-min for the phase's company: the warm pods the pool holds (the local node fits about 20 pods)")
+	fs.Float(&s.warmPoolRate, "warm-pool-rate", "KUBECLIP_BENCH_WARM_POOL_RATE", 45, "(o) acquires offered per second, open loop (each on schedule, whatever the earlier ones are doing)")
+	fs.Int(&s.warmPoolSamples, "warm-pool-samples", "KUBECLIP_BENCH_WARM_POOL_SAMPLES", 60, "(o) acquires offered at --warm-pool-rate once the pool is full, each measured and released")
+	fs.Duration(&s.warmPoolFillTimeout, "warm-pool-fill-timeout", "KUBECLIP_BENCH_WARM_POOL_FILL_TIMEOUT", 3*time.Minute, "(o) longest wait for the pool's warm pods to be Ready after the warm-up acquire; with none Ready then, the phase reports why and measures nothing")
 	fs.String(&s.phases, "phases", "KUBECLIP_BENCH_PHASES", "all", "phases to run, as letters (\"g,h\" or \"gh\"); set-up always runs, (c) measures the runs of (a), (b) and (d)")
 	fs.String(&s.sandboxdImage, "sandboxd-image", "KUBECLIP_SANDBOXD_IMAGE", dispatch.DefaultSandboxdImage, "the dispatcher's sandboxd image, as cmd/dispatcher's flag (a build of this checkout for the exec phases)")
 	fs.Duration(&s.waitTimeout, "wait-timeout", "KUBECLIP_BENCH_WAIT_TIMEOUT", 60*time.Second, "longest wait for one event")
@@ -138,6 +147,7 @@ func (s settings) validate(fs *config.Set) error {
 		"poll-agents": s.pollAgents, "poll-inflight": s.pollInflight, "ready-samples": s.readySamples,
 		"stream-bytes": s.streamBytes, "stream-rounds": s.streamRounds, "reuse-leases": s.reuseLeases,
 		"reuse-live-resumes": s.reuseLiveResumes, "reuse-suspended-resumes": s.reuseSuspendedResumes,
+		"warm-pool-max": s.warmPoolMax, "warm-pool-samples": s.warmPoolSamples,
 	}
 	for name, v := range positive {
 		if v <= 0 {
@@ -165,11 +175,14 @@ func (s settings) validate(fs *config.Set) error {
 	if s.pollInterval <= 0 || s.pollWindow < time.Second {
 		errs = append(errs, fmt.Errorf("%s must be > 0 and %s at least 1s", fs.Names("poll-interval"), fs.Names("poll-window")))
 	}
+	if s.warmPoolRate <= 0 || s.warmPoolFillTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("%s and %s must be > 0", fs.Names("warm-pool-rate"), fs.Names("warm-pool-fill-timeout")))
+	}
 	if q, err := resource.ParseQuantity(s.execCPULimit); err != nil || q.Sign() <= 0 {
 		errs = append(errs, fmt.Errorf("%s must be a CPU quantity > 0 (500m, 2)", fs.Names("exec-cpu-limit")))
 	}
-	if strings.Trim(s.phases, "abcdefghijklmn, ") != "" && s.phases != "all" {
-		errs = append(errs, fmt.Errorf("%s takes phase letters a to n, or all", fs.Names("phases")))
+	if strings.Trim(s.phases, "abcdefghijklmno, ") != "" && s.phases != "all" {
+		errs = append(errs, fmt.Errorf("%s takes phase letters a to o, or all", fs.Names("phases")))
 	}
 	return errors.Join(errs...)
 }

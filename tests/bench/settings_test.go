@@ -17,7 +17,11 @@ func TestSettingsPhasesAndReuseCounts(t *testing.T) {
 	}{
 		{"reusable lease phase", []string{"--phases", "n"}, ""},
 		{"with others", []string{"--phases", "k,m,n"}, ""},
-		{"no phase o", []string{"--phases", "o"}, "--phases (KUBECLIP_BENCH_PHASES) takes phase letters a to n"},
+		{"warm pool phase", []string{"--phases", "n,o"}, ""},
+		{"no phase p", []string{"--phases", "p"}, "--phases (KUBECLIP_BENCH_PHASES) takes phase letters a to o"},
+		{"no warm pool", []string{"--warm-pool-max", "0"}, "--warm-pool-max (KUBECLIP_BENCH_WARM_POOL_MAX) must be > 0"},
+		{"no rate", []string{"--warm-pool-rate", "0"}, "--warm-pool-rate (KUBECLIP_BENCH_WARM_POOL_RATE) and --warm-pool-fill-timeout (KUBECLIP_BENCH_WARM_POOL_FILL_TIMEOUT) must be > 0"},
+		{"no warm samples", []string{"--warm-pool-samples", "-1"}, "--warm-pool-samples (KUBECLIP_BENCH_WARM_POOL_SAMPLES) must be > 0"},
 		{"no leases", []string{"--reuse-leases", "0"}, "--reuse-leases (KUBECLIP_BENCH_REUSE_LEASES) must be > 0"},
 		{"no live resumes", []string{"--reuse-live-resumes", "0"}, "--reuse-live-resumes (KUBECLIP_BENCH_REUSE_LIVE_RESUMES) must be > 0"},
 		{"no suspended resumes", []string{"--reuse-suspended-resumes", "-1"}, "--reuse-suspended-resumes (KUBECLIP_BENCH_REUSE_SUSPENDED_RESUMES) must be > 0"},
@@ -43,13 +47,18 @@ func TestSettingsPhasesAndReuseCounts(t *testing.T) {
 	}
 }
 
-// make bench runs every phase unless told otherwise: (n) among them.
+// make bench runs every phase unless told otherwise: (n) and (o) among them.
 func TestSettingsDefaultRunsReusableLeasePhase(t *testing.T) {
 	s, err := parseSettings([]string{"--kubeconfig", "kc"}, func(string) (string, bool) { return "", false }, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !s.runs(phaseReuse) {
-		t.Errorf("the default phases (%q) do not run %s", s.phases, phaseReuse)
+	for _, p := range []string{phaseReuse, phaseWarmPool} {
+		if !s.runs(p) {
+			t.Errorf("the default phases (%q) do not run %s", s.phases, p)
+		}
+	}
+	if s.warmPoolMax != 12 || s.warmPoolRate != 45 || s.warmPoolSamples != 60 {
+		t.Errorf("(o) defaults: --warm-pool-max %d, --warm-pool-rate %g, --warm-pool-samples %d; want 12, 45, 60 (issue 17's load)", s.warmPoolMax, s.warmPoolRate, s.warmPoolSamples)
 	}
 }

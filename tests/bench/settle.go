@@ -225,10 +225,11 @@ func (b *bench) benchPods(ctx context.Context) ([]corev1.Pod, error) {
 	return slices.DeleteFunc(list.Items, func(p corev1.Pod) bool { return !strings.HasPrefix(p.Namespace, namespacePrefix) }), nil
 }
 
-// running are the pods that have not stopped and are not being deleted.
+// running are the pods that have not stopped and are not being deleted, but for (o)'s warm
+// pods that no lease bound: idle, they are deleted like stopped ones.
 func running(pods []corev1.Pod) []corev1.Pod {
 	return slices.DeleteFunc(slices.Clone(pods), func(p corev1.Pod) bool {
-		return p.DeletionTimestamp != nil || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed
+		return p.DeletionTimestamp != nil || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed || isUnboundWarmPod(&p)
 	})
 }
 
@@ -254,8 +255,8 @@ func first(names []string) []string {
 	return names[:min(len(names), settleShown)]
 }
 
-// deletePods deletes pods at once (grace 0): settle deletes stopped pods only, and the bursts
-// pods that run a one-line stub, so nothing is there to shut down.
+// deletePods deletes pods at once (grace 0): settle deletes stopped pods and idle warm pods
+// only, and the bursts pods that run a one-line stub, so nothing is there to shut down.
 func (b *bench) deletePods(ctx context.Context, pods []corev1.Pod) error {
 	zero := int64(0)
 	var errs []error

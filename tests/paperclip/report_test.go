@@ -47,8 +47,20 @@ type report struct {
 	pluginPeakRSS int64
 	// largeRun is LargeOutputRun's.
 	largeRun largeRunStats
+	// acquires are the acquire times of TestPaperclipWarmPool's runs.
+	acquires []acquireStats
 	// notes are lines a test adds below the table.
 	notes []string
+}
+
+// acquireStats are one run's acquire on a tenant with warm pods.
+type acquireStats struct {
+	name string
+	// warm is the created event's: the lease bound a warm pod.
+	warm bool
+	// toCreated is the plugin's acquire hook until kubeclip's created event; toReady adds the
+	// run stream's created → status Running/Ready (store times), nothing when ready came first.
+	toCreated, toReady time.Duration
 }
 
 // largeRunStats are the figures of one agent run with a large output through Paperclip.
@@ -76,6 +88,12 @@ func (r *report) add(s runStats) {
 	r.runs = append(r.runs, s)
 }
 
+func (r *report) addAcquire(a acquireStats) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.acquires = append(r.acquires, a)
+}
+
 func (r *report) print(t *testing.T) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -91,6 +109,17 @@ func (r *report) print(t *testing.T) {
 	b.WriteString("wall: Paperclip's run record (start to finish); agent: the stub's first line to its result; " +
 		"1st/max line: a stub line's print to Paperclip's run log; exec p50/p99: execute calls at the plugin's hook; " +
 		"events/bytes: the run's events in kubeclip's run stream and their JSON payloads.\n")
+	if len(r.acquires) > 0 {
+		fmt.Fprintf(&b, "acquire on a tenant with warm pods (dispatcher --warm-pool-max %d): the plugin's acquire hook → created, and → status Running/Ready:\n", warmPoolMax)
+		fmt.Fprintf(&b, "%-22s %-5s %10s %10s\n", "run", "pod", "→ created", "→ ready")
+		for _, a := range r.acquires {
+			pod := "cold"
+			if a.warm {
+				pod = "warm"
+			}
+			fmt.Fprintf(&b, "%-22s %-5s %10s %10s\n", a.name, pod, msOf(a.toCreated), msOf(a.toReady))
+		}
+	}
 	if r.pluginPeakRSS > 0 {
 		fmt.Fprintf(&b, "plugin worker under Paperclip: peak RSS %d MiB over these runs (VmHWM of its process)\n", r.pluginPeakRSS>>20)
 	}
