@@ -271,9 +271,9 @@ func (d *Dispatcher) Ready() <-chan struct{} { return d.ready }
 // stops the others, so the process restarts whole.
 func (d *Dispatcher) Run(ctx context.Context) error {
 	js := d.opts.JetStream
-	leases, err := js.KeyValue(ctx, lease.Bucket)
+	leases, err := events.OpenBucket(ctx, js, lease.Bucket)
 	if err != nil {
-		return fmt.Errorf("opening KV bucket %s: %w", lease.Bucket, err)
+		return err
 	}
 	agents, err := events.EnsureBucket(ctx, js, AgentBucketConfig(d.opts.StreamReplicas))
 	if err != nil {
@@ -283,11 +283,11 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	if err := d.checkRecordTTL(ctx, leases); err != nil {
 		return err
 	}
-	if d.tenants, err = js.KeyValue(ctx, lease.TenantBucket); err != nil {
-		return fmt.Errorf("opening KV bucket %s: %w", lease.TenantBucket, err)
+	if d.tenants, err = events.OpenBucket(ctx, js, lease.TenantBucket); err != nil {
+		return err
 	}
-	if d.runs, err = js.Stream(ctx, d.opts.Subjects.RunStream()); err != nil {
-		return fmt.Errorf("opening stream %s: %w", d.opts.Subjects.RunStream(), err)
+	if d.runs, err = events.OpenStream(ctx, js, d.opts.Subjects.RunStream()); err != nil {
+		return err
 	}
 	d.agents = agentGuard{kv: agents}
 	if d.parked, err = events.EnsureStream(ctx, js, ParkedStreamConfig(d.opts.StreamReplicas, d.opts.StoreBytes)); err != nil {
@@ -319,8 +319,8 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	}
 	conss := make([]jetstream.Consumer, len(consumers))
 	for i, c := range consumers {
-		if conss[i], err = js.CreateOrUpdateConsumer(ctx, c.stream, c.cfg); err != nil {
-			return fmt.Errorf("creating consumer %s: %w", c.cfg.Durable, err)
+		if conss[i], err = events.EnsureConsumer(ctx, js, c.stream, c.cfg); err != nil {
+			return err
 		}
 	}
 	g, gctx := errgroup.WithContext(ctx)

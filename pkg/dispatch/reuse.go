@@ -52,7 +52,11 @@ const (
 // record is last written when it is suspended, and a record that expired before its lease was
 // collected would leave the volume behind with nothing to collect it.
 func (d *Dispatcher) checkRecordTTL(ctx context.Context, leases jetstream.KeyValue) error {
-	st, err := leases.Status(ctx)
+	var st jetstream.KeyValueStatus
+	err := events.AtStartup(ctx, func(ctx context.Context) (err error) {
+		st, err = leases.Status(ctx)
+		return err
+	})
 	if err != nil {
 		return fmt.Errorf("reading KV bucket %s: %w", lease.Bucket, err)
 	}

@@ -116,3 +116,76 @@ func EnsureBucket(ctx context.Context, js BucketMaker, cfg jetstream.KeyValueCon
 	}
 	return kv, nil
 }
+
+// A worker's Run opens the buckets and streams its start-up ensured, and creates its durable
+// consumers, right after EnsureStreams and EnsureBuckets, while a fresh cluster may still be
+// slow to answer: each lookup is retried as a create is (settle), or the worker exits on the
+// first unanswered request (issue 17's CI run: a dispatcher exited on "opening KV bucket
+// KUBECLIP_LEASES: context deadline exceeded" a second after its buckets were made).
+
+// AtStartup runs try, one of a worker's start-up requests to JetStream, retried as a create is
+// (settle) while a fresh cluster is slow to answer.
+func AtStartup(ctx context.Context, try func(ctx context.Context) error) error {
+	return defaultSetupRetry.settle(ctx, try)
+}
+
+// BucketOpener is the part of jetstream.JetStream OpenBucket needs.
+type BucketOpener interface {
+	KeyValue(ctx context.Context, bucket string) (jetstream.KeyValue, error)
+}
+
+// StreamOpener is the part of jetstream.JetStream OpenStream needs.
+type StreamOpener interface {
+	Stream(ctx context.Context, name string) (jetstream.Stream, error)
+}
+
+// ConsumerMaker is the part of jetstream.JetStream EnsureConsumer needs.
+type ConsumerMaker interface {
+	CreateOrUpdateConsumer(ctx context.Context, stream string, cfg jetstream.ConsumerConfig) (jetstream.Consumer, error)
+}
+
+var (
+	_ BucketOpener  = (jetstream.JetStream)(nil)
+	_ StreamOpener  = (jetstream.JetStream)(nil)
+	_ ConsumerMaker = (jetstream.JetStream)(nil)
+)
+
+// OpenBucket opens the existing KV bucket name, waiting for a cluster that is still forming.
+func OpenBucket(ctx context.Context, js BucketOpener, name string) (jetstream.KeyValue, error) {
+	var kv jetstream.KeyValue
+	err := defaultSetupRetry.settle(ctx, func(ctx context.Context) (err error) {
+		kv, err = js.KeyValue(ctx, name)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("opening KV bucket %s: %w", name, err)
+	}
+	return kv, nil
+}
+
+// OpenStream opens the existing stream name, waiting for a cluster that is still forming.
+func OpenStream(ctx context.Context, js StreamOpener, name string) (jetstream.Stream, error) {
+	var st jetstream.Stream
+	err := defaultSetupRetry.settle(ctx, func(ctx context.Context) (err error) {
+		st, err = js.Stream(ctx, name)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("opening stream %s: %w", name, err)
+	}
+	return st, nil
+}
+
+// EnsureConsumer creates the durable consumer cfg on stream, or updates it to cfg, waiting for a
+// cluster that is still forming.
+func EnsureConsumer(ctx context.Context, js ConsumerMaker, stream string, cfg jetstream.ConsumerConfig) (jetstream.Consumer, error) {
+	var c jetstream.Consumer
+	err := defaultSetupRetry.settle(ctx, func(ctx context.Context) (err error) {
+		c, err = js.CreateOrUpdateConsumer(ctx, stream, cfg)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("creating consumer %s on stream %s: %w", cfg.Durable, stream, err)
+	}
+	return c, nil
+}

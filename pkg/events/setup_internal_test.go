@@ -97,3 +97,46 @@ func TestSettleStopsWithItsContext(t *testing.T) {
 		t.Fatal("settle still waiting after its context ended")
 	}
 }
+
+// flakyOpener answers its first fails lookups with a timeout, as a forming cluster does.
+type flakyOpener struct {
+	fails int
+	calls int
+}
+
+func (f *flakyOpener) KeyValue(ctx context.Context, _ string) (jetstream.KeyValue, error) {
+	f.calls++
+	if f.calls <= f.fails {
+		return nil, context.DeadlineExceeded
+	}
+	return nil, nil
+}
+
+func (f *flakyOpener) Stream(ctx context.Context, name string) (jetstream.Stream, error) {
+	_, err := f.KeyValue(ctx, name)
+	return nil, err
+}
+
+func (f *flakyOpener) CreateOrUpdateConsumer(ctx context.Context, stream string, _ jetstream.ConsumerConfig) (jetstream.Consumer, error) {
+	_, err := f.KeyValue(ctx, stream)
+	return nil, err
+}
+
+// TestOpenersWaitForAFormingCluster: a worker's Run opens its buckets and streams and makes its
+// consumers through lookups that are retried, not given up on the first unanswered one (a
+// dispatcher exited so on a fresh 3-node cluster).
+func TestOpenersWaitForAFormingCluster(t *testing.T) {
+	for name, open := range map[string]func(*flakyOpener) error{
+		"bucket": func(f *flakyOpener) error { _, err := OpenBucket(t.Context(), f, "B"); return err },
+		"stream": func(f *flakyOpener) error { _, err := OpenStream(t.Context(), f, "S"); return err },
+		"consumer": func(f *flakyOpener) error {
+			_, err := EnsureConsumer(t.Context(), f, "S", jetstream.ConsumerConfig{Durable: "c"})
+			return err
+		},
+	} {
+		f := &flakyOpener{fails: 2}
+		if err := open(f); err != nil || f.calls != 3 {
+			t.Errorf("%s: %v after %d lookups, want success on the third", name, err, f.calls)
+		}
+	}
+}

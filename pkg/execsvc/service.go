@@ -75,9 +75,9 @@ func New(opts Options) (*Service, error) {
 // ends. Then it stops taking requests, lets the streams in progress finish for the drain bound,
 // cuts the rest (their clients attach through another replica) and returns.
 func (s *Service) Run(ctx context.Context) error {
-	kv, err := s.opts.JetStream.KeyValue(ctx, lease.Bucket)
+	kv, err := events.OpenBucket(ctx, s.opts.JetStream, lease.Bucket)
 	if err != nil {
-		return fmt.Errorf("opening KV bucket %s: %w", lease.Bucket, err)
+		return err
 	}
 	s.leases = lease.Records{KV: kv}
 	rkv, err := events.EnsureBucket(ctx, s.opts.JetStream, RecordedBucketConfig(s.opts.StreamReplicas))

@@ -81,17 +81,17 @@ func (w *Watcher) Ready() <-chan struct{} { return w.ready }
 // picked up again, from the last published log chunk, by the next watcher to own them.
 func (w *Watcher) Run(ctx context.Context) error {
 	js := w.opts.JetStream
-	stream, err := js.Stream(ctx, w.opts.Subjects.RunStream())
+	stream, err := events.OpenStream(ctx, js, w.opts.Subjects.RunStream())
 	if err != nil {
-		return fmt.Errorf("looking up stream %s: %w", w.opts.Subjects.RunStream(), err)
+		return err
 	}
 	kv, err := events.EnsureBucket(ctx, js, OwnershipBucketConfig(w.opts.OwnershipTTL, w.opts.StreamReplicas))
 	if err != nil {
 		return fmt.Errorf("opening KV bucket %s: %w", OwnershipBucket, err)
 	}
-	leases, err := js.KeyValue(ctx, lease.Bucket)
+	leases, err := events.OpenBucket(ctx, js, lease.Bucket)
 	if err != nil {
-		return fmt.Errorf("opening KV bucket %s: %w", lease.Bucket, err)
+		return err
 	}
 	budgets, err := openLogBudgets(ctx, js, w.opts)
 	if err != nil {

@@ -115,19 +115,19 @@ func (w *Worker) Ready() <-chan struct{} { return w.ready }
 // consumes acquire requests until ctx is done, then drains for Options.DrainTimeout.
 func (w *Worker) Run(ctx context.Context) error {
 	js := w.opts.JetStream
-	kv, err := js.KeyValue(ctx, lease.TenantBucket)
+	kv, err := events.OpenBucket(ctx, js, lease.TenantBucket)
 	if err != nil {
-		return fmt.Errorf("opening KV bucket %s: %w", lease.TenantBucket, err)
+		return err
 	}
 	w.tenants = kv
-	leases, err := js.KeyValue(ctx, lease.Bucket)
+	leases, err := events.OpenBucket(ctx, js, lease.Bucket)
 	if err != nil {
-		return fmt.Errorf("opening KV bucket %s: %w", lease.Bucket, err)
+		return err
 	}
 	w.records = lease.Records{KV: leases}
-	cons, err := js.CreateOrUpdateConsumer(ctx, w.opts.Subjects.LeaseStream(), events.TenantWorkerConsumerConfig(w.opts.Subjects))
+	cons, err := events.EnsureConsumer(ctx, js, w.opts.Subjects.LeaseStream(), events.TenantWorkerConsumerConfig(w.opts.Subjects))
 	if err != nil {
-		return fmt.Errorf("creating consumer %s: %w", events.TenantWorkerConsumer, err)
+		return err
 	}
 	// Acquires that failed retryably wait in the retry queue, worked through by a consumer of
 	// their own, so no company's retries delay another company's first attempt.
@@ -135,9 +135,9 @@ func (w *Worker) Run(ctx context.Context) error {
 		return fmt.Errorf("creating stream %s: %w", events.RetryStream, err)
 	}
 	retryCfg := events.RetryConsumerConfig(events.TenantWorkerConsumer)
-	retryCons, err := js.CreateOrUpdateConsumer(ctx, events.RetryStream, retryCfg)
+	retryCons, err := events.EnsureConsumer(ctx, js, events.RetryStream, retryCfg)
 	if err != nil {
-		return fmt.Errorf("creating consumer %s: %w", retryCfg.Durable, err)
+		return err
 	}
 
 	factory := informers.NewSharedInformerFactoryWithOptions(w.opts.Clientset, 0,
