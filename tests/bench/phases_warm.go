@@ -430,9 +430,13 @@ func (b *bench) startWarmDispatcher(ctx context.Context, key []byte, company str
 	}
 }
 
-// close stops the dispatcher process and removes its directory.
+// close stops the dispatcher process and removes its directory (kept with
+// KUBECLIP_KEEP_LOGS set, for the dispatcher's log: its took_ms per acquire).
 func (wd *warmDispatcher) close() error {
 	err := wd.env.Close()
+	if os.Getenv(pipelinetest.KeepLogsEnv) != "" {
+		return err
+	}
 	if rerr := os.RemoveAll(wd.env.Dir); rerr != nil {
 		err = errors.Join(err, rerr)
 	}
