@@ -316,6 +316,13 @@ func TestQuotaEvictsWarmPodsFirst(t *testing.T) {
 	created, _ := e.next(t, refOf(first), events.KindCreated, 0)
 	ns := created["namespace"].(string)
 	warm := e.waitWarm(t, ns, 1)[0]
+	// The quota controller's first count of a new tenant may lag its pods (its informer): the
+	// refusal this test is about needs the quota to count both.
+	eventually(t, "the tenant's quota counting the lease's pod and the warm one", func() bool {
+		q, err := e.cs.CoreV1().ResourceQuotas(ns).Get(t.Context(), policy.TenantResourceQuota, metav1.GetOptions{})
+		used := q.Status.Used[corev1.ResourcePods]
+		return err == nil && used.Value() == 2
+	})
 
 	ref := e.acquireWarm(t, company, warmConfig("m", "110m"))
 	if got, _ := e.next(t, refOf(ref), events.KindCreated, 0); got["warm"] != nil {
