@@ -35,7 +35,8 @@
 // and carries the label bench.kubeclip.io/session; all are deleted at the end.
 //
 // Run it with `make bench` (go run ./tests/bench --kubeconfig PATH); the table goes to stdout
-// and, as JSON, to --out (default ./bench-results.json).
+// and, as JSON, to --out (default ./bench-results.json), with one SVG picture per phase beside it
+// (bench-results-a.svg, …): each row's distribution, kubeclip beside its raw primitive.
 package main
 
 import (

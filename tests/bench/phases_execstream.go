@@ -142,7 +142,7 @@ func (b *bench) streamRounds(ctx context.Context, stdin func(context.Context) (s
 
 // throughputRow turns transfer times of size bytes into MB/s (10^6 B/s) at the median time.
 func throughputRow(metric string, size int, s, raw samples, rawWhat string) row {
-	r := row{Metric: metric, N: len(s.d), Unit: "MB/s", RawN: len(raw.d), Raw: rawWhat, Errors: s.errs + raw.errs}
+	r := row{Metric: metric, N: len(s.d), Unit: "MB/s", RawN: len(raw.d), Raw: rawWhat, Errors: s.errs + raw.errs, dist: distOf(s, raw)}
 	rate := func(s samples) *float64 {
 		p50 := s.p50()
 		if p50 == nil || *p50 <= 0 {

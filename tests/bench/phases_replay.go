@@ -74,6 +74,7 @@ func (b *bench) replayPhase(ctx context.Context, rep *report) error {
 		RawN: single.events(), RawP50: round2(median(rawEvRate)), Ratio: ratio(median(evRate), median(rawEvRate)),
 		Raw:    "the same messages read by a bare ordered consumer until caught up, no decoding: msgs/s",
 		Target: fmt.Sprintf("≥ %d events/s", replayTarget), Met: &metEvents,
+		dist: dist{pipe: sFollow, raw: sRaw},
 	})
 	lineRate := rates(bFollow, batched.lines)
 	rawLineRate := rates(bRaw, batched.lines)
@@ -84,6 +85,7 @@ func (b *bench) replayPhase(ctx context.Context, rep *report) error {
 		RawN: batched.lines, RawP50: round2(median(rawLineRate)), Ratio: ratio(median(lineRate), median(rawLineRate)),
 		Raw:    "the same messages read by a bare ordered consumer until caught up, no decoding: their lines/s",
 		Target: fmt.Sprintf("≥ %d lines/s", replayTarget), Met: &metLines,
+		dist: dist{pipe: bFollow, raw: bRaw},
 	})
 	rep.note("(h): replay = events.Follow from the run's first event until Pending = 0 (ordered consumer, every message decoded), on its own NATS connection; median of %d rounds, raw and Follow alternating. "+
 		"(h) counts events: %d log events of one line each plus the result, %.0f bytes per log event, %s in %s (median), i.e. %s events/s = %s lines/s (rounds: %s). "+

@@ -108,6 +108,7 @@ func (b *bench) replicaRows(rep *report) {
 			Metric: fmt.Sprintf("(f) acquisitions/s, %d dispatcher%s (%d at once, mean of %d bursts)", d, plural(d), b.s.burst, len(bursts)),
 			N:      len(lat.d), Unit: "acq/s", P50: round2(rate),
 			Target: fmt.Sprintf("≥ %d acq/s", burstTarget), Met: &met, Errors: lat.errs,
+			dist: distOf(lat, samples{}),
 		}
 	}
 	r1 := rowOf(1, one)

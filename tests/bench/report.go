@@ -6,6 +6,7 @@ import (
 	"io"
 	"math"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"text/tabwriter"
@@ -27,6 +28,8 @@ type report struct {
 	// Phases says how each phase after the set-up started: the wait for the node to be clear
 	// of the phases before it, and the load average then.
 	Phases []phaseStart `json:"phases,omitempty"`
+	// Plots are the pictures of the phases' distributions written beside the JSON (file names).
+	Plots []string `json:"plots,omitempty"`
 }
 
 // row is one measurement. Latencies are in milliseconds; a throughput row has its rate in P50
@@ -48,6 +51,8 @@ type row struct {
 	// Met is nil for a row without a target.
 	Met    *bool `json:"met"`
 	Errors int   `json:"errors"`
+	// dist keeps the samples behind the percentiles for the phase's picture.
+	dist dist
 }
 
 func newReport(session string) *report {
@@ -65,7 +70,7 @@ func latencyRow(metric string, pipe, raw samples, rawWhat, target string, met fu
 	r := row{
 		Metric: metric, N: len(pipe.d), Unit: "ms", P50: pipe.p50(), P99: pipe.p99(),
 		RawN: len(raw.d), RawP50: raw.p50(), RawP99: raw.p99(), Raw: rawWhat,
-		Target: target, Errors: pipe.errs + raw.errs,
+		Target: target, Errors: pipe.errs + raw.errs, dist: distOf(pipe, raw),
 	}
 	if r.P50 != nil && r.RawP50 != nil {
 		r.Ratio = ratio(*r.P50, *r.RawP50)
@@ -108,10 +113,17 @@ func (r *report) note(format string, args ...any) {
 	r.Notes = append(r.Notes, fmt.Sprintf(format, args...))
 }
 
-// write prints the table to w and writes the JSON to path.
+// write prints the table to w and writes the JSON to path, with one picture per phase beside it.
 func (r *report) write(w io.Writer, path string) error {
 	r.Finished = time.Now().UTC()
 	if err := r.printTable(w); err != nil {
+		return err
+	}
+	plots, err := r.writePlots(path)
+	for _, p := range plots {
+		r.Plots = append(r.Plots, filepath.Base(p))
+	}
+	if err != nil {
 		return err
 	}
 	data, err := json.MarshalIndent(r, "", "  ")
@@ -121,7 +133,11 @@ func (r *report) write(w io.Writer, path string) error {
 	if err := os.WriteFile(path, append(data, '\n'), 0o644); err != nil {
 		return fmt.Errorf("writing the results: %w", err)
 	}
-	fmt.Fprintf(w, "\nresults written to %s\n", path)
+	fmt.Fprintf(w, "\nresults written to %s", path)
+	if len(plots) > 0 {
+		fmt.Fprintf(w, ", pictures of the distributions to %s", strings.Join(plots, ", "))
+	}
+	fmt.Fprintln(w)
 	return nil
 }
 
