@@ -15,11 +15,17 @@ TEST_FLAGS    ?= -race -count=1 -timeout 45m
 
 all: build
 
+# A cold build or vet compiles for minutes: go_progress (hack/lib/progress.sh) says how far it is
+# every 10 s, and nothing when it is quick.
+GO_PROGRESS = . hack/lib/progress.sh && go_progress
+
 build:
-	$(GO) build -o $(BIN)/ ./cmd/...
+	@echo '$(GO) build -o $(BIN)/ ./cmd/...'
+	@bash -c '$(GO_PROGRESS) "building the kubeclip binaries" . ./cmd/... -- $(GO) build -v -o $(BIN)/ ./cmd/...'
 
 vet:
-	$(GO) vet ./...
+	@echo '$(GO) vet ./...'
+	@bash -c '$(GO_PROGRESS) "go vet (compiling every package)" . ./... -- $(GO) vet -v ./...'
 
 fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi

@@ -150,13 +150,14 @@ ensure_k8s_binaries() {
   flock 9
   if ! k8s_binaries_cached; then
     rm -rf "$BIN".tmp.* # left by a build that was killed (we hold the lock: none is running)
-    log "building Kubernetes $K8S_VERSION into $BIN (cold: ~7-10 min on 2 cores)"
+    log "building Kubernetes $K8S_VERSION (${K8S_COMMANDS[*]}) into $BIN (cold: ~7-10 min on 2 cores)"
     # Build into a temporary dir and move it into place, so an interrupted build is never taken
     # for a cached one.
     local tmp pkgs=() c
     tmp=$(mktemp -d "$BIN.tmp.XXXXXX")
     for c in "${K8S_COMMANDS[@]}"; do pkgs+=("k8s.io/kubernetes/cmd/$c"); done
-    (cd "$ROOT/hack/k8s" && CGO_ENABLED=0 go build -trimpath -ldflags="$K8S_LDFLAGS" -o "$tmp/" "${pkgs[@]}") ||
+    CGO_ENABLED=0 go_progress "building Kubernetes $K8S_VERSION" "$ROOT/hack/k8s" "${pkgs[@]}" -- \
+      go build -v -trimpath -ldflags="$K8S_LDFLAGS" -o "$tmp/" "${pkgs[@]}" ||
       { rm -rf "$tmp"; die "building Kubernetes binaries failed"; }
     printf '%s' "$K8S_STAMP" >"$tmp/.stamp"
     rm -rf "$BIN.old"
@@ -606,7 +607,8 @@ ensure_local_path_provisioner() {
     log "building local-path-provisioner $LOCAL_PATH_VERSION into $LOCAL_PATH_BIN"
     local tmp
     tmp=$(mktemp -d "$LOCAL_PATH_BIN.tmp.XXXXXX")
-    (cd "$ROOT/hack/k8s" && CGO_ENABLED=0 go build -trimpath -ldflags='-s -w' -o "$tmp/" github.com/rancher/local-path-provisioner) ||
+    CGO_ENABLED=0 go_progress "building local-path-provisioner" "$ROOT/hack/k8s" github.com/rancher/local-path-provisioner -- \
+      go build -v -trimpath -ldflags='-s -w' -o "$tmp/" github.com/rancher/local-path-provisioner ||
       { rm -rf "$tmp"; die "building local-path-provisioner $LOCAL_PATH_VERSION failed"; }
     printf '%s' "$LOCAL_PATH_STAMP" >"$tmp/.stamp"
     rm -rf "$LOCAL_PATH_BIN"
@@ -919,7 +921,7 @@ cmd_up() {
   phase "kube-apiserver"
   start_apiserver
   await containerd 30 "containerd" containerd_ready
-  if ! wait "$images_pid"; then
+  if ! PROGRESS_TAIL=$LOGS/images.log with_heartbeat "building the test images (log: $LOGS/images.log)" wait "$images_pid"; then
     tail -n 30 "$LOGS/images.log" >&2
     die "building the test images failed (log: $LOGS/images.log)"
   fi

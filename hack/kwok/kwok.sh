@@ -8,6 +8,8 @@
 #
 #   KUBECLIP_CACHE   cache of built tools (default ~/.cache/kubeclip)
 set -euo pipefail
+# shellcheck source=hack/lib/progress.sh
+. "$(dirname "${BASH_SOURCE[0]}")/../lib/progress.sh"
 
 KWOK_VERSION=v0.8.0
 CACHE=${KUBECLIP_CACHE:-${HOME:-/root}/.cache/kubeclip}
@@ -21,7 +23,8 @@ build() {
     # kwok's go.mod has no replace directives: `go install module@version` builds it as
     # published, outside the project's module graph. Cold: about 3.5 min on 2 cores.
     echo "building kwok $KWOK_VERSION into $BIN" >&2
-    GOBIN=$tmp CGO_ENABLED=0 go install -trimpath -ldflags='-s -w' "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION" >&2
+    GOBIN=$tmp CGO_ENABLED=0 go_progress "building kwok $KWOK_VERSION" . -- \
+      go install -v -trimpath -ldflags='-s -w' "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"
     mv "$tmp/kwok" "$BIN"
     rmdir "$tmp"
   fi

@@ -10,6 +10,9 @@
 # another's install finds the packages there and does nothing. apt-get itself also waits (up to
 # DPkg::Lock::Timeout) for dpkg's locks, held by an apt-get that is not ours.
 
+# shellcheck source=hack/lib/progress.sh
+. "$(dirname "${BASH_SOURCE[0]}")/progress.sh"
+
 KUBECLIP_APT_LOCK=${KUBECLIP_APT_LOCK:-/var/lib/kubeclip/apt.lock}
 # How long to wait for the lock: a cold docker.io install on a slow mirror takes minutes.
 KUBECLIP_APT_LOCK_WAIT=${KUBECLIP_APT_LOCK_WAIT:-900}
@@ -48,7 +51,7 @@ apt_install() {
       trap 'rm -f "$policy"' EXIT
     fi
     export DEBIAN_FRONTEND=noninteractive
-    "${APT_GET[@]}" update -qq
-    "${APT_GET[@]}" install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    with_heartbeat "[apt] apt-get update" "${APT_GET[@]}" update -qq
+    with_heartbeat "[apt] installing ${missing[*]}" "${APT_GET[@]}" install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
   ) 9>"$KUBECLIP_APT_LOCK"
 }
