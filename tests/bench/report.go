@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -119,26 +120,24 @@ func (r *report) write(w io.Writer, path string) error {
 	if err := r.printTable(w); err != nil {
 		return err
 	}
-	plots, err := r.writePlots(path)
+	// A picture that cannot be written does not cost the JSON: its error comes after it.
+	plots, plotErr := r.writePlots(path)
 	for _, p := range plots {
 		r.Plots = append(r.Plots, filepath.Base(p))
 	}
-	if err != nil {
-		return err
-	}
 	data, err := json.MarshalIndent(r, "", "  ")
 	if err != nil {
-		return fmt.Errorf("encoding the results: %w", err)
+		return errors.Join(fmt.Errorf("encoding the results: %w", err), plotErr)
 	}
 	if err := os.WriteFile(path, append(data, '\n'), 0o644); err != nil {
-		return fmt.Errorf("writing the results: %w", err)
+		return errors.Join(fmt.Errorf("writing the results: %w", err), plotErr)
 	}
 	fmt.Fprintf(w, "\nresults written to %s", path)
 	if len(plots) > 0 {
 		fmt.Fprintf(w, ", pictures of the distributions to %s", strings.Join(plots, ", "))
 	}
 	fmt.Fprintln(w)
-	return nil
+	return plotErr
 }
 
 func (r *report) printTable(w io.Writer) error {
