@@ -23,11 +23,14 @@ const execUsage = `kubeclip exec runs a command in the pod of an exec-capable le
 sandbox-cr), through kubeclip's exec-workers; kubeclip attach follows one that runs or ran.
 
 Usage:
-  kubeclip exec <runId> --company ID [--cwd DIR] [-e K=V]... [--timeout D] [--record] -- command [args...]
+  kubeclip exec <runId> --company ID [-t] [--cwd DIR] [-e K=V]... [--timeout D] [--record] -- command [args...]
   kubeclip attach <runId> <execId> --company ID [--from-seq N]
 
 stdin goes to the command when it is not a terminal (a pipe or a file); the command's stdout and
-stderr are kubeclip's; kubeclip exits with the command's status: 128+n when signal n ended it,
+stderr are kubeclip's. With -t the command runs on a terminal in the pod, of the size of
+kubeclip's own (which must be stdin; resizing it resizes the pod's), with kubeclip's terminal in
+raw mode until it exits: an interactive shell (kubeclip exec <runId> --company ID -t -- bash).
+In every case kubeclip exits with the command's status: 128+n when signal n ended it,
 124 when its timeout did. The lease is the run's, from its created event (waited for when the
 run was acquired a moment ago), or --lease.
 `
@@ -52,6 +55,7 @@ func runExec(ctx context.Context, args []string, lookupEnv config.LookupEnv, std
 	var x execclient.Exec
 	var env []string
 	var timeout time.Duration
+	var tty bool
 	fs := config.New("kubeclip exec", lookupEnv)
 	c.bind(fs)
 	fs.String(&l.CompanyID, "company", "KUBECLIP_COMPANY", "", "company id (required)")
@@ -60,6 +64,8 @@ func runExec(ctx context.Context, args []string, lookupEnv config.LookupEnv, std
 	fs.Strings(&env, "env", "e", "KUBECLIP_EXEC_ENV", "K=V laid over the pod's environment")
 	fs.Duration(&timeout, "timeout", "KUBECLIP_EXEC_TIMEOUT", 0, "kill the command (and everything it started) after this long; 0: never")
 	fs.Bool(&x.Record, "record", "KUBECLIP_EXEC_RECORD", false, "publish the output as exec events in the run stream")
+	fs.Bool(&tty, "tty", "KUBECLIP_EXEC_TTY", false, "run the command on a terminal, interactively: stdin must be a terminal")
+	fs.Alias("t", "tty")
 	if err := parse(fs, flags, stdout, execUsage); err != nil {
 		return err
 	}
@@ -77,8 +83,25 @@ func runExec(ctx context.Context, args []string, lookupEnv config.LookupEnv, std
 		}
 		x.Env[k] = v
 	}
-	x.Stdin, x.StdinBytes = commandStdin()
 	x.Stdout, x.Stderr = stdout, stderr
+	var tm *terminal
+	if tty {
+		var err error
+		if tm, err = openTerminal(os.Stdin); err != nil {
+			return err
+		}
+		sz, err := tm.size()
+		if err != nil {
+			return err
+		}
+		x.TTY, x.Stdin = &sz, os.Stdin
+		// The command draws for kubeclip's terminal: it gets its type unless -e names one.
+		if v, ok := lookupEnv("TERM"); ok && x.Env["TERM"] == "" {
+			x.Env["TERM"] = v
+		}
+	} else {
+		x.Stdin, x.StdinBytes = commandStdin()
+	}
 
 	nc, js, s, err := c.connect()
 	if err != nil {
@@ -91,6 +114,16 @@ func runExec(ctx context.Context, args []string, lookupEnv config.LookupEnv, std
 	ec, err := execclient.New(execclient.Options{NATS: nc, Subjects: s})
 	if err != nil {
 		return err
+	}
+	if tm != nil {
+		rctx, stop := context.WithCancel(ctx)
+		defer stop()
+		x.Resize = tm.resizes(rctx)
+		restore, err := tm.raw()
+		if err != nil {
+			return err
+		}
+		defer restore()
 	}
 	res, err := ec.Run(ctx, x)
 	return exitStatus(ctx, res, err)

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"os"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -60,5 +61,29 @@ func TestPositional(t *testing.T) {
 	}
 	if pos, _ := positional([]string{"--company", "c"}, 1); len(pos) != 0 {
 		t.Errorf("flags taken as positional: %v", pos)
+	}
+}
+
+// TestTerminalRequired: -t with a stdin that is no terminal (a pipe) is a usage error that
+// says so.
+func TestTerminalRequired(t *testing.T) {
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	defer w.Close()
+	_, err = openTerminal(r)
+	if !errors.Is(err, errNotTerminal) || app.ExitCode(err) != 2 {
+		t.Errorf("openTerminal(pipe) = %v (exit %d), want errNotTerminal, exit 2", err, app.ExitCode(err))
+	}
+}
+
+// TestClampDim: a terminal's size is sent within 1..1000 whatever the local terminal reports.
+func TestClampDim(t *testing.T) {
+	for in, want := range map[int]int{0: 1, -3: 1, 1: 1, 80: 80, 1000: 1000, 4000: 1000} {
+		if got := clampDim(in); got != want {
+			t.Errorf("clampDim(%d) = %d, want %d", in, got, want)
+		}
 	}
 }

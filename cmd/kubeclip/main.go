@@ -21,7 +21,7 @@ Usage:
   kubeclip release  --company ID --run ID [--lease NAME] [--destroy] [--cancel=false] [--wait]
   kubeclip lease    show|resume|destroy --company ID --run ID [--lease NAME]
   kubeclip runs     replay|follow <runId> [--from-seq N | --since DURATION]
-  kubeclip exec     <runId> --company ID [--cwd DIR] [-e K=V]... [--timeout D] -- command [args...]
+  kubeclip exec     <runId> --company ID [-t] [--cwd DIR] [-e K=V]... [--timeout D] -- command [args...]
   kubeclip attach   <runId> <execId> --company ID [--from-seq N]
   kubeclip cp       <runId> --company ID [flags] LOCAL :DIR | :PATH LOCALDIR
   kubeclip demo     [--kubeconfig FILE]

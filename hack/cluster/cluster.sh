@@ -119,6 +119,8 @@ ensure_packages() {
   command -v ip >/dev/null || missing+=(iproute2)
   command -v ps >/dev/null || missing+=(procps)
   command -v flock >/dev/null || missing+=(util-linux)
+  # Not the cluster's: tests/exec drives `kubeclip exec -t` in a tmux window.
+  command -v tmux >/dev/null || missing+=(tmux)
   command -v go >/dev/null || die "go is not on PATH (needed to build the Kubernetes binaries and test images)"
   ((${#missing[@]} == 0)) && return 0
   # apt_install keeps the packages from starting daemons of their own (a system containerd or

@@ -97,6 +97,21 @@ func (s *Set) Strings(p *[]string, name, alias, env, usage string) {
 	s.add(name, env, `""`, usage+" (repeatable)", "string")
 }
 
+// Alias makes alias (one letter: `-t`) a second flag for the bound setting name. A boolean
+// alias, like its setting, takes no value.
+func (s *Set) Alias(alias, name string) {
+	f := s.fs.Lookup(name)
+	if f == nil {
+		panic("config: alias " + alias + " of unbound setting " + name) // a programming error
+	}
+	s.fs.Var(f.Value, alias, f.Usage)
+	for i, e := range s.entries {
+		if e.flag == name {
+			s.entries[i].usage += " (also -" + alias + ")"
+		}
+	}
+}
+
 // envValue is the setting's environment value, parsed, or def when the variable is unset. A
 // value that does not parse is recorded for Parse to report, naming the variable and the flag.
 func envValue[T any](s *Set, name, env string, def T, what string, parse func(string) (T, error)) T {

@@ -135,3 +135,36 @@ func TestStrings(t *testing.T) {
 		})
 	}
 }
+
+// TestAlias: a one-letter alias sets the same setting, a boolean one without a value, and
+// --help names it.
+func TestAlias(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		args []string
+		want bool
+	}{
+		{name: "neither", want: false},
+		{name: "alias", args: []string{"-t"}, want: true},
+		{name: "setting", args: []string{"--tty"}, want: true},
+		{name: "alias false", args: []string{"-t=false"}, want: false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var got bool
+			s := New("x", func(string) (string, bool) { return "", false })
+			s.Bool(&got, "tty", "T_TTY", false, "a terminal")
+			s.Alias("t", "tty")
+			if err := s.Parse(tc.args); err != nil {
+				t.Fatal(err)
+			}
+			if got != tc.want {
+				t.Errorf("got %v, want %v", got, tc.want)
+			}
+			var buf bytes.Buffer
+			s.Usage(&buf, "summary")
+			if !strings.Contains(buf.String(), "a terminal (also -t)") {
+				t.Errorf("usage does not name the alias:\n%s", buf.String())
+			}
+		})
+	}
+}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/kubeclip/kubeclip/pkg/events"
 	"github.com/kubeclip/kubeclip/pkg/execproto"
+	"github.com/kubeclip/kubeclip/pkg/execspec"
 )
 
 // Defaults of Options.
@@ -114,6 +115,11 @@ type Exec struct {
 	Record bool
 	// MaxOutputBytes caps the exec's journal in the pod; 0: sandboxd's cap.
 	MaxOutputBytes int64
+	// TTY runs the command on a pseudo-terminal of this size. Its input is Stdin (required,
+	// sent as it comes), its output one stream: Stdout. Resize carries the terminal's later
+	// sizes (a window resized); the latest is sent to the replica serving the exec.
+	TTY    *execspec.TTY
+	Resize <-chan execspec.TTY
 	// Stdout and Stderr, when set, receive the output as it arrives, in order, instead of the
 	// Result.
 	Stdout, Stderr io.Writer
@@ -151,12 +157,16 @@ func (c *Client) Run(ctx context.Context, e Exec) (Result, error) {
 	switch {
 	case e.Stdin == nil:
 		stdinBytes = 0
-	case stdinBytes <= 0:
+	case stdinBytes <= 0 || e.TTY != nil: // a terminal's input has no length
 		stdinBytes = -1
+	}
+	if e.TTY != nil && e.Stdin == nil {
+		return Result{ExecID: e.ID}, errors.New("execclient: an exec with a TTY needs Stdin")
 	}
 	req := execproto.StartRequest{
 		ExecID: e.ID, ProviderLeaseID: e.ProviderLeaseID, Command: e.Command, Args: e.Args, Cwd: e.Cwd, Env: e.Env,
 		TimeoutMs: e.Timeout.Milliseconds(), StdinBytes: stdinBytes, Record: e.Record, MaxOutputBytes: e.MaxOutputBytes,
+		TTY: e.TTY,
 	}
 	if err := req.Validate(); err != nil {
 		return Result{ExecID: e.ID}, err
@@ -168,6 +178,9 @@ func (c *Client) Run(ctx context.Context, e Exec) (Result, error) {
 	st.start, st.onStarted = &req, e.OnStarted
 	if e.Stdin != nil {
 		st.stdin = newStdinSender(c.opts.NATS, e.Stdin)
+	}
+	if e.TTY != nil && e.Resize != nil {
+		st.resizer = newResizer(c.opts.NATS, e.Resize)
 	}
 	if e.Timeout > 0 {
 		st.deadline = c.opts.Now().Add(e.Timeout + c.opts.ExitGrace)

@@ -1,6 +1,7 @@
 package execclient
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -71,12 +72,13 @@ func (s *stdinSender) stop() {
 	<-s.done
 }
 
-// read feeds the reader's data in chunks of at most execproto.MaxStdinChunk.
+// read feeds the reader's data in chunks of at most execproto.MaxStdinChunk. Each chunk is a
+// copy of what one read returned: a terminal's reads are a few bytes each.
 func (s *stdinSender) read(ctx context.Context) {
+	buf := make([]byte, execproto.MaxStdinChunk)
 	for {
-		buf := make([]byte, execproto.MaxStdinChunk)
 		n, err := s.r.Read(buf)
-		c := stdinChunk{data: buf[:n], eof: err != nil} // a read error ends stdin like EOF
+		c := stdinChunk{data: bytes.Clone(buf[:n]), eof: err != nil} // a read error ends stdin like EOF
 		if n == 0 && !c.eof {
 			continue
 		}

@@ -28,6 +28,7 @@ type stream struct {
 	start     *execproto.StartRequest // nil for an attach
 	observer  bool                    // attached to another client's exec: no close
 	stdin     *stdinSender
+	resizer   *resizer  // nil without a terminal or its resizes
 	deadline  time.Time // zero: none
 	onStarted func(string)
 
@@ -70,6 +71,10 @@ func (st *stream) run(ctx context.Context) (Result, error) {
 	if st.stdin != nil {
 		st.stdin.start(ctx)
 		defer st.stdin.stop()
+	}
+	if st.resizer != nil {
+		st.resizer.start(ctx)
+		defer st.resizer.stop()
 	}
 	st.acked = st.next - 1
 	st.lastHeard = st.c.opts.Now()
@@ -137,6 +142,9 @@ func (st *stream) handle(m *nats.Msg) (*execspec.Exit, error) {
 		}
 		if st.stdin != nil {
 			st.stdin.resume(s.IOSubject, s.StdinOffset, s.StdinClosed)
+		}
+		if st.resizer != nil {
+			st.resizer.resume(s.IOSubject)
 		}
 	case execproto.KindOut:
 		seq, ok := execproto.Uint(m, execproto.HeaderSeq)

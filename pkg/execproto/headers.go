@@ -6,6 +6,8 @@ import (
 	"strconv"
 
 	"github.com/nats-io/nats.go"
+
+	"github.com/kubeclip/kubeclip/pkg/execspec"
 )
 
 // Headers of inbox and io messages.
@@ -21,6 +23,9 @@ const (
 	HeaderOffset = "Kubeclip-Exec-Offset"
 	// HeaderEOF ("1") marks the last stdin message.
 	HeaderEOF = "Kubeclip-Exec-Eof"
+	// HeaderRows and HeaderCols are a resize message's new terminal size.
+	HeaderRows = "Kubeclip-Exec-Rows"
+	HeaderCols = "Kubeclip-Exec-Cols"
 	// HeaderSession and HeaderInbox name the session that took a stream over and the client
 	// inbox it serves, on a takeover message (exec-worker to exec-worker on the control
 	// subject; clients never see it).
@@ -46,6 +51,8 @@ const (
 	KindStdin Kind = "stdin"
 	KindAck   Kind = "ack"
 	KindClose Kind = "close"
+	// KindResize sets the size of an exec's terminal (a start with tty).
+	KindResize Kind = "resize"
 	// KindTakeover is sent by a session that starts serving an exec's stream to a client
 	// inbox, so that any other session serving the same inbox (this replica's or another's)
 	// stops.
@@ -98,3 +105,28 @@ func Uint(m *nats.Msg, header string) (uint64, bool) {
 
 // SetUint sets an integer header.
 func SetUint(m *nats.Msg, header string, n uint64) { m.Header.Set(header, strconv.FormatUint(n, 10)) }
+
+// NewResizeMsg returns a resize message for the io subject: the terminal's new size.
+func NewResizeMsg(subject string, sz execspec.TTY) *nats.Msg {
+	m := NewMsg(subject, KindResize, nil)
+	SetUint(m, HeaderRows, uint64(max(sz.Rows, 0)))
+	SetUint(m, HeaderCols, uint64(max(sz.Cols, 0)))
+	return m
+}
+
+// ResizeOf reads a resize message's size; an absent, malformed or out-of-bounds header is an
+// invalid_request *Error naming it ("rows", "cols").
+func ResizeOf(m *nats.Msg) (execspec.TTY, error) {
+	var sz execspec.TTY
+	for _, h := range []struct {
+		header, field string
+		dim           *int
+	}{{HeaderRows, "rows", &sz.Rows}, {HeaderCols, "cols", &sz.Cols}} {
+		n, ok := Uint(m, h.header)
+		if !ok || n < 1 || n > execspec.MaxTTYDim {
+			return execspec.TTY{}, InvalidRequest(h.field, "header %s must be 1-%d", h.header, execspec.MaxTTYDim)
+		}
+		*h.dim = int(n)
+	}
+	return sz, nil
+}

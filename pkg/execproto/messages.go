@@ -48,6 +48,9 @@ type StartRequest struct {
 	// MaxOutputBytes caps the exec's journal, up to sandboxd's --output-bytes-limit (1280 MiB);
 	// 0: sandboxd's --max-output-bytes (256 MiB).
 	MaxOutputBytes int64 `json:"maxOutputBytes,omitempty"`
+	// TTY runs the command on a pseudo-terminal of this size: its stdin, stdout and stderr,
+	// the output one stream (stdout). Its stdin is streamed: StdinBytes must be -1.
+	TTY *execspec.TTY `json:"tty,omitempty"`
 }
 
 // Validate checks what can be checked without the pod; the error is an *Error naming the field.
@@ -70,6 +73,14 @@ func (r StartRequest) Validate() error {
 		return InvalidRequest("stdinBytes", "must be >= 0, or -1 when unknown")
 	case r.MaxOutputBytes < 0:
 		return InvalidRequest("maxOutputBytes", "must be >= 0")
+	case r.TTY != nil && r.StdinBytes != -1:
+		return InvalidRequest("stdinBytes", "must be -1 with tty (a terminal's input is streamed)")
+	}
+	if r.TTY != nil {
+		if err := r.TTY.Validate(); err != nil {
+			field, msg, _ := strings.Cut(err.Error(), ": ")
+			return InvalidRequest("tty."+field, "%s", msg)
+		}
 	}
 	for i, a := range r.Args {
 		if strings.ContainsRune(a, 0) {
@@ -170,6 +181,16 @@ type StdinReply struct {
 	// Closed: sandboxd takes no more stdin (eof was sent, or the command exited); send nothing
 	// more.
 	Closed bool `json:"closed,omitempty"`
+}
+
+// ResizeReply answers a resize message.
+type ResizeReply struct {
+	// Resized: the terminal has the new size (its foreground process group got SIGWINCH).
+	Resized bool `json:"resized"`
+	// Code says why not: "exited" when the command exited, else an error code
+	// (invalid_request: the exec has no terminal, or a size out of bounds).
+	Code    string `json:"code,omitempty"`
+	Message string `json:"message,omitempty"`
 }
 
 func validateCommon(execID, lease string) error {

@@ -29,15 +29,16 @@ func schemaCases() map[string]schemaCase {
 	return map[string]schemaCase{
 		"exec-start": {full: execproto.StartRequest{
 			ExecID: "x", ProviderLeaseID: "pc-1", Command: "sh", Args: []string{"-c"}, Cwd: "/w", Env: map[string]string{"A": "1"},
-			TimeoutMs: 1, StdinBytes: 1, Record: true, MaxOutputBytes: 1,
+			TimeoutMs: 1, StdinBytes: 1, Record: true, MaxOutputBytes: 1, TTY: &execspec.TTY{Rows: 24, Cols: 80},
 		}, zero: execproto.StartRequest{}},
-		"exec-attach":      {full: execproto.AttachRequest{ExecID: "x", ProviderLeaseID: "pc-1", FromSeq: 1}, zero: execproto.AttachRequest{}},
-		"exec-signal":      {full: execproto.SignalRequest{ExecID: "x", ProviderLeaseID: "pc-1", Signal: "SIGTERM"}, zero: execproto.SignalRequest{}},
-		"exec-started":     {full: execproto.Started{ExecID: "x", Replica: "r", IOSubject: "s", StdinOffset: 1, StdinClosed: true}, zero: execproto.Started{}},
-		"exec-exit":        {full: execspec.Exit{ExitCode: ptr(1), Signal: ptr("SIGKILL"), TimedOut: true, StdoutBytes: 1, StderrBytes: 1, Truncated: true, LastSeq: 1, Error: "e"}, zero: execspec.Exit{}},
-		"exec-error":       {full: execproto.Error{Code: execproto.CodeUnavailable, Message: "m", Field: "f"}, zero: execproto.Error{}},
-		"exec-signaled":    {full: execproto.Signaled{ExecID: "x", Delivered: true, Code: "exited", Message: "m"}, zero: execproto.Signaled{}},
-		"exec-stdin-reply": {full: execproto.StdinReply{Offset: 1, Closed: true}, zero: execproto.StdinReply{}},
+		"exec-attach":       {full: execproto.AttachRequest{ExecID: "x", ProviderLeaseID: "pc-1", FromSeq: 1}, zero: execproto.AttachRequest{}},
+		"exec-signal":       {full: execproto.SignalRequest{ExecID: "x", ProviderLeaseID: "pc-1", Signal: "SIGTERM"}, zero: execproto.SignalRequest{}},
+		"exec-started":      {full: execproto.Started{ExecID: "x", Replica: "r", IOSubject: "s", StdinOffset: 1, StdinClosed: true}, zero: execproto.Started{}},
+		"exec-exit":         {full: execspec.Exit{ExitCode: ptr(1), Signal: ptr("SIGKILL"), TimedOut: true, StdoutBytes: 1, StderrBytes: 1, Truncated: true, LastSeq: 1, Error: "e"}, zero: execspec.Exit{}},
+		"exec-error":        {full: execproto.Error{Code: execproto.CodeUnavailable, Message: "m", Field: "f"}, zero: execproto.Error{}},
+		"exec-signaled":     {full: execproto.Signaled{ExecID: "x", Delivered: true, Code: "exited", Message: "m"}, zero: execproto.Signaled{}},
+		"exec-stdin-reply":  {full: execproto.StdinReply{Offset: 1, Closed: true}, zero: execproto.StdinReply{}},
+		"exec-resize-reply": {full: execproto.ResizeReply{Resized: true, Code: "exited", Message: "m"}, zero: execproto.ResizeReply{}},
 	}
 }
 

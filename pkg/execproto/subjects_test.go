@@ -6,6 +6,7 @@ import (
 
 	"github.com/kubeclip/kubeclip/pkg/events"
 	"github.com/kubeclip/kubeclip/pkg/execproto"
+	"github.com/kubeclip/kubeclip/pkg/execspec"
 )
 
 func TestSubjects(t *testing.T) {
@@ -74,6 +75,10 @@ func TestValidate(t *testing.T) {
 		{"relative cwd", func(r *execproto.StartRequest) { r.Cwd = "w" }, "cwd"},
 		{"bad env name", func(r *execproto.StartRequest) { r.Env = map[string]string{"A=B": "1"} }, "env"},
 		{"negative timeout", func(r *execproto.StartRequest) { r.TimeoutMs = -1 }, "timeoutMs"},
+		{"tty", func(r *execproto.StartRequest) { r.TTY, r.StdinBytes = &execspec.TTY{Rows: 24, Cols: 80}, -1 }, ""},
+		{"tty without streamed stdin", func(r *execproto.StartRequest) { r.TTY = &execspec.TTY{Rows: 24, Cols: 80} }, "stdinBytes"},
+		{"tty of 0 rows", func(r *execproto.StartRequest) { r.TTY, r.StdinBytes = &execspec.TTY{Cols: 80}, -1 }, "tty.rows"},
+		{"tty too wide", func(r *execproto.StartRequest) { r.TTY, r.StdinBytes = &execspec.TTY{Rows: 24, Cols: 1001}, -1 }, "tty.cols"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := ok
@@ -84,6 +89,34 @@ func TestValidate(t *testing.T) {
 			case tc.wantField == "" && err != nil:
 				t.Errorf("got %v", err)
 			case tc.wantField != "" && (!errors.As(err, &e) || e.Field != tc.wantField || !errors.Is(err, execproto.ErrInvalidRequest)):
+				t.Errorf("got %v, want invalid_request about %s", err, tc.wantField)
+			}
+		})
+	}
+}
+
+// TestResizeOf: a resize message's size round-trips, and a missing, malformed or out-of-bounds
+// header is refused naming its field.
+func TestResizeOf(t *testing.T) {
+	if got, err := execproto.ResizeOf(execproto.NewResizeMsg("io", execspec.TTY{Rows: 30, Cols: 100})); err != nil || got != (execspec.TTY{Rows: 30, Cols: 100}) {
+		t.Errorf("round trip: %+v, %v", got, err)
+	}
+	for _, tc := range []struct {
+		name, rows, cols, wantField string
+	}{
+		{"no rows", "", "80", "rows"},
+		{"rows not a number", "x", "80", "rows"},
+		{"0 cols", "24", "0", "cols"},
+		{"cols beyond the bound", "24", "1001", "cols"},
+		{"negative rows", "-1", "80", "rows"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := execproto.NewMsg("io", execproto.KindResize, nil)
+			m.Header.Set(execproto.HeaderRows, tc.rows)
+			m.Header.Set(execproto.HeaderCols, tc.cols)
+			_, err := execproto.ResizeOf(m)
+			var e *execproto.Error
+			if !errors.As(err, &e) || e.Field != tc.wantField || !errors.Is(err, execproto.ErrInvalidRequest) {
 				t.Errorf("got %v, want invalid_request about %s", err, tc.wantField)
 			}
 		})

@@ -127,3 +127,27 @@ func ReadMasterKey(path string) ([]byte, error) {
 	}
 	return key, nil
 }
+
+// MaxTTYDim bounds a terminal's rows and columns: larger than any screen, small enough that no
+// program sizing a buffer from it is surprised.
+const MaxTTYDim = 1000
+
+// TTY is a terminal's size: an exec started with one runs on a pseudo-terminal of that size,
+// and a resize changes it.
+type TTY struct {
+	Rows int `json:"rows"`
+	Cols int `json:"cols"`
+}
+
+// Validate checks the size; the error names the bad field ("rows", "cols").
+func (t TTY) Validate() error {
+	for _, d := range []struct {
+		field string
+		n     int
+	}{{"rows", t.Rows}, {"cols", t.Cols}} {
+		if d.n < 1 || d.n > MaxTTYDim {
+			return fmt.Errorf("%s: must be 1-%d, got %d", d.field, MaxTTYDim, d.n)
+		}
+	}
+	return nil
+}

@@ -65,3 +65,25 @@ func TestDeriveBindSeed(t *testing.T) {
 		t.Errorf("%d bytes, want SeedSize %d", len(bind), SeedSize)
 	}
 }
+
+func TestTTYValidate(t *testing.T) {
+	for _, tc := range []struct {
+		tty     TTY
+		wantErr string
+	}{
+		{TTY{Rows: 24, Cols: 80}, ""},
+		{TTY{Rows: 1, Cols: MaxTTYDim}, ""},
+		{TTY{Rows: 0, Cols: 80}, "rows: must be 1-1000, got 0"},
+		{TTY{Rows: 24, Cols: -1}, "cols: must be 1-1000, got -1"},
+		{TTY{Rows: MaxTTYDim + 1, Cols: 80}, "rows: must be 1-1000, got 1001"},
+	} {
+		err := tc.tty.Validate()
+		got := ""
+		if err != nil {
+			got = err.Error()
+		}
+		if got != tc.wantErr {
+			t.Errorf("%+v: error %q, want %q", tc.tty, got, tc.wantErr)
+		}
+	}
+}

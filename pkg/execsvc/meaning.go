@@ -20,6 +20,7 @@ const (
 	callStdinState call = "stdin state"   // an empty stdin write, for the offset
 	callStdin      call = "stdin"
 	callSignal     call = "signal"
+	callResize     call = "resize"
 	callDelete     call = "delete"
 )
 
@@ -32,7 +33,7 @@ const (
 	fateDone fate = "done"
 	// fateStdinClosed: the exec's stdin is closed; the answer says so.
 	fateStdinClosed fate = "stdin closed"
-	// fateExited: a signal found the command's process group gone.
+	// fateExited: a signal found the command's process group gone; a resize, the command.
 	fateExited fate = "exited"
 	// fateTransient: the pod or the route did not answer; the call is made again while its
 	// bound lasts (a start, an output stream), or the client sends again (stdin).
@@ -93,6 +94,10 @@ var sandboxdMeanings = []struct {
 	{callSignal, sandboxd.ErrNotFound, refused(execproto.CodeExecNotFound, "execId", func(id, _ string) string { return fmt.Sprintf("the pod has no exec %s", id) })},
 	{callSignal, sandboxd.ErrInvalidRequest, refused(execproto.CodeInvalidRequest, "signal", func(string, string) string { return "is not a signal sandboxd knows" })},
 
+	{callResize, sandboxd.ErrExited, meaning{fate: fateExited}},
+	{callResize, sandboxd.ErrNotFound, refused(execproto.CodeExecNotFound, "execId", func(id, _ string) string { return fmt.Sprintf("the pod has no exec %s", id) })},
+	{callResize, sandboxd.ErrInvalidRequest, refused(execproto.CodeInvalidRequest, "tty", func(string, string) string { return "the exec was started without a terminal" })},
+
 	{callDelete, sandboxd.ErrRunning, meaning{fate: fateDone}},
 	{callDelete, sandboxd.ErrNotFound, meaning{fate: fateDone}},
 }
@@ -122,7 +127,7 @@ func otherMeaning(c call, err error) meaning {
 	case callStdinState:
 		class := errorClass(err)
 		return refused(execproto.CodeUnavailable, "", func(string, string) string { return "sandboxd did not answer: " + class })
-	case callSignal:
+	case callSignal, callResize:
 		return refused(execproto.CodeUnavailable, "", func(_, pod string) string { return fmt.Sprintf("sandboxd in pod %s did not answer", pod) })
 	}
 	return meaning{fate: fateTransient}

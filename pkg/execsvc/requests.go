@@ -310,6 +310,6 @@ func decode(data []byte, v interface{ Validate() error }) error {
 func sandboxdSpec(r execproto.StartRequest) sandboxd.Spec {
 	return sandboxd.Spec{
 		ID: r.ExecID, Command: r.Command, Args: r.Args, Cwd: r.Cwd, Env: r.Env,
-		TimeoutMs: r.TimeoutMs, Stdin: r.StdinBytes != 0, MaxOutputBytes: r.MaxOutputBytes,
+		TimeoutMs: r.TimeoutMs, Stdin: r.StdinBytes != 0, MaxOutputBytes: r.MaxOutputBytes, TTY: r.TTY,
 	}
 }

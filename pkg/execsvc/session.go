@@ -32,6 +32,13 @@ var _ natsConn = (*nats.Conn)(nil)
 // waits for its answer, so more means a client that does not follow the protocol.
 const stdinQueue = 4
 
+// resizeQueue is how many resize messages wait for sandboxd: a terminal window dragged
+// sends a burst; the client sends again what got no answer.
+const resizeQueue = 4
+
+// resizeTimeout bounds one resize call to sandboxd, below the client's request timeout.
+const resizeTimeout = 5 * time.Second
+
 // stdinWriteTimeout bounds one stdin write: a command that does not read its stdin blocks the
 // pipe; the client's request times out first and it sends again after the next `started`.
 const stdinWriteTimeout = time.Minute
@@ -86,6 +93,7 @@ type session struct {
 	finished atomic.Bool   // exit or error sent: heartbeats stop
 	closed   atomic.Bool   // the client sent close
 	stdin    chan *nats.Msg
+	resize   chan *nats.Msg
 }
 
 // newSession returns the session and the context to run it with; its cancel is the session's
@@ -94,7 +102,7 @@ func newSession(ctx context.Context, deps sessionDeps, spec sessionSpec, log zer
 	ctx, cancel := context.WithCancel(ctx)
 	s := &session{
 		deps: deps, sessionSpec: spec, log: log, cancel: cancel,
-		win: newWindow(spec.from - 1), stdin: make(chan *nats.Msg, stdinQueue),
+		win: newWindow(spec.from - 1), stdin: make(chan *nats.Msg, stdinQueue), resize: make(chan *nats.Msg, resizeQueue),
 	}
 	s.lastSent.Store(spec.from - 1)
 	return s, ctx
@@ -129,6 +137,7 @@ func (s *session) run(ctx context.Context) {
 	var wg sync.WaitGroup
 	wg.Go(func() { s.heartbeats(ctx) })
 	wg.Go(func() { s.relayStdin(ctx) })
+	wg.Go(func() { s.relayResize(ctx) })
 	exit, err := s.relayOutput(ctx)
 	s.finished.Store(true)
 	var perr *execproto.Error
@@ -159,8 +168,8 @@ func (s *session) onControl(m *nats.Msg) {
 	}
 }
 
-// onIO handles the session's io subject: the client's stdin, acks and close. It runs on the
-// subscription's goroutine and never blocks.
+// onIO handles the session's io subject: the client's stdin, resizes, acks and close. It runs
+// on the subscription's goroutine and never blocks.
 func (s *session) onIO(m *nats.Msg) {
 	switch execproto.KindOf(m) {
 	case execproto.KindAck:
@@ -174,6 +183,15 @@ func (s *session) onIO(m *nats.Msg) {
 		}
 		select {
 		case s.stdin <- m:
+		default: // unanswered: the client sends it again
+		}
+	case execproto.KindResize:
+		if !s.deps.replies.Allows(m.Reply) {
+			s.deps.observer.ExecDropped(DropReplyNotInbox)
+			return
+		}
+		select {
+		case s.resize <- m:
 		default: // unanswered: the client sends it again
 		}
 	case execproto.KindClose:
@@ -361,6 +379,49 @@ func (s *session) relayStdin(ctx context.Context) {
 	}
 }
 
+// relayResize sets the size of the exec's terminal in sandboxd for each resize message, in
+// order, and answers each with whether it took.
+func (s *session) relayResize(ctx context.Context) {
+	for {
+		var m *nats.Msg
+		select {
+		case <-ctx.Done():
+			return
+		case m = <-s.resize:
+		}
+		_ = s.respondJSON(m, s.resizeTerminal(ctx, m))
+	}
+}
+
+// resizeTerminal is a resize message's answer.
+func (s *session) resizeTerminal(ctx context.Context, m *nats.Msg) execproto.ResizeReply {
+	sz, err := execproto.ResizeOf(m)
+	if err == nil {
+		rctx, cancel := context.WithTimeout(ctx, resizeTimeout)
+		err = s.client.Resize(rctx, s.execID, sz)
+		cancel()
+	}
+	if err == nil {
+		return execproto.ResizeReply{Resized: true}
+	}
+	var perr *execproto.Error
+	if !errors.As(err, &perr) {
+		mn := meaningOf(callResize, err)
+		if mn.fate == fateExited {
+			return execproto.ResizeReply{Code: execproto.SignalExited, Message: "the command exited; its terminal is closed"}
+		}
+		if mn.code == execproto.CodeUnavailable {
+			s.log.Debug().Err(err).Msg("resizing the exec's terminal failed")
+		}
+		perr = mn.err(s.execID, s.rec.WorkloadName)
+	}
+	msg := perr.Message
+	if perr.Field != "" {
+		msg = perr.Field + ": " + msg
+	}
+	return execproto.ResizeReply{Code: string(perr.Code), Message: msg}
+}
+
 // lingerForClose keeps the io subscription after the exit for the client's close (which drops
 // the journal), a takeover, or the linger bound.
 func (s *session) lingerForClose(ctx context.Context) {
@@ -384,6 +445,15 @@ func (s *session) deleteJournal(ctx context.Context) {
 
 func (s *session) sendError(e *execproto.Error) {
 	_ = s.sendJSON(execproto.KindError, e)
+}
+
+// respondJSON answers a client's io request with v as JSON.
+func (s *session) respondJSON(m *nats.Msg, v any) error {
+	data, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	return m.Respond(data)
 }
 
 func (s *session) sendJSON(kind execproto.Kind, v any) error {

@@ -111,6 +111,7 @@ func every(ctx context.Context, c *sandboxd.Client) map[string]error {
 	}
 	_, errs["stdin"] = c.WriteStdin(ctx, "x", 0, []byte("y"), true)
 	errs["signal"] = c.Signal(ctx, "x", "SIGTERM")
+	errs["resize"] = c.Resize(ctx, "x", execspec.TTY{Rows: 24, Cols: 80})
 	errs["delete"] = c.Delete(ctx, "x")
 	_, errs["info"] = c.Info(ctx)
 	return errs

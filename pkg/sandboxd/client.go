@@ -226,6 +226,15 @@ func (c *Client) Signal(ctx context.Context, id, sig string) error {
 	return nil
 }
 
+// Resize sets the size of the exec's terminal (an exec started with Spec.TTY).
+func (c *Client) Resize(ctx context.Context, id string, sz execspec.TTY) error {
+	b, _ := json.Marshal(resizeRequest(sz))
+	if _, err := c.call(ctx, http.MethodPost, execPath(id, "resize"), bytes.NewReader(b), "application/json", nil, http.StatusOK); err != nil {
+		return fmt.Errorf("resizing the terminal of exec %s: %w", id, err)
+	}
+	return nil
+}
+
 // Delete forgets an exited exec and its journal.
 func (c *Client) Delete(ctx context.Context, id string) error {
 	if _, err := c.call(ctx, http.MethodDelete, execPath(id, ""), nil, "", nil, http.StatusNoContent); err != nil {

@@ -29,6 +29,8 @@ type execution struct {
 	pid       int
 	startedAt time.Time
 
+	tty *os.File // the terminal's master (set once at start); nil without a terminal
+
 	stdinMu   sync.Mutex
 	stdin     *os.File // set once at start; closed at eof or when the command exits
 	stdinOff  int64
@@ -84,6 +86,9 @@ func (e *execution) supervise(p *process, grace time.Duration, buffers *sync.Poo
 		f      *os.File
 		stream Stream
 	}{{p.stdout, Stdout}, {p.stderr, Stderr}} {
+		if s.f == nil { // a terminal's output is one stream
+			continue
+		}
 		wg.Go(func() {
 			buf := buffers.Get().(*[frameHeaderSize + readSize]byte)
 			defer buffers.Put(buf)
@@ -124,8 +129,7 @@ wait:
 	case <-t.C:
 	}
 	t.Stop()
-	_ = p.stdout.Close()
-	_ = p.stderr.Close()
+	closeAll([]*os.File{p.stdout, p.stderr})
 	<-drained
 
 	exit := execspec.Exit{TimedOut: e.timedOut.Load()}
@@ -168,6 +172,20 @@ func pump(f *os.File, stream Stream, j *journal, buf []byte) {
 			return
 		}
 	}
+}
+
+// errNoTTY is a resize of an exec started without a terminal.
+var errNoTTY = errors.New("the exec has no terminal")
+
+// resize sets the size of the exec's terminal while its command runs.
+func (e *execution) resize(sz execspec.TTY) error {
+	if e.tty == nil {
+		return errNoTTY
+	}
+	if e.exited.Load() {
+		return errPTYClosed
+	}
+	return resizePTY(e.tty, sz)
 }
 
 // Errors of writeStdin, mapped to API codes by the handler.

@@ -57,8 +57,8 @@ func (s *Server) launch(e *execution) {
 		s.finished(e, e.failStart(err))
 		return
 	}
-	e.pid, e.stdin = p.pid, p.stdin
-	e.log.Debug().Int(LogKeyPID, p.pid).Bool("stdin", e.spec.Stdin).Int64("timeout_ms", e.spec.TimeoutMs).Msg("exec started")
+	e.pid, e.stdin, e.tty = p.pid, p.stdin, p.tty
+	e.log.Debug().Int(LogKeyPID, p.pid).Bool("stdin", e.spec.Stdin).Bool("tty", p.tty != nil).Int64("timeout_ms", e.spec.TimeoutMs).Msg("exec started")
 	go func() { s.finished(e, e.supervise(p, s.opts.ExitGrace, &s.buffers)) }()
 }
 

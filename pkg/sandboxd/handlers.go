@@ -19,6 +19,7 @@ func (s *Server) routes() *http.ServeMux {
 	mux.HandleFunc("POST /v1/execs/{id}/stdin", s.handleStdin)
 	mux.HandleFunc("GET /v1/execs/{id}/output", s.handleOutput)
 	mux.HandleFunc("POST /v1/execs/{id}/signal", s.handleSignal)
+	mux.HandleFunc("POST /v1/execs/{id}/resize", s.handleResize)
 	mux.HandleFunc("DELETE /v1/execs/{id}", s.handleDelete)
 	mux.HandleFunc("GET /v1/info", s.handleInfo)
 	return mux
@@ -215,6 +216,33 @@ func (s *Server) handleSignal(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, struct{}{})
+}
+
+func (s *Server) handleResize(w http.ResponseWriter, r *http.Request) {
+	var req resizeRequest
+	if err := decodeStrict(r.Body, maxSignalBytes, &req); err != nil {
+		writeBodyError(w, err)
+		return
+	}
+	if err := req.Validate(); err != nil {
+		writeError(w, CodeInvalidRequest, err.Error(), nil)
+		return
+	}
+	e, ok := s.execOf(w, r)
+	if !ok {
+		return
+	}
+	err := e.resize(req)
+	switch {
+	case err == nil:
+		writeJSON(w, http.StatusOK, struct{}{})
+	case errors.Is(err, errNoTTY):
+		writeError(w, CodeInvalidRequest, "tty: the exec was started without a terminal", nil)
+	case errors.Is(err, errPTYClosed):
+		writeError(w, CodeExited, "the command exited; its terminal is closed", nil)
+	default:
+		writeError(w, CodeInternal, err.Error(), nil)
+	}
 }
 
 func (s *Server) handleDelete(w http.ResponseWriter, r *http.Request) {

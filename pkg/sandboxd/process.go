@@ -29,8 +29,9 @@ const (
 type process struct {
 	pid    int
 	stdin  *os.File // write end; nil when the command's stdin is /dev/null
-	stdout *os.File // read ends
-	stderr *os.File
+	stdout *os.File // read ends; a terminal's master (tty set)
+	stderr *os.File // nil with a terminal: its output is one stream
+	tty    *os.File // the terminal's master, for resizes; nil without one
 	status <-chan syscall.WaitStatus
 }
 
@@ -63,14 +64,11 @@ func spawn(r *Reaper, spec Spec, baseEnv []string, devNull *os.File) (*process, 
 		return nil, err
 	}
 
-	var child, parent []*os.File // closed once the child has its copies, and on failure
-	closeAll := func(fs []*os.File) {
-		for _, f := range fs {
-			if f != nil {
-				_ = f.Close()
-			}
-		}
+	if spec.TTY != nil {
+		return spawnTTY(r, spec, path, env)
 	}
+
+	var child, parent []*os.File // closed once the child has its copies, and on failure
 	p := &process{}
 	stdinR := devNull
 	if spec.Stdin {
@@ -102,18 +100,67 @@ func spawn(r *Reaper, spec Spec, baseEnv []string, devNull *os.File) (*process, 
 		// and never sandboxd.
 		Sys: &syscall.SysProcAttr{Setpgid: true},
 	}
-	argv := append([]string{spec.Command}, spec.Args...)
-	p.pid, p.status, err = r.start(func() (int, error) { return syscall.ForkExec(path, argv, attr) })
-	closeAll(child)
-	if err != nil {
+	if err := p.fork(r, spec, path, attr); err != nil {
+		closeAll(child)
 		closeAll(parent)
+		return nil, err
+	}
+	closeAll(child)
+	return p, nil
+}
+
+// spawnTTY starts spec's command on a new pseudo-terminal: its stdin, stdout and stderr, and
+// its controlling terminal, in a session of its own (so also a process group: signals and the
+// timeout reach its children as without a terminal).
+func spawnTTY(r *Reaper, spec Spec, path string, env []string) (*process, error) {
+	master, slave, err := openPTY(*spec.TTY)
+	if err != nil {
+		return nil, err
+	}
+	in, err := writeEnd(master)
+	if err != nil {
+		closeAll([]*os.File{master, slave})
+		return nil, err
+	}
+	p := &process{stdin: in, stdout: master, tty: master}
+	fd := slave.Fd()
+	attr := &syscall.ProcAttr{
+		Dir: spec.Cwd, Env: env, Files: []uintptr{fd, fd, fd},
+		// Setsid makes the command a session and process group leader (Setpgid would fail
+		// after it); Setctty makes the terminal (its fd 0) the session's.
+		Sys: &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0},
+	}
+	err = p.fork(r, spec, path, attr)
+	_ = slave.Close()
+	if err != nil {
+		closeAll([]*os.File{in, master})
+		return nil, err
+	}
+	return p, nil
+}
+
+// fork starts the command with attr, registered with r; an error is a *startError.
+func (p *process) fork(r *Reaper, spec Spec, path string, attr *syscall.ProcAttr) error {
+	argv := append([]string{spec.Command}, spec.Args...)
+	var err error
+	p.pid, p.status, err = r.start(func() (int, error) { return syscall.ForkExec(path, argv, attr) })
+	if err != nil {
 		code := exitCannotRun
 		if errors.Is(err, syscall.ENOENT) { // e.g. a script whose interpreter is missing
 			code = exitNotFound
 		}
-		return nil, &startError{code, fmt.Errorf("%s: %w", spec.Command, err)}
+		return &startError{code, fmt.Errorf("%s: %w", spec.Command, err)}
 	}
-	return p, nil
+	return nil
+}
+
+// closeAll closes each file that is not nil.
+func closeAll(fs []*os.File) {
+	for _, f := range fs {
+		if f != nil {
+			_ = f.Close()
+		}
+	}
 }
 
 // mergeEnv lays over on base, dropping execspec.SeedEnv from base. Variables keep base's order; new ones

@@ -53,7 +53,7 @@ const (
 	// escaping can double that.
 	maxSpecBytes   = 4 << 20
 	maxStdinBytes  = 64 << 20 // per request; Paperclip sends at most 4 MiB per exec
-	maxSignalBytes = 4 << 10
+	maxSignalBytes = 4 << 10  // a signal or a resize
 	// shutdownTimeout bounds the wait for output streams still being read after the last
 	// command exited.
 	shutdownTimeout = 5 * time.Second

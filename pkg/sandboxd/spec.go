@@ -32,6 +32,9 @@ type Spec struct {
 	// MaxOutputBytes caps this exec's journal, up to the daemon's OutputBytesLimit; 0: the
 	// daemon's MaxOutputBytes.
 	MaxOutputBytes int64 `json:"maxOutputBytes,omitempty"`
+	// TTY runs the command on a pseudo-terminal of this size (its stdin, stdout and stderr;
+	// the output is one stream, stdout); it requires Stdin. nil: pipes.
+	TTY *execspec.TTY `json:"tty,omitempty"`
 }
 
 // StartResult answers a start.
@@ -51,6 +54,9 @@ type Info struct {
 	Running  int  `json:"running"` // execs whose command has not finished
 	Execs    int  `json:"execs"`   // execs known, running or with a journal kept
 }
+
+// resizeRequest is POST /v1/execs/{id}/resize: the terminal's new size.
+type resizeRequest = execspec.TTY
 
 type signalRequest struct {
 	Signal string `json:"signal"`
@@ -83,7 +89,14 @@ func (s Spec) equal(o Spec) bool {
 	a, b := s.normalize(), o.normalize()
 	return a.ID == b.ID && a.Command == b.Command && slices.Equal(a.Args, b.Args) &&
 		a.Cwd == b.Cwd && maps.Equal(a.Env, b.Env) && a.TimeoutMs == b.TimeoutMs &&
-		a.Stdin == b.Stdin && a.MaxOutputBytes == b.MaxOutputBytes
+		a.Stdin == b.Stdin && a.MaxOutputBytes == b.MaxOutputBytes && equalTTY(a.TTY, b.TTY)
+}
+
+func equalTTY(a, b *execspec.TTY) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return *a == *b
 }
 
 // fieldError is a bad request naming the offending field.
@@ -126,6 +139,14 @@ func (s Spec) Validate() error {
 	}
 	if s.MaxOutputBytes < 0 {
 		bad("maxOutputBytes", "must be >= 0")
+	}
+	if s.TTY != nil {
+		if err := s.TTY.Validate(); err != nil {
+			errs = append(errs, fmt.Errorf("tty.%w", err))
+		}
+		if !s.Stdin {
+			bad("stdin", "must be true with tty (a terminal's input is streamed)")
+		}
 	}
 	return errors.Join(errs...)
 }

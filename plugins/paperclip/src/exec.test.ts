@@ -403,6 +403,7 @@ describe("exec protocol", () => {
       "exec-attach",
       "exec-error",
       "exec-exit",
+      "exec-resize-reply",
       "exec-signal",
       "exec-signaled",
       "exec-start",

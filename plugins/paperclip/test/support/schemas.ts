@@ -15,7 +15,8 @@ export type ExecSchema =
   | "exec-exit"
   | "exec-error"
   | "exec-signaled"
-  | "exec-stdin-reply";
+  | "exec-stdin-reply"
+  | "exec-resize-reply";
 
 let compiled: Map<string, ValidateFunction> | undefined;
 
