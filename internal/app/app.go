@@ -103,13 +103,18 @@ func (c *Common) Replies() inbox.Rule {
 }
 
 func (c *Common) replies() (inbox.Rule, error) {
+	return inbox.NewRule(c.clientInboxPrefixes())
+}
+
+// clientInboxPrefixes are the prefixes of --client-inbox-prefixes.
+func (c *Common) clientInboxPrefixes() []string {
 	var prefixes []string
 	for _, p := range strings.Split(c.ClientInboxPrefixes, ",") {
 		if p = strings.TrimSpace(p); p != "" {
 			prefixes = append(prefixes, p)
 		}
 	}
-	return inbox.NewRule(prefixes)
+	return prefixes
 }
 
 // NewLogger returns a JSON logger for component writing to w (see cli.NewLogger).
