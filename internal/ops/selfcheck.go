@@ -134,9 +134,11 @@ func NewSelfCheck(opts SelfCheckOptions) (*SelfCheck, error) {
 // Run checks every permission, then, while one is missing or could not be checked, checks those
 // again every Interval. It returns once all are held, or when ctx ends.
 func (s *SelfCheck) Run(ctx context.Context) {
+	start := time.Now()
 	for {
 		if s.round(ctx) {
-			s.opts.Logger.Info().Int("permissions", len(s.opts.Permissions)).Msg("self-check: every permission is held")
+			s.opts.Logger.Info().Int("permissions", len(s.opts.Permissions)).Int64("took_ms", time.Since(start).Milliseconds()).
+				Msg("self-check: every permission is held")
 			return
 		}
 		select {
