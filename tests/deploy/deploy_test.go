@@ -172,7 +172,7 @@ func TestDevOverlayRunsALeaseInCluster(t *testing.T) {
 	// 6. The self-check: a worker without one of its permissions is not ready and says which;
 	// given it back, it becomes ready (last: it restarts the run-watcher).
 	t.Run("self-check", func(t *testing.T) {
-		checkSelfCheck(t, c, ns, suffix, objs, pods["run-watcher"])
+		checkSelfCheck(t, c, ns, suffix, objs, pods)
 	})
 	var varz struct {
 		Mem int64   `json:"mem"`

@@ -26,8 +26,23 @@ var revokedAccess = app.Access{Verb: "watch", Resource: "events"}
 // applied) and restarts its pod: the new pod's /readyz fails its permissions check naming the
 // access, its log has an error line naming it, and /metrics exports it. With the access given
 // back, the same pod becomes ready without a restart.
-func checkSelfCheck(t *testing.T, c *cluster, ns, suffix string, objs []*unstructured.Unstructured, old *corev1.Pod) {
+//
+// First it reports how long each worker's first self-check took (its log's took_ms): the cost
+// the check adds to a worker's start.
+func checkSelfCheck(t *testing.T, c *cluster, ns, suffix string, objs []*unstructured.Unstructured, pods map[string]*corev1.Pod) {
 	ctx := t.Context()
+	for _, w := range workers {
+		logs, err := c.cs.CoreV1().Pods(ns).GetLogs(pods[w].Name, &corev1.PodLogOptions{}).DoRaw(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for l := range strings.SplitSeq(string(logs), "\n") {
+			if strings.Contains(l, "every permission is held") {
+				t.Logf("%s: %s", w, l)
+			}
+		}
+	}
+	old := pods["run-watcher"]
 	var role *unstructured.Unstructured
 	for _, o := range objs {
 		if o.GetKind() == "ClusterRole" && o.GetName() == "kubeclip-run-watcher"+suffix {
