@@ -20,18 +20,31 @@ const (
 
 // The self-check's metric names: a contract with the dashboard's alerts and `kubeclip status`.
 const (
-	MetricSelfCheckOK        = "kubeclip_self_check_ok"
-	MetricPermissionMissing  = "kubeclip_permission_missing"
-	permissionsCheckName     = "permissions"
-	logKeyPermission         = "permission"
-	logKeyPermissionKind     = "kind"
+	MetricSelfCheckOK       = "kubeclip_self_check_ok"
+	MetricPermissionMissing = "kubeclip_permission_missing"
+)
+
+// Self-check defaults.
+const (
+	// DefaultSelfCheckInterval is how long the self-check waits before asking again about what
+	// is missing: short enough that a fixed RBAC rule shows within a probe period or two, long
+	// enough that a worker left without a permission costs the API server nothing to speak of.
 	DefaultSelfCheckInterval = 30 * time.Second
-	// DefaultSelfCheckConcurrency bounds the probes in flight: the first round costs about one
-	// round trip to the API server and one to NATS however many permissions a worker needs.
+	// DefaultSelfCheckConcurrency bounds the probes in flight: the first round costs a few
+	// round trips to the API server and NATS however many permissions a worker needs, without
+	// a burst that client-go's rate limiter (--kube-burst) would hold back.
 	DefaultSelfCheckConcurrency = 8
 	// DefaultProbeTimeout bounds one probe; a probe that runs out could not tell, and is asked
 	// again next round.
 	DefaultProbeTimeout = 5 * time.Second
+)
+
+// permissionsCheck is the readiness check's name; logKeyPermission and logKeyPermissionKind are
+// the log fields naming a permission (the same text as the metric's labels).
+const (
+	permissionsCheck     = "permissions"
+	logKeyPermission     = "permission"
+	logKeyPermissionKind = "kind"
 )
 
 // Permission is one thing a worker needs from Kubernetes or NATS, and how to find out whether it
@@ -219,14 +232,14 @@ func (s *SelfCheck) record(p Permission, was, now probeState) {
 		s.exported[p.Name] = true
 		s.missing.WithLabelValues(p.Kind, p.Name).Set(1)
 		s.opts.Logger.Error().Str(logKeyPermissionKind, p.Kind).Str(logKeyPermission, p.Name).
-			Msg("self-check: missing permission: " + p.Name)
+			Msg("self-check: missing permission")
 	}
 }
 
 // Check is the readiness check "permissions": it fails until the first round ended, and while a
 // permission is missing (naming each) or could not be checked.
 func (s *SelfCheck) Check() Check {
-	return Check{Name: permissionsCheckName, Func: func(context.Context) error {
+	return Check{Name: permissionsCheck, Func: func(context.Context) error {
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		if !s.checked {
