@@ -10,8 +10,8 @@ import (
 
 // CheckPermissions starts the worker's start-up self-check (docs/scale/selfcheck.md): it asks
 // the API server about each cluster-wide access of KubernetesAccesses, and NATS about each
-// subject of natsNeeds, all at once (bounded), then again every 30 s for what is missing until
-// the worker holds everything. Until then /readyz fails its "permissions" check naming what is
+// subject of natsNeeds, all at once (bounded), then every --self-check-interval (30 s) about
+// what is missing, until the worker holds everything. Until then /readyz fails its "permissions" check naming what is
 // missing, the log has one error line per missing permission, and kubeclip_self_check_ok and
 // kubeclip_permission_missing say so. rbacNameSuffix is the operator's --rbac-name-suffix (the
 // tenant-worker binds the suffixed tenant ClusterRoles; other workers pass what they have, or
@@ -23,6 +23,7 @@ func (p *Process) CheckPermissions(ctx context.Context, rbacNameSuffix string) e
 		Permissions: p.common.permissions(p.component, rbacNameSuffix, p.Subjects, reviews, probes),
 		Registerer:  p.Ops.registry,
 		Logger:      p.Log,
+		Interval:    p.common.SelfCheckInterval,
 	})
 	if err != nil {
 		probes.Close()

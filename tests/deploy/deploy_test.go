@@ -82,6 +82,8 @@ func TestDevOverlayRunsALeaseInCluster(t *testing.T) {
 	// 2. Everything, with the NATS URL merged into kubeclip-config.
 	objs := render(t, rendering{overlay: "dev", namespace: ns, suffix: suffix, config: map[string]string{
 		"KUBECLIP_NATS_URL": natsURL, "KUBECLIP_RBAC_NAME_SUFFIX": suffix,
+		// Step 6 waits for a self-check round; the default 30 s would be most of its time.
+		"KUBECLIP_SELF_CHECK_INTERVAL": selfCheckInterval,
 	}})
 	c.deleteAtEnd(t, "", objs)
 	for _, o := range objs {

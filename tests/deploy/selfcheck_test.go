@@ -17,6 +17,9 @@ import (
 	"github.com/kubeclip/kubeclip/internal/ops"
 )
 
+// selfCheckInterval is the workers' --self-check-interval in TestDevOverlayRunsALeaseInCluster.
+const selfCheckInterval = "2s"
+
 // revokedAccess is the access checkSelfCheck takes from the run-watcher: watching events (its
 // informer of quota events). A worker without it still starts (the informer lists, and its
 // watch keeps failing), so the self-check is what shows it.
@@ -115,7 +118,7 @@ func checkSelfCheck(t *testing.T, c *cluster, ns, suffix string, objs []*unstruc
 		t.Errorf("%s is not 0 while a permission is missing", ops.MetricSelfCheckOK)
 	}
 
-	// Given back, the same pod becomes ready at its next round (30 s).
+	// Given back, the same pod becomes ready at its next round (selfCheckInterval).
 	if err := c.apply(ctx, t, role, false); err != nil {
 		t.Fatal(err)
 	}
