@@ -95,7 +95,7 @@ func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout,
 		return err
 	}
 	defer p.Close()
-	if err := p.CheckPermissions(ctx, op.RBACNameSuffix); err != nil {
+	if err := s.CheckPermissions(ctx, p, op.RBACNameSuffix); err != nil {
 		return err
 	}
 

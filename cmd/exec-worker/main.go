@@ -97,7 +97,7 @@ func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout,
 		return err
 	}
 	defer p.Close()
-	if err := p.CheckPermissions(ctx, ""); err != nil {
+	if err := s.CheckPermissions(ctx, p, ""); err != nil {
 		return err
 	}
 	if s.MaxExecs == 0 {

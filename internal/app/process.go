@@ -25,7 +25,6 @@ type Process struct {
 	Subjects events.Subjects
 
 	component     string
-	common        *Common
 	stopSelfCheck func()
 }
 
@@ -33,7 +32,7 @@ type Process struct {
 // ready) while the connections come up; Serve turns it ready once the workers serve. Close
 // undoes it.
 func (c *Common) Start(ctx context.Context, component string, st Streams, stderr io.Writer) (p *Process, err error) {
-	p = &Process{Log: NewLogger(stderr, c.LogLevel, component), component: component, common: c}
+	p = &Process{Log: NewLogger(stderr, c.LogLevel, component), component: component}
 	defer func() {
 		if err != nil {
 			p.Close()

@@ -15,15 +15,15 @@ import (
 // missing, the log has one error line per missing permission, and kubeclip_self_check_ok and
 // kubeclip_permission_missing say so. rbacNameSuffix is the operator's --rbac-name-suffix (the
 // tenant-worker binds the suffixed tenant ClusterRoles; other workers pass what they have, or
-// ""). Call it after Start, before Serve; Close stops it.
-func (p *Process) CheckPermissions(ctx context.Context, rbacNameSuffix string) error {
-	probes := p.common.NATSProbes(p.component)
+// ""). Call it after Start, before Serve; p.Close stops it.
+func (c *Common) CheckPermissions(ctx context.Context, p *Process, rbacNameSuffix string) error {
+	probes := c.NATSProbes(p.component)
 	reviews := p.Kube.Clientset.AuthorizationV1().SelfSubjectAccessReviews()
 	sc, err := ops.NewSelfCheck(ops.SelfCheckOptions{
-		Permissions: p.common.permissions(p.component, rbacNameSuffix, p.Subjects, reviews, probes),
+		Permissions: c.permissions(p.component, rbacNameSuffix, p.Subjects, reviews, probes),
 		Registerer:  p.Ops.registry,
 		Logger:      p.Log,
-		Interval:    p.common.SelfCheckInterval,
+		Interval:    c.SelfCheckInterval,
 	})
 	if err != nil {
 		probes.Close()
