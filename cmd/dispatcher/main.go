@@ -95,6 +95,9 @@ func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout,
 		return err
 	}
 	defer p.Close()
+	if err := s.CheckPermissions(ctx, p, op.RBACNameSuffix); err != nil {
+		return err
+	}
 
 	d, err := dispatch.New(dispatch.Options{
 		Clientset: p.Kube.Clientset, Dynamic: p.Kube.Dynamic, Metadata: p.Kube.Metadata, Applier: p.Kube.Applier,

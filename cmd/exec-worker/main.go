@@ -97,6 +97,9 @@ func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout,
 		return err
 	}
 	defer p.Close()
+	if err := s.CheckPermissions(ctx, p, ""); err != nil {
+		return err
+	}
 	if s.MaxExecs == 0 {
 		limit := memoryLimit()
 		s.MaxExecs = execsvc.SessionsFor(limit, s.Record.MaxLine)

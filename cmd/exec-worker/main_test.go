@@ -43,6 +43,7 @@ func TestSettings(t *testing.T) {
 		{name: "unknown env policy", args: []string{"--sandbox-key-file", key, "--env-policy", "open"}, wantCode: 2, wantErr: "--env-policy (KUBECLIP_EXEC_ENV_POLICY)"},
 		{name: "bad env glob", args: []string{"--sandbox-key-file", key, "--env-deny", "A=B"}, wantCode: 2, wantErr: `env glob "A=B"`},
 		{name: "bad env glob from the environment", args: []string{"--sandbox-key-file", key}, env: map[string]string{"KUBECLIP_EXEC_ENV_ALLOW": "OK\n=X"}, wantCode: 2, wantErr: "KUBECLIP_EXEC_ENV_ALLOW"},
+		{name: "no self-check interval", args: []string{"--sandbox-key-file", key, "--self-check-interval", "0s"}, wantCode: 2, wantErr: "--self-check-interval (KUBECLIP_SELF_CHECK_INTERVAL) must be > 0"},
 		{name: "no ready wait", args: []string{"--sandbox-key-file", key, "--ready-timeout", "0s"}, wantCode: 2, wantErr: "--ready-timeout (KUBECLIP_EXEC_READY_TIMEOUT) must be > 0"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

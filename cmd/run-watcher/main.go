@@ -63,6 +63,9 @@ func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout,
 		return err
 	}
 	defer p.Close()
+	if err := s.CheckPermissions(ctx, p, ""); err != nil {
+		return err
+	}
 
 	w, err := runwatch.New(runwatch.Options{
 		Clientset: p.Kube.Clientset, Dynamic: p.Kube.Dynamic, JetStream: p.JS, Subjects: p.Subjects, Logger: p.Log,

@@ -51,6 +51,9 @@ func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout,
 		return err
 	}
 	defer p.Close()
+	if err := s.CheckPermissions(ctx, p, op.RBACNameSuffix); err != nil {
+		return err
+	}
 
 	w, err := tenant.New(tenant.Options{
 		Clientset: p.Kube.Clientset, Applier: p.Kube.Applier, JetStream: p.JS, Subjects: p.Subjects,

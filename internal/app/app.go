@@ -14,6 +14,7 @@ import (
 
 	"github.com/kubeclip/kubeclip/internal/cli"
 	"github.com/kubeclip/kubeclip/internal/config"
+	"github.com/kubeclip/kubeclip/internal/ops"
 	"github.com/kubeclip/kubeclip/pkg/events"
 	"github.com/kubeclip/kubeclip/pkg/inbox"
 	"github.com/kubeclip/kubeclip/pkg/k8s"
@@ -39,6 +40,8 @@ type Common struct {
 	// ClientInboxPrefixes are the inbox prefixes of the client users (Paperclip's plugin, the
 	// CLI), comma-separated: the only subjects a worker's responders answer into (pkg/inbox).
 	ClientInboxPrefixes string
+	// SelfCheckInterval is how often the start-up self-check asks again about what is missing.
+	SelfCheckInterval time.Duration
 }
 
 // Bind registers the common settings on s.
@@ -59,6 +62,8 @@ func (c *Common) Bind(s *config.Set) {
 	c.NATS.Bind(s)
 	s.String(&c.ClientInboxPrefixes, "client-inbox-prefixes", "KUBECLIP_CLIENT_INBOX_PREFIXES", strings.Join(inbox.DefaultClientPrefixes(), ","),
 		"comma-separated inbox prefixes of the client users (nats-auth.conf): the only subjects the workers answer requests into")
+	s.Duration(&c.SelfCheckInterval, "self-check-interval", "KUBECLIP_SELF_CHECK_INTERVAL", ops.DefaultSelfCheckInterval,
+		"how often a worker asks again about the Kubernetes and NATS permissions its start-up self-check found missing (or could not check), until it holds them all; /readyz fails until then")
 	// Off by default: several workers (or replicas in tests) on one host would fight over one
 	// port. The manifests and the compose file set it.
 	s.String(&c.OpsAddr, "ops-addr", "KUBECLIP_OPS_ADDR", "", "listen address of /healthz, /readyz and /metrics, such as :8080; empty: not served")
@@ -79,6 +84,9 @@ func (c *Common) Validate(s *config.Set) error {
 	}
 	if _, err := zerolog.ParseLevel(c.LogLevel); err != nil || c.LogLevel == "" {
 		errs = append(errs, fmt.Errorf("%s: unknown level %q", s.Names("log-level"), c.LogLevel))
+	}
+	if c.SelfCheckInterval <= 0 {
+		errs = append(errs, fmt.Errorf("%s must be > 0", s.Names("self-check-interval")))
 	}
 	if c.ShutdownTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("%s must be > 0", s.Names("shutdown-timeout")))
@@ -103,13 +111,18 @@ func (c *Common) Replies() inbox.Rule {
 }
 
 func (c *Common) replies() (inbox.Rule, error) {
+	return inbox.NewRule(c.clientInboxPrefixes())
+}
+
+// clientInboxPrefixes are the prefixes of --client-inbox-prefixes.
+func (c *Common) clientInboxPrefixes() []string {
 	var prefixes []string
 	for _, p := range strings.Split(c.ClientInboxPrefixes, ",") {
 		if p = strings.TrimSpace(p); p != "" {
 			prefixes = append(prefixes, p)
 		}
 	}
-	return inbox.NewRule(prefixes)
+	return prefixes
 }
 
 // NewLogger returns a JSON logger for component writing to w (see cli.NewLogger).

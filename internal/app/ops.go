@@ -16,9 +16,12 @@ import (
 type Ops struct {
 	// Metrics is the observer to hand to the worker (events.Observer, runwatch.Observer).
 	Metrics *ops.Metrics
-	server  *ops.Server
-	cancel  context.CancelFunc
-	done    chan error
+	// registry is where the worker's metrics are registered (the self-check's too).
+	registry  *prometheus.Registry
+	selfCheck *ops.SelfCheck
+	server    *ops.Server
+	cancel    context.CancelFunc
+	done      chan error
 }
 
 // StartOps builds the worker's metrics registry and, when --ops-addr is set, starts serving.
@@ -34,7 +37,7 @@ func (c *Common) StartOps(ctx context.Context, log zerolog.Logger) (*Ops, error)
 	if err != nil {
 		return nil, err
 	}
-	o := &Ops{Metrics: m}
+	o := &Ops{Metrics: m, registry: reg}
 	if c.OpsAddr == "" {
 		return o, nil
 	}
@@ -57,13 +60,17 @@ func (c *Common) StartOps(ctx context.Context, log zerolog.Logger) (*Ops, error)
 }
 
 // Ready makes /readyz answer from the worker's connections: ready while NATS is connected
-// and the API server answers, and the worker's own checks (extra) pass. A later call replaces
-// the checks of an earlier one.
+// and the API server answers, the worker holds its permissions (once CheckPermissions started
+// its self-check), and the worker's own checks (extra) pass. A later call replaces the checks
+// of an earlier one.
 func (o *Ops) Ready(nc *nats.Conn, kube *Kube, extra ...ops.Check) {
 	if o.server == nil {
 		return
 	}
 	checks := []ops.Check{ops.NATSCheck(nc), ops.KubernetesCheck(kube.Clientset.Discovery().RESTClient())}
+	if o.selfCheck != nil {
+		checks = append(checks, o.selfCheck.Check())
+	}
 	o.server.SetReady(append(checks, extra...)...)
 }
 

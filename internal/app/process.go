@@ -23,13 +23,16 @@ type Process struct {
 	NATS     *nats.Conn
 	JS       jetstream.JetStream
 	Subjects events.Subjects
+
+	component     string
+	stopSelfCheck func()
 }
 
 // Start sets up the process of component. The ops server starts first so probes answer (not
 // ready) while the connections come up; Serve turns it ready once the workers serve. Close
 // undoes it.
 func (c *Common) Start(ctx context.Context, component string, st Streams, stderr io.Writer) (p *Process, err error) {
-	p = &Process{Log: NewLogger(stderr, c.LogLevel, component)}
+	p = &Process{Log: NewLogger(stderr, c.LogLevel, component), component: component}
 	defer func() {
 		if err != nil {
 			p.Close()
@@ -67,6 +70,9 @@ func Version() string {
 // Close drains the NATS connection, so events and acks in flight reach the server, then stops
 // the ops server. Call it after the component returned.
 func (p *Process) Close() {
+	if p.stopSelfCheck != nil {
+		p.stopSelfCheck()
+	}
 	if p.NATS != nil {
 		Drain(p.NATS, p.Log)
 	}

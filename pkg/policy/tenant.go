@@ -59,6 +59,16 @@ var workerTenantRoles = []struct{ serviceAccount, clusterRole string }{
 	{"exec-worker", "kubeclip-tenant-exec-worker"},
 }
 
+// WorkerTenantClusterRoles are the ClusterRoles each tenant's RoleBindings bind the workers to
+// (with op's name suffix): the tenant-worker must be allowed to bind them.
+func WorkerTenantClusterRoles(op Operator) []string {
+	names := make([]string, 0, len(workerTenantRoles))
+	for _, w := range workerTenantRoles {
+		names = append(names, w.clusterRole+op.RBACNameSuffix)
+	}
+	return names
+}
+
 // Names and labels of the sandboxd ingress rule.
 const (
 	SandboxdIngressPolicyName = "paperclip-sandboxd-ingress"

@@ -81,7 +81,7 @@ func TestComposeStackRunsALease(t *testing.T) {
 		workers[w] = strings.TrimSpace(sh(t, "docker", "inspect", "-f", "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}", id))
 	}
 	for w, ip := range workers {
-		want := "ok nats\nok kubernetes\n"
+		want := "ok nats\nok kubernetes\nok permissions\n"
 		if w == "exec-worker" {
 			want += "ok exec\n"
 		}

@@ -15,8 +15,9 @@ import (
 	"github.com/kubeclip/kubeclip/pkg/events"
 )
 
-// ready is the run-watcher's /readyz body once it is connected to NATS and the API server answers.
-const ready = "ok nats\nok kubernetes\n"
+// ready is the run-watcher's /readyz body once it is connected to NATS and the API server
+// answers, and its self-check found every permission it needs.
+const ready = "ok nats\nok kubernetes\nok permissions\n"
 
 func TestRunWatcherContainerAgainstCluster(t *testing.T) {
 	clustertest.Config(t) // fails with instructions when no cluster answers

@@ -33,12 +33,13 @@ import (
 var workers = []string{"tenant-worker", "dispatcher", "run-watcher", "exec-worker"}
 
 // wantReady is each worker's /readyz body once it is connected to NATS and the API server
-// answers (and, for the exec-worker, takes exec requests).
+// answers, its self-check found every permission it needs (and, for the exec-worker, it takes
+// exec requests).
 var wantReady = map[string]string{
-	"tenant-worker": "ok nats\nok kubernetes\n",
-	"dispatcher":    "ok nats\nok kubernetes\n",
-	"run-watcher":   "ok nats\nok kubernetes\n",
-	"exec-worker":   "ok nats\nok kubernetes\nok exec\n",
+	"tenant-worker": "ok nats\nok kubernetes\nok permissions\n",
+	"dispatcher":    "ok nats\nok kubernetes\nok permissions\n",
+	"run-watcher":   "ok nats\nok kubernetes\nok permissions\n",
+	"exec-worker":   "ok nats\nok kubernetes\nok permissions\nok exec\n",
 }
 
 // TestDevOverlayRunsALeaseInCluster deploys the dev overlay with images built here and random
@@ -81,6 +82,8 @@ func TestDevOverlayRunsALeaseInCluster(t *testing.T) {
 	// 2. Everything, with the NATS URL merged into kubeclip-config.
 	objs := render(t, rendering{overlay: "dev", namespace: ns, suffix: suffix, config: map[string]string{
 		"KUBECLIP_NATS_URL": natsURL, "KUBECLIP_RBAC_NAME_SUFFIX": suffix,
+		// Step 6 waits for a self-check round; the default 30 s would be most of its time.
+		"KUBECLIP_SELF_CHECK_INTERVAL": selfCheckInterval,
 	}})
 	c.deleteAtEnd(t, "", objs)
 	for _, o := range objs {
@@ -167,6 +170,12 @@ func TestDevOverlayRunsALeaseInCluster(t *testing.T) {
 		return checkMetrics(before, after)
 	})
 	reportResources(t, after)
+
+	// 6. The self-check: a worker without one of its permissions is not ready and says which;
+	// given it back, it becomes ready (last: it restarts the run-watcher).
+	t.Run("self-check", func(t *testing.T) {
+		checkSelfCheck(t, c, ns, suffix, objs, pods)
+	})
 	var varz struct {
 		Mem int64   `json:"mem"`
 		CPU float64 `json:"cpu"`
