@@ -164,6 +164,8 @@ func (c *Common) natsNeeds(component string, s events.Subjects) natsNeeds {
 		consumerInfo(s.RunStream(), events.DispatcherResultConsumer)
 		streamInfo(dispatch.ParkedStream)
 		streamInfo(kvStream(dispatch.AgentBucket))
+		// Asked whether warm pools are on or not: an operator who turns them on later needs it.
+		streamInfo(kvStream(dispatch.WarmBucket))
 	case "run-watcher":
 		streamInfo(kvStream(runwatch.OwnershipBucket))
 		streamInfo(kvStream(events.BudgetBucket))
