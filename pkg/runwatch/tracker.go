@@ -66,17 +66,19 @@ type tracker struct {
 	// undispatched: before the next look at a lease not dispatched yet (own).
 	undispatched time.Duration
 
-	blocked   bool   // another replica owns the run
-	blockedAt uint64 // ownerEvents when the claim was lost
-	ours      bool   // the run has a lease in this installation's KUBECLIP_LEASES
-	loaded    bool
-	done      bool
-	seenJob   bool
-	seenPod   bool // an exec-capable lease's pod was seen: its absence now means it is gone
-	status    statusLine
-	follow    *follower
-	end       *verdict.End // the run is over
-	recheck   *time.Timer
+	// acquiredAt is when the lease record was created (the acquire), from own.
+	acquiredAt time.Time
+	blocked    bool   // another replica owns the run
+	blockedAt  uint64 // ownerEvents when the claim was lost
+	ours       bool   // the run has a lease in this installation's KUBECLIP_LEASES
+	loaded     bool
+	done       bool
+	seenJob    bool
+	seenPod    bool // an exec-capable lease's pod was seen: its absence now means it is gone
+	status     statusLine
+	follow     *follower
+	end        *verdict.End // the run is over
+	recheck    *time.Timer
 
 	// Shared with the follower.
 	journal *journal
@@ -203,7 +205,7 @@ func (t *tracker) own(ctx context.Context) (bool, error) {
 			t.done = true
 			return false, nil
 		}
-		t.workload, t.ours = w, true
+		t.workload, t.ours, t.acquiredAt = w, true, rec.CreatedAt
 	}
 	finished, err := resultPublished(ctx, t.d.stream, t.d.opts.Subjects, t.ref)
 	if err != nil {
@@ -262,6 +264,9 @@ func (t *tracker) load(ctx context.Context) error {
 		return err
 	}
 	t.journal = j
+	if lo := t.d.opts.lifecycle(); lo != nil && t.status.seq > 0 {
+		lo.RunTakenOver() // someone published its status before this replica owned it
+	}
 	if seq := j.lastSeq(); seq > 0 {
 		t.log.Info().Uint64("seq", seq).Msg("resuming run after its last published log chunk")
 	}
@@ -420,12 +425,15 @@ func (t *tracker) publishStatus(ctx context.Context, d verdict.Decision, pod *co
 	if pod != nil {
 		podName = pod.Name
 	}
-	before := t.status.seq
+	before, wasRunning := t.status.seq, t.status.phase == events.PhaseRunning
 	if err := t.status.publish(ctx, t.d.pub, t.ref, d.Phase, d.Reason, d.Message, podName); err != nil {
 		return err
 	}
 	if t.status.seq != before {
 		t.log.Debug().Str("phase", string(d.Phase)).Str("reason", d.Reason).Msg("published status")
+		if lo := t.d.opts.lifecycle(); lo != nil && d.Phase == events.PhaseRunning && !wasRunning && !t.acquiredAt.IsZero() {
+			lo.RunReady(t.d.opts.Now().Sub(t.acquiredAt))
+		}
 	}
 	return nil
 }
