@@ -52,6 +52,9 @@ func (c *Common) StartOps(ctx context.Context, log zerolog.Logger) (*Ops, error)
 	if err != nil {
 		return nil, err
 	}
+	if err := reg.Register(srv.ReadyGauge()); err != nil {
+		return nil, err
+	}
 	serveCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	o.server, o.cancel, o.done = srv, cancel, make(chan error, 1)
 	go func() {
