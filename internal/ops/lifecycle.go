@@ -28,7 +28,7 @@ func newLifecycleMetrics(reg prometheus.Registerer) (*lifecycleMetrics, error) {
 		}),
 		ready: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "kubeclip_acquire_ready_seconds",
-			Help:    "Time from an acquire's lease record to the run-watcher's first Running status of the run (its pod running), once per run and replica that published it.",
+			Help:    "Time from an acquire's lease record to the first status the run-watcher published with the agent's container started (Running, or the run's end when it was over before the watcher looked), once per run.",
 			Buckets: acquireBuckets,
 		}),
 		takeovers: prometheus.NewCounter(prometheus.CounterOpts{

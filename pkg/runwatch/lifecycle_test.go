@@ -41,10 +41,10 @@ func (r *lifecycleRecorder) seen() ([]time.Duration, int) {
 	return append([]time.Duration(nil), r.ready...), r.takeovers
 }
 
-// TestTrackerReportsReadyAndTakeover: the replica that publishes a run's first Running status
-// reports how long it was since the acquire (the lease record's creation), once; a tracker that
-// starts on a run whose status someone already published (a restart, another replica) counts a
-// takeover and does not report the run ready again.
+// TestTrackerReportsReadyAndTakeover: the replica that publishes a run's first status with the
+// agent's container started reports how long it was since the acquire (the lease record's
+// creation), once; a tracker that starts on a run whose status someone already published (a
+// restart, another replica) counts a takeover and does not report the run ready again.
 func TestTrackerReportsReadyAndTakeover(t *testing.T) {
 	h := newHarness(t)
 	jobs, pods := withInformerCaches(t, h)
@@ -112,5 +112,48 @@ func TestTrackerReportsReadyAndTakeover(t *testing.T) {
 	stepped(again, "after a restart")
 	if ready, takeovers := obs.seen(); len(ready) != 1 || takeovers != 1 {
 		t.Errorf("after a restart: ready %v, takeovers %d; want the one ready and 1 takeover", ready, takeovers)
+	}
+}
+
+// TestTrackerReportsAQuickRunReady: a run over before the watcher first looked (its first
+// status is its end) started all the same: it is reported ready.
+func TestTrackerReportsAQuickRunReady(t *testing.T) {
+	h := newHarness(t)
+	jobs, pods := withInformerCaches(t, h)
+	obs := &lifecycleRecorder{}
+	h.d.opts.Observer = obs
+	h.d.opts.Clientset = k8sfake.NewClientset() // the finished pod's log is read (fake)
+	const runID = "run-quick"
+	ref := events.Ref(testCompany, runID)
+	if _, _, err := h.d.leases.Create(t.Context(), lease.Record{
+		RunID: runID, CompanyID: testCompany, Namespace: testNamespace, Backend: string(policy.BackendJob),
+		State: lease.StateCreated, CreatedAt: now.Add(-3 * time.Second),
+	}); err != nil {
+		t.Fatal(err)
+	}
+	j := job(active)
+	j.Labels = runLabels(runID)
+	p := pod(corev1.PodSucceeded, corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{Reason: "Completed"}}, startedAgo(time.Second))
+	p.Labels = runLabels(runID)
+	if err := jobs.Add(j); err != nil {
+		t.Fatal(err)
+	}
+	if err := pods.Add(p); err != nil {
+		t.Fatal(err)
+	}
+	tr := newTracker(h.d, testNamespace, ref, func() {})
+	t.Cleanup(func() {
+		if tr.follow != nil {
+			tr.follow.stopAndWait()
+		}
+		if tr.recheck != nil {
+			tr.recheck.Stop()
+		}
+	})
+	if err := tr.step(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if ready, _ := obs.seen(); !cmp.Equal(ready, []time.Duration{3 * time.Second}) {
+		t.Errorf("ready %v, want [3s]", ready)
 	}
 }

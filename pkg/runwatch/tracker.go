@@ -68,17 +68,19 @@ type tracker struct {
 
 	// acquiredAt is when the lease record was created (the acquire), from own.
 	acquiredAt time.Time
-	blocked    bool   // another replica owns the run
-	blockedAt  uint64 // ownerEvents when the claim was lost
-	ours       bool   // the run has a lease in this installation's KUBECLIP_LEASES
-	loaded     bool
-	done       bool
-	seenJob    bool
-	seenPod    bool // an exec-capable lease's pod was seen: its absence now means it is gone
-	status     statusLine
-	follow     *follower
-	end        *verdict.End // the run is over
-	recheck    *time.Timer
+	// readyReported: the run's start was reported (reportReady), here or by an earlier owner.
+	readyReported bool
+	blocked       bool   // another replica owns the run
+	blockedAt     uint64 // ownerEvents when the claim was lost
+	ours          bool   // the run has a lease in this installation's KUBECLIP_LEASES
+	loaded        bool
+	done          bool
+	seenJob       bool
+	seenPod       bool // an exec-capable lease's pod was seen: its absence now means it is gone
+	status        statusLine
+	follow        *follower
+	end           *verdict.End // the run is over
+	recheck       *time.Timer
 
 	// Shared with the follower.
 	journal *journal
@@ -264,8 +266,13 @@ func (t *tracker) load(ctx context.Context) error {
 		return err
 	}
 	t.journal = j
-	if lo := t.d.opts.lifecycle(); lo != nil && t.status.seq > 0 {
-		lo.RunTakenOver() // someone published its status before this replica owned it
+	if t.status.seq > 0 {
+		// Someone published its status before this replica owned it; past Pending, that
+		// owner reported the run ready.
+		if lo := t.d.opts.lifecycle(); lo != nil {
+			lo.RunTakenOver()
+		}
+		t.readyReported = t.status.phase != events.PhasePending
 	}
 	if seq := j.lastSeq(); seq > 0 {
 		t.log.Info().Uint64("seq", seq).Msg("resuming run after its last published log chunk")
@@ -425,17 +432,28 @@ func (t *tracker) publishStatus(ctx context.Context, d verdict.Decision, pod *co
 	if pod != nil {
 		podName = pod.Name
 	}
-	before, wasRunning := t.status.seq, t.status.phase == events.PhaseRunning
+	before := t.status.seq
 	if err := t.status.publish(ctx, t.d.pub, t.ref, d.Phase, d.Reason, d.Message, podName); err != nil {
 		return err
 	}
 	if t.status.seq != before {
 		t.log.Debug().Str("phase", string(d.Phase)).Str("reason", d.Reason).Msg("published status")
-		if lo := t.d.opts.lifecycle(); lo != nil && d.Phase == events.PhaseRunning && !wasRunning && !t.acquiredAt.IsZero() {
-			lo.RunReady(t.d.opts.Now().Sub(t.acquiredAt))
-		}
+		t.reportReady(pod)
 	}
 	return nil
+}
+
+// reportReady tells the LifecycleObserver, once per run, how long after the acquire the first
+// status that found the agent's container started went out: Running, or the run's end when it
+// was over before the watcher looked (a warm pod's container started before its acquire, so
+// the container's own start time is not the measure).
+func (t *tracker) reportReady(pod *corev1.Pod) {
+	lo := t.d.opts.lifecycle()
+	if lo == nil || t.readyReported || t.acquiredAt.IsZero() || pod == nil || !containerStarted(pod, t.d.opts.Container) {
+		return
+	}
+	t.readyReported = true
+	lo.RunReady(t.d.opts.Now().Sub(t.acquiredAt))
 }
 
 // flush publishes the journal's pending lines; a fenced publish gives the run up.
