@@ -1,6 +1,6 @@
 // Package monitoring_test checks deploy/kustomize/components/monitoring against the workers: the
 // component renders on top of the production overlay, its dashboard ConfigMap carries
-// dashboard.json unchanged, and every PrometheusRule expr and dashboard panel query parses with
+// dashboard.json unchanged, its rules load as a Prometheus rule file, and every PrometheusRule expr and dashboard panel query parses with
 // Prometheus' own PromQL parser and names only metrics the workers export (taken from the
 // registry every worker builds, app.Common.StartOps) or that Prometheus makes itself (up).
 package monitoring_test
@@ -19,12 +19,15 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/prometheus/common/model"
 	"github.com/prometheus/prometheus/model/labels"
+	"github.com/prometheus/prometheus/model/rulefmt"
 	"github.com/prometheus/prometheus/promql/parser"
 	"github.com/rs/zerolog"
 	"go.uber.org/goleak"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	sigsyaml "sigs.k8s.io/yaml"
 
 	"github.com/kubeclip/kubeclip/internal/app"
 	"github.com/kubeclip/kubeclip/internal/ops"
@@ -83,6 +86,33 @@ func TestCheckQueryCatchesMistakes(t *testing.T) {
 				t.Errorf("checkQuery(%q) = %v, want an error with %q", tc.expr, err, tc.wantErr)
 			}
 		})
+	}
+}
+
+// TestRulesLoadInPrometheus: each PrometheusRule's groups load as Prometheus loads a rule file
+// (rulefmt: alert names, durations, label and annotation templates, exprs).
+func TestRulesLoadInPrometheus(t *testing.T) {
+	n := 0
+	for _, o := range render(t) {
+		if o.GetKind() != "PrometheusRule" {
+			continue
+		}
+		n++
+		spec, _, _ := unstructured.NestedMap(o.Object, "spec")
+		file, err := sigsyaml.Marshal(spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		groups, errs := rulefmt.Parse(file, false, model.UTF8Validation)
+		for _, err := range errs {
+			t.Errorf("PrometheusRule %s: %v", o.GetName(), err)
+		}
+		if len(errs) == 0 && len(groups.Groups) == 0 {
+			t.Errorf("PrometheusRule %s has no groups", o.GetName())
+		}
+	}
+	if n == 0 {
+		t.Fatal("no PrometheusRule rendered")
 	}
 }
 
