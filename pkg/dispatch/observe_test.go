@@ -10,16 +10,14 @@ import (
 
 // createdRecorder records what RunObserver is told.
 type createdRecorder struct {
-	mu    sync.Mutex
-	took  []time.Duration
-	count int
+	mu   sync.Mutex
+	took []time.Duration
 }
 
 func (r *createdRecorder) RunCreated(d time.Duration) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.took = append(r.took, d)
-	r.count++
 }
 
 func (r *createdRecorder) seen() []time.Duration {
