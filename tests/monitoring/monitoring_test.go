@@ -140,6 +140,61 @@ func TestDashboardConfigMapIsTheFile(t *testing.T) {
 	}
 }
 
+// TestPodMonitorScrapesEveryWorker: the PodMonitor's selector matches the pods of all four
+// worker Deployments, each of which names the port it scrapes, and it sets the job and worker
+// labels the rules and panels select on.
+func TestPodMonitorScrapesEveryWorker(t *testing.T) {
+	objs := render(t)
+	pm := find(t, objs, "PodMonitor", "kubeclip-workers")
+	selector, _, _ := unstructured.NestedStringMap(pm.Object, "spec", "selector", "matchLabels")
+	endpoints, _, _ := unstructured.NestedSlice(pm.Object, "spec", "podMetricsEndpoints")
+	if len(endpoints) != 1 {
+		t.Fatalf("%d podMetricsEndpoints, want 1", len(endpoints))
+	}
+	endpoint, _ := endpoints[0].(map[string]any)
+	port, _ := endpoint["port"].(string)
+	relabeled := map[string]bool{}
+	relabelings, _ := endpoint["relabelings"].([]any)
+	for _, r := range relabelings {
+		if rl, ok := r.(map[string]any); ok {
+			relabeled[fmt.Sprint(rl["targetLabel"])] = true
+		}
+	}
+	if !relabeled["job"] || !relabeled["worker"] {
+		t.Errorf("relabelings set %v, want job and worker", relabeled)
+	}
+	var scraped []string
+	for _, o := range objs {
+		if o.GetKind() != "Deployment" {
+			continue
+		}
+		podLabels, _, _ := unstructured.NestedStringMap(o.Object, "spec", "template", "metadata", "labels")
+		matches := true
+		for k, v := range selector {
+			matches = matches && podLabels[k] == v
+		}
+		if !matches {
+			continue
+		}
+		containers, _, _ := unstructured.NestedSlice(o.Object, "spec", "template", "spec", "containers")
+		named := false
+		for _, c := range containers {
+			ports, _, _ := unstructured.NestedSlice(c.(map[string]any), "ports")
+			for _, p := range ports {
+				named = named || p.(map[string]any)["name"] == port
+			}
+		}
+		if !named {
+			t.Errorf("Deployment %s has no container port %q to scrape", o.GetName(), port)
+		}
+		scraped = append(scraped, o.GetName())
+	}
+	slices.Sort(scraped)
+	if want := []string{"dispatcher", "exec-worker", "run-watcher", "tenant-worker"}; !slices.Equal(scraped, want) {
+		t.Errorf("the PodMonitor selects the pods of %v, want %v", scraped, want)
+	}
+}
+
 // exportedMetrics is every metric a worker's registry describes (app.Common.StartOps builds it
 // for every worker), with its kind. The ops server is on, on a free port, so what it registers
 // (kubeclip_ready) is in too.
