@@ -27,7 +27,7 @@ const (
 	// the others are summed under company="*". Company ids are the host's choice and thousands
 	// of companies are the target, so a series per company would grow without bound; the
 	// companies with the most live leases are the ones a dashboard looks for. 20 companies
-	// times the 14 states is at most 294 series (with "*").
+	// times the 13 lease states is at most 273 series (with "*").
 	DefaultLeaseTopCompanies = 20
 	// DefaultLeaseRefresh: the records are read at most this often, the last count served in
 	// between, so several scrapers (or replicas' scrapes) cost one read of the bucket.

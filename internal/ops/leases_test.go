@@ -123,3 +123,21 @@ func TestLeaseCollectorKeepsTheLastCount(t *testing.T) {
 		t.Errorf("kubeclip_leases with the server gone = %v, want the last count, 1", got)
 	}
 }
+
+// TestScrapeTimeBounds pins the reasons of the collectors' defaults: one scrape of the
+// dispatcher runs both reads (the JetStream questions, the lease records) within Prometheus'
+// default 10 s scrape timeout, and the lease series stay bounded with the top companies (at 13
+// lease states, under 300).
+func TestScrapeTimeBounds(t *testing.T) {
+	const prometheusScrapeTimeout = 10 * time.Second
+	if both := 2 * ops.DefaultJetStreamScrapeTimeout; both >= prometheusScrapeTimeout {
+		t.Errorf("a scrape's reads may take %s, not within the %s scrape timeout", both, prometheusScrapeTimeout)
+	}
+	const leaseStates = 13
+	if n := (ops.DefaultLeaseTopCompanies + 1) * leaseStates; n > 300 {
+		t.Errorf("kubeclip_leases may have %d series, want at most 300", n)
+	}
+	if ops.DefaultLeaseRefresh < 10*time.Second {
+		t.Errorf("the lease records are read every %s: more often than a scrape interval", ops.DefaultLeaseRefresh)
+	}
+}
