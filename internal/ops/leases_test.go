@@ -125,13 +125,13 @@ func TestLeaseCollectorKeepsTheLastCount(t *testing.T) {
 }
 
 // TestScrapeTimeBounds pins the reasons of the collectors' defaults: one scrape of the
-// dispatcher runs both reads (the JetStream questions, the lease records) within Prometheus'
-// default 10 s scrape timeout, and the lease series stay bounded with the top companies (at 13
+// dispatcher runs both reads (the JetStream questions, the lease records) and the readiness
+// checks (kubeclip_ready) within Prometheus' default 10 s scrape timeout, and the lease series stay bounded with the top companies (at 13
 // lease states, under 300).
 func TestScrapeTimeBounds(t *testing.T) {
 	const prometheusScrapeTimeout = 10 * time.Second
-	if both := 2 * ops.DefaultJetStreamScrapeTimeout; both >= prometheusScrapeTimeout {
-		t.Errorf("a scrape's reads may take %s, not within the %s scrape timeout", both, prometheusScrapeTimeout)
+	if all := 2*ops.DefaultJetStreamScrapeTimeout + ops.DefaultCheckTimeout; all >= prometheusScrapeTimeout {
+		t.Errorf("a scrape's reads and checks may take %s, not within the %s scrape timeout", all, prometheusScrapeTimeout)
 	}
 	const leaseStates = 13
 	if n := (ops.DefaultLeaseTopCompanies + 1) * leaseStates; n > 300 {
