@@ -109,9 +109,13 @@ func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout,
 		Observer: p.Ops.Metrics, Operator: op, StreamReplicas: s.Streams.Replicas, StoreBytes: int64(s.Streams.StoreBytes),
 		SandboxKey: sandboxKey, SandboxdImage: s.SandboxdImage,
 		LeaseIdleWindow: s.LeaseIdleWindow, LeaseMaxAge: s.LeaseMaxAge,
-		Warm: warm, WarmObserver: p.Ops.Metrics, Bind: bindWarmPod,
+		Warm: warm, WarmObserver: p.Ops.Metrics, Bind: bindWarmPod, RunObserver: p.Ops.Metrics,
 	})
 	if err != nil {
+		return err
+	}
+	// The lease records are counted by the dispatcher alone, which moves them most.
+	if err := p.Ops.CountLeases(ctx, p.JS); err != nil {
 		return err
 	}
 	return p.Serve(ctx, d)

@@ -82,7 +82,7 @@ func runDemo(ctx context.Context, args []string, lookupEnv config.LookupEnv, std
 	}
 	common.NATSURL = natsURL
 
-	kube, err := common.Kubernetes("demo")
+	kube, err := common.Kubernetes("demo", nil)
 	if err != nil {
 		return err
 	}

@@ -34,7 +34,10 @@ type settings struct {
 	LogBudgetWindow    time.Duration
 }
 
-var _ runwatch.BudgetObserver = (*ops.Metrics)(nil)
+var (
+	_ runwatch.BudgetObserver    = (*ops.Metrics)(nil)
+	_ runwatch.LifecycleObserver = (*ops.Metrics)(nil)
+)
 
 func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout, stderr io.Writer) error {
 	var s settings

@@ -4,11 +4,13 @@ import (
 	"context"
 
 	"github.com/nats-io/nats.go"
-	"github.com/prometheus/client_golang/prometheus"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/rs/zerolog"
 
 	"github.com/kubeclip/kubeclip/internal/ops"
+	"github.com/kubeclip/kubeclip/pkg/events"
+	"github.com/kubeclip/kubeclip/pkg/lease"
 )
 
 // Ops is a worker's operational side: its metrics, and the server of /healthz, /readyz and
@@ -16,8 +18,13 @@ import (
 type Ops struct {
 	// Metrics is the observer to hand to the worker (events.Observer, runwatch.Observer).
 	Metrics *ops.Metrics
-	// registry is where the worker's metrics are registered (the self-check's too).
-	registry  *prometheus.Registry
+	// Registry is the registry /metrics serves: everything the worker exports (the
+	// self-check's metrics too).
+	Registry *ops.Registry
+	// JetStream reports the streams' usage and the worker's consumers' lag (watched by Start).
+	JetStream *ops.JetStreamCollector
+	// Leases reports the lease records by company and state; only the dispatcher watches them.
+	Leases    *ops.LeaseCollector
 	selfCheck *ops.SelfCheck
 	server    *ops.Server
 	cancel    context.CancelFunc
@@ -28,21 +35,26 @@ type Ops struct {
 // The server keeps answering after ctx ends (readiness failing) until Close, so probes and a
 // last scrape still work while the worker drains. Call Close after the worker returned.
 func (c *Common) StartOps(ctx context.Context, log zerolog.Logger) (*Ops, error) {
-	reg := prometheus.NewRegistry()
+	reg := ops.NewRegistry()
+	o := &Ops{Registry: reg, JetStream: ops.NewJetStreamCollector(), Leases: ops.NewLeaseCollector()}
 	reg.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		o.JetStream, o.Leases,
 	)
 	m, err := ops.NewMetrics(reg)
 	if err != nil {
 		return nil, err
 	}
-	o := &Ops{Metrics: m, registry: reg}
+	o.Metrics = m
 	if c.OpsAddr == "" {
 		return o, nil
 	}
 	srv, err := ops.Listen(ops.Options{Addr: c.OpsAddr, Gatherer: reg, Logger: log, Profiling: c.Pprof})
 	if err != nil {
+		return nil, err
+	}
+	if err := reg.Register(srv.ReadyGauge()); err != nil {
 		return nil, err
 	}
 	serveCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
@@ -72,6 +84,47 @@ func (o *Ops) Ready(nc *nats.Conn, kube *Kube, extra ...ops.Check) {
 		checks = append(checks, o.selfCheck.Check())
 	}
 	o.server.SetReady(append(checks, extra...)...)
+}
+
+// ownedConsumers are the durable consumers each worker consumes, whose lag its /metrics
+// reports (pkg/tenant and pkg/dispatch create them). The run-watcher and the exec-worker
+// consume none.
+func ownedConsumers(component string, s events.Subjects) []ops.ConsumerRef {
+	switch component {
+	case "tenant-worker":
+		return []ops.ConsumerRef{
+			{Stream: s.LeaseStream(), Consumer: events.TenantWorkerConsumer},
+			{Stream: events.RetryStream, Consumer: events.RetryConsumerConfig(events.TenantWorkerConsumer).Durable},
+		}
+	case "dispatcher":
+		return []ops.ConsumerRef{
+			{Stream: events.WorkStream, Consumer: events.DispatcherConsumer},
+			{Stream: s.LeaseStream(), Consumer: events.DispatcherEndConsumer},
+			{Stream: s.RunStream(), Consumer: events.DispatcherResultConsumer},
+		}
+	}
+	return nil
+}
+
+// parkedStream is pkg/dispatch's KUBECLIP_PARKED (dispatch.ParkedStream), named here so the
+// workers that do not dispatch do not link pkg/dispatch.
+const parkedStream = "KUBECLIP_PARKED"
+
+// watchJetStream has every worker report the streams' usage (the store filling concerns all)
+// and its own consumers' lag.
+func (o *Ops) watchJetStream(component string, js jetstream.JetStream, s events.Subjects) {
+	streams := []string{s.LeaseStream(), s.RunStream(), events.WorkStream, events.RetryStream, parkedStream}
+	o.JetStream.Watch(js, streams, ownedConsumers(component, s), 0)
+}
+
+// CountLeases has /metrics report the lease records (kubeclip_leases); the dispatcher calls it.
+func (o *Ops) CountLeases(ctx context.Context, js jetstream.JetStream) error {
+	kv, err := events.OpenBucket(ctx, js, lease.Bucket)
+	if err != nil {
+		return err
+	}
+	o.Leases.Watch(kv, ops.LeaseCollectorOptions{})
+	return nil
 }
 
 // Close stops the server and waits for it.

@@ -44,12 +44,13 @@ func (c *Common) Start(ctx context.Context, component string, st Streams, stderr
 	if p.Ops, err = c.StartOps(ctx, p.Log); err != nil {
 		return p, err
 	}
-	if p.Kube, err = c.Kubernetes(component); err != nil {
+	if p.Kube, err = c.Kubernetes(component, p.Ops.Metrics.KubernetesTransport); err != nil {
 		return p, err
 	}
 	if p.NATS, p.JS, err = c.JetStream(ctx, component, st, p.Log); err != nil {
 		return p, err
 	}
+	p.Ops.watchJetStream(component, p.JS, p.Subjects)
 	// Clients (the Paperclip plugin's probe) ask which workers are up.
 	host, _ := os.Hostname()
 	serve := api.ServeOptions{Subjects: p.Subjects, Replies: c.Replies(), Logger: p.Log, Observer: p.Ops.Metrics}

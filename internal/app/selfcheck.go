@@ -21,7 +21,7 @@ func (c *Common) CheckPermissions(ctx context.Context, p *Process, rbacNameSuffi
 	reviews := p.Kube.Clientset.AuthorizationV1().SelfSubjectAccessReviews()
 	sc, err := ops.NewSelfCheck(ops.SelfCheckOptions{
 		Permissions: c.permissions(p.component, rbacNameSuffix, p.Subjects, reviews, probes),
-		Registerer:  p.Ops.registry,
+		Registerer:  p.Ops.Registry,
 		Logger:      p.Log,
 		Interval:    c.SelfCheckInterval,
 	})

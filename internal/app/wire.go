@@ -13,6 +13,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/transport"
 
 	"github.com/kubeclip/kubeclip/internal/config"
 	"github.com/kubeclip/kubeclip/pkg/events"
@@ -58,13 +59,17 @@ type Kube struct {
 	Applier  *k8s.Applier
 }
 
-// Kubernetes builds the clients of component from the common settings.
-func (c *Common) Kubernetes(component string) (*Kube, error) {
+// Kubernetes builds the clients of component from the common settings; wrap (when not nil)
+// wraps their transport (the workers count their requests: ops.Metrics.KubernetesTransport).
+func (c *Common) Kubernetes(component string, wrap transport.WrapperFunc) (*Kube, error) {
 	cfg, err := k8s.RESTConfig(c.Kubeconfig, float32(c.KubeQPS), c.KubeBurst)
 	if err != nil {
 		return nil, err
 	}
 	cfg = k8s.ForComponent(cfg, component)
+	if wrap != nil {
+		cfg.Wrap(wrap)
+	}
 	cs, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("building Kubernetes clientset: %w", err)

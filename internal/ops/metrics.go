@@ -29,6 +29,10 @@ type Metrics struct {
 	budgetExceeded *prometheus.CounterVec
 	// warm is the dispatcher's warm pools (warm.go).
 	warm *warmMetrics
+	// lifecycle times acquires and counts run takeovers (lifecycle.go).
+	lifecycle *lifecycleMetrics
+	// kubeRequests is kubeclip_kubernetes_requests_total (kubeapi.go).
+	kubeRequests *prometheus.CounterVec
 }
 
 var _ events.Observer = (*Metrics)(nil)
@@ -105,6 +109,12 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		return nil, err
 	}
 	if m.warm, err = newWarmMetrics(reg); err != nil {
+		return nil, err
+	}
+	if m.lifecycle, err = newLifecycleMetrics(reg); err != nil {
+		return nil, err
+	}
+	if m.kubeRequests, err = newKubeRequests(reg); err != nil {
 		return nil, err
 	}
 	return m, nil

@@ -77,7 +77,9 @@ func TestProfiling(t *testing.T) {
 }
 
 func TestReadiness(t *testing.T) {
-	s, base := serve(t, prometheus.NewRegistry())
+	reg := prometheus.NewRegistry()
+	s, base := serve(t, reg)
+	reg.MustRegister(s.ReadyGauge())
 	pass := ops.Check{Name: "nats", Func: func(context.Context) error { return nil }}
 	fail := ops.Check{Name: "kubernetes", Func: func(context.Context) error { return errors.New("connection refused") }}
 	slow := ops.Check{Name: "slow", Func: func(ctx context.Context) error { <-ctx.Done(); return ctx.Err() }}
@@ -99,6 +101,10 @@ func TestReadiness(t *testing.T) {
 		code, body := get(t, base+"/readyz")
 		if code != st.wantCode || body != st.wantBody {
 			t.Errorf("%s: /readyz = %d %q, want %d %q", st.name, code, body, st.wantCode, st.wantBody)
+		}
+		// kubeclip_ready says what /readyz says.
+		if ready, want := value(t, reg, "kubeclip_ready"), st.wantCode == http.StatusOK; (ready == 1) != want {
+			t.Errorf("%s: kubeclip_ready = %v, want ready %v", st.name, ready, want)
 		}
 		// Liveness never depends on readiness.
 		if code, _ := get(t, base+"/healthz"); code != http.StatusOK {

@@ -148,25 +148,33 @@ func (s *Server) healthz(w http.ResponseWriter, _ *http.Request) {
 	_, _ = w.Write([]byte("ok\n"))
 }
 
-// readyz runs every check concurrently and answers 200 when all pass, 503 otherwise, with one
-// line per check.
+// readyz answers 200 when the worker is ready (Ready), 503 otherwise, with one line per check.
 func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	ok, report, checked := s.Ready(r.Context())
+	if !ok {
+		if checked {
+			s.opts.Logger.Warn().Str("checks", strings.TrimSpace(report)).Msg("not ready")
+		}
+		w.WriteHeader(http.StatusServiceUnavailable)
+	}
+	_, _ = w.Write([]byte(report))
+}
+
+// Ready runs every check concurrently, bounded by the check timeout, and reports whether all
+// passed, with one line per check; checked is false when none ran (starting, shutting down).
+func (s *Server) Ready(ctx context.Context) (ok bool, report string, checked bool) {
 	s.mu.Lock()
 	checks, started, stopping := s.checks, s.started, s.stopping
 	s.mu.Unlock()
-	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-	w.Header().Set("Cache-Control", "no-store")
 	switch {
 	case stopping:
-		w.WriteHeader(http.StatusServiceUnavailable)
-		_, _ = w.Write([]byte("not ready: shutting down\n"))
-		return
+		return false, "not ready: shutting down\n", false
 	case !started:
-		w.WriteHeader(http.StatusServiceUnavailable)
-		_, _ = w.Write([]byte("not ready: starting\n"))
-		return
+		return false, "not ready: starting\n", false
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), s.opts.CheckTimeout)
+	ctx, cancel := context.WithTimeout(ctx, s.opts.CheckTimeout)
 	defer cancel()
 	errs := make([]error, len(checks))
 	var wg sync.WaitGroup
@@ -175,7 +183,7 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 	}
 	wg.Wait()
 	var b strings.Builder
-	ok := true
+	ok = true
 	for i, c := range checks {
 		if errs[i] != nil {
 			ok = false
@@ -184,11 +192,21 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 		}
 		fmt.Fprintf(&b, "ok %s\n", c.Name)
 	}
-	if !ok {
-		s.opts.Logger.Warn().Str("checks", strings.TrimSpace(b.String())).Msg("not ready")
-		w.WriteHeader(http.StatusServiceUnavailable)
-	}
-	_, _ = w.Write([]byte(b.String()))
+	return ok, b.String(), true
+}
+
+// ReadyGauge is kubeclip_ready: 1 while Ready, evaluated at scrape time, so an alert sees what
+// the kubelet's readiness probe sees.
+func (s *Server) ReadyGauge() prometheus.Collector {
+	return prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "kubeclip_ready",
+		Help: "1 while the worker is ready (its /readyz checks pass, evaluated at scrape time), 0 while it starts, drains or a check fails.",
+	}, func() float64 {
+		if ok, _, _ := s.Ready(context.Background()); ok {
+			return 1
+		}
+		return 0
+	})
 }
 
 // promLogger routes promhttp's errors to the worker's logger.

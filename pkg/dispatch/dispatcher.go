@@ -140,6 +140,9 @@ type Options struct {
 	Warm WarmOptions
 	// WarmObserver is told about warm acquires and pools (metrics); nil means none.
 	WarmObserver WarmObserver
+	// RunObserver is told how long each lease took from its record to `created` (metrics);
+	// nil means none.
+	RunObserver RunObserver
 	// Bind is sandboxd's bind call, which warm pools need.
 	Bind Binder
 }
@@ -348,6 +351,13 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	return g.Wait()
 }
 
+// RunObserver is told about runs created (metrics); it must not block.
+type RunObserver interface {
+	// RunCreated reports the time from the lease record's creation (the tenant-worker's first
+	// handling of the acquire) to the first publish of the run's `created`.
+	RunCreated(sinceAcquire time.Duration)
+}
+
 // handleDispatch creates the run's workload and Secret and publishes `created`.
 //
 // The lease record decides what happens, with compare-and-set at each step (pkg/lease): a
@@ -468,10 +478,15 @@ func (d *Dispatcher) handleDispatch(ctx context.Context, m jetstream.Msg) error 
 		return err
 	}
 	took.done(stepCreated)
-	if _, err := d.publisher.Publish(ctx, created); err != nil {
+	ack, err := d.publisher.Publish(ctx, created)
+	if err != nil {
 		return fmt.Errorf("publishing created: %w", err)
 	}
 	took.done(stepPublish)
+	if d.opts.RunObserver != nil && !ack.Duplicate {
+		// Timed once: a redelivery's publish is a duplicate.
+		d.opts.RunObserver.RunCreated(d.opts.Now().Sub(rec.CreatedAt))
+	}
 	// A Secret the workload does not own yet (a redelivery found it; a reusable lease's, which
 	// its claim owns) is adopted after `created` goes out: the pod starts without it, and
 	// Paperclip hears one API round trip sooner. A warm pod's is created only now: its sandboxd

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -18,6 +19,23 @@ type Observer interface {
 	// run has its result or the watcher stops following it. Every replica follows (and counts)
 	// every run it sees; aggregate replicas with max, not sum.
 	RunsInFlight(delta int)
+}
+
+// LifecycleObserver is told when a run became ready and when this replica took a run over
+// (the run-watcher's metrics implement it); an Observer that does not implement it is not told.
+type LifecycleObserver interface {
+	// RunReady reports the time from the lease record's creation (the acquire) to the run's
+	// first Running status this replica published.
+	RunReady(sinceAcquire time.Duration)
+	// RunTakenOver counts a run this replica began to follow after an earlier owner (another
+	// replica, or this one before a restart) had published its status.
+	RunTakenOver()
+}
+
+// lifecycle is o's LifecycleObserver, nil when it has none.
+func (o Options) lifecycle() LifecycleObserver {
+	lo, _ := o.Observer.(LifecycleObserver)
+	return lo
 }
 
 // countInFlight counts a run in flight; the returned func ends it and may be called again.

@@ -66,17 +66,21 @@ type tracker struct {
 	// undispatched: before the next look at a lease not dispatched yet (own).
 	undispatched time.Duration
 
-	blocked   bool   // another replica owns the run
-	blockedAt uint64 // ownerEvents when the claim was lost
-	ours      bool   // the run has a lease in this installation's KUBECLIP_LEASES
-	loaded    bool
-	done      bool
-	seenJob   bool
-	seenPod   bool // an exec-capable lease's pod was seen: its absence now means it is gone
-	status    statusLine
-	follow    *follower
-	end       *verdict.End // the run is over
-	recheck   *time.Timer
+	// acquiredAt is when the lease record was created (the acquire), from own.
+	acquiredAt time.Time
+	// readyReported: the run's start was reported (reportReady), here or by an earlier owner.
+	readyReported bool
+	blocked       bool   // another replica owns the run
+	blockedAt     uint64 // ownerEvents when the claim was lost
+	ours          bool   // the run has a lease in this installation's KUBECLIP_LEASES
+	loaded        bool
+	done          bool
+	seenJob       bool
+	seenPod       bool // an exec-capable lease's pod was seen: its absence now means it is gone
+	status        statusLine
+	follow        *follower
+	end           *verdict.End // the run is over
+	recheck       *time.Timer
 
 	// Shared with the follower.
 	journal *journal
@@ -203,7 +207,7 @@ func (t *tracker) own(ctx context.Context) (bool, error) {
 			t.done = true
 			return false, nil
 		}
-		t.workload, t.ours = w, true
+		t.workload, t.ours, t.acquiredAt = w, true, rec.CreatedAt
 	}
 	finished, err := resultPublished(ctx, t.d.stream, t.d.opts.Subjects, t.ref)
 	if err != nil {
@@ -262,6 +266,14 @@ func (t *tracker) load(ctx context.Context) error {
 		return err
 	}
 	t.journal = j
+	if t.status.seq > 0 {
+		// Someone published its status before this replica owned it; past Pending, that
+		// owner reported the run ready.
+		if lo := t.d.opts.lifecycle(); lo != nil {
+			lo.RunTakenOver()
+		}
+		t.readyReported = t.status.phase != events.PhasePending
+	}
 	if seq := j.lastSeq(); seq > 0 {
 		t.log.Info().Uint64("seq", seq).Msg("resuming run after its last published log chunk")
 	}
@@ -426,8 +438,22 @@ func (t *tracker) publishStatus(ctx context.Context, d verdict.Decision, pod *co
 	}
 	if t.status.seq != before {
 		t.log.Debug().Str("phase", string(d.Phase)).Str("reason", d.Reason).Msg("published status")
+		t.reportReady(pod)
 	}
 	return nil
+}
+
+// reportReady tells the LifecycleObserver, once per run, how long after the acquire the first
+// status that found the agent's container started went out: Running, or the run's end when it
+// was over before the watcher looked (a warm pod's container started before its acquire, so
+// the container's own start time is not the measure).
+func (t *tracker) reportReady(pod *corev1.Pod) {
+	lo := t.d.opts.lifecycle()
+	if lo == nil || t.readyReported || t.acquiredAt.IsZero() || pod == nil || !containerStarted(pod, t.d.opts.Container) {
+		return
+	}
+	t.readyReported = true
+	lo.RunReady(t.d.opts.Now().Sub(t.acquiredAt))
 }
 
 // flush publishes the journal's pending lines; a fenced publish gives the run up.
