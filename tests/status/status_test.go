@@ -188,7 +188,7 @@ func TestStatusShowsTheDemosLease(t *testing.T) {
 		t.Errorf("status -o json: complete %v, metrics %v, the demo's lease %s (company %s, run %s) among the oldest live: %v; got %+v",
 			r.Leases.Complete, r.Metrics, leaseID, demoCompany, runID, found, r.Leases)
 	}
-	if !regexp.MustCompile(`(?m)^` + demoCompany + `\s+` + regexp.QuoteMeta(runID) + `\s+` + regexp.QuoteMeta(leaseID) + `\s+(created|dispatching)\s`).MatchString(screen) ||
+	if !regexp.MustCompile(`(?m)^`+demoCompany+`\s+`+regexp.QuoteMeta(runID)+`\s+`+regexp.QuoteMeta(leaseID)+`\s+(created|dispatching)\s`).MatchString(screen) ||
 		!strings.Contains(screen, "no --metrics-url given") {
 		t.Errorf("status's screen shows no live lease %s of run %s of %s, or does not say it read NATS only:\n%s", leaseID, runID, demoCompany, screen)
 	}
