@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -27,6 +28,8 @@ const (
 	// companies' leases are counted together under otherCompanies, so a bucket of a million
 	// companies costs what a bucket of a thousand does.
 	maxStatusCompanies = 1000
+	// statusRequestTimeout bounds one stream's or consumer's reads (within --timeout).
+	statusRequestTimeout = 3 * time.Second
 	// maxOldestLive bounds --oldest.
 	maxOldestLive = 100
 )
@@ -175,17 +178,26 @@ func collectStatus(ctx context.Context, src statusSource, o statusOptions) (stat
 	defer cancel()
 	now := src.Now()
 	r := statusReport{Time: now.UTC(), Metrics: len(o.MetricsURLs) > 0}
-	r.Workers = scrapeWorkers(ctx, src.HTTP, o.MetricsURLs)
+	// The scrapes, the streams and the consumers are fixed lists, read at once: a request the
+	// user may not make is never answered (NATS drops it), so it costs statusRequestTimeout, and
+	// one after the other they would cost that many times it.
+	var wg sync.WaitGroup
+	wg.Go(func() { r.Workers = scrapeWorkers(ctx, src.HTTP, o.MetricsURLs) })
+	streams := statusStreams(src.Subjects)
+	r.Streams = make([]streamStatus, len(streams))
+	for i, name := range streams {
+		wg.Go(func() { r.Streams[i] = streamUsage(ctx, src.JS, name) })
+	}
+	consumers := workConsumers(src.Subjects)
+	r.Consumers = make([]consumerStatus, len(consumers))
+	for i, wc := range consumers {
+		wg.Go(func() { r.Consumers[i] = consumerLag(ctx, src.JS, wc, now) })
+	}
+	wg.Go(func() { r.Leases = scanLeases(ctx, src.JS, o, now) })
+	wg.Wait()
 	for _, w := range r.Workers {
 		r.ExecStreams += w.ExecStreams
 	}
-	for _, name := range statusStreams(src.Subjects) {
-		r.Streams = append(r.Streams, streamUsage(ctx, src.JS, name))
-	}
-	for _, wc := range workConsumers(src.Subjects) {
-		r.Consumers = append(r.Consumers, consumerLag(ctx, src.JS, wc, now))
-	}
-	r.Leases = scanLeases(ctx, src.JS, o, now)
 	if err := ctx.Err(); err != nil && !errors.Is(err, context.DeadlineExceeded) {
 		return statusReport{}, err
 	}
@@ -194,6 +206,8 @@ func collectStatus(ctx context.Context, src statusSource, o statusOptions) (stat
 
 // streamUsage reads one stream's info.
 func streamUsage(ctx context.Context, js jetstream.JetStream, name string) streamStatus {
+	ctx, cancel := context.WithTimeout(ctx, statusRequestTimeout)
+	defer cancel()
 	st := streamStatus{Stream: name}
 	s, err := js.Stream(ctx, name)
 	if errors.Is(err, jetstream.ErrStreamNotFound) {
@@ -201,7 +215,7 @@ func streamUsage(ctx context.Context, js jetstream.JetStream, name string) strea
 		return st
 	}
 	if err != nil {
-		st.Error = fmt.Sprintf("reading stream %s: %v", name, err)
+		st.Error = fmt.Sprintf("reading stream %s: %v", name, unanswered(err))
 		return st
 	}
 	info := s.CachedInfo()
@@ -223,6 +237,8 @@ func percent(used uint64, limit int64) float64 {
 // not acknowledged: the first message its filters take after its ack floor. That is one get per
 // filter subject (next_by_subj), whatever the backlog.
 func consumerLag(ctx context.Context, js jetstream.JetStream, wc workConsumer, now time.Time) consumerStatus {
+	ctx, cancel := context.WithTimeout(ctx, statusRequestTimeout)
+	defer cancel()
 	cs := consumerStatus{Worker: wc.worker, Stream: wc.stream, Consumer: wc.consumer}
 	c, err := js.Consumer(ctx, wc.stream, wc.consumer)
 	switch {
@@ -230,7 +246,7 @@ func consumerLag(ctx context.Context, js jetstream.JetStream, wc workConsumer, n
 		cs.Absent = true
 		return cs
 	case err != nil:
-		cs.Error = fmt.Sprintf("reading consumer %s of stream %s: %v", wc.consumer, wc.stream, err)
+		cs.Error = fmt.Sprintf("reading consumer %s of stream %s: %v", wc.consumer, wc.stream, unanswered(err))
 		return cs
 	}
 	info := c.CachedInfo()
@@ -242,7 +258,7 @@ func consumerLag(ctx context.Context, js jetstream.JetStream, wc workConsumer, n
 	}
 	stream, err := js.Stream(ctx, wc.stream)
 	if err != nil {
-		cs.Error = fmt.Sprintf("reading stream %s for consumer %s's oldest request: %v", wc.stream, wc.consumer, err)
+		cs.Error = fmt.Sprintf("reading stream %s for consumer %s's oldest request: %v", wc.stream, wc.consumer, unanswered(err))
 		return cs
 	}
 	filters := info.Config.FilterSubjects
@@ -259,7 +275,7 @@ func consumerLag(ctx context.Context, js jetstream.JetStream, wc workConsumer, n
 			continue
 		}
 		if err != nil {
-			cs.Error = fmt.Sprintf("reading consumer %s's oldest request on %s from stream %s: %v", wc.consumer, f, wc.stream, err)
+			cs.Error = fmt.Sprintf("reading consumer %s's oldest request on %s from stream %s: %v", wc.consumer, f, wc.stream, unanswered(err))
 			return cs
 		}
 		if oldest == nil || m.Sequence < oldest.Sequence {
@@ -289,13 +305,15 @@ func scanLeases(ctx context.Context, js jetstream.JetStream, o statusOptions, no
 	if o.Company != "" {
 		subjects = leaseKeyPrefix + companyKeys(o.Company)
 	}
-	cons, err := js.OrderedConsumer(ctx, leaseStream, jetstream.OrderedConsumerConfig{
+	createCtx, cancel := context.WithTimeout(ctx, statusRequestTimeout)
+	defer cancel()
+	cons, err := js.OrderedConsumer(createCtx, leaseStream, jetstream.OrderedConsumerConfig{
 		FilterSubjects:    []string{subjects},
 		DeliverPolicy:     jetstream.DeliverLastPerSubjectPolicy,
 		InactiveThreshold: leaseScanInactive,
 	})
 	if err != nil {
-		sum.Error = fmt.Sprintf("reading the lease records (stream %s): %v", leaseStream, err)
+		sum.Error = fmt.Sprintf("reading the lease records (stream %s): %v", leaseStream, unanswered(err))
 		return sum
 	}
 	defer deleteScanConsumer(js, cons)
@@ -436,6 +454,15 @@ func compareLive(a, b liveLease) int {
 func companyKeys(company string) string {
 	part, _, _ := strings.Cut(events.Ref(company, "x").Key(), ".")
 	return part + ".*"
+}
+
+// unanswered says what a request that timed out most likely met: NATS drops a request its user
+// may not publish, and the client hears only the timeout (and logs the violation on stderr).
+func unanswered(err error) error {
+	if errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("no answer in time (%s per request, --timeout in all): the NATS user may lack the permission (see stderr), or the server is slow: %w", statusRequestTimeout, err)
+	}
+	return err
 }
 
 // validateCompany checks a --company value as the lease records' company ids are checked.
