@@ -193,8 +193,9 @@ func collectStatus(ctx context.Context, src statusSource, o statusOptions) (stat
 	for i, wc := range consumers {
 		wg.Go(func() { r.Consumers[i] = consumerLag(ctx, src.JS, wc, now) })
 	}
-	wg.Go(func() { r.Leases = scanLeases(ctx, src.JS, o, now) })
 	wg.Wait()
+	// After the streams' info: the scan's own consumer is not one of the lease bucket's.
+	r.Leases = scanLeases(ctx, src.JS, o, now)
 	for _, w := range r.Workers {
 		r.ExecStreams += w.ExecStreams
 	}
