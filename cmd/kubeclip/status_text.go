@@ -29,7 +29,7 @@ func (r statusReport) writeText(out io.Writer) error {
 	case l.Error != "":
 		fmt.Fprintf(w, "%s: %s\n", title, l.Error)
 	case l.Complete:
-		fmt.Fprintf(w, "%s (%d records)\n", title, l.Scanned)
+		fmt.Fprintf(w, "%s (every record read: %d)\n", title, l.Scanned)
 	default:
 		fmt.Fprintf(w, "%s (partial: stopped at the %s after %d records; --lease-scan-limit %d, --timeout)\n", title, l.Partial, l.Scanned, l.Limit)
 	}
