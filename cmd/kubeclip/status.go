@@ -83,7 +83,7 @@ func runStatus(ctx context.Context, args []string, lookupEnv config.LookupEnv, s
 	c.bind(fs)
 	fs.String(&o.Company, "company", "KUBECLIP_COMPANY", "", "show only this company's leases")
 	fs.Strings(&o.MetricsURLs, "metrics-url", "", "KUBECLIP_METRICS_URLS", "a worker's /metrics URL, e.g. http://dispatcher:8080/metrics; the variable holds one per line")
-	fs.String(&o.Output, "output", "KUBECLIP_OUTPUT", "text", "text, or json (docs/scale/status.md has its shape)")
+	fs.String(&o.Output, "output", "KUBECLIP_OUTPUT", "text", "text, or json (also -o json; docs/scale/status.md has its shape)")
 	fs.Bool(&o.Watch, "watch", "KUBECLIP_WATCH", false, "redraw every --interval until interrupted")
 	fs.Duration(&o.Interval, "interval", "KUBECLIP_STATUS_INTERVAL", defaultStatusInterval, "how often --watch redraws")
 	fs.Duration(&o.Timeout, "timeout", "KUBECLIP_STATUS_TIMEOUT", defaultStatusTimeout, "bound on one collection (NATS, the scrapes, the lease scan, which is partial past it)")
