@@ -452,3 +452,47 @@ func BenchmarkStatusLeaseScan(b *testing.B) {
 		})
 	}
 }
+
+// TestScrapeWorker: a page that cannot be read or parsed makes its worker unreachable with an
+// error naming the URL (never its user information); a page past maxMetricsPageBytes is refused,
+// read no further than the bound.
+func TestScrapeWorker(t *testing.T) {
+	good := "# TYPE kubeclip_exec_streams gauge\nkubeclip_exec_streams 3\n# TYPE kubeclip_self_check_ok gauge\nkubeclip_self_check_ok 1\n"
+	for _, tc := range []struct {
+		name    string
+		status  int
+		body    string
+		want    workerStatus
+		wantErr string
+	}{
+		{name: "a worker's page", status: http.StatusOK, body: good, want: workerStatus{Reachable: true, ExecStreams: 3}},
+		{name: "an error status", status: http.StatusServiceUnavailable, body: good, wantErr: ": status 503 Service Unavailable"},
+		{name: "not the text format", status: http.StatusOK, body: "<html>", wantErr: ": parsing the page: "},
+		{name: "too large", status: http.StatusOK, body: "# " + strings.Repeat("x", maxMetricsPageBytes) + "\n", wantErr: fmt.Sprintf(": the page is over %d bytes", maxMetricsPageBytes)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+				w.WriteHeader(tc.status)
+				_, _ = w.Write([]byte(tc.body))
+			}))
+			defer srv.Close()
+			client := &http.Client{}
+			defer client.CloseIdleConnections()
+			url := strings.Replace(srv.URL, "http://", "http://operator:hunter2@", 1) + "/metrics"
+			got := scrapeWorker(t.Context(), client, url)
+			if tc.wantErr != "" {
+				wantPrefix := "scraping " + srv.URL + "/metrics"
+				if got.Reachable || !strings.HasPrefix(got.Error, wantPrefix) || !strings.Contains(got.Error, tc.wantErr) {
+					t.Fatalf("got %+v, want unreachable with %q…%q", got, wantPrefix, tc.wantErr)
+				}
+				return
+			}
+			if got.Error != "" || !got.Reachable || got.ExecStreams != tc.want.ExecStreams || got.SelfCheckOK == nil || !*got.SelfCheckOK {
+				t.Fatalf("got %+v, want %+v with self-check ok", got, tc.want)
+			}
+			if strings.Contains(got.URL, "hunter2") {
+				t.Errorf("the URL keeps its password: %s", got.URL)
+			}
+		})
+	}
+}
