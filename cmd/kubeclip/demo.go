@@ -18,6 +18,7 @@ import (
 	"github.com/kubeclip/kubeclip/internal/embeddednats"
 	"github.com/kubeclip/kubeclip/pkg/dispatch"
 	"github.com/kubeclip/kubeclip/pkg/events"
+	"github.com/kubeclip/kubeclip/pkg/policy"
 	"github.com/kubeclip/kubeclip/pkg/runwatch"
 	"github.com/kubeclip/kubeclip/pkg/tenant"
 )
@@ -96,13 +97,16 @@ func runDemo(ctx context.Context, args []string, lookupEnv config.LookupEnv, std
 	}
 	defer app.Drain(nc, log)
 
-	tw, err := tenant.New(tenant.Options{Clientset: kube.Clientset, Applier: kube.Applier, JetStream: js, Subjects: subjects, Logger: log, Replies: common.Replies()})
+	// The workers' default: the local cluster's images are preloaded (pulled IfNotPresent), as the
+	// nodes have no registry to pull the agent stub from.
+	operator := policy.Operator{PreloadedImages: policy.DefaultPreloadedImages}
+	tw, err := tenant.New(tenant.Options{Clientset: kube.Clientset, Applier: kube.Applier, JetStream: js, Subjects: subjects, Logger: log, Replies: common.Replies(), Operator: operator})
 	if err != nil {
 		return err
 	}
 	d, err := dispatch.New(dispatch.Options{
 		Clientset: kube.Clientset, Dynamic: kube.Dynamic, Metadata: kube.Metadata, Applier: kube.Applier,
-		JetStream: js, Subjects: subjects, Logger: log, LookupEnv: lookupEnv,
+		JetStream: js, Subjects: subjects, Logger: log, LookupEnv: lookupEnv, Operator: operator,
 	})
 	if err != nil {
 		return err

@@ -1,7 +1,7 @@
 // Command kubeclip is the operator's and developer's CLI: it publishes lease requests, follows
 // a run's events in a readable form, shows a lease's state and resumes or destroys a reusable
-// lease, runs commands in exec-capable leases' pods and copies files in and out of them, and runs
-// the whole pipeline locally (demo).
+// lease, runs commands in exec-capable leases' pods and copies files in and out of them, shows the
+// installation on one screen (status), and runs the whole pipeline locally (demo).
 package main
 
 import (
@@ -24,6 +24,7 @@ Usage:
   kubeclip exec     <runId> --company ID [-t] [--cwd DIR] [-e K=V]... [--timeout D] -- command [args...]
   kubeclip attach   <runId> <execId> --company ID [--from-seq N]
   kubeclip cp       <runId> --company ID [flags] LOCAL :DIR | :PATH LOCALDIR
+  kubeclip status   [--company ID] [--metrics-url URL]... [--watch] [-o json]
   kubeclip demo     [--kubeconfig FILE]
 
 Run "kubeclip <command> --help" for a command's flags.
@@ -57,6 +58,8 @@ func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout,
 		return runAttach(ctx, rest, lookupEnv, stdout, stderr)
 	case "cp":
 		return runCp(ctx, rest, lookupEnv, stdout, stderr)
+	case "status":
+		return runStatus(ctx, rest, lookupEnv, stdout)
 	case "demo":
 		return runDemo(ctx, rest, lookupEnv, stdout, stderr)
 	default:
