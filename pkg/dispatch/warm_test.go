@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net"
 	"strconv"
 	"sync"
@@ -15,6 +16,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 
 	"github.com/kubeclip/kubeclip/internal/pipelinetest"
 	"github.com/kubeclip/kubeclip/pkg/events"
@@ -316,13 +318,7 @@ func TestQuotaEvictsWarmPodsFirst(t *testing.T) {
 	created, _ := e.next(t, refOf(first), events.KindCreated, 0)
 	ns := created["namespace"].(string)
 	warm := e.waitWarm(t, ns, 1)[0]
-	// The quota controller's first count of a new tenant may lag its pods (its informer): the
-	// refusal this test is about needs the quota to count both.
-	eventually(t, "the tenant's quota counting the lease's pod and the warm one", func() bool {
-		q, err := e.cs.CoreV1().ResourceQuotas(ns).Get(t.Context(), policy.TenantResourceQuota, metav1.GetOptions{})
-		used := q.Status.Used[corev1.ResourcePods]
-		return err == nil && used.Value() == 2
-	})
+	countedByQuota(t, e.cs, ns, 2)
 
 	ref := e.acquireWarm(t, company, warmConfig("m", "110m"))
 	if got, _ := e.next(t, refOf(ref), events.KindCreated, 0); got["warm"] != nil {
@@ -337,6 +333,30 @@ func TestQuotaEvictsWarmPodsFirst(t *testing.T) {
 	if rec := e.record(t, refOf(ref)); rec.State != lease.StateCreated {
 		t.Fatalf("the acquire's lease is %s, want created", rec.State)
 	}
+}
+
+// countedByQuota waits until the tenant's quota counts pods pods, the count the refusal a test is
+// about needs. The quota controller computes a quota's usage from its pod informer and may write
+// a count that lags the pods just created over the admission plugin's; it counts again only when
+// a pod ends, the quota's hard limits change, or at its resync (5 minutes). So while the count is
+// short this asks for a recount by changing a hard limit no tenant pod uses.
+func countedByQuota(t *testing.T, cs kubernetes.Interface, ns string, pods int64) {
+	t.Helper()
+	recounts := 0
+	eventually(t, fmt.Sprintf("the tenant's quota counting %d pods", pods), func() bool {
+		q, err := cs.CoreV1().ResourceQuotas(ns).Get(t.Context(), policy.TenantResourceQuota, metav1.GetOptions{})
+		if err != nil {
+			return false
+		}
+		if used := q.Status.Used[corev1.ResourcePods]; used.Value() == pods {
+			return true
+		}
+		recounts++
+		q.Spec.Hard[corev1.ResourceName("count/configmaps")] = *resource.NewQuantity(int64(1000+recounts), resource.DecimalSI)
+		_, _ = cs.CoreV1().ResourceQuotas(ns).Update(t.Context(), q, metav1.UpdateOptions{}) // a conflict: the next look tries again
+		time.Sleep(200 * time.Millisecond)
+		return false
+	})
 }
 
 // TestIdleCompanyPoolDrains: a pool whose company acquired nothing for the idle window is
