@@ -317,7 +317,7 @@ func scanLeases(ctx context.Context, js jetstream.JetStream, o statusOptions, no
 	// after it (a record's earlier states too), not each record's last.
 	createCtx, cancel := context.WithTimeout(ctx, statusRequestTimeout)
 	defer cancel()
-	cons, err := js.CreateConsumer(createCtx, leaseStream, jetstream.ConsumerConfig{
+	cons, err := createScanConsumer(createCtx, js, jetstream.ConsumerConfig{
 		FilterSubject:     subjects,
 		DeliverPolicy:     jetstream.DeliverLastPerSubjectPolicy,
 		AckPolicy:         jetstream.AckNonePolicy,
@@ -415,6 +415,35 @@ func (s *leaseSummary) add(companies map[string]*companyLeases, subject string, 
 // record.
 func isKVMarker(h nats.Header) bool {
 	return h.Get("KV-Operation") != "" || h.Get(jetstream.MarkerReasonHeader) != ""
+}
+
+// createScanConsumer creates the lease scan's consumer through JetStream's ephemeral-only
+// endpoint, CONSUMER.CREATE.<stream> (the server refuses a durable there), rather than the named
+// one jetstream.CreateConsumer calls, whose subject cannot tell a durable from an ephemeral: so
+// the status user may create only ephemeral consumers (nats-auth.conf).
+func createScanConsumer(ctx context.Context, js jetstream.JetStream, cfg jetstream.ConsumerConfig) (jetstream.Consumer, error) {
+	req, err := json.Marshal(struct {
+		Stream string                   `json:"stream_name"`
+		Config jetstream.ConsumerConfig `json:"config"`
+	}{leaseStream, cfg})
+	if err != nil {
+		return nil, err
+	}
+	msg, err := js.Conn().RequestWithContext(ctx, jetstream.DefaultAPIPrefix+"CONSUMER.CREATE."+leaseStream, req)
+	if err != nil {
+		return nil, err
+	}
+	var resp struct {
+		Name  string              `json:"name"`
+		Error *jetstream.APIError `json:"error"`
+	}
+	if err := json.Unmarshal(msg.Data, &resp); err != nil {
+		return nil, fmt.Errorf("decoding the consumer's creation: %w", err)
+	}
+	if resp.Error != nil {
+		return nil, resp.Error
+	}
+	return js.Consumer(ctx, leaseStream, resp.Name)
 }
 
 // deleteScanConsumer removes a finished scan's consumer; where the user may not, the server
