@@ -40,8 +40,7 @@ func (c *client) connect() (*nats.Conn, jetstream.JetStream, events.Subjects, er
 	if err != nil {
 		return nil, nil, events.Subjects{}, &app.UsageError{Err: err}
 	}
-	// The CLI's user (cli) may subscribe to its own inboxes only (nats-auth.conf).
-	nc, err := nats.Connect(c.NATSURL, append(auth, nats.Name("kubeclip-cli"), nats.CustomInboxPrefix(inbox.CLIPrefix))...)
+	nc, err := nats.Connect(c.NATSURL, append(auth, nats.Name("kubeclip-cli"), nats.CustomInboxPrefix(c.inboxPrefix()))...)
 	if err != nil {
 		return nil, nil, events.Subjects{}, fmt.Errorf("connecting to NATS at %s: %w", c.NATSURL, err)
 	}
@@ -51,6 +50,18 @@ func (c *client) connect() (*nats.Conn, jetstream.JetStream, events.Subjects, er
 		return nil, nil, events.Subjects{}, err
 	}
 	return nc, js, s, nil
+}
+
+// statusUser is the read-only operator user nats-auth.conf gives `kubeclip status`.
+const statusUser = "status"
+
+// inboxPrefix is where the CLI receives: each of its users (nats-auth.conf) may subscribe to its
+// own inboxes only, the status user to _INBOX_status, the cli user (and any other) to _INBOX_cli.
+func (c *client) inboxPrefix() string {
+	if c.NATS.User == statusUser {
+		return inbox.StatusPrefix
+	}
+	return inbox.CLIPrefix
 }
 
 // parse parses a command's flags, printing its usage for --help or a bad flag.

@@ -112,6 +112,7 @@ func runStatus(ctx context.Context, args []string, lookupEnv config.LookupEnv, s
 	defer nc.Close()
 	src := statusSource{
 		JS: js, Subjects: s, HTTP: &http.Client{}, Now: time.Now,
+		KeepScanConsumer: c.NATS.User == statusUser,
 	}
 	clear := o.Watch && o.Output == "text" && isTerminal(stdout)
 	for {

@@ -2,10 +2,12 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/kubeclip/kubeclip/pkg/events"
 	"github.com/kubeclip/kubeclip/pkg/lease"
 )
 
@@ -44,4 +46,76 @@ func TestStatusAsTheCLIUser(t *testing.T) {
 		t.Errorf("leases: %+v, want an error naming the bucket's stream", r.Leases)
 	}
 	t.Logf("status as the cli user took %s", took)
+}
+
+// TestStatusAsTheStatusUser runs `kubeclip status` as the shipped status user, on its own inbox
+// prefix, against an installation whose worker consumers each hold a request and whose lease
+// bucket holds records: every section reads fully (no row fails, each consumer's oldest request
+// is found, the scan is complete), and no request waits for an answer that never comes, which
+// is what a missing permission costs (TestStatusAsTheCLIUser).
+func TestStatusAsTheStatusUser(t *testing.T) {
+	in := install(t)
+	ctx := t.Context()
+	s, err := events.NewSubjects("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	setUpStatusNATS(t, in.js, s)
+	kv, err := in.js.KeyValue(ctx, lease.Bucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const records = 300 // more than one scan batch
+	for i := range records {
+		rec := lease.Record{CompanyID: "acme", RunID: fmt.Sprintf("run-%d", i), State: lease.StateCreated, Namespace: "kubeclip-t-acme", WorkloadName: fmt.Sprintf("pc-run-%d", i), Backend: "job", CreatedAt: time.Now().UTC()}
+		if _, created, err := (lease.Records{KV: kv}).Create(ctx, rec); err != nil || !created {
+			t.Fatalf("creating %s's record: created %v, %v", rec.RunID, created, err)
+		}
+	}
+	// One request for each worker consumer, on a subject its filters take.
+	for _, wc := range workConsumers(s) {
+		c, err := in.js.Consumer(ctx, wc.stream, wc.consumer)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg := c.CachedInfo().Config
+		subject := cfg.FilterSubject
+		if subject == "" {
+			subject = cfg.FilterSubjects[0]
+		}
+		subject = strings.ReplaceAll(strings.ReplaceAll(subject, "*", "x"), ">", "x")
+		if _, err := in.js.Publish(ctx, subject, []byte("{}")); err != nil {
+			t.Fatalf("publishing to %s: %v", subject, err)
+		}
+	}
+
+	start := time.Now()
+	out, err := in.kubeclip(ctx, "status", "status", "-o", "json", "--timeout", "8s")
+	took := time.Since(start)
+	if err != nil {
+		t.Fatalf("status: %v\n%s", err, out)
+	}
+	var r statusReport
+	if err := json.Unmarshal([]byte(out), &r); err != nil {
+		t.Fatalf("decoding %q: %v", out, err)
+	}
+	for _, st := range r.Streams {
+		if st.Error != "" {
+			t.Errorf("stream %s: %s", st.Stream, st.Error)
+		}
+	}
+	for _, c := range r.Consumers {
+		if c.Error != "" || c.Absent || c.OldestPendingSeq == 0 {
+			t.Errorf("consumer %s/%s: %+v, want its lag and oldest request", c.Stream, c.Consumer, c)
+		}
+	}
+	if l := r.Leases; l.Error != "" || !l.Complete || l.Scanned != records {
+		t.Errorf("leases: error %q, complete %v, scanned %d, want every one of %d records", l.Error, l.Complete, l.Scanned, records)
+	}
+	// A request the user may not make goes unanswered: it waits statusRequestTimeout, or
+	// deleteConsumerTimeout for the scan's consumer.
+	if took >= deleteConsumerTimeout {
+		t.Errorf("status took %s: some request went unanswered", took)
+	}
+	t.Logf("status as the status user took %s", took)
 }

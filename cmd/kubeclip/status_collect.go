@@ -41,6 +41,11 @@ type statusSource struct {
 	HTTP     *http.Client
 	// Now is the report's clock: its time and every age in it.
 	Now func() time.Time
+	// KeepScanConsumer leaves the lease scan's consumer to the server (leaseScanInactive) rather
+	// than deleting it: for a user that may not delete a consumer, whose attempt would go
+	// unanswered for deleteConsumerTimeout (the status user: NATS cannot narrow its deletions to
+	// its own consumer, nats-auth.conf).
+	KeepScanConsumer bool
 }
 
 // statusReport is one collection: what `kubeclip status` prints and `-o json` encodes. Every list
@@ -195,7 +200,7 @@ func collectStatus(ctx context.Context, src statusSource, o statusOptions) (stat
 	}
 	wg.Wait()
 	// After the streams' info: the scan's own consumer is not one of the lease bucket's.
-	r.Leases = scanLeases(ctx, src.JS, o, now)
+	r.Leases = scanLeases(ctx, src.JS, o, now, !src.KeepScanConsumer)
 	for _, w := range r.Workers {
 		r.ExecStreams += w.ExecStreams
 	}
@@ -297,8 +302,9 @@ func roundSeconds(d time.Duration) float64 { return d.Round(100 * time.Milliseco
 // scanLeases counts the lease records by company and state, reading each record's last value
 // through an ephemeral pull consumer in batches of leaseScanBatch, and stops at o.LeaseScanLimit
 // records or ctx's deadline. What it holds is bounded whatever the bucket holds: one batch,
-// maxStatusCompanies counters and o.OldestLive leases.
-func scanLeases(ctx context.Context, js jetstream.JetStream, o statusOptions, now time.Time) (sum leaseSummary) {
+// maxStatusCompanies counters and o.OldestLive leases. It deletes its consumer when it ends if
+// deleteConsumer, else the server removes it after leaseScanInactive.
+func scanLeases(ctx context.Context, js jetstream.JetStream, o statusOptions, now time.Time, deleteConsumer bool) (sum leaseSummary) {
 	sum = leaseSummary{Company: o.Company, Limit: o.LeaseScanLimit, Companies: []companyLeases{}, OldestLive: []liveLease{}}
 	companies := map[string]*companyLeases{}
 	defer func() { sum.finish(companies) }()
@@ -311,7 +317,7 @@ func scanLeases(ctx context.Context, js jetstream.JetStream, o statusOptions, no
 	// after it (a record's earlier states too), not each record's last.
 	createCtx, cancel := context.WithTimeout(ctx, statusRequestTimeout)
 	defer cancel()
-	cons, err := js.CreateConsumer(createCtx, leaseStream, jetstream.ConsumerConfig{
+	cons, err := createScanConsumer(createCtx, js, jetstream.ConsumerConfig{
 		FilterSubject:     subjects,
 		DeliverPolicy:     jetstream.DeliverLastPerSubjectPolicy,
 		AckPolicy:         jetstream.AckNonePolicy,
@@ -323,7 +329,9 @@ func scanLeases(ctx context.Context, js jetstream.JetStream, o statusOptions, no
 		sum.Error = fmt.Sprintf("reading the lease records (stream %s): %v", leaseStream, unanswered(err))
 		return sum
 	}
-	defer deleteScanConsumer(js, cons)
+	if deleteConsumer {
+		defer deleteScanConsumer(js, cons)
+	}
 	if cons.CachedInfo().NumPending == 0 {
 		sum.Complete = true
 		return sum
@@ -377,8 +385,8 @@ const (
 	// (docs/scale/status.md).
 	leaseScanBatch = 256
 	// leaseScanInactive lets the server remove a scan's consumer soon after the scan ends, when
-	// the user may not delete it itself (the cli user may not, nats-auth.conf), or the command
-	// was killed.
+	// the user may not delete it itself (neither the cli nor the status user may,
+	// nats-auth.conf), or the command was killed.
 	leaseScanInactive = 10 * time.Second
 	// deleteConsumerTimeout bounds deleting a finished scan's consumer.
 	deleteConsumerTimeout = 2 * time.Second
@@ -407,6 +415,35 @@ func (s *leaseSummary) add(companies map[string]*companyLeases, subject string, 
 // record.
 func isKVMarker(h nats.Header) bool {
 	return h.Get("KV-Operation") != "" || h.Get(jetstream.MarkerReasonHeader) != ""
+}
+
+// createScanConsumer creates the lease scan's consumer through JetStream's ephemeral-only
+// endpoint, CONSUMER.CREATE.<stream> (the server refuses a durable there), rather than the named
+// one jetstream.CreateConsumer calls, whose subject cannot tell a durable from an ephemeral: so
+// the status user may create only ephemeral consumers (nats-auth.conf).
+func createScanConsumer(ctx context.Context, js jetstream.JetStream, cfg jetstream.ConsumerConfig) (jetstream.Consumer, error) {
+	req, err := json.Marshal(struct {
+		Stream string                   `json:"stream_name"`
+		Config jetstream.ConsumerConfig `json:"config"`
+	}{leaseStream, cfg})
+	if err != nil {
+		return nil, err
+	}
+	msg, err := js.Conn().RequestWithContext(ctx, jetstream.DefaultAPIPrefix+"CONSUMER.CREATE."+leaseStream, req)
+	if err != nil {
+		return nil, err
+	}
+	var resp struct {
+		Name  string              `json:"name"`
+		Error *jetstream.APIError `json:"error"`
+	}
+	if err := json.Unmarshal(msg.Data, &resp); err != nil {
+		return nil, fmt.Errorf("decoding the consumer's creation: %w", err)
+	}
+	if resp.Error != nil {
+		return nil, resp.Error
+	}
+	return js.Consumer(ctx, leaseStream, resp.Name)
 }
 
 // deleteScanConsumer removes a finished scan's consumer; where the user may not, the server

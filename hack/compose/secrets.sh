@@ -6,7 +6,8 @@
 #                      DIR/sandbox-key   the sandbox master key (64 hex digits), readable by the
 #                                        images' uid 65532 (owned by it when run as root)
 #
-# Existing files are kept, so the stack keeps its passwords and key across `up` and `down`.
+# Existing files are kept, so the stack keeps its passwords and key across `up` and `down`; a
+# NATS user's password missing from an existing secrets.env (a user added since: status) is added.
 # Nothing secret is printed. These are for a developer's machine; an installation's secrets are
 # its operator's (README, Deploy).
 set -Eeuo pipefail
@@ -34,13 +35,23 @@ if [[ ! -s $key ]]; then
   log "made $key"
 fi
 
+# The NATS users' password variables (KUBECLIP_NATS_PASSWORD_<v>) nats-auth.conf reads.
+users=(WORKERS EXEC_WORKER PAPERCLIP CLI STATUS)
+
 env=$DIR/secrets.env
 if [[ ! -s $env ]]; then
   {
     # A letter first: nats-server would read an all-digit password as a number.
-    for v in WORKERS EXEC_WORKER PAPERCLIP CLI; do printf 'KUBECLIP_NATS_PASSWORD_%s=p%s\n' "$v" "$(hex 24)"; done
+    for v in "${users[@]}"; do printf 'KUBECLIP_NATS_PASSWORD_%s=p%s\n' "$v" "$(hex 24)"; done
     printf 'KUBECLIP_COMPOSE_SANDBOX_KEY=%s\n' "$key"
   } >"$env.tmp"
   mv "$env.tmp" "$env"
   log "made $env"
+else
+  for v in "${users[@]}"; do
+    if ! grep -q "^KUBECLIP_NATS_PASSWORD_$v=" "$env"; then
+      printf 'KUBECLIP_NATS_PASSWORD_%s=p%s\n' "$v" "$(hex 24)" >>"$env"
+      log "added KUBECLIP_NATS_PASSWORD_$v to $env"
+    fi
+  done
 fi

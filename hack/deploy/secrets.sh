@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
 # secrets.sh: creates kubeclip's two per-installation Secrets with random values, each only when
-# it is missing (an existing one is never changed: rotating a key is the operator's decision).
+# it is missing (an existing value is never changed: rotating a key is the operator's decision).
+# A NATS user added since the Secret was made (status) gets its key added, since nats-server does
+# not start without every user's password.
 #
 #   secrets.sh [NAMESPACE]     default kubeclip; the namespace must exist
 #
-#   kubeclip-nats-users    keys kubeclip, exec-worker, paperclip, cli: each NATS user's password
+#   kubeclip-nats-users    keys kubeclip, exec-worker, paperclip, cli, status: each NATS user's password
 #                          (48 hex digits), read by nats-server (nats-auth.conf) and the workers
 #   kubeclip-sandbox-key   key "key": the sandbox master key (64 hex digits, 32 bytes), read by
 #                          the dispatcher and the exec-worker
 #
 # The values go through files in a private temporary directory, never on a command line or to
-# the output. Paperclip's and the CLI's passwords are read back with
+# the output. Paperclip's, the CLI's and the status user's passwords are read back with
 #   kubectl -n NAMESPACE get secret kubeclip-nats-users -o jsonpath='{.data.paperclip}' | base64 -d
 # Environment: KUBECTL (default kubectl), KUBECONFIG.
 set -Eeuo pipefail
@@ -29,16 +31,34 @@ dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 chmod 0700 "$dir"
 
+# The NATS users of nats-auth.conf, each a key of kubeclip-nats-users.
+users=(kubeclip exec-worker paperclip cli status)
+
+# password: a random NATS password. A letter first: nats-server would read an all-digit value as a
+# number (nats-auth.conf).
+password() { printf 'p%s' "$(hex 24)"; }
+
 if exists kubeclip-nats-users; then
-  log "kubeclip-nats-users exists in $NS: kept"
+  have=$("$KUBECTL" -n "$NS" get secret kubeclip-nats-users -o go-template='{{range $k, $v := .data}}{{$k}} {{end}}')
+  added=()
+  for user in "${users[@]}"; do
+    [[ " $have " == *" $user "* ]] && continue
+    printf '{"data":{"%s":"%s"}}' "$user" "$(password | base64 -w0)" >"$dir/patch.json"
+    "$KUBECTL" -n "$NS" patch secret kubeclip-nats-users --type merge --patch-file "$dir/patch.json" >/dev/null
+    added+=("$user")
+  done
+  if ((${#added[@]})); then
+    log "kubeclip-nats-users exists in $NS: kept, added random passwords for ${added[*]}"
+  else
+    log "kubeclip-nats-users exists in $NS: kept"
+  fi
 else
   mkdir "$dir/nats"
-  for user in kubeclip exec-worker paperclip cli; do
-    # A letter first: nats-server would read an all-digit value as a number (nats-auth.conf).
-    printf 'p%s' "$(hex 24)" >"$dir/nats/$user"
+  for user in "${users[@]}"; do
+    password >"$dir/nats/$user"
   done
   "$KUBECTL" -n "$NS" create secret generic kubeclip-nats-users --from-file="$dir/nats" >/dev/null
-  log "created kubeclip-nats-users in $NS (random passwords for kubeclip, exec-worker, paperclip, cli)"
+  log "created kubeclip-nats-users in $NS (random passwords for ${users[*]})"
 fi
 
 if exists kubeclip-sandbox-key; then

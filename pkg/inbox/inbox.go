@@ -21,6 +21,9 @@ const (
 	WorkersPrefix = "_INBOX_kubeclip"
 	// ExecWorkerPrefix is the exec-worker's (user exec-worker).
 	ExecWorkerPrefix = "_INBOX_exec"
+	// StatusPrefix is `kubeclip status`'s under the read-only operator user status. It sends no
+	// request to a responder, only to JetStream, so no responder answers into it.
+	StatusPrefix = "_INBOX_status"
 )
 
 // DefaultClientPrefixes are the inboxes a responder answers into unless the operator says

@@ -426,7 +426,7 @@ func unstructuredInt(o *unstructured.Unstructured, fields ...string) int64 {
 }
 
 // natsUsers are the NATS users nats-auth.conf defines: the keys of the Secret kubeclip-nats-users.
-var natsUsers = []string{"kubeclip", "exec-worker", "paperclip", "cli"}
+var natsUsers = []string{"kubeclip", "exec-worker", "paperclip", "cli", "status"}
 
 // installSecrets makes the installation's Secrets in ns with hack/deploy/secrets.sh (what `make
 // deploy-dev` runs: random values, made only when missing) and returns the NATS users' passwords.

@@ -70,6 +70,7 @@ func TestOverlaysWireSecretsAndUsers(t *testing.T) {
 			for user, v := range map[string]string{
 				"kubeclip": "KUBECLIP_NATS_PASSWORD_WORKERS", "exec-worker": "KUBECLIP_NATS_PASSWORD_EXEC_WORKER",
 				"paperclip": "KUBECLIP_NATS_PASSWORD_PAPERCLIP", "cli": "KUBECLIP_NATS_PASSWORD_CLI",
+				"status": "KUBECLIP_NATS_PASSWORD_STATUS",
 			} {
 				if got := secretKey(natsEnv, v); got != "kubeclip-nats-users/"+user {
 					t.Errorf("NATS %s comes from %q, want kubeclip-nats-users/%s", v, got, user)

@@ -3,7 +3,8 @@
 // workers' real code on their own users, and Paperclip's and the CLI's users trying every way a
 // client could make the server or a worker act for it: reply subjects aimed at streams, buckets
 // and other companies' runs, consumer deletion, reads of the workers' buckets, the other
-// client's inbox. Each attempt must be refused or harmless, checked on the stream or record.
+// client's inbox; and what the workers' and the read-only status user may not do. Each attempt
+// must be refused or harmless, checked on the stream or record.
 package natsauth_test
 
 import (
@@ -32,7 +33,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 const natsAuthConf = "../../" + natstest.ShippedAuthConf
 
 // inboxes are the inbox prefixes each user connects with (pkg/inbox).
-var inboxes = map[string]string{"kubeclip": inbox.WorkersPrefix, "exec-worker": inbox.ExecWorkerPrefix, "paperclip": inbox.PaperclipPrefix, "cli": inbox.CLIPrefix}
+var inboxes = map[string]string{"kubeclip": inbox.WorkersPrefix, "exec-worker": inbox.ExecWorkerPrefix, "paperclip": inbox.PaperclipPrefix, "cli": inbox.CLIPrefix, "status": inbox.StatusPrefix}
 
 // authServer runs a JetStream server with the shipped users and permissions, passwords from the
 // environment as in a deployment.

@@ -170,7 +170,11 @@ func TestClientsCannot(t *testing.T) {
 	}
 }
 
-// TestWorkersCannot: the workers' users publish only what their code needs.
+// TestWorkersCannot: the workers' users, and the operator's read-only status user, publish only
+// what their code needs. The status user writes nothing: no run, lease, dispatch, retry or KV
+// subject, no exec or api request, no consumer deletion, no durable consumer or consumer on any
+// stream but its scan's on the lease bucket, no fetch from a worker's consumer, no ack, no reply
+// into another user's inbox (TestStatusUserCannot has the rest).
 func TestWorkersCannot(t *testing.T) {
 	srv := authServer(t)
 	in := install(t, srv)
@@ -191,6 +195,34 @@ func TestWorkersCannot(t *testing.T) {
 			in.runSubject("failed"),
 			in.subjects.Prefix() + ".lease.victim.r1.release",
 			"_INBOX.x", inboxes["kubeclip"] + ".x",
+		},
+		"status": {
+			in.runSubject("failed"),
+			in.subjects.Prefix() + ".lease.victim.r1.release",
+			in.subjects.Prefix() + ".exec.victim.r1.start",
+			in.subjects.Prefix() + ".api.ping",
+			"kubeclip.dispatch.victim.r1",
+			"kubeclip.retry.tenant-worker.victim",
+			"kubeclip.parked.victim.r1",
+			"$KV." + lease.Bucket + "." + in.victim.Key(),
+			"$KV." + lease.TenantBucket + ".victim",
+			"$JS.API.STREAM.PURGE.KV_" + lease.Bucket,
+			"$JS.API.STREAM.DELETE." + in.subjects.RunStream(),
+			"$JS.API.STREAM.CREATE.KV_" + lease.Bucket,
+			"$JS.API.STREAM.UPDATE." + in.subjects.LeaseStream(),
+			"$JS.API.STREAM.MSG.DELETE." + in.subjects.LeaseStream(),
+			"$JS.API.CONSUMER.DELETE." + in.subjects.LeaseStream() + ".tenant-worker",
+			"$JS.API.CONSUMER.DELETE.KV_" + lease.Bucket + ".x",
+			"$JS.API.CONSUMER.DURABLE.CREATE.KV_" + lease.Bucket + ".x",
+			"$JS.API.CONSUMER.CREATE." + in.subjects.LeaseStream() + ".x." + in.subjects.Prefix() + ".lease.>",
+			"$JS.API.CONSUMER.CREATE." + in.subjects.RunStream(),
+			"$JS.API.CONSUMER.CREATE.KV_" + lease.TenantBucket + ".x.$KV." + lease.TenantBucket + ".>",
+			"$JS.API.CONSUMER.CREATE.KV_" + lease.Bucket + ".x.$KV." + lease.TenantBucket + ".>",
+			"$JS.API.CONSUMER.MSG.NEXT." + in.subjects.LeaseStream() + ".tenant-worker",
+			"$JS.API.DIRECT.GET.KV_" + lease.TenantBucket + ".$KV." + lease.TenantBucket + ".victim",
+			"$JS.API.DIRECT.GET.KV_KUBECLIP_EXECS",
+			"$JS.ACK." + in.subjects.LeaseStream() + ".tenant-worker.1.1.1.1.0",
+			inboxes["cli"] + ".x", inboxes["paperclip"] + ".x", "_INBOX.x",
 		},
 	} {
 		t.Run(user, func(t *testing.T) {
