@@ -23,7 +23,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -54,35 +53,8 @@ const root = "../.."
 // fieldManager owns what the tests apply.
 const fieldManager = "kubeclip-deploy-test"
 
-// kubectl returns the path of kubectl: $KUBECTL, then PATH, then the one the cluster harness
-// builds. kustomize is kubectl's (kubectl kustomize).
-func kubectl(t *testing.T) string {
-	t.Helper()
-	if p := os.Getenv("KUBECTL"); p != "" {
-		return p
-	}
-	if p, err := exec.LookPath("kubectl"); err == nil {
-		return p
-	}
-	gomod, err := os.ReadFile(filepath.Join(root, "hack/k8s/go.mod"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := regexp.MustCompile(`k8s\.io/kubernetes (v[0-9][^\s]*)`).FindSubmatch(gomod)
-	if m == nil {
-		t.Fatal("no k8s.io/kubernetes version in hack/k8s/go.mod")
-	}
-	cache := os.Getenv("KUBECLIP_CACHE")
-	if cache == "" {
-		home, _ := os.UserHomeDir()
-		cache = filepath.Join(home, ".cache/kubeclip")
-	}
-	p := filepath.Join(cache, "k8s", string(m[1]), "bin/kubectl")
-	if _, err := os.Stat(p); err != nil {
-		t.Fatalf("kubectl not found (%v): `make cluster-up` builds it, or put kubectl on PATH or in $KUBECTL", err)
-	}
-	return p
-}
+// kubectl returns the path of kubectl (clustertest.Kubectl).
+func kubectl(t *testing.T) string { return clustertest.Kubectl(t, root) }
 
 // shortID is a lower-case random suffix for names this test run owns.
 func shortID() string { return strings.ToLower(ulid.Make().String()[18:]) }
