@@ -35,6 +35,12 @@ export interface ExecSpec {
    * as it is read, a chunk at a time; only the chunk sandboxd has not confirmed is held.
    */
   stdinStream?: AsyncIterable<Uint8Array> | undefined;
+  /**
+   * Run the command on a terminal of this size (sandboxd's pty, docs/exec.md "Terminals"). Needs
+   * stdinStream (the protocol's stdinBytes -1); each piece of it is sent as soon as it is read,
+   * not gathered into larger chunks (keystrokes). Output arrives as stdout only.
+   */
+  tty?: { rows: number; cols: number } | undefined;
   /** The command's budget; sandboxd kills it after this (> 0). */
   timeoutMs: number;
   /** Record the output in the run stream (the agent command only). */
@@ -173,8 +179,11 @@ export class StdinFeed {
   private held: Buffer = Buffer.alloc(0);
   private done = false;
   private chain: Promise<unknown> = Promise.resolve();
+  /** Send what has been read at once (a terminal's keystrokes) rather than fill a chunk first. */
+  private readonly eager: boolean;
 
-  constructor(src: string | AsyncIterable<Uint8Array> | undefined) {
+  constructor(src: string | AsyncIterable<Uint8Array> | undefined, eager = false) {
+    this.eager = eager;
     if (typeof src === "string" || src === undefined) {
       this.whole = Buffer.from(src ?? "", "utf8");
       this.length = this.whole.byteLength;
@@ -200,7 +209,7 @@ export class StdinFeed {
     const drop = Math.min(offset - this.base, this.held.byteLength);
     this.held = this.held.subarray(drop);
     this.base += drop;
-    while (!this.done && this.held.byteLength < max && this.it) {
+    while (!this.done && this.held.byteLength < max && this.it && !(this.eager && this.held.byteLength > 0)) {
       const r = await this.it.next();
       if (r.done) this.done = true;
       else if (r.value.byteLength > 0) this.held = Buffer.concat([this.held, r.value]);
@@ -210,8 +219,12 @@ export class StdinFeed {
     return { data, eof: this.done && data.byteLength === this.held.byteLength };
   }
 
-  /** Stops reading the stream (the exec ended first). */
+  /**
+   * Stops reading the stream (the exec ended first). An eager feed's source (a terminal's
+   * input) may never yield again: it is told to end first, so a pending read settles.
+   */
   async close(): Promise<void> {
+    if (this.eager) await this.it?.return?.();
     await this.chain;
     await this.it?.return?.();
   }
@@ -382,7 +395,8 @@ export async function runExec(nc: NatsConnection, prefix: string, spec: ExecSpec
   const unavailableMs = opts.unavailableMs ?? 120_000;
   const retryMs = opts.retryMs ?? 1_000;
   const cap = opts.maxOutputBytes ?? DEFAULT_MAX_OUTPUT_BYTES;
-  const stdin = new StdinFeed(spec.stdinStream ?? spec.stdin);
+  if (spec.tty && !spec.stdinStream) throw new Error("tty: a terminal needs stdinStream (stdinBytes -1)");
+  const stdin = new StdinFeed(spec.stdinStream ?? spec.stdin, spec.tty !== undefined);
   const hold = opts.holdBytes ?? DEFAULT_HOLD_BYTES;
   const out = { stdout: new Output(hold), stderr: new Output(hold) };
   const emit = (stream: Stream, text: string): void => {
@@ -431,6 +445,7 @@ export async function runExec(nc: NatsConnection, prefix: string, spec: ExecSpec
     stdinBytes: stdin.length,
     record: spec.record,
     maxOutputBytes: cap,
+    ...(spec.tty ? { tty: { rows: spec.tty.rows, cols: spec.tty.cols } } : {}),
   });
   const request = (): void => {
     lastResume = Date.now();

@@ -20,6 +20,7 @@ describe("manifest", () => {
       nativeSyncOut: true,
       concurrentSyncOperations: true,
     });
+    assert.equal(d.supportsLoginPty, true);
   });
 
   it("has package.json's version", () => {

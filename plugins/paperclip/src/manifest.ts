@@ -50,6 +50,11 @@ const manifest: PaperclipPluginManifestV1 = {
         nativeSyncOut: true,
         concurrentSyncOperations: true,
       },
+      // The in-product adapter logins (Claude setup-token, Codex and Grok device logins) on a
+      // terminal in a lease's pod: the onLoginPty* hooks (loginpty.ts). The host offers a
+      // kubeclip environment for them only with this flag (plugin-environment-driver.js,
+      // routes/agents.js resolveProviderSupportsLoginPty).
+      supportsLoginPty: true,
     },
   ],
 };

@@ -7,6 +7,7 @@
 //   execute          → the exec protocol (exec.ts) on core NATS, output streamed live
 //   syncIn/syncOut   → sandboxd untar/tar over the same exec protocol, tar streams (sync.ts)
 //   release/destroy  → JetStream lease request, wait for `released`/`failed` (the receipt)
+//   onLoginPty*      → a login command on a terminal exec in a lease's pod (loginpty.ts)
 //
 // Logs carry run and lease ids only: never config values, env, stdin or credentials.
 
@@ -31,6 +32,7 @@ import {
   type PluginEnvironmentTerminationReceipt,
   type PluginEnvironmentValidationResult,
 } from "@paperclipai/plugin-sdk";
+import type { PluginLoginPtyCloseResult, PluginLoginPtyOpenParams, PluginLoginPtyOpenResult } from "@paperclipai/plugin-sdk/protocol";
 import { isAgentCommand } from "./agent.js";
 import { WORKER_KINDS, ping, validateConfig } from "./api.js";
 import {
@@ -58,6 +60,7 @@ import { findCaseVariantKey, isObject, type JsonObject } from "./json.js";
 import { Leases } from "./leases.js";
 import { REUSABLE_LEASES } from "./manifest.js";
 import { LiveLog } from "./livelog.js";
+import { LOGIN_OUTPUT_BYTES, LOGIN_TIMEOUT_MS, LOGIN_TTY, LoginTerminals, checkOpen, loginExec } from "./loginpty.js";
 import { ConnectionPool } from "./nats.js";
 import { StatsBook } from "./stats.js";
 import { SYNC_STDERR_BYTES, syncIn, syncOut, type SyncExec } from "./sync.js";
@@ -70,6 +73,8 @@ export const DEFAULT_RPC_BUDGET_MS = 25_000;
 export const VALIDATE_BUDGET_MS = 10_000;
 /** How long ping replies are collected. */
 export const PING_WINDOW_MS = 500;
+/** The most leases remembered for login terminals (oldest forgotten first). */
+export const LEASE_BOOK_SIZE = 10_000;
 
 export interface PluginOptions {
   /** Exec client tuning (tests shorten the resume silence). */
@@ -117,6 +122,21 @@ export function createPlugin(options: PluginOptions = {}): PaperclipPlugin {
     return l;
   };
   let ctx: PluginContext | undefined;
+  /**
+   * The leases this worker acquired or resumed and has not ended, by providerLeaseId: a login
+   * terminal's open names only the lease (the host acquired it through this worker just
+   * before), and is refused unless the lease is the opening company's.
+   */
+  const leaseBook = new Map<string, { runId: string; companyId: string; backend: string; config: JsonObject }>();
+  const remember = (providerLeaseId: string, lease: { runId: string; companyId: string; backend: string; config: JsonObject }): void => {
+    leaseBook.delete(providerLeaseId);
+    leaseBook.set(providerLeaseId, lease);
+    for (const oldest of leaseBook.keys()) {
+      if (leaseBook.size <= LEASE_BOOK_SIZE) break;
+      leaseBook.delete(oldest);
+    }
+  };
+  const terminals = new LoginTerminals(() => context().loginPty);
   /**
    * Plugin settings delivered by configChanged, per company (null: an instance-wide save).
    * validateConfig has no company: it uses them only when every company has the same.
@@ -229,6 +249,7 @@ export function createPlugin(options: PluginOptions = {}): PaperclipPlugin {
     if (cancel) {
       for (const c of inflight.get(providerLeaseId) ?? []) c.abort();
     }
+    leaseBook.delete(providerLeaseId);
     const conn = await connectionFor(params.config, params.companyId);
     const leases = leasesOn(await pool.get(conn), conn.prefix);
     const log = context().logger;
@@ -263,6 +284,12 @@ export function createPlugin(options: PluginOptions = {}): PaperclipPlugin {
     opts: ExecOptions,
   ): Promise<ExecResult> {
     const controller = new AbortController();
+    // The caller's own stop (a login terminal's) stops it too.
+    const stop = (): void => {
+      controller.abort();
+    };
+    if (opts.signal?.aborted) stop();
+    else opts.signal?.addEventListener("abort", stop, { once: true });
     let set = inflight.get(spec.providerLeaseId);
     if (!set) inflight.set(spec.providerLeaseId, (set = new Set()));
     set.add(controller);
@@ -271,6 +298,7 @@ export function createPlugin(options: PluginOptions = {}): PaperclipPlugin {
       release = await limiter.acquire(spec.companyId, s.maxConcurrentExecutesPerCompany ?? DEFAULT_CONCURRENT_EXECUTES, controller.signal);
       return await runExec(nc, conn.prefix, spec, { ...opts, signal: controller.signal, inboxPrefix: conn.inboxPrefix, ...options.exec });
     } finally {
+      opts.signal?.removeEventListener("abort", stop);
       release?.();
       set.delete(controller);
       if (set.size === 0) inflight.delete(spec.providerLeaseId);
@@ -298,6 +326,7 @@ export function createPlugin(options: PluginOptions = {}): PaperclipPlugin {
         { timeoutMs: conn.timeoutMs ?? DEFAULT_RPC_BUDGET_MS, display: conn.display },
       );
       stats.of(params.providerLeaseId).hook("resumeLease");
+      remember(params.providerLeaseId, { runId: meta.runId, companyId, backend: meta.backend, config: params.config });
       log.info("lease resumed", { runId: meta.runId, providerLeaseId: params.providerLeaseId, from: r.from, generation: r.generation, resumeMs: Date.now() - t0 });
       const remoteCwd = typeof params.leaseMetadata?.remoteCwd === "string" ? params.leaseMetadata.remoteCwd : REMOTE_CWD;
       // The answer's metadata replaces the lease's: everything later hooks read goes back. The
@@ -427,6 +456,48 @@ export function createPlugin(options: PluginOptions = {}): PaperclipPlugin {
     }
   }
 
+  /**
+   * A login terminal on a lease this worker holds for the opening company: the fixed command of
+   * the key on a LOGIN_TTY terminal, its output to ctx.loginPty. Never logs what is typed or shown.
+   */
+  async function openLogin(params: PluginLoginPtyOpenParams): Promise<string> {
+    const o = checkOpen(params);
+    return terminals.open(o.hostRouteId, o.companyId, async () => {
+      const lease = leaseBook.get(o.providerLeaseId);
+      // The same answer for a lease of another company as for none: nothing about it is told.
+      if (!lease || lease.companyId !== o.companyId) {
+        throw new Error(`providerLeaseId: no lease of company ${o.companyId} with this id is held by this plugin worker`);
+      }
+      if (lease.backend !== "" && !(EXEC_BACKENDS as readonly string[]).includes(lease.backend)) {
+        throw new Error(`providerLeaseId: the lease's backend ${lease.backend} runs no commands, so no login terminal`);
+      }
+      const s = await settings(o.companyId);
+      const conn = resolveConnection(s, readEnvironmentKeys(splitConfig(lease.config).plugin));
+      const nc = await pool.get(conn);
+      const log = context().logger;
+      const launch = loginExec(o.key, o.sessionHome);
+      const ids = { runId: lease.runId, providerLeaseId: o.providerLeaseId, loginCommandKey: o.key };
+      log.info("login terminal opening", ids);
+      return async (io) => {
+        const t0 = Date.now();
+        try {
+          const r = await runOnLease(
+            nc,
+            conn,
+            s,
+            { companyId: o.companyId, runId: lease.runId, providerLeaseId: o.providerLeaseId, ...launch, stdinStream: io.input, tty: LOGIN_TTY, timeoutMs: LOGIN_TIMEOUT_MS, record: false },
+            { signal: io.signal, maxOutputBytes: LOGIN_OUTPUT_BYTES, holdBytes: 4_096, onOutput: (_stream, text) => { io.output(text); } },
+          );
+          log.info("login terminal ended", { ...ids, exitCode: r.exitCode, signal: r.signal, timedOut: r.timedOut, cancelled: r.metadata.cancelled === true, loginMs: Date.now() - t0 });
+          return r.exitCode;
+        } catch (err) {
+          log.warn("login terminal failed", { ...ids, error: scrub(errorMessage(err), conn.secrets) });
+          throw err;
+        }
+      };
+    });
+  }
+
   return definePlugin({
     setup(c) {
       ctx = c;
@@ -447,6 +518,7 @@ export function createPlugin(options: PluginOptions = {}): PaperclipPlugin {
     },
 
     async onShutdown() {
+      terminals.closeAll();
       for (const set of inflight.values()) for (const c of set) c.abort();
       await pool.close(5_000);
     },
@@ -547,13 +619,17 @@ export function createPlugin(options: PluginOptions = {}): PaperclipPlugin {
       const split = splitConfig(params.config);
       const problems = checkProviderConfig(split.provider);
       if (problems.length > 0) throw new Error(problems.join("; "));
-      if (!params.agentId) throw new Error("agentId: Paperclip sent no agent id; kubeclip needs it to hold one run per agent");
+      // A lease that binds no agent (Paperclip's adapter logins, adapter-login-lease.js, and its
+      // ad-hoc environment test leases; environment-runtime.js sends agentId undefined) is an
+      // agent of its own, named after its run: kubeclip holds one run per agent, and this agent
+      // has only this run. It is never reusable (reuse is per agent).
+      const agentId = params.agentId !== undefined && params.agentId !== "" ? params.agentId : `login-${params.runId}`;
       const dup = findCaseVariantKey(params.executionWorkspaceSettings, "executionWorkspaceSettings");
       if (dup) throw new Error(`${dup}: keys differ only in case; kubeclip refuses such payloads`);
       const s = await settings(params.companyId);
       const conn = resolveConnection(s, readEnvironmentKeys(split.plugin));
       // Reusable only when declared and the host can find the lease again (host-rules.md §1).
-      const reuse = reusableLeases && params.config.reuseLease === true && !!params.executionWorkspaceId;
+      const reuse = reusableLeases && params.config.reuseLease === true && !!params.executionWorkspaceId && !!params.agentId;
       const leases = leasesOn(await pool.get(conn), conn.prefix);
       const log = context().logger;
       log.info("lease acquire requested", { runId: params.runId, reuseLease: reuse });
@@ -563,7 +639,7 @@ export function createPlugin(options: PluginOptions = {}): PaperclipPlugin {
           runId: params.runId,
           companyId: params.companyId,
           environmentId: params.environmentId,
-          agentId: params.agentId,
+          agentId,
           issueId: params.issueId ?? undefined,
           adapterType: params.adapterType,
           executionWorkspaceSettings: params.executionWorkspaceSettings ?? undefined,
@@ -578,6 +654,7 @@ export function createPlugin(options: PluginOptions = {}): PaperclipPlugin {
       });
       log.info("lease acquired", { runId: params.runId, providerLeaseId: created.providerLeaseId, backend: created.backend, acquireMs: Date.now() - t0 });
       stats.of(created.providerLeaseId).hook("acquireLease");
+      remember(created.providerLeaseId, { runId: params.runId, companyId: params.companyId, backend: created.backend, config: params.config });
       const kubeclip: KubeclipLeaseMetadata = {
         runId: params.runId,
         companyId: params.companyId,
@@ -637,6 +714,35 @@ export function createPlugin(options: PluginOptions = {}): PaperclipPlugin {
 
     async onEnvironmentDestroyLease(params) {
       return endLease(params, "destroy");
+    },
+
+    async onLoginPtyOpen(params): Promise<PluginLoginPtyOpenResult> {
+      return { workerSessionId: await openLogin(params) };
+    },
+
+    // Each answers a refusal as a rejection (a throw in the executor), never a throw.
+    onLoginPtyInput(params) {
+      return new Promise<void>((resolve) => {
+        terminals.input(params.workerSessionId, params.data);
+        resolve();
+      });
+    },
+
+    onLoginPtyStop(params) {
+      return new Promise<void>((resolve) => {
+        terminals.stop(params.workerSessionId);
+        resolve();
+      });
+    },
+
+    onLoginPtyClose(params): Promise<PluginLoginPtyCloseResult> {
+      // Answered at once whatever the route: the host retires the worker when a close goes
+      // unanswered for 10 s. The command's kill goes on behind the answer.
+      return new Promise((resolve) => {
+        if (typeof params.hostRouteId !== "string" || params.hostRouteId === "") throw new Error("hostRouteId: missing");
+        terminals.close(params.hostRouteId);
+        resolve({ hostRouteId: params.hostRouteId });
+      });
     },
   });
 }

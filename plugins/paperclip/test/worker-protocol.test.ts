@@ -2,6 +2,10 @@
 // way Paperclip's server drives a worker: newline-delimited JSON-RPC 2.0.
 
 import assert from "node:assert/strict";
+import { randomUUID } from "node:crypto";
+import { chmodSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
 import { PassThrough } from "node:stream";
 import { after, before, describe, it } from "node:test";
 import { runWorker } from "@paperclipai/plugin-sdk";
@@ -99,6 +103,10 @@ describe("worker protocol", () => {
         "environmentExecute",
         "environmentSyncIn",
         "environmentSyncOut",
+        "loginPtyOpen",
+        "loginPtyInput",
+        "loginPtyStop",
+        "loginPtyClose",
       ],
     });
   });
@@ -143,6 +151,48 @@ describe("worker protocol", () => {
     assert.deepEqual([...new Set(host.hostCalls)], ["config.get"]);
     const rel = await host.call("environmentReleaseLease", { driverKey: "kubernetes", companyId: C, environmentId: "e", config, providerLeaseId: lease.providerLeaseId, leaseMetadata: lease.metadata });
     assert.deepEqual(rel.result, { providerLeaseId: lease.providerLeaseId, state: "stopped" });
+  });
+
+  it("runs a login terminal: loginPty.output and loginPty.exit notifications carry the route and session ids", async () => {
+    // The pod's `claude setup-token`, as tests/images/claude-stub answers it.
+    const bin = mkdtempSync(join(tmpdir(), "kubeclip-loginpty-rpc-"));
+    writeFileSync(join(bin, "claude"), '#!/bin/sh\nprintf "code? "\nread -r code\necho "saved ${#code}"\n');
+    chmodSync(join(bin, "claude"), 0o755);
+    const savedPath = process.env.PATH;
+    process.env.PATH = `${bin}:${savedPath ?? ""}`;
+    const sessionHome = `/tmp/paperclip-adapter-login/${randomUUID()}`;
+    try {
+      const runId = "3e8b6f4a-5a7c-4c1e-9f0b-2a9d7c3e1b44";
+      env.sandbox.addLease(C, runId, `pc-${runId.slice(0, 8)}`);
+      const config = { backend: "pod", streamRunLogs: false };
+      const a = await host.call("environmentAcquireLease", { driverKey: "kubernetes", companyId: C, environmentId: "e", config, runId, agentId: "a", adapterType: "claude_local" });
+      const providerLeaseId = (a.result as { providerLeaseId: string }).providerLeaseId;
+      const hostRouteId = randomUUID();
+      const o = await host.call("loginPtyOpen", { hostRouteId, driverKey: "kubernetes", companyId: C, environmentId: "e", providerLeaseId, loginCommandKey: "claude", sessionHome });
+      assert.equal(o.error, undefined, JSON.stringify(o.error));
+      const { workerSessionId } = o.result as { workerSessionId: string };
+      const sent = (method: string): RpcMessage[] => host.notifications.filter((n) => n.method === method && n.params?.hostRouteId === hostRouteId);
+      const text = (): string => sent("loginPty.output").map((n) => String(n.params?.chunk)).join("");
+      for (const end = Date.now() + 5_000; !text().includes("code? "); ) {
+        assert.ok(Date.now() < end, "no prompt within 5 s");
+        await new Promise((r) => setTimeout(r, 20));
+      }
+      const i = await host.call("loginPtyInput", { workerSessionId, data: "abc\r\n" });
+      assert.equal(i.error, undefined, JSON.stringify(i.error));
+      for (const end = Date.now() + 5_000; sent("loginPty.exit").length === 0; ) {
+        assert.ok(Date.now() < end, "no exit within 5 s");
+        await new Promise((r) => setTimeout(r, 20));
+      }
+      assert.ok(text().includes("saved 4"), text());
+      assert.deepEqual(sent("loginPty.exit").map((n) => n.params), [{ hostRouteId, workerSessionId, exitCode: 0 }]);
+      assert.ok(sent("loginPty.output").every((n) => n.params?.workerSessionId === workerSessionId && n.paperclipInvocationId === undefined));
+      const c = await host.call("loginPtyClose", { hostRouteId });
+      assert.deepEqual(c.result, { hostRouteId });
+    } finally {
+      process.env.PATH = savedPath;
+      rmSync(bin, { recursive: true, force: true });
+      rmSync(sessionHome, { recursive: true, force: true });
+    }
   });
 
   it("answers undefined hooks with METHOD_NOT_IMPLEMENTED", async () => {

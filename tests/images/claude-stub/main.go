@@ -10,7 +10,8 @@
 // a closing assistant line, and a result line (subtype "success", is_error false, usage,
 // modelUsage and total_cost_usd). Every line also carries `timestamp`, when the stub wrote it,
 // so that a test can measure how long a line takes to reach Paperclip. `claude --version` prints
-// a version. Other flags Paperclip passes (--allowedTools, --append-system-prompt-file,
+// a version. `claude setup-token` plays the sign-in screen Paperclip's setup-token login reads
+// (setuptoken.go). Other flags Paperclip passes (--allowedTools, --append-system-prompt-file,
 // --mcp-config, --add-dir, ...) are accepted and ignored.
 //
 // With PAPERCLIP_API_URL and PAPERCLIP_API_KEY set (Paperclip's in-sandbox API bridge), it calls

@@ -152,6 +152,9 @@ func loadConfig(getenv func(string) string) (config, error) {
 // failed run (after its error result line), nil for a successful one.
 func run(ctx context.Context, args, environ []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	getenv := func(name string) string { return lookup(environ, name) }
+	if len(args) > 0 && args[0] == "setup-token" {
+		return setupToken(stdin, stdout)
+	}
 	opts, err := parseArgs(args)
 	if err != nil {
 		return err
