@@ -38,6 +38,12 @@ describe("plugin hooks", () => {
       assert.ok(!JSON.stringify(r).includes("secret"), "never echoes a kubeconfig");
     });
 
+    it("takes reuseLease without a warning (kubeclip keeps reusable leases)", async () => {
+      const r = await h.harness.validateConfig({ driverKey: "kubernetes", config: { ...cfg, reuseLease: true } });
+      assert.equal(r.ok, true, JSON.stringify(r));
+      assert.ok(!(r.warnings ?? []).some((w) => w.includes("reuseLease")), JSON.stringify(r.warnings));
+    });
+
     it("returns kubeclip's errors as config.x: message", async () => {
       env.kubeclip.onValidate = () => ({ ok: false, errors: [{ field: "config.egressAllowCidrs[0]", message: '"10.0.0.0/33" is not an IPv4 CIDR' }], warnings: [] });
       try {

@@ -536,9 +536,6 @@ export function createPlugin(options: PluginOptions = {}): PaperclipPlugin {
         if (err instanceof ConfigError) return { ok: false, errors: [...errors, err.message], warnings };
         throw err;
       }
-      if (params.config.reuseLease === true) {
-        warnings.push("config.reuseLease: not supported; kubeclip leases are one run's pod, so every run acquires a new lease");
-      }
       // No advice on streamRunLogs here: Paperclip strips it (and `provider`) before this hook and
       // re-applies it afterwards (environment-config.js stripSandboxProviderEnvelope).
       let verdict;
