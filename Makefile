@@ -25,7 +25,7 @@ build:
 
 vet:
 	@echo '$(GO) vet ./...'
-	@bash -c '$(GO_PROGRESS) "go vet (compiling every package)" . ./... -- $(GO) vet -v ./...'
+	@bash -c '$(GO_PROGRESS) "go vet (compiling every package)" . -test ./... -- $(GO) vet -v ./...'
 
 fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi

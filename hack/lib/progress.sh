@@ -17,11 +17,12 @@ progress_log() {
   fi
 }
 
-# go_progress WHAT DIR [PKG...] -- CMD...: runs CMD, a `go build -v`, `go vet -v` or
+# go_progress WHAT DIR [LIST-ARG...] -- CMD...: runs CMD, a `go build -v`, `go vet -v` or
 # `go install -v`, in DIR. A step that ends within PROGRESS_EVERY s says nothing; a longer one logs
 # every PROGRESS_EVERY s how many packages it has compiled, of how many the build has at most
-# (`go list -deps PKG...`, counted meanwhile; without PKGs no total), the last one and the time so
-# far, and then that it is done. Other lines of CMD's stderr (downloads, errors) pass through.
+# (`go list -deps LIST-ARG...`, counted meanwhile: the packages, and `-test` for a vet, which
+# compiles the tests too; without LIST-ARGs no total), the last one and the time so far, and then
+# that it is done. Other lines of CMD's stderr (downloads, errors) pass through.
 # Returns CMD's status.
 go_progress() {
   local what=$1 dir=$2
