@@ -43,7 +43,7 @@ apt_install() {
       exit 1
     }
     local missing policy=/usr/sbin/policy-rc.d
-    mapfile -t missing < <(apt_missing "$@")
+    mapfile -t missing < <(apt_missing "$@" | sort -u)
     ((${#missing[@]} > 0)) || exit 0
     echo "$(date +%T) [apt] installing Debian packages: ${missing[*]}" >&2
     if [[ ! -e $policy ]]; then
