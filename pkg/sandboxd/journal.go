@@ -71,6 +71,7 @@ func (b *byteBudget) release(n int64) { b.left.Add(n) }
 type journal struct {
 	path   string
 	max    int64 // size cap: payload plus frameHeaderSize per chunk
+	head   int64 // max less the tails' reserve: output past it goes to the tails
 	budget *byteBudget
 	disk   *byteBudget
 
@@ -85,18 +86,20 @@ type journal struct {
 	marks     []int64 // marks[k]: offset of seq k*markStride+1
 	bytes     [3]int64
 	truncated bool
+	tails     [3]*tailRing // per stream, from the first output past head until finish
+	tailMem   int64        // what the tails took from budget
 	werr      error
 	exit      *execspec.Exit
 	changed   chan struct{}
 }
 
 func newJournal(path string, max int64, budget, disk *byteBudget) *journal {
-	return &journal{path: path, max: max, budget: budget, disk: disk, changed: make(chan struct{})}
+	return &journal{path: path, max: max, head: max - tailReserve(max), budget: budget, disk: disk, changed: make(chan struct{})}
 }
 
 // append journals buf[frameHeaderSize:] as the next chunk of stream; buf[:frameHeaderSize] is
-// room for the header. Past the cap the output is dropped (a chunk that crosses it is cut) and
-// the journal is marked truncated; seqs stay contiguous.
+// room for the header. Output past the head (a chunk that crosses it is cut) goes to the
+// stream's tail, journaled when the command exits (finish); seqs stay contiguous.
 func (j *journal) append(stream Stream, buf []byte) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
@@ -104,19 +107,21 @@ func (j *journal) append(stream Stream, buf []byte) {
 		return
 	}
 	n := int64(len(buf) - frameHeaderSize)
-	room := j.max - j.size - frameHeaderSize
-	if room <= 0 {
-		j.truncated = true
-		return
+	if room := max(j.head-j.size-frameHeaderSize, 0); n > room {
+		j.keepTail(stream, buf[frameHeaderSize+room:])
+		if n = room; n == 0 {
+			return
+		}
 	}
-	if n > room {
-		n = room
-		j.truncated = true
-	}
+	j.record(stream, buf[:frameHeaderSize+n])
+}
+
+// record writes buf[frameHeaderSize:] as the next chunk of stream, its header into
+// buf[:frameHeaderSize]. The caller holds mu and has checked the cap.
+func (j *journal) record(stream Stream, buf []byte) {
 	seq := j.lastSeq + 1
-	putHeader(buf, frameOutput, stream, seq, int(n))
-	frame := buf[:frameHeaderSize+n]
-	if err := j.write(frame); err != nil {
+	putHeader(buf, frameOutput, stream, seq, len(buf)-frameHeaderSize)
+	if err := j.write(buf); err != nil {
 		// A full disk: keep what is whole and drop the rest, like the cap.
 		j.werr = err
 		j.truncated = true
@@ -125,10 +130,60 @@ func (j *journal) append(stream Stream, buf []byte) {
 	if (seq-1)%markStride == 0 {
 		j.marks = append(j.marks, j.size)
 	}
-	j.size += int64(len(frame))
+	j.size += int64(len(buf))
 	j.lastSeq = seq
-	j.bytes[stream] += n
+	j.bytes[stream] += int64(len(buf) - frameHeaderSize)
 	j.notify()
+}
+
+// keepTail writes p, output past the head, to stream's tail. The tail's memory comes from the
+// journals' memory budget; without room there (or with a cap too small to split) the output is
+// dropped, as it was before tails.
+func (j *journal) keepTail(stream Stream, p []byte) {
+	r := j.tails[stream]
+	if r == nil {
+		keep := tailKeep(j.max)
+		if keep == 0 || !j.budget.take(keep) {
+			j.truncated = true
+			return
+		}
+		r = &tailRing{buf: make([]byte, keep)}
+		j.tails[stream], j.tailMem = r, j.tailMem+keep
+	}
+	r.write(p)
+}
+
+// flushTails journals each stream's tail, after a marker when output was skipped before it,
+// and gives the tails' memory back. The caller holds mu; tailReserve left room for it all.
+func (j *journal) flushTails() {
+	for _, stream := range []Stream{Stdout, Stderr} {
+		r := j.tails[stream]
+		if r == nil || j.werr != nil {
+			continue
+		}
+		data, skipped := r.kept()
+		if skipped > 0 {
+			j.truncated = true
+			j.recordCopy(stream, tailMarker(skipped, int64(len(data))))
+		}
+		for len(data) > 0 && j.werr == nil {
+			n := min(len(data), tailChunk)
+			j.recordCopy(stream, data[:n])
+			data = data[n:]
+		}
+	}
+	j.releaseTails()
+}
+
+func (j *journal) recordCopy(stream Stream, payload []byte) {
+	buf := make([]byte, frameHeaderSize+len(payload))
+	copy(buf[frameHeaderSize:], payload)
+	j.record(stream, buf)
+}
+
+func (j *journal) releaseTails() {
+	j.budget.release(j.tailMem)
+	j.tails, j.tailMem = [3]*tailRing{}, 0
 }
 
 // write stores frame in memory, or in the file once the journal outgrew memory.
@@ -175,6 +230,7 @@ func (j *journal) takeDisk(n int64) bool {
 func (j *journal) finish(e execspec.Exit) execspec.Exit {
 	j.mu.Lock()
 	defer j.mu.Unlock()
+	j.flushTails()
 	e.StdoutBytes, e.StderrBytes = j.bytes[Stdout], j.bytes[Stderr]
 	e.LastSeq = j.lastSeq
 	e.Truncated = j.truncated
@@ -202,6 +258,7 @@ func (j *journal) remove() error {
 		return nil
 	}
 	j.removed = true
+	j.releaseTails()
 	j.budget.release(int64(len(j.mem)))
 	j.disk.release(j.onDisk)
 	j.onDisk = 0

@@ -435,6 +435,7 @@ func TestPaperclip(t *testing.T) {
 	// it (the head with the init line, the tail with the result) while it streams all of it to
 	// Paperclip's live log; the run completes with the stub's result parsed, and the plugin
 	// worker's peak RSS over this run (its process's VmHWM, reset before) stays bounded.
+	// Issue 26 item 16: the output is over sandboxd's cap, which keeps its head and its tail.
 	t.Run("LargeOutputRun", func(t *testing.T) {
 		pid, before := pluginWorkerPeakRSS(t)
 		if pid == 0 {
@@ -477,9 +478,10 @@ func TestPaperclip(t *testing.T) {
 }
 
 // largeOutput is the filler LargeOutputRun's agent prints (the stub's KUBECLIP_STUB_FILLER_BYTES):
-// with its other lines, just under the 64 MiB kubeclip sends of one command's output (the plugin's
-// maxOutputBytes, sandboxd's journal cap), so that its result line arrives.
-const largeOutput = 64<<20 - 64<<10
+// 64 MiB + 1 KiB, over the 64 MiB kubeclip sends of one command's output (the plugin's
+// maxOutputBytes, sandboxd's journal cap), so the result line arrives only because sandboxd
+// keeps the tail of what it cannot send whole (issue 26 item 16; pkg/sandboxd/tail.go).
+const largeOutput = 64<<20 + 1<<10
 
 // largeRunRSSGrowth bounds how far the plugin worker's peak RSS over LargeOutputRun may rise
 // above its peak over the runs before (the held head and tail, and the live log's chunks in
