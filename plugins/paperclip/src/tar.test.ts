@@ -138,6 +138,26 @@ describe("tar round trip", () => {
     assert.deepEqual(await tree(dst), ["d:alias", "f:alias/a:644:YQ==:1", "d:keep", "f:keep/a:644:YQ==:1"]);
   });
 
+  it("followSymlinks never follows a host link out of the source, whatever path it takes (issue 26 item 6)", async () => {
+    await mkdir(path.join(tmp, "outside"));
+    await writeFile(path.join(tmp, "outside/secret"), "host secret");
+    for (const [name, links] of Object.entries({
+      direct: [["out", "../outside"]],
+      absolute: [["out", path.join(tmp, "outside")]],
+      chain: [["c", "."], ["up", "c/.."], ["0steal", "up/outside/secret"]],
+      throughDir: [["a/b", ".."], ["0steal", "a/b/../outside/secret"]],
+    })) {
+      const src = path.join(tmp, `src-${name}`);
+      await mkdir(path.join(src, "a"), { recursive: true });
+      for (const [l, to] of links) await symlink(to as string, path.join(src, l as string));
+      await assert.rejects(collect({ kind: "directory", path: src, followSymlinks: true }), (err: unknown) => {
+        assert.ok(err instanceof ArchiveError, String(err));
+        assert.match(err.message, /leads out of the source \(followSymlinks\): refused/);
+        return true;
+      }, name);
+    }
+  });
+
   it("a file mapping: one entry, written to its target with the mapping's mode exactly", async () => {
     await writeFile(path.join(tmp, "secret"), "s3cret", { mode: 0o644 });
     const data = await collect({ kind: "file", path: path.join(tmp, "secret"), name: "creds.json", mode: 0o600 });
