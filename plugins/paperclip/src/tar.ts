@@ -25,6 +25,7 @@ import { constants, type Dirent } from "node:fs";
 import { lstat, mkdir, open, readdir, readlink, rename, rm, stat, symlink, type FileHandle } from "node:fs/promises";
 import { randomBytes } from "node:crypto";
 import path from "node:path";
+import type { ByteBudget } from "./limiter.js";
 
 export const BLOCK = 512;
 /** Longest entry name or link target accepted (PATH_MAX). */
@@ -309,6 +310,12 @@ export interface ExtractOptions {
   file?: { entry: string; target: string; mode?: number };
   /** The mode of every regular file (a directory mapping's `mode`); else the entry's, without setuid/setgid/sticky and group/other write. */
   mode?: number;
+  /**
+   * The company's bytes being extracted at once, all its extractions together (limiter.ts
+   * SYNC_OUT_COMPANY_BYTES): each regular file takes its size before a byte is written, and
+   * the extraction gives it all back when it ends or aborts.
+   */
+  inFlight?: { bytes: ByteBudget; company: string };
 }
 
 export interface ExtractResult {
@@ -350,6 +357,8 @@ export class Extractor {
   private readonly links: { name: string; target: string }[] = [];
   private rootReady = false;
   private failed: Error | undefined;
+  /** Bytes taken from opts.inFlight. */
+  private inFlight = 0;
 
   constructor(opts: ExtractOptions) {
     this.opts = opts;
@@ -381,11 +390,19 @@ export class Extractor {
     } catch (err) {
       this.failed = err instanceof Error ? err : new Error(String(err));
       throw err;
+    } finally {
+      this.giveBack();
     }
+  }
+
+  private giveBack(): void {
+    if (this.opts.inFlight && this.inFlight > 0) this.opts.inFlight.bytes.give(this.opts.inFlight.company, this.inFlight);
+    this.inFlight = 0;
   }
 
   /** Removes everything this extraction created (after a refusal or a failed transfer). */
   async abort(): Promise<void> {
+    this.giveBack();
     const s = this.state;
     if (s.kind === "data") {
       await s.fh?.close().catch(() => undefined);
@@ -617,6 +634,16 @@ export class Extractor {
   private async regular(name: string, size: number, headerMode: number): Promise<void> {
     if (this.bytes + size > this.opts.maxBytes) {
       throw new ArchiveError(name, `${size} bytes would pass the bound of ${this.opts.maxBytes} bytes (${this.opts.bytesSetting})`);
+    }
+    const budget = this.opts.inFlight;
+    if (budget && size > 0) {
+      if (!budget.bytes.take(budget.company, size)) {
+        throw new ArchiveError(
+          name,
+          `${size} bytes would pass company ${budget.company}'s sync-out budget in flight: ${budget.bytes.held(budget.company)} of ${budget.bytes.keyLimit} bytes are being extracted by its other syncs (SYNC_OUT_COMPANY_BYTES); try again when they end`,
+        );
+      }
+      this.inFlight += size;
     }
     let final: string;
     let mode: number;
