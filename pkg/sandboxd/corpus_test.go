@@ -301,6 +301,10 @@ func corpusCases() []corpusCase {
 			func() []byte {
 				return tarOf(tSymlink("steal", "up/secret.txt"), tSymlink("up", "a/.."), tSymlink("a", "."))
 			}),
+		refused("link-chain-out-then-device", "device", "item 10's chain and then a device node: refused at the device, no link out left behind",
+			func() []byte {
+				return tarOf(tSymlink("a", "."), tSymlink("up", "a/.."), tSymlink("steal", "up/secret.txt"), tType("null", '3'))
+			}),
 		refused("link-loop", "link", "two links pointing at each other",
 			func() []byte { return tarOf(tSymlink("a", "b"), tSymlink("b", "a")) }),
 		refused("link-then-write-through", "parent", "a symlink and then a file under it",

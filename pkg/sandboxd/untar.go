@@ -79,6 +79,20 @@ func Untar(r io.Reader, opts UntarOptions) (SyncStats, error) {
 	}
 	defer root.Close()
 	x := &extractor{root: root, opts: opts, dirs: map[string]bool{".": true}}
+	err = x.extractAll(r)
+	// The links made are judged whatever ended the archive: a refusal after a chain of links
+	// leaves none that leads out.
+	if linkErr := x.checkLinks(); err == nil {
+		err = linkErr
+	}
+	if err != nil {
+		return x.stats, err
+	}
+	return x.stats, x.finishDirs()
+}
+
+// extractAll extracts every entry of r, holding archive/tar to the header bounds.
+func (x *extractor) extractAll(r io.Reader) error {
 	ar := &archiveReader{r: r, err: &x.readErr}
 	tr := tar.NewReader(ar)
 	// metaStart is where the headers of the next entry begin (after the last entry's data);
@@ -89,22 +103,22 @@ func Untar(r io.Reader, opts UntarOptions) (SyncStats, error) {
 		hdr, err := tr.Next()
 		if errors.Is(err, io.EOF) {
 			if ar.lastNonZero > lastEnd {
-				return x.stats, x.refuse(fmt.Sprintf("#%d", n), errors.New("a PAX or GNU long-name header with no entry after it"))
+				return x.refuse(fmt.Sprintf("#%d", n), errors.New("a PAX or GNU long-name header with no entry after it"))
 			}
-			break
+			return nil
 		}
 		if err != nil {
-			return x.stats, x.fail(fmt.Sprintf("#%d", n), err)
+			return x.fail(fmt.Sprintf("#%d", n), err)
 		}
 		ar.limit = math.MaxInt64
 		if hdr.Typeflag == tar.TypeXGlobalHeader {
 			lastEnd = roundBlock(ar.n)
 			if lastEnd-metaStart > maxEntryMeta {
-				return x.stats, x.refuse(hdr.Name, errMetaBound)
+				return x.refuse(hdr.Name, errMetaBound)
 			}
 		} else {
 			if ar.n-blockSize-metaStart > maxEntryMeta {
-				return x.stats, x.refuse(hdr.Name, errMetaBound)
+				return x.refuse(hdr.Name, errMetaBound)
 			}
 			if hdr.Typeflag == tar.TypeReg || hdr.Typeflag == tar.TypeCont { // archive/tar reads an old TypeRegA as TypeReg
 				metaStart = ar.n + roundBlock(hdr.Size)
@@ -114,16 +128,12 @@ func Untar(r io.Reader, opts UntarOptions) (SyncStats, error) {
 			lastEnd = metaStart
 		}
 		if len(hdr.PAXRecords) > maxPaxRecords {
-			return x.stats, x.refuse(hdr.Name, fmt.Errorf("a PAX header of more than %d records: refused", maxPaxRecords))
+			return x.refuse(hdr.Name, fmt.Errorf("a PAX header of more than %d records: refused", maxPaxRecords))
 		}
 		if err := x.entry(tr, hdr); err != nil {
-			return x.stats, err
+			return err
 		}
 	}
-	if err := x.checkLinks(); err != nil {
-		return x.stats, err
-	}
-	return x.stats, x.finishDirs()
 }
 
 func roundBlock(n int64) int64 { return (n + blockSize - 1) / blockSize * blockSize }
