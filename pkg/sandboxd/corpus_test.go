@@ -71,7 +71,7 @@ type corpusFile struct {
 var corpusReasons = map[string]*regexp.Regexp{
 	"name":      regexp.MustCompile(`absolute name|'\.\.' component|name longer than|contains NUL`),
 	"link":      regexp.MustCompile(`symlink .*(leads out|loops)|symlink to an absolute path`),
-	"parent":    regexp.MustCompile(`written through the symlink|is not a directory|exists under this name`),
+	"parent":    regexp.MustCompile(`written through the symlink|is not a directory|exists under this name|symlink over an existing entry`),
 	"hardlink":  regexp.MustCompile(`hardlinks are refused`),
 	"sparse":    regexp.MustCompile(`sparse file`),
 	"device":    regexp.MustCompile(`device node`),
@@ -310,6 +310,13 @@ func corpusCases() []corpusCase {
 		refused("link-then-write-through", "parent", "a symlink and then a file under it",
 			func() []byte { return tarOf(tSymlink("l", "d"), tDir("d/"), tFile("l/f", "x")) }),
 
+		refused("link-then-file-same-name", "parent", "a symlink and then a file of the same name",
+			func() []byte { return tarOf(tSymlink("l", "f"), tFile("l", "x")) }),
+		refused("file-then-link-same-name", "parent", "a file and then a symlink of the same name",
+			func() []byte { return tarOf(tFile("l", "x"), tSymlink("l", "f")) }),
+		accepted("ok-file-twice", "a file and then a file of the same name: the later one wins, as with tar",
+			[]corpusFile{file("f", "second")},
+			func() []byte { return tarOf(tFile("f", "first"), tFile("f", "second")) }),
 		refused("hardlink-in", "hardlink", "a hardlink to a file of the archive",
 			func() []byte { return tarOf(tFile("f", "x"), tHardlink("h", "f")) }),
 		refused("hardlink-out", "hardlink", "a hardlink out of the root",

@@ -78,7 +78,7 @@ func Untar(r io.Reader, opts UntarOptions) (SyncStats, error) {
 		return SyncStats{}, &SyncError{Op: "untar", Entry: opts.Root, Err: ioCause(err)}
 	}
 	defer root.Close()
-	x := &extractor{root: root, opts: opts, dirs: map[string]bool{".": true}}
+	x := &extractor{root: root, opts: opts, dirs: map[string]bool{".": true}, named: map[string]bool{}}
 	err = x.extractAll(r)
 	// The links made are judged whatever ended the archive: a refusal after a chain of links
 	// leaves none that leads out.
@@ -180,6 +180,7 @@ type extractor struct {
 	dirs    map[string]bool // names checked or made as real directories
 	dirMeta []dirMeta       // directory entries' modes and times, applied at the end
 	links   []string        // the symlinks made, resolved again at the end (checkLinks)
+	named   map[string]bool // names of this archive's files and links: a link never shares one
 	readErr error
 	buf     []byte // copyN's
 }
@@ -335,6 +336,9 @@ func (x *extractor) file(tr *tar.Reader, hdr *tar.Header, name string) (err erro
 	if hdr.Size > x.opts.MaxBytes-x.stats.Bytes {
 		return x.refuse(hdr.Name, fmt.Errorf("more than %d bytes of files (--max-bytes)", x.opts.MaxBytes))
 	}
+	if x.named[name] && x.isLink(name) {
+		return x.refuse(hdr.Name, errors.New("a file over a symlink of the archive: refused, as a symlink over an existing entry is"))
+	}
 	if err := x.placeable(hdr.Name, name); err != nil {
 		return err
 	}
@@ -369,6 +373,7 @@ func (x *extractor) file(tr *tar.Reader, hdr *tar.Header, name string) (err erro
 	if err := x.root.Rename(tmp, name); err != nil {
 		return x.ioFail(hdr.Name, err)
 	}
+	x.named[name] = true
 	x.stats.Files++
 	x.stats.Bytes += hdr.Size
 	return nil
@@ -423,6 +428,9 @@ func (x *extractor) symlink(hdr *tar.Header, name string) error {
 	if resolved := path.Join(path.Dir(name), target); resolved == ".." || len(resolved) > 2 && resolved[:3] == "../" {
 		return x.refuse(hdr.Name, fmt.Errorf("symlink %w", errOutside))
 	}
+	if x.named[name] {
+		return x.refuse(hdr.Name, errors.New("a symlink over an existing entry of the archive: refused"))
+	}
 	if err := x.placeable(hdr.Name, name); err != nil {
 		return err
 	}
@@ -435,8 +443,15 @@ func (x *extractor) symlink(hdr *tar.Header, name string) error {
 		return x.ioFail(hdr.Name, err)
 	}
 	x.links = append(x.links, name)
+	x.named[name] = true
 	x.stats.Files++
 	return nil
+}
+
+// isLink reports whether name is a symlink now.
+func (x *extractor) isLink(name string) bool {
+	fi, err := x.root.Lstat(name)
+	return err == nil && fi.Mode()&fs.ModeSymlink != 0
 }
 
 // checkLinks resolves every symlink made once the whole archive is in (a later link can turn an
@@ -447,6 +462,9 @@ func (x *extractor) checkLinks() error {
 	var first error
 	for _, name := range x.links {
 		target, err := x.root.Readlink(name)
+		if errors.Is(err, syscall.EINVAL) || errors.Is(err, fs.ErrNotExist) {
+			continue // no longer a link
+		}
 		if err != nil {
 			return x.ioFail(name, err)
 		}
