@@ -7,9 +7,12 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"math"
 	"os"
 	"path"
 	"slices"
+	"strings"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -28,12 +31,35 @@ type UntarOptions struct {
 	Modes map[string]fs.FileMode
 }
 
+// Bounds of an archive's headers, the plugin's too (plugins/paperclip/src/tar.ts): archive/tar
+// holds one PAX header (at most 1 MiB) at a time, but reads any number of them before an entry.
+const (
+	// maxPaxRecords bounds the records of one PAX header, local or global.
+	maxPaxRecords = 256
+	// maxEntryMeta bounds the header bytes before one entry, blocks counted: its PAX header,
+	// global PAX headers, GNU long names and links. One PAX header of archive/tar's 1 MiB fits;
+	// a flood of headers is refused as it is read (archiveReader), not parsed to its end.
+	maxEntryMeta = 2 << 20
+	// maxLinkHops bounds the links followed resolving one symlink (Linux's own limit).
+	maxLinkHops = 40
+	blockSize   = 512
+)
+
+// errMetaBound: the headers before one entry passed maxEntryMeta.
+var errMetaBound = fmt.Errorf("headers before one entry pass %d bytes (PAX, global PAX and GNU long-name headers): refused", maxEntryMeta)
+
 // Untar extracts the tar stream r (ustar, PAX or GNU) under opts.Root and returns what it
 // extracted. It refuses, naming the entry, anything that would write outside the root or
-// through a symlink: absolute names, ".." components, symlinks whose target leads out,
-// hardlinks to names outside, device nodes and fifos, more than the bounds. Each file is
-// written to a temporary name beside it and renamed into place, so a refusal leaves no
-// partial file under a final name; entries extracted before it stay, as with tar.
+// through a symlink: absolute names, ".." components, a symlink whose resolution leaves the
+// root at any step (resolveLink, checked again once the archive is in: a refused link is
+// removed), hardlinks, sparse files, device nodes and fifos, directories or links that carry
+// data, more than the bounds, a flood of headers before one entry (maxEntryMeta), a PAX header
+// of more than maxPaxRecords records, a header with no entry after it. Each file is written to
+// a temporary name beside it and renamed into place, so a refusal leaves no partial file under
+// a final name; entries extracted before it stay, as with tar.
+//
+// The plugin's extractor follows the same rules: testdata/archives at the repository's root
+// holds the archives both are tested with, and the outcome each must give.
 //
 // Every write goes through an os.Root: even a symlink the tenant's own processes swap in
 // while Untar runs cannot take a write out of the root.
@@ -52,34 +78,96 @@ func Untar(r io.Reader, opts UntarOptions) (SyncStats, error) {
 		return SyncStats{}, &SyncError{Op: "untar", Entry: opts.Root, Err: ioCause(err)}
 	}
 	defer root.Close()
-	x := &extractor{root: root, opts: opts, dirs: map[string]bool{".": true}}
-	tr := tar.NewReader(&readErrs{r: r, err: &x.readErr})
-	for n := 1; ; n++ {
-		hdr, err := tr.Next()
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
-			return x.stats, x.fail(fmt.Sprintf("#%d", n), err)
-		}
-		if err := x.entry(tr, hdr); err != nil {
-			return x.stats, err
-		}
+	x := &extractor{root: root, opts: opts, dirs: map[string]bool{".": true}, named: map[string]bool{}}
+	err = x.extractAll(r)
+	// The links made are judged whatever ended the archive: a refusal after a chain of links
+	// leaves none that leads out.
+	if linkErr := x.checkLinks(); err == nil {
+		err = linkErr
+	}
+	if err != nil {
+		return x.stats, err
 	}
 	return x.stats, x.finishDirs()
 }
 
-// readErrs remembers a read error of the archive, so that a failed copy is told apart: the
-// archive ended or broke (refused), or the disk failed (I/O).
-type readErrs struct {
-	r   io.Reader
-	err *error
+// extractAll extracts every entry of r, holding archive/tar to the header bounds.
+func (x *extractor) extractAll(r io.Reader) error {
+	ar := &archiveReader{r: r, err: &x.readErr}
+	tr := tar.NewReader(ar)
+	// metaStart is where the headers of the next entry begin (after the last entry's data);
+	// lastEnd where the last thing Next returned ends.
+	var metaStart, lastEnd int64
+	for n := 1; ; n++ {
+		ar.limit = metaStart + maxEntryMeta + 2*blockSize
+		hdr, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			if ar.lastNonZero > lastEnd {
+				return x.refuse(fmt.Sprintf("#%d", n), errors.New("a PAX or GNU long-name header with no entry after it"))
+			}
+			return nil
+		}
+		if err != nil {
+			return x.fail(fmt.Sprintf("#%d", n), err)
+		}
+		ar.limit = math.MaxInt64
+		if hdr.Typeflag == tar.TypeXGlobalHeader {
+			lastEnd = roundBlock(ar.n)
+			if lastEnd-metaStart > maxEntryMeta {
+				return x.refuse(hdr.Name, errMetaBound)
+			}
+		} else {
+			if ar.n-blockSize-metaStart > maxEntryMeta {
+				return x.refuse(hdr.Name, errMetaBound)
+			}
+			if hdr.Typeflag == tar.TypeReg || hdr.Typeflag == tar.TypeCont { // archive/tar reads an old TypeRegA as TypeReg
+				metaStart = ar.n + roundBlock(hdr.Size)
+			} else {
+				metaStart = ar.n
+			}
+			lastEnd = metaStart
+		}
+		if len(hdr.PAXRecords) > maxPaxRecords {
+			return x.refuse(hdr.Name, fmt.Errorf("a PAX header of more than %d records: refused", maxPaxRecords))
+		}
+		if err := x.entry(tr, hdr); err != nil {
+			return err
+		}
+	}
 }
 
-func (e *readErrs) Read(p []byte) (int, error) {
-	n, err := e.r.Read(p)
+func roundBlock(n int64) int64 { return (n + blockSize - 1) / blockSize * blockSize }
+
+// archiveReader counts what archive/tar reads of the archive and stops it at limit (the
+// headers of one entry: errMetaBound). It remembers a read error of the archive, so that a
+// failed copy is told apart: the archive ended or broke (refused), or the disk failed (I/O).
+type archiveReader struct {
+	r     io.Reader
+	err   *error
+	n     int64 // bytes read
+	limit int64
+	// lastNonZero is just past the last non-zero byte read: archive/tar drops a header with no
+	// entry after it at the end of the archive, and this is how Untar sees one.
+	lastNonZero int64
+}
+
+func (a *archiveReader) Read(p []byte) (int, error) {
+	if a.n >= a.limit {
+		return 0, errMetaBound
+	}
+	if int64(len(p)) > a.limit-a.n {
+		p = p[:a.limit-a.n]
+	}
+	n, err := a.r.Read(p)
+	for i := n - 1; i >= 0; i-- {
+		if p[i] != 0 {
+			a.lastNonZero = a.n + int64(i) + 1
+			break
+		}
+	}
+	a.n += int64(n)
 	if err != nil && !errors.Is(err, io.EOF) {
-		*e.err = err
+		*a.err = err
 	}
 	return n, err
 }
@@ -91,6 +179,8 @@ type extractor struct {
 	entries int
 	dirs    map[string]bool // names checked or made as real directories
 	dirMeta []dirMeta       // directory entries' modes and times, applied at the end
+	links   []string        // the symlinks made, resolved again at the end (checkLinks)
+	named   map[string]bool // names of this archive's files and links: a link never shares one
 	readErr error
 	buf     []byte // copyN's
 }
@@ -134,15 +224,27 @@ func (x *extractor) entry(tr *tar.Reader, hdr *tar.Header) error {
 		}
 		return nil
 	}
+	for k := range hdr.PAXRecords {
+		if strings.HasPrefix(k, "GNU.sparse.") {
+			return x.refuse(hdr.Name, errors.New("a sparse file: refused"))
+		}
+	}
+	if (hdr.Typeflag == tar.TypeDir || hdr.Typeflag == tar.TypeSymlink) && hdr.Size != 0 {
+		return x.refuse(hdr.Name, fmt.Errorf("a directory or symlink that carries %d bytes of data: refused", hdr.Size))
+	}
 	switch hdr.Typeflag {
-	case tar.TypeReg, tar.TypeGNUSparse: // a sparse file's holes are read as zeros
+	case tar.TypeReg, tar.TypeCont:
 		return x.file(tr, hdr, name)
 	case tar.TypeDir:
 		return x.dir(hdr, name)
 	case tar.TypeSymlink:
 		return x.symlink(hdr, name)
 	case tar.TypeLink:
-		return x.hardlink(hdr, name)
+		// Refused as the plugin refuses them: a hardlink aliases a file the archive does not
+		// show, and nothing sandboxd or the plugin writes holds one.
+		return x.refuse(hdr.Name, errors.New("a hardlink: hardlinks are refused"))
+	case tar.TypeGNUSparse:
+		return x.refuse(hdr.Name, errors.New("a sparse file: refused"))
 	case tar.TypeChar, tar.TypeBlock:
 		return x.refuse(hdr.Name, errors.New("device node"))
 	case tar.TypeFifo:
@@ -234,6 +336,9 @@ func (x *extractor) file(tr *tar.Reader, hdr *tar.Header, name string) (err erro
 	if hdr.Size > x.opts.MaxBytes-x.stats.Bytes {
 		return x.refuse(hdr.Name, fmt.Errorf("more than %d bytes of files (--max-bytes)", x.opts.MaxBytes))
 	}
+	if x.named[name] && x.isLink(name) {
+		return x.refuse(hdr.Name, errors.New("a file over a symlink of the archive: refused, as a symlink over an existing entry is"))
+	}
 	if err := x.placeable(hdr.Name, name); err != nil {
 		return err
 	}
@@ -268,6 +373,7 @@ func (x *extractor) file(tr *tar.Reader, hdr *tar.Header, name string) (err erro
 	if err := x.root.Rename(tmp, name); err != nil {
 		return x.ioFail(hdr.Name, err)
 	}
+	x.named[name] = true
 	x.stats.Files++
 	x.stats.Bytes += hdr.Size
 	return nil
@@ -322,6 +428,9 @@ func (x *extractor) symlink(hdr *tar.Header, name string) error {
 	if resolved := path.Join(path.Dir(name), target); resolved == ".." || len(resolved) > 2 && resolved[:3] == "../" {
 		return x.refuse(hdr.Name, fmt.Errorf("symlink %w", errOutside))
 	}
+	if x.named[name] {
+		return x.refuse(hdr.Name, errors.New("a symlink over an existing entry of the archive: refused"))
+	}
 	if err := x.placeable(hdr.Name, name); err != nil {
 		return err
 	}
@@ -333,36 +442,107 @@ func (x *extractor) symlink(hdr *tar.Header, name string) error {
 		_ = x.root.Remove(tmp)
 		return x.ioFail(hdr.Name, err)
 	}
+	x.links = append(x.links, name)
+	x.named[name] = true
 	x.stats.Files++
 	return nil
 }
 
-func (x *extractor) hardlink(hdr *tar.Header, name string) error {
-	target, err := CleanSyncName(hdr.Linkname)
-	if err != nil {
-		return x.refuse(hdr.Name, fmt.Errorf("hardlink target: %w", err))
+// isLink reports whether name is a symlink now.
+func (x *extractor) isLink(name string) bool {
+	fi, err := x.root.Lstat(name)
+	return err == nil && fi.Mode()&fs.ModeSymlink != 0
+}
+
+// checkLinks resolves every symlink made once the whole archive is in (a later link can turn an
+// earlier one's path out of the root): one whose resolution leaves the root at any step is
+// refused and removed, with every other link so refused.
+func (x *extractor) checkLinks() error {
+	var bad []string
+	var first error
+	for _, name := range x.links {
+		target, err := x.root.Readlink(name)
+		if errors.Is(err, syscall.EINVAL) || errors.Is(err, fs.ErrNotExist) {
+			continue // no longer a link
+		}
+		if err != nil {
+			return x.ioFail(name, err)
+		}
+		where, err := resolveLink(x.root, name, target)
+		if err != nil {
+			return x.ioFail(name, err)
+		}
+		if where != linkInside {
+			bad = append(bad, name)
+			if first == nil {
+				first = x.refuse(name, fmt.Errorf("symlink %s", where))
+			}
+		}
 	}
-	fi, err := x.root.Lstat(target)
-	switch {
-	case errors.Is(err, fs.ErrNotExist):
-		return x.refuse(hdr.Name, errors.New("hardlink to a missing file"))
-	case err != nil:
-		// Through a symlink leading out (os.Root refuses it) or unreadable.
-		return x.refuse(hdr.Name, fmt.Errorf("hardlink target: %w", ioCause(err)))
-	case !fi.Mode().IsRegular():
-		return x.refuse(hdr.Name, errors.New("hardlink to something other than a regular file"))
+	for _, name := range bad { // once all are judged: a removed link would change the others' paths
+		if err := x.root.Remove(name); err != nil {
+			return x.ioFail(name, err)
+		}
 	}
-	if err := x.placeable(hdr.Name, name); err != nil {
-		return err
+	return first
+}
+
+// linkWhere is where resolving a symlink ends.
+type linkWhere string
+
+const (
+	linkInside  linkWhere = "stays inside the root"
+	linkOutside linkWhere = "leads out of the root through other links: refused"
+	linkLoop    linkWhere = "loops: refused"
+)
+
+// resolveLink says where the symlink name (relative to root) leads, resolved one step at a time
+// as the kernel would, through every link on the way (their targets read from the disk):
+// outside as soon as a step leaves the root (an absolute target, ".." above it), a loop past
+// maxLinkHops links. A step that does not exist (or is not a directory) is taken lexically: it
+// may exist later. The same rule as the plugin's (plugins/paperclip/src/tar.ts resolveLink).
+func resolveLink(root *os.Root, name, target string) (linkWhere, error) {
+	var stack []string
+	if dir := path.Dir(name); dir != "." {
+		stack = strings.Split(dir, "/")
 	}
-	tmp := tempName(name)
-	if err := x.root.Link(target, tmp); err != nil {
-		return x.ioFail(hdr.Name, err)
+	if path.IsAbs(target) {
+		return linkOutside, nil
 	}
-	if err := x.root.Rename(tmp, name); err != nil {
-		_ = x.root.Remove(tmp)
-		return x.ioFail(hdr.Name, err)
+	queue := strings.Split(target, "/")
+	for hops := 0; len(queue) > 0; {
+		c := queue[0]
+		queue = queue[1:]
+		switch c {
+		case "", ".":
+			continue
+		case "..":
+			if len(stack) == 0 {
+				return linkOutside, nil
+			}
+			stack = stack[:len(stack)-1]
+			continue
+		}
+		p := path.Join(append(slices.Clone(stack), c)...)
+		fi, err := root.Lstat(p)
+		if err != nil && !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, syscall.ENOTDIR) {
+			return "", err
+		}
+		if err == nil && fi.Mode()&fs.ModeSymlink != 0 {
+			if hops++; hops > maxLinkHops {
+				return linkLoop, nil
+			}
+			next, err := root.Readlink(p)
+			if err != nil {
+				return "", err
+			}
+			if path.IsAbs(next) {
+				return linkOutside, nil
+			}
+			queue = append(strings.Split(next, "/"), queue...)
+			continue
+		}
+		stack = append(stack, c)
 	}
-	x.stats.Files++
-	return nil
+	return linkInside, nil
 }

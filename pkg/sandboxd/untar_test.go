@@ -3,15 +3,12 @@ package sandboxd_test
 import (
 	"archive/tar"
 	"bytes"
-	"compress/gzip"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -131,9 +128,9 @@ func TestUntarRefusesHostileArchives(t *testing.T) {
 		},
 		{name: "write through tenant symlink", entries: []entry{{name: "tenantlink/evil", body: "x"}}, wantEntry: "tenantlink/evil", wantIn: "written through the symlink"},
 		{name: "dir through tenant symlink", entries: []entry{{name: "tenantlink/d/", typ: tar.TypeDir}}, wantEntry: "tenantlink/d/", wantIn: "written through the symlink"},
-		{name: "hardlink out", entries: []entry{{name: "h", typ: tar.TypeLink, link: "../secret"}}, wantEntry: "h", wantIn: "leads out of the root"},
-		{name: "hardlink absolute", entries: []entry{{name: "h", typ: tar.TypeLink, link: "/etc/passwd"}}, wantEntry: "h", wantIn: "leads out of the root"},
-		{name: "hardlink through tenant symlink", entries: []entry{{name: "h", typ: tar.TypeLink, link: "tenantlink/secret"}}, wantEntry: "h", wantIn: "hardlink target"},
+		{name: "hardlink out", entries: []entry{{name: "h", typ: tar.TypeLink, link: "../secret"}}, wantEntry: "h", wantIn: "hardlinks are refused"},
+		{name: "hardlink absolute", entries: []entry{{name: "h", typ: tar.TypeLink, link: "/etc/passwd"}}, wantEntry: "h", wantIn: "hardlinks are refused"},
+		{name: "hardlink through tenant symlink", entries: []entry{{name: "h", typ: tar.TypeLink, link: "tenantlink/secret"}}, wantEntry: "h", wantIn: "hardlinks are refused"},
 		{name: "char device", entries: []entry{{name: "null", typ: tar.TypeChar}}, wantEntry: "null", wantIn: "device node"},
 		{name: "block device", entries: []entry{{name: "sda", typ: tar.TypeBlock}}, wantEntry: "sda", wantIn: "device node"},
 		{name: "fifo", entries: []entry{{name: "p", typ: tar.TypeFifo}}, wantEntry: "p", wantIn: "fifo"},
@@ -242,13 +239,12 @@ func TestUntarModes(t *testing.T) {
 		entry{name: "./d/run.sh", body: "#!/bin/sh", mode: 0o4755},
 		entry{name: "ro/", typ: tar.TypeDir, mode: 0o555},
 		entry{name: "ro/f", body: "in a read-only directory"},
-		entry{name: "h", typ: tar.TypeLink, link: "d/secret"},
 	)
 	st, err := sandboxd.Untar(bytes.NewReader(data), sandboxd.UntarOptions{Root: root, Modes: map[string]fs.FileMode{"d/secret": 0o600}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if diff := cmp.Diff(sandboxd.SyncStats{Files: 4, Bytes: int64(1 + 9 + 24)}, st); diff != "" {
+	if diff := cmp.Diff(sandboxd.SyncStats{Files: 3, Bytes: int64(1 + 9 + 24)}, st); diff != "" {
 		t.Errorf("stats (-want +got):\n%s", diff)
 	}
 	for name, want := range map[string]fs.FileMode{"d": fs.ModeDir | 0o750, "d/secret": 0o600, "d/run.sh": 0o755, "ro": fs.ModeDir | 0o555, "ro/f": 0o644} {
@@ -260,60 +256,5 @@ func TestUntarModes(t *testing.T) {
 			t.Errorf("%s: mode %v, want %v", name, fi.Mode(), want)
 		}
 	}
-	a, _ := os.Stat(filepath.Join(root, "h"))
-	b, _ := os.Stat(filepath.Join(root, "d/secret"))
-	if a == nil || b == nil || a.Sys().(*syscall.Stat_t).Ino != b.Sys().(*syscall.Stat_t).Ino {
-		t.Error("h is not a hardlink of d/secret")
-	}
 	_ = os.Chmod(filepath.Join(root, "ro"), 0o755) // let t.TempDir remove it
-}
-
-// TestUntarSparse: GNU tar's sparse files (GNU and PAX formats) are extracted whole, and one
-// whose logical size is over the bound is refused from its header, however small the archive.
-//
-// The archives are testdata/sparse/<format>-<name>.tar.gz, written by GNU tar 1.34 from a file
-// holding "end" at its last 3 bytes (small: 1 MiB, bomb: 4 GiB):
-//
-//	tar --sparse --format=<format> --mtime=@0 --owner=0 --group=0 --numeric-owner --mode=0644 -cf <format>-<name>.tar <name>
-//
-// and not at test time: this test binary's Reaper (TestMain) waits for any child, so it could
-// take a tar child's exit status from exec.Cmd ("waitid: no child processes").
-func TestUntarSparse(t *testing.T) {
-	for _, format := range []string{"gnu", "pax"} {
-		t.Run(format, func(t *testing.T) {
-			tarSparse := func(name string) []byte {
-				f, err := os.Open(filepath.Join("testdata", "sparse", format+"-"+name+".tar.gz"))
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer f.Close()
-				zr, err := gzip.NewReader(f)
-				if err != nil {
-					t.Fatal(err)
-				}
-				out, err := io.ReadAll(zr)
-				if err != nil {
-					t.Fatal(err)
-				}
-				return out
-			}
-			root := t.TempDir()
-			st, err := sandboxd.Untar(bytes.NewReader(tarSparse("small")), sandboxd.UntarOptions{Root: root})
-			if err != nil || st.Bytes != 1<<20 {
-				t.Fatalf("Untar of a 1 MiB sparse file: %+v, %v", st, err)
-			}
-			if b, _ := os.ReadFile(filepath.Join(root, "small")); len(b) != 1<<20 || string(b[len(b)-3:]) != "end" {
-				t.Errorf("the sparse file came out as %d bytes", len(b))
-			}
-			bomb := tarSparse("bomb")
-			_, err = sandboxd.Untar(bytes.NewReader(bomb), sandboxd.UntarOptions{Root: root})
-			var se *sandboxd.SyncError
-			if !errors.As(err, &se) || !se.Refused || se.Entry != "bomb" || !strings.Contains(se.Error(), "--max-bytes") {
-				t.Errorf("Untar of a %d-byte archive of a 4 GiB sparse file: %v, want it refused", len(bomb), err)
-			}
-			if _, err := os.Stat(filepath.Join(root, "bomb")); err == nil {
-				t.Error("the bomb was extracted")
-			}
-		})
-	}
 }

@@ -18,6 +18,7 @@ import { randomBytes } from "node:crypto";
 import { DEFAULT_INBOX_PREFIX } from "./config.js";
 import { KubeclipError, ProtocolError, errorMessage } from "./errors.js";
 import { Fields, encode, parseObject } from "./json.js";
+import type { ByteBudget } from "./limiter.js";
 
 export type Stream = "stdout" | "stderr";
 
@@ -62,6 +63,8 @@ export interface ExecOptions {
   maxOutputBytes?: number;
   /** The most of each stream the client holds for the result: head and tail (default 8 MiB). */
   holdBytes?: number;
+  /** The plugin's process-wide bound on held output (limiter.ts), charged per company as it grows. */
+  outputBudget?: ByteBudget;
   /** Prefix of the reply inbox: the NATS user's own (default _INBOX_paperclip). */
   inboxPrefix?: string;
   /** Silence after which the client attaches again (default 3 s, the protocol's). */
@@ -287,11 +290,44 @@ export class Output {
   /** Bytes dropped from the middle. */
   dropped = 0;
   private readonly decoder = new TextDecoder("utf-8");
-  private readonly headCap: number;
-  private readonly tailCap: number;
-  constructor(hold: number) {
+  private headCap: number;
+  private tailCap: number;
+  private readonly budget: { bytes: ByteBudget; company: string } | undefined;
+  /** Bytes taken from the budget (given back by release). */
+  private charged = 0;
+  /** The budget refused to let it grow: it holds less than its bound. */
+  private starved = false;
+  constructor(hold: number, budget?: { bytes: ByteBudget; company: string }) {
     this.headCap = Math.floor(hold / 4);
     this.tailCap = hold - this.headCap;
+    this.budget = budget;
+  }
+  /** Takes n more bytes from the budget; false: the holding stops growing where it is. */
+  private grow(n: number): boolean {
+    if (!this.budget) return true;
+    if (!this.budget.bytes.take(this.budget.company, n)) {
+      this.starved = true;
+      return false;
+    }
+    this.charged += n;
+    return true;
+  }
+  /**
+   * The budget refused the tail more room: it keeps what it holds, or the budget's floor past the
+   * company's share while the total has room (never more than the incoming bytes can fill).
+   */
+  private clampTail(incoming: number): void {
+    const b = this.budget;
+    const floor = Math.min(this.tailCap, b?.bytes.floor ?? 0, this.tailBytes + incoming);
+    if (b && this.tailBytes < floor && b.bytes.takeFloor(b.company, floor - this.tailBytes)) {
+      this.charged += floor - this.tailBytes;
+      this.tailCap = floor;
+    } else this.tailCap = this.tailBytes;
+  }
+  /** Gives what it holds back to the budget (the execute ended). */
+  release(): void {
+    if (this.budget && this.charged > 0) this.budget.bytes.give(this.budget.company, this.charged);
+    this.charged = 0;
   }
   /** Keeps data within the bound; returns it decoded for the live log. */
   add(data: Uint8Array): string {
@@ -299,9 +335,11 @@ export class Output {
     const room = this.headCap - this.headBytes;
     if (room > 0 && this.tailBytes === 0) {
       const keep = rest.byteLength > room ? rest.subarray(0, room) : rest;
-      this.head.push(Buffer.from(keep));
-      this.headBytes += keep.byteLength;
-      rest = rest.subarray(keep.byteLength);
+      if (this.grow(keep.byteLength)) {
+        this.head.push(Buffer.from(keep));
+        this.headBytes += keep.byteLength;
+        rest = rest.subarray(keep.byteLength);
+      } else this.headCap = this.headBytes;
     }
     if (rest.byteLength > 0) this.addTail(rest);
     return this.decoder.decode(data, { stream: true });
@@ -309,8 +347,15 @@ export class Output {
   private addTail(data: Uint8Array): void {
     if (!this.ring) {
       if (this.tailBytes + data.byteLength <= this.tailCap) {
-        this.tail.push(Buffer.from(data));
-        this.tailBytes += data.byteLength;
+        if (this.grow(data.byteLength)) {
+          this.tail.push(Buffer.from(data));
+          this.tailBytes += data.byteLength;
+          return;
+        }
+        this.clampTail(data.byteLength); // the latest bytes go round in what it holds
+      } else if (!this.grow(this.tailCap - this.tailBytes)) this.clampTail(data.byteLength);
+      if (this.tailCap === 0) {
+        this.dropped += data.byteLength;
         return;
       }
       const all = Buffer.concat([...this.tail, data]);
@@ -355,7 +400,10 @@ export class Output {
       tail = tail.subarray(firstNl + 1);
     }
     const sep = head.byteLength > 0 && head[head.byteLength - 1] !== 0x0a ? "\n" : "";
-    const marker = `${sep}[kubeclip: ${this.dropped + cut} bytes of output truncated here: the plugin holds at most ${this.headCap + this.tailCap} bytes per stream (settings.maxExecuteOutputBytes)]\n`;
+    const bound = this.starved
+      ? `the plugin's output budget for all executes (limiter.ts OUTPUT_BUDGET_BYTES, ${this.budget?.bytes.limit ?? 0} bytes; ${this.budget?.bytes.keyLimit ?? 0} a company) was full, so it held ${this.headCap + this.tailCap} bytes of this stream`
+      : `the plugin holds at most ${this.headCap + this.tailCap} bytes per stream (settings.maxExecuteOutputBytes)`;
+    const marker = `${sep}[kubeclip: ${this.dropped + cut} bytes of output truncated here: ${bound}]\n`;
     return head.toString("utf8") + marker + tail.toString("utf8");
   }
 }
@@ -398,7 +446,8 @@ export async function runExec(nc: NatsConnection, prefix: string, spec: ExecSpec
   if (spec.tty && !spec.stdinStream) throw new Error("tty: a terminal needs stdinStream (stdinBytes -1)");
   const stdin = new StdinFeed(spec.stdinStream ?? spec.stdin, spec.tty !== undefined);
   const hold = opts.holdBytes ?? DEFAULT_HOLD_BYTES;
-  const out = { stdout: new Output(hold), stderr: new Output(hold) };
+  const budget = opts.outputBudget ? { bytes: opts.outputBudget, company: spec.companyId } : undefined;
+  const out = { stdout: new Output(hold, budget), stderr: new Output(hold, budget) };
   const emit = (stream: Stream, text: string): void => {
     if (!opts.onOutput || text === "") return;
     for (const piece of splitText(text, maxLog)) opts.onOutput(stream, piece);
@@ -678,6 +727,9 @@ export async function runExec(nc: NatsConnection, prefix: string, spec: ExecSpec
     opts.signal?.removeEventListener("abort", onAbort);
     sub.unsubscribe();
     await stdin.close().catch(() => undefined);
+    // Given back as the result is built: nothing awaits from here to the return.
+    out.stdout.release();
+    out.stderr.release();
   }
   if (failure) throw failure.error;
 

@@ -73,3 +73,73 @@ export class CompanyLimiter {
     return release;
   }
 }
+
+/**
+ * The most bytes of execute output the plugin holds at once, all companies together: each
+ * execute holds up to twice settings.maxExecuteOutputBytes as it streams (exec.ts Output), and
+ * one plugin process serves every company. Past it (or past a company's share) an execute keeps
+ * what it already holds and drops the middle of the rest, its tail still kept (never refused).
+ */
+export const OUTPUT_BUDGET_BYTES = 512 << 20;
+/** The most of OUTPUT_BUDGET_BYTES one company's executes hold: the others always find room. */
+export const OUTPUT_BUDGET_COMPANY_BYTES = 128 << 20;
+/**
+ * The tail every stream may hold past its company's share (within OUTPUT_BUDGET_BYTES still): an
+ * agent's last lines (its `result`) survive however many commands its company runs.
+ */
+export const OUTPUT_TAIL_FLOOR_BYTES = 256 << 10;
+/**
+ * The most bytes of sync-out one company has being extracted at once on the Paperclip host's
+ * disk, all its mappings together (each alone is bounded by settings.maxSyncOutBytes): a file
+ * past it is refused, naming this budget.
+ */
+export const SYNC_OUT_COMPANY_BYTES = 4 * 2 ** 30;
+
+/**
+ * Bytes held against a bound in total and per key (a company). take never waits: a take that
+ * would pass either bound takes nothing and says so; what was taken is given back when freed.
+ */
+export class ByteBudget {
+  private total = 0;
+  private readonly byKey = new Map<string, number>();
+  readonly limit: number;
+  readonly keyLimit: number;
+  /** What one holder may take past its key's share, within the total (takeFloor). */
+  readonly floor: number;
+
+  constructor(limit: number, keyLimit = limit, floor = 0) {
+    this.limit = limit;
+    this.keyLimit = keyLimit;
+    this.floor = floor;
+  }
+
+  /** Bytes held in total, or by key. */
+  held(key?: string): number {
+    return key === undefined ? this.total : (this.byKey.get(key) ?? 0);
+  }
+
+  /** Takes n bytes for key; false, taking nothing, when the total or key's share would pass its bound. */
+  take(key: string, n: number): boolean {
+    const mine = this.byKey.get(key) ?? 0;
+    if (this.total + n > this.limit || mine + n > this.keyLimit) return false;
+    this.total += n;
+    this.byKey.set(key, mine + n);
+    return true;
+  }
+
+  /** Takes n bytes for key past its share, within the total only (a holder's floor). */
+  takeFloor(key: string, n: number): boolean {
+    if (this.total + n > this.limit) return false;
+    this.total += n;
+    this.byKey.set(key, (this.byKey.get(key) ?? 0) + n);
+    return true;
+  }
+
+  /** Gives back n bytes key took. */
+  give(key: string, n: number): void {
+    const mine = (this.byKey.get(key) ?? 0) - n;
+    this.total -= n;
+    if (mine <= 0) this.byKey.delete(key);
+    else this.byKey.set(key, mine);
+  }
+}

@@ -55,7 +55,7 @@ import {
 import { EnvPolicy } from "./envpolicy.js";
 import { ConfigError, KubeclipError, TimeoutError, UnreachableError, errorMessage, scrub } from "./errors.js";
 import { runExec, type ExecOptions, type ExecResult, type ExecSpec } from "./exec.js";
-import { CompanyLimiter } from "./limiter.js";
+import { ByteBudget, CompanyLimiter, OUTPUT_BUDGET_BYTES, OUTPUT_BUDGET_COMPANY_BYTES, OUTPUT_TAIL_FLOOR_BYTES, SYNC_OUT_COMPANY_BYTES } from "./limiter.js";
 import { findCaseVariantKey, isObject, type JsonObject } from "./json.js";
 import { Leases } from "./leases.js";
 import { REUSABLE_LEASES } from "./manifest.js";
@@ -108,6 +108,10 @@ export function createPlugin(options: PluginOptions = {}): PaperclipPlugin {
   const stats = new StatsBook();
   /** Executes in flight per company, bounded by settings.maxConcurrentExecutesPerCompany. */
   const limiter = new CompanyLimiter(options.executeSlotWaitMs);
+  /** Execute output held at once, all companies together (limiter.ts). */
+  const outputBudget = new ByteBudget(OUTPUT_BUDGET_BYTES, OUTPUT_BUDGET_COMPANY_BYTES, OUTPUT_TAIL_FLOOR_BYTES);
+  /** Sync-out bytes being extracted at once, per company (limiter.ts). */
+  const syncOutBudget = new ByteBudget(Number.MAX_SAFE_INTEGER, SYNC_OUT_COMPANY_BYTES);
   /**
    * Lease requests per connection and subject prefix, kept: each one's waits share one consumer
    * of the runs' answers (answers.ts), not one per lease in flight. A closed connection's go
@@ -296,7 +300,7 @@ export function createPlugin(options: PluginOptions = {}): PaperclipPlugin {
     let release: (() => void) | undefined;
     try {
       release = await limiter.acquire(spec.companyId, s.maxConcurrentExecutesPerCompany ?? DEFAULT_CONCURRENT_EXECUTES, controller.signal);
-      return await runExec(nc, conn.prefix, spec, { ...opts, signal: controller.signal, inboxPrefix: conn.inboxPrefix, ...options.exec });
+      return await runExec(nc, conn.prefix, spec, { ...opts, signal: controller.signal, inboxPrefix: conn.inboxPrefix, outputBudget, ...options.exec });
     } finally {
       opts.signal?.removeEventListener("abort", stop);
       release?.();
@@ -443,7 +447,7 @@ export function createPlugin(options: PluginOptions = {}): PaperclipPlugin {
       const result =
         direction === "in"
           ? await syncIn(params.operations, run, budgetMs)
-          : await syncOut(params.operations, run, { maxBytes: s.maxSyncOutBytes ?? DEFAULT_SYNC_OUT_BYTES, maxFiles: s.maxSyncOutFiles ?? DEFAULT_SYNC_OUT_FILES }, budgetMs);
+          : await syncOut(params.operations, run, { maxBytes: s.maxSyncOutBytes ?? DEFAULT_SYNC_OUT_BYTES, maxFiles: s.maxSyncOutFiles ?? DEFAULT_SYNC_OUT_FILES, inFlight: { bytes: syncOutBudget, company: companyId } }, budgetMs);
       const files = result.operations.reduce((n, o) => n + o.filesTransferred, 0);
       bytes = result.operations.reduce((n, o) => n + o.bytesTransferred, 0);
       log.info(`sync ${direction} done`, { runId: meta.runId, providerLeaseId, operations: result.operations.length, files, bytes, execs, syncMs: Date.now() - t0 });

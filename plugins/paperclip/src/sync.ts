@@ -17,6 +17,7 @@ import path from "node:path";
 import type { PluginEnvironmentSyncResult, PluginSyncOperation } from "@paperclipai/plugin-sdk";
 import { Extractor, pack } from "./tar.js";
 import { isObject } from "./json.js";
+import type { ByteBudget } from "./limiter.js";
 
 /** Where kubeclip puts sandboxd in every exec-capable pod (policy.SandboxdBinary). */
 export const SANDBOXD = "/kubeclip/bin/sandboxd";
@@ -60,6 +61,8 @@ export type SyncRunner = (spec: SyncExec) => Promise<SyncExecResult>;
 export interface SyncOutBounds {
   maxBytes: number;
   maxFiles: number;
+  /** The company's bytes being extracted at once, across its syncs (limiter.ts SYNC_OUT_COMPANY_BYTES). */
+  inFlight?: { bytes: ByteBudget; company: string };
 }
 
 /** A sync that cannot proceed: names the operation and mapping (never file contents). */
@@ -270,6 +273,7 @@ export async function syncOut(rawOps: PluginSyncOperation[], run: SyncRunner, bo
         maxEntries: bounds.maxFiles,
         bytesSetting: "settings.maxSyncOutBytes",
         entriesSetting: "settings.maxSyncOutFiles",
+        ...(bounds.inFlight ? { inFlight: bounds.inFlight } : {}),
         ...(m.kind === "file" ? { file: { entry: base, target: m.targetPath, ...(m.mode !== undefined ? { mode: m.mode } : {}) } } : m.mode !== undefined ? { mode: m.mode } : {}),
       });
       const args =

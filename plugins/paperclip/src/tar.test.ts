@@ -4,6 +4,7 @@ import { lstat, mkdir, mkdtemp, readFile, readdir, readlink, rm, stat, symlink, 
 import { tmpdir } from "node:os";
 import path from "node:path";
 import { afterEach, beforeEach, describe, it } from "node:test";
+import { ByteBudget } from "./limiter.js";
 import { ArchiveError, BLOCK, Extractor, checkName, entryHeader, excludeMatcher, pack, type ExtractOptions, type PackSource, type PackStats } from "./tar.js";
 
 let tmp = "";
@@ -136,6 +137,53 @@ describe("tar round trip", () => {
     const dst = path.join(tmp, "dst");
     await extract(await collect({ kind: "directory", path: src, exclude: ["node_modules", "*.log"], followSymlinks: true }), opts(dst));
     assert.deepEqual(await tree(dst), ["d:alias", "f:alias/a:644:YQ==:1", "d:keep", "f:keep/a:644:YQ==:1"]);
+  });
+
+  it("followSymlinks never follows a host link out of the source, whatever path it takes (issue 26 item 6)", async () => {
+    await mkdir(path.join(tmp, "outside"));
+    await writeFile(path.join(tmp, "outside/secret"), "host secret");
+    for (const [name, links] of Object.entries({
+      direct: [["out", "../outside"]],
+      absolute: [["out", path.join(tmp, "outside")]],
+      chain: [["c", "."], ["up", "c/.."], ["0steal", "up/outside/secret"]],
+      throughDir: [["a/b", ".."], ["0steal", "a/b/../outside/secret"]],
+    })) {
+      const src = path.join(tmp, `src-${name}`);
+      await mkdir(path.join(src, "a"), { recursive: true });
+      for (const [l, to] of links) await symlink(to as string, path.join(src, l as string));
+      await assert.rejects(collect({ kind: "directory", path: src, followSymlinks: true }), (err: unknown) => {
+        assert.ok(err instanceof ArchiveError, String(err));
+        assert.match(err.message, /leads out of the source \(followSymlinks\): refused/);
+        return true;
+      }, name);
+    }
+  });
+
+  it("a company's sync-outs in flight share one disk budget; other companies have their own (issue 26 item 14)", async () => {
+    const budget = new ByteBudget(Number.MAX_SAFE_INTEGER, 1 << 20);
+    const file = (name: string, size: number): Buffer => entry(name, "0", Buffer.alloc(size, 0x61));
+    const x = (dir: string, company: string): Extractor => new Extractor(opts(path.join(tmp, dir), { inFlight: { bytes: budget, company } }));
+    // Company A's first sync-out is mid-file: its 800 KiB are taken before a byte is written.
+    const first = x("a1", "A");
+    const big = file("big", 800 << 10);
+    await first.write(big.subarray(0, BLOCK + 1000));
+    assert.equal(budget.held("A"), 800 << 10);
+    const second = x("a2", "A");
+    await assert.rejects(second.write(Buffer.concat([file("f", 400 << 10), END])), (err: unknown) => {
+      assert.ok(err instanceof ArchiveError, String(err));
+      assert.match(err.message, /company A's sync-out budget in flight: 819200 of 1048576 bytes .*SYNC_OUT_COMPANY_BYTES/);
+      return true;
+    });
+    await second.abort();
+    // Company B is not held back by A.
+    await extract(Buffer.concat([file("f", 400 << 10), END]), opts(path.join(tmp, "b"), { inFlight: { bytes: budget, company: "B" } }));
+    assert.equal(budget.held("B"), 0, "an ended extraction gives its bytes back");
+    // Once A's first ends, A has room again.
+    await first.write(Buffer.concat([big.subarray(BLOCK + 1000), END]));
+    await first.end();
+    assert.equal(budget.held("A"), 0);
+    await extract(Buffer.concat([file("f", 400 << 10), END]), opts(path.join(tmp, "a3"), { inFlight: { bytes: budget, company: "A" } }));
+    assert.equal(budget.held(), 0);
   });
 
   it("a file mapping: one entry, written to its target with the mapping's mode exactly", async () => {

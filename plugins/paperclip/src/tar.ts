@@ -9,23 +9,39 @@
 //              naming the entry; on a refusal everything the extraction created is removed.
 //
 // What the extractor refuses: absolute names, `..`, names over 4096 bytes, NUL in a name, PAX
-// headers over 1 MiB, hardlinks, device nodes, fifos, sparse and unknown entry types, a symlink
-// that leads out of the root (absolute, or `..` past it, or through other links: checked with
-// realpath once every link exists), an entry whose parent is not a real directory (never written
-// through a link), more regular-file bytes or more entries than the operator's bounds.
+// headers over 1 MiB or of more than 256 records, more than 2 MiB of headers before one entry
+// (PAX, global PAX, GNU long names: a flood of them), a header with no entry after it,
+// hardlinks, device nodes, fifos, sparse and unknown entry types, a directory or link that
+// carries data, a symlink whose resolution leaves the root at any step (resolveLink: lexical and
+// through every link, dangling or not), an entry whose parent is not a real directory (never
+// written through a link), more regular-file bytes or more entries than the operator's bounds.
 // Symlinks that stay inside the root are kept as links (tar's behaviour); they are created after
 // every other entry, so no entry of the archive is written through one.
+//
+// sandboxd's Go extractor (pkg/sandboxd/untar.go) follows the same rules: testdata/archives at
+// the repository's root holds the archives both are tested with, and the outcome each must give.
 
 import { constants, type Dirent } from "node:fs";
-import { lstat, mkdir, open, readdir, readlink, realpath, rename, rm, stat, symlink, type FileHandle } from "node:fs/promises";
+import { lstat, mkdir, open, readdir, readlink, rename, rm, stat, symlink, type FileHandle } from "node:fs/promises";
 import { randomBytes } from "node:crypto";
 import path from "node:path";
+import type { ByteBudget } from "./limiter.js";
 
 export const BLOCK = 512;
 /** Longest entry name or link target accepted (PATH_MAX). */
 export const MAX_NAME_BYTES = 4096;
 /** Largest PAX extended header accepted (sandboxd's bound too). */
 export const MAX_PAX_BYTES = 1 << 20;
+/** The most records of one PAX header, local or global (sandboxd's bound too). */
+export const MAX_PAX_RECORDS = 256;
+/**
+ * The most header bytes before one entry, blocks counted: its PAX header, global PAX headers and
+ * GNU long names and links (sandboxd's bound too). One PAX header of MAX_PAX_BYTES fits; a flood
+ * of headers is refused here, not held: what one entry's headers set is dropped at the next entry.
+ */
+export const MAX_ENTRY_META_BYTES = 2 << 20;
+/** The most links followed resolving one symlink (Linux's own limit). */
+export const MAX_LINK_HOPS = 40;
 /** How much of a host file pack reads at a time. */
 export const READ_BYTES = 256 << 10;
 /** Names tar leaves out of every archive the host builds (`--exclude ._*`: macOS sidecars). */
@@ -229,8 +245,15 @@ async function* walk(
     const name = rel === "" ? e.name : `${rel}/${e.name}`;
     if (excluded(name)) continue;
     const full = path.join(root, name);
-    const st = follow ? await stat(full).catch(() => undefined) : await lstat(full);
-    if (!st) continue; // a dangling link, followed: nothing to send (tar -h warns and skips it)
+    let st = await lstat(full);
+    if (follow && st.isSymbolicLink()) {
+      // Followed only while every step stays inside the source: never a host file outside it.
+      const where = await resolveLink(root, name, await readlink(full));
+      if (where !== "inside") throw new ArchiveError(name, `a symlink that ${where === "loop" ? "loops" : "leads out of the source"} (followSymlinks): refused`);
+      const target = await stat(full).catch(() => undefined);
+      if (!target) continue; // a dangling link, followed: nothing to send (tar -h warns and skips it)
+      st = target;
+    }
     if (st.isSymbolicLink()) {
       const target = await readlink(full);
       for (const b of entryHeader({ name, mode: 0o777, size: 0, mtime: st.mtimeMs / 1000, type: "2", linkname: target })) yield b;
@@ -287,6 +310,12 @@ export interface ExtractOptions {
   file?: { entry: string; target: string; mode?: number };
   /** The mode of every regular file (a directory mapping's `mode`); else the entry's, without setuid/setgid/sticky and group/other write. */
   mode?: number;
+  /**
+   * The company's bytes being extracted at once, all its extractions together (limiter.ts
+   * SYNC_OUT_COMPANY_BYTES): each regular file takes its size before a byte is written, and
+   * the extraction gives it all back when it ends or aborts.
+   */
+  inFlight?: { bytes: ByteBudget; company: string };
 }
 
 export interface ExtractResult {
@@ -299,7 +328,6 @@ type State =
   | { kind: "pax"; left: number; global: boolean; parts: Buffer[]; entry: string }
   | { kind: "longname"; left: number; link: boolean; parts: Buffer[] }
   | { kind: "data"; left: number; padding: number; fh: FileHandle | undefined; temp: string; final: string; mode: number; name: string }
-  | { kind: "skip"; left: number }
   | { kind: "end" };
 
 /**
@@ -312,9 +340,14 @@ export class Extractor {
   private state: State = { kind: "header" };
   private pending: Buffer = Buffer.alloc(0);
   private zeroBlocks = 0;
+  /** The last PAX header's records since the last entry (a PAX header replaces the one before). */
   private pax: Map<string, string> = new Map();
   private longName: string | undefined;
   private longLink: string | undefined;
+  /** A PAX or GNU long-name header waits for its entry. */
+  private localPending = false;
+  /** Header bytes since the last entry (MAX_ENTRY_META_BYTES). */
+  private metaBytes = 0;
   private entries = 0;
   private files = 0;
   private bytes = 0;
@@ -324,6 +357,8 @@ export class Extractor {
   private readonly links: { name: string; target: string }[] = [];
   private rootReady = false;
   private failed: Error | undefined;
+  /** Bytes taken from opts.inFlight. */
+  private inFlight = 0;
 
   constructor(opts: ExtractOptions) {
     this.opts = opts;
@@ -347,6 +382,7 @@ export class Extractor {
       if (this.state.kind !== "end" && !(this.state.kind === "header" && this.pending.byteLength === 0)) {
         throw new ArchiveError(this.currentName(), "the archive ended in the middle of an entry");
       }
+      if (this.localPending) throw new ArchiveError("(archive)", "a PAX or GNU long-name header with no entry after it");
       if (this.opts.file && !this.fileDone) throw new ArchiveError(this.opts.file.entry, "not in the archive");
       await this.ensureRoot();
       await this.makeLinks();
@@ -354,11 +390,19 @@ export class Extractor {
     } catch (err) {
       this.failed = err instanceof Error ? err : new Error(String(err));
       throw err;
+    } finally {
+      this.giveBack();
     }
+  }
+
+  private giveBack(): void {
+    if (this.opts.inFlight && this.inFlight > 0) this.opts.inFlight.bytes.give(this.opts.inFlight.company, this.inFlight);
+    this.inFlight = 0;
   }
 
   /** Removes everything this extraction created (after a refusal or a failed transfer). */
   async abort(): Promise<void> {
+    this.giveBack();
     const s = this.state;
     if (s.kind === "data") {
       await s.fh?.close().catch(() => undefined);
@@ -420,13 +464,6 @@ export class Extractor {
           if (s.left === 0 && s.padding === 0) await this.fileDoneWriting(s);
           break;
         }
-        case "skip": {
-          const take = Math.min(s.left, buf.byteLength);
-          s.left -= take;
-          buf = buf.subarray(take);
-          if (s.left === 0) this.state = { kind: "header" };
-          break;
-        }
       }
     }
     // A file whose bytes all arrived with the header's block: finish it now.
@@ -454,12 +491,14 @@ export class Extractor {
 
     if (type === "x" || type === "g") {
       if (size > MAX_PAX_BYTES) throw new ArchiveError(safeName(headerName), `a PAX header of ${size} bytes (at most ${MAX_PAX_BYTES})`);
+      this.countMeta(size, headerName);
       this.state = { kind: "pax", left: size + pad(size), global: type === "g", parts: [], entry: safeName(headerName) };
       if (size === 0) this.paxDone([], type === "g", headerName);
       return;
     }
     if (type === "L" || type === "K") {
       if (size > MAX_NAME_BYTES + 1) throw new ArchiveError(safeName(headerName), `a long ${type === "K" ? "link" : "name"} of ${size} bytes (at most ${MAX_NAME_BYTES})`);
+      this.countMeta(size, headerName);
       this.state = { kind: "longname", left: size + pad(size), link: type === "K", parts: [] };
       if (size === 0) this.longDone([], type === "K");
       return;
@@ -467,10 +506,15 @@ export class Extractor {
 
     const pax = this.pax;
     this.pax = new Map();
-    const nameRaw = pax.get("path") ?? this.longName ?? headerName;
-    const linkRaw = pax.get("linkpath") ?? this.longLink ?? cstr(block, 157, 100);
+    // A GNU long name wins over a PAX path, as archive/tar (sandboxd) reads them.
+    const nameRaw = this.longName ?? pax.get("path") ?? headerName;
+    const linkRaw = this.longLink ?? pax.get("linkpath") ?? cstr(block, 157, 100);
     this.longName = undefined;
     this.longLink = undefined;
+    this.localPending = false;
+    this.metaBytes = 0;
+    if (pax.size > MAX_PAX_RECORDS) throw new ArchiveError(safeName(nameRaw), `a PAX header of more than ${MAX_PAX_RECORDS} records: refused`);
+    for (const key of pax.keys()) if (key.startsWith("GNU.sparse.")) throw new ArchiveError(safeName(nameRaw), "a sparse file: refused");
     let entrySize = size;
     const paxSize = pax.get("size");
     if (paxSize !== undefined) {
@@ -481,7 +525,10 @@ export class Extractor {
     if (++this.entries > this.opts.maxEntries) {
       throw new ArchiveError(name, `more than ${this.opts.maxEntries} entries (${this.opts.entriesSetting})`);
     }
-    switch (type) {
+    // An old archive's regular file named with a trailing slash is a directory (archive/tar's reading).
+    const kind = type === "\0" && nameRaw.endsWith("/") ? "5" : type;
+    if ((kind === "5" || kind === "2") && entrySize !== 0) throw new ArchiveError(name, `a ${kind === "5" ? "directory" : "symlink"} that carries ${entrySize} bytes of data: refused`);
+    switch (kind) {
       case "0":
       case "\0":
       case "7":
@@ -489,11 +536,11 @@ export class Extractor {
         return;
       case "5":
         await this.directory(name);
-        this.afterNoData(entrySize);
+        this.state = { kind: "header" };
         return;
       case "2":
         this.symlinkEntry(name, linkRaw);
-        this.afterNoData(entrySize);
+        this.state = { kind: "header" };
         return;
       case "1":
         throw new ArchiveError(name, "a hardlink: hardlinks are refused");
@@ -509,41 +556,41 @@ export class Extractor {
     }
   }
 
-  /** Directories and links carry no data; any declared size is skipped. */
-  private afterNoData(size: number): void {
-    this.state = size > 0 ? { kind: "skip", left: size + pad(size) } : { kind: "header" };
+  /** Counts a header before an entry against MAX_ENTRY_META_BYTES, its blocks counted. */
+  private countMeta(size: number, headerName: string): void {
+    this.metaBytes += BLOCK + size + pad(size);
+    if (this.metaBytes > MAX_ENTRY_META_BYTES) {
+      throw new ArchiveError(safeName(headerName), `headers before one entry pass ${MAX_ENTRY_META_BYTES} bytes (PAX, global PAX and GNU long-name headers): refused`);
+    }
   }
 
+  /**
+   * A PAX header read: a local one replaces the records before it (its entry's); a global one is
+   * checked and dropped (defaults this extractor has no use for), and so is any header before it
+   * that waited for an entry, as archive/tar reads them.
+   */
   private paxDone(parts: Buffer[], global: boolean, entry: string): void {
     this.state = { kind: "header" };
-    if (global) return; // global records set defaults this extractor has no use for
-    const data = Buffer.concat(parts);
-    let i = 0;
-    while (i < data.byteLength) {
-      if (data[i] === 0) break; // padding
-      const sp = data.indexOf(0x20, i);
-      if (sp < 0 || sp - i > 8) throw new ArchiveError(safeName(entry), "a malformed PAX record");
-      const len = Number(data.subarray(i, sp).toString("latin1"));
-      if (!Number.isSafeInteger(len) || len <= sp - i + 1 || i + len > data.byteLength || data[i + len - 1] !== 0x0a) {
-        throw new ArchiveError(safeName(entry), "a malformed PAX record");
-      }
-      const rec = data.subarray(sp + 1, i + len - 1).toString("utf8");
-      const eq = rec.indexOf("=");
-      if (eq <= 0) throw new ArchiveError(safeName(entry), "a malformed PAX record");
-      const key = rec.slice(0, eq);
-      if (key.startsWith("GNU.sparse")) throw new ArchiveError(safeName(this.pax.get("path") ?? entry), "a sparse file: refused");
-      this.pax.set(key, rec.slice(eq + 1));
-      i += len;
+    const records = parsePax(Buffer.concat(parts), entry);
+    if (global) {
+      if (records.size > MAX_PAX_RECORDS) throw new ArchiveError(safeName(entry), `a global PAX header of more than ${MAX_PAX_RECORDS} records: refused`);
+      this.pax = new Map();
+      this.longName = undefined;
+      this.longLink = undefined;
+      this.localPending = false;
+      return;
     }
+    this.pax = records;
+    this.localPending = true;
   }
 
   private longDone(parts: Buffer[], link: boolean): void {
     this.state = { kind: "header" };
+    this.localPending = true;
     const v = cstr(Buffer.concat(parts), 0, MAX_NAME_BYTES + 1);
     if (link) this.longLink = v;
     else this.longName = v;
   }
-
   private async ensureRoot(): Promise<void> {
     if (this.rootReady) return;
     const dir = this.opts.file ? path.dirname(this.opts.file.target) : this.opts.root;
@@ -587,6 +634,16 @@ export class Extractor {
   private async regular(name: string, size: number, headerMode: number): Promise<void> {
     if (this.bytes + size > this.opts.maxBytes) {
       throw new ArchiveError(name, `${size} bytes would pass the bound of ${this.opts.maxBytes} bytes (${this.opts.bytesSetting})`);
+    }
+    const budget = this.opts.inFlight;
+    if (budget && size > 0) {
+      if (!budget.bytes.take(budget.company, size)) {
+        throw new ArchiveError(
+          name,
+          `${size} bytes would pass company ${budget.company}'s sync-out budget in flight: ${budget.bytes.held(budget.company)} of ${budget.bytes.keyLimit} bytes are being extracted by its other syncs (SYNC_OUT_COMPANY_BYTES); try again when they end`,
+        );
+      }
+      this.inFlight += size;
     }
     let final: string;
     let mode: number;
@@ -638,7 +695,11 @@ export class Extractor {
     this.links.push({ name, target });
   }
 
-  /** Links last: no entry was written through one. Then each is resolved for real (chains). */
+  /**
+   * Links last: no entry was written through one. Then each is resolved step by step through
+   * every link now in the target (chains, links already there): one that leaves the root at any
+   * step is refused, dangling or not (a missing step may exist tomorrow).
+   */
   private async makeLinks(): Promise<void> {
     for (const l of this.links) {
       await this.parents(l.name);
@@ -647,21 +708,67 @@ export class Extractor {
       await symlink(l.target, full);
       this.created.push({ path: full, dir: false });
     }
-    if (this.links.length === 0) return;
-    const root = await realpath(this.opts.root);
     for (const l of this.links) {
-      const full = path.join(this.opts.root, l.name);
-      let real: string;
-      try {
-        real = await realpath(full);
-      } catch (err) {
-        const code = (err as NodeJS.ErrnoException).code;
-        if (code === "ENOENT") continue; // dangling, and every step of it inside the target
-        throw new ArchiveError(l.name, code === "ELOOP" ? "a symlink loop: refused" : "a symlink that cannot be resolved: refused");
-      }
-      if (real !== root && !real.startsWith(`${root}/`)) throw new ArchiveError(l.name, "a symlink that leads out of the target through other links: refused");
+      const where = await resolveLink(this.opts.root, l.name, l.target);
+      if (where === "loop") throw new ArchiveError(l.name, "a symlink loop: refused");
+      if (where === "outside") throw new ArchiveError(l.name, "a symlink that leads out of the target through other links: refused");
     }
   }
+}
+
+/** One PAX header's records (`<len> <key>=<value>\n`), checked. */
+function parsePax(data: Buffer, entry: string): Map<string, string> {
+  const records = new Map<string, string>();
+  let i = 0;
+  while (i < data.byteLength) {
+    if (data[i] === 0) break; // padding
+    const sp = data.indexOf(0x20, i);
+    if (sp < 0 || sp - i > 8) throw new ArchiveError(safeName(entry), "a malformed PAX record");
+    const len = Number(data.subarray(i, sp).toString("latin1"));
+    if (!Number.isSafeInteger(len) || len <= sp - i + 1 || i + len > data.byteLength || data[i + len - 1] !== 0x0a) {
+      throw new ArchiveError(safeName(entry), "a malformed PAX record");
+    }
+    const rec = data.subarray(sp + 1, i + len - 1).toString("utf8");
+    const eq = rec.indexOf("=");
+    if (eq <= 0) throw new ArchiveError(safeName(entry), "a malformed PAX record");
+    records.set(rec.slice(0, eq), rec.slice(eq + 1));
+    i += len;
+  }
+  return records;
+}
+
+/**
+ * Where the symlink `name` (relative to root) leads, resolved one step at a time as the kernel
+ * would, through every link on the way (their targets read from the disk): "outside" as soon as
+ * a step leaves root (an absolute target, `..` above it), "loop" past MAX_LINK_HOPS links. A step
+ * that does not exist (or is not a directory) is taken lexically: it may exist later. The same
+ * rule as sandboxd's (pkg/sandboxd/untar.go resolveLink).
+ */
+export async function resolveLink(root: string, name: string, target: string): Promise<"inside" | "outside" | "loop"> {
+  const dir = name.split("/").slice(0, -1);
+  const stack = dir.filter((p) => p !== "" && p !== ".");
+  const queue = target.split("/");
+  if (target.startsWith("/")) return "outside";
+  let hops = 0;
+  for (let c = queue.shift(); c !== undefined; c = queue.shift()) {
+    if (c === "" || c === ".") continue;
+    if (c === "..") {
+      if (stack.length === 0) return "outside";
+      stack.pop();
+      continue;
+    }
+    const rel = [...stack, c].join("/");
+    const st = await lstat(path.join(root, rel)).catch(() => undefined);
+    if (st?.isSymbolicLink()) {
+      if (++hops > MAX_LINK_HOPS) return "loop";
+      const next = await readlink(path.join(root, rel));
+      if (next.startsWith("/")) return "outside";
+      queue.unshift(...next.split("/"));
+      continue;
+    }
+    stack.push(c);
+  }
+  return "inside";
 }
 
 async function writeAll(fh: FileHandle, data: Buffer): Promise<void> {
