@@ -40,72 +40,8 @@ func TestProductionRoutesRefuseUnauthenticatedPeers(t *testing.T) {
 	ctx := t.Context()
 	dir := t.TempDir()
 	routes := filepath.Join(dir, "routes")
-	script := exec.Command("bash", filepath.Join(root, "hack/deploy/route-tls.sh"), routes, "localhost", embeddednats.DefaultHost)
-	if out, err := script.CombinedOutput(); err != nil {
-		t.Fatalf("hack/deploy/route-tls.sh: %v\n%s", err, out)
-	}
-	shipped, err := os.ReadFile(productionConf)
-	if err != nil {
-		t.Fatal(err)
-	}
-	auth, err := os.ReadFile(filepath.Join(root, natstest.ShippedAuthConf))
-	if err != nil {
-		t.Fatal(err)
-	}
-	// nats.conf includes ./nats-auth.conf, beside it in the ConfigMap; the nodes' files are in dir.
-	if err := os.WriteFile(filepath.Join(dir, "nats-auth.conf"), auth, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	natstest.SetAuthPasswords(t)
-
-	const n = 3
-	ports := natstest.FreePorts(t, 3*n)
-	var nodes []*natstest.Node
-	for i := range n {
-		port, routePort, monitorPort := ports[3*i], ports[3*i+1], ports[3*i+2]
-		name := fmt.Sprintf("nats-%d", i)
-		// The pod's paths and ports, and the StatefulSet's DNS names (which resolve only in the
-		// cluster), for this node's.
-		local := []string{
-			// Where the Secret kubeclip-nats-routes is mounted (if the file still reads it).
-			natstest.RouteTLSMount, routes + "/",
-			"listen: 0.0.0.0:4222", fmt.Sprintf("listen: %s:%d", embeddednats.DefaultHost, port),
-			"http: 0.0.0.0:8222", fmt.Sprintf("http: %s:%d", embeddednats.DefaultHost, monitorPort),
-			"pid_file: /var/run/nats/nats.pid", fmt.Sprintf("pid_file: %q", filepath.Join(dir, name+".pid")),
-			"store_dir: /data", fmt.Sprintf("store_dir: %q", filepath.Join(dir, name)),
-			"listen: 0.0.0.0:6222", fmt.Sprintf("listen: %s:%d", embeddednats.DefaultHost, routePort),
-		}
-		for j := range n {
-			local = append(local, fmt.Sprintf("nats://nats-%d.nats-headless:6222", j), fmt.Sprintf("nats://localhost:%d", ports[3*j+1]))
-		}
-		conf := string(shipped)
-		for k := 0; k < len(local); k += 2 {
-			if k > 0 && !strings.Contains(conf, local[k]) {
-				t.Fatalf("%s no longer has %q: change this test with it", productionConf, local[k])
-			}
-			conf = strings.ReplaceAll(conf, local[k], local[k+1])
-		}
-		nodes = append(nodes, natstest.StartNode(t, dir, natstest.NodeConfig{
-			Name: name, Conf: conf, Port: port, RoutePort: routePort, MonitorPort: monitorPort, Env: []string{"POD_NAME=" + name},
-		}))
-	}
-	var names []string
-	for _, node := range nodes {
-		names = append(names, node.Name)
-	}
-	for _, node := range nodes {
-		if err := node.WaitHealthy(ctx); err != nil {
-			t.Fatal(err)
-		}
-		want := slices.DeleteFunc(slices.Clone(names), func(s string) bool { return s == node.Name })
-		eventually(t, time.Minute, node.Name+" routes to the others", func() error {
-			peers, err := node.Peers(ctx)
-			if err == nil && !slices.Equal(peers, want) {
-				err = fmt.Errorf("%s routes to %v, want %v", node.Name, peers, want)
-			}
-			return err
-		})
-	}
+	routeTLS(t, routes)
+	nodes := startProduction(t, dir, routes)
 
 	// JetStream: the workers' streams at three replicas, a write taken by each.
 	worker := connect(t, nodes[0], "kubeclip")
@@ -131,7 +67,7 @@ func TestProductionRoutesRefuseUnauthenticatedPeers(t *testing.T) {
 			return err
 		}
 		info := stream.CachedInfo()
-		if info.Cluster == nil || info.Cluster.Leader == "" || len(info.Cluster.Replicas) != n-1 {
+		if info.Cluster == nil || info.Cluster.Leader == "" || len(info.Cluster.Replicas) != len(nodes)-1 {
 			return fmt.Errorf("run stream cluster: %+v", info.Cluster)
 		}
 		for _, r := range info.Cluster.Replicas {
@@ -165,6 +101,167 @@ func TestProductionRoutesRefuseUnauthenticatedPeers(t *testing.T) {
 			refused(t, nodes, members, tc.name, tc.tls)
 		})
 	}
+}
+
+// TestProductionRouteTLSRotates walks the rotation docs/natscluster.md gives (Route
+// authentication) on the production overlay's nats.conf: a new CA and certificate from
+// hack/deploy/route-tls.sh; then, each step followed by a restart of the three servers one at a
+// time (files rewritten in place, as the mounted Secret changes), trust both CAs, present the new
+// certificate, trust only the new CA. After every single restart each server routes to the two
+// others (no split), and at the end a server presenting the old certificate is refused.
+func TestProductionRouteTLSRotates(t *testing.T) {
+	dir := t.TempDir()
+	routes := filepath.Join(dir, "routes")
+	routeTLS(t, routes)
+	nodes := startProduction(t, dir, routes)
+
+	old, fresh := filepath.Join(dir, "old"), filepath.Join(dir, "new")
+	routeTLS(t, fresh)
+	read := func(path string) []byte {
+		data, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return data
+	}
+	if err := os.Mkdir(old, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"ca.crt", "tls.crt", "tls.key"} {
+		if err := os.WriteFile(filepath.Join(old, f), read(filepath.Join(routes, f)), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, step := range []struct {
+		name  string
+		files map[string][]byte
+	}{
+		{"trust both CAs", map[string][]byte{"ca.crt": slices.Concat(read(filepath.Join(old, "ca.crt")), read(filepath.Join(fresh, "ca.crt")))}},
+		{"present the new certificate", map[string][]byte{"tls.crt": read(filepath.Join(fresh, "tls.crt")), "tls.key": read(filepath.Join(fresh, "tls.key"))}},
+		{"trust only the new CA", map[string][]byte{"ca.crt": read(filepath.Join(fresh, "ca.crt"))}},
+	} {
+		for f, data := range step.files {
+			if err := os.WriteFile(filepath.Join(routes, f), data, 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, node := range nodes {
+			node.Kill()
+			if err := node.Start(); err != nil {
+				t.Fatalf("%s: %v", step.name, err)
+			}
+			waitHealthy(t, node)
+			for _, n := range nodes {
+				waitMesh(t, nodes, n)
+			}
+		}
+	}
+
+	var members []string
+	for _, node := range nodes {
+		members = append(members, fmt.Sprintf("nats://localhost:%d", node.RoutePort))
+	}
+	retired := fmt.Sprintf("tls { ca_file: %q, cert_file: %q, key_file: %q, verify: true }",
+		filepath.Join(fresh, "ca.crt"), filepath.Join(old, "tls.crt"), filepath.Join(old, "tls.key"))
+	refused(t, nodes, members, "retired-certificate", retired)
+}
+
+// routeTLS makes a route CA and certificate for loopback into dir with hack/deploy/route-tls.sh,
+// as hack/deploy/secrets.sh makes the Secret kubeclip-nats-routes for the StatefulSet's names.
+func routeTLS(t *testing.T, dir string) {
+	t.Helper()
+	script := exec.Command("bash", filepath.Join(root, "hack/deploy/route-tls.sh"), dir, "localhost", embeddednats.DefaultHost)
+	if out, err := script.CombinedOutput(); err != nil {
+		t.Fatalf("hack/deploy/route-tls.sh: %v\n%s", err, out)
+	}
+}
+
+// startProduction starts the production overlay's nats.conf as three nats-server processes in
+// dir, their route CA, certificate and key read from routes (where the pods mount the Secret),
+// the shipped users with test passwords, and waits until each is healthy and routes to the two
+// others. Only what a local run must change is replaced: ports, paths and the route hosts.
+func startProduction(t *testing.T, dir, routes string) []*natstest.Node {
+	t.Helper()
+	shipped, err := os.ReadFile(productionConf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	auth, err := os.ReadFile(filepath.Join(root, natstest.ShippedAuthConf))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// nats.conf includes ./nats-auth.conf, beside it in the ConfigMap; the nodes' files are in dir.
+	if err := os.WriteFile(filepath.Join(dir, "nats-auth.conf"), auth, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	natstest.SetAuthPasswords(t)
+
+	const n = 3
+	ports := natstest.FreePorts(t, 3*n)
+	var nodes []*natstest.Node
+	for i := range n {
+		port, routePort, monitorPort := ports[3*i], ports[3*i+1], ports[3*i+2]
+		name := fmt.Sprintf("nats-%d", i)
+		// The pod's paths and ports, and the StatefulSet's DNS names (which resolve only in the
+		// cluster), for this node's.
+		local := []string{
+			"listen: 0.0.0.0:4222", fmt.Sprintf("listen: %s:%d", embeddednats.DefaultHost, port),
+			"http: 0.0.0.0:8222", fmt.Sprintf("http: %s:%d", embeddednats.DefaultHost, monitorPort),
+			"pid_file: /var/run/nats/nats.pid", fmt.Sprintf("pid_file: %q", filepath.Join(dir, name+".pid")),
+			"store_dir: /data", fmt.Sprintf("store_dir: %q", filepath.Join(dir, name)),
+			"listen: 0.0.0.0:6222", fmt.Sprintf("listen: %s:%d", embeddednats.DefaultHost, routePort),
+		}
+		for j := range n {
+			local = append(local, fmt.Sprintf("nats://nats-%d.nats-headless:6222", j), fmt.Sprintf("nats://localhost:%d", ports[3*j+1]))
+		}
+		// Where the Secret kubeclip-nats-routes is mounted, should the file still read it (the
+		// intruders show whether it does).
+		conf := strings.ReplaceAll(string(shipped), natstest.RouteTLSMount, routes+"/")
+		for k := 0; k < len(local); k += 2 {
+			if !strings.Contains(conf, local[k]) {
+				t.Fatalf("%s no longer has %q: change this test with it", productionConf, local[k])
+			}
+			conf = strings.ReplaceAll(conf, local[k], local[k+1])
+		}
+		nodes = append(nodes, natstest.StartNode(t, dir, natstest.NodeConfig{
+			Name: name, Conf: conf, Port: port, RoutePort: routePort, MonitorPort: monitorPort, Env: []string{"POD_NAME=" + name},
+		}))
+	}
+	for _, node := range nodes {
+		waitHealthy(t, node)
+		waitMesh(t, nodes, node)
+	}
+	return nodes
+}
+
+// waitHealthy waits a minute at most until node is healthy (natstest.Node.WaitHealthy): a server
+// that cannot join the others never is.
+func waitHealthy(t *testing.T, node *natstest.Node) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	if err := node.WaitHealthy(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// waitMesh waits until node routes to every other of nodes, and to no one else.
+func waitMesh(t *testing.T, nodes []*natstest.Node, node *natstest.Node) {
+	t.Helper()
+	var want []string
+	for _, n := range nodes {
+		if n != node {
+			want = append(want, n.Name)
+		}
+	}
+	slices.Sort(want)
+	eventually(t, time.Minute, node.Name+" routes to the others", func() error {
+		peers, err := node.Peers(t.Context())
+		if err == nil && !slices.Equal(peers, want) {
+			err = fmt.Errorf("%s routes to %v, want %v", node.Name, peers, want)
+		}
+		return err
+	})
 }
 
 // refused starts a server named name that routes at the members' route URLs with the route
