@@ -65,16 +65,20 @@ func TestManyConsumersOnAStream(t *testing.T) {
 
 // TestClusterRefusesUnauthenticatedRoutes: the test cluster's routes are authenticated as the
 // production overlay's (tests/natscluster runs that file): a server routing at it with no TLS,
-// or with a certificate for the route name from a look-alike CA, is never admitted.
+// with a certificate for the route name from a look-alike CA, or with a certificate of the
+// cluster's own CA for another name (verify_and_map's map), is never admitted.
 func TestClusterRefusesUnauthenticatedRoutes(t *testing.T) {
 	c := natstest.StartCluster(t, 3)
 	if err := c.WaitHealthy(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	forged := natstest.ForgeRouteTLS(t, t.TempDir(), c.Routes.CA)
+	tlsConf := func(r natstest.RouteTLS) string {
+		return fmt.Sprintf("tls { ca_file: %q, cert_file: %q, key_file: %q, verify: true }", c.Routes.CA, r.Cert, r.Key)
+	}
 	for _, tc := range []struct{ name, tls string }{
 		{name: "no-credentials"},
-		{name: "untrusted-certificate", tls: fmt.Sprintf("tls { ca_file: %q, cert_file: %q, key_file: %q, verify: true }", c.Routes.CA, forged.Cert, forged.Key)},
+		{name: "untrusted-certificate", tls: tlsConf(natstest.ForgeRouteTLS(t, t.TempDir(), c.Routes.CA))},
+		{name: "other-name", tls: tlsConf(c.Routes.Issue(t, t.TempDir(), "kubeclip-nats-client"))},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			intruder := natstest.StartIntruder(t, tc.name, "natstest", c.RouteURLs(), tc.tls)

@@ -32,6 +32,10 @@ const RouteTLSMount = "/etc/nats-routes/"
 // the layout of the Secret kubeclip-nats-routes (ca.crt, tls.crt, tls.key).
 type RouteTLS struct {
 	Dir, CA, Cert, Key string
+
+	// The CA, kept so that Issue can sign another certificate (the script does not keep it).
+	caCert *x509.Certificate
+	caKey  *ecdsa.PrivateKey
 }
 
 // NewRouteTLS writes a new CA and a certificate it signs into dir: common name RouteName, for
@@ -62,12 +66,51 @@ func ForgeRouteTLS(t testing.TB, dir, caFile string) RouteTLS {
 	return newRouteTLS(t, dir, ca.RawSubject)
 }
 
-// newRouteTLS makes a RouteTLS whose CA has the subject caSubject (DER), or a name of its own.
-func newRouteTLS(t testing.TB, dir string, caSubject []byte) RouteTLS {
+// Issue writes into dir a certificate and key that r's CA signs for commonName, as NewRouteTLS
+// makes its own otherwise (loopback, server and client use), beside a copy of the CA's
+// certificate: a peer the cluster's CA vouches for under another name.
+func (r RouteTLS) Issue(t testing.TB, dir, commonName string) RouteTLS {
 	t.Helper()
+	if r.caKey == nil {
+		t.Fatal("natstest: Issue needs a RouteTLS made by NewRouteTLS or ForgeRouteTLS")
+	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		t.Fatalf("natstest: %v", err)
 	}
+	now := time.Now()
+	key := newKey(t)
+	leaf := &x509.Certificate{
+		SerialNumber: serial(t), Subject: pkix.Name{CommonName: commonName},
+		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour),
+		KeyUsage:    x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+		DNSNames:    []string{"localhost"}, IPAddresses: []net.IP{net.ParseIP(embeddednats.DefaultHost)},
+	}
+	leafDER, err := x509.CreateCertificate(rand.Reader, leaf, r.caCert, &key.PublicKey, r.caKey)
+	if err != nil {
+		t.Fatalf("natstest: making a route certificate: %v", err)
+	}
+	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
+	if err != nil {
+		t.Fatalf("natstest: %v", err)
+	}
+	out := RouteTLS{
+		Dir: dir, CA: filepath.Join(dir, "ca.crt"), Cert: filepath.Join(dir, "tls.crt"), Key: filepath.Join(dir, "tls.key"),
+		caCert: r.caCert, caKey: r.caKey,
+	}
+	for path, block := range map[string]*pem.Block{
+		out.CA: {Type: "CERTIFICATE", Bytes: r.caCert.Raw}, out.Cert: {Type: "CERTIFICATE", Bytes: leafDER}, out.Key: {Type: "PRIVATE KEY", Bytes: keyDER},
+	} {
+		if err := os.WriteFile(path, pem.EncodeToMemory(block), 0o600); err != nil {
+			t.Fatalf("natstest: %v", err)
+		}
+	}
+	return out
+}
+
+// newRouteTLS makes a RouteTLS whose CA has the subject caSubject (DER), or a name of its own.
+func newRouteTLS(t testing.TB, dir string, caSubject []byte) RouteTLS {
+	t.Helper()
 	now := time.Now()
 	caKey := newKey(t)
 	ca := &x509.Certificate{
@@ -82,31 +125,7 @@ func newRouteTLS(t testing.TB, dir string, caSubject []byte) RouteTLS {
 	if ca, err = x509.ParseCertificate(caDER); err != nil {
 		t.Fatalf("natstest: %v", err)
 	}
-	key := newKey(t)
-	leaf := &x509.Certificate{
-		SerialNumber: serial(t), Subject: pkix.Name{CommonName: RouteName},
-		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour),
-		KeyUsage:    x509.KeyUsageDigitalSignature,
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
-		DNSNames:    []string{"localhost"}, IPAddresses: []net.IP{net.ParseIP(embeddednats.DefaultHost)},
-	}
-	leafDER, err := x509.CreateCertificate(rand.Reader, leaf, ca, &key.PublicKey, caKey)
-	if err != nil {
-		t.Fatalf("natstest: making the route certificate: %v", err)
-	}
-	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
-	if err != nil {
-		t.Fatalf("natstest: %v", err)
-	}
-	r := RouteTLS{Dir: dir, CA: filepath.Join(dir, "ca.crt"), Cert: filepath.Join(dir, "tls.crt"), Key: filepath.Join(dir, "tls.key")}
-	for path, block := range map[string]*pem.Block{
-		r.CA: {Type: "CERTIFICATE", Bytes: caDER}, r.Cert: {Type: "CERTIFICATE", Bytes: leafDER}, r.Key: {Type: "PRIVATE KEY", Bytes: keyDER},
-	} {
-		if err := os.WriteFile(path, pem.EncodeToMemory(block), 0o600); err != nil {
-			t.Fatalf("natstest: %v", err)
-		}
-	}
-	return r
+	return RouteTLS{caCert: ca, caKey: caKey}.Issue(t, dir, RouteName)
 }
 
 func newKey(t testing.TB) *ecdsa.PrivateKey {
