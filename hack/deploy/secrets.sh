@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# secrets.sh: creates kubeclip's two per-installation Secrets with random values, each only when
+# secrets.sh: creates kubeclip's three per-installation Secrets with random values, each only when
 # it is missing (an existing value is never changed: rotating a key is the operator's decision).
 # A NATS user added since the Secret was made (status) gets its key added, since nats-server does
 # not start without every user's password.
@@ -10,11 +10,16 @@
 #                          (48 hex digits), read by nats-server (nats-auth.conf) and the workers
 #   kubeclip-sandbox-key   key "key": the sandbox master key (64 hex digits, 32 bytes), read by
 #                          the dispatcher and the exec-worker
+#   kubeclip-nats-routes   keys ca.crt, tls.crt, tls.key: the NATS cluster's route CA and the
+#                          certificate its servers present to each other (hack/deploy/route-tls.sh,
+#                          for the StatefulSet's names in NAMESPACE), read by the production
+#                          overlay's nats-server; the CA's key is not kept. One missing a key is
+#                          refused: delete it and run this again (docs/natscluster.md, rotation)
 #
 # The values go through files in a private temporary directory, never on a command line or to
 # the output. Paperclip's, the CLI's and the status user's passwords are read back with
 #   kubectl -n NAMESPACE get secret kubeclip-nats-users -o jsonpath='{.data.paperclip}' | base64 -d
-# Environment: KUBECTL (default kubectl), KUBECONFIG.
+# Environment: KUBECTL (default kubectl), KUBECONFIG. Needs openssl for the route certificate.
 set -Eeuo pipefail
 
 NS=${1:-kubeclip}
@@ -67,4 +72,25 @@ else
   hex 32 >"$dir/key"
   "$KUBECTL" -n "$NS" create secret generic kubeclip-sandbox-key --from-file=key="$dir/key" >/dev/null
   log "created kubeclip-sandbox-key in $NS (a random 32-byte master key)"
+fi
+
+# The route certificate names every server of the StatefulSet nats (its headless Service
+# nats-headless) as the routes in the production overlay's nats.conf reach it, and by its
+# namespace-qualified names.
+route_names=("*.nats-headless" "*.nats-headless.$NS.svc" "*.nats-headless.$NS.svc.cluster.local")
+route_keys=(ca.crt tls.crt tls.key)
+if exists kubeclip-nats-routes; then
+  have=$("$KUBECTL" -n "$NS" get secret kubeclip-nats-routes -o go-template='{{range $k, $v := .data}}{{$k}} {{end}}')
+  for key in "${route_keys[@]}"; do
+    if [[ " $have " != *" $key "* ]]; then
+      # A certificate is not made for a CA whose key is gone: the three keys go together.
+      log "kubeclip-nats-routes in $NS has no $key: delete it and run this again for a new CA and certificate"
+      exit 1
+    fi
+  done
+  log "kubeclip-nats-routes exists in $NS: kept"
+else
+  bash "$(dirname "${BASH_SOURCE[0]}")/route-tls.sh" "$dir/routes" "${route_names[@]}"
+  "$KUBECTL" -n "$NS" create secret generic kubeclip-nats-routes --from-file="$dir/routes" >/dev/null
+  log "created kubeclip-nats-routes in $NS (a new route CA and certificate for ${route_names[*]})"
 fi

@@ -2,18 +2,21 @@ package natstest
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -33,6 +36,8 @@ const ClusterStoreBytes = 1 << 30
 // can SIGKILL one the way a node or a pod dies, and start it again on its port and store.
 type Cluster struct {
 	Nodes []*Node
+	// Routes is the CA and certificate the nodes route with.
+	Routes RouteTLS
 }
 
 // Node is one nats-server process of a Cluster.
@@ -41,9 +46,12 @@ type Node struct {
 	Name string
 	// Port is its client port, fixed for its life: a restarted node listens where it did.
 	Port int
+	// RoutePort is its cluster port, where other servers route to it.
+	RoutePort int
 
 	bin, conf, logPath string
 	monitorPort        int
+	env                []string
 
 	mu     sync.Mutex
 	cmd    *exec.Cmd
@@ -52,52 +60,119 @@ type Node struct {
 
 // StartCluster starts n nats-server processes on free loopback ports, stored in t.TempDir(),
 // and returns as soon as each accepts client connections: JetStream may have no meta leader yet,
-// as when a fresh cluster and its clients start together (WaitHealthy waits for it). The servers
-// are killed by Cleanup; the tail of each one's log is printed when the test failed.
+// as when a fresh cluster and its clients start together (WaitHealthy waits for it). The routes
+// between them are authenticated as the production overlay's are: TLS both ways with a CA of the
+// cluster's own (NewRouteTLS), a peer admitted only with a certificate it signed for RouteName.
+// The servers are killed by Cleanup; the tail of each one's log is printed when the test failed.
 func StartCluster(t testing.TB, n int) *Cluster {
 	t.Helper()
-	bin := ServerBinary(t)
 	dir := t.TempDir()
-	ports := freePorts(t, 3*n) // client, route and monitoring port of each node
+	ports := FreePorts(t, 3*n) // client, route and monitoring port of each node
+	tls := NewRouteTLS(t, filepath.Join(dir, "routes"))
 	var routes []string
 	for i := range n {
 		routes = append(routes, fmt.Sprintf("nats-route://%s:%d", embeddednats.DefaultHost, ports[3*i+1]))
 	}
-	c := &Cluster{}
+	c := &Cluster{Routes: tls}
 	for i := range n {
 		name := fmt.Sprintf("n%d", i+1)
-		node := &Node{
-			Name: name, Port: ports[3*i], monitorPort: ports[3*i+2], bin: bin,
-			conf: filepath.Join(dir, name+".conf"), logPath: filepath.Join(dir, name+".log"),
-		}
-		conf := clusterConf(name, node.Port, ports[3*i+1], node.monitorPort, filepath.Join(dir, name), routes)
-		if err := os.WriteFile(node.conf, []byte(conf), 0o600); err != nil {
-			t.Fatalf("natstest: writing %s: %v", node.conf, err)
-		}
-		c.Nodes = append(c.Nodes, node)
-	}
-	t.Cleanup(func() {
-		for _, node := range c.Nodes {
-			node.Kill()
-		}
-		if t.Failed() {
-			for _, node := range c.Nodes {
-				t.Logf("natstest: last lines of %s's log:\n%s", node.Name, tail(node.logPath, 40))
-			}
-		}
-	})
-	for _, node := range c.Nodes {
-		if err := node.Start(); err != nil {
-			t.Fatalf("natstest: %v", err)
-		}
+		conf := clusterConf(name, ports[3*i], ports[3*i+1], ports[3*i+2], filepath.Join(dir, name), routes, tls)
+		c.Nodes = append(c.Nodes, StartNode(t, dir, NodeConfig{
+			Name: name, Conf: conf, Port: ports[3*i], RoutePort: ports[3*i+1], MonitorPort: ports[3*i+2],
+		}))
 	}
 	return c
 }
 
+// NodeConfig is one nats-server process: its name, its whole configuration, the client, route
+// and monitoring ports that configuration listens on, and environment variables it reads beside
+// the test's own.
+type NodeConfig struct {
+	Name, Conf                   string
+	Port, RoutePort, MonitorPort int
+	Env                          []string
+}
+
+// StartNode writes cfg.Conf into dir and starts a nats-server process with it, as StartCluster
+// starts each of its nodes (for a test that runs a configuration of its own: a shipped one, or a
+// server that is no member). Cleanup kills it and prints the tail of its log when the test
+// failed.
+func StartNode(t testing.TB, dir string, cfg NodeConfig) *Node {
+	t.Helper()
+	node := &Node{
+		Name: cfg.Name, Port: cfg.Port, RoutePort: cfg.RoutePort, monitorPort: cfg.MonitorPort, bin: ServerBinary(t), env: cfg.Env,
+		conf: filepath.Join(dir, cfg.Name+".conf"), logPath: filepath.Join(dir, cfg.Name+".log"),
+	}
+	if err := os.WriteFile(node.conf, []byte(cfg.Conf), 0o600); err != nil {
+		t.Fatalf("natstest: writing %s: %v", node.conf, err)
+	}
+	t.Cleanup(func() {
+		node.Kill()
+		if t.Failed() {
+			t.Logf("natstest: last lines of %s's log:\n%s", node.Name, tail(node.logPath, 40))
+		}
+	})
+	if err := node.Start(); err != nil {
+		t.Fatalf("natstest: %v", err)
+	}
+	return node
+}
+
+// StartIntruder starts a server named name that is no member of a cluster but routes at its
+// route URLs (cluster name cluster) with the route tls block tlsConf, "" for none: no users, no
+// JetStream, as a stranger would run it. It returns once its route to every URL was made and
+// closed, or once it has a route: whether it was admitted is its Peers' and the members'.
+func StartIntruder(t testing.TB, name, cluster string, routes []string, tlsConf string) *Node {
+	t.Helper()
+	ports := FreePorts(t, 3)
+	conf := fmt.Sprintf(`server_name: %s
+listen: %s:%d
+http: %s:%d
+cluster {
+  name: %s
+  listen: %s:%d
+  %s
+  routes: [%s]
+  connect_retries: 120
+}
+`, name, embeddednats.DefaultHost, ports[0], embeddednats.DefaultHost, ports[1], cluster, embeddednats.DefaultHost, ports[2], tlsConf, strings.Join(routes, ", "))
+	intruder := StartNode(t, t.TempDir(), NodeConfig{Name: name, Conf: conf, Port: ports[0], RoutePort: ports[2], MonitorPort: ports[1]})
+	deadline := time.Now().Add(time.Minute)
+	for {
+		peers, err := intruder.Peers(t.Context())
+		if err == nil && (len(peers) > 0 || routesClosed(intruder.Log(), routes)) {
+			return intruder
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("natstest: %s neither routed nor was refused by each of %v in a minute (%v)", name, routes, err)
+		}
+		select {
+		case <-t.Context().Done():
+			t.Fatalf("natstest: waiting for %s's routes: %v", name, t.Context().Err())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// routesClosed reports whether log, a server's, shows a route to each of routes (URLs) closed.
+func routesClosed(log string, routes []string) bool {
+	lines := strings.Split(log, "\n")
+	for _, r := range routes {
+		host := r[strings.LastIndex(r, "/")+1:]
+		if !slices.ContainsFunc(lines, func(l string) bool {
+			return strings.Contains(l, "Router connection closed:") && strings.HasSuffix(l, " Host: "+host)
+		}) {
+			return false
+		}
+	}
+	return true
+}
+
 // clusterConf is a node's configuration: the production overlay's nats.conf on loopback ports,
-// with its memory store, default_max_consumers (embeddednats.DefaultMaxConsumers) and route
-// retries, and a file store of ClusterStoreBytes rather than 8 GB.
-func clusterConf(name string, port, routePort, monitorPort int, store string, routes []string) string {
+// with its memory store, default_max_consumers (embeddednats.DefaultMaxConsumers), route
+// retries and route authentication (tls, verify_and_map, the RouteName user), and a file store
+// of ClusterStoreBytes rather than 8 GB.
+func clusterConf(name string, port, routePort, monitorPort int, store string, routes []string, tls RouteTLS) string {
 	return fmt.Sprintf(`server_name: %s
 listen: %s:%d
 http: %s:%d
@@ -110,11 +185,27 @@ jetstream {
 cluster {
   name: natstest
   listen: %s:%d
+  authorization { user: "CN=%s" }
+  tls {
+    ca_file: %q
+    cert_file: %q
+    key_file: %q
+    verify_and_map: true
+  }
   routes: [%s]
   connect_retries: 120
 }
 `, name, embeddednats.DefaultHost, port, embeddednats.DefaultHost, monitorPort, store, ClusterStoreBytes, embeddednats.DefaultMaxConsumers,
-		embeddednats.DefaultHost, routePort, strings.Join(routes, ", "))
+		embeddednats.DefaultHost, routePort, RouteName, tls.CA, tls.Cert, tls.Key, strings.Join(routes, ", "))
+}
+
+// RouteURLs is every node's route URL, as a server routes at the cluster.
+func (c *Cluster) RouteURLs() []string {
+	var urls []string
+	for _, n := range c.Nodes {
+		urls = append(urls, fmt.Sprintf("nats-route://%s:%d", embeddednats.DefaultHost, n.RoutePort))
+	}
+	return urls
 }
 
 // URLs is every node's client URL, comma-separated, as --nats-url takes a cluster.
@@ -218,6 +309,7 @@ func (n *Node) Start() error {
 		return err
 	}
 	cmd := exec.Command(n.bin, "-c", n.conf)
+	cmd.Env = append(os.Environ(), n.env...)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	if err := cmd.Start(); err != nil {
 		logFile.Close()
@@ -290,6 +382,42 @@ func (n *Node) WaitHealthy(ctx context.Context) error {
 	}
 }
 
+// Peers returns the names of the servers the node has a route to, each once and sorted, from
+// its /routez.
+func (n *Node) Peers(ctx context.Context) ([]string, error) {
+	url := fmt.Sprintf("http://%s:%d/routez", embeddednats.DefaultHost, n.monitorPort)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("reading %s's routes: %w", n.Name, err)
+	}
+	defer resp.Body.Close()
+	var routez server.Routez
+	if err := json.NewDecoder(resp.Body).Decode(&routez); err != nil {
+		return nil, fmt.Errorf("decoding %s's routes: %w", n.Name, err)
+	}
+	var peers []string
+	for _, r := range routez.Routes {
+		if !slices.Contains(peers, r.RemoteName) {
+			peers = append(peers, r.RemoteName)
+		}
+	}
+	slices.Sort(peers)
+	return peers, nil
+}
+
+// Log returns what the node's processes have logged so far.
+func (n *Node) Log() string {
+	data, err := os.ReadFile(n.logPath)
+	if err != nil {
+		return err.Error()
+	}
+	return string(data)
+}
+
 // ServerBinary returns the nats-server binary of the version go.mod pins, built once into the
 // kubeclip cache ($KUBECLIP_CACHE, default ~/.cache/kubeclip) and reused by every later test.
 func ServerBinary(t testing.TB) string {
@@ -336,8 +464,8 @@ func serverVersion() (string, error) {
 	return strings.TrimSpace(string(out)), nil
 }
 
-// freePorts returns n distinct loopback ports free at the time of the call.
-func freePorts(t testing.TB, n int) []int {
+// FreePorts returns n distinct loopback ports free at the time of the call.
+func FreePorts(t testing.TB, n int) []int {
 	t.Helper()
 	var ls []net.Listener
 	defer func() {

@@ -2,6 +2,8 @@ package natstest_test
 
 import (
 	"context"
+	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -58,6 +60,38 @@ func TestManyConsumersOnAStream(t *testing.T) {
 		if _, err := stream.CreateConsumer(t.Context(), jetstream.ConsumerConfig{AckPolicy: jetstream.AckNonePolicy, InactiveThreshold: time.Minute}); err != nil {
 			t.Fatalf("consumer %d: %v", i+1, err)
 		}
+	}
+}
+
+// TestClusterRefusesUnauthenticatedRoutes: the test cluster's routes are authenticated as the
+// production overlay's (tests/natscluster runs that file): a server routing at it with no TLS,
+// with a certificate for the route name from a look-alike CA, or with a certificate of the
+// cluster's own CA for another name (verify_and_map's map), is never admitted.
+func TestClusterRefusesUnauthenticatedRoutes(t *testing.T) {
+	c := natstest.StartCluster(t, 3)
+	if err := c.WaitHealthy(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	tlsConf := func(r natstest.RouteTLS) string {
+		return fmt.Sprintf("tls { ca_file: %q, cert_file: %q, key_file: %q, verify: true }", c.Routes.CA, r.Cert, r.Key)
+	}
+	for _, tc := range []struct{ name, tls string }{
+		{name: "no-credentials"},
+		{name: "untrusted-certificate", tls: tlsConf(natstest.ForgeRouteTLS(t, t.TempDir(), c.Routes.CA))},
+		{name: "other-name", tls: tlsConf(c.Routes.Issue(t, t.TempDir(), "kubeclip-nats-client"))},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			intruder := natstest.StartIntruder(t, tc.name, "natstest", c.RouteURLs(), tc.tls)
+			for _, n := range append([]*natstest.Node{intruder}, c.Nodes...) {
+				peers, err := n.Peers(t.Context())
+				if err != nil {
+					t.Fatal(err)
+				}
+				if n == intruder && len(peers) > 0 || slices.Contains(peers, tc.name) {
+					t.Errorf("%s routes to %v", n.Name, peers)
+				}
+			}
+		})
 	}
 }
 

@@ -125,6 +125,44 @@ func TestOverlaysWireSecretsAndUsers(t *testing.T) {
 	}
 }
 
+// routeFile is a file the cluster's tls block of a nats.conf reads.
+var routeFile = regexp.MustCompile(`(?m)^\s*(?:ca_file|cert_file|key_file): (\S+)$`)
+
+// TestProductionNATSReadsRouteTLSFromItsSecret renders the production overlay: every file its
+// nats.conf's route tls reads (the route CA, certificate and key, tests/natscluster
+// TestProductionRoutesRefuseUnauthenticatedPeers runs that file) is mounted from the Secret
+// kubeclip-nats-routes under its own name, the key hack/deploy/secrets.sh writes.
+func TestProductionNATSReadsRouteTLSFromItsSecret(t *testing.T) {
+	t.Parallel()
+	var conf string
+	var nats *appsv1.StatefulSet
+	for _, o := range render(t, rendering{overlay: "production"}) {
+		switch o.GetKind() {
+		case "StatefulSet":
+			nats = &appsv1.StatefulSet{}
+			convert(t, o, nats)
+		case "ConfigMap":
+			data, _, _ := unstructured.NestedStringMap(o.Object, "data")
+			if c, ok := data["nats.conf"]; ok {
+				conf = c
+			}
+		}
+	}
+	if nats == nil || conf == "" {
+		t.Fatal("no NATS StatefulSet or no nats.conf")
+	}
+	files := routeFile.FindAllStringSubmatch(conf, -1)
+	if len(files) != 3 {
+		t.Fatalf("nats.conf reads %d tls files, want the route CA, certificate and key:\n%s", len(files), conf)
+	}
+	spec := nats.Spec.Template.Spec
+	for _, f := range files {
+		if got, want := mountedSecret(spec, spec.Containers[0], f[1]), "kubeclip-nats-routes/"+path.Base(f[1]); got != want {
+			t.Errorf("NATS reads %s from %q, want %s", f[1], got, want)
+		}
+	}
+}
+
 func convert(t *testing.T, o *unstructured.Unstructured, into any) {
 	t.Helper()
 	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(o.Object, into); err != nil {

@@ -1,6 +1,7 @@
 package natsauth_test
 
 import (
+	"bytes"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -29,11 +30,13 @@ var shippedConfigs = []string{
 func loadConfig(t *testing.T, path string) *server.Options {
 	t.Helper()
 	dir := t.TempDir()
+	routes := natstest.NewRouteTLS(t, filepath.Join(dir, "routes")) // the production overlay's route TLS
 	for src, dst := range map[string]string{path: "nats.conf", natsAuthConf: "nats-auth.conf"} {
 		data, err := os.ReadFile(src)
 		if err != nil {
 			t.Fatal(err)
 		}
+		data = bytes.ReplaceAll(data, []byte(natstest.RouteTLSMount), []byte(routes.Dir+"/"))
 		if err := os.WriteFile(filepath.Join(dir, dst), data, 0o600); err != nil {
 			t.Fatal(err)
 		}

@@ -4,7 +4,9 @@
 // the agent stub on the local cluster. The workers first start together with the fresh cluster;
 // then the run stream's leader is SIGKILLed mid-run and brought back, and the two other nodes
 // are restarted one after the other under load. Every run's history must be whole, new
-// publishes and acquires must succeed afterwards, and every worker must still run.
+// publishes and acquires must succeed afterwards, and every worker must still run. The
+// production overlay's own nats.conf runs here too (routes_test.go): its routes refuse a server
+// without the installation's route certificate, and their certificates rotate without a split.
 package natscluster
 
 import (
