@@ -26,9 +26,9 @@ func SetAuthPasswords(t *testing.T) {
 	}
 }
 
-// StartWithAuth runs a JetStream server loaded with the accounts, users and permissions file at conf
-// (ShippedAuthConf, relative to the test's package), the test passwords set; Cleanup shuts it
-// down.
+// StartWithAuth runs a JetStream server loaded with the accounts, users and permissions file at
+// conf (ShippedAuthConf, relative to the test's package), the test passwords set; Cleanup shuts
+// it down.
 func StartWithAuth(t *testing.T, conf string) *server.Server {
 	t.Helper()
 	SetAuthPasswords(t)
