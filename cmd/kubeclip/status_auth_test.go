@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kubeclip/kubeclip/pkg/api"
 	"github.com/kubeclip/kubeclip/pkg/events"
 	"github.com/kubeclip/kubeclip/pkg/lease"
 )
@@ -73,8 +74,8 @@ func TestStatusAsTheStatusUser(t *testing.T) {
 		}
 	}
 	// One request for each worker consumer, on a subject its filters take.
-	for _, wc := range workConsumers(s) {
-		c, err := in.js.Consumer(ctx, wc.stream, wc.consumer)
+	for _, wc := range api.QueueConsumers(s) {
+		c, err := in.js.Consumer(ctx, wc.Stream, wc.Consumer)
 		if err != nil {
 			t.Fatal(err)
 		}

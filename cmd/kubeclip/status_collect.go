@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/kubeclip/kubeclip/pkg/api"
 	"github.com/kubeclip/kubeclip/pkg/dispatch"
 	"github.com/kubeclip/kubeclip/pkg/events"
 	"github.com/kubeclip/kubeclip/pkg/execsvc"
@@ -151,21 +152,6 @@ type streamStatus struct {
 	Error       string  `json:"error,omitempty"`
 }
 
-// workConsumer is a worker's durable consumer, where its requests wait.
-type workConsumer struct{ worker, stream, consumer string }
-
-// workConsumers are the durable consumers of the queue workers (pkg/tenant, pkg/dispatch), by
-// worker. The run-watcher and the exec-worker read no queue.
-func workConsumers(s events.Subjects) []workConsumer {
-	return []workConsumer{
-		{"dispatcher", s.LeaseStream(), events.DispatcherEndConsumer},
-		{"dispatcher", s.RunStream(), events.DispatcherResultConsumer},
-		{"dispatcher", events.WorkStream, events.DispatcherConsumer},
-		{"tenant-worker", s.LeaseStream(), events.TenantWorkerConsumer},
-		{"tenant-worker", events.RetryStream, events.RetryConsumerConfig(events.TenantWorkerConsumer).Durable},
-	}
-}
-
 // statusStreams are kubeclip's streams and the streams of its KV buckets, sorted.
 func statusStreams(s events.Subjects) []string {
 	names := []string{s.LeaseStream(), s.RunStream(), events.WorkStream, events.RetryStream, dispatch.ParkedStream}
@@ -193,12 +179,18 @@ func collectStatus(ctx context.Context, src statusSource, o statusOptions) (stat
 	for i, name := range streams {
 		wg.Go(func() { r.Streams[i] = streamUsage(ctx, src.JS, name) })
 	}
-	consumers := workConsumers(src.Subjects)
+	consumers := api.QueueConsumers(src.Subjects)
 	r.Consumers = make([]consumerStatus, len(consumers))
 	for i, wc := range consumers {
-		wg.Go(func() { r.Consumers[i] = consumerLag(ctx, src.JS, wc, now) })
+		wg.Go(func() { r.Consumers[i] = consumerLag(ctx, src.JS, wc) })
 	}
+	var queues api.QueuesReply
+	var queuesErr error
+	wg.Go(func() { queues, queuesErr = askQueues(ctx, src) })
 	wg.Wait()
+	for i := range r.Consumers {
+		oldestPending(&r.Consumers[i], queues, queuesErr, now)
+	}
 	// After the streams' info: the scan's own consumer is not one of the lease bucket's.
 	r.Leases = scanLeases(ctx, src.JS, o, now, !src.KeepScanConsumer)
 	for _, w := range r.Workers {
@@ -239,61 +231,69 @@ func percent(used uint64, limit int64) float64 {
 	return float64(int64(float64(used)*1000/float64(limit)+0.5)) / 10
 }
 
-// consumerLag reads a work consumer's info and, when it holds requests, the oldest one it has
-// not acknowledged: the first message its filters take after its ack floor. That is one get per
-// filter subject (next_by_subj), whatever the backlog.
-func consumerLag(ctx context.Context, js jetstream.JetStream, wc workConsumer, now time.Time) consumerStatus {
+// consumerLag reads a work consumer's info.
+func consumerLag(ctx context.Context, js jetstream.JetStream, wc api.QueueConsumer) consumerStatus {
 	ctx, cancel := context.WithTimeout(ctx, statusRequestTimeout)
 	defer cancel()
-	cs := consumerStatus{Worker: wc.worker, Stream: wc.stream, Consumer: wc.consumer}
-	c, err := js.Consumer(ctx, wc.stream, wc.consumer)
+	cs := consumerStatus{Worker: wc.Worker, Stream: wc.Stream, Consumer: wc.Consumer}
+	c, err := js.Consumer(ctx, wc.Stream, wc.Consumer)
 	switch {
 	case errors.Is(err, jetstream.ErrConsumerNotFound), errors.Is(err, jetstream.ErrStreamNotFound):
 		cs.Absent = true
 		return cs
 	case err != nil:
-		cs.Error = fmt.Sprintf("reading consumer %s of stream %s: %v", wc.consumer, wc.stream, unanswered(err))
+		cs.Error = fmt.Sprintf("reading consumer %s of stream %s: %v", wc.Consumer, wc.Stream, unanswered(err))
 		return cs
 	}
 	info := c.CachedInfo()
 	cs.NumPending, cs.NumAckPending = info.NumPending, info.NumAckPending
 	cs.NumRedelivered, cs.NumWaiting = info.NumRedelivered, info.NumWaiting
 	cs.AckFloor = info.AckFloor.Stream
-	if cs.NumPending == 0 && cs.NumAckPending == 0 {
-		return cs
-	}
-	stream, err := js.Stream(ctx, wc.stream)
+	return cs
+}
+
+// askQueues asks the tenant-worker's queues service where each work consumer's oldest
+// request stands (pkg/api.ServeQueues): the requests are the companies', which the status user
+// does not read (docs/status.md).
+func askQueues(ctx context.Context, src statusSource) (api.QueuesReply, error) {
+	ctx, cancel := context.WithTimeout(ctx, statusRequestTimeout)
+	defer cancel()
+	subject := api.QueuesSubject(src.Subjects)
+	m, err := src.JS.Conn().RequestWithContext(ctx, subject, nil)
 	if err != nil {
-		cs.Error = fmt.Sprintf("reading stream %s for consumer %s's oldest request: %v", wc.stream, wc.consumer, unanswered(err))
-		return cs
+		return api.QueuesReply{}, fmt.Errorf("asking %s (the tenant-worker answers): %w", subject, unanswered(err))
 	}
-	filters := info.Config.FilterSubjects
-	if info.Config.FilterSubject != "" {
-		filters = append(filters, info.Config.FilterSubject)
+	var r api.QueuesReply
+	if err := json.Unmarshal(m.Data, &r); err != nil {
+		return api.QueuesReply{}, fmt.Errorf("decoding the answer of %s: %w", subject, err)
 	}
-	if len(filters) == 0 {
-		filters = []string{">"}
+	return r, nil
+}
+
+// oldestPending puts the oldest request of cs's consumer from the queues service's answer (or
+// the error asking it) on cs, when cs holds requests.
+func oldestPending(cs *consumerStatus, queues api.QueuesReply, err error, now time.Time) {
+	if cs.Absent || cs.Error != "" || (cs.NumPending == 0 && cs.NumAckPending == 0) {
+		return
 	}
-	var oldest *jetstream.RawStreamMsg
-	for _, f := range filters {
-		m, err := stream.GetMsg(ctx, cs.AckFloor+1, jetstream.WithGetMsgSubject(f))
-		if errors.Is(err, jetstream.ErrMsgNotFound) {
+	if err != nil {
+		cs.Error = fmt.Sprintf("reading consumer %s's oldest request: %v", cs.Consumer, err)
+		return
+	}
+	for _, o := range queues.Oldest {
+		if o.Stream != cs.Stream || o.Consumer != cs.Consumer {
 			continue
 		}
-		if err != nil {
-			cs.Error = fmt.Sprintf("reading consumer %s's oldest request on %s from stream %s: %v", wc.consumer, f, wc.stream, unanswered(err))
-			return cs
+		switch {
+		case o.Error != "":
+			cs.Error = o.Error
+		case o.At != nil:
+			at := o.At.UTC()
+			cs.OldestPendingSeq, cs.OldestPendingAt = o.Seq, &at
+			cs.OldestPendingAgeSeconds = roundSeconds(now.Sub(at))
 		}
-		if oldest == nil || m.Sequence < oldest.Sequence {
-			oldest = m
-		}
+		return
 	}
-	if oldest != nil {
-		at := oldest.Time.UTC()
-		cs.OldestPendingSeq, cs.OldestPendingAt = oldest.Sequence, &at
-		cs.OldestPendingAgeSeconds = roundSeconds(now.Sub(at))
-	}
-	return cs
 }
 
 // roundSeconds is d in seconds to 0.1.

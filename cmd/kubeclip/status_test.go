@@ -20,13 +20,16 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/rs/zerolog"
 	"go.uber.org/goleak"
 
 	"github.com/kubeclip/kubeclip/internal/app"
 	"github.com/kubeclip/kubeclip/internal/natstest"
 	"github.com/kubeclip/kubeclip/internal/ops"
+	"github.com/kubeclip/kubeclip/pkg/api"
 	"github.com/kubeclip/kubeclip/pkg/dispatch"
 	"github.com/kubeclip/kubeclip/pkg/events"
+	"github.com/kubeclip/kubeclip/pkg/inbox"
 	"github.com/kubeclip/kubeclip/pkg/lease"
 )
 
@@ -36,7 +39,9 @@ var update = flag.Bool("update", false, "rewrite the golden files under testdata
 var statusNow = time.Date(2026, 11, 26, 12, 0, 0, 0, time.UTC)
 
 // setUpStatusNATS creates the streams, buckets and worker consumers as the workers do (the
-// buckets of the dispatcher, run-watcher and exec-worker are left out: their rows say absent).
+// buckets of the dispatcher, run-watcher and exec-worker are left out: their rows say absent),
+// and serves the queues service on js's connection as the tenant-worker does (answering the
+// clients', the status user's and the test connections' inboxes).
 func setUpStatusNATS(t *testing.T, js jetstream.JetStream, s events.Subjects) {
 	t.Helper()
 	ctx := t.Context()
@@ -64,6 +69,10 @@ func setUpStatusNATS(t *testing.T, js jetstream.JetStream, s events.Subjects) {
 		if _, err := events.EnsureConsumer(ctx, js, c.stream, c.cfg); err != nil {
 			t.Fatal(err)
 		}
+	}
+	replies := inbox.MustRule(append(inbox.DefaultClientPrefixes(), "_INBOX")...)
+	if _, err := api.ServeQueues(js.Conn(), api.ServeOptions{Subjects: s, Replies: replies, Logger: zerolog.New(zerolog.NewTestWriter(t))}, js); err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -12,6 +12,7 @@ import (
 	"github.com/kubeclip/kubeclip/pkg/events"
 	"github.com/kubeclip/kubeclip/pkg/execproto"
 	"github.com/kubeclip/kubeclip/pkg/execsvc"
+	"github.com/kubeclip/kubeclip/pkg/inbox"
 	"github.com/kubeclip/kubeclip/pkg/policy"
 	"github.com/kubeclip/kubeclip/pkg/runwatch"
 )
@@ -154,7 +155,9 @@ func (c *Common) natsNeeds(component string, s events.Subjects) natsNeeds {
 	}
 	switch component {
 	case "tenant-worker":
-		n.subscribe = append(n.subscribe, api.ValidateSubject(s))
+		// Its queues service (api.ServeQueues) answers the status user's inbox too.
+		n.subscribe = append(n.subscribe, api.ValidateSubject(s), api.QueuesSubject(s))
+		n.publish = append(n.publish, inbox.StatusPrefix+".self-check")
 		consumerInfo(s.LeaseStream(), events.TenantWorkerConsumer)
 		streamInfo(events.RetryStream)
 		consumerInfo(events.RetryStream, events.RetryConsumerConfig(events.TenantWorkerConsumer).Durable)

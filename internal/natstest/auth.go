@@ -8,7 +8,9 @@ import (
 	"github.com/nats-io/nats.go"
 )
 
-// ShippedAuthConf is the users and permissions file kubeclip ships, from the module root.
+// ShippedAuthConf is the accounts, users and permissions file kubeclip ships, from the module
+// root: the workers' users in KUBECLIP (which holds JetStream), paperclip and cli in CLIENTS,
+// status in STATUS, each client account importing what it uses (docs/boundary/natsauth.md).
 const ShippedAuthConf = "deploy/kustomize/base/nats-auth.conf"
 
 // authPasswordVars are the shipped users' password variables (KUBECLIP_NATS_PASSWORD_<var>).
@@ -24,9 +26,9 @@ func SetAuthPasswords(t *testing.T) {
 	}
 }
 
-// StartWithAuth runs a JetStream server loaded with the users and permissions file at conf
-// (ShippedAuthConf, relative to the test's package), the test passwords set; Cleanup shuts it
-// down.
+// StartWithAuth runs a JetStream server loaded with the accounts, users and permissions file at
+// conf (ShippedAuthConf, relative to the test's package), the test passwords set; Cleanup shuts
+// it down.
 func StartWithAuth(t *testing.T, conf string) *server.Server {
 	t.Helper()
 	SetAuthPasswords(t)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -123,8 +124,12 @@ func runSubjectOf[E Event](subjects Subjects, ref RunRef) (string, error) {
 }
 
 // Published reports whether the run stream holds kubeclip's event of type evType on subject:
-// the first message there whose ce-type is evType, past any message kubeclip did not publish.
-func Published(ctx context.Context, stream MsgGetter, subject, evType string) (bool, error) {
+// the first message there whose ce-type is evType and whose payload decodes as that event of
+// the subject's company and run, past any message kubeclip did not publish. The type alone does
+// not say it: JetStream's answer to a direct get of a stored event is a genuine typed copy,
+// headers included, and under the single account of issue 15 a client could have it stored on
+// another run's subject.
+func Published(ctx context.Context, stream MsgGetter, subjects Subjects, subject, evType string) (bool, error) {
 	want := EncodeHeaderValue(evType)
 	seq := uint64(1)
 	for range maxForeignMsgs {
@@ -135,12 +140,41 @@ func Published(ctx context.Context, stream MsgGetter, subject, evType string) (b
 		case err != nil:
 			return false, fmt.Errorf("reading %s: %w", subject, err)
 		}
-		if msg.Header.Get(HeaderType) == want {
-			return true, nil
+		if msg.Header.Get(HeaderType) == want && !copied(msg) {
+			if ev, err := subjects.DecodeRunEvent(subject, msg.Data); err == nil && ev.Type() == evType {
+				return true, nil
+			}
 		}
-		seq = msg.Sequence + 1
+		seq = StoredSeq(msg) + 1
 	}
 	return false, fmt.Errorf("reading %s: more than %d messages kubeclip did not publish", subject, maxForeignMsgs)
+}
+
+// StoredSeq is msg's stream sequence. A stored answer to a direct get carries the copied
+// message's Nats-Sequence and Nats-Subject headers, and a direct get of it adds the server's
+// after them: nats.go reads the first, the copy's. The last is the message's own.
+func StoredSeq(msg *jetstream.RawStreamMsg) uint64 {
+	v := msg.Header.Values(jetstream.SequenceHeader)
+	if len(v) < 2 {
+		return msg.Sequence
+	}
+	seq, err := strconv.ParseUint(v[len(v)-1], 10, 64)
+	if err != nil {
+		return msg.Sequence
+	}
+	return seq
+}
+
+// copied reports whether msg is a stored answer to a direct get (see StoredSeq): whatever its
+// headers say, kubeclip did not publish it. Read by a direct get it carries two Nats-Stream
+// headers (the copy's and the server's); read by a message get only the copy's, whose
+// Nats-Sequence is not its own.
+func copied(msg *jetstream.RawStreamMsg) bool {
+	if len(msg.Header.Values(jetstream.StreamHeader)) > 1 {
+		return true
+	}
+	v := msg.Header.Values(jetstream.SequenceHeader)
+	return len(v) == 1 && v[0] != strconv.FormatUint(msg.Sequence, 10)
 }
 
 // ResultPublished reports whether kubeclip published ref's result.
@@ -149,7 +183,7 @@ func ResultPublished(ctx context.Context, stream MsgGetter, subjects Subjects, r
 	if err != nil {
 		return false, err
 	}
-	return Published(ctx, stream, subj, RunResultEvent{}.Type())
+	return Published(ctx, stream, subjects, subj, RunResultEvent{}.Type())
 }
 
 // IsRunEvent reports whether a message on a run subject is kubeclip's event: its ce-type is the

@@ -95,25 +95,54 @@ func (s *statusLine) publish(ctx context.Context, pub publisher, ref events.RunR
 // publishResult publishes a run's one result: how it ended and what the agent's transcript says
 // about it. The stream enforces "one": the publish expects no earlier message on the result
 // subject, so a second result (another replica's, or this one's after the duplicate window) is
-// refused, and that refusal means the run is done. The tracker publishes a followed run's result
-// with it, reconcile a lost run's.
-func publishResult(ctx context.Context, pub publisher, log zerolog.Logger, ref events.RunRef, end verdict.End, agent *events.AgentResult) error {
+// refused. That refusal means the run is done only when what is there is kubeclip's result of
+// this run (events.ResultPublished): a message anything else stored there (an installation's
+// run stream from before the clients had their own NATS account, where JetStream stored a
+// client's answers on the subject it named: docs/boundary/natsauth.md) never suppresses the
+// result, which is then published fenced on that message.
+func publishResult(ctx context.Context, pub publisher, stream runStream, subjects events.Subjects, log zerolog.Logger, ref events.RunRef, end verdict.End, agent *events.AgentResult) error {
 	ev := events.RunResultEvent{
 		RunID: ref.RunID, CompanyID: ref.CompanyID,
 		Outcome: end.Outcome, ExitCode: end.ExitCode, Reason: end.Reason, Message: end.Message,
 		Agent: agent,
 	}
-	_, err := pub.Publish(ctx, ev, jetstream.WithExpectLastSequencePerSubject(0))
-	if isWrongLastSequence(err) {
-		log.Info().Msg("the run's result was already published")
-		return nil
-	}
+	subject, err := subjects.Run(ref.CompanyID, ref.RunID, events.KindResult)
 	if err != nil {
 		return err
 	}
-	log.Info().Str("outcome", string(end.Outcome)).Str("reason", end.Reason).Msg("published result")
-	return nil
+	var last uint64 // the sequence the publish expects last on the subject
+	for range resultFences {
+		_, err := pub.Publish(ctx, ev, jetstream.WithExpectLastSequencePerSubject(last))
+		if err == nil {
+			log.Info().Str("outcome", string(end.Outcome)).Str("reason", end.Reason).Msg("published result")
+			return nil
+		}
+		if !isWrongLastSequence(err) {
+			return err
+		}
+		done, err := events.ResultPublished(ctx, stream, subjects, ref)
+		if err != nil {
+			return fmt.Errorf("reading back the run's result: %w", err)
+		}
+		if done {
+			log.Info().Msg("the run's result was already published")
+			return nil
+		}
+		msg, err := stream.GetLastMsgForSubject(ctx, subject)
+		if err != nil {
+			return fmt.Errorf("reading the last message on %s: %w", subject, err)
+		}
+		last = events.StoredSeq(msg)
+		log.Warn().Str(events.LogKeySubject, subject).Uint64(events.LogKeySeq, last).
+			Msg("the result subject holds a message kubeclip did not publish; publishing the result after it")
+	}
+	return fmt.Errorf("publishing the result on %s: the subject changed under each of %d publishes", subject, resultFences)
 }
+
+// resultFences bounds publishResult's attempts: each refusal either shows kubeclip's result
+// (done) or moves the fence past a foreign message, which nothing in kubeclip's account
+// stores any more.
+const resultFences = 4
 
 // resultPublished reports whether the run's result is already in the stream (kubeclip's, not
 // anything else stored on its subject: events.Published).

@@ -1,10 +1,14 @@
 package runwatch
 
 import (
+	"strconv"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/kubeclip/kubeclip/pkg/events"
+	"github.com/kubeclip/kubeclip/pkg/runwatch/verdict"
 )
 
 // storeForeign has JetStream store its answer to an API request on runID's subject of kind, as
@@ -70,5 +74,90 @@ func TestLoadsLookPastForeignMessages(t *testing.T) {
 	x, err := lastAgentExec(ctx, h.stream, events.Subjects{}, ref)
 	if err != nil || x != nil {
 		t.Errorf("last agent exec behind a foreign message = %+v, %v; want none", x, err)
+	}
+}
+
+// storeCopy has JetStream answer a direct get of the run stream's message at seq onto runID's
+// subject of kind, as it did for a client that named the subject as its reply (issue 26, item
+// 5): the stored answer is a genuine typed copy of that event, headers included.
+func (h *harness) storeCopy(t *testing.T, seq uint64, runID string, kind events.RunKind) {
+	t.Helper()
+	subj, err := events.Subjects{}.Run(testCompany, runID, kind)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before, err := h.stream.Info(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	get := "$JS.API.DIRECT.GET." + events.Subjects{}.RunStream()
+	if err := h.js.Conn().PublishRequest(get, subj, []byte(`{"seq":`+strconv.FormatUint(seq, 10)+`}`)); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		msg, err := h.stream.GetLastMsgForSubject(t.Context(), subj)
+		if err == nil && events.StoredSeq(msg) > before.State.LastSeq {
+			if msg.Header.Get(events.HeaderType) == "" {
+				t.Fatalf("the copy on %s has no ce-type", subj)
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("JetStream's answer was not stored on %s: %v", subj, err)
+		}
+	}
+}
+
+// TestResultNotSuppressedByForeignMessages: a run's result subject that holds what kubeclip did
+// not publish there (JetStream's answer to an API request, a typed copy of another run's result)
+// still gets the run's result (issue 26, item 5): publishResult's refusal "wrong last sequence"
+// means "already published" only when the run's own result is there.
+func TestResultNotSuppressedByForeignMessages(t *testing.T) {
+	ctx := t.Context()
+	subjects := events.Subjects{}
+	end := verdict.End{Outcome: events.OutcomeSucceeded, Reason: "Completed"}
+	for name, store := range map[string]func(t *testing.T, h *harness, runID string){
+		"api answer": func(t *testing.T, h *harness, runID string) { h.storeForeign(t, runID, events.KindResult) },
+		"another run's result": func(t *testing.T, h *harness, runID string) {
+			// Another run's result as kubeclip stores it, its message id gone (past the stream's
+			// duplicate window, the copy of one that has it is stored too).
+			msg := nats.NewMsg("paperclip.run." + testCompany + ".other.result")
+			msg.Header.Set(events.HeaderType, events.EncodeHeaderValue(events.RunResultEvent{}.Type()))
+			msg.Data = []byte(`{"runId":"other","companyId":"` + testCompany + `","outcome":"failed","reason":"Other"}`)
+			ack, err := h.js.PublishMsg(t.Context(), msg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			h.storeCopy(t, ack.Sequence, runID, events.KindResult)
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			h := newHarness(t)
+			ref := events.Ref(testCompany, "r1")
+			store(t, h, ref.RunID)
+			if ok, err := events.ResultPublished(ctx, h.stream, subjects, ref); err != nil || ok {
+				t.Fatalf("before the result: published %v, %v; want not", ok, err)
+			}
+			if err := publishResult(ctx, h.pub, h.stream, subjects, testLogger(t), ref, end, nil); err != nil {
+				t.Fatalf("publishing the result: %v", err)
+			}
+			last, err := events.LastRunEvent[events.RunResultEvent](ctx, h.stream, subjects, ref)
+			if err != nil || !last.Ours || last.Event.RunID != ref.RunID || last.Event.Outcome != end.Outcome {
+				t.Errorf("the result subject's last message = %+v, %v; want the run's result", last, err)
+			}
+			// Published once: a second publish finds it.
+			if err := publishResult(ctx, h.pub, h.stream, subjects, testLogger(t), ref, end, nil); err != nil {
+				t.Fatal(err)
+			}
+			ours := 0
+			for _, r := range runEvents[events.RunResultEvent](t, h, ref.RunID, events.KindResult) {
+				if r.RunID == ref.RunID {
+					ours++
+				}
+			}
+			if ours != 1 {
+				t.Errorf("the run has %d results, want 1", ours)
+			}
+		})
 	}
 }

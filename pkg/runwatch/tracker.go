@@ -375,7 +375,7 @@ func (t *tracker) step(ctx context.Context) error {
 	if t.journal == nil {
 		return nil // fenced while flushing
 	}
-	if err := publishResult(ctx, t.d.pub, t.log, t.ref, *t.end, resultAgent(*t.end, t.workload.Backend(), t.journal)); err != nil {
+	if err := publishResult(ctx, t.d.pub, t.d.stream, t.d.opts.Subjects, t.log, t.ref, *t.end, resultAgent(*t.end, t.workload.Backend(), t.journal)); err != nil {
 		return err
 	}
 	t.done = true

@@ -158,6 +158,10 @@ func (w *Worker) Run(ctx context.Context) error {
 	if _, err := api.ServeValidate(js.Conn(), serve, w.opts.Operator); err != nil {
 		return err
 	}
+	// `kubeclip status` asks where the queue workers' oldest requests stand, never reading one.
+	if _, err := api.ServeQueues(js.Conn(), serve, js); err != nil {
+		return err
+	}
 	consume := events.ConsumeOptions{
 		Logger:       w.log,
 		Concurrency:  w.opts.Concurrency,

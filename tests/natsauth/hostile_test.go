@@ -1,12 +1,14 @@
 package natsauth_test
 
 import (
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
 
 	"github.com/kubeclip/kubeclip/pkg/api"
+	"github.com/kubeclip/kubeclip/pkg/events"
 	"github.com/kubeclip/kubeclip/pkg/lease"
 )
 
@@ -30,7 +32,7 @@ func TestReplyDeputies(t *testing.T) {
 	for _, user := range clients {
 		t.Run(user, func(t *testing.T) {
 			c := connect(t, srv, user)
-			for _, service := range []string{api.ValidateSubject(in.subjects), api.PingSubject(in.subjects)} {
+			for _, service := range []string{api.ValidateSubject(in.subjects), api.PingSubject(in.subjects), api.QueuesSubject(in.subjects)} {
 				for _, reply := range replies {
 					if err := c.PublishRequest(service, reply, []byte(`{"config":{}}`)); err != nil {
 						t.Fatal(err)
@@ -43,39 +45,76 @@ func TestReplyDeputies(t *testing.T) {
 	}
 }
 
-// TestJetStreamAckDeputy: JetStream acknowledges a publish on the publisher's reply subject, from
-// inside the account. A client publishing a lease request with a reply aimed at the JS API does
-// not purge or delete anything: the JS API ignores a request that carries no client's identity
-// (the server adds it only to a client's own publishes).
-//
-// Not covered, because it is not closed: a reply aimed at a stream's subject (another company's
-// run subject, a bucket's $KV subject) is stored there, the ack as the body. nats-server checks
-// no reply subject against the publisher's permissions; closing it needs the clients in their
-// own account, importing what they use (docs/boundary/natsauth.md, "Open").
+// TestJetStreamAckDeputy: JetStream answers a client's request (a publish's ack, a direct or
+// message get, any $JS.API call) on the reply subject the client chose, from inside kubeclip's
+// account (issue 26, item 5). The clients are in accounts of their own (nats-auth.conf), so the
+// server maps every such reply back into the client's account: an answer aimed at another
+// company's run subject (failed, created, result), a lease record's $KV subject or a dispatch
+// stores nothing, and no JS API request rides on a reply (a purge or delete aimed there acts on
+// nothing). Under the single account of issue 15 a DIRECT.GET of the victim's `created`, answered
+// onto its `failed`, stored a genuine typed copy.
 func TestJetStreamAckDeputy(t *testing.T) {
 	srv := authServer(t)
 	in := install(t, srv)
-	replies := []string{
+	apiReplies := []string{
 		"$JS.API.STREAM.PURGE.KV_" + lease.Bucket,
 		"$JS.API.STREAM.PURGE." + in.subjects.RunStream(),
 		"$JS.API.STREAM.DELETE." + in.subjects.RunStream(),
 		"$JS.API.CONSUMER.DELETE." + in.subjects.LeaseStream() + ".tenant-worker",
 	}
-	for _, user := range clients {
+	// Where a stored answer would do harm: the victim's run answers and result, its lease record,
+	// a dispatch of its run.
+	storeReplies := []string{
+		in.runSubject("failed"), in.runSubject("created"), in.runSubject("result"),
+		"$KV." + lease.Bucket + "." + in.victim.Key(),
+		"kubeclip.dispatch." + in.victim.CompanyID + "." + in.victim.RunID,
+	}
+	release := in.subjects.Prefix() + ".lease.attacker.r9.release"
+	// Each user's JetStream requests it may send, with a body that makes JetStream answer: the
+	// victim's stored `created` (seq 1 of the run stream) and a lease request (seq 1 of the lease
+	// stream, which install's worker does not take: a release of no lease).
+	getCreated := []byte(`{"seq":1}`)
+	requests := map[string][]string{
+		"paperclip": {release, "$JS.API.DIRECT.GET." + in.subjects.RunStream(), "$JS.API.STREAM.MSG.GET." + in.subjects.RunStream(), "$JS.API.INFO"},
+		"cli":       {release, "$JS.API.DIRECT.GET." + in.subjects.RunStream(), "$JS.API.STREAM.MSG.GET." + in.subjects.RunStream(), "$JS.API.STREAM.INFO.KV_" + lease.Bucket},
+		"status":    {"$JS.API.STREAM.INFO." + in.subjects.RunStream(), "$JS.API.CONSUMER.INFO." + in.subjects.LeaseStream() + ".tenant-worker", "$JS.API.STREAM.INFO.KV_" + lease.Bucket},
+	}
+	if _, err := in.worker.js.Publish(t.Context(), release, []byte(`{}`)); err != nil {
+		t.Fatal(err)
+	}
+	for _, user := range []string{"paperclip", "cli", "status"} {
 		t.Run(user, func(t *testing.T) {
 			c := connect(t, srv, user)
-			for _, reply := range replies {
-				// A release request: the tenant-worker's consumer does not take it, nothing acts on it.
-				subject := in.subjects.Prefix() + ".lease.attacker.r9.release"
-				if err := c.PublishRequest(subject, reply, []byte(`{}`)); err != nil {
-					t.Fatal(err)
+			for _, subject := range requests[user] {
+				body := getCreated
+				switch {
+				case subject == release:
+					body = []byte(`{}`)
+				case strings.Contains(subject, ".INFO"):
+					body = nil
+				}
+				for _, reply := range append(append([]string{}, apiReplies...), storeReplies...) {
+					if err := c.PublishRequest(subject, reply, body); err != nil {
+						t.Fatal(err)
+					}
+				}
+				// The same request with its inbox is answered after all the above were handled.
+				m, err := c.Request(subject, body, 5*time.Second)
+				if err != nil {
+					t.Fatalf("%s with an inbox: %v", subject, err)
+				}
+				if strings.Contains(string(m.Data), `"error"`) {
+					t.Fatalf("%s with an inbox: %s", subject, m.Data)
 				}
 			}
-			// A request with an inbox is acknowledged after all the above were stored.
-			if _, err := c.js.Publish(t.Context(), in.subjects.Prefix()+".lease.attacker.r9.release", []byte(`{}`)); err != nil {
+			in.intact(t)
+			work, err := in.worker.js.Stream(t.Context(), events.WorkStream)
+			if err != nil {
 				t.Fatal(err)
 			}
-			in.intact(t)
+			if n := work.CachedInfo().State.Msgs; n != 0 {
+				t.Errorf("the dispatch stream holds %d messages, want none", n)
+			}
 		})
 	}
 }
@@ -221,6 +260,12 @@ func TestWorkersCannot(t *testing.T) {
 			"$JS.API.CONSUMER.MSG.NEXT." + in.subjects.LeaseStream() + ".tenant-worker",
 			"$JS.API.DIRECT.GET.KV_" + lease.TenantBucket + ".$KV." + lease.TenantBucket + ".victim",
 			"$JS.API.DIRECT.GET.KV_KUBECLIP_EXECS",
+			// The companies' requests and runs (issue 26, item 11): the queues service says
+			// where the oldest request stands.
+			"$JS.API.DIRECT.GET." + in.subjects.LeaseStream(), "$JS.API.STREAM.MSG.GET." + in.subjects.LeaseStream(),
+			"$JS.API.DIRECT.GET." + in.subjects.RunStream(), "$JS.API.STREAM.MSG.GET." + in.subjects.RunStream(),
+			"$JS.API.DIRECT.GET." + events.WorkStream, "$JS.API.STREAM.MSG.GET." + events.WorkStream,
+			"$JS.API.DIRECT.GET." + events.RetryStream, "$JS.API.STREAM.MSG.GET." + events.RetryStream,
 			"$JS.ACK." + in.subjects.LeaseStream() + ".tenant-worker.1.1.1.1.0",
 			inboxes["cli"] + ".x", inboxes["paperclip"] + ".x", "_INBOX.x",
 		},

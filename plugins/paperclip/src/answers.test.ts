@@ -1,30 +1,21 @@
-// The shared consumer of the runs' answers under the permissions kubeclip ships for the
-// `paperclip` user (deploy/kustomize/base/nats-auth.conf: CLIENT_PUBLISH, subscribe only
-// _INBOX_paperclip.>): it is created, delivers, is recreated after the server dropped it, and a
-// run's history is read, with nothing refused.
+// The shared consumer of the runs' answers under the users and accounts kubeclip ships
+// (deploy/kustomize/base/nats-auth.conf: the `paperclip` user in the CLIENTS account, importing
+// what it uses from KUBECLIP's): it is created, delivers, is recreated after the server dropped
+// it, and a run's history is read, with nothing refused; and a message on a run's answer subject
+// that names another run (a stored copy, issue 26 item 5) answers nothing.
 
 import assert from "node:assert/strict";
-import { readFileSync } from "node:fs";
-import { join } from "node:path";
 import { after, before, describe, it } from "node:test";
 import { jetstreamManager } from "@nats-io/jetstream";
 import { connect, type NatsConnection } from "@nats-io/transport-node";
 import { Leases } from "./leases.js";
 import { startEnv, type Env } from "../test/support/harness.js";
-import { repoRoot } from "../test/support/nats-server.js";
+import { shippedConf } from "../test/support/shipped-conf.js";
 
 const C = "7d2f1c9e-3b4a-4e8d-a6f1-0c5b9e2d7a13";
 let n = 0;
 const runId = (): string => `1e8b6f4a-5a7c-4c1e-9f0b-${String(++n).padStart(12, "0")}`;
 const opts = { timeoutMs: 10_000, display: "nats://test" };
-
-/** The shipped CLIENT_PUBLISH list, as nats-auth.conf defines it. */
-function clientPublish(): string {
-  const conf = readFileSync(join(repoRoot(), "deploy/kustomize/base/nats-auth.conf"), "utf8");
-  const m = /^CLIENT_PUBLISH = \[[^\]]*\]$/m.exec(conf);
-  if (!m) throw new Error("nats-auth.conf defines no CLIENT_PUBLISH list");
-  return m[0];
-}
 
 describe("answers under the shipped permissions of the paperclip user", () => {
   let env: Env;
@@ -32,17 +23,7 @@ describe("answers under the shipped permissions of the paperclip user", () => {
   let leases: Leases;
   const refused: string[] = [];
   before(async () => {
-    env = await startEnv(`${clientPublish()}
-accounts: {
-  KUBECLIP: {
-    jetstream: enabled
-    users: [
-      {user: admin, password: admin}
-      {user: paperclip, password: pcpw, permissions: {publish: {allow: $CLIENT_PUBLISH}, subscribe: {allow: ["_INBOX_paperclip.>"]}}}
-    ]
-  }
-}
-`);
+    env = await startEnv(shippedConf());
     nc = await connect({ servers: env.server.url, user: "paperclip", pass: "pcpw", inboxPrefix: "_INBOX_paperclip" });
     void (async () => {
       for await (const s of nc.status()) if (s.type === "error") refused.push(String(s.error));
@@ -77,5 +58,24 @@ accounts: {
     assert.equal((await jsm.streams.info("PAPERCLIP_RUNS")).state.consumer_count, 1);
     await nc.flush();
     assert.deepEqual(refused, []);
+  });
+
+  it("takes no answer whose payload names another run", async () => {
+    const r = runId();
+    const foreign = { companyId: "other-company", runId: "other-run", code: "invalid_config", message: "copied", request: "acquire" };
+    // Typed answers on the run's subject naming another run: one stored before the request (read
+    // by the history), one while it waits (delivered by the consumer).
+    await env.kubeclip.publishRun(C, r, "failed", foreign);
+    env.kubeclip.onAcquire = async () => {
+      await env.kubeclip.publishRun(C, r, "failed", foreign);
+      await env.kubeclip.publishRun(C, r, "created", { ...foreign, providerLeaseId: "pc-foreign", namespace: "x", workloadName: "x", secretName: "x", backend: "pod", phase: "Pending" });
+      return { kind: "created" };
+    };
+    try {
+      const created = await leases.acquire({ runId: r, companyId: C, environmentId: "e", agentId: "a", config: {} }, opts);
+      assert.equal(created.providerLeaseId, `pc-${r.slice(0, 8)}`);
+    } finally {
+      env.kubeclip.onAcquire = () => ({ kind: "created" });
+    }
   });
 });

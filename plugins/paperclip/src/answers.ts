@@ -12,6 +12,13 @@
 // consumer cannot deliver is read from the run's history (`history`): an answer stored before
 // the request (a repeat the stream took as a duplicate), or one that came while the consumer was
 // gone (its iteration ended: each waiter is told, and a new one is created).
+//
+// Only kubeclip's account writes the run stream (deploy/kustomize/base/nats-auth.conf: the
+// clients are in an account of their own). A run stream from before that may still hold what
+// JetStream stored for a client that named a run subject as its reply, a direct get's answer
+// among them: a genuine typed copy of another run's event, headers included. So an answer is
+// offered only when its payload names the company and run of its subject and it is no stored
+// direct-get answer (`ownAnswer`).
 
 import { DeliverPolicy, jetstreamManager, type ConsumerMessages, type JetStreamManager, type StoredMsg } from "@nats-io/jetstream";
 import type { MsgHdrs, NatsConnection } from "@nats-io/transport-node";
@@ -116,8 +123,9 @@ export class RunAnswers {
       for (let i = 0; i < HISTORY_LIMIT && Date.now() < deadline; i++) {
         const m: StoredMsg | null = await jsm.direct.getMessage(this.stream, { seq, next_by_subj: `${base}.${kind}` });
         if (!m) break;
-        out.push({ kind, seq: m.seq, headers: m.header, data: m.data });
-        seq = m.seq + 1;
+        const stored = storedSeq(m.header, m.seq);
+        if (ownAnswer(base, m.header, m.data, 1)) out.push({ kind, seq: stored, headers: m.header, data: m.data });
+        seq = stored + 1;
       }
     }
     return out.sort((a, b) => a.seq - b.seq);
@@ -151,6 +159,7 @@ export class RunAnswers {
         const set = this.waiters.get(m.subject.slice(0, dot));
         if (!set) continue;
         const a: Answer = { kind: m.subject.slice(dot + 1), seq: m.seq, headers: m.headers, data: m.data };
+        if (!ownAnswer(m.subject.slice(0, dot), a.headers, a.data, 0)) continue;
         for (const w of set) w.offer(a);
       }
     } catch {
@@ -159,4 +168,37 @@ export class RunAnswers {
     this.live = undefined;
     for (const set of this.waiters.values()) for (const w of set) w.reset();
   }
+}
+
+/**
+ * A stored message's own stream sequence. A stored direct-get answer carries the copied
+ * message's Nats-Sequence, and a direct get of it adds the server's after it: nats.js reads the
+ * first, the copy's. The last is the message's own.
+ */
+export function storedSeq(h: MsgHdrs | undefined, seq: number): number {
+  const v = h?.values("Nats-Sequence") ?? [];
+  const last = Number(v[v.length - 1]);
+  return v.length > 1 && Number.isSafeInteger(last) ? last : seq;
+}
+
+/**
+ * Whether a message on the run subject base `<prefix>.run.<company>.<run>` may be kubeclip's
+ * answer there: its payload names that company and run, and it is not a stored direct-get answer,
+ * whose headers hold the server's Nats-Stream (kubeclip's events have none) beyond the `served`
+ * the read that brought it adds (1 for a direct get, 0 for a consumer's delivery).
+ */
+export function ownAnswer(base: string, h: MsgHdrs | undefined, data: Uint8Array, served: number): boolean {
+  if ((h?.values("Nats-Stream").length ?? 0) > served) return false;
+  const tokens = base.split(".");
+  const runId = tokens[tokens.length - 1];
+  const companyId = tokens[tokens.length - 2];
+  let ev: unknown;
+  try {
+    ev = JSON.parse(new TextDecoder().decode(data));
+  } catch {
+    return false;
+  }
+  if (typeof ev !== "object" || ev === null) return false;
+  const o = ev as Record<string, unknown>;
+  return o.companyId === companyId && o.runId === runId;
 }

@@ -8,6 +8,7 @@ import { createServer, type Server, type Socket } from "node:net";
 import { after, before, describe, it } from "node:test";
 import type { PluginEnvironmentLease } from "@paperclipai/plugin-sdk";
 import { harnessed, startEnv, type Env, type Harnessed } from "../test/support/harness.js";
+import { shippedConf } from "../test/support/shipped-conf.js";
 
 const C = "7d2f1c9e-3b4a-4e8d-a6f1-0c5b9e2d7a13";
 const OTHER = "0b7c4d1e-9a2f-4c3b-8e5d-6f1a2b3c4d5e";
@@ -229,18 +230,10 @@ describe("the tenant boundary", () => {
 });
 
 describe("item 12: replies come to the paperclip user's own inbox", () => {
-  // nats-auth.conf's rule for the paperclip user: it subscribes only under _INBOX_paperclip.
-  const conf = `
-accounts: {
-  KUBECLIP: {
-    jetstream: enabled
-    users: [
-      {user: admin, password: admin}
-      {user: paperclip, password: pcpw, permissions: {publish: {allow: [">"]}, subscribe: {allow: ["_INBOX_paperclip.>"]}}}
-    ]
-  }
-}
-`;
+  // nats-auth.conf as shipped: the paperclip user subscribes only under _INBOX_paperclip, in the
+  // CLIENTS account, which imports what it uses from KUBECLIP's (exec io comes back through the
+  // exported inbox stream).
+  const conf = shippedConf();
   let env: Env;
   let h: Harnessed;
   const cfg = { backend: "pod", streamRunLogs: false };
