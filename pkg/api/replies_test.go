@@ -36,11 +36,13 @@ func TestRepliesOnlyIntoInboxes(t *testing.T) {
 	hostile := []string{
 		"paperclip.run.other-company.r1.failed",
 		"$KV.KUBECLIP_LEASES.other-company_r1",
-		"$JS.API.STREAM.PURGE.KV_KUBECLIP_LEASES",
 		"_INBOX.x", "_INBOX_kubeclip.x", "_INBOX_exec.x", "_INBOX_cli", "_INBOX_cli.*",
 	}
+	// nats-server (v2.15.3 on) refuses a client's reply subject under $JS. itself, a permissions
+	// violation: that request never reaches the responders, so they count no drop of it.
+	const jsReply = "$JS.API.STREAM.PURGE.KV_KUBECLIP_LEASES"
 	watch := make(chan *nats.Msg, 64)
-	for _, subject := range append(hostile, "_INBOX_cli.>") {
+	for _, subject := range append(hostile, "_INBOX_cli.>", jsReply) {
 		w, err := nc.ChanSubscribe(subject, watch)
 		if err != nil {
 			t.Fatal(err)
@@ -48,7 +50,7 @@ func TestRepliesOnlyIntoInboxes(t *testing.T) {
 		t.Cleanup(func() { _ = w.Unsubscribe() })
 	}
 	for _, subject := range []string{api.ValidateSubject(s), api.PingSubject(s)} {
-		for _, reply := range hostile {
+		for _, reply := range append(hostile, jsReply) {
 			if err := nc.PublishRequest(subject, reply, []byte(`{"config":{}}`)); err != nil {
 				t.Fatal(err)
 			}
