@@ -162,6 +162,7 @@ func connect(t *testing.T, srv *server.Server, opts ...nats.Option) (*nats.Conn,
 // replica is one exec-worker.
 type replica struct {
 	name     string
+	svc      *execsvc.Service
 	nc       *nats.Conn
 	cancel   context.CancelFunc
 	done     chan error
@@ -200,6 +201,7 @@ func (e *env) startReplica() *replica {
 	if err != nil {
 		t.Fatal(err)
 	}
+	r.svc = svc
 	ctx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))
 	r.cancel = cancel
 	go func() { r.done <- svc.Run(ctx) }()
