@@ -192,8 +192,11 @@ type account struct {
 
 func newAccount(p *fairPool, company string) *account { return &account{pool: p, company: company} }
 
-// tryTake takes n if the pool admits it now.
+// tryTake takes n if the pool admits it now; nothing is always granted.
 func (a *account) tryTake(n int64) bool {
+	if n <= 0 {
+		return true
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.closed || a.pool.tryTake(a.company, n) != nil {
@@ -203,8 +206,11 @@ func (a *account) tryTake(n int64) bool {
 	return true
 }
 
-// wait takes n once the pool admits it.
+// wait takes n once the pool admits it; nothing is granted at once (a heartbeat frame).
 func (a *account) wait(ctx context.Context, n int64) error {
+	if n <= 0 {
+		return nil
+	}
 	if err := a.pool.wait(ctx, a.company, n); err != nil {
 		return err
 	}

@@ -203,3 +203,18 @@ func TestLineBufferCharged(t *testing.T) {
 		t.Errorf("held %d after the lines, at most %d; want 0 and at most the budget", used, peak)
 	}
 }
+
+// TestAccountGrantsNothingAtOnce: a heartbeat frame or an EOF-only stdin message (0 bytes) never
+// waits, even for a company over its share of a full pool.
+func TestAccountGrantsNothingAtOnce(t *testing.T) {
+	p := newFairPool("buffer bytes", 100, 10, 0)
+	a := newAccount(p, "a")
+	if !a.tryTake(90) {
+		t.Fatal("company a alone: 90 of 100 with a reserve of 10")
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	if err := a.wait(ctx, 0); err != nil || !a.tryTake(0) {
+		t.Errorf("0 bytes over the share: wait %v, want granted", err)
+	}
+}

@@ -246,7 +246,8 @@ func (s *session) relayOutput(ctx context.Context) (*execspec.Exit, error) {
 			var exit *execspec.Exit
 			exit, err = s.pump(ctx, stream, rec, &read)
 			_ = stream.Close()
-			if exit != nil || errors.Is(err, errClientGone) || errors.Is(err, errUnreachable) || isTerminal(err) || errors.Is(err, errRecordingTakenOver) {
+			var perr *execproto.Error // a frame larger than the replica's whole buffer budget
+			if exit != nil || errors.Is(err, errClientGone) || errors.Is(err, errUnreachable) || isTerminal(err) || errors.Is(err, errRecordingTakenOver) || errors.As(err, &perr) {
 				return exit, err
 			}
 			if read > before {
