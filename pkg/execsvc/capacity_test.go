@@ -4,7 +4,10 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"net"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
@@ -14,6 +17,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/kubeclip/kubeclip/internal/natstest"
 	"github.com/kubeclip/kubeclip/pkg/execclient"
 	"github.com/kubeclip/kubeclip/pkg/execproto"
 	"github.com/kubeclip/kubeclip/pkg/execsvc"
@@ -109,11 +113,12 @@ func (e *env) startRaw(l *testLease, reply string, req execproto.StartRequest) {
 // them): company A alone holds 200 concurrent long-running recorded agent commands (on 10 leases,
 // 20 each), then company B's first command is started. Before, each replica served 40 sessions
 // and a quarter of them per company: A got 30 and the rest `unavailable`. The test logs B's
-// latency to `started` and the heap and RSS the 200 live sessions added (both include the
-// in-process nats-server's share: two subscriptions per session).
+// latency to `started` and the heap and RSS the 200 live sessions added to the test process: the
+// three replicas and the test's client (one subscription), the nats-server being a process of its
+// own.
 func TestProductionSettingsHoldTwoHundredAgents(t *testing.T) {
 	const agents, leases = 200, 10
-	e := newEnvTuned(t, productionReplicas, productionSizing)
+	e := newEnvOn(t, startNATSProcess(t), roles{tune: productionSizing}, productionReplicas)
 	companyA := newID("co-a")
 	var as []*testLease
 	for range leases {
@@ -239,4 +244,38 @@ func TestBuffersWithinBudget(t *testing.T) {
 	if peak > io || peak == 0 {
 		t.Errorf("frames and stdin held at most %d bytes, want some and at most %d", peak, io)
 	}
+}
+
+// startNATSProcess runs the pinned nats-server as a process of its own with JetStream, so the
+// test process's memory is the exec-worker's; Cleanup kills it.
+func startNATSProcess(t *testing.T) natsURL {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	_ = l.Close()
+	dir := t.TempDir()
+	conf := filepath.Join(dir, "nats.conf")
+	// The streams' default sizes (events.Options: an 8 GiB store) must fit the file store.
+	text := fmt.Sprintf("listen: \"127.0.0.1:%d\"\njetstream { store_dir: %q, max_file_store: 16GB, max_memory_store: 1GB }\n", port, filepath.Join(dir, "js"))
+	if err := os.WriteFile(conf, []byte(text), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(natstest.ServerBinary(t), "-c", conf)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
+	eventually(t, "nats-server accepts connections", func() bool {
+		nc, err := nats.Connect(url)
+		if err != nil {
+			return false
+		}
+		nc.Close()
+		return true
+	})
+	return natsURL(url)
 }
