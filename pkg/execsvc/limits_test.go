@@ -212,6 +212,9 @@ func TestAccountGrantsNothingAtOnce(t *testing.T) {
 	if !a.tryTake(90) {
 		t.Fatal("company a alone: 90 of 100 with a reserve of 10")
 	}
+	if !newAccount(p, "b").tryTake(10) {
+		t.Fatal("company b: the reserve")
+	}
 	ctx, cancel := context.WithCancel(t.Context())
 	cancel()
 	if err := a.wait(ctx, 0); err != nil || !a.tryTake(0) {
