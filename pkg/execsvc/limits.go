@@ -93,8 +93,9 @@ func newFairPool(what string, capacity, reserve, ceiling int64) *fairPool {
 }
 
 // sessionReserveOf is how many of a replica's sessions are kept for companies below their
-// share: a thirty-second (at least one), so a company alone holds the rest.
-func sessionReserveOf(sessions int) int64 { return int64(max(1, sessions/32)) }
+// share: a thirty-second, at least one, so a company alone holds the rest; none of a replica
+// of one session, which would otherwise serve nobody.
+func sessionReserveOf(sessions int) int64 { return int64(min(max(1, sessions/32), sessions-1)) }
 
 // bufferReserveOf is how many buffer bytes are kept for companies below their share: an
 // eighth.

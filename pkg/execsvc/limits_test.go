@@ -221,3 +221,20 @@ func TestAccountGrantsNothingAtOnce(t *testing.T) {
 		t.Errorf("0 bytes over the share: wait %v, want granted", err)
 	}
 }
+
+// TestSessionReserve: a thirty-second of a replica's sessions, at least one, and none of a
+// replica of one session (whose one session a company alone must get).
+func TestSessionReserve(t *testing.T) {
+	for _, tc := range []struct {
+		sessions int
+		want     int64
+	}{{576, 18}, {64, 2}, {8, 1}, {2, 1}, {1, 0}} {
+		if got := sessionReserveOf(tc.sessions); got != tc.want {
+			t.Errorf("sessionReserveOf(%d) = %d, want %d", tc.sessions, got, tc.want)
+		}
+	}
+	p := newFairPool("streams", 1, sessionReserveOf(1), 0)
+	if _, err := p.take("a"); err != nil {
+		t.Errorf("a replica of one session refused a company alone: %v", err)
+	}
+}
