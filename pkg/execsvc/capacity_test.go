@@ -149,8 +149,8 @@ func TestProductionSettingsHoldTwoHundredAgents(t *testing.T) {
 	after := memNow()
 	perHeap := float64(after.heap-before.heap) / agents
 	perRSS := float64(after.rss-before.rss) / agents
-	t.Logf("200 live agent sessions on %d replicas: heap in use %d -> %d bytes (%.0f KiB per session), RSS %d -> %d bytes (%.0f KiB per session), goroutines %d -> %d",
-		productionReplicas, before.heap, after.heap, perHeap/1024, before.rss, after.rss, perRSS/1024, before.goroutines, after.goroutines)
+	t.Logf("%d live agent sessions on %d replicas: heap in use %d -> %d bytes (%.0f KiB per session), RSS %d -> %d bytes (%.0f KiB per session), goroutines %d -> %d",
+		agents, productionReplicas, before.heap, after.heap, perHeap/1024, before.rss, after.rss, perRSS/1024, before.goroutines, after.goroutines)
 
 	// Company B arrives.
 	first := collectAnswers(t, e.clientNC, inbox.CLIPrefix+".b")
