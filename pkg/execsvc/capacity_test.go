@@ -112,13 +112,26 @@ func (e *env) startRaw(l *testLease, reply string, req execproto.StartRequest) {
 // overlay's exec-worker settings (three replicas sized from 256 Mi, as cmd/exec-worker sizes
 // them): company A alone holds 200 concurrent long-running recorded agent commands (on 10 leases,
 // 20 each), then company B's first command is started. Before, each replica served 40 sessions
-// and a quarter of them per company: A got 30 and the rest `unavailable`. The test logs B's
-// latency to `started` and the heap and RSS the 200 live sessions added to the test process: the
-// three replicas and the test's client (one subscription), the nats-server being a process of its
-// own.
+// and a quarter of them per company: A got 30 and the rest `unavailable`.
 func TestProductionSettingsHoldTwoHundredAgents(t *testing.T) {
-	const agents, leases = 200, 10
-	e := newEnvOn(t, startNATSProcess(t), roles{tune: productionSizing}, productionReplicas)
+	holdAgents(t, productionReplicas, 200)
+}
+
+// TestOneReplicaHoldsFiveHundredAgents: one replica sized from 256 Mi serves 500 live agent
+// commands of one company (the issue's bound: at least 500), and another company's first
+// command after them.
+func TestOneReplicaHoldsFiveHundredAgents(t *testing.T) {
+	holdAgents(t, 1, 500)
+}
+
+// holdAgents has company A start agents long-running recorded commands (`sleep 600`, on 10
+// leases) through replicas replicas sized from productionMemory and hold them, then company B
+// start its first. Every one must start. It logs B's latency to `started` and the heap and RSS
+// the live sessions added to the test process: the replicas and the test's client (one
+// subscription), the nats-server being a process of its own.
+func holdAgents(t *testing.T, replicas, agents int) {
+	const leases = 10
+	e := newEnvOn(t, startNATSProcess(t), roles{tune: productionSizing}, replicas)
 	companyA := newID("co-a")
 	var as []*testLease
 	for range leases {
@@ -145,12 +158,12 @@ func TestProductionSettingsHoldTwoHundredAgents(t *testing.T) {
 		}
 		t.Fatalf("company A alone: %d of %d agent commands started", started, agents)
 	}
-	eventually(t, "the replicas serve the 200 sessions", func() bool { return e.liveSessions() == agents })
+	eventually(t, "the replicas serve every session", func() bool { return e.liveSessions() == int64(agents) })
 	after := memNow()
-	perHeap := float64(after.heap-before.heap) / agents
-	perRSS := float64(after.rss-before.rss) / agents
+	perHeap := float64(after.heap-before.heap) / float64(agents)
+	perRSS := float64(after.rss-before.rss) / float64(agents)
 	t.Logf("%d live agent sessions on %d replicas: heap in use %d -> %d bytes (%.0f KiB per session), RSS %d -> %d bytes (%.0f KiB per session), goroutines %d -> %d",
-		agents, productionReplicas, before.heap, after.heap, perHeap/1024, before.rss, after.rss, perRSS/1024, before.goroutines, after.goroutines)
+		agents, replicas, before.heap, after.heap, perHeap/1024, before.rss, after.rss, perRSS/1024, before.goroutines, after.goroutines)
 
 	// Company B arrives.
 	first := collectAnswers(t, e.clientNC, inbox.CLIPrefix+".b")
@@ -159,7 +172,7 @@ func TestProductionSettingsHoldTwoHundredAgents(t *testing.T) {
 	eventually(t, "company B's first command is answered", func() bool { _, ok := first.get(inbox.CLIPrefix + ".b.1"); return ok })
 	x, _ := first.get(inbox.CLIPrefix + ".b.1")
 	if x.kind != execproto.KindStarted {
-		t.Fatalf("company B's first command while A holds 200: %s %s", x.kind, x.msg)
+		t.Fatalf("company B's first command while A holds %d: %s %s", agents, x.kind, x.msg)
 	}
 	t.Logf("company B's first command started %v after its start was sent (A holding %d)", x.at.Sub(sent), agents)
 }
