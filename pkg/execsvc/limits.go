@@ -59,17 +59,19 @@ func splitBuffers(total int64) (io, lines int64) {
 // admits is the admission rule of every fairPool (docs/boundary/fairness.md, "Exec streams
 // and buffers"): n more of a pool of capacity, of which used are taken, mine by the asking
 // company; companies is how many companies hold some, the asker counted. Work-conserving: anyone
-// may take a free unit that leaves the reserve intact, so a company alone holds all but the
-// reserve. Max-min fair: a company below its fair share (the capacity over the companies
-// competing, at least two, since a newcomer may arrive at any time) may take the reserve too,
-// so a newcomer is admitted at once while another company holds everything it may.
+// may take what leaves the reserve whole, so a company alone holds all but the reserve. Max-min
+// fair: only a company below its fair share (the capacity over the companies competing, at
+// least two, since a newcomer may arrive at any time) takes from the reserve, so what other
+// companies release goes to the companies below their share; the upper half of the reserve to
+// any of them, the lower half only to a company that holds no more than would remain free,
+// so a newcomer (holding nothing) gets any free unit and each leaves half for the next.
 func admits(capacity, reserve, used, mine int64, companies int, n int64) bool {
 	free := capacity - used
 	if n > free {
 		return false
 	}
 	share := capacity / int64(max(2, companies))
-	return free-n >= reserve || mine < share
+	return free-n >= reserve || (mine < share && free-n >= min(reserve/2, mine))
 }
 
 // fairPool is a capacity shared by companies under admits, with an optional hard ceiling per

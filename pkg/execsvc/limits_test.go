@@ -3,6 +3,7 @@ package execsvc
 import (
 	"context"
 	"math"
+	"slices"
 	"testing"
 	"time"
 )
@@ -42,7 +43,8 @@ func TestSizeFor(t *testing.T) {
 }
 
 // TestAdmits is the admission decision of every pool: work-conserving (a company alone takes
-// all but the reserve), max-min fair (a company below its share takes the reserve too).
+// all but the reserve), max-min fair (only a company below its share takes from the reserve: from
+// its upper half any such company, from its lower half one holding no more than would remain).
 func TestAdmits(t *testing.T) {
 	for _, tc := range []struct {
 		name                          string
@@ -56,11 +58,15 @@ func TestAdmits(t *testing.T) {
 		{"alone, the last unit before the reserve", 100, 4, 95, 95, 1, 1, true},
 		{"alone, not into the reserve", 100, 4, 96, 96, 1, 1, false},
 		{"newcomer while one company holds all but the reserve", 100, 4, 96, 0, 2, 1, true},
-		{"newcomer takes the last unit", 100, 4, 99, 3, 2, 1, true},
+		{"newcomer takes the last unit", 100, 4, 99, 0, 3, 1, true},
+		{"a company below its share takes the reserve's upper half", 100, 4, 96, 3, 2, 1, true},
+		{"but not its lower half while it holds more than would remain", 100, 4, 98, 3, 2, 1, false},
+		{"the lower half while it holds no more than would remain", 100, 4, 97, 2, 3, 1, true},
+		{"the last unit only to a company holding nothing", 100, 4, 99, 1, 3, 1, false},
 		{"nothing free", 100, 4, 100, 0, 2, 1, false},
 		{"the big one, once another arrived, not into the reserve", 100, 4, 97, 96, 2, 1, false},
-		{"two companies, one below its half takes the reserve", 100, 4, 98, 40, 2, 1, true},
-		{"two companies, one at its half does not", 100, 4, 98, 50, 2, 1, false},
+		{"two companies, one below its half takes the reserve", 100, 4, 96, 40, 2, 1, true},
+		{"two companies, one at its half does not", 100, 4, 96, 50, 2, 1, false},
 		{"ten companies, below a tenth", 100, 4, 97, 9, 10, 1, true},
 		{"ten companies, at a tenth", 100, 4, 97, 10, 10, 1, false},
 		{"bytes: a frame that fits above the reserve", 48 << 20, 6 << 20, 40 << 20, 40 << 20, 1, 1 << 20, true},
@@ -77,9 +83,11 @@ func TestAdmits(t *testing.T) {
 	}
 }
 
-// TestFairPoolSessions: a company alone holds all but the reserve; a newcomer is admitted from
-// the reserve; once both compete, the first company gets a released stream back only while the
-// reserve stays whole; a ceiling binds; a release (once, however often called) frees a stream.
+// TestFairPoolSessions: a company alone holds all but the reserve; newcomers are admitted from
+// the reserve, the first leaving half of it for the next; once they compete, the first company
+// gets a released stream back only while the reserve stays whole, and the last free stream goes
+// only to a company holding none; a ceiling binds; a release (once, however often called) frees
+// a stream.
 func TestFairPoolSessions(t *testing.T) {
 	const capacity = 64
 	p := newFairPool("streams", capacity, sessionReserveOf(capacity), 0)
@@ -109,10 +117,13 @@ func TestFairPoolSessions(t *testing.T) {
 	if _, err := p.take("a"); err == nil {
 		t.Fatal("company a, over its share, took the reserve back")
 	}
-	if _, err := p.take("b"); err != nil {
-		t.Fatalf("company b below its share after a's release: %v", err)
-	}
 	if _, err := p.take("b"); err == nil {
+		t.Fatal("company b, holding one, took the last free stream")
+	}
+	if _, err := p.take("d"); err != nil {
+		t.Fatalf("company d's first stream, the last free one: %v", err)
+	}
+	if _, err := p.take("e"); err == nil {
 		t.Fatal("a released twice freed two streams")
 	}
 	b1()
@@ -236,5 +247,33 @@ func TestSessionReserve(t *testing.T) {
 	p := newFairPool("streams", 1, sessionReserveOf(1), 0)
 	if _, err := p.take("a"); err != nil {
 		t.Errorf("a replica of one session refused a company alone: %v", err)
+	}
+}
+
+// TestNewcomersShareTheReserve: on a replica sized from 256 Mi that one company fills, each
+// newcomer in turn floods it; the first leaves half the reserve for the next, and so on, so
+// one newcomer's flood never takes every other newcomer's first stream.
+func TestNewcomersShareTheReserve(t *testing.T) {
+	capacity := SizeFor(256 << 20).Sessions
+	p := newFairPool("streams", int64(capacity), sessionReserveOf(capacity), 0)
+	for {
+		if _, err := p.take("a"); err != nil {
+			break
+		}
+	}
+	var got []int
+	for _, c := range []string{"b", "c", "d", "e", "f"} {
+		n := 0
+		for {
+			if _, err := p.take(c); err != nil {
+				break
+			}
+			n++
+		}
+		got = append(got, n)
+	}
+	t.Logf("reserve %d of %d: newcomers flooding in turn got %v", sessionReserveOf(capacity), capacity, got)
+	if want := []int{9, 5, 2, 1, 1}; !slices.Equal(got, want) {
+		t.Errorf("newcomers flooding in turn got %v of the reserve, want %v", got, want)
 	}
 }
