@@ -18,7 +18,7 @@ const (
 	// SessionCost is what a live session holds whatever it does: its goroutines' stacks, the
 	// output stream's 32 KiB read buffer, its HTTP/TLS connection, its subscriptions, the
 	// recorder's retained batch (up to 32 KiB; its line is charged to the lines budget).
-	// Measured idle: 87-89 KiB of heap, 107-115 KiB of RSS (TestProductionSettingsHoldTwoHundredAgents
+	// Measured idle: 87-89 KiB of heap, 111-115 KiB of RSS (TestProductionSettingsHoldTwoHundredAgents
 	// and TestOneReplicaHoldsFiveHundredAgents log both).
 	SessionCost = 256 << 10
 	// DefaultBufferBytes is the session buffers' budget when the memory limit is unknown.
