@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime/debug"
 	"time"
 
 	"github.com/kubeclip/kubeclip/internal/app"
@@ -68,8 +69,8 @@ func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout,
 	s.Streams.Bind(fs)
 	fs.String(&s.Route, "exec-route", "KUBECLIP_EXEC_ROUTE", execsvc.RouteDaemon, "how sandboxd in a lease's pod is reached: daemon (TLS to the pod IP, port 7070, key derived per lease) or kube-exec (the Kubernetes exec API running `sandboxd proxy`)")
 	fs.String(&s.SandboxKeyFile, "sandbox-key-file", "KUBECLIP_SANDBOX_KEY_FILE", "", "file holding the installation's sandbox master key, the dispatcher's (hex or raw, at least 32 bytes); required")
-	fs.Int(&s.MaxExecs, "max-execs", "KUBECLIP_MAX_EXECS", 0, "exec streams this replica serves at once; past it requests are answered unavailable and clients try again. 0: sized from the memory limit (cgroup memory.max or GOMEMLIMIT, whichever is smaller), 64 MiB for the worker and 4.75 MiB per stream with the default --record-max-line, at most 2048")
-	fs.Int(&s.MaxCompanyExecs, "max-execs-per-company", "KUBECLIP_MAX_EXECS_PER_COMPANY", 0, "exec streams of one company this replica serves at once, so one company's flood never takes another's; 0: a quarter of --max-execs (at least 1)")
+	fs.Int(&s.MaxExecs, "max-execs", "KUBECLIP_MAX_EXECS", 0, "exec streams this replica serves at once; past it requests are answered unavailable and clients try again. 0: sized from the memory limit (cgroup memory.max or GOMEMLIMIT, whichever is smaller): 64 MiB for the worker, a quarter of the rest for the streams' buffers (taken as they grow), 256 KiB per stream (576 at 256 Mi), at most 2048")
+	fs.Int(&s.MaxCompanyExecs, "max-execs-per-company", "KUBECLIP_MAX_EXECS_PER_COMPANY", 0, "a hard ceiling on one company's exec streams on this replica; 0: none, a company's share is fair (all but a reserve of a thirty-second when alone, an equal part when companies compete)")
 	fs.String(&s.EnvPolicy, "env-policy", "KUBECLIP_EXEC_ENV_POLICY", execproto.EnvModeDeny, "which keys of an exec's environment reach the pod: deny (drop the built-in list of Paperclip's server secrets and --env-deny) or allowlist (also drop every key --env-allow does not name); the plugin's executeEnv setting, with the same rules")
 	fs.Strings(&s.EnvAllow, "env-allow", "", "KUBECLIP_EXEC_ENV_ALLOW", "an environment key glob (`*` any run of characters) that reaches the pod in allowlist mode (never past the built-in list or --env-deny)")
 	fs.Strings(&s.EnvDeny, "env-deny", "", "KUBECLIP_EXEC_ENV_DENY", "an environment key glob (`*` any run of characters) that never reaches the pod")
@@ -100,11 +101,13 @@ func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout,
 	if err := s.CheckPermissions(ctx, p, ""); err != nil {
 		return err
 	}
-	if s.MaxExecs == 0 {
-		limit := memoryLimit()
-		s.MaxExecs = execsvc.SessionsFor(limit, s.Record.MaxLine)
-		p.Log.Info().Int64("memory_limit", limit).Int("max_execs", s.MaxExecs).Msg("exec streams sized from the memory limit")
+	limit := memoryLimit()
+	_, gomemlimitSet := lookupEnv("GOMEMLIMIT")
+	if soft, ok := softMemoryLimit(limit, gomemlimitSet); ok {
+		debug.SetMemoryLimit(soft)
 	}
+	sizing := replicaSizing(limit, s.MaxExecs)
+	p.Log.Info().Int64("memory_limit", limit).Int("max_execs", sizing.Sessions).Int64("buffer_bytes", sizing.BufferBytes).Msg("exec streams and buffers sized from the memory limit")
 
 	pods, err := execsvc.NewPodWatcher(execsvc.PodWatcherOptions{Clientset: p.Kube.Clientset, Logger: p.Log})
 	if err != nil {
@@ -116,7 +119,7 @@ func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout,
 	}
 	svc, err := execsvc.New(execsvc.Options{
 		NATS: p.NATS, JetStream: p.JS, Subjects: p.Subjects, Pods: pods, Route: route, MasterKey: masterKey,
-		Replica: s.ReplicaID, Logger: p.Log, MaxSessions: s.MaxExecs, MaxSessionsPerCompany: s.MaxCompanyExecs, ReadyTimeout: s.ReadyTimeout,
+		Replica: s.ReplicaID, Logger: p.Log, MaxSessions: sizing.Sessions, MaxSessionsPerCompany: s.MaxCompanyExecs, BufferBytes: sizing.BufferBytes, ReadyTimeout: s.ReadyTimeout,
 		DrainTimeout: s.ShutdownTimeout, StreamReplicas: s.Streams.Replicas, Observer: p.Ops.Metrics,
 		Record:    s.Record.limits(),
 		Replies:   s.Replies(),
@@ -171,7 +174,7 @@ func (s *settings) Validate(fs *config.Set) error {
 		errs = append(errs, fmt.Errorf("%s must be >= 0 (0: sized from the memory limit)", fs.Names("max-execs")))
 	}
 	if s.MaxCompanyExecs < 0 {
-		errs = append(errs, fmt.Errorf("%s must be >= 0 (0: a quarter of --max-execs)", fs.Names("max-execs-per-company")))
+		errs = append(errs, fmt.Errorf("%s must be >= 0 (0: none)", fs.Names("max-execs-per-company")))
 	}
 	if s.ReadyTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("%s must be > 0", fs.Names("ready-timeout")))

@@ -6,6 +6,8 @@ import (
 	"runtime/debug"
 	"strconv"
 	"strings"
+
+	"github.com/kubeclip/kubeclip/pkg/execsvc"
 )
 
 // cgroupMemoryFiles hold the container's memory limit: cgroup v2, then v1.
@@ -39,4 +41,25 @@ func readLimit(path string) (int64, bool) {
 		return 0, false
 	}
 	return n, true
+}
+
+// replicaSizing is what the replica serves at once: execsvc.SizeFor its memory limit, with
+// maxExecs sessions when it is set (the buffers stay sized from the limit).
+func replicaSizing(limit int64, maxExecs int) execsvc.Sizing {
+	sz := execsvc.SizeFor(limit)
+	if maxExecs > 0 {
+		sz.Sessions = maxExecs
+	}
+	return sz
+}
+
+// softMemoryLimit is the Go runtime's memory limit for a container limited to limit bytes when
+// GOMEMLIMIT is not set: nine tenths of it, so the collector works harder before the container
+// is killed rather than letting garbage grow the heap to twice what is live. ok is false when
+// there is nothing to set (no container limit, or GOMEMLIMIT set).
+func softMemoryLimit(limit int64, gomemlimitSet bool) (int64, bool) {
+	if gomemlimitSet || limit <= 0 || limit == math.MaxInt64 {
+		return 0, false
+	}
+	return limit - limit/10, true
 }

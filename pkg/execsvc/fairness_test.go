@@ -16,12 +16,13 @@ import (
 	"github.com/kubeclip/kubeclip/pkg/inbox"
 )
 
-// TestCompanyFloodDoesNotDelayAnother: company A floods a replica with long starts; the replica
-// serves A only up to its per-company share and refuses the rest at once (unavailable), so
-// company B's first exec runs.
+// TestCompanyFloodDoesNotDelayAnother: company A floods a replica with long starts; alone, A is
+// served up to the replica's capacity but its reserve (work-conserving: before, a fixed quarter)
+// and the rest are refused at once (unavailable); company B's first exec is then admitted from
+// the reserve and runs.
 func TestCompanyFloodDoesNotDelayAnother(t *testing.T) {
-	const flood = 200
-	e := newEnvTuned(t, 1, func(o *execsvc.Options) { o.MaxSessions, o.MaxSessionsPerCompany = 8, 2 })
+	const flood, capacity, reserve = 200, 8, 1
+	e := newEnvTuned(t, 1, func(o *execsvc.Options) { o.MaxSessions = capacity })
 	a, b := e.newLease(newID("co-a")), e.newLease(newID("co-b"))
 
 	subj, err := execproto.NewSubjects(e.subjects).Request(a.CompanyID, a.RunID, execproto.OpStart)
@@ -60,12 +61,12 @@ func TestCompanyFloodDoesNotDelayAnother(t *testing.T) {
 		return len(answered) == flood
 	})
 	mu.Lock()
-	if want := flood - 2; refused != want {
-		t.Errorf("%d of company A's %d starts refused, want %d (all but its share of 2)", refused, flood, want)
+	if want := flood - (capacity - reserve); refused != want {
+		t.Errorf("%d of company A's %d starts refused, want %d (all but the replica's %d streams less its reserve of %d)", refused, flood, want, capacity, reserve)
 	}
 	mu.Unlock()
 
-	// B's first exec is served at once: no slot of B's is held by A.
+	// B's first exec is served at once, from the reserve A may not take.
 	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
 	defer cancel()
 	res, err := e.client.Run(ctx, execclient.Exec{Lease: b.Lease, Command: "echo", Args: []string{"b"}})

@@ -65,7 +65,7 @@ func TestMain(m *testing.M) {
 // client.
 type env struct {
 	t         *testing.T
-	srv       *server.Server
+	srv       natsServer
 	js        jetstream.JetStream
 	subjects  events.Subjects
 	masterKey []byte
@@ -104,7 +104,7 @@ type roles struct {
 }
 
 // newEnvOn sets the env up on srv.
-func newEnvOn(t *testing.T, srv *server.Server, r roles, replicas int) *env {
+func newEnvOn(t *testing.T, srv natsServer, r roles, replicas int) *env {
 	t.Helper()
 	_, js := connect(t, srv, r.harness...)
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
@@ -134,8 +134,19 @@ func newEnvOn(t *testing.T, srv *server.Server, r roles, replicas int) *env {
 	return e
 }
 
+// natsServer is where the test's connections go: an in-process *server.Server, or a
+// nats-server process (natsURL).
+type natsServer interface{ ClientURL() string }
+
+var _ natsServer = (*server.Server)(nil)
+
+// natsURL is a nats-server process's client URL.
+type natsURL string
+
+func (u natsURL) ClientURL() string { return string(u) }
+
 // connect opens a connection to srv that the test's cleanup drains.
-func connect(t *testing.T, srv *server.Server, opts ...nats.Option) (*nats.Conn, jetstream.JetStream) {
+func connect(t *testing.T, srv natsServer, opts ...nats.Option) (*nats.Conn, jetstream.JetStream) {
 	t.Helper()
 	closed := make(chan struct{})
 	nc, err := nats.Connect(srv.ClientURL(), append(opts, nats.Name(t.Name()), nats.ClosedHandler(func(*nats.Conn) { close(closed) }))...)
@@ -162,6 +173,7 @@ func connect(t *testing.T, srv *server.Server, opts ...nats.Option) (*nats.Conn,
 // replica is one exec-worker.
 type replica struct {
 	name     string
+	svc      *execsvc.Service
 	nc       *nats.Conn
 	cancel   context.CancelFunc
 	done     chan error
@@ -200,6 +212,7 @@ func (e *env) startReplica() *replica {
 	if err != nil {
 		t.Fatal(err)
 	}
+	r.svc = svc
 	ctx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))
 	r.cancel = cancel
 	go func() { r.done <- svc.Run(ctx) }()

@@ -21,7 +21,7 @@ import (
 // Defaults of Options.
 const (
 	// DefaultMaxSessions bounds the exec streams one replica serves at once when nothing
-	// smaller is set: the exec-worker sizes its own from its memory limit (SessionsFor). A
+	// smaller is set: the exec-worker sizes its own from its memory limit (SizeFor). A
 	// Paperclip run keeps a handful in flight (four uploads, the agent command, bridge polls);
 	// past the bound a replica answers unavailable and the client tries again, usually
 	// reaching another replica.
@@ -70,8 +70,9 @@ type Options struct {
 	// before it cuts them (their clients attach through another replica); it defaults to
 	// events.DefaultDrainTimeout, as every worker's drain does.
 	MaxSessions int
-	// MaxSessionsPerCompany bounds one company's share of MaxSessions (default a quarter of
-	// it, at least 1).
+	// MaxSessionsPerCompany is a hard ceiling on one company's sessions; 0 (the default): none,
+	// a company's share is max-min fair (limits.go, admits): all but a reserve when alone, an
+	// equal part when companies compete.
 	MaxSessionsPerCompany int
 	ReadyTimeout          time.Duration
 	Heartbeat             time.Duration
@@ -79,6 +80,10 @@ type Options struct {
 	AckPatience           time.Duration
 	Reconnect             time.Duration
 	DrainTimeout          time.Duration
+	// BufferBytes is the budget of every session's buffers together (frames read from pods,
+	// stdin queued for them, the recorder's lines), taken as they grow, under the same fair rule
+	// (default DefaultBufferBytes; the exec-worker sizes it from its memory limit, SizeFor).
+	BufferBytes int64
 	// StreamReplicas is the replica count of RecordedBucket (default 1).
 	StreamReplicas int
 	// Record bounds recorded execs: the parser's line, coalescing, and the exec, run and
@@ -128,6 +133,9 @@ func (o Options) withDefaults() (Options, error) {
 	if o.MaxSessionsPerCompany < 0 {
 		errs = append(errs, errors.New("execsvc: Options.MaxSessionsPerCompany must not be negative"))
 	}
+	if o.BufferBytes < 0 {
+		errs = append(errs, errors.New("execsvc: Options.BufferBytes must not be negative"))
+	}
 	if err := errors.Join(errs...); err != nil {
 		return o, err
 	}
@@ -144,8 +152,8 @@ func (o Options) withDefaults() (Options, error) {
 	if o.MaxSessions == 0 {
 		o.MaxSessions = DefaultMaxSessions
 	}
-	if o.MaxSessionsPerCompany == 0 {
-		o.MaxSessionsPerCompany = CompanyShare(o.MaxSessions)
+	if o.BufferBytes == 0 {
+		o.BufferBytes = DefaultBufferBytes
 	}
 	defaults := []struct {
 		p *time.Duration

@@ -140,6 +140,16 @@ type recordingDeps struct {
 	// onExecBudget is told when the exec budget stops a recording (the run's and company's
 	// budgets tell their own OnExceeded); nil means nobody.
 	onExecBudget func()
+	// lineMem is charged the stdout line's buffer as it grows (the session's, limits.go); nil:
+	// not charged.
+	lineMem lineBudget
+}
+
+// lineBudget is what a line buffer's growth is taken from: a line that cannot grow is skipped,
+// never waited for (the session holds a frame meanwhile).
+type lineBudget interface {
+	tryTake(n int64) bool
+	release(n int64)
 }
 
 // recording publishes a recorded exec's `exec` events from its journal, read from seq 1 without
@@ -188,7 +198,7 @@ func startRecording(ctx context.Context, deps recordingDeps, ref events.RunRef, 
 	}
 	return &recording{
 		deps: deps, ref: ref, execID: execID, command: rec.Command, progress: rec, rev: rev, execUsed: rec.Used,
-		lines: lineParser{max: deps.limits.MaxLine},
+		lines: lineParser{max: deps.limits.MaxLine, mem: deps.lineMem},
 	}, nil
 }
 
@@ -437,8 +447,9 @@ func leadLen(c byte) int {
 // past lineKeep is released when its line ends.
 type lineParser struct {
 	max     int
-	line    []byte // stdout since its last newline
-	skip    bool   // the current line is over max: not parsed
+	mem     lineBudget // charged cap(line); nil: nothing
+	line    []byte     // stdout since its last newline
+	skip    bool       // the current line is over max: not parsed
 	parser  streamjson.Parser
 	sawJSON bool
 }
@@ -450,20 +461,35 @@ func (p *lineParser) feed(data []byte) {
 			p.appendLine(data)
 			return
 		}
-		p.appendLine(data[:i])
-		if !p.skip {
-			p.parseLine(p.line)
+		switch {
+		case len(p.line) == 0 && !p.skip && i <= p.max:
+			p.parseLine(data[:i]) // whole in this chunk: parsed where it is, never copied
+		default:
+			p.appendLine(data[:i])
+			if !p.skip {
+				p.parseLine(p.line)
+			}
 		}
 		p.endLine()
 		data = data[i+1:]
 	}
 }
 
+// endLine empties the buffer for the next line; a buffer grown past lineKeep is released, and
+// a charged one always (a session waiting for its next line holds none).
 func (p *lineParser) endLine() {
 	p.line, p.skip = p.line[:0], false
-	if cap(p.line) > lineKeep {
-		p.line = nil
+	if cap(p.line) > lineKeep || (p.mem != nil && cap(p.line) > 0) {
+		p.drop()
 	}
+}
+
+// drop releases the line's buffer.
+func (p *lineParser) drop() {
+	if p.mem != nil {
+		p.mem.release(int64(cap(p.line)))
+	}
+	p.line = nil
 }
 
 // flushLine parses the last line, which no newline ended; it reports whether it was JSON.
@@ -481,20 +507,43 @@ func (p *lineParser) appendLine(b []byte) {
 	}
 	if len(p.line)+len(b) > p.max {
 		p.skip = true
-		p.line = nil
+		p.drop()
 		return
 	}
 	if need := len(p.line) + len(b); need > cap(p.line) {
 		// Doubling, capped at max: a line of max bytes costs at most 2×max in buffers
-		// (append's own growth of large slices, 1.25×, costs five times that).
-		grown := make([]byte, len(p.line), min(max(2*cap(p.line), need), p.max))
+		// (append's own growth of large slices, 1.25×, costs five times that). A line the
+		// budget has no room for is skipped as a long one is.
+		size := min(max(2*cap(p.line), need), p.max)
+		if p.mem != nil && !p.mem.tryTake(int64(size)) {
+			p.skip = true
+			p.drop()
+			return
+		}
+		grown := make([]byte, len(p.line), size)
 		copy(grown, p.line)
+		if p.mem != nil {
+			p.mem.release(int64(cap(p.line)))
+		}
 		p.line = grown
 	}
 	p.line = append(p.line, b...)
 }
 
+// parseCopies is what parsing a line of n bytes allocates, in n: an assistant message's line
+// of 1 MiB allocated 5.0 MiB in the stream-json parser (runtime.MemStats.TotalAlloc).
+const parseCopies = 5
+
 func (p *lineParser) parseLine(line []byte) {
+	// A parse the budget has no room for is skipped: the line is still recorded and sent,
+	// only the agent's summary misses it.
+	if p.mem != nil {
+		cost := int64(len(line)) * parseCopies
+		if !p.mem.tryTake(cost) {
+			return
+		}
+		defer p.mem.release(cost)
+	}
 	if t := bytes.TrimSpace(line); len(t) > 0 && t[0] == '{' && utf8.Valid(t) && json.Valid(t) {
 		p.sawJSON = true
 	}

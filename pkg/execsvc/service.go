@@ -24,10 +24,11 @@ type Service struct {
 	subjects execproto.Subjects
 	clients  *leaseClients
 	events   eventPublisher
-	// sessions bound the start and attach requests being served (and so the streams), signals
-	// the signal requests; both are taken before any work starts for a request.
-	sessionSlots *slots
-	signalSlots  *slots
+	// sessionSlots bound the start and attach requests being served (and so the streams),
+	// signalSlots the signal requests; both are taken before any work starts for a request.
+	// buffers and lines are the byte budgets the sessions' buffers are taken from as they grow.
+	sessionSlots, signalSlots *fairPool
+	buffers, lines            *fairPool
 	// leases and recorded are opened by Run, before the first request.
 	leases   leaseReader
 	recorded recordedExecs
@@ -58,14 +59,17 @@ func New(opts Options) (*Service, error) {
 	if err != nil {
 		return nil, err
 	}
+	io, lines := splitBuffers(opts.BufferBytes)
 	return &Service{
 		opts:         opts,
 		log:          opts.Logger.With().Str(logKeyReplica, opts.Replica).Str(logKeyRoute, opts.Route.Name()).Logger(),
 		subjects:     execproto.NewSubjects(opts.Subjects),
 		clients:      newLeaseClients(opts.Route, opts.MasterKey),
 		events:       pub,
-		sessionSlots: newSlots(opts.MaxSessions, opts.MaxSessionsPerCompany),
-		signalSlots:  newSlots(opts.MaxSessions, signalsPerCompany),
+		sessionSlots: newFairPool("streams", int64(opts.MaxSessions), sessionReserveOf(opts.MaxSessions), int64(opts.MaxSessionsPerCompany)),
+		signalSlots:  newFairPool("signals", int64(opts.MaxSessions), sessionReserveOf(opts.MaxSessions), signalsPerCompany),
+		buffers:      newFairPool("buffer bytes", io, bufferReserveOf(io), 0),
+		lines:        newFairPool("line buffer bytes", lines, bufferReserveOf(lines), 0),
 		active:       map[streamKey]*session{},
 		ready:        make(chan struct{}),
 	}, nil
@@ -194,5 +198,6 @@ func (s *Service) sessionDeps() sessionDeps {
 		heartbeat: s.opts.Heartbeat, linger: s.opts.Linger, patience: s.opts.AckPatience, reconnect: s.opts.Reconnect,
 		recording: recordingDeps{events: s.events, budgets: s.budgets, progress: s.recorded, limits: s.opts.Record, onExecBudget: execBudgetHook(s.opts.Observer)},
 		replies:   s.opts.Replies,
+		buffers:   s.buffers, lines: s.lines,
 	}
 }

@@ -56,7 +56,15 @@ type sessionDeps struct {
 	reconnect time.Duration
 	recording recordingDeps // a recorded exec's
 	replies   inbox.Rule
+	// buffers are the replica's budget for frames read from pods and stdin queued for them,
+	// lines the recorder's (limits.go): every session's buffers are taken from them as they
+	// grow.
+	buffers, lines *fairPool
 }
+
+// recordedFrameCopies is how many times a recorded exec's chunk is charged: the frame, its copy
+// in the recorder's batch, the event's text and the event's JSON are alive at once.
+const recordedFrameCopies = 4
 
 // sessionSpec is one exec stream to serve.
 type sessionSpec struct {
@@ -94,6 +102,8 @@ type session struct {
 	closed   atomic.Bool   // the client sent close
 	stdin    chan *nats.Msg
 	resize   chan *nats.Msg
+	// buffers and lines are the session's parts of the replica's byte budgets.
+	buffers, lines *account
 }
 
 // newSession returns the session and the context to run it with; its cancel is the session's
@@ -103,6 +113,7 @@ func newSession(ctx context.Context, deps sessionDeps, spec sessionSpec, log zer
 	s := &session{
 		deps: deps, sessionSpec: spec, log: log, cancel: cancel,
 		win: newWindow(spec.from - 1), stdin: make(chan *nats.Msg, stdinQueue), resize: make(chan *nats.Msg, resizeQueue),
+		buffers: newAccount(deps.buffers, spec.ref.CompanyID), lines: newAccount(deps.lines, spec.ref.CompanyID),
 	}
 	s.lastSent.Store(spec.from - 1)
 	return s, ctx
@@ -111,6 +122,9 @@ func newSession(ctx context.Context, deps sessionDeps, spec sessionSpec, log zer
 // run serves the stream until the exit was sent and the client closed (or lingered out), an
 // error ended it, or it was taken over or cancelled.
 func (s *session) run(ctx context.Context) {
+	// Given back last, once nothing of the session's can take more.
+	defer s.lines.close()
+	defer s.buffers.close()
 	defer s.cancel()
 	for subj, cb := range map[string]nats.MsgHandler{s.ioSubj: s.onIO, s.ctlSubj: s.onControl} {
 		sub, err := s.deps.nc.Subscribe(subj, cb)
@@ -181,9 +195,15 @@ func (s *session) onIO(m *nats.Msg) {
 			s.deps.observer.ExecDropped(DropReplyNotInbox)
 			return
 		}
+		// Queued only with its bytes taken from the budget; else unanswered: the client sends
+		// it again.
+		if !s.buffers.tryTake(int64(len(m.Data))) {
+			return
+		}
 		select {
 		case s.stdin <- m:
 		default: // unanswered: the client sends it again
+			s.buffers.release(int64(len(m.Data)))
 		}
 	case execproto.KindResize:
 		if !s.deps.replies.Allows(m.Reply) {
@@ -220,12 +240,14 @@ func (s *session) relayOutput(ctx context.Context) (*execspec.Exit, error) {
 	for {
 		stream, err := s.client.Output(ctx, s.execID, read+1)
 		if err == nil {
+			stream.Charge(s.frameBudget(ctx, rec != nil))
 			opened = true
 			before := read
 			var exit *execspec.Exit
 			exit, err = s.pump(ctx, stream, rec, &read)
 			_ = stream.Close()
-			if exit != nil || errors.Is(err, errClientGone) || errors.Is(err, errUnreachable) || isTerminal(err) || errors.Is(err, errRecordingTakenOver) {
+			var perr *execproto.Error // a frame larger than the replica's whole buffer budget
+			if exit != nil || errors.Is(err, errClientGone) || errors.Is(err, errUnreachable) || isTerminal(err) || errors.Is(err, errRecordingTakenOver) || errors.As(err, &perr) {
 				return exit, err
 			}
 			if read > before {
@@ -271,30 +293,11 @@ func (s *session) pump(ctx context.Context, stream *sandboxd.OutputStream, rec *
 		}
 		switch f := f.(type) {
 		case *sandboxd.Chunk:
-			if f.Seq != *read+1 {
-				return nil, fmt.Errorf("%w: chunk %d after %d", sandboxd.ErrProtocol, f.Seq, *read)
-			}
-			*read = f.Seq
-			if rec != nil {
-				if err := rec.chunk(ctx, f); err != nil {
-					return nil, err
-				}
-				if f.Seq < s.from {
-					continue // the client has it
-				}
-			}
-			if err := s.win.wait(ctx, len(f.Data), execproto.MaxUnacked, s.deps.patience); err != nil {
+			err := s.relayChunk(ctx, f, rec, read)
+			s.buffers.release(frameCharge(len(f.Data), rec != nil))
+			if err != nil {
 				return nil, err
 			}
-			m := execproto.NewMsg(s.reply, execproto.KindOut, f.Data)
-			execproto.SetUint(m, execproto.HeaderSeq, f.Seq)
-			m.Header.Set(execproto.HeaderStream, f.Stream.String())
-			s.win.add(f.Seq, len(f.Data))
-			if err := s.publish(m); err != nil {
-				return nil, err
-			}
-			s.lastSent.Store(f.Seq)
-			s.deps.observer.ExecOutput(len(f.Data))
 		case *execspec.Exit:
 			if rec != nil {
 				if err := rec.exit(ctx, f); err != nil {
@@ -311,9 +314,65 @@ func (s *session) pump(ctx context.Context, stream *sandboxd.OutputStream, rec *
 	}
 }
 
+// relayChunk records a chunk and sends it to the client.
+func (s *session) relayChunk(ctx context.Context, f *sandboxd.Chunk, rec *recording, read *uint64) error {
+	if f.Seq != *read+1 {
+		return fmt.Errorf("%w: chunk %d after %d", sandboxd.ErrProtocol, f.Seq, *read)
+	}
+	*read = f.Seq
+	if rec != nil {
+		if err := rec.chunk(ctx, f); err != nil {
+			return err
+		}
+		if f.Seq < s.from {
+			return nil // the client has it
+		}
+	}
+	if err := s.win.wait(ctx, len(f.Data), execproto.MaxUnacked, s.deps.patience); err != nil {
+		return err
+	}
+	m := execproto.NewMsg(s.reply, execproto.KindOut, f.Data)
+	execproto.SetUint(m, execproto.HeaderSeq, f.Seq)
+	m.Header.Set(execproto.HeaderStream, f.Stream.String())
+	s.win.add(f.Seq, len(f.Data))
+	if err := s.publish(m); err != nil {
+		return err
+	}
+	s.lastSent.Store(f.Seq)
+	s.deps.observer.ExecOutput(len(f.Data))
+	return nil
+}
+
+// frameCharge is what a frame of n bytes is charged to the session's buffers.
+func frameCharge(n int, recorded bool) int64 {
+	if recorded {
+		return int64(n) * recordedFrameCopies
+	}
+	return int64(n)
+}
+
+// frameBudget charges the frames the session reads to its buffers: a frame is read once its
+// bytes are granted, and waits (its reader with it, and so sandboxd's writer) until they are.
+func (s *session) frameBudget(ctx context.Context, recorded bool) sandboxd.Budget {
+	return budgetFuncs{
+		take:    func(n int) error { return s.buffers.wait(ctx, frameCharge(n, recorded)) },
+		release: func(n int) { s.buffers.release(frameCharge(n, recorded)) },
+	}
+}
+
+// budgetFuncs is a sandboxd.Budget of two funcs.
+type budgetFuncs struct {
+	take    func(n int) error
+	release func(n int)
+}
+
+func (b budgetFuncs) Take(n int) error { return b.take(n) }
+func (b budgetFuncs) Release(n int)    { b.release(n) }
+
 // recordingDeps is what the session's recording needs: its retries are logged.
 func (s *session) recordingDeps() recordingDeps {
 	deps := s.deps.recording
+	deps.lineMem = s.lines
 	deps.onRetry = func(err error) {
 		s.log.Warn().Err(err).Msg("storing a recorded exec's event failed; retrying")
 	}
@@ -357,12 +416,14 @@ func (s *session) relayStdin(ctx context.Context) {
 		}
 		offset, ok := execproto.Uint(m, execproto.HeaderOffset)
 		if !ok {
+			s.buffers.release(int64(len(m.Data)))
 			continue
 		}
 		eof := m.Header.Get(execproto.HeaderEOF) == "1"
 		wctx, cancel := context.WithTimeout(ctx, stdinWriteTimeout)
 		got, err := s.client.WriteStdin(wctx, s.execID, int64(offset), m.Data, eof)
 		cancel()
+		s.buffers.release(int64(len(m.Data)))
 		reply := execproto.StdinReply{Offset: got}
 		if err != nil {
 			switch meaningOf(callStdin, err).fate {

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -284,7 +285,23 @@ type OutputStream struct {
 	// recycle takes r back once the stream was read to its end (nothing reads r after that);
 	// a stream closed before its end leaves r to the garbage collector.
 	recycle func(any)
+	budget  Budget
 }
+
+// Budget is charged the payload of every frame an OutputStream reads, before the payload is
+// read: a pod's frames cost their reader only what the budget grants.
+type Budget interface {
+	// Take blocks until n bytes are granted; its error ends the stream.
+	Take(n int) error
+	// Release gives back n bytes taken.
+	Release(n int)
+}
+
+// Charge makes the stream take every frame's payload from b. A chunk's Data stays charged until
+// the caller releases len(Data); every other frame is released before Next returns it. While
+// Take blocks the stream is not read, so the pod's sandboxd waits (its journal keeps the
+// command's output), and the stall timeout does not run.
+func (s *OutputStream) Charge(b Budget) { s.budget = b }
 
 // Next returns the next frame. After the *execspec.Exit frame it returns io.EOF. A stream that ends
 // before the exit frame returns io.ErrUnexpectedEOF (or the transport's error), one on which no
@@ -296,7 +313,11 @@ func (s *OutputStream) Next() (Frame, error) {
 	}
 	t := time.AfterFunc(s.stall, func() { s.stalled.Store(true); _ = s.body.Close() })
 	defer t.Stop()
-	f, err := readFrame(s.r, s.hdr[:])
+	var budget Budget
+	if s.budget != nil {
+		budget = stallPaused{s.budget, t, s.stall}
+	}
+	f, err := readFrameCharged(s.r, s.hdr[:], budget)
 	if err != nil {
 		if s.stalled.Load() {
 			return nil, ErrStalled
@@ -305,6 +326,9 @@ func (s *OutputStream) Next() (Frame, error) {
 			return nil, fmt.Errorf("output stream ended before the exit frame: %w", io.ErrUnexpectedEOF)
 		}
 		return nil, err
+	}
+	if _, chunk := f.(*Chunk); !chunk && s.budget != nil {
+		s.budget.Release(int(binary.BigEndian.Uint32(s.hdr[10:14])))
 	}
 	if _, ok := f.(*execspec.Exit); ok {
 		s.done = true
@@ -320,3 +344,17 @@ func (s *OutputStream) Next() (Frame, error) {
 
 // Close ends the stream.
 func (s *OutputStream) Close() error { return s.body.Close() }
+
+// stallPaused is a stream's budget with its stall timer stopped while Take waits: waiting for
+// memory is not the pod stalling.
+type stallPaused struct {
+	Budget
+	timer *time.Timer
+	stall time.Duration
+}
+
+func (b stallPaused) Take(n int) error {
+	b.timer.Stop()
+	defer b.timer.Reset(b.stall)
+	return b.Budget.Take(n)
+}

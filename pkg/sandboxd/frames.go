@@ -89,7 +89,11 @@ func exitFrame(e *execspec.Exit) []byte {
 // readFrame reads one frame from r. hdr is scratch space of frameHeaderSize bytes. It returns
 // io.EOF only when r ends between frames; a stream cut inside a frame is an ErrProtocol that
 // also matches io.ErrUnexpectedEOF.
-func readFrame(r io.Reader, hdr []byte) (Frame, error) {
+func readFrame(r io.Reader, hdr []byte) (Frame, error) { return readFrameCharged(r, hdr, nil) }
+
+// readFrameCharged is readFrame that takes the payload's bytes from budget (when not nil) before
+// it reads the payload; on an error they are given back.
+func readFrameCharged(r io.Reader, hdr []byte, budget Budget) (Frame, error) {
 	if _, err := io.ReadFull(r, hdr[:frameHeaderSize]); err != nil {
 		if errors.Is(err, io.ErrUnexpectedEOF) {
 			return nil, fmt.Errorf("%w: truncated header: %w", ErrProtocol, err)
@@ -102,6 +106,19 @@ func readFrame(r io.Reader, hdr []byte) (Frame, error) {
 	if n > MaxFramePayload {
 		return nil, fmt.Errorf("%w: %d-byte payload", ErrProtocol, n)
 	}
+	if budget != nil {
+		if err := budget.Take(int(n)); err != nil {
+			return nil, err
+		}
+	}
+	f, err := readPayload(r, typ, stream, seq, n)
+	if err != nil && budget != nil {
+		budget.Release(int(n))
+	}
+	return f, err
+}
+
+func readPayload(r io.Reader, typ byte, stream Stream, seq uint64, n uint32) (Frame, error) {
 	payload := make([]byte, n)
 	if _, err := io.ReadFull(r, payload); err != nil {
 		if errors.Is(err, io.EOF) {

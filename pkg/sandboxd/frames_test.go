@@ -96,3 +96,53 @@ func TestReadFrameCutStream(t *testing.T) {
 		}
 	}
 }
+
+// countingBudget records what a stream takes and gives back.
+type countingBudget struct {
+	held, taken int
+	refuse      bool
+}
+
+func (b *countingBudget) Take(n int) error {
+	if b.refuse {
+		return errors.New("no budget")
+	}
+	b.held += n
+	b.taken += n
+	return nil
+}
+
+func (b *countingBudget) Release(n int) { b.held -= n }
+
+// TestReadFrameCharged: a frame's payload is taken from the budget before it is read; a
+// truncated payload gives it back, and a refused take reads nothing of the payload.
+func TestReadFrameCharged(t *testing.T) {
+	chunk := make([]byte, frameHeaderSize+5)
+	copy(chunk[frameHeaderSize:], "hello")
+	putHeader(chunk, frameOutput, Stdout, 1, 5)
+	hdr := make([]byte, frameHeaderSize)
+
+	b := &countingBudget{}
+	if _, err := readFrameCharged(bytes.NewReader(chunk), hdr, b); err != nil {
+		t.Fatal(err)
+	}
+	if b.held != 5 {
+		t.Errorf("a chunk read holds %d bytes of the budget, want its 5 until the caller releases them", b.held)
+	}
+
+	b = &countingBudget{}
+	if _, err := readFrameCharged(bytes.NewReader(chunk[:frameHeaderSize+2]), hdr, b); !errors.Is(err, ErrProtocol) {
+		t.Fatalf("truncated payload: %v, want ErrProtocol", err)
+	}
+	if b.held != 0 || b.taken != 5 {
+		t.Errorf("a truncated payload: %d held of %d taken, want 0 of 5", b.held, b.taken)
+	}
+
+	r := bytes.NewReader(chunk)
+	if _, err := readFrameCharged(r, hdr, &countingBudget{refuse: true}); err == nil {
+		t.Fatal("a frame read without its budget")
+	}
+	if r.Len() != 5 {
+		t.Errorf("a refused take read %d bytes of the payload", 5-r.Len())
+	}
+}
