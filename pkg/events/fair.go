@@ -98,14 +98,16 @@ func (q *fairQueue) pop() *delivery {
 	return d
 }
 
-// free is how many more messages may be pulled: none once either bound is reached.
-func (q *fairQueue) free(limit, maxBytes int) int {
+// free is how many more messages may be pulled: none once either bound is reached, and no more
+// than the bytes left hold of messages of maxMsg bytes (at least one), so a pull overshoots
+// maxBytes by one message at most.
+func (q *fairQueue) free(limit, maxBytes, maxMsg int) int {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if q.bytes >= maxBytes {
 		return 0
 	}
-	return max(limit-q.held, 0)
+	return max(min(limit-q.held, max((maxBytes-q.bytes)/maxMsg, 1)), 0)
 }
 
 // drain empties the queues and returns what they held.
@@ -187,7 +189,7 @@ serve:
 // fillQueues pulls into q while it has room, until ctx is done or pulling fails for good.
 func (l *consumeLoop) fillQueues(ctx context.Context, q *fairQueue) error {
 	for ctx.Err() == nil {
-		n := min(q.free(l.opts.QueueLimit, l.opts.QueueBytes), fairFetchBatch)
+		n := min(q.free(l.opts.QueueLimit, l.opts.QueueBytes, l.opts.MaxMsgSize), fairFetchBatch)
 		if n == 0 {
 			select {
 			case <-q.room:

@@ -139,3 +139,46 @@ func TestFirstAttemptsAreServedPerCompany(t *testing.T) {
 		}
 	}
 }
+
+// TestFairQueuesAreBounded: with every handler slot busy, Consume holds at most QueueLimit
+// messages, and no more payload than QueueBytes allows (one message over at most); the rest
+// stay on the consumer, unpulled.
+func TestFairQueuesAreBounded(t *testing.T) {
+	const total = 100
+	tests := []struct {
+		name     string
+		opts     events.ConsumeOptions
+		wantHeld int
+	}{
+		{name: "by count", opts: events.ConsumeOptions{QueueLimit: 10}, wantHeld: 10},
+		// 7-byte payloads, messages of at most 10 bytes: pulls shrink as the 50 bytes fill
+		// (5, then 2, then one at a time) and stop once 8 are held (56 bytes, one over).
+		{name: "by bytes", opts: events.ConsumeOptions{QueueBytes: 50, MaxMsgSize: 10}, wantHeld: 8},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newWorkFixture(t, func(c *jetstream.ConsumerConfig) { c.MaxAckPending = total })
+			f.publish(t, total)
+			release := make(chan struct{})
+			opts := tc.opts
+			opts.Logger, opts.Concurrency, opts.QueueKey = testLogger(t).Level(1), 1, workCompany
+			stop := startConsume(t, f.cons, func(ctx context.Context, _ jetstream.Msg) error {
+				select {
+				case <-release:
+				case <-ctx.Done():
+				}
+				return nil
+			}, opts)
+			want := tc.wantHeld + 1 // and the one being handled
+			eventually(t, "the queues filled", func() bool { return f.info(t).NumAckPending >= want })
+			if info := f.info(t); info.NumAckPending != want || info.NumPending != uint64(total-want) {
+				t.Errorf("%d pulled and %d left on the consumer, want %d and %d", info.NumAckPending, info.NumPending, want, total-want)
+			}
+			close(release)
+			eventually(t, "every message handled", f.settledAll(t, total))
+			if err := stop(); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
