@@ -337,6 +337,9 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 				Backoff:      d.opts.Backoff,
 				OnTerminal:   c.onTerminal,
 				Observer:     d.opts.Observer,
+				// One queue per company: a company's flood of dispatches (or releases, or
+				// results) waits behind its own, not before another company's first.
+				QueueKey: events.CompanyKey,
 			})
 		})
 	}

@@ -1,23 +1,14 @@
 package dispatch
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/rs/zerolog"
-	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/metadata"
-	"k8s.io/client-go/rest"
 
-	"github.com/kubeclip/kubeclip/internal/natstest"
 	"github.com/kubeclip/kubeclip/pkg/events"
-	"github.com/kubeclip/kubeclip/pkg/k8s"
 	"github.com/kubeclip/kubeclip/pkg/lease"
 )
 
@@ -26,47 +17,9 @@ import (
 // (the agent blocked about 65 minutes) and the lease stayed dispatching. The dispatcher here
 // talks to an API server address nobody listens on.
 func TestKubernetesOutageEndsBackendUnavailable(t *testing.T) {
-	_, _, js := natstest.Start(t)
+	js, start := unreachableDispatcher(t, nil)
+	start()
 	ctx := t.Context()
-	if err := events.EnsureStreams(ctx, js, events.Options{}); err != nil {
-		t.Fatal(err)
-	}
-	if err := lease.EnsureBuckets(ctx, js, lease.BucketOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	cfg := &rest.Config{Host: "https://127.0.0.1:1", Timeout: time.Second}
-	cs, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dyn, err := dynamic.NewForConfig(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	md, err := metadata.NewForConfig(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	applier, err := k8s.NewApplier(k8s.ApplierOptions{Dynamic: dyn, Mapper: k8s.NewRESTMapper(cs.Discovery())})
-	if err != nil {
-		t.Fatal(err)
-	}
-	d, err := New(Options{
-		Clientset: cs, Dynamic: dyn, Metadata: md, Applier: applier, JetStream: js, Logger: zerolog.New(zerolog.NewTestWriter(t)),
-		Backoff: func(uint64) time.Duration { return 10 * time.Millisecond }, ReconcileInterval: time.Hour,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	runCtx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- d.Run(runCtx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Error(err)
-		}
-	})
 
 	// What the tenant-worker leaves before it hands a lease over: the lease record and the
 	// company's claim on its namespace.

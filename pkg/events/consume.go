@@ -90,10 +90,19 @@ type ConsumeOptions struct {
 	// RetryConsumerConfig(Retries.Name). Deferrals (a RetryableError with After) stay on their
 	// consumer. nil keeps retries on the consumer (NakWithDelay).
 	Retries *RetryQueue
+	// QueueKey, when set, makes Consume pull ahead of its handlers into one queue per key (the
+	// company: CompanyKey) and start the keys' messages in turn, so one company's flood of
+	// requests does not delay another company's first (fair.go). nil handles messages in
+	// stream order, pulling only what a free handler slot can start.
+	QueueKey func(subject string) string
+	// QueueLimit bounds the messages held in the queues (default ConsumerMaxAckPending).
+	QueueLimit int
+	// QueueBytes bounds the payload bytes held in the queues (default DefaultQueueBytes).
+	QueueBytes int
 }
 
 func (o ConsumeOptions) withDefaults(cfg jetstream.ConsumerConfig) (ConsumeOptions, error) {
-	if o.Concurrency < 0 || o.DrainTimeout < 0 || o.PollTimeout < 0 || o.KeepAliveInterval < 0 || o.SettleTimeout < 0 || o.MaxMsgSize < 0 || o.MaxAttempts < 0 {
+	if o.Concurrency < 0 || o.DrainTimeout < 0 || o.PollTimeout < 0 || o.KeepAliveInterval < 0 || o.SettleTimeout < 0 || o.MaxMsgSize < 0 || o.MaxAttempts < 0 || o.QueueLimit < 0 || o.QueueBytes < 0 {
 		return o, errors.New("events: ConsumeOptions values must not be negative")
 	}
 	if o.Concurrency == 0 {
@@ -116,6 +125,12 @@ func (o ConsumeOptions) withDefaults(cfg jetstream.ConsumerConfig) (ConsumeOptio
 	}
 	if o.SettleTimeout == 0 {
 		o.SettleTimeout = DefaultSettleTimeout
+	}
+	if o.QueueLimit == 0 {
+		o.QueueLimit = ConsumerMaxAckPending
+	}
+	if o.QueueBytes == 0 {
+		o.QueueBytes = DefaultQueueBytes
 	}
 	if o.KeepAliveInterval == 0 {
 		deadline := cfg.AckWait
@@ -159,8 +174,11 @@ func exponentialBackoff(base, limit time.Duration) func(attempt uint64) time.Dur
 //     delivery (NumDelivered ≥ MaxDeliver) it is terminal instead, with CodeInternal or the
 //     RetryableError's code, so nothing retries forever and the caller still hears `failed`.
 //
-// Messages are pulled only when a handler slot is free, so none ages in a client buffer while
-// its ack deadline runs; running handlers' messages get InProgress every KeepAliveInterval.
+// Without QueueKey, messages are pulled only when a handler slot is free, so none ages in a
+// client buffer while its ack deadline runs; with it, Consume pulls ahead into per-key queues
+// (bounded by QueueLimit and QueueBytes) and starts the keys' messages in turn (fair.go), and
+// held messages get InProgress too. Running handlers' messages get InProgress every
+// KeepAliveInterval.
 // The consumer must use explicit acks and a positive MaxDeliver.
 //
 // When ctx is cancelled Consume stops pulling, hands back messages it pulled but did not start,
@@ -224,6 +242,8 @@ type delivery struct {
 	stopKeepAlive func()
 	// started is when the handler started (zero if it never did); for the Observer.
 	started time.Time
+	// pulled is when a fair queue took it in (QueueKey), for its keep-alive while it waits.
+	pulled time.Time
 	// due is when a retry from a RetryQueue may run (zero for any other message), and before
 	// how many deliveries it had until then.
 	due    time.Time
@@ -237,48 +257,19 @@ func (l *consumeLoop) run(ctx context.Context) error {
 
 	slots := make(chan struct{}, l.opts.Concurrency)
 	var wg sync.WaitGroup
+	start := func(d *delivery) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-slots }()
+			l.handle(ctx, workCtx, d)
+		}()
+	}
 	var stopErr error
-
-pull:
-	for ctx.Err() == nil {
-		select {
-		case slots <- struct{}{}:
-		case <-ctx.Done():
-			break pull
-		}
-		free := 1
-	claim:
-		for free < l.opts.Concurrency {
-			select {
-			case slots <- struct{}{}:
-				free++
-			default:
-				break claim
-			}
-		}
-		started, err := l.fetch(ctx, free, func(d *delivery) {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				defer func() { <-slots }()
-				l.handle(ctx, workCtx, d)
-			}()
-		})
-		for range free - started {
-			<-slots
-		}
-		if err == nil {
-			continue
-		}
-		if fatalPullError(err) {
-			stopErr = fmt.Errorf("pulling messages: %w", err)
-			break
-		}
-		l.log.Warn().Err(err).Msg("pulling messages failed; retrying")
-		select {
-		case <-time.After(fetchRetryPause):
-		case <-ctx.Done():
-		}
+	if l.opts.QueueKey != nil {
+		stopErr = l.pullFair(ctx, start, slots)
+	} else {
+		stopErr = l.pullInOrder(ctx, start, slots)
 	}
 
 	done := make(chan struct{})
@@ -299,7 +290,55 @@ pull:
 	return errors.Join(stopErr, fmt.Errorf("%w: handed back %d messages", ErrDrainTimeout, abandoned))
 }
 
-// fetch pulls up to n messages and starts each; it returns how many it started.
+// pullInOrder is Consume's pull loop without QueueKey: it pulls only what its free handler
+// slots can start, in stream order. It returns the error that stopped pulling.
+func (l *consumeLoop) pullInOrder(ctx context.Context, start func(*delivery), slots chan struct{}) error {
+	for ctx.Err() == nil {
+		select {
+		case slots <- struct{}{}:
+		case <-ctx.Done():
+			return nil
+		}
+		free := 1
+	claim:
+		for free < l.opts.Concurrency {
+			select {
+			case slots <- struct{}{}:
+				free++
+			default:
+				break claim
+			}
+		}
+		started, err := l.fetch(ctx, free, start)
+		for range free - started {
+			<-slots
+		}
+		if err := l.pullFailed(ctx, err); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// pullFailed returns err wrapped when no retry can fix it (closed connection, deleted
+// consumer); any other error is logged and, after a pause, retried (nil).
+func (l *consumeLoop) pullFailed(ctx context.Context, err error) error {
+	if err == nil {
+		return nil
+	}
+	if fatalPullError(err) {
+		return fmt.Errorf("pulling messages: %w", err)
+	}
+	l.log.Warn().Err(err).Msg("pulling messages failed; retrying")
+	select {
+	case <-time.After(fetchRetryPause):
+	case <-ctx.Done():
+	}
+	return nil
+}
+
+// fetch pulls up to n messages and starts each (or, with QueueKey, queues each), as it
+// arrives; it returns how many it started.
 func (l *consumeLoop) fetch(ctx context.Context, n int, start func(*delivery)) (int, error) {
 	pollCtx, cancel := context.WithTimeout(ctx, l.opts.PollTimeout)
 	defer cancel()

@@ -29,13 +29,14 @@ const (
 	ConsumerMaxDeliver = 8
 
 	// ConsumerMaxAckPending caps messages delivered but not yet acked across all replicas of a
-	// worker. It is not what bounds the load on the API server: Consume pulls only what its free
-	// handler slots can start, so at most replicas × Concurrency messages are being handled.
-	// What else is pending is messages waiting for their retry (NakWithDelay keeps them
-	// pending), and the cap must not let one company's retries fill the window and hold back
-	// every other company's requests; it is set far above any realistic backlog of retries
-	// (about 1.5 minutes' worth). Waiting for a busy agent does not count: those dispatches are
-	// parked outside the consumer (pkg/dispatch).
+	// worker. It is not what bounds the load on the API server: at most replicas × Concurrency
+	// messages are being handled. What else is pending is messages held in Consume's
+	// per-company queues (ConsumeOptions.QueueKey), which see only this window, and messages
+	// waiting for their retry (NakWithDelay keeps them pending); the cap must not let one
+	// company's flood fill the window and hold back every other company's requests, so it is
+	// set far above any realistic backlog (the flood was 10,000 acquires). Waiting for a
+	// busy agent does not count: those dispatches are parked outside the consumer
+	// (pkg/dispatch).
 	ConsumerMaxAckPending = 10000
 )
 

@@ -63,40 +63,45 @@ func FailureRef(m jetstream.Msg) (RunRef, LeaseKind) {
 // requestRunID reads a lease request's runId the way the request decoders do (strictjson): a
 // key given twice or spelled in another case names no run, because encoding/json would pick one
 // of them silently and the failure could then be reported to a run the request was never about.
+// The top level alone is read (strictjson.TopLevel): a request refused for what it holds deeper
+// (nested past the decoders' depth limit, a repeated key inside config) still names its run,
+// and hears why.
 func requestRunID(data []byte) string {
-	var ids struct {
-		RunID json.RawMessage `json:"runId"`
-	}
-	if len(data) > DefaultMaxMsgSize ||
-		strictjson.CheckKeys(data, "") != nil ||
-		strictjson.CheckFields(data, &ids, "") != nil ||
-		json.Unmarshal(data, &ids) != nil {
+	ids := topLevel(data, "runId")
+	if ids == nil {
 		return ""
 	}
-	return jsonString(ids.RunID)
+	return jsonString(ids[0])
 }
 
 // requestID reads the id a repeated lease request names itself with (a resume's resumeId, a
 // release's releaseId), strictly as requestRunID reads the run id; "" when there is none.
 func requestID(data []byte) string {
-	var ids struct {
-		ResumeID  json.RawMessage `json:"resumeId"`
-		ReleaseID json.RawMessage `json:"releaseId"`
-	}
-	if len(data) > DefaultMaxMsgSize ||
-		strictjson.CheckKeys(data, "") != nil ||
-		strictjson.CheckFields(data, &ids, "") != nil ||
-		json.Unmarshal(data, &ids) != nil {
+	ids := topLevel(data, "resumeId", "releaseId")
+	if ids == nil {
 		return ""
 	}
-	id := jsonString(ids.ResumeID)
+	id := jsonString(ids[0])
 	if id == "" {
-		id = jsonString(ids.ReleaseID)
+		id = jsonString(ids[1])
 	}
 	if validateID("requestId", id) != nil {
 		return ""
 	}
 	return id
+}
+
+// topLevel reads the named top-level values of a request strictly (strictjson.TopLevel); nil
+// when the payload is too large, not a JSON object, or repeats or misspells a top-level key.
+func topLevel(data []byte, names ...string) []json.RawMessage {
+	if len(data) > DefaultMaxMsgSize {
+		return nil
+	}
+	values, err := strictjson.TopLevel(data, names...)
+	if err != nil {
+		return nil
+	}
+	return values
 }
 
 func jsonString(raw json.RawMessage) string {

@@ -85,6 +85,105 @@ func CheckParsed(data []byte, v any, root string) error {
 	return nil
 }
 
+// TopLevel reads the values of the named keys of the object data holds, without descending
+// into any value: what is nested inside costs one pass and no depth, so a request refused for
+// its nesting (or for a key deep inside) still names its run, and its failure is reported. A
+// name missing from the object has a nil value. Like Check it refuses, at the top level only, a
+// key given twice or two keys that differ only in case (KeyError), and a key spelled unlike a
+// name but matching it when case is ignored (`RUNID` for `runId`), since encoding/json would
+// read it as that name. A document that is not valid JSON, or not an object, is ErrMalformed.
+func TopLevel(data []byte, names ...string) ([]json.RawMessage, error) {
+	if !json.Valid(data) {
+		return nil, fmt.Errorf("%w: %s", ErrMalformed, validityError(data))
+	}
+	w := walker{data: data}
+	w.space()
+	if w.at() != '{' {
+		return nil, fmt.Errorf("%w: not a JSON object", ErrMalformed)
+	}
+	values := make([]json.RawMessage, len(names))
+	var small [smallObject][]byte
+	seen := small[:0]
+	var folded map[string][]byte
+	w.i++
+	w.space()
+	if w.at() == '}' {
+		return values, nil
+	}
+	for {
+		w.space()
+		key := w.key()
+		if prev, dup := w.seen(seen, folded, key); dup {
+			if string(prev) == string(key) {
+				return nil, &KeyError{Path: Join("", string(key)), Reason: "duplicate key"}
+			}
+			return nil, &KeyError{Path: Join("", string(key)), Reason: fmt.Sprintf("key differs from %s only in case", strconv.Quote(string(prev)))}
+		}
+		switch {
+		case folded != nil:
+			folded[fold(string(key))] = key
+		case len(seen) < smallObject:
+			seen = append(seen, key)
+		default:
+			folded = make(map[string][]byte, 2*smallObject)
+			for _, k := range append(seen, key) {
+				folded[fold(string(k))] = k
+			}
+		}
+		w.space()
+		w.i++ // ':'
+		w.space()
+		start := w.i
+		w.skip()
+		for n, name := range names {
+			switch {
+			case name == string(key):
+				values[n] = json.RawMessage(data[start:w.i])
+			case fold(name) == fold(string(key)):
+				return nil, &KeyError{Path: Join("", string(key)), Reason: "unknown field; did you mean " + strconv.Quote(name) + "? (names are case-sensitive)"}
+			}
+		}
+		w.space()
+		c := w.at()
+		w.i++ // ',' or '}'
+		if c != ',' {
+			return values, nil
+		}
+	}
+}
+
+// skip moves past the value at w.i, counting brackets rather than recursing, so it needs no
+// stack however deep the value nests.
+func (w *walker) skip() {
+	switch w.at() {
+	case '"':
+		w.str()
+		return
+	case '{', '[':
+	default: // a number, true, false or null
+		for w.i < len(w.data) && !isDelim(w.data[w.i]) {
+			w.i++
+		}
+		return
+	}
+	depth := 0
+	for w.i < len(w.data) {
+		switch w.data[w.i] {
+		case '"':
+			w.str()
+			continue
+		case '{', '[':
+			depth++
+		case '}', ']':
+			depth--
+		}
+		w.i++
+		if depth == 0 {
+			return
+		}
+	}
+}
+
 // validityError is encoding/json's account of why data is not valid JSON.
 func validityError(data []byte) error {
 	var v any

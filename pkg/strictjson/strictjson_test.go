@@ -283,3 +283,48 @@ func FuzzCheckAgreesWithTokenizer(f *testing.F) {
 		}
 	})
 }
+
+// TestTopLevel pins the shallow read of a request's ids: it never descends, so a document
+// nested far past maxDepth (or past encoding/json's own limit in a value it skips) still yields
+// its top-level keys; repeats and case variants are refused at the top level only.
+func TestTopLevel(t *testing.T) {
+	deep := strings.Repeat(`{"a":`, 5000) + `1` + strings.Repeat(`}`, 5000)
+	tests := []struct {
+		name     string
+		doc      string
+		wantRun  string
+		wantPath string // a *KeyError at this path
+		wantBad  bool   // ErrMalformed
+	}{
+		{name: "plain", doc: `{"runId":"r1","companyId":"c1"}`, wantRun: `"r1"`},
+		{name: "config nested 5,000 deep", doc: `{"companyId":"c1","config":` + deep + `,"runId":"r1"}`, wantRun: `"r1"`},
+		{name: "arrays and strings with brackets skipped", doc: `{"x":[[["]}"]],{"y":"\"{"}],"runId":"r1"}`, wantRun: `"r1"`},
+		{name: "repeat nested elsewhere is not read", doc: `{"runId":"r1","config":{"a":1,"a":2}}`, wantRun: `"r1"`},
+		{name: "missing", doc: `{"companyId":"c1"}`},
+		{name: "repeated", doc: `{"runId":"r1","runId":"r2"}`, wantPath: "runId"},
+		{name: "case variant of another key", doc: `{"config":1,"CONFIG":2,"runId":"r1"}`, wantPath: "CONFIG"},
+		{name: "misspelled name", doc: `{"RUNID":"r1"}`, wantPath: "RUNID"},
+		{name: "not an object", doc: `["runId"]`, wantBad: true},
+		{name: "malformed", doc: `{"runId":"r1"`, wantBad: true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := TopLevel([]byte(tc.doc), "runId")
+			var ke *KeyError
+			switch {
+			case tc.wantBad:
+				if !errors.Is(err, ErrMalformed) {
+					t.Fatalf("TopLevel = %v, want ErrMalformed", err)
+				}
+			case tc.wantPath != "":
+				if !errors.As(err, &ke) || ke.Path != tc.wantPath {
+					t.Fatalf("TopLevel = %v, want a *KeyError at %s", err, tc.wantPath)
+				}
+			case err != nil:
+				t.Fatalf("TopLevel: %v", err)
+			case string(got[0]) != tc.wantRun:
+				t.Errorf("runId = %s, want %s", got[0], tc.wantRun)
+			}
+		})
+	}
+}

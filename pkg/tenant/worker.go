@@ -169,6 +169,9 @@ func (w *Worker) Run(ctx context.Context) error {
 		OnTerminal:   w.reportFailure,
 		Observer:     w.opts.Observer,
 		Retries:      &events.RetryQueue{Publisher: js, Name: events.TenantWorkerConsumer},
+		// One queue per company on each consumer: a company's flood of acquires, first
+		// attempts or retries, waits behind its own, not before another company's.
+		QueueKey: events.CompanyKey,
 	}
 	g, gctx := errgroup.WithContext(ctx)
 	// First attempts and retries each get Concurrency handler slots.
