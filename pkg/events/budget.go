@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -101,11 +100,10 @@ type BudgetOptions struct {
 	Now          func() time.Time
 	// OnExceeded is told every charge a budget refuses (the budget metric); nil means none.
 	OnExceeded func(kind BudgetKind)
-	// OnStoreError is told every charge the bucket could not count (the bucket full, NATS
-	// unreachable): the charge is admitted all the same (Charge). first is true for the first
-	// such charge since the bucket last took a write, so the caller logs one line an outage;
-	// nil means nobody.
-	OnStoreError func(err error, first bool)
+	// StoreFailures is told every charge the bucket could not count (the bucket full, NATS
+	// unreachable), which is admitted all the same (Charge), and every write it took; nil means
+	// nobody.
+	StoreFailures *StoreFailures
 	// Stream is BudgetBucket's stream (BucketStream(BudgetBucket)), needed by EndRun only.
 	Stream StreamPurger
 }
@@ -120,8 +118,6 @@ type Budgets struct {
 
 	mu       sync.Mutex
 	counters map[string]*budgetCounter
-	// storeFailing: the last write to the bucket failed (OnStoreError's first).
-	storeFailing atomic.Bool
 }
 
 // budgetCounter is what this process last knew of one counter.
@@ -171,7 +167,11 @@ type BudgetExceededError struct {
 	Window  time.Duration // a company budget's window; 0 for the others
 }
 
-func (e *BudgetExceededError) Error() string {
+func (e *BudgetExceededError) Error() string { return e.Budget() + " is used up" }
+
+// Budget names the budget for a person: "company acme's recorded-output budget per company of
+// 1073741824 bytes per day".
+func (e *BudgetExceededError) Budget() string {
 	what := "output"
 	switch e.Source {
 	case BudgetSourceExec:
@@ -180,10 +180,13 @@ func (e *BudgetExceededError) Error() string {
 		what = "container-log"
 	}
 	per := ""
-	if e.Window > 0 {
+	switch {
+	case e.Window == 24*time.Hour:
+		per = " per day"
+	case e.Window > 0:
 		per = " per " + e.Window.String()
 	}
-	return fmt.Sprintf("company %s's %s budget per %s of %d bytes%s is used up", e.Company, what, e.Kind, e.Limit, per)
+	return fmt.Sprintf("company %s's %s budget per %s of %d bytes%s", e.Company, what, e.Kind, e.Limit, per)
 }
 
 // Charge counts n bytes against ref's run and company, the run first. A *BudgetExceededError
@@ -193,7 +196,7 @@ func (e *BudgetExceededError) Error() string {
 //
 // A charge the bucket cannot count (it is full, or NATS does not answer) fails open: it is
 // admitted on what this process counted (its bytes wait in the process and are written with a
-// later charge, budgetStoreRetry on), and OnStoreError is told. Refusing it instead would stop
+// later charge, budgetStoreRetry on), and StoreFailures is told. Refusing it instead would stop
 // every company's output, and its results behind it, whenever one company filled the shared
 // bucket; a company within its budget loses nothing, and one over it is still refused as soon
 // as this process's own count says so. Only ctx's end and cas.ErrContended (other replicas
@@ -256,10 +259,7 @@ func (b *Budgets) storeFailed(ctx context.Context, err error) error {
 	if ctx.Err() != nil {
 		return err
 	}
-	first := b.storeFailing.CompareAndSwap(false, true)
-	if b.opts.OnStoreError != nil {
-		b.opts.OnStoreError(err, first)
-	}
+	b.opts.StoreFailures.Failed(err)
 	return nil
 }
 
@@ -332,7 +332,7 @@ func (b *Budgets) write(ctx context.Context, key string, c *budgetCounter, n, li
 			return b.writeFailed(ctx, c, n, now, fmt.Errorf("charging budget %s: %w", key, err))
 		}
 		c.used, c.rev, c.pending, c.written = c.used+c.pending, rev, 0, now
-		b.storeFailing.Store(false)
+		b.opts.StoreFailures.Wrote()
 		return nil
 	}
 	c.pending -= n

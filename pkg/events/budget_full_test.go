@@ -3,38 +3,54 @@ package events_test
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
 
 	"github.com/kubeclip/kubeclip/internal/natstest"
 	"github.com/kubeclip/kubeclip/pkg/events"
 )
 
-// storeErrors records what Budgets.OnStoreError is told.
+// storeErrors counts the failed writes a StoreFailures reports and keeps what it logs.
 type storeErrors struct {
-	mu    sync.Mutex
-	all   int
-	first int
-	last  error
+	mu     sync.Mutex
+	counts map[string]int
+	log    strings.Builder
 }
 
-func (s *storeErrors) observe(err error, first bool) {
+func (s *storeErrors) failures(bucket string) *events.StoreFailures {
+	return events.NewStoreFailures(zerolog.New(s), bucket, s.count)
+}
+
+func (s *storeErrors) count(bucket string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.all++
-	if first {
-		s.first++
+	if s.counts == nil {
+		s.counts = map[string]int{}
 	}
-	s.last = err
+	s.counts[bucket]++
 }
 
-func (s *storeErrors) counts() (all, first int) {
+func (s *storeErrors) Write(p []byte) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.all, s.first
+	return s.log.Write(p)
+}
+
+// seen returns how many failed writes to bucket were counted and the lines that said one failed.
+func (s *storeErrors) seen(bucket string) (counted int, logged []string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, line := range strings.Split(s.log.String(), "\n") {
+		if strings.Contains(line, "failed; going on without it") {
+			logged = append(logged, line)
+		}
+	}
+	return s.counts[bucket], logged
 }
 
 // smallBudgetBucket is KUBECLIP_BUDGETS as BudgetBucketConfig makes it (DiscardNew, history 1),
@@ -56,7 +72,7 @@ func smallBudgetBucket(t *testing.T, js jetstream.JetStream) (jetstream.KeyValue
 
 // TestBudgetsFailOpenWhenTheBucketIsFull: company A's runs fill KUBECLIP_BUDGETS (each charge
 // of a new run is a new counter); past that, a charge the bucket refuses (10077) is admitted
-// for every company within its budget, told to OnStoreError (first once), and a company over
+// for every company within its budget, counted, logged once, and a company over
 // its budget is still refused by a BudgetExceededError naming it. Before, every charge of every
 // company failed with the store's error, which the exec recorder retried for the session's life
 // and the run-watcher returned before each run's result. Once A's runs end (EndRun), B's
@@ -66,7 +82,10 @@ func TestBudgetsFailOpenWhenTheBucketIsFull(t *testing.T) {
 	kv, st := smallBudgetBucket(t, js)
 	clock := &stepClock{at: time.Now()}
 	var failures storeErrors
-	b, err := events.NewBudgets(events.BudgetOptions{KV: kv, Stream: st, Source: events.BudgetSourceLog, RunBytes: 1000, CompanyBytes: 1 << 30, Now: clock.next, OnStoreError: failures.observe})
+	b, err := events.NewBudgets(events.BudgetOptions{
+		KV: kv, Stream: st, Source: events.BudgetSourceLog, RunBytes: 1000, CompanyBytes: 1 << 30, Now: clock.next,
+		StoreFailures: failures.failures(events.BudgetBucket),
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -81,13 +100,14 @@ func TestBudgetsFailOpenWhenTheBucketIsFull(t *testing.T) {
 			t.Fatalf("company A's charge %d: %v", i, err)
 		}
 		aRuns = append(aRuns, ref)
-		if all, _ := failures.counts(); all > 0 {
+		if n, _ := failures.seen(events.BudgetBucket); n > 0 {
 			break
 		}
 	}
-	t.Logf("%d runs of company A filled the bucket; the store said: %v", len(aRuns), failures.last)
-	if !isMaxBytes(failures.last) {
-		t.Fatalf("the store error told: %v, want maximum bytes exceeded", failures.last)
+	_, logged := failures.seen(events.BudgetBucket)
+	t.Logf("%d runs of company A filled the bucket; logged: %s", len(aRuns), logged)
+	if len(logged) != 1 || !strings.Contains(logged[0], "err_code=10077") {
+		t.Fatalf("logged %q, want one line with the store's maximum bytes exceeded", logged)
 	}
 
 	bRun := events.Ref("company-b", "run-b")
@@ -101,9 +121,10 @@ func TestBudgetsFailOpenWhenTheBucketIsFull(t *testing.T) {
 		t.Fatalf("company B's charge past its run budget: %v, want a BudgetExceededError of company-b's run budget", err)
 	}
 	t.Logf("the refusal reads: %v", be)
-	all, first := failures.counts()
-	if first != 1 || all < 2 {
-		t.Errorf("OnStoreError told %d times, %d of them first; want one first of several", all, first)
+	// One failed write a counter: B's charges wait in the process for budgetStoreRetry
+	// instead of each trying the full bucket.
+	if counted, logged := failures.seen(events.BudgetBucket); counted != 3 || len(logged) != 1 {
+		t.Errorf("%d failed writes counted and %d logged; want 3 (A's last run counter, B's run and company counters) and one line", counted, len(logged))
 	}
 
 	// A's runs end: their counters go, and B's bytes reach the bucket with its next charge.
@@ -123,13 +144,6 @@ func TestBudgetsFailOpenWhenTheBucketIsFull(t *testing.T) {
 	if got := string(entry.Value()); got != "910" {
 		t.Errorf("company B's run counter = %s, want 910 (every byte charged while the bucket was full)", got)
 	}
-}
-
-// isMaxBytes reports nats-server's "maximum bytes exceeded" (10077, JSStreamStoreFailedF with
-// ErrMaxBytes), which nats.go does not name.
-func isMaxBytes(err error) bool {
-	var apiErr *jetstream.APIError
-	return errors.As(err, &apiErr) && apiErr.ErrorCode == 10077
 }
 
 // TestBudgetsEndRun: a run's end drops its counters of every source (the exec-worker's and the

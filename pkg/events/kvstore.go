@@ -3,6 +3,7 @@ package events
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
@@ -33,19 +34,42 @@ func PurgeKeys(ctx context.Context, st StreamPurger, bucket, filter string) erro
 	return nil
 }
 
-// StoreWriteFailures is what a worker does with a write to a shared bucket that failed and was
-// let through (fail open: BudgetOptions.OnStoreError, the exec-worker's recorded-exec entries):
-// count counts every one (kubeclip_store_write_errors_total{bucket}; nil: not counted), and the
-// first of an outage is logged with the store's error, one line an outage rather than one a
-// write.
-func StoreWriteFailures(log zerolog.Logger, bucket string, count func(bucket string)) func(err error, first bool) {
-	return func(err error, first bool) {
-		if count != nil {
-			count(bucket)
-		}
-		if first {
-			log.Warn().Err(err).Str(LogKeyStream, BucketStream(bucket)).
-				Msg("a write to a shared bucket failed; going on without it (fail open) until it takes writes again")
-		}
+// StoreFailures is what a worker does with the writes to one shared bucket that failed and
+// were let through (fail open: the budget counters, the exec-worker's recorded-exec entries):
+// every one is counted (count, kubeclip_store_write_errors_total{bucket}; nil: not counted), and
+// the first of an outage, the first failure since the bucket last took a write, is logged with
+// the store's error: one line an outage rather than one a write. A nil *StoreFailures does
+// nothing.
+type StoreFailures struct {
+	log     zerolog.Logger
+	bucket  string
+	count   func(bucket string)
+	failing atomic.Bool
+}
+
+// NewStoreFailures reports failed writes to bucket.
+func NewStoreFailures(log zerolog.Logger, bucket string, count func(bucket string)) *StoreFailures {
+	return &StoreFailures{log: log, bucket: bucket, count: count}
+}
+
+// Failed reports a write that failed with err and was let through.
+func (f *StoreFailures) Failed(err error) {
+	if f == nil {
+		return
+	}
+	if f.count != nil {
+		f.count(f.bucket)
+	}
+	if f.failing.CompareAndSwap(false, true) {
+		f.log.Warn().Err(err).Str(LogKeyStream, BucketStream(f.bucket)).
+			Msg("writing to a shared bucket failed; going on without it (fail open) until it takes writes again")
+	}
+}
+
+// Wrote reports a write the bucket took: the next failure starts a new outage.
+func (f *StoreFailures) Wrote() {
+	if f != nil && f.failing.Load() {
+		f.failing.Store(false)
+		f.log.Info().Str(LogKeyStream, BucketStream(f.bucket)).Msg("the shared bucket takes writes again")
 	}
 }

@@ -14,7 +14,7 @@ import (
 
 // withBudgets gives the harness log budgets on a KUBECLIP_BUDGETS made by BudgetBucketConfig,
 // sized maxBytes for a test to fill (0: as configured), and returns the bucket and its stream.
-func withBudgets(t *testing.T, h *harness, maxBytes int64, onStoreError func(error, bool)) (jetstream.KeyValue, jetstream.Stream) {
+func withBudgets(t *testing.T, h *harness, maxBytes int64, failed func(bucket string)) (jetstream.KeyValue, jetstream.Stream) {
 	t.Helper()
 	cfg := events.BudgetBucketConfig(1, 0)
 	if maxBytes > 0 {
@@ -28,7 +28,7 @@ func withBudgets(t *testing.T, h *harness, maxBytes int64, onStoreError func(err
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := events.NewBudgets(events.BudgetOptions{KV: kv, Stream: st, Source: logBudgetSource, Now: clock, OnStoreError: onStoreError})
+	b, err := events.NewBudgets(events.BudgetOptions{KV: kv, Stream: st, Source: logBudgetSource, Now: clock, StoreFailures: events.NewStoreFailures(h.d.log, events.BudgetBucket, failed)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -79,7 +79,7 @@ func TestRunEndsWhileTheBudgetBucketIsFull(t *testing.T) {
 	h := newHarness(t)
 	_, pods := withInformerCaches(t, h)
 	var misses int
-	withBudgets(t, h, 32<<10, func(error, bool) { misses++ })
+	withBudgets(t, h, 32<<10, func(string) { misses++ })
 	ctx := t.Context()
 	filled := 0
 	for ; misses == 0; filled++ {

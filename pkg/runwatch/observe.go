@@ -55,7 +55,7 @@ type BudgetObserver interface {
 }
 
 // StoreObserver is told every write to a shared bucket that failed and was let through (fail
-// open: events.BudgetOptions.OnStoreError); the run-watcher's metrics implement it.
+// open: events.StoreFailures); the run-watcher's metrics implement it.
 type StoreObserver interface {
 	StoreWriteFailed(bucket string)
 }
@@ -86,6 +86,6 @@ func openLogBudgets(ctx context.Context, js jetstream.JetStream, o Options) (*ev
 	if so, ok := o.Observer.(StoreObserver); ok {
 		count = so.StoreWriteFailed
 	}
-	opts.OnStoreError = events.StoreWriteFailures(o.Logger, events.BudgetBucket, count)
+	opts.StoreFailures = events.NewStoreFailures(o.Logger, events.BudgetBucket, count)
 	return events.NewBudgets(opts)
 }
