@@ -1,6 +1,7 @@
 package events_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strings"
@@ -8,11 +9,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
 	"github.com/kubeclip/kubeclip/internal/natstest"
 	"github.com/kubeclip/kubeclip/pkg/events"
+	"github.com/kubeclip/kubeclip/pkg/inbox"
 )
 
 // storeErrors counts the failed writes a StoreFailures reports and keeps what it logs.
@@ -197,5 +200,44 @@ func TestBudgetsEndRun(t *testing.T) {
 	// Two run counters and one company counter a source: nothing else, no delete markers.
 	if info.State.Msgs != 4 {
 		t.Errorf("the bucket holds %d messages, want 4 (the other run's and the company's counters)", info.State.Msgs)
+	}
+}
+
+// TestWorkersMayEndARunsBudgets: under the shipped permissions the workers' user (the
+// run-watcher's) may purge a run's counters of both sources, the exec-worker's included.
+func TestWorkersMayEndARunsBudgets(t *testing.T) {
+	srv := natstest.StartWithAuth(t, "../../"+natstest.ShippedAuthConf)
+	nc, err := nats.Connect(srv.ClientURL(), natstest.User("kubeclip"), nats.CustomInboxPrefix(inbox.WorkersPrefix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	kv, err := js.CreateOrUpdateKeyValue(ctx, events.BudgetBucketConfig(1, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := js.Stream(ctx, events.BucketStream(events.BudgetBucket))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := events.NewBudgets(events.BudgetOptions{KV: kv, Stream: st, Source: events.BudgetSourceLog})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref := events.Ref("acme", "r1")
+	if err := b.Charge(ctx, ref, 10); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.EndRun(ctx, ref); err != nil {
+		t.Fatalf("the workers' user ending a run's budgets: %v", err)
+	}
+	if _, err := kv.Get(ctx, "log.run."+ref.Key()); !errors.Is(err, jetstream.ErrKeyNotFound) {
+		t.Errorf("the run's counter after its end: %v, want it purged", err)
 	}
 }
