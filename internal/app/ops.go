@@ -10,6 +10,7 @@ import (
 
 	"github.com/kubeclip/kubeclip/internal/ops"
 	"github.com/kubeclip/kubeclip/pkg/events"
+	"github.com/kubeclip/kubeclip/pkg/execsvc"
 	"github.com/kubeclip/kubeclip/pkg/lease"
 )
 
@@ -113,7 +114,10 @@ const parkedStream = "KUBECLIP_PARKED"
 // watchJetStream has every worker report the streams' usage (the store filling concerns all)
 // and its own consumers' lag.
 func (o *Ops) watchJetStream(component string, js jetstream.JetStream, s events.Subjects) {
-	streams := []string{s.LeaseStream(), s.RunStream(), events.WorkStream, events.RetryStream, parkedStream}
+	streams := []string{s.LeaseStream(), s.RunStream(), events.WorkStream, events.RetryStream, parkedStream, events.BucketStream(events.BudgetBucket)}
+	if component == "exec-worker" {
+		streams = append(streams, events.BucketStream(execsvc.RecordedBucket)) // only its user may read it
+	}
 	o.JetStream.Watch(js, streams, ownedConsumers(component, s), 0)
 }
 

@@ -22,3 +22,21 @@ func newBudgetMetric(reg prometheus.Registerer) (*prometheus.CounterVec, error) 
 func (m *Metrics) BudgetExceeded(source string, kind events.BudgetKind) {
 	m.budgetExceeded.WithLabelValues(source, string(kind)).Inc()
 }
+
+// newStoreWriteErrors is kubeclip_store_write_errors_total{bucket}: writes to a shared bucket
+// (KUBECLIP_BUDGETS, KUBECLIP_EXECS) that failed and were let through (fail open: the charge
+// admitted, the exec started and recorded). Alert on any increase: the bucket is full or NATS
+// does not answer, and budgets are counted in each process only meanwhile. Its label is one of
+// a few fixed bucket names.
+func newStoreWriteErrors(reg prometheus.Registerer) (*prometheus.CounterVec, error) {
+	c := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kubeclip_store_write_errors_total",
+		Help: "Writes to a shared KV bucket (KUBECLIP_BUDGETS, KUBECLIP_EXECS) that failed and were let through (fail open), by bucket.",
+	}, []string{"bucket"})
+	return c, reg.Register(c)
+}
+
+// StoreWriteFailed implements execsvc.StoreObserver and runwatch.StoreObserver.
+func (m *Metrics) StoreWriteFailed(bucket string) {
+	m.storeWriteErrors.WithLabelValues(bucket).Inc()
+}

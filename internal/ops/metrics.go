@@ -27,6 +27,8 @@ type Metrics struct {
 	apiDropped   *prometheus.CounterVec
 	// budgetExceeded is kubeclip_budget_exceeded_total (budget.go).
 	budgetExceeded *prometheus.CounterVec
+	// storeWriteErrors is kubeclip_store_write_errors_total (budget.go).
+	storeWriteErrors *prometheus.CounterVec
 	// warm is the dispatcher's warm pools (warm.go).
 	warm *warmMetrics
 	// lifecycle times acquires and counts run takeovers (lifecycle.go).
@@ -106,6 +108,9 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		return nil, err
 	}
 	if m.budgetExceeded, err = newBudgetMetric(reg); err != nil {
+		return nil, err
+	}
+	if m.storeWriteErrors, err = newStoreWriteErrors(reg); err != nil {
 		return nil, err
 	}
 	if m.warm, err = newWarmMetrics(reg); err != nil {

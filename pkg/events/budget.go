@@ -26,6 +26,14 @@ const (
 
 func (k BudgetKind) valid() bool { return k == BudgetExec || k == BudgetRun || k == BudgetCompany }
 
+// The sources whose bytes are budgeted: each has its own counters in BudgetBucket.
+const (
+	// BudgetSourceExec is recorded execs' output (the exec-worker).
+	BudgetSourceExec = "exec"
+	// BudgetSourceLog is container logs (the run-watcher).
+	BudgetSourceLog = "log"
+)
+
 // BudgetBucket holds the byte counters of the run and company budgets: key
 // <source>.run.<RunRef.Key> and <source>.company.<company>.<window>, value the decimal count.
 const BudgetBucket = "KUBECLIP_BUDGETS"
@@ -49,6 +57,9 @@ const (
 	// have them take turns on every event. A company can so exceed its budget by what its runs
 	// write in this long on each replica, and a crash forgets at most that much.
 	budgetCompanyFlush = 100 * time.Millisecond
+	// budgetStoreRetry is how long a counter whose write the store refused keeps its charges
+	// in the process before it tries the bucket again.
+	budgetStoreRetry = 5 * time.Second
 )
 
 // BudgetBucketConfig is KUBECLIP_BUDGETS. Its TTL is the run stream's age (what a company's
@@ -89,6 +100,12 @@ type BudgetOptions struct {
 	Now          func() time.Time
 	// OnExceeded is told every charge a budget refuses (the budget metric); nil means none.
 	OnExceeded func(kind BudgetKind)
+	// StoreFailures is told every charge the bucket could not count (the bucket full, NATS
+	// unreachable), which is admitted all the same (Charge), and every write it took; nil means
+	// nobody.
+	StoreFailures *StoreFailures
+	// Stream is BudgetBucket's stream (BucketStream(BudgetBucket)), needed by EndRun only.
+	Stream StreamPurger
 }
 
 // Budgets charges bytes to a run's and its company's counters in BudgetBucket. The counters are
@@ -109,8 +126,12 @@ type budgetCounter struct {
 	known   bool // used and rev are the bucket's as of the last read or write
 	used    int64
 	rev     uint64    // 0: no counter in the bucket yet
-	pending int64     // charged here, not yet written (company counters)
+	pending int64     // charged here, not yet written (company counters, and any the store refused)
 	written time.Time // when pending was last written
+	// retryAt: a write the store refused is not tried again before then (the charges between
+	// wait in pending), so a full bucket costs one refused write a counter per
+	// budgetStoreRetry, not one per event.
+	retryAt time.Time
 }
 
 // NewBudgets validates opts.
@@ -136,27 +157,74 @@ func NewBudgets(opts BudgetOptions) (*Budgets, error) {
 	return &Budgets{opts: opts, counters: map[string]*budgetCounter{}}, nil
 }
 
-// BudgetExceededError is a charge a budget refused.
+// BudgetExceededError is a charge a budget refused. It names the budget: whose (Company), of
+// what (Source), which (Kind) and how large (Limit bytes, per Window for a company's).
 type BudgetExceededError struct {
-	Kind  BudgetKind
-	Limit int64
+	Kind    BudgetKind
+	Limit   int64
+	Source  string
+	Company string
+	Window  time.Duration // a company budget's window; 0 for the others
 }
 
-func (e *BudgetExceededError) Error() string {
-	return fmt.Sprintf("the %s budget of %d bytes is used up", e.Kind, e.Limit)
+func (e *BudgetExceededError) Error() string { return e.Budget() + " is used up" }
+
+// Budget names the budget for a person: "company acme's recorded-output budget per company of
+// 1073741824 bytes per day".
+func (e *BudgetExceededError) Budget() string {
+	what := "output"
+	switch e.Source {
+	case BudgetSourceExec:
+		what = "recorded-output"
+	case BudgetSourceLog:
+		what = "container-log"
+	}
+	per := ""
+	switch {
+	case e.Window == 24*time.Hour:
+		per = " per day"
+	case e.Window > 0:
+		per = " per " + e.Window.String()
+	}
+	return fmt.Sprintf("company %s's %s budget per %s of %d bytes%s", e.Company, what, e.Kind, e.Limit, per)
 }
 
 // Charge counts n bytes against ref's run and company, the run first. A *BudgetExceededError
 // says which budget n does not fit. When the company's refuses, the run keeps the n bytes it was
 // charged: its recording or log stops anyway. A run's counter is written at once (one writer
 // follows a run); a company's gathers for budgetCompanyFlush.
+//
+// A charge the bucket cannot count (it is full, or NATS does not answer) fails open: it is
+// admitted on what this process counted (its bytes wait in the process and are written with a
+// later charge, budgetStoreRetry on), and StoreFailures is told. Refusing it instead would stop
+// every company's output, and its results behind it, whenever one company filled the shared
+// bucket; a company within its budget loses nothing, and one over it is still refused as soon
+// as this process's own count says so. Only ctx's end and cas.ErrContended (other replicas
+// moving the counter: the caller retries) are returned as errors.
 func (b *Budgets) Charge(ctx context.Context, ref RunRef, n int64) error {
-	if err := b.add(ctx, b.opts.Source+".run."+ref.Key(), n, b.opts.RunBytes, BudgetRun, 0); err != nil {
+	if err := b.add(ctx, b.runKey(ref), n, b.opts.RunBytes, ref, BudgetRun, 0); err != nil {
 		return err
 	}
 	window := b.opts.Now().UnixNano() / int64(b.opts.Window)
 	company := b.opts.Source + ".company." + keyPart(ref.CompanyID) + "." + strconv.FormatInt(window, 10)
-	return b.add(ctx, company, n, b.opts.CompanyBytes, BudgetCompany, budgetCompanyFlush)
+	return b.add(ctx, company, n, b.opts.CompanyBytes, ref, BudgetCompany, budgetCompanyFlush)
+}
+
+func (b *Budgets) runKey(ref RunRef) string { return b.opts.Source + ".run." + ref.Key() }
+
+// EndRun drops the run's counters, of every source, from the bucket and from this process:
+// the run ended (its result is published), so nothing charges it again, and a counter left to
+// the bucket's 14-day TTL filled the bucket for every company (issue 26). The counters are
+// purged (PurgeKeys), which a full bucket allows. Idempotent: a run ended twice (a redelivery,
+// another replica) purges nothing the second time.
+func (b *Budgets) EndRun(ctx context.Context, ref RunRef) error {
+	b.mu.Lock()
+	delete(b.counters, b.runKey(ref))
+	b.mu.Unlock()
+	if b.opts.Stream == nil {
+		return errors.New("events: BudgetOptions.Stream is required to end a run's budgets")
+	}
+	return PurgeKeys(ctx, b.opts.Stream, BudgetBucket, "*.run."+ref.Key())
 }
 
 // counter returns what this process knows of key.
@@ -174,11 +242,25 @@ func (b *Budgets) counter(key string) *budgetCounter {
 	return c
 }
 
-func (b *Budgets) exceeded(kind BudgetKind, limit int64) error {
+func (b *Budgets) exceeded(ref RunRef, kind BudgetKind, limit int64) error {
 	if b.opts.OnExceeded != nil {
 		b.opts.OnExceeded(kind)
 	}
-	return &BudgetExceededError{Kind: kind, Limit: limit}
+	e := &BudgetExceededError{Kind: kind, Limit: limit, Source: b.opts.Source, Company: ref.CompanyID}
+	if kind == BudgetCompany {
+		e.Window = b.opts.Window
+	}
+	return e
+}
+
+// storeFailed admits a charge the bucket could not count (Charge: fail open), unless ctx ended
+// (the caller stops; nothing to admit).
+func (b *Budgets) storeFailed(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return err
+	}
+	b.opts.StoreFailures.Failed(err)
+	return nil
 }
 
 // read returns the counter and its revision (0: no counter yet).
@@ -197,35 +279,39 @@ func (b *Budgets) read(ctx context.Context, key string) (used int64, rev uint64,
 }
 
 // add adds n to the counter key, refusing past limit. The counter is written (compare-and-set)
-// once gather has passed since its last write; until then the bytes wait in pending.
-func (b *Budgets) add(ctx context.Context, key string, n, limit int64, kind BudgetKind, gather time.Duration) error {
+// once gather has passed since its last write; until then the bytes wait in pending. A counter
+// the bucket cannot read is counted from what this process holds (fail open, Charge).
+func (b *Budgets) add(ctx context.Context, key string, n, limit int64, ref RunRef, kind BudgetKind, gather time.Duration) error {
 	c := b.counter(key)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	now := b.opts.Now()
-	if !c.known {
+	if !c.known && !now.Before(c.retryAt) {
 		if err := b.refresh(ctx, key, c); err != nil {
-			return err
+			c.retryAt = now.Add(budgetStoreRetry)
+			if err := b.storeFailed(ctx, err); err != nil {
+				return err
+			}
 		}
 	}
 	if c.used+c.pending+n > limit {
-		return b.exceeded(kind, limit)
+		return b.exceeded(ref, kind, limit)
 	}
 	c.pending += n
-	if now.Sub(c.written) < gather {
+	if now.Sub(c.written) < gather || !c.known || now.Before(c.retryAt) {
 		return nil
 	}
-	return b.write(ctx, key, c, n, limit, kind, now)
+	return b.write(ctx, key, c, n, limit, ref, kind, now)
 }
 
 // write adds c's pending bytes, the last n of them this charge's, to the bucket's counter with
 // compare-and-set, reading it again when another process moved it; this charge is refused when
 // the counter has no room for it any more.
-func (b *Budgets) write(ctx context.Context, key string, c *budgetCounter, n, limit int64, kind BudgetKind, now time.Time) error {
+func (b *Budgets) write(ctx context.Context, key string, c *budgetCounter, n, limit int64, ref RunRef, kind BudgetKind, now time.Time) error {
 	for range budgetCASAttempts {
 		if c.used+c.pending > limit {
 			c.pending -= n
-			return b.exceeded(kind, limit)
+			return b.exceeded(ref, kind, limit)
 		}
 		value := []byte(strconv.FormatInt(c.used+c.pending, 10))
 		var rev uint64
@@ -238,20 +324,31 @@ func (b *Budgets) write(ctx context.Context, key string, c *budgetCounter, n, li
 		if cas.IsConflict(err) {
 			// Another process charged it meanwhile: its bytes count too.
 			if err := b.refresh(ctx, key, c); err != nil {
-				c.pending -= n
-				return err
+				return b.writeFailed(ctx, c, n, now, err)
 			}
 			continue
 		}
 		if err != nil {
-			c.known, c.pending = false, c.pending-n
-			return fmt.Errorf("charging budget %s: %w", key, err)
+			return b.writeFailed(ctx, c, n, now, fmt.Errorf("charging budget %s: %w", key, err))
 		}
 		c.used, c.rev, c.pending, c.written = c.used+c.pending, rev, 0, now
+		b.opts.StoreFailures.Wrote()
 		return nil
 	}
 	c.pending -= n
 	return fmt.Errorf("charging budget %s: %w (%d attempts)", key, cas.ErrContended, budgetCASAttempts)
+}
+
+// writeFailed admits the charge of n whose write failed (storeFailed): its bytes stay in
+// pending, written with a later charge once the bucket takes writes again, not before
+// budgetStoreRetry. A charge whose ctx ended is withdrawn.
+func (b *Budgets) writeFailed(ctx context.Context, c *budgetCounter, n int64, now time.Time, err error) error {
+	if err := b.storeFailed(ctx, err); err != nil {
+		c.pending -= n
+		return err
+	}
+	c.retryAt = now.Add(budgetStoreRetry)
+	return nil
 }
 
 // refresh reads key's counter into c.

@@ -126,6 +126,9 @@ type Exec struct {
 	// OnStarted, when set, is told the name of each replica that starts serving the exec (the
 	// first, then one after every takeover).
 	OnStarted func(replica string)
+	// OnNotice, when set, is told what the exec-worker says about the exec beside its output
+	// (execproto.Notice: that a budget stopped its recording).
+	OnNotice func(execproto.Notice)
 }
 
 // Result is how an exec ended and what it printed.
@@ -175,7 +178,7 @@ func (c *Client) Run(ctx context.Context, e Exec) (Result, error) {
 	if err != nil {
 		return Result{ExecID: e.ID}, err
 	}
-	st.start, st.onStarted = &req, e.OnStarted
+	st.start, st.onStarted, st.onNotice = &req, e.OnStarted, e.OnNotice
 	if e.Stdin != nil {
 		st.stdin = newStdinSender(c.opts.NATS, e.Stdin)
 	}

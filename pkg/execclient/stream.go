@@ -31,6 +31,7 @@ type stream struct {
 	resizer   *resizer  // nil without a terminal or its resizes
 	deadline  time.Time // zero: none
 	onStarted func(string)
+	onNotice  func(execproto.Notice)
 
 	started   bool // a `started` arrived (after it, resumes attach)
 	ioSubj    string
@@ -191,6 +192,11 @@ func (st *stream) handle(m *nats.Msg) (*execspec.Exit, error) {
 			return nil, nil
 		}
 		return &e, nil
+	case execproto.KindNotice:
+		var n execproto.Notice
+		if err := json.Unmarshal(m.Data, &n); err == nil && st.onNotice != nil {
+			st.onNotice(n)
+		}
 	case execproto.KindError:
 		var e execproto.Error
 		if err := json.Unmarshal(m.Data, &e); err != nil {

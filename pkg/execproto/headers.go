@@ -44,6 +44,9 @@ const (
 	KindExit      Kind = "exit"
 	KindError     Kind = "error"
 	KindSignaled  Kind = "signaled"
+	// KindNotice is something the exec-worker tells the client about its exec beside the
+	// command's output (Notice); no part of the stream, it never ends it.
+	KindNotice Kind = "notice"
 )
 
 // io message kinds (client → exec-worker, on the io subject).

@@ -175,6 +175,21 @@ type Signaled struct {
 // SignalExited is the Signaled code of a command whose process group is gone.
 const SignalExited = "exited"
 
+// Notice is what the exec-worker tells the client about its exec beside the command's output,
+// for a person (the Paperclip plugin writes it into the run's log). It is no part of the exec's
+// stream: it has no seq and never ends it.
+type Notice struct {
+	ExecID string `json:"execId"`
+	// Reason says what happened: NoticeRecordingStopped.
+	Reason string `json:"reason"`
+	// Message says it in one line; it never holds a secret or the command's output.
+	Message string `json:"message"`
+}
+
+// NoticeRecordingStopped: a budget stopped the exec's recording into the run's history; the
+// command goes on and its client still receives all of its output.
+const NoticeRecordingStopped = "recordingStopped"
+
 // StdinReply answers a stdin message: how many stdin bytes sandboxd has.
 type StdinReply struct {
 	Offset int64 `json:"offset"`

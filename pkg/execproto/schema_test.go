@@ -37,6 +37,7 @@ func schemaCases() map[string]schemaCase {
 		"exec-exit":         {full: execspec.Exit{ExitCode: ptr(1), Signal: ptr("SIGKILL"), TimedOut: true, StdoutBytes: 1, StderrBytes: 1, Truncated: true, LastSeq: 1, Error: "e"}, zero: execspec.Exit{}},
 		"exec-error":        {full: execproto.Error{Code: execproto.CodeUnavailable, Message: "m", Field: "f"}, zero: execproto.Error{}},
 		"exec-signaled":     {full: execproto.Signaled{ExecID: "x", Delivered: true, Code: "exited", Message: "m"}, zero: execproto.Signaled{}},
+		"exec-notice":       {full: execproto.Notice{ExecID: "x", Reason: execproto.NoticeRecordingStopped, Message: "m"}, zero: execproto.Notice{}},
 		"exec-stdin-reply":  {full: execproto.StdinReply{Offset: 1, Closed: true}, zero: execproto.StdinReply{}},
 		"exec-resize-reply": {full: execproto.ResizeReply{Resized: true, Code: "exited", Message: "m"}, zero: execproto.ResizeReply{}},
 	}

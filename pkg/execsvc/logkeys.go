@@ -17,6 +17,10 @@ const (
 	logKeyRoute    = "route"
 	logKeyReplica  = "replica"
 	logKeyDuration = "duration"
+	// logKeyBudget names the budget that stopped a recording (events.BudgetKind), logKeyLimit
+	// its size in bytes.
+	logKeyBudget = "budget"
+	logKeyLimit  = "limit_bytes"
 	// logKeyEnvDropped names the environment keys the env policy dropped: names, never values.
 	logKeyEnvDropped = "env_dropped"
 )

@@ -9,10 +9,12 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/kubeclip/kubeclip/internal/natstest"
 	"github.com/kubeclip/kubeclip/pkg/execclient"
 	"github.com/kubeclip/kubeclip/pkg/execproto"
+	"github.com/kubeclip/kubeclip/pkg/execsvc"
 	"github.com/kubeclip/kubeclip/pkg/inbox"
 )
 
@@ -38,6 +40,16 @@ func TestPermissions(t *testing.T) {
 		}
 		if evs := execEvents(t, e.js, e.subjects, l); len(evs) == 0 || evs[len(evs)-1].Exit == nil {
 			t.Errorf("recorded events: %d, want the chunks and an exit", len(evs))
+		}
+		// The exec-worker's user may purge the ended exec's entry (read as that user: the
+		// workers' may not read the bucket).
+		_, js := connect(t, srv, user("exec-worker"), nats.CustomInboxPrefix(inbox.ExecWorkerPrefix))
+		kv, err := js.KeyValue(t.Context(), execsvc.RecordedBucket)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := kv.Get(t.Context(), l.ref.Key()+"."+res.ExecID); !errors.Is(err, jetstream.ErrKeyNotFound) {
+			t.Errorf("the ended exec's %s entry: %v, want it purged", execsvc.RecordedBucket, err)
 		}
 	})
 	t.Run("the CLI's user too", func(t *testing.T) {

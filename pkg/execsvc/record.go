@@ -11,6 +11,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
 
 	"github.com/kubeclip/kubeclip/pkg/events"
 	"github.com/kubeclip/kubeclip/pkg/execspec"
@@ -102,13 +103,34 @@ type BudgetObserver interface {
 	BudgetExceeded(source string, kind events.BudgetKind)
 }
 
-// openBudgets opens KUBECLIP_BUDGETS and returns the recorded execs' budgets.
-func openBudgets(ctx context.Context, js jetstream.JetStream, replicas int, limits RecordLimits, observer Observer) (*events.Budgets, error) {
+// StoreObserver is told every write to a shared bucket (KUBECLIP_EXECS, KUBECLIP_BUDGETS) that
+// failed and was let through (events.StoreFailures); the exec-worker's metrics implement it.
+type StoreObserver interface {
+	StoreWriteFailed(bucket string)
+}
+
+// storeFailures reports the failed writes to bucket: logged once an outage, counted when
+// observer is a StoreObserver.
+func storeFailures(log zerolog.Logger, bucket string, observer Observer) *events.StoreFailures {
+	var count func(string)
+	if o, ok := observer.(StoreObserver); ok {
+		count = o.StoreWriteFailed
+	}
+	return events.NewStoreFailures(log, bucket, count)
+}
+
+// openBudgets opens KUBECLIP_BUDGETS and returns the recorded execs' budgets. A charge the
+// bucket cannot count is admitted (events.Budgets.Charge): a full bucket no longer stops every
+// company's recordings. The run-watcher drops a run's counters when the run ends.
+func openBudgets(ctx context.Context, js jetstream.JetStream, replicas int, limits RecordLimits, observer Observer, log zerolog.Logger) (*events.Budgets, error) {
 	kv, err := events.EnsureBucket(ctx, js, events.BudgetBucketConfig(replicas, 0))
 	if err != nil {
 		return nil, fmt.Errorf("opening KV bucket %s: %w", events.BudgetBucket, err)
 	}
-	opts := events.BudgetOptions{KV: kv, Source: budgetSource, RunBytes: limits.RunBytes, CompanyBytes: limits.CompanyBytes, Window: limits.CompanyWindow}
+	opts := events.BudgetOptions{
+		KV: kv, Source: budgetSource, RunBytes: limits.RunBytes, CompanyBytes: limits.CompanyBytes, Window: limits.CompanyWindow,
+		StoreFailures: storeFailures(log, events.BudgetBucket, observer),
+	}
 	if o, ok := observer.(BudgetObserver); ok {
 		opts.OnExceeded = func(kind events.BudgetKind) { o.BudgetExceeded(budgetSource, kind) }
 	}
@@ -125,7 +147,7 @@ func execBudgetHook(observer Observer) func() {
 }
 
 // budgetSource names recorded execs' counters in KUBECLIP_BUDGETS and the metric.
-const budgetSource = "exec"
+const budgetSource = events.BudgetSourceExec
 
 // errRecordingTakenOver ends a session whose recording another session (a takeover) continues.
 var errRecordingTakenOver = errors.New("another session records the exec now")
@@ -143,6 +165,9 @@ type recordingDeps struct {
 	// lineMem is charged the stdout line's buffer as it grows (the session's, limits.go); nil:
 	// not charged.
 	lineMem lineBudget
+	// onStop is told, once a recording, which budget stopped it (the session tells its
+	// client and logs it); nil means nobody.
+	onStop func(*events.BudgetExceededError)
 }
 
 // lineBudget is what a line buffer's growth is taken from: a line that cannot grow is skipped,
@@ -186,15 +211,22 @@ type recording struct {
 	lines lineParser
 }
 
-// startRecording reads the exec's progress entry: what a previous session of it recorded.
-func startRecording(ctx context.Context, deps recordingDeps, ref events.RunRef, execID string) (*recording, error) {
+// startRecording reads the exec's progress entry: what a previous session of it recorded. An
+// exec without an entry is one whose recording is complete (its final event stored and its entry
+// dropped since its attach looked): nil, nothing to record. Unless its start could not write the
+// entry (unnoted: the start went on without it, Service.start): then the recording starts from
+// nothing and writes the entry with its first event.
+func startRecording(ctx context.Context, deps recordingDeps, ref events.RunRef, execID string, unnoted recordedExec) (*recording, error) {
 	deps.limits = deps.limits.withDefaults()
 	rec, rev, ok, err := deps.progress.get(ctx, ref, execID)
 	if err != nil {
 		return nil, err
 	}
+	if !ok && unnoted.Command == "" {
+		return nil, nil
+	}
 	if !ok {
-		return nil, fmt.Errorf("exec %s is recorded but has no entry in %s", execID, RecordedBucket)
+		rec = unnoted
 	}
 	return &recording{
 		deps: deps, ref: ref, execID: execID, command: rec.Command, progress: rec, rev: rev, execUsed: rec.Used,
@@ -242,7 +274,7 @@ func (r *recording) chunk(ctx context.Context, c *sandboxd.Chunk) error {
 		if r.deps.onExecBudget != nil {
 			r.deps.onExecBudget()
 		}
-		return r.publishStop(ctx, c, events.BudgetExec, true)
+		return r.stopAt(ctx, c, &events.BudgetExceededError{Kind: events.BudgetExec, Limit: r.deps.limits.ExecBytes, Source: budgetSource, Company: r.ref.CompanyID})
 	}
 	r.hold(c)
 	if len(r.pending) >= r.deps.limits.FlushBytes {
@@ -290,7 +322,7 @@ func (r *recording) flush(ctx context.Context, live bool) error {
 		var be *events.BudgetExceededError
 		if errors.As(err, &be) {
 			r.dropPending()
-			return r.publishStop(ctx, &sandboxd.Chunk{Seq: from, Stream: st}, be.Kind, true)
+			return r.stopAt(ctx, &sandboxd.Chunk{Seq: from, Stream: st}, be)
 		}
 		if err != nil {
 			return err
@@ -323,6 +355,17 @@ func (r *recording) dropPending() {
 	}
 }
 
+// stopAt stops recording at c, over budget be: the stop event, and the session is told.
+func (r *recording) stopAt(ctx context.Context, c *sandboxd.Chunk, be *events.BudgetExceededError) error {
+	if err := r.publishStop(ctx, c, be.Kind, true); err != nil {
+		return err
+	}
+	if r.deps.onStop != nil {
+		r.deps.onStop(be)
+	}
+	return nil
+}
+
 // publishStop publishes the event that says recording stopped at c, over budget kind; later
 // output reaches the client only.
 func (r *recording) publishStop(ctx context.Context, c *sandboxd.Chunk, kind events.BudgetKind, live bool) error {
@@ -342,16 +385,26 @@ func (r *recording) publishStop(ctx context.Context, c *sandboxd.Chunk, kind eve
 }
 
 // announce writes the next event's seqs to the progress entry before it is published.
+//
+// A write the bucket refuses (full, or NATS not answering) does not hold the recording: the
+// event is published all the same (fail open) and the next announce writes the entry again, at
+// the revision it last took. What that costs is exactly-once across a takeover in between: the
+// session that takes over finds the entry behind, republishes the event it names and records
+// again from there, so events after it may be stored twice, under other message ids. Holding
+// every recording of every company until the bucket takes writes again (a retry loop, before)
+// cost more: a full bucket stalled the output of every recorded exec.
 func (r *recording) announce(ctx context.Context, next recordedExec) error {
-	var rev uint64
-	err := retrying(ctx, r.deps.onRetry, func() (err error) {
-		rev, err = r.deps.progress.advance(ctx, r.ref, r.execID, next, r.rev)
+	rev, err := r.deps.progress.advance(ctx, r.ref, r.execID, next, r.rev)
+	switch {
+	case err == nil:
+		r.rev = rev
+		r.deps.progress.failures.Wrote()
+	case errors.Is(err, errRecordingTakenOver) || ctx.Err() != nil:
 		return err
-	})
-	if err != nil {
-		return err
+	default:
+		r.deps.progress.failures.Failed(err)
 	}
-	r.progress, r.rev = next, rev
+	r.progress = next
 	return nil
 }
 
@@ -383,7 +436,16 @@ func (r *recording) exit(ctx context.Context, e *execspec.Exit) error {
 		}
 		ev.Agent = r.lines.parser.ResultWithExitCode(code)
 	}
-	return r.publish(ctx, ev)
+	if err := r.publish(ctx, ev); err != nil {
+		return err
+	}
+	// The recording is complete: its entry goes. A takeover from here finds no entry and
+	// records nothing (startRecording); the final event it would republish is stored. A drop
+	// that fails leaves the entry to the bucket's TTL.
+	if err := r.deps.progress.drop(ctx, r.ref, r.execID); err != nil {
+		r.deps.progress.failures.Failed(err)
+	}
+	return nil
 }
 
 // stop ends the timer of a recording whose session ends.

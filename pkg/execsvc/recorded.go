@@ -20,6 +20,13 @@ import (
 // repeat its start's spec, so a replica that takes a recorded exec's stream over learns here
 // that it must keep publishing its events, and under which command name; an observer's attach
 // (another inbox) publishes nothing.
+//
+// An entry lives as long as its exec's recording: it is written before the command starts and
+// purged once the exec's final event is stored (recording.exit), so the bucket holds the
+// recorded execs in progress, not every exec of the TTL (294,337 ended execs filled it and
+// refused every company's starts, issue 26). What the TTL still collects: the entry of an exec
+// whose final event no session published (its client went away before the exit and never
+// attached again).
 const RecordedBucket = "KUBECLIP_EXECS"
 
 // recordedTTL outlasts any exec that can still be attached: sandboxd keeps a journal ten
@@ -51,7 +58,13 @@ func RecordedBucketConfig(replicas int) jetstream.KeyValueConfig {
 }
 
 // recordedExecs reads and writes RecordedBucket.
-type recordedExecs struct{ kv jetstream.KeyValue }
+type recordedExecs struct {
+	kv jetstream.KeyValue
+	st events.StreamPurger // the bucket's stream: drop purges an entry
+	// failures is told the entry writes that failed and were let through, and those that
+	// went in (fail open: Service.start, recording.announce).
+	failures *events.StoreFailures
+}
 
 type recordedExec struct {
 	Command string `json:"command"`
@@ -90,6 +103,14 @@ func (r recordedExecs) get(ctx context.Context, ref events.RunRef, execID string
 		return recordedExec{}, 0, false, fmt.Errorf("decoding the record of exec %s: %w", execID, err)
 	}
 	return rec, entry.Revision(), true, nil
+}
+
+// drop removes the exec's entry: its recording is complete (the final event is stored).
+// Purged, not deleted: a delete leaves a marker as large as the entry, and a full bucket refuses
+// it (events.PurgeKeys). Dropping an entry that is gone already (a redelivered exit, a session
+// that took the stream over) is no error.
+func (r recordedExecs) drop(ctx context.Context, ref events.RunRef, execID string) error {
+	return events.PurgeKeys(ctx, r.st, RecordedBucket, recordedKey(ref, execID))
 }
 
 // advance replaces the exec's entry at revision rev with next and returns the new revision.

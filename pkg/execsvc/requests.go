@@ -97,9 +97,11 @@ func (s *Service) start(ctx context.Context, r *request) {
 		s.refuse(r, err)
 		return
 	}
+	record := notRecorded
 	if req.Record {
-		if err := s.recorded.put(ctx, r.ref, req.ExecID, execproto.CommandName(req.Command), r.msg.Reply); err != nil {
-			s.refuse(r, err)
+		record = s.noteRecorded(ctx, r, req.ExecID, execproto.CommandName(req.Command))
+		if ctx.Err() != nil {
+			s.refuse(r, ctx.Err())
 			return
 		}
 	}
@@ -111,6 +113,7 @@ func (s *Service) start(ctx context.Context, r *request) {
 	pod, client, res, err := s.startExec(ctx, r, rec, sandboxdSpec(req), wait)
 	if err != nil {
 		stop()
+		s.forgetRecorded(ctx, r, req.ExecID, record)
 		s.refuse(r, err)
 		return
 	}
@@ -128,7 +131,42 @@ func (s *Service) start(ctx context.Context, r *request) {
 	if res.Created {
 		r.log.Info().Int(logKeyBytes, int(req.StdinBytes)).Bool("record", req.Record).Msg("exec started")
 	}
-	s.serveRequest(ctx, r, session, rec, pod, client, req.ExecID, execproto.CommandName(req.Command), req.Record, 1, started)
+	s.serveRequest(ctx, r, session, rec, pod, client, req.ExecID, execproto.CommandName(req.Command), record, 1, started)
+}
+
+// forgetRecorded drops the entry noteRecorded wrote for a start that is refused: the client
+// that starts the exec again writes it again.
+func (s *Service) forgetRecorded(ctx context.Context, r *request, execID string, record recordMode) {
+	if record != recorded {
+		return
+	}
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	if err := s.recorded.drop(dctx, r.ref, execID); err != nil {
+		s.recorded.failures.Failed(err)
+	}
+}
+
+// noteRecorded writes the recorded exec's RecordedBucket entry before its command starts.
+//
+// A write that fails (the bucket full, NATS not answering) does not refuse the start. The entry
+// is not needed for the command to run, nor for its recording while this session serves it:
+// the session records from its own state (recordedUnnoted) and writes the entry with its first
+// event. It is needed only by a session that takes the stream over (a replica's death, a client
+// that attaches again) to know the exec is recorded and from where: until the entry is written,
+// such a takeover serves the output without recording the rest (the run's history misses the
+// exec's tail and final event). Refusing the start instead refused every company's agent
+// commands once one company filled the bucket (issue 26); a company's recordings are bounded by
+// its budgets, and the entries by the recordings in progress (each is dropped at its exec's end).
+func (s *Service) noteRecorded(ctx context.Context, r *request, execID, command string) recordMode {
+	if err := s.recorded.put(ctx, r.ref, execID, command, r.msg.Reply); err != nil {
+		if ctx.Err() == nil {
+			s.recorded.failures.Failed(err)
+		}
+		return recordedUnnoted
+	}
+	s.recorded.failures.Wrote()
+	return recorded
 }
 
 func (s *Service) attach(ctx context.Context, r *request) {
@@ -161,12 +199,15 @@ func (s *Service) attach(ctx context.Context, r *request) {
 	started := execproto.Started{ExecID: req.ExecID, Replica: s.opts.Replica, StdinOffset: offset, StdinClosed: closed}
 	// An attach does not repeat the start's spec: whether the exec is recorded, and under
 	// which command name, is in RecordedBucket. Only its own client's stream records.
-	noted, _, recorded, err := s.recorded.get(ctx, r.ref, req.ExecID)
+	noted, _, isRecorded, err := s.recorded.get(ctx, r.ref, req.ExecID)
 	if err != nil {
 		s.refuse(r, err)
 		return
 	}
-	record := recorded && noted.Inbox == r.msg.Reply
+	record := notRecorded
+	if isRecorded && noted.Inbox == r.msg.Reply {
+		record = recorded
+	}
 	s.serveRequest(ctx, r, session, rec, pod, client, req.ExecID, noted.Command, record, req.FromSeq, started)
 }
 
@@ -187,7 +228,7 @@ func (s *Service) admit(ctx context.Context, r *request, providerLeaseID string)
 }
 
 // serve runs the exec's session on this request's goroutine.
-func (s *Service) serveRequest(ctx context.Context, r *request, id string, rec lease.Record, pod Pod, client *sandboxd.Client, execID, command string, record bool, from uint64, started execproto.Started) {
+func (s *Service) serveRequest(ctx context.Context, r *request, id string, rec lease.Record, pod Pod, client *sandboxd.Client, execID, command string, record recordMode, from uint64, started execproto.Started) {
 	ioSubj, err := s.subjects.IO(r.ref.CompanyID, r.ref.RunID, execID, id)
 	if err != nil {
 		s.refuse(r, err)

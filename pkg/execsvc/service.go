@@ -88,8 +88,12 @@ func (s *Service) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("opening KV bucket %s: %w", RecordedBucket, err)
 	}
-	s.recorded = recordedExecs{kv: rkv}
-	if s.budgets, err = openBudgets(ctx, s.opts.JetStream, s.opts.StreamReplicas, s.opts.Record, s.opts.Observer); err != nil {
+	rst, err := events.OpenStream(ctx, s.opts.JetStream, events.BucketStream(RecordedBucket))
+	if err != nil {
+		return err
+	}
+	s.recorded = recordedExecs{kv: rkv, st: rst, failures: storeFailures(s.log, RecordedBucket, s.opts.Observer)}
+	if s.budgets, err = openBudgets(ctx, s.opts.JetStream, s.opts.StreamReplicas, s.opts.Record, s.opts.Observer, s.log); err != nil {
 		return err
 	}
 	// Streams outlive ctx by the drain bound: they get their own context.

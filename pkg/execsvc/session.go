@@ -66,6 +66,18 @@ type sessionDeps struct {
 // in the recorder's batch, the event's text and the event's JSON are alive at once.
 const recordedFrameCopies = 4
 
+// recordMode says whether a session records its exec's output into the run stream.
+type recordMode int
+
+const (
+	notRecorded recordMode = iota
+	// recorded: the exec's RecordedBucket entry says so (and how far its recording got).
+	recorded
+	// recordedUnnoted: the start could not write the exec's entry and went on without it
+	// (Service.start); the recording writes it as it goes.
+	recordedUnnoted
+)
+
 // sessionSpec is one exec stream to serve.
 type sessionSpec struct {
 	id      string // this session, in takeover messages
@@ -75,7 +87,7 @@ type sessionSpec struct {
 	client  *sandboxd.Client
 	execID  string
 	command string // base name, for logs and recorded events
-	record  bool
+	record  recordMode
 	reply   string
 	ioSubj  string // this session's: stdin, acks, close
 	ctlSubj string // the exec's: takeovers
@@ -226,13 +238,19 @@ func (s *session) onIO(m *nats.Msg) {
 func (s *session) relayOutput(ctx context.Context) (*execspec.Exit, error) {
 	var rec *recording
 	read := s.from - 1 // the last seq read from the journal
-	if s.record {
+	if s.record != notRecorded {
+		var unnoted recordedExec
+		if s.record == recordedUnnoted {
+			unnoted = recordedExec{Command: s.command, Inbox: s.reply}
+		}
 		var err error
-		if rec, err = startRecording(ctx, s.recordingDeps(), s.ref, s.execID); err != nil {
+		if rec, err = startRecording(ctx, s.recordingDeps(), s.ref, s.execID, unnoted); err != nil {
 			return nil, err
 		}
-		defer rec.stop()
-		read = 0
+		if rec != nil {
+			defer rec.stop()
+			read = 0
+		}
 	}
 	opened := false
 	var brokenSince time.Time
@@ -369,14 +387,29 @@ type budgetFuncs struct {
 func (b budgetFuncs) Take(n int) error { return b.take(n) }
 func (b budgetFuncs) Release(n int)    { b.release(n) }
 
-// recordingDeps is what the session's recording needs: its retries are logged.
+// recordingDeps is what the session's recording needs: its retries are logged, and a budget
+// that stops it is logged and told to the client.
 func (s *session) recordingDeps() recordingDeps {
 	deps := s.deps.recording
 	deps.lineMem = s.lines
 	deps.onRetry = func(err error) {
 		s.log.Warn().Err(err).Msg("storing a recorded exec's event failed; retrying")
 	}
+	deps.onStop = s.recordingStopped
 	return deps
+}
+
+// recordingStopped tells the client, and the log, that budget be stopped the exec's recording:
+// the company sees why its run's history stops there (the Paperclip plugin writes the notice
+// into the run's log), the operator which company and budget (one line a stopped recording).
+func (s *session) recordingStopped(be *events.BudgetExceededError) {
+	s.log.Info().Str(logKeyBudget, string(be.Kind)).Int64(logKeyLimit, be.Limit).
+		Msg("recording stopped: the company's budget is used up; the command goes on unrecorded")
+	n := execproto.Notice{
+		ExecID: s.execID, Reason: execproto.NoticeRecordingStopped,
+		Message: "output recording stopped because " + be.Budget() + " was reached; the command goes on and its output still reaches you, but the run's history keeps no more of it",
+	}
+	_ = s.sendJSON(execproto.KindNotice, n)
 }
 
 // heartbeats tells the client the stream is alive whenever it was sent nothing for a

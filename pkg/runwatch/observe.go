@@ -54,21 +54,38 @@ type BudgetObserver interface {
 	BudgetExceeded(source string, kind events.BudgetKind)
 }
 
-// logBudgetSource names the container logs' counters in KUBECLIP_BUDGETS and the metric.
-const logBudgetSource = "log"
+// StoreObserver is told every write to a shared bucket that failed and was let through (fail
+// open: events.StoreFailures); the run-watcher's metrics implement it.
+type StoreObserver interface {
+	StoreWriteFailed(bucket string)
+}
 
-// openLogBudgets opens KUBECLIP_BUDGETS and returns the container logs' budgets.
+// logBudgetSource names the container logs' counters in KUBECLIP_BUDGETS and the metric.
+const logBudgetSource = events.BudgetSourceLog
+
+// openLogBudgets opens KUBECLIP_BUDGETS and returns the container logs' budgets. The
+// run-watcher also ends every run's counters, of both sources, when it publishes the run's
+// result (endRun), so it holds the bucket's stream too.
 func openLogBudgets(ctx context.Context, js jetstream.JetStream, o Options) (*events.Budgets, error) {
 	kv, err := events.EnsureBucket(ctx, js, events.BudgetBucketConfig(o.StreamReplicas, 0))
 	if err != nil {
 		return nil, fmt.Errorf("opening KV bucket %s: %w", events.BudgetBucket, err)
 	}
+	st, err := events.OpenStream(ctx, js, events.BucketStream(events.BudgetBucket))
+	if err != nil {
+		return nil, err
+	}
 	opts := events.BudgetOptions{
-		KV: kv, Source: logBudgetSource, Now: o.Now,
+		KV: kv, Stream: st, Source: logBudgetSource, Now: o.Now,
 		RunBytes: o.LogBudget.RunBytes, CompanyBytes: o.LogBudget.CompanyBytes, Window: o.LogBudget.Window,
 	}
 	if bo, ok := o.Observer.(BudgetObserver); ok {
 		opts.OnExceeded = func(kind events.BudgetKind) { bo.BudgetExceeded(logBudgetSource, kind) }
 	}
+	var count func(string)
+	if so, ok := o.Observer.(StoreObserver); ok {
+		count = so.StoreWriteFailed
+	}
+	opts.StoreFailures = events.NewStoreFailures(o.Logger, events.BudgetBucket, count)
 	return events.NewBudgets(opts)
 }

@@ -144,6 +144,35 @@ func publishResult(ctx context.Context, pub publisher, stream runStream, subject
 // stores any more.
 const resultFences = 4
 
+// runBudgets are the run-watcher's budgets (*events.Budgets): a log chunk is charged to them,
+// and a run's end drops its counters.
+type runBudgets interface {
+	budgetCharger
+	EndRun(ctx context.Context, ref events.RunRef) error
+}
+
+var _ runBudgets = (*events.Budgets)(nil)
+
+// endRun is where a run ends, followed (the tracker) or lost (reconcile): its result is
+// published (publishResult), then what the run kept in shared stores goes with it: its budget
+// counters in KUBECLIP_BUDGETS, the exec-worker's recordings' and this watcher's logs' alike
+// (events.Budgets.EndRun). They go after the result: until it is stored the run's log is still
+// charged (the flush before it), and a counter dropped earlier would be written again. Dropping
+// is idempotent (a result already published ends the run again) and never holds the result: a
+// failure is logged and the counters expire with the bucket's TTL.
+func endRun(ctx context.Context, d *deps, log zerolog.Logger, ref events.RunRef, end verdict.End, agent *events.AgentResult) error {
+	if err := publishResult(ctx, d.pub, d.stream, d.opts.Subjects, log, ref, end, agent); err != nil {
+		return err
+	}
+	if d.budgets == nil {
+		return nil
+	}
+	if err := d.budgets.EndRun(ctx, ref); err != nil {
+		log.Warn().Err(err).Msg("dropping the run's budget counters failed; they expire with their bucket's TTL")
+	}
+	return nil
+}
+
 // resultPublished reports whether the run's result is already in the stream (kubeclip's, not
 // anything else stored on its subject: events.Published).
 func resultPublished(ctx context.Context, stream runStream, subjects events.Subjects, ref events.RunRef) (bool, error) {

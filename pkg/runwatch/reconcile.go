@@ -136,7 +136,7 @@ func reportLost(ctx context.Context, d *deps, rec lease.Record) bool {
 		log.Warn().Err(err).Msg("reconcile: publishing status failed")
 		return false
 	}
-	if err := publishResult(ctx, d.pub, d.stream, d.opts.Subjects, log, ref, end, resultAgent(end, policy.Backend(rec.Backend), j)); err != nil {
+	if err := endRun(ctx, d, log, ref, end, resultAgent(end, policy.Backend(rec.Backend), j)); err != nil {
 		log.Warn().Err(err).Msg("reconcile: publishing result failed")
 		return false
 	}

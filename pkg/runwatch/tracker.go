@@ -28,7 +28,7 @@ type deps struct {
 	owners  *owners
 	leases  lease.Records
 	cluster *clusterCache
-	budgets budgetCharger // the container logs'
+	budgets runBudgets // the container logs'
 	// workloads reach each backend's workload (workload.For): what the tracker observes of a
 	// run, and whether a run the informers lost sight of still has one.
 	workloads workload.Deps
@@ -375,7 +375,7 @@ func (t *tracker) step(ctx context.Context) error {
 	if t.journal == nil {
 		return nil // fenced while flushing
 	}
-	if err := publishResult(ctx, t.d.pub, t.d.stream, t.d.opts.Subjects, t.log, t.ref, *t.end, resultAgent(*t.end, t.workload.Backend(), t.journal)); err != nil {
+	if err := endRun(ctx, t.d, t.log, t.ref, *t.end, resultAgent(*t.end, t.workload.Backend(), t.journal)); err != nil {
 		return err
 	}
 	t.done = true

@@ -102,6 +102,13 @@ func TestAlertsFireWhenTheyShould(t *testing.T) {
 			{`kubeclip_budget_exceeded_total{source="log",kind="company",` + watcher + `}`, constant(1)},
 		}, 25 * time.Minute, false},
 
+		{"KubeclipStoreWritesFailing", []series{
+			{`kubeclip_store_write_errors_total{bucket="KUBECLIP_BUDGETS",` + watcher + `}`, ramp(0, 3)},
+		}, 30 * time.Minute, true},
+		{"KubeclipStoreWritesFailing", []series{ // one failed write, long ago
+			{`kubeclip_store_write_errors_total{bucket="KUBECLIP_BUDGETS",` + watcher + `}`, func(m int) float64 { return float64(min(m, 1)) }},
+		}, 30 * time.Minute, false},
+
 		{"KubeclipKubernetesAPIErrors", []series{
 			{`kubeclip_kubernetes_requests_total{method="GET",code="200",` + dispatcher + `}`, ramp(0, 80)},
 			{`kubeclip_kubernetes_requests_total{method="POST",code="500",` + dispatcher + `}`, ramp(0, 20)},

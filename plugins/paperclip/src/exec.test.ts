@@ -96,6 +96,22 @@ describe("exec protocol", () => {
     await eventually(() => !env.sandbox.execs.has(r.metadata.execId), "close drops the journal");
   });
 
+  it("writes kubeclip's notice (recording stopped, and why) into the live log, not the result", async () => {
+    const message = "output recording stopped because company acme's recorded-output budget per company of 1024 bytes per day was reached";
+    for (const r of env.replicas.splice(0)) r.die();
+    env.replicas.push(new FakeExecReplica(env.nc, env.sandbox, "ew-n", { notice: { reason: "recordingStopped", message } }));
+    await env.nc.flush();
+    const logs: { stream: Stream; text: string }[] = [];
+    const r = await runExec(env.nc, "paperclip", spec("sh", ["-c", "echo out"], { record: true }), {
+      ...fast,
+      onOutput: (stream, text) => logs.push({ stream, text }),
+    });
+    assert.equal(r.exitCode, 0);
+    assert.deepEqual(logs.filter((l) => l.text.includes("[kubeclip:")), [{ stream: "stderr", text: `\n[kubeclip: ${message}]\n` }]);
+    assert.equal(r.stdout, "out\n");
+    assert.equal(r.stderr, "");
+  });
+
   it("passes cwd and env", async () => {
     const r = await runExec(env.nc, "paperclip", spec("sh", ["-c", 'pwd; echo "$GREETING"'], { cwd: "/tmp", env: { GREETING: "hi" } }), fast);
     assert.equal(r.stdout, "/tmp\nhi\n");
@@ -403,6 +419,7 @@ describe("exec protocol", () => {
       "exec-attach",
       "exec-error",
       "exec-exit",
+      "exec-notice",
       "exec-resize-reply",
       "exec-signal",
       "exec-signaled",

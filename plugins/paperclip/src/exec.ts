@@ -697,6 +697,16 @@ export async function runExec(nc: NatsConnection, prefix: string, spec: ExecSpec
         case "signaled":
           // The answer to giveUp's SIGKILL (delivered, or `exited`): the exit, if any, follows.
           break;
+        case "notice": {
+          // What kubeclip says about the exec beside its output (exec-notice.json: a budget
+          // stopped its recording into the run's history): one line in the live log, so the
+          // run's log in Paperclip says why; never in the result, whose stdout the agent's
+          // adapter parses.
+          const f = new Fields(parseObject(item.data, "notice"), "notice");
+          const message = f.optStr("message");
+          if (message) opts.onOutput?.("stderr", `\n[kubeclip: ${message}]\n`);
+          break;
+        }
         case "error": {
           const f = new Fields(parseObject(item.data, "exec error"), "exec error");
           const code = f.optStr("code") ?? "internal";

@@ -231,6 +231,8 @@ export interface ReplicaOptions {
   ignoreFirstStdin?: boolean;
   /** Answer this many start/attach requests `unavailable` first (a replica at capacity). */
   unavailableFirst?: number;
+  /** Send this notice (exec-notice.json's reason and message) right after `started`. */
+  notice?: { reason: string; message: string };
 }
 
 export class FakeExecReplica {
@@ -358,6 +360,12 @@ export class FakeExecReplica {
     const startedBad = schemaErrors("exec-started", started);
     if (startedBad) throw new Error(`the fake's own started breaks the schema: ${startedBad}`);
     this.send(reply, "started", JSON.stringify(started));
+    if (this.opts.notice) {
+      const notice = { execId, ...this.opts.notice };
+      const noticeBad = schemaErrors("exec-notice", notice);
+      if (noticeBad) throw new Error(`the fake's own notice breaks the schema: ${noticeBad}`);
+      this.send(reply, "notice", JSON.stringify(notice));
+    }
     void this.stream(reply, session, execId, journal, from);
   }
 

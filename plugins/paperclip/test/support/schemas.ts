@@ -15,6 +15,7 @@ export type ExecSchema =
   | "exec-exit"
   | "exec-error"
   | "exec-signaled"
+  | "exec-notice"
   | "exec-stdin-reply"
   | "exec-resize-reply";
 
