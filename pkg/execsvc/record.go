@@ -58,8 +58,8 @@ type RecordLimits struct {
 	// what it keeps of an execute): past it, recording stops with a `recordingStopped` event.
 	ExecBytes int64
 	// RunBytes, CompanyBytes and CompanyWindow are the run's and the company's budgets of
-	// recorded output, across replicas (events.BudgetOptions; defaults 256 MiB a run, 1 GiB a
-	// company a day).
+	// recorded output, across replicas (events.BudgetOptions; defaults 256 MiB a run and, a
+	// company, its share of the run stream: events.Options.CompanyBudget).
 	RunBytes      int64
 	CompanyBytes  int64
 	CompanyWindow time.Duration
@@ -103,8 +103,8 @@ type BudgetObserver interface {
 }
 
 // openBudgets opens KUBECLIP_BUDGETS and returns the recorded execs' budgets.
-func openBudgets(ctx context.Context, js jetstream.JetStream, replicas int, limits RecordLimits, observer Observer) (*events.Budgets, error) {
-	kv, err := events.EnsureBucket(ctx, js, events.BudgetBucketConfig(replicas, 0))
+func openBudgets(ctx context.Context, js jetstream.JetStream, replicas int, storeBytes int64, limits RecordLimits, observer Observer) (*events.Budgets, error) {
+	kv, err := events.EnsureBucket(ctx, js, events.BudgetBucketConfig(replicas, 0, storeBytes))
 	if err != nil {
 		return nil, fmt.Errorf("opening KV bucket %s: %w", events.BudgetBucket, err)
 	}

@@ -80,12 +80,12 @@ func (s *Service) Run(ctx context.Context) error {
 		return err
 	}
 	s.leases = lease.Records{KV: kv}
-	rkv, err := events.EnsureBucket(ctx, s.opts.JetStream, RecordedBucketConfig(s.opts.StreamReplicas))
+	rkv, err := events.EnsureBucket(ctx, s.opts.JetStream, RecordedBucketConfig(s.opts.StreamReplicas, s.opts.StoreBytes))
 	if err != nil {
 		return fmt.Errorf("opening KV bucket %s: %w", RecordedBucket, err)
 	}
 	s.recorded = recordedExecs{kv: rkv}
-	if s.budgets, err = openBudgets(ctx, s.opts.JetStream, s.opts.StreamReplicas, s.opts.Record, s.opts.Observer); err != nil {
+	if s.budgets, err = openBudgets(ctx, s.opts.JetStream, s.opts.StreamReplicas, s.opts.StoreBytes, s.opts.Record, s.opts.Observer); err != nil {
 		return err
 	}
 	// Streams outlive ctx by the drain bound: they get their own context.

@@ -59,7 +59,7 @@ const logBudgetSource = "log"
 
 // openLogBudgets opens KUBECLIP_BUDGETS and returns the container logs' budgets.
 func openLogBudgets(ctx context.Context, js jetstream.JetStream, o Options) (*events.Budgets, error) {
-	kv, err := events.EnsureBucket(ctx, js, events.BudgetBucketConfig(o.StreamReplicas, 0))
+	kv, err := events.EnsureBucket(ctx, js, events.BudgetBucketConfig(o.StreamReplicas, 0, o.StoreBytes))
 	if err != nil {
 		return nil, fmt.Errorf("opening KV bucket %s: %w", events.BudgetBucket, err)
 	}
