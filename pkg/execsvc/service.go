@@ -192,7 +192,7 @@ func (s *Service) sessionDeps() sessionDeps {
 	return sessionDeps{
 		nc: s.opts.NATS, pods: s.opts.Pods, events: s.events, observer: s.opts.Observer, now: s.opts.Now,
 		heartbeat: s.opts.Heartbeat, linger: s.opts.Linger, patience: s.opts.AckPatience, reconnect: s.opts.Reconnect,
-		recording: recordingDeps{events: s.events, budgets: s.budgets, progress: s.recorded, limits: s.opts.Record, onExecBudget: execBudgetHook(s.opts.Observer)},
+		recording: recordingDeps{events: s.events, subjects: s.opts.Subjects, budgets: s.budgets, progress: s.recorded, limits: s.opts.Record, onExecBudget: execBudgetHook(s.opts.Observer)},
 		replies:   s.opts.Replies,
 	}
 }
