@@ -203,8 +203,9 @@ func (o Options) RunStreamConfig() jetstream.StreamConfig {
 		// Full, it drops its oldest events, the runs of about RunMaxAge ago whose readers are
 		// long done: a new result is always stored. DiscardNew would refuse every company's
 		// results once the stream filled. What one company may write is bounded upstream,
-		// per exec, run and company (KUBECLIP_BUDGETS, docs/boundary/budgets.md), so filling
-		// the stream takes many companies' budgets and turns over weeks-old runs first.
+		// per exec, run and company (KUBECLIP_BUDGETS, docs/boundary/budgets.md), each
+		// company's daily budget sized so the companies the store is sized for fit the whole
+		// RunMaxAge (CompanyBudget): only more companies than that evict history early.
 		Discard:  jetstream.DiscardOld,
 		MaxAge:   o.RunMaxAge,
 		MaxMsgs:  -1,
