@@ -106,15 +106,10 @@ func ownedConsumers(component string, s events.Subjects) []ops.ConsumerRef {
 	return nil
 }
 
-// parkedStream is pkg/dispatch's KUBECLIP_PARKED (dispatch.ParkedStream), named here so the
-// workers that do not dispatch do not link pkg/dispatch.
-const parkedStream = "KUBECLIP_PARKED"
-
-// watchJetStream has every worker report the streams' usage (the store filling concerns all)
-// and its own consumers' lag.
+// watchJetStream has every worker report the usage of every stream and bucket (the store
+// filling concerns all; a bucket is the stream "KV_<bucket>") and its own consumers' lag.
 func (o *Ops) watchJetStream(component string, js jetstream.JetStream, s events.Subjects) {
-	streams := []string{s.LeaseStream(), s.RunStream(), events.WorkStream, events.RetryStream, parkedStream}
-	o.JetStream.Watch(js, streams, ownedConsumers(component, s), 0)
+	o.JetStream.Watch(js, s.StreamNames(), ownedConsumers(component, s), 0)
 }
 
 // CountLeases has /metrics report the lease records (kubeclip_leases); the dispatcher calls it.

@@ -69,12 +69,8 @@ func TestEveryStoreIsBounded(t *testing.T) {
 			js := ensureEveryStore(t, srv.ClientURL(), st)
 
 			want := map[string]int64{}
-			for _, s := range events.Stores() {
-				name := s.Name
-				if s.Bucket {
-					name = "KV_" + name
-				}
-				want[name] = events.StoreLimit(store, s.Store)
+			for i, name := range (events.Subjects{}).StreamNames() {
+				want[name] = events.StoreLimit(store, events.Stores()[i].Store)
 			}
 			ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 			defer cancel()

@@ -71,6 +71,25 @@ func Stores() []StoreShare {
 	}
 }
 
+// StreamNames are the names of every store's stream on the server, for the prefix of s: the
+// lease-request and run streams are named after it, a bucket's stream is "KV_" + its name.
+func (s Subjects) StreamNames() []string {
+	var names []string
+	for _, st := range Stores() {
+		switch {
+		case st.Store == StoreRuns:
+			names = append(names, s.RunStream())
+		case st.Store == StoreLeaseRequests:
+			names = append(names, s.LeaseStream())
+		case st.Bucket:
+			names = append(names, "KV_"+st.Name)
+		default:
+			names = append(names, st.Name)
+		}
+	}
+	return names
+}
+
 // StoreSharedPermille is the most the shares may add up to, in thousandths of the store: 15 %
 // stays free as headroom (TestStoreSharesLeaveHeadroom).
 const StoreSharedPermille = 850
