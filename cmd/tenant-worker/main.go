@@ -11,10 +11,14 @@ import (
 
 	"github.com/kubeclip/kubeclip/internal/app"
 	"github.com/kubeclip/kubeclip/internal/config"
+	"github.com/kubeclip/kubeclip/internal/ops"
 	"github.com/kubeclip/kubeclip/pkg/tenant"
 )
 
 const summary = "tenant-worker provisions a company's tenant namespace for each acquire request and hands the lease to the dispatcher."
+
+// The metrics count the acquires the lease-record quota refuses.
+var _ tenant.BudgetObserver = (*ops.Metrics)(nil)
 
 func main() { os.Exit(app.Main("tenant-worker", run)) }
 

@@ -18,9 +18,9 @@ import (
 // store is sized for, for the whole life of a record), and a failed acquire's record expires
 // after FailedRecordTTL rather than RecordTTL.
 
-// quotaSource names the lease records' counters in KUBECLIP_BUDGETS
-// ("lease.company.<company>.<window>").
-const quotaSource = "lease"
+// QuotaSource names the lease records' counters in KUBECLIP_BUDGETS
+// ("lease.company.<company>.<window>") and the budget metric's source.
+const QuotaSource = "lease"
 
 // FailedRecordTTL is how long the record of a failed acquire is kept: long enough that a
 // redelivery of the acquire (its consumer retries for about 1.5 minutes, the duplicate window
@@ -36,12 +36,13 @@ type RecordQuota struct {
 }
 
 // NewRecordQuota counts in kv (events.BudgetBucket) at most perWindow records per company per
-// events.LeaseRecordWindow. now is the clock (nil: time.Now).
-func NewRecordQuota(kv jetstream.KeyValue, perWindow int64, now func() time.Time) (*RecordQuota, error) {
+// events.LeaseRecordWindow. now is the clock (nil: time.Now); onExceeded, when not nil, is told
+// every record refused (the budget metric, source QuotaSource, kind company).
+func NewRecordQuota(kv jetstream.KeyValue, perWindow int64, now func() time.Time, onExceeded func(events.BudgetKind)) (*RecordQuota, error) {
 	if perWindow < 1 {
 		return nil, fmt.Errorf("lease: a quota of %d lease records per company refuses every acquire", perWindow)
 	}
-	b, err := events.NewBudgets(events.BudgetOptions{KV: kv, Source: quotaSource, CompanyBytes: perWindow, Window: events.LeaseRecordWindow, Now: now})
+	b, err := events.NewBudgets(events.BudgetOptions{KV: kv, Source: QuotaSource, CompanyBytes: perWindow, Window: events.LeaseRecordWindow, Now: now, OnExceeded: onExceeded})
 	if err != nil {
 		return nil, err
 	}

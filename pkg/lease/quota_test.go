@@ -61,7 +61,8 @@ func TestLeaseRecordQuota(t *testing.T) {
 	const quota = 3
 	e := newQuotaEnv(t)
 	clk := &clock{now: time.Date(2026, 12, 7, 10, 0, 0, 0, time.UTC)}
-	q, err := lease.NewRecordQuota(e.bucket, quota, clk.Now)
+	refused := 0 // the budget metric's count
+	q, err := lease.NewRecordQuota(e.bucket, quota, clk.Now, func(events.BudgetKind) { refused++ })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -84,6 +85,9 @@ func TestLeaseRecordQuota(t *testing.T) {
 	}
 	if _, _, err := e.records.Get(ctx, events.Ref("co-a", "run-over")); !errors.Is(err, lease.ErrNotFound) {
 		t.Errorf("the refused acquire left a record: %v", err)
+	}
+	if refused != 1 {
+		t.Errorf("the metric was told %d refusals, want 1", refused)
 	}
 	if _, created, err := e.records.CreateCounted(ctx, record("co-b", "run-0"), q); err != nil || !created {
 		t.Errorf("another company's first record: created %v, %v", created, err)

@@ -47,7 +47,7 @@ func TestAcquirePastTheRecordQuotaFails(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	quota, err := lease.NewRecordQuota(counters, 1, nil)
+	quota, err := lease.NewRecordQuota(counters, 1, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -70,6 +70,12 @@ type Options struct {
 	RecordQuota int64
 }
 
+// BudgetObserver is told when the lease-record quota refuses an acquire (the worker's metrics
+// implement it: kubeclip_budget_exceeded_total{source="lease"}); it must not block.
+type BudgetObserver interface {
+	BudgetExceeded(source string, kind events.BudgetKind)
+}
+
 // Worker is the tenant-worker.
 type Worker struct {
 	opts      Options
@@ -135,7 +141,11 @@ func (w *Worker) Run(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("opening KV bucket %s: %w", events.BudgetBucket, err)
 		}
-		if w.quota, err = lease.NewRecordQuota(counters, w.opts.RecordQuota, w.opts.Now); err != nil {
+		var onExceeded func(events.BudgetKind)
+		if bo, ok := w.opts.Observer.(BudgetObserver); ok {
+			onExceeded = func(kind events.BudgetKind) { bo.BudgetExceeded(lease.QuotaSource, kind) }
+		}
+		if w.quota, err = lease.NewRecordQuota(counters, w.opts.RecordQuota, w.opts.Now, onExceeded); err != nil {
 			return err
 		}
 	}

@@ -29,7 +29,7 @@ func TestTenantWorkerCountsLeaseRecords(t *testing.T) {
 	if err != nil {
 		t.Fatalf("creating %s as the workers' user: %v", events.BudgetBucket, err)
 	}
-	quota, err := lease.NewRecordQuota(counters, 10, nil)
+	quota, err := lease.NewRecordQuota(counters, 10, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
