@@ -39,8 +39,8 @@ type StoreShare struct {
 	PerCompany string
 }
 
-// Stores is the table of every stream and bucket, in Store order. The shares add up to
-// StoreSharedPermille: the rest of the store is headroom (the file store's own records and
+// Stores is the table of every stream and bucket, in Store order. The shares add up to 826
+// thousandths, at most StoreSharedPermille: the rest of the store is headroom (the file store's own records and
 // compaction, a bucket's delete markers), so every stream and bucket reaches its own limit
 // before the server's max_file_store, and a full one never makes the server refuse another's
 // writes.
