@@ -39,7 +39,7 @@ func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout,
 	s.Tenancy.Bind(fs)
 	fs.Duration(&s.Resync, "tenant-resync", "KUBECLIP_TENANT_RESYNC", tenant.DefaultResync, "re-apply an unchanged tenant after this long, repairing drift")
 	fs.Int(&s.Concurrency, "concurrency", "KUBECLIP_CONCURRENCY", 8, "acquire requests handled at once")
-	fs.Int(&s.RecordQuota, "lease-record-quota", "KUBECLIP_LEASE_RECORD_QUOTA", 0, "lease records one company may create a day (one per acquire, a failing one too); past it its acquires fail quota_exceeded. 0: the lease records' share of --store-bytes divided among --store-companies for the whole --run-retention")
+	fs.Int(&s.RecordQuota, "lease-record-quota", "KUBECLIP_LEASE_RECORD_QUOTA", 0, "lease records one company may create a day (one per acquire, a failing one too); past it its acquires fail quota_exceeded. 0: the lease records' share of --store-bytes divided among --store-companies for the whole --run-retention, the most that fits (and the most allowed)")
 	if err := fs.Parse(args); err != nil {
 		fs.Usage(stdout, summary)
 		return app.Usage(err)
@@ -64,6 +64,8 @@ func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout,
 	quota := int64(s.RecordQuota)
 	if quota == 0 {
 		quota = s.Streams.Options("").LeaseRecordQuota()
+	} else if err := s.Streams.Options("").CheckLeaseRecordQuota(fs.Names("lease-record-quota"), quota); err != nil {
+		return &app.UsageError{Err: err}
 	}
 	w, err := tenant.New(tenant.Options{
 		Clientset: p.Kube.Clientset, Applier: p.Kube.Applier, JetStream: p.JS, Subjects: p.Subjects,

@@ -159,6 +159,17 @@ func (o Options) LeaseRecordQuota() int64 {
 	return perCompany / (windowsIn(o.RunMaxAge, LeaseRecordWindow) * leaseRecordRunBytes)
 }
 
+// CheckLeaseRecordQuota reports an error naming setting when perDay records a day, for every
+// company the store is sized for, do not fit the lease records' share for a record's life.
+func (o Options) CheckLeaseRecordQuota(setting string, perDay int64) error {
+	if fit := o.LeaseRecordQuota(); perDay > fit || perDay <= 0 {
+		o = o.withDefaults()
+		return fmt.Errorf("%s is %d lease records a day, but %d companies × %d days of records of up to %d bytes fit the lease records' %d bytes only at %d or less: lower it, or raise the store bytes or lower the companies the store is sized for",
+			setting, perDay, o.Companies, windowsIn(o.RunMaxAge, LeaseRecordWindow), leaseRecordRunBytes, StoreLimit(o.StoreBytes, StoreLeaseRecords), fit)
+	}
+	return nil
+}
+
 // LeaseRecordWindow is the window of LeaseRecordQuota.
 const LeaseRecordWindow = 24 * time.Hour
 

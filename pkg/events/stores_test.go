@@ -99,6 +99,13 @@ func TestLeaseRecordQuotaIsSizedFromTheStore(t *testing.T) {
 		if got := tc.opts.LeaseRecordQuota(); got != tc.want {
 			t.Errorf("%+v: quota %d, want %d", tc.opts, got, tc.want)
 		}
+		if err := tc.opts.CheckLeaseRecordQuota("--lease-record-quota", tc.want); err != nil {
+			t.Errorf("%+v: the derived quota is refused: %v", tc.opts, err)
+		}
+		err := tc.opts.CheckLeaseRecordQuota("--lease-record-quota (KUBECLIP_LEASE_RECORD_QUOTA)", tc.want+1)
+		if err == nil || !strings.Contains(err.Error(), "--lease-record-quota (KUBECLIP_LEASE_RECORD_QUOTA) is") || !strings.Contains(err.Error(), fmt.Sprintf("only at %d or less", tc.want)) {
+			t.Errorf("%+v: one record a day more: %v, want a refusal naming the setting and the most that fits", tc.opts, err)
+		}
 	}
 }
 
