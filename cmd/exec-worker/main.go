@@ -54,8 +54,18 @@ func (r *recordSettings) bind(fs *config.Set) {
 	fs.Int(&r.MaxLine, "record-max-line", "KUBECLIP_RECORD_MAX_LINE", execsvc.DefaultMaxRecordedLine, "longest stdout line of a recorded exec parsed for the agent's result, in bytes; longer lines are skipped, never buffered")
 	fs.Int(&r.ExecBytes, "record-exec-budget", "KUBECLIP_RECORD_EXEC_BUDGET", execsvc.DefaultExecBudget, "bytes one recorded exec may store in the run stream (each event's fixed cost included)")
 	fs.Int(&r.RunBytes, "record-run-budget", "KUBECLIP_RECORD_RUN_BUDGET", events.DefaultRunBudget, "bytes one run's recorded execs may store in the run stream")
-	fs.Int(&r.CompanyBytes, "record-company-budget", "KUBECLIP_RECORD_COMPANY_BUDGET", events.DefaultCompanyBudget, "bytes one company's recorded execs may store in the run stream per --record-budget-window")
+	fs.Int(&r.CompanyBytes, "record-company-budget", "KUBECLIP_RECORD_COMPANY_BUDGET", 0, "bytes one company's recorded execs may store in the run stream per --record-budget-window; 0: the run stream's share of --store-bytes divided among --store-companies, both sources (execs and logs) and every window of --run-retention, the most that fits (and the most allowed)")
 	fs.Duration(&r.CompanyWindow, "record-budget-window", "KUBECLIP_RECORD_BUDGET_WINDOW", events.DefaultBudgetWindow, "the window of --record-company-budget")
+}
+
+// fit sizes the company budget from the store when it is not set, and refuses one that does not
+// fit the run stream for every company the store is sized for.
+func (r *recordSettings) fit(fs *config.Set, streams events.Options) error {
+	if r.CompanyBytes == 0 {
+		r.CompanyBytes = int(streams.CompanyBudget(r.CompanyWindow))
+		return nil
+	}
+	return streams.CheckCompanyBudget(fs.Names("record-company-budget"), int64(r.CompanyBytes), r.CompanyWindow)
 }
 
 func (r recordSettings) limits() execsvc.RecordLimits {
@@ -82,6 +92,9 @@ func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout,
 		return app.Usage(err)
 	}
 	if err := s.Validate(fs); err != nil {
+		return &app.UsageError{Err: err}
+	}
+	if err := s.Record.fit(fs, s.Streams.Options("")); err != nil {
 		return &app.UsageError{Err: err}
 	}
 	envPolicy, err := execproto.NewEnvPolicy(s.EnvPolicy, s.EnvAllow, s.EnvDeny)
@@ -120,7 +133,7 @@ func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout,
 	svc, err := execsvc.New(execsvc.Options{
 		NATS: p.NATS, JetStream: p.JS, Subjects: p.Subjects, Pods: pods, Route: route, MasterKey: masterKey,
 		Replica: s.ReplicaID, Logger: p.Log, MaxSessions: sizing.Sessions, MaxSessionsPerCompany: s.MaxCompanyExecs, BufferBytes: sizing.BufferBytes, ReadyTimeout: s.ReadyTimeout,
-		DrainTimeout: s.ShutdownTimeout, StreamReplicas: s.Streams.Replicas, Observer: p.Ops.Metrics,
+		DrainTimeout: s.ShutdownTimeout, StreamReplicas: s.Streams.Replicas, StoreBytes: int64(s.Streams.StoreBytes), Observer: p.Ops.Metrics,
 		Record:    s.Record.limits(),
 		Replies:   s.Replies(),
 		EnvPolicy: envPolicy,

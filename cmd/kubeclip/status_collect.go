@@ -16,11 +16,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/kubeclip/kubeclip/pkg/api"
-	"github.com/kubeclip/kubeclip/pkg/dispatch"
 	"github.com/kubeclip/kubeclip/pkg/events"
-	"github.com/kubeclip/kubeclip/pkg/execsvc"
 	"github.com/kubeclip/kubeclip/pkg/lease"
-	"github.com/kubeclip/kubeclip/pkg/runwatch"
 )
 
 // Fixed bounds of one collection (docs/status.md).
@@ -152,12 +149,10 @@ type streamStatus struct {
 	Error       string  `json:"error,omitempty"`
 }
 
-// statusStreams are kubeclip's streams and the streams of its KV buckets, sorted.
+// statusStreams are kubeclip's streams and the streams of its KV buckets (pkg/events' table of
+// stores), sorted.
 func statusStreams(s events.Subjects) []string {
-	names := []string{s.LeaseStream(), s.RunStream(), events.WorkStream, events.RetryStream, dispatch.ParkedStream}
-	for _, b := range []string{lease.Bucket, lease.TenantBucket, dispatch.AgentBucket, dispatch.WarmBucket, runwatch.OwnershipBucket, execsvc.RecordedBucket, events.BudgetBucket} {
-		names = append(names, "KV_"+b)
-	}
+	names := s.StreamNames()
 	slices.Sort(names)
 	return names
 }

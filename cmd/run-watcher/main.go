@@ -51,13 +51,20 @@ func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout,
 	fs.Duration(&s.Reconcile, "reconcile-interval", "KUBECLIP_RECONCILE_INTERVAL", runwatch.DefaultReconcileInterval, "how often runs whose workload vanished unobserved get a result (also at start)")
 	fs.Duration(&s.OwnershipTTL, "ownership-ttl", "KUBECLIP_OWNERSHIP_TTL", runwatch.DefaultOwnershipTTL, "how long a run stays with a replica that stopped renewing it; bounds takeover after a crash (same on every replica)")
 	fs.Int(&s.LogRunBudget, "log-run-budget", "KUBECLIP_LOG_RUN_BUDGET", events.DefaultRunBudget, "bytes of container log one run may store in the run stream (each event's fixed cost included); past it the run's log stops with a logStopped event")
-	fs.Int(&s.LogCompanyBudget, "log-company-budget", "KUBECLIP_LOG_COMPANY_BUDGET", events.DefaultCompanyBudget, "bytes of container log one company's runs may store in the run stream per --log-budget-window")
+	fs.Int(&s.LogCompanyBudget, "log-company-budget", "KUBECLIP_LOG_COMPANY_BUDGET", 0, "bytes of container log one company's runs may store in the run stream per --log-budget-window; 0: the run stream's share of --store-bytes divided among --store-companies, both sources (execs and logs) and every window of --run-retention, the most that fits (and the most allowed)")
 	fs.Duration(&s.LogBudgetWindow, "log-budget-window", "KUBECLIP_LOG_BUDGET_WINDOW", events.DefaultBudgetWindow, "the window of --log-company-budget")
 	if err := fs.Parse(args); err != nil {
 		fs.Usage(stdout, summary)
 		return app.Usage(err)
 	}
 	if err := s.Validate(fs); err != nil {
+		return &app.UsageError{Err: err}
+	}
+	// The company budget is sized from the store when it is not set, and refused when it does
+	// not fit the run stream for every company the store is sized for.
+	if streams := s.Streams.Options(""); s.LogCompanyBudget == 0 {
+		s.LogCompanyBudget = int(streams.CompanyBudget(s.LogBudgetWindow))
+	} else if err := streams.CheckCompanyBudget(fs.Names("log-company-budget"), int64(s.LogCompanyBudget), s.LogBudgetWindow); err != nil {
 		return &app.UsageError{Err: err}
 	}
 
@@ -73,7 +80,7 @@ func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout,
 	w, err := runwatch.New(runwatch.Options{
 		Clientset: p.Kube.Clientset, Dynamic: p.Kube.Dynamic, JetStream: p.JS, Subjects: p.Subjects, Logger: p.Log,
 		FlushInterval: s.FlushInterval, UnschedulableGrace: s.UnschedulableGrace, StartErrorGrace: s.StartErrorGrace,
-		ReplicaID: s.ReplicaID, OwnershipTTL: s.OwnershipTTL, StreamReplicas: s.Streams.Replicas,
+		ReplicaID: s.ReplicaID, OwnershipTTL: s.OwnershipTTL, StreamReplicas: s.Streams.Replicas, StoreBytes: int64(s.Streams.StoreBytes),
 		ReconcileInterval: s.Reconcile,
 		LogBudget:         runwatch.LogBudget{RunBytes: int64(s.LogRunBudget), CompanyBytes: int64(s.LogCompanyBudget), Window: s.LogBudgetWindow},
 		Observer:          p.Ops.Metrics,

@@ -2,6 +2,7 @@ package app
 
 import (
 	"context"
+	"slices"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -107,18 +108,23 @@ func ownedConsumers(component string, s events.Subjects) []ops.ConsumerRef {
 	return nil
 }
 
-// parkedStream is pkg/dispatch's KUBECLIP_PARKED (dispatch.ParkedStream), named here so the
-// workers that do not dispatch do not link pkg/dispatch.
-const parkedStream = "KUBECLIP_PARKED"
-
-// watchJetStream has every worker report the streams' usage (the store filling concerns all)
-// and its own consumers' lag.
+// watchJetStream has every worker report the usage of every stream and bucket (the store
+// filling concerns all; a bucket is the stream "KV_<bucket>") and its own consumers' lag.
 func (o *Ops) watchJetStream(component string, js jetstream.JetStream, s events.Subjects) {
-	streams := []string{s.LeaseStream(), s.RunStream(), events.WorkStream, events.RetryStream, parkedStream, events.BucketStream(events.BudgetBucket)}
+	o.JetStream.Watch(js, watchedStores(component, s), ownedConsumers(component, s), 0)
+}
+
+// watchedStores are the stores a worker reports: those its NATS user may read
+// (deploy/kustomize/base/nats-auth.conf; a refused info waits out the scrape's bound and reads
+// as JetStream not answering). The exec-worker's user reads the start-up streams and its own
+// buckets; the other workers' user every store but the exec-worker's recorded execs.
+func watchedStores(component string, s events.Subjects) []string {
+	execs := events.BucketStream(execsvc.RecordedBucket)
 	if component == "exec-worker" {
-		streams = append(streams, events.BucketStream(execsvc.RecordedBucket)) // only its user may read it
+		return []string{s.LeaseStream(), s.RunStream(), events.WorkStream, events.BucketStream(lease.Bucket),
+			events.BucketStream(lease.TenantBucket), execs, events.BucketStream(events.BudgetBucket)}
 	}
-	o.JetStream.Watch(js, streams, ownedConsumers(component, s), 0)
+	return slices.DeleteFunc(s.StreamNames(), func(name string) bool { return name == execs })
 }
 
 // CountLeases has /metrics report the lease records (kubeclip_leases); the dispatcher calls it.

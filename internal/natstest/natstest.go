@@ -22,10 +22,21 @@ const readyTimeout = 10 * time.Second
 // it, so goleak sees nothing left behind.
 func Start(t testing.TB) (*server.Server, *nats.Conn, jetstream.JetStream) {
 	t.Helper()
+	return StartWithStore(t, 0)
+}
+
+// StartWithStore is Start with a JetStream file store of maxStore bytes (0: the server's
+// default), as a shipped server's max_file_store: the server refuses a stream or bucket whose
+// byte limit does not fit what the others reserved.
+func StartWithStore(t testing.TB, maxStore int64) (*server.Server, *nats.Conn, jetstream.JetStream) {
+	t.Helper()
 	opts := natsservertest.DefaultTestOptions // a copy: the package variable is shared
 	opts.Port = -1
 	opts.JetStream = true
 	opts.StoreDir = t.TempDir()
+	if maxStore > 0 {
+		opts.JetStreamMaxStore = maxStore
+	}
 	// As the shipped servers are configured: nats-server's default refuses a stream's 1,001st
 	// consumer.
 	opts.JetStreamLimits.DefaultMaxConsumers = embeddednats.DefaultMaxConsumers

@@ -21,10 +21,12 @@ func TestBudgetMetric(t *testing.T) {
 	m.BudgetExceeded("exec", events.BudgetCompany)
 	m.BudgetExceeded("exec", events.BudgetCompany)
 	m.BudgetExceeded("log", events.BudgetRun)
+	m.BudgetExceeded("lease", events.BudgetCompany)
 	want := `
-# HELP kubeclip_budget_exceeded_total Writes a company's budget refused, by source (exec: recorded execs, log: container logs) and kind (exec, run, company). Recording stops for that exec or run; other companies are unaffected.
+# HELP kubeclip_budget_exceeded_total Writes a company's budget refused, by source (exec: recorded execs, log: container logs, lease: lease records) and kind (exec, run, company). Recording stops for that exec or run, an acquire past the lease-record quota fails; other companies are unaffected.
 # TYPE kubeclip_budget_exceeded_total counter
 kubeclip_budget_exceeded_total{kind="company",source="exec"} 2
+kubeclip_budget_exceeded_total{kind="company",source="lease"} 1
 kubeclip_budget_exceeded_total{kind="run",source="log"} 1
 `
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "kubeclip_budget_exceeded_total"); err != nil {

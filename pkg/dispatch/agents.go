@@ -28,8 +28,8 @@ const (
 
 // AgentBucketConfig is the KUBECLIP_AGENTS bucket. Keys carry their own TTL (jetstream.KeyTTL,
 // the run's deadline plus agentGuardMargin) so a guard whose holder died is freed; the bucket has
-// none of its own.
-func AgentBucketConfig(replicas int) jetstream.KeyValueConfig {
+// none of its own. It takes its share of a store of storeBytes (0: the default).
+func AgentBucketConfig(replicas int, storeBytes int64) jetstream.KeyValueConfig {
 	if replicas <= 0 {
 		replicas = 1
 	}
@@ -38,6 +38,7 @@ func AgentBucketConfig(replicas int) jetstream.KeyValueConfig {
 		Description:    "kubeclip agent guards: the run holding each agent",
 		History:        1,
 		MaxValueSize:   maxAgentGuardBytes,
+		MaxBytes:       events.StoreLimit(storeBytes, events.StoreAgents),
 		LimitMarkerTTL: agentGuardMarkerTTL, // enables per-key TTLs
 		Storage:        jetstream.FileStorage,
 		Replicas:       replicas,

@@ -16,7 +16,7 @@ import (
 func newAgentGuard(t *testing.T) (agentGuard, jetstream.JetStream) {
 	t.Helper()
 	_, _, js := natstest.Start(t)
-	kv, err := js.CreateKeyValue(t.Context(), AgentBucketConfig(1))
+	kv, err := js.CreateKeyValue(t.Context(), AgentBucketConfig(1, 0))
 	if err != nil {
 		t.Fatalf("creating the agent bucket: %v", err)
 	}

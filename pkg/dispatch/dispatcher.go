@@ -112,7 +112,8 @@ type Options struct {
 	Observer events.Observer
 	// StreamReplicas is the replica count of the parking stream and the agent bucket (default 1).
 	StreamReplicas int
-	// StoreBytes is the JetStream store the parking stream takes its share of (0: the default).
+	// StoreBytes is the JetStream store the parking stream and the agent and warm buckets take
+	// their share of (0: the default).
 	StoreBytes int64
 	// Backoff is the retry schedule of failed messages (events.DefaultBackoff when nil).
 	Backoff func(attempt uint64) time.Duration
@@ -278,7 +279,7 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	agents, err := events.EnsureBucket(ctx, js, AgentBucketConfig(d.opts.StreamReplicas))
+	agents, err := events.EnsureBucket(ctx, js, AgentBucketConfig(d.opts.StreamReplicas, d.opts.StoreBytes))
 	if err != nil {
 		return fmt.Errorf("opening KV bucket %s: %w", AgentBucket, err)
 	}
@@ -297,7 +298,7 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 		return fmt.Errorf("creating stream %s: %w", ParkedStream, err)
 	}
 	if d.opts.Warm.Enabled() {
-		kv, err := events.EnsureBucket(ctx, js, WarmBucketConfig(d.opts.StreamReplicas))
+		kv, err := events.EnsureBucket(ctx, js, WarmBucketConfig(d.opts.StreamReplicas, d.opts.StoreBytes))
 		if err != nil {
 			return fmt.Errorf("opening KV bucket %s: %w", WarmBucket, err)
 		}

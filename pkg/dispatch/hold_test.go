@@ -172,7 +172,7 @@ func TestHoldAgent(t *testing.T) {
 func TestParkedStreamIsSizedFromTheStore(t *testing.T) {
 	const store = 64 << 20
 	c := ParkedStreamConfig(1, store)
-	if want := int64(store * events.ParkedStreamShare / 100); c.MaxBytes != want || c.Discard != jetstream.DiscardNew {
+	if want := int64(store / 1000 * 30); c.MaxBytes != want || c.Discard != jetstream.DiscardNew {
 		t.Errorf("max bytes %d, discard %v; want %d, DiscardNew", c.MaxBytes, c.Discard, want)
 	}
 }

@@ -42,7 +42,7 @@ const (
 // deleted one by one when they leave), file storage (a parked acquire is a run Paperclip waits
 // for), and the work queue's message size.
 //
-// It takes ParkedStreamShare of the store (events.StoreShare) and, full, refuses new parked
+// It takes its share of the store (events.StoreLimit) and, full, refuses new parked
 // dispatches (the dispatch stays on the work queue and is retried) rather than drop one.
 func ParkedStreamConfig(replicas int, storeBytes int64) jetstream.StreamConfig {
 	return jetstream.StreamConfig{
@@ -53,7 +53,7 @@ func ParkedStreamConfig(replicas int, storeBytes int64) jetstream.StreamConfig {
 		Discard:     jetstream.DiscardNew,
 		MaxAge:      parkedMaxAge,
 		MaxMsgs:     -1,
-		MaxBytes:    events.StoreShare(storeBytes, events.ParkedStreamShare),
+		MaxBytes:    events.StoreLimit(storeBytes, events.StoreParked),
 		MaxMsgSize:  events.DefaultMaxMsgSize,
 		Duplicates:  events.DefaultDuplicates,
 		Storage:     jetstream.FileStorage,

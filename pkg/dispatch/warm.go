@@ -150,8 +150,9 @@ type WarmObserver interface {
 }
 
 // WarmBucketConfig is the KUBECLIP_WARM bucket: pool records (no TTL: a drained pool deletes
-// its own) and maintenance locks (a per-key TTL, warmLockTTL).
-func WarmBucketConfig(replicas int) jetstream.KeyValueConfig {
+// its own) and maintenance locks (a per-key TTL, warmLockTTL), its share of a store of
+// storeBytes (0: the default).
+func WarmBucketConfig(replicas int, storeBytes int64) jetstream.KeyValueConfig {
 	if replicas <= 0 {
 		replicas = 1
 	}
@@ -160,6 +161,7 @@ func WarmBucketConfig(replicas int) jetstream.KeyValueConfig {
 		Description:    "kubeclip warm pools: each pool's demand, and who maintains it",
 		History:        1,
 		MaxValueSize:   maxWarmRecordBytes,
+		MaxBytes:       events.StoreLimit(storeBytes, events.StoreWarm),
 		LimitMarkerTTL: warmLockTTL, // enables per-key TTLs
 		Storage:        jetstream.FileStorage,
 		Replicas:       replicas,

@@ -40,12 +40,8 @@ const BudgetBucket = "KUBECLIP_BUDGETS"
 
 // Budget defaults; BudgetOptions documents each.
 const (
-	DefaultRunBudget     = 256 << 20
-	DefaultCompanyBudget = 1 << 30
-	DefaultBudgetWindow  = 24 * time.Hour
-	// budgetBucketBytes bounds BudgetBucket: a counter is about 150 bytes with its headers,
-	// history 1, so 16 MiB holds some 100,000 runs' counters within the bucket's TTL.
-	budgetBucketBytes = 16 << 20
+	DefaultRunBudget    = 256 << 20
+	DefaultBudgetWindow = 24 * time.Hour
 	// budgetCASAttempts bounds the compare-and-set retries of one charge: replicas charging
 	// the same company at once take turns.
 	budgetCASAttempts = 20
@@ -62,9 +58,10 @@ const (
 	budgetStoreRetry = 5 * time.Second
 )
 
-// BudgetBucketConfig is KUBECLIP_BUDGETS. Its TTL is the run stream's age (what a company's
-// bytes occupy the store for), so a run's counter lives as long as its events.
-func BudgetBucketConfig(replicas int, ttl time.Duration) jetstream.KeyValueConfig {
+// BudgetBucketConfig is KUBECLIP_BUDGETS, its share of a store of storeBytes (0: the default).
+// Its TTL is the run stream's age (what a company's bytes occupy the store for), so a run's
+// counter lives as long as its events.
+func BudgetBucketConfig(replicas int, ttl time.Duration, storeBytes int64) jetstream.KeyValueConfig {
 	if replicas <= 0 {
 		replicas = 1
 	}
@@ -77,9 +74,11 @@ func BudgetBucketConfig(replicas int, ttl time.Duration) jetstream.KeyValueConfi
 		History:      1,
 		TTL:          ttl,
 		MaxValueSize: 64,
-		MaxBytes:     budgetBucketBytes,
-		Storage:      jetstream.FileStorage,
-		Replicas:     replicas,
+		// A counter is about 150 bytes with its headers, history 1: the default store's share
+		// (65 MiB) holds some 400,000 counters within the TTL.
+		MaxBytes: StoreLimit(storeBytes, StoreBudgets),
+		Storage:  jetstream.FileStorage,
+		Replicas: replicas,
 	}
 }
 
@@ -92,9 +91,10 @@ type BudgetOptions struct {
 	Source string
 	// RunBytes is the most one run may write (default 256 MiB).
 	RunBytes int64
-	// CompanyBytes is the most one company may write per Window (default 1 GiB a day). With the
-	// run stream's 14-day age that bounds a company's share of the stream at 14 GiB per source
-	// before the stream's own byte limit evicts the oldest events.
+	// CompanyBytes is the most one company may write per Window (default: Options.CompanyBudget
+	// of the default store, about 33 MiB a day): the run stream's share divided among the
+	// companies the store is sized for, both sources and every window of the retention, so
+	// that many companies at their budgets evict nobody's events before the retention ends.
 	CompanyBytes int64
 	Window       time.Duration
 	Now          func() time.Time
@@ -145,11 +145,11 @@ func NewBudgets(opts BudgetOptions) (*Budgets, error) {
 	if opts.RunBytes <= 0 {
 		opts.RunBytes = DefaultRunBudget
 	}
-	if opts.CompanyBytes <= 0 {
-		opts.CompanyBytes = DefaultCompanyBudget
-	}
 	if opts.Window <= 0 {
 		opts.Window = DefaultBudgetWindow
+	}
+	if opts.CompanyBytes <= 0 {
+		opts.CompanyBytes = Options{}.CompanyBudget(opts.Window)
 	}
 	if opts.Now == nil {
 		opts.Now = time.Now
@@ -205,6 +205,18 @@ func (b *Budgets) Charge(ctx context.Context, ref RunRef, n int64) error {
 	if err := b.add(ctx, b.runKey(ref), n, b.opts.RunBytes, ref, BudgetRun, 0); err != nil {
 		return err
 	}
+	return b.chargeCompany(ctx, ref, n)
+}
+
+// ChargeCompany counts n against companyID's counter of the current window alone (the lease
+// records' quota counts records, which belong to no run's counter yet). A *BudgetExceededError
+// says n does not fit.
+func (b *Budgets) ChargeCompany(ctx context.Context, companyID string, n int64) error {
+	return b.chargeCompany(ctx, RunRef{CompanyID: companyID}, n)
+}
+
+// chargeCompany counts n against ref's company's counter of the current window.
+func (b *Budgets) chargeCompany(ctx context.Context, ref RunRef, n int64) error {
 	window := b.opts.Now().UnixNano() / int64(b.opts.Window)
 	company := b.opts.Source + ".company." + keyPart(ref.CompanyID) + "." + strconv.FormatInt(window, 10)
 	return b.add(ctx, company, n, b.opts.CompanyBytes, ref, BudgetCompany, budgetCompanyFlush)

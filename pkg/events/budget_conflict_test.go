@@ -32,7 +32,7 @@ func (kv replicatedConflicts) Update(ctx context.Context, key string, value []by
 // replicated bucket too, whose conflicts do not match ErrKeyExists.
 func TestBudgetsRetryAReplicatedConflict(t *testing.T) {
 	_, _, js := natstest.Start(t)
-	kv, err := js.CreateOrUpdateKeyValue(t.Context(), events.BudgetBucketConfig(1, 0))
+	kv, err := js.CreateOrUpdateKeyValue(t.Context(), events.BudgetBucketConfig(1, 0, 0))
 	if err != nil {
 		t.Fatal(err)
 	}

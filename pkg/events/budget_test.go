@@ -20,7 +20,7 @@ import (
 // 2 × 100 ms / 10 ms charges past the budget.
 func TestBudgetsAcrossReplicas(t *testing.T) {
 	_, _, js := natstest.Start(t)
-	kv, err := js.CreateOrUpdateKeyValue(t.Context(), events.BudgetBucketConfig(1, 0))
+	kv, err := js.CreateOrUpdateKeyValue(t.Context(), events.BudgetBucketConfig(1, 0, 0))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,7 +75,7 @@ func TestBudgetsAcrossReplicas(t *testing.T) {
 // at every charge.
 func TestBudgetsGatherACompanysCharges(t *testing.T) {
 	_, _, js := natstest.Start(t)
-	kv, err := js.CreateOrUpdateKeyValue(t.Context(), events.BudgetBucketConfig(1, 0))
+	kv, err := js.CreateOrUpdateKeyValue(t.Context(), events.BudgetBucketConfig(1, 0, 0))
 	if err != nil {
 		t.Fatal(err)
 	}

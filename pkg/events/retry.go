@@ -42,7 +42,7 @@ const (
 
 // RetryStreamConfig is the KUBECLIP_RETRY stream: work-queue retention (a retry is deleted when
 // its handler settles it), file storage (a retry is a request Paperclip waits for), the work
-// queue's message size, and RetryStreamShare of the store (StoreShare): full, it refuses new
+// queue's message size, and its share of the store (StoreLimit): full, it refuses new
 // retries (a request that cannot wait there is handed back to its consumer), never dropping one.
 func RetryStreamConfig(replicas int, storeBytes int64) jetstream.StreamConfig {
 	return jetstream.StreamConfig{
@@ -53,7 +53,7 @@ func RetryStreamConfig(replicas int, storeBytes int64) jetstream.StreamConfig {
 		Discard:     jetstream.DiscardNew,
 		MaxAge:      retryMaxAge,
 		MaxMsgs:     -1,
-		MaxBytes:    StoreShare(storeBytes, RetryStreamShare),
+		MaxBytes:    StoreLimit(storeBytes, StoreRetry),
 		MaxMsgSize:  DefaultMaxMsgSize,
 		Duplicates:  DefaultDuplicates,
 		Storage:     jetstream.FileStorage,

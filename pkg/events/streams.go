@@ -21,31 +21,6 @@ const (
 	DefaultStoreBytes = 8 << 30
 )
 
-// Each stream's share of Options.StoreBytes, in percent. The five add up to 80: the rest is
-// the KV buckets' (each has its own fixed byte limit, together well under 1 GiB) and headroom,
-// so the streams' limits are reached before the server's max_file_store and a full stream never
-// makes the store refuse another stream's or bucket's writes.
-const (
-	// RunStreamShare: run events are what companies write (logs, recorded execs), the bulk.
-	RunStreamShare = 60
-	// LeaseStreamShare and WorkStreamShare: requests of a few KiB each.
-	LeaseStreamShare = 5
-	WorkStreamShare  = 5
-	// RetryStreamShare (KUBECLIP_RETRY) and ParkedStreamShare (the dispatcher's KUBECLIP_PARKED):
-	// requests waiting for a retry or for their agent, a few KiB each.
-	RetryStreamShare  = 5
-	ParkedStreamShare = 5
-)
-
-// StoreShare is percent of a store of storeBytes (0: DefaultStoreBytes), for the streams that
-// are not Options' own.
-func StoreShare(storeBytes, percent int64) int64 {
-	if storeBytes <= 0 {
-		storeBytes = DefaultStoreBytes
-	}
-	return storeBytes * percent / 100
-}
-
 // Options configures the streams EnsureStreams creates. The zero value of every field means its
 // default. The KV buckets are their owners' (pkg/lease, pkg/dispatch, pkg/runwatch,
 // pkg/execsvc).
@@ -88,15 +63,24 @@ type Options struct {
 	// near the bound is a bug or abuse and the server rejects it at publish time.
 	MaxMsgSize int32
 
-	// StoreBytes is the JetStream file store the streams share (default 8 GiB, the shipped
-	// nats.conf's max_file_store; set it to the server's): each stream's byte limit is its
-	// share of it (RunStreamShare, LeaseStreamShare, WorkStreamShare).
+	// StoreBytes is the JetStream file store the streams and buckets share (default 8 GiB, the
+	// shipped nats.conf's max_file_store; set it to the server's): each one's byte limit is its
+	// share of it (Stores, StoreLimit).
 	StoreBytes int64
+
+	// Companies is how many companies the store is sized for (default DefaultStoreCompanies):
+	// the per-company budgets and quotas are the stores' shares divided among them
+	// (CompanyBudget, LeaseRecordQuota), so that many companies writing at their budgets every
+	// day evict nobody's history before RunMaxAge.
+	Companies int
 }
 
 func (o Options) withDefaults() Options {
 	if o.StoreBytes == 0 {
 		o.StoreBytes = DefaultStoreBytes
+	}
+	if o.Companies == 0 {
+		o.Companies = DefaultStoreCompanies
 	}
 	if o.Prefix == "" {
 		o.Prefix = DefaultPrefix
@@ -155,8 +139,13 @@ func (o Options) Validate() error {
 			errs = append(errs, fmt.Errorf("duplicate window %s must not exceed the %s %s", o.Duplicates, age.name, age.v))
 		}
 	}
-	if o.StoreBytes < 1<<20 {
-		errs = append(errs, fmt.Errorf("store bytes must be at least 1 MiB, got %d", o.StoreBytes))
+	if o.StoreBytes < MinStoreBytes {
+		errs = append(errs, fmt.Errorf("store bytes must be at least %d (16 MiB), got %d", MinStoreBytes, o.StoreBytes))
+	}
+	if o.Companies < 1 {
+		errs = append(errs, fmt.Errorf("the companies the store is sized for must be at least 1, got %d", o.Companies))
+	} else if o.LeaseRecordQuota() < 1 {
+		errs = append(errs, fmt.Errorf("a store of %d bytes sized for %d companies leaves each no lease record a day: raise the store bytes or lower the companies", o.StoreBytes, o.Companies))
 	}
 	if o.MaxMsgSize < 64<<10 {
 		errs = append(errs, fmt.Errorf("max message size must be at least 64 KiB (one log event), got %d", o.MaxMsgSize))
@@ -164,8 +153,8 @@ func (o Options) Validate() error {
 	return errors.Join(errs...)
 }
 
-// share is percent of the store, in bytes.
-func (o Options) share(percent int64) int64 { return StoreShare(o.StoreBytes, percent) }
+// limit is store s's byte limit in o's store.
+func (o Options) limit(s Store) int64 { return StoreLimit(o.StoreBytes, s) }
 
 // subjects uses the prefix as given: Validate reports a bad one, and the server refuses the
 // stream names it would produce.
@@ -190,7 +179,7 @@ func (o Options) LeaseStreamConfig() jetstream.StreamConfig {
 		// Counts are not bounded, so a burst is never dropped before it is handled; bytes are
 		// the stream's share of the store.
 		MaxMsgs:           -1,
-		MaxBytes:          o.share(LeaseStreamShare),
+		MaxBytes:          o.limit(StoreLeaseRequests),
 		MaxMsgsPerSubject: -1,
 		MaxConsumers:      -1,
 		MaxMsgSize:        o.MaxMsgSize,
@@ -214,12 +203,13 @@ func (o Options) RunStreamConfig() jetstream.StreamConfig {
 		// Full, it drops its oldest events, the runs of about RunMaxAge ago whose readers are
 		// long done: a new result is always stored. DiscardNew would refuse every company's
 		// results once the stream filled. What one company may write is bounded upstream,
-		// per exec, run and company (KUBECLIP_BUDGETS, docs/boundary/budgets.md), so filling
-		// the stream takes many companies' budgets and turns over weeks-old runs first.
+		// per exec, run and company (KUBECLIP_BUDGETS, docs/boundary/budgets.md), each
+		// company's daily budget sized so the companies the store is sized for fit the whole
+		// RunMaxAge (CompanyBudget): only more companies than that evict history early.
 		Discard:  jetstream.DiscardOld,
 		MaxAge:   o.RunMaxAge,
 		MaxMsgs:  -1,
-		MaxBytes: o.share(RunStreamShare),
+		MaxBytes: o.limit(StoreRuns),
 		// No per-subject bound: it would drop the first log or exec events of a long run
 		// silently; the run budget bounds a run instead.
 		MaxMsgsPerSubject: -1,
@@ -248,7 +238,7 @@ func (o Options) WorkStreamConfig() jetstream.StreamConfig {
 		Discard:           jetstream.DiscardNew,
 		MaxAge:            o.WorkMaxAge,
 		MaxMsgs:           -1,
-		MaxBytes:          o.share(WorkStreamShare),
+		MaxBytes:          o.limit(StoreWork),
 		MaxMsgsPerSubject: -1,
 		MaxConsumers:      -1,
 		MaxMsgSize:        o.MaxMsgSize,

@@ -217,10 +217,10 @@ func TestStreamsAreSizedFromTheStore(t *testing.T) {
 		share   int64
 		discard jetstream.DiscardPolicy
 	}{
-		{"PAPERCLIP_RUNS", store * events.RunStreamShare / 100, jetstream.DiscardOld},
-		{"PAPERCLIP_LEASES", store * events.LeaseStreamShare / 100, jetstream.DiscardOld},
-		{"KUBECLIP_WORK", store * events.WorkStreamShare / 100, jetstream.DiscardNew},
-		{"KUBECLIP_RETRY", store * events.RetryStreamShare / 100, jetstream.DiscardNew},
+		{"PAPERCLIP_RUNS", store / 1000 * 600, jetstream.DiscardOld},
+		{"PAPERCLIP_LEASES", store / 1000 * 30, jetstream.DiscardOld},
+		{"KUBECLIP_WORK", store / 1000 * 30, jetstream.DiscardNew},
+		{"KUBECLIP_RETRY", store / 1000 * 30, jetstream.DiscardNew},
 	} {
 		st, err := js.Stream(ctx, tc.name)
 		if err != nil {
@@ -302,7 +302,7 @@ func TestStreamsFitTheShippedStore(t *testing.T) {
 			_, js := natstest.Connect(t, srv)
 			err := events.EnsureStreams(t.Context(), js, events.Options{})
 			if err == nil {
-				_, err = js.CreateOrUpdateKeyValue(t.Context(), events.BudgetBucketConfig(1, 0))
+				_, err = js.CreateOrUpdateKeyValue(t.Context(), events.BudgetBucketConfig(1, 0, 0))
 			}
 			if (err != nil) != tc.wantErr {
 				t.Errorf("creating the streams and the budget bucket: %v, want an error: %v", err, tc.wantErr)

@@ -86,6 +86,9 @@ type Options struct {
 	BufferBytes int64
 	// StreamReplicas is the replica count of RecordedBucket (default 1).
 	StreamReplicas int
+	// StoreBytes is the JetStream store RecordedBucket and the budget bucket take their share
+	// of (events.Options.StoreBytes; 0: the default).
+	StoreBytes int64
 	// Record bounds recorded execs: the parser's line, coalescing, and the exec, run and
 	// company budgets (record.go).
 	Record RecordLimits

@@ -27,11 +27,12 @@ const (
 	DefaultExecBudget      = 64 << 20
 )
 
-// eventOverhead is what an event costs the run stream besides its text: subject, headers
+// eventOverhead is what the exec budget counts per event besides its text: subject, headers
 // (message id, CloudEvents), the JSON fields and the store's per-message record; a one-byte
-// event grows the stream by about 910 bytes (TestInterleavedOutputPaysWhatItStores). Budgets
-// count it, so output that defeats coalescing (stdout and stderr in turn, one byte each, every
-// switch an event) is charged what it stores.
+// event grows the stream by about 910 bytes with short ids (TestInterleavedOutputPaysWhatItStores),
+// so output that defeats coalescing (stdout and stderr in turn, one byte each, every switch an
+// event) uses up the exec budget as it stores. The run's and company's budgets are charged
+// each event's exact size instead (events.StoredBytes, TestDribbledOutputIsChargedWhatItStores).
 const eventOverhead = 1 << 10
 
 // eventCost is what an event of n bytes of output is charged.
@@ -59,8 +60,8 @@ type RecordLimits struct {
 	// what it keeps of an execute): past it, recording stops with a `recordingStopped` event.
 	ExecBytes int64
 	// RunBytes, CompanyBytes and CompanyWindow are the run's and the company's budgets of
-	// recorded output, across replicas (events.BudgetOptions; defaults 256 MiB a run, 1 GiB a
-	// company a day).
+	// recorded output, across replicas (events.BudgetOptions; defaults 256 MiB a run and, a
+	// company, its share of the run stream: events.Options.CompanyBudget).
 	RunBytes      int64
 	CompanyBytes  int64
 	CompanyWindow time.Duration
@@ -122,8 +123,8 @@ func storeFailures(log zerolog.Logger, bucket string, observer Observer) *events
 // openBudgets opens KUBECLIP_BUDGETS and returns the recorded execs' budgets. A charge the
 // bucket cannot count is admitted (events.Budgets.Charge): a full bucket no longer stops every
 // company's recordings. The run-watcher drops a run's counters when the run ends.
-func openBudgets(ctx context.Context, js jetstream.JetStream, replicas int, limits RecordLimits, observer Observer, log zerolog.Logger) (*events.Budgets, error) {
-	kv, err := events.EnsureBucket(ctx, js, events.BudgetBucketConfig(replicas, 0))
+func openBudgets(ctx context.Context, js jetstream.JetStream, replicas int, storeBytes int64, limits RecordLimits, observer Observer, log zerolog.Logger) (*events.Budgets, error) {
+	kv, err := events.EnsureBucket(ctx, js, events.BudgetBucketConfig(replicas, 0, storeBytes))
 	if err != nil {
 		return nil, fmt.Errorf("opening KV bucket %s: %w", events.BudgetBucket, err)
 	}
@@ -155,7 +156,8 @@ var errRecordingTakenOver = errors.New("another session records the exec now")
 // recordingDeps is what a recording needs from its session.
 type recordingDeps struct {
 	events   eventPublisher
-	budgets  budgetCharger // nil: no run or company budget
+	subjects events.Subjects // the events' prefix, for what they store (events.StoredBytes)
+	budgets  budgetCharger   // nil: no run or company budget
 	progress recordedExecs
 	limits   RecordLimits
 	onRetry  func(error)
@@ -317,8 +319,22 @@ func (r *recording) flush(ctx context.Context, live bool) error {
 		return nil
 	}
 	from, to, st, data := r.pendFrom, r.pendTo, r.pendSt, r.pending
+	stream := events.ExecStdout
+	if st == sandboxd.Stderr {
+		stream = events.ExecStderr
+	}
+	ev := events.RunExecEvent{
+		RunID: r.ref.RunID, CompanyID: r.ref.CompanyID, ExecID: r.execID, Seq: to,
+		Command: r.command, Stream: stream, Text: r.text(st, data),
+	}
 	if live && r.deps.budgets != nil {
-		err := retrying(ctx, r.deps.onRetry, func() error { return r.deps.budgets.Charge(ctx, r.ref, eventCost(len(data))) })
+		// The run and company are charged what the event stores, envelope and all: output
+		// dribbled a byte at a time pays per event.
+		cost, err := events.StoredBytes(r.deps.subjects, ev)
+		if err != nil {
+			return err
+		}
+		err = retrying(ctx, r.deps.onRetry, func() error { return r.deps.budgets.Charge(ctx, r.ref, cost) })
 		var be *events.BudgetExceededError
 		if errors.As(err, &be) {
 			r.dropPending()
@@ -332,14 +348,6 @@ func (r *recording) flush(ctx context.Context, live bool) error {
 		if err := r.announce(ctx, recordedExec{Command: r.command, Inbox: r.progress.Inbox, From: from, To: to, Used: r.execUsed}); err != nil {
 			return err
 		}
-	}
-	stream := events.ExecStdout
-	if st == sandboxd.Stderr {
-		stream = events.ExecStderr
-	}
-	ev := events.RunExecEvent{
-		RunID: r.ref.RunID, CompanyID: r.ref.CompanyID, ExecID: r.execID, Seq: to,
-		Command: r.command, Stream: stream, Text: r.text(st, data),
 	}
 	r.execUsed += eventCost(len(data))
 	r.dropPending()

@@ -33,12 +33,9 @@ const RecordedBucket = "KUBECLIP_EXECS"
 // minutes after exit, and an agent command runs for hours at most.
 const recordedTTL = 7 * 24 * time.Hour
 
-// recordedMaxBytes bounds RecordedBucket in the store.
-const recordedMaxBytes = 64 << 20
-
-// RecordedBucketConfig is the KUBECLIP_EXECS bucket. Only recorded execs (one agent command per
-// run) write it.
-func RecordedBucketConfig(replicas int) jetstream.KeyValueConfig {
+// RecordedBucketConfig is the KUBECLIP_EXECS bucket, its share of a store of storeBytes (0: the
+// default). Only recorded execs (one agent command per run) write it.
+func RecordedBucketConfig(replicas int, storeBytes int64) jetstream.KeyValueConfig {
 	if replicas <= 0 {
 		replicas = 1
 	}
@@ -48,10 +45,9 @@ func RecordedBucketConfig(replicas int) jetstream.KeyValueConfig {
 		History:      1,
 		TTL:          recordedTTL,
 		MaxValueSize: 1 << 10,
-		// History 1 keeps one value per exec: about 300 bytes with headers, so 64 MiB holds
-		// every exec of some 200,000 runs in the TTL. Past it, new recorded execs are refused
-		// (the KV's DiscardNew) rather than another exec's progress dropped.
-		MaxBytes: recordedMaxBytes,
+		// History 1 keeps one value per exec: about 300 bytes with headers, so its share of
+		// the default store (65 MiB) holds every exec of some 200,000 runs in the TTL.
+		MaxBytes: events.StoreLimit(storeBytes, events.StoreExecs),
 		Storage:  jetstream.FileStorage,
 		Replicas: replicas,
 	}

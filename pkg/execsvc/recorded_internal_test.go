@@ -30,7 +30,7 @@ func (kv replicatedConflicts) Update(ctx context.Context, key string, value []by
 // on a replicated one alike.
 func TestAdvanceAfterATakeover(t *testing.T) {
 	_, _, js := natstest.Start(t)
-	kv, err := js.CreateOrUpdateKeyValue(t.Context(), RecordedBucketConfig(1))
+	kv, err := js.CreateOrUpdateKeyValue(t.Context(), RecordedBucketConfig(1, 0))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -84,7 +84,7 @@ func (s *Service) Run(ctx context.Context) error {
 		return err
 	}
 	s.leases = lease.Records{KV: kv}
-	rkv, err := events.EnsureBucket(ctx, s.opts.JetStream, RecordedBucketConfig(s.opts.StreamReplicas))
+	rkv, err := events.EnsureBucket(ctx, s.opts.JetStream, RecordedBucketConfig(s.opts.StreamReplicas, s.opts.StoreBytes))
 	if err != nil {
 		return fmt.Errorf("opening KV bucket %s: %w", RecordedBucket, err)
 	}
@@ -93,7 +93,7 @@ func (s *Service) Run(ctx context.Context) error {
 		return err
 	}
 	s.recorded = recordedExecs{kv: rkv, st: rst, failures: storeFailures(s.log, RecordedBucket, s.opts.Observer)}
-	if s.budgets, err = openBudgets(ctx, s.opts.JetStream, s.opts.StreamReplicas, s.opts.Record, s.opts.Observer, s.log); err != nil {
+	if s.budgets, err = openBudgets(ctx, s.opts.JetStream, s.opts.StreamReplicas, s.opts.StoreBytes, s.opts.Record, s.opts.Observer, s.log); err != nil {
 		return err
 	}
 	// Streams outlive ctx by the drain bound: they get their own context.
@@ -200,7 +200,7 @@ func (s *Service) sessionDeps() sessionDeps {
 	return sessionDeps{
 		nc: s.opts.NATS, pods: s.opts.Pods, events: s.events, observer: s.opts.Observer, now: s.opts.Now,
 		heartbeat: s.opts.Heartbeat, linger: s.opts.Linger, patience: s.opts.AckPatience, reconnect: s.opts.Reconnect,
-		recording: recordingDeps{events: s.events, budgets: s.budgets, progress: s.recorded, limits: s.opts.Record, onExecBudget: execBudgetHook(s.opts.Observer)},
+		recording: recordingDeps{events: s.events, subjects: s.opts.Subjects, budgets: s.budgets, progress: s.recorded, limits: s.opts.Record, onExecBudget: execBudgetHook(s.opts.Observer)},
 		replies:   s.opts.Replies,
 		buffers:   s.buffers, lines: s.lines,
 	}

@@ -34,6 +34,9 @@ const (
 	// bytes, so a bigger value is a bug, and the server says so at write time.
 	maxRecordBytes       = 64 << 10
 	maxTenantRecordBytes = 4 << 10
+	// failedRecordMarkerTTL is how long the marker of an expired failed record stays: a
+	// minute, enough for a reader to see the key go.
+	failedRecordMarkerTTL = time.Minute
 )
 
 // BucketOptions configures the lease and tenant buckets. The zero value of every field means its
@@ -52,6 +55,9 @@ type BucketOptions struct {
 	// must still be there so the redelivery reuses the run's workload instead of creating a
 	// second one.
 	LeaseMaxAge time.Duration
+	// StoreBytes is the JetStream store both buckets take their share of
+	// (events.Options.StoreBytes; 0: the default).
+	StoreBytes int64
 }
 
 func (o BucketOptions) withDefaults() BucketOptions {
@@ -88,8 +94,11 @@ func (o BucketOptions) RecordBucketConfig() jetstream.KeyValueConfig {
 		History:      recordHistory,
 		TTL:          o.RecordTTL,
 		MaxValueSize: maxRecordBytes,
-		Storage:      o.Storage,
-		Replicas:     o.Replicas,
+		MaxBytes:     events.StoreLimit(o.StoreBytes, events.StoreLeaseRecords),
+		// Enables per-key TTLs: a failed acquire's record expires after FailedRecordTTL.
+		LimitMarkerTTL: failedRecordMarkerTTL,
+		Storage:        o.Storage,
+		Replicas:       o.Replicas,
 	}
 }
 
@@ -104,6 +113,7 @@ func (o BucketOptions) TenantBucketConfig() jetstream.KeyValueConfig {
 		Description:  "kubeclip applied tenant config hash, keyed by namespace",
 		History:      1,
 		MaxValueSize: maxTenantRecordBytes,
+		MaxBytes:     events.StoreLimit(o.StoreBytes, events.StoreTenants),
 		Storage:      o.Storage,
 		Replicas:     o.Replicas,
 	}

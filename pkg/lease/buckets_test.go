@@ -69,3 +69,35 @@ func TestRunKeysAreUsableInTheBucket(t *testing.T) {
 		}
 	}
 }
+
+// TestEnsureBucketsUpgradesABucketFromBefore: a lease bucket made by an earlier kubeclip (no
+// byte limit, no per-key TTLs) is updated in place at start-up to its share of the store and
+// per-key TTLs, its records kept: a failed acquire's record can expire after a day from then on.
+func TestEnsureBucketsUpgradesABucketFromBefore(t *testing.T) {
+	_, _, js := natstest.Start(t)
+	ctx := t.Context()
+	old := lease.BucketOptions{}.RecordBucketConfig()
+	old.MaxBytes, old.LimitMarkerTTL = 0, 0
+	kv, err := js.CreateKeyValue(ctx, old)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Create(ctx, events.Ref("co", "run-1").Key(), []byte(`{"runId":"run-1","companyId":"co","state":"released"}`)); err != nil {
+		t.Fatal(err)
+	}
+	if err := lease.EnsureBuckets(ctx, js, lease.BucketOptions{}); err != nil {
+		t.Fatalf("updating the bucket from before: %v", err)
+	}
+	st, err := js.Stream(ctx, "KV_"+lease.Bucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := st.CachedInfo().Config
+	if c.MaxBytes != events.StoreLimit(0, events.StoreLeaseRecords) || !c.AllowMsgTTL || c.SubjectDeleteMarkerTTL != time.Minute {
+		t.Errorf("updated bucket: max bytes %d, msg TTLs %v, marker TTL %s; want %d, true, 1m",
+			c.MaxBytes, c.AllowMsgTTL, c.SubjectDeleteMarkerTTL, events.StoreLimit(0, events.StoreLeaseRecords))
+	}
+	if _, _, err := (lease.Records{KV: kv}).Get(ctx, events.Ref("co", "run-1")); err != nil {
+		t.Errorf("the record from before: %v", err)
+	}
+}

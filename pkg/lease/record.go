@@ -174,21 +174,59 @@ func (r Records) Modify(ctx context.Context, ref events.RunRef, change func(*Rec
 
 // RecordFailure marks the lease of a failed acquire (m, its acquire or dispatch message) as
 // failed with code, creating the record when the acquire failed before one was written (a
-// payload that does not decode). A message that names no valid run has no lease to mark.
+// payload that does not decode), and has the failed record expire after FailedRecordTTL. A
+// message that names no valid run has no lease to mark.
 func RecordFailure(ctx context.Context, r Records, m jetstream.Msg, code events.Code, now time.Time) error {
 	ref, kind := events.FailureRef(m)
 	if ref.Validate() != nil || kind != events.LeaseAcquire {
 		return nil
 	}
-	_, created, err := r.Create(ctx, Record{
-		RunID: ref.RunID, CompanyID: ref.CompanyID, State: StateFailed, Failure: code, CreatedAt: now.UTC(),
-	})
-	if err != nil || created {
-		return err
+	data, err := json.Marshal(Record{RunID: ref.RunID, CompanyID: ref.CompanyID, State: StateFailed, Failure: code, CreatedAt: now.UTC()})
+	if err != nil {
+		return fmt.Errorf("encoding lease record: %w", err)
+	}
+	_, err = r.KV.Create(ctx, ref.Key(), data, jetstream.KeyTTL(FailedRecordTTL))
+	if !errors.Is(err, jetstream.ErrKeyExists) {
+		if err != nil {
+			return fmt.Errorf("creating lease record of run %s: %w", ref.RunID, err)
+		}
+		return nil
 	}
 	_, err = r.Modify(ctx, ref, Fail(code))
 	if errors.Is(err, ErrEnded) || errors.Is(err, ErrFinished) || errors.Is(err, ErrFailed) {
 		return nil // a late failure of a lease that moved on does not change it
 	}
-	return err
+	if err != nil {
+		return err
+	}
+	return r.expireFailed(ctx, ref)
+}
+
+// expireFailed rewrites the run's failed record to expire after FailedRecordTTL: the record and
+// its earlier revisions are purged (at the revision read, so a writer in between wins) and the
+// failed record created again with the TTL. A KV update cannot carry a TTL, and without the
+// purge an earlier revision (requested) would outlive it.
+func (r Records) expireFailed(ctx context.Context, ref events.RunRef) error {
+	entry, err := r.KV.Get(ctx, ref.Key())
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("reading lease record of run %s: %w", ref.RunID, err)
+	}
+	if rec, err := decodeRecord(entry.Value()); err != nil || rec.State != StateFailed {
+		return nil // not failed (any more): it keeps RecordTTL
+	}
+	err = r.KV.Purge(ctx, ref.Key(), jetstream.LastRevision(entry.Revision()))
+	if cas.IsConflict(err) {
+		return nil // another writer moved it on
+	}
+	if err != nil {
+		return fmt.Errorf("expiring lease record of run %s: %w", ref.RunID, err)
+	}
+	_, err = r.KV.Create(ctx, ref.Key(), entry.Value(), jetstream.KeyTTL(FailedRecordTTL))
+	if err != nil && !errors.Is(err, jetstream.ErrKeyExists) {
+		return fmt.Errorf("expiring lease record of run %s: %w", ref.RunID, err)
+	}
+	return nil
 }

@@ -26,7 +26,7 @@ func TestLogBudgets(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newHarness(t)
 			var refused []events.BudgetKind
-			kv, err := h.js.CreateOrUpdateKeyValue(t.Context(), events.BudgetBucketConfig(1, 0))
+			kv, err := h.js.CreateOrUpdateKeyValue(t.Context(), events.BudgetBucketConfig(1, 0, 0))
 			if err != nil {
 				t.Fatal(err)
 			}

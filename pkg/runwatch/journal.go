@@ -70,10 +70,6 @@ type budgetCharger interface {
 
 var _ budgetCharger = (*events.Budgets)(nil)
 
-// logEventOverhead is what a log event costs the stream besides its lines (subject, headers,
-// ids, JSON, the store's record: about 900 bytes), charged with every chunk, as execsvc does.
-const logEventOverhead = 1 << 10
-
 // journalOptions are what a journal is made with.
 type journalOptions struct {
 	subjects events.Subjects
@@ -421,9 +417,11 @@ func (j *journal) charge(ctx context.Context, ev events.RunLogEvent) (stopped ev
 	if j.budgets == nil || ev.Seq <= j.charged {
 		return "", nil
 	}
-	n := int64(logEventOverhead)
-	for _, l := range ev.Lines {
-		n += int64(len(l.TS) + len(l.Text))
+	// What the chunk stores, envelope and all (about 900 bytes, more with long ids), as
+	// execsvc charges a recorded exec's events: a log dribbled a line per flush pays per event.
+	n, err := events.StoredBytes(j.subjects, ev)
+	if err != nil {
+		return "", fmt.Errorf("sizing log chunk %d: %w", ev.Seq, err)
 	}
 	err = j.budgets.Charge(ctx, j.ref, n)
 	var be *events.BudgetExceededError

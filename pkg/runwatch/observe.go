@@ -67,7 +67,7 @@ const logBudgetSource = events.BudgetSourceLog
 // run-watcher also ends every run's counters, of both sources, when it publishes the run's
 // result (endRun), so it holds the bucket's stream too.
 func openLogBudgets(ctx context.Context, js jetstream.JetStream, o Options) (*events.Budgets, error) {
-	kv, err := events.EnsureBucket(ctx, js, events.BudgetBucketConfig(o.StreamReplicas, 0))
+	kv, err := events.EnsureBucket(ctx, js, events.BudgetBucketConfig(o.StreamReplicas, 0, o.StoreBytes))
 	if err != nil {
 		return nil, fmt.Errorf("opening KV bucket %s: %w", events.BudgetBucket, err)
 	}

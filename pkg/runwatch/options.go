@@ -66,12 +66,15 @@ type Options struct {
 	OwnershipTTL time.Duration
 	// StreamReplicas is the replica count of the ownership bucket (default 1).
 	StreamReplicas int
+	// StoreBytes is the JetStream store the ownership and budget buckets take their share of
+	// (events.Options.StoreBytes; 0: the default).
+	StoreBytes int64
 	// ReconcileInterval is how often runs whose workload vanished unobserved get a result
 	// (default DefaultReconcileInterval); the first pass runs at start.
 	ReconcileInterval time.Duration
 	// LogBudget bounds what one run's and one company's container logs may store in the run
-	// stream (events.BudgetOptions, source "log"; defaults 256 MiB a run, 1 GiB a company a
-	// day). Over it, the run's log stops with a `logStopped` event; the run gets its result.
+	// stream (events.BudgetOptions, source "log"; defaults 256 MiB a run and, a company, its
+	// share of the run stream: events.Options.CompanyBudget). Over it, the run's log stops with a `logStopped` event; the run gets its result.
 	LogBudget LogBudget
 	// Observer is told about published events and runs in flight (metrics); nil means none.
 	Observer Observer

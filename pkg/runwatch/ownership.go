@@ -31,8 +31,9 @@ const DefaultOwnershipTTL = 6 * time.Second
 const ownershipMarkerTTL = time.Minute
 
 // OwnershipBucketConfig is the KUBECLIP_WATCH bucket for the given ownership timeout. Only the
-// run-watcher creates it, because the TTL is its setting; every replica must use the same.
-func OwnershipBucketConfig(ttl time.Duration, replicas int) jetstream.KeyValueConfig {
+// run-watcher creates it, because the TTL is its setting; every replica must use the same. It
+// takes its share of a store of storeBytes (0: the default).
+func OwnershipBucketConfig(ttl time.Duration, replicas int, storeBytes int64) jetstream.KeyValueConfig {
 	if replicas <= 0 {
 		replicas = 1
 	}
@@ -44,6 +45,7 @@ func OwnershipBucketConfig(ttl time.Duration, replicas int) jetstream.KeyValueCo
 		TTL:            ttl,
 		LimitMarkerTTL: ownershipMarkerTTL,
 		MaxValueSize:   256,
+		MaxBytes:       events.StoreLimit(storeBytes, events.StoreOwnership),
 		Storage:        jetstream.FileStorage,
 		Replicas:       replicas,
 	}

@@ -36,7 +36,7 @@ type ownership struct {
 func ownedRuns(tb testing.TB, n int, ttl time.Duration, log zerolog.Logger) ownership {
 	tb.Helper()
 	srv, nc, js := natstest.Start(tb)
-	kv, err := js.CreateOrUpdateKeyValue(tb.Context(), OwnershipBucketConfig(ttl, 1))
+	kv, err := js.CreateOrUpdateKeyValue(tb.Context(), OwnershipBucketConfig(ttl, 1, 0))
 	if err != nil {
 		tb.Fatalf("creating the ownership bucket: %v", err)
 	}

@@ -17,7 +17,7 @@ import (
 // ownership bucket, so tracker.step runs without a cluster.
 func withInformerCaches(t *testing.T, h *harness) (jobs, pods cache.Indexer) {
 	t.Helper()
-	kv, err := h.js.CreateOrUpdateKeyValue(t.Context(), OwnershipBucketConfig(time.Minute, 1))
+	kv, err := h.js.CreateOrUpdateKeyValue(t.Context(), OwnershipBucketConfig(time.Minute, 1, 0))
 	if err != nil {
 		t.Fatalf("creating the ownership bucket: %v", err)
 	}

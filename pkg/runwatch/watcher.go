@@ -85,7 +85,7 @@ func (w *Watcher) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	kv, err := events.EnsureBucket(ctx, js, OwnershipBucketConfig(w.opts.OwnershipTTL, w.opts.StreamReplicas))
+	kv, err := events.EnsureBucket(ctx, js, OwnershipBucketConfig(w.opts.OwnershipTTL, w.opts.StreamReplicas, w.opts.StoreBytes))
 	if err != nil {
 		return fmt.Errorf("opening KV bucket %s: %w", OwnershipBucket, err)
 	}

@@ -64,6 +64,16 @@ type Options struct {
 	StreamReplicas int
 	// StoreBytes is the JetStream store the retry stream takes its share of (0: the default).
 	StoreBytes int64
+	// RecordQuota is how many lease records one company may create per
+	// events.LeaseRecordWindow (events.Options.LeaseRecordQuota; 0: no quota). Past it an
+	// acquire is refused (quota_exceeded) without a record.
+	RecordQuota int64
+}
+
+// BudgetObserver is told when the lease-record quota refuses an acquire (the worker's metrics
+// implement it: kubeclip_budget_exceeded_total{source="lease"}); it must not block.
+type BudgetObserver interface {
+	BudgetExceeded(source string, kind events.BudgetKind)
 }
 
 // Worker is the tenant-worker.
@@ -73,6 +83,7 @@ type Worker struct {
 	publisher *events.Publisher
 	tenants   jetstream.KeyValue
 	records   lease.Records
+	quota     *lease.RecordQuota // nil: no quota
 	// namespaces lists the managed namespaces that exist, from an informer: a tenant whose
 	// namespace was deleted is applied again at once, whatever its record says.
 	namespaces cache.Indexer
@@ -125,6 +136,19 @@ func (w *Worker) Run(ctx context.Context) error {
 		return err
 	}
 	w.records = lease.Records{KV: leases}
+	if w.opts.RecordQuota > 0 {
+		counters, err := events.EnsureBucket(ctx, js, events.BudgetBucketConfig(w.opts.StreamReplicas, 0, w.opts.StoreBytes))
+		if err != nil {
+			return fmt.Errorf("opening KV bucket %s: %w", events.BudgetBucket, err)
+		}
+		var onExceeded func(events.BudgetKind)
+		if bo, ok := w.opts.Observer.(BudgetObserver); ok {
+			onExceeded = func(kind events.BudgetKind) { bo.BudgetExceeded(lease.QuotaSource, kind) }
+		}
+		if w.quota, err = lease.NewRecordQuota(counters, w.opts.RecordQuota, w.opts.Now, onExceeded); err != nil {
+			return err
+		}
+	}
 	cons, err := events.EnsureConsumer(ctx, js, w.opts.Subjects.LeaseStream(), events.TenantWorkerConsumerConfig(w.opts.Subjects))
 	if err != nil {
 		return err
@@ -191,10 +215,14 @@ func (w *Worker) handle(ctx context.Context, m jetstream.Msg) error {
 		return err
 	}
 	log := w.log.With().Str(events.LogKeyRunID, req.RunID).Str(events.LogKeyTenant, req.CompanyID).Logger()
-	rec, _, err := w.records.Create(ctx, lease.Record{
+	rec, _, err := w.records.CreateCounted(ctx, lease.Record{
 		RunID: req.RunID, CompanyID: req.CompanyID, AgentID: req.AgentID,
 		State: lease.StateRequested, CreatedAt: w.opts.Now().UTC(), Reusable: req.ReuseLease,
-	})
+	}, w.quota)
+	var quota *lease.RecordQuotaError
+	if errors.As(err, &quota) {
+		return events.Terminal(events.CodeQuotaExceeded, "", err)
+	}
 	if err != nil {
 		return err
 	}
@@ -302,10 +330,14 @@ func (w *Worker) fresh(rec record, ns, hash string) bool {
 }
 
 // reportFailure records that the acquire failed and publishes the run's failed event. A request
-// too malformed to name a run has no record and nobody to tell (PublishFailure logs it).
+// too malformed to name a run has no record and nobody to tell (PublishFailure logs it). An
+// acquire the lease-record quota refused gets no record: a company past its quota writes none.
 func (w *Worker) reportFailure(ctx context.Context, m jetstream.Msg, te *events.TerminalError) error {
-	if err := lease.RecordFailure(ctx, w.records, m, te.Code, w.opts.Now()); err != nil {
-		return err
+	var quota *lease.RecordQuotaError
+	if !errors.As(te, &quota) {
+		if err := lease.RecordFailure(ctx, w.records, m, te.Code, w.opts.Now()); err != nil {
+			return err
+		}
 	}
 	return events.PublishFailure(ctx, w.publisher, w.log, m, te)
 }

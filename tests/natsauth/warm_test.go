@@ -20,7 +20,7 @@ func TestDispatcherKeepsWarmPools(t *testing.T) {
 	srv := authServer(t)
 	c := connect(t, srv, "kubeclip")
 	ctx := t.Context()
-	kv, err := events.EnsureBucket(ctx, c.js, dispatch.WarmBucketConfig(1))
+	kv, err := events.EnsureBucket(ctx, c.js, dispatch.WarmBucketConfig(1, 0))
 	if err != nil {
 		t.Fatalf("creating %s as the workers' user: %v", dispatch.WarmBucket, err)
 	}
