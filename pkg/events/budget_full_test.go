@@ -60,7 +60,7 @@ func (s *storeErrors) seen(bucket string) (counted int, logged []string) {
 // sized for a test to fill, and its stream.
 func smallBudgetBucket(t *testing.T, js jetstream.JetStream) (jetstream.KeyValue, jetstream.Stream) {
 	t.Helper()
-	cfg := events.BudgetBucketConfig(1, 0)
+	cfg := events.BudgetBucketConfig(1, 0, 0)
 	cfg.MaxBytes = 32 << 10
 	kv, err := js.CreateOrUpdateKeyValue(t.Context(), cfg)
 	if err != nil {
@@ -218,7 +218,7 @@ func TestWorkersMayEndARunsBudgets(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
-	kv, err := js.CreateOrUpdateKeyValue(ctx, events.BudgetBucketConfig(1, 0))
+	kv, err := js.CreateOrUpdateKeyValue(ctx, events.BudgetBucketConfig(1, 0, 0))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -16,7 +16,7 @@ import (
 // sized maxBytes for a test to fill (0: as configured), and returns the bucket and its stream.
 func withBudgets(t *testing.T, h *harness, maxBytes int64, failed func(bucket string)) (jetstream.KeyValue, jetstream.Stream) {
 	t.Helper()
-	cfg := events.BudgetBucketConfig(1, 0)
+	cfg := events.BudgetBucketConfig(1, 0, 0)
 	if maxBytes > 0 {
 		cfg.MaxBytes = maxBytes
 	}
