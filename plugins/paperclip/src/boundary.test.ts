@@ -222,6 +222,43 @@ describe("the tenant boundary", () => {
     });
   });
 
+  // Issue 26 item 12: every boundary test's run ids begin alike, so kubeclip's fake answers
+  // every acquire with the same lease id, as a copied `created` would.
+  describe("issue 26 item 12: a lease's state is its company's", () => {
+    it("another company's release of the same lease id cancels none of this company's commands", async () => {
+      const lease = await acquire(newRun());
+      const exec = h.harness.execute({ driverKey: "kubernetes", companyId: C, environmentId: "env-1", config: { ...cfg, ...lease.metadata }, lease, command: "sh", args: ["-c", "sleep 1; echo finished"], timeoutMs: 10_000 });
+      await new Promise((r) => setTimeout(r, 300));
+      const foreign = await acquire(newRun(), h, OTHER);
+      assert.equal(foreign.providerLeaseId, lease.providerLeaseId, "the other company holds the same lease id");
+      const receipt = await h.harness.releaseLease({ driverKey: "kubernetes", companyId: OTHER, environmentId: "env-1", config: { ...cfg, ...foreign.metadata }, providerLeaseId: foreign.providerLeaseId, leaseMetadata: foreign.metadata, cancelActiveWork: true });
+      assert.deepEqual(receipt, { providerLeaseId: foreign.providerLeaseId, state: "stopped" });
+      const r = await exec;
+      assert.equal(r.metadata?.cancelled, undefined);
+      assert.equal(r.exitCode, 0);
+      assert.equal(r.stdout, "finished\n");
+    });
+
+    it("cancels a company's commands only after kubeclip answered its release", async () => {
+      const lease = await acquire(newRun());
+      const exec = h.harness.execute({ driverKey: "kubernetes", companyId: C, environmentId: "env-1", config: { ...cfg, ...lease.metadata }, lease, command: "sh", args: ["-c", "sleep 1; echo finished"], timeoutMs: 10_000 });
+      await new Promise((r) => setTimeout(r, 300));
+      const saved = env.kubeclip.onRelease;
+      env.kubeclip.onRelease = () => ({ kind: "failed", code: "lease_not_found", message: "no such lease of this company" });
+      try {
+        await assert.rejects(
+          h.harness.releaseLease({ driverKey: "kubernetes", companyId: C, environmentId: "env-1", config: { ...cfg, ...lease.metadata }, providerLeaseId: lease.providerLeaseId, leaseMetadata: lease.metadata, cancelActiveWork: true }),
+          /no such lease of this company/,
+        );
+      } finally {
+        env.kubeclip.onRelease = saved;
+      }
+      const r = await exec;
+      assert.equal(r.exitCode, 0, "a refused release cancels nothing");
+      assert.equal(r.stdout, "finished\n");
+    });
+  });
+
   describe("item 13: the host's company wins", () => {
     it("refuses an execute and a release whose lease metadata names another company", async () => {
       const runId = newRun();

@@ -271,6 +271,23 @@ describe("login pty hooks", () => {
     assert.equal(env.sandbox.startRequests.length, starts, "nothing ran");
   });
 
+  // Issue 26 item 12: the lease book is keyed by company and lease.
+  it("keeps a company's lease when another company is answered with the same id and releases it", async () => {
+    const { runId, providerLeaseId } = await lease();
+    // Another company's acquire answered with this company's lease id (a copied `created`: the
+    // fake names a lease after its run id's first 8 characters).
+    const foreignRun = `${runId.slice(0, 8)}-ffff-4c1e-9f0b-2a9d7c3e1b44`;
+    env.sandbox.addLease(OTHER, foreignRun, providerLeaseId);
+    const foreign = await h.harness.acquireLease({ driverKey: "kubernetes", companyId: OTHER, environmentId: "env-1", config: cfg, runId: foreignRun, adapterType: "claude_local" });
+    assert.equal(foreign.providerLeaseId, providerLeaseId);
+    await h.harness.releaseLease({ driverKey: "kubernetes", companyId: OTHER, environmentId: "env-1", config: cfg, providerLeaseId, leaseMetadata: foreign.metadata });
+    const p = openParams(providerLeaseId);
+    const sid = await open(p);
+    await eventually(() => sink.text(p.hostRouteId).includes("prompted"), "the prompt");
+    await stop(sid);
+    await eventually(() => sink.exits.some((e) => e.hostRouteId === p.hostRouteId), "the exit");
+  });
+
   it("forgets a released lease", async () => {
     const { runId, providerLeaseId } = await lease();
     await h.harness.releaseLease({ driverKey: "kubernetes", companyId: C, environmentId: "env-1", config: cfg, providerLeaseId, leaseMetadata: { kubeclip: { runId, companyId: C } } });
