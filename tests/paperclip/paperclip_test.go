@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
 	"os"
 	"regexp"
@@ -254,7 +255,7 @@ func TestPaperclip(t *testing.T) {
 				dropped[fmt.Sprint(k)] = true
 			}
 		}
-		t.Logf("run %s: %d exec starts on the wire; the plugin dropped %d distinct env keys Paperclip's host sent", cliRun, starts, len(dropped))
+		t.Logf("run %s: %d exec starts on the wire; the plugin dropped %d distinct env keys Paperclip's host sent: %v", cliRun, starts, len(dropped), slices.Sorted(maps.Keys(dropped)))
 		for k := range serverSecrets {
 			if !dropped[k] {
 				t.Errorf("the plugin logged no drop of %s: Paperclip's host did not send it this time, so this test proved nothing about it", k)
