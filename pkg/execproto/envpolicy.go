@@ -2,38 +2,47 @@ package execproto
 
 import (
 	"bytes"
-	_ "embed" // envdeny.json
+	_ "embed" // envpolicy.json
 	"encoding/json"
 	"fmt"
 	"slices"
 	"strings"
 )
 
-// envDenyJSON is the execute-environment policy's built-in list, shared byte for byte with the
-// Paperclip plugin (plugins/paperclip/src/envdeny.json): Paperclip's host forwards its server's
-// own environment in `execute`, and these keys are its secrets. Format: {"deny": [GLOB...],
-// "allow": [GLOB...]}; a GLOB matches a whole key, `*` any run of characters, case-sensitive.
+// envPolicyJSON is the execute-environment policy's built-in list, shared byte for byte with the
+// Paperclip plugin (plugins/paperclip/src/envpolicy.json). Format: {"deny": [GLOB...], "allow":
+// [GLOB...]}; a GLOB matches a whole key, `*` any run of characters, case-sensitive. "deny": the
+// keys of Paperclip's own server (its host forwards its server's whole environment in some
+// `execute` calls, and these are its secrets). "allow": what an agent needs (the shell basics,
+// Paperclip's run variables, the adapters' homes and model API keys): the allowlist mode's keys,
+// and the exceptions to "deny".
 //
-//go:embed envdeny.json
-var envDenyJSON []byte
+//go:embed envpolicy.json
+var envPolicyJSON []byte
 
-// EnvDenyJSON returns the built-in list as shipped.
-func EnvDenyJSON() []byte { return bytes.Clone(envDenyJSON) }
+// EnvPolicyJSON returns the built-in list as shipped.
+func EnvPolicyJSON() []byte { return bytes.Clone(envPolicyJSON) }
 
 // Env policy modes.
 const (
-	// EnvModeDeny drops the built-in list's keys and the operator's deny globs (the default).
+	// EnvModeDeny drops the built-in deny list's keys and the operator's deny globs: every other
+	// key of the client's passes. The exec-worker's default: its clients are the operator's
+	// (the plugin filters Paperclip's execute env itself, in allowlist mode by default; `kubeclip
+	// exec` sends the operator's own variables).
 	EnvModeDeny = "deny"
-	// EnvModeAllowlist also drops every key that matches none of the operator's allow globs.
+	// EnvModeAllowlist passes only the keys of the built-in allow list (what an agent needs) and
+	// of the operator's allow globs: a key the operator's Paperclip server happens to hold
+	// (GITHUB_TOKEN, SLACK_*, HF_TOKEN) never reaches a company's pod. The plugin's default.
 	EnvModeAllowlist = "allowlist"
 )
 
 // EnvPolicy decides which keys of an exec's environment reach the pod, exactly as the plugin's
-// EnvPolicy.passes does (plugins/paperclip/src/envpolicy.ts), so both enforcers of the one
-// operator policy agree:
+// EnvPolicy.passes does (plugins/paperclip/src/envpolicy.ts; both run the cases of
+// testdata/envpolicy/cases.json), so both enforcers of the one operator policy agree:
 //  1. a key matching an operator deny glob is dropped;
 //  2. a key matching a built-in deny glob and no built-in allow glob is dropped;
-//  3. in allowlist mode, a key matching no operator allow glob is dropped;
+//  3. in allowlist mode, a key matching no built-in allow glob and no operator allow glob is
+//     dropped;
 //  4. every other key passes.
 //
 // Build it with DefaultEnvPolicy or NewEnvPolicy; the zero EnvPolicy (IsZero) keeps nothing back.
@@ -41,7 +50,7 @@ type EnvPolicy struct {
 	builtin   envList
 	allowlist bool
 	deny      []string // the operator's
-	allow     []string // the operator's (allowlist mode)
+	allow     []string // the operator's additions (allowlist mode)
 }
 
 // IsZero reports the zero EnvPolicy, one no constructor made.
@@ -56,27 +65,23 @@ type envList struct {
 func DefaultEnvPolicy() EnvPolicy {
 	p, err := NewEnvPolicy(EnvModeDeny, nil, nil)
 	if err != nil {
-		panic(fmt.Sprintf("execproto: the embedded envdeny.json: %v", err)) // a test pins it valid
+		panic(fmt.Sprintf("execproto: the embedded envpolicy.json: %v", err)) // a test pins it valid
 	}
 	return p
 }
 
-// NewEnvPolicy is the built-in list in mode, plus the operator's allow and deny globs. Allowlist
-// mode needs at least one allow glob (else no key would pass).
+// NewEnvPolicy is the built-in list in mode, plus the operator's allow and deny globs.
 func NewEnvPolicy(mode string, allow, deny []string) (EnvPolicy, error) {
 	var l envList
-	dec := json.NewDecoder(bytes.NewReader(envDenyJSON))
+	dec := json.NewDecoder(bytes.NewReader(envPolicyJSON))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&l); err != nil {
-		return EnvPolicy{}, fmt.Errorf("reading envdeny.json: %w", err)
+		return EnvPolicy{}, fmt.Errorf("reading envpolicy.json: %w", err)
 	}
 	p := EnvPolicy{builtin: l, deny: slices.Clone(deny), allow: slices.Clone(allow)}
 	switch mode {
 	case EnvModeDeny:
 	case EnvModeAllowlist:
-		if len(allow) == 0 {
-			return EnvPolicy{}, fmt.Errorf("env policy mode %s needs at least one allow glob (else no key would pass)", EnvModeAllowlist)
-		}
 		p.allowlist = true
 	default:
 		return EnvPolicy{}, fmt.Errorf("env policy mode must be %s or %s, got %q", EnvModeDeny, EnvModeAllowlist, mode)
@@ -105,7 +110,7 @@ func (p EnvPolicy) Drops(key string) bool {
 	case anyGlob(p.builtin.Deny, key) && !anyGlob(p.builtin.Allow, key):
 		return true
 	case p.allowlist:
-		return !anyGlob(p.allow, key)
+		return !anyGlob(p.builtin.Allow, key) && !anyGlob(p.allow, key)
 	}
 	return false
 }

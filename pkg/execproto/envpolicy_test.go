@@ -2,91 +2,121 @@ package execproto
 
 import (
 	"bytes"
+	"encoding/json"
 	"os"
+	"slices"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
 )
 
-func TestEnvPolicy(t *testing.T) {
-	for _, tc := range []struct {
-		name        string
-		mode        string
-		allow, deny []string
-		env         []string
-		wantDropped []string
-	}{
-		{
-			name: "built-in list",
-			mode: EnvModeDeny,
-			env: []string{"PAPERCLIP_AGENT_JWT_SECRET", "PAPERCLIP_TOOL_ACTION_SIGNING_SECRET", "BETTER_AUTH_SECRET", "DATABASE_URL",
-				"AWS_SECRET_ACCESS_KEY", "PGPASSWORD", "PAPERCLIP_API_KEY", "PAPERCLIP_API_URL", "PAPERCLIP_RUN_ID", "HOME", "ANTHROPIC_API_KEY", "my_secret"},
-			wantDropped: []string{"AWS_SECRET_ACCESS_KEY", "BETTER_AUTH_SECRET", "DATABASE_URL", "PAPERCLIP_AGENT_JWT_SECRET",
-				"PAPERCLIP_TOOL_ACTION_SIGNING_SECRET", "PGPASSWORD"},
-		},
-		{name: "the operator's deny wins", mode: EnvModeDeny, deny: []string{"*_SECRET"}, allow: []string{"AWS_REGION", "MY_SECRET"},
-			env: []string{"AWS_REGION", "AWS_ACCESS_KEY_ID", "MY_SECRET", "X_SECRET", "LANG"}, wantDropped: []string{"AWS_ACCESS_KEY_ID", "AWS_REGION", "MY_SECRET", "X_SECRET"}},
-		{name: "allowlist", mode: EnvModeAllowlist, allow: []string{"ANTHROPIC_API_KEY", "LANG"},
-			env: []string{"ANTHROPIC_API_KEY", "LANG", "PAPERCLIP_API_KEY", "HOME", "DATABASE_URL"}, wantDropped: []string{"DATABASE_URL", "HOME", "PAPERCLIP_API_KEY"}},
-		{name: "globs on both sides", mode: EnvModeDeny, deny: []string{"*TOKEN*"},
-			env: []string{"TOKEN", "A_TOKEN_B", "TOKE", "TOKENS"}, wantDropped: []string{"A_TOKEN_B", "TOKEN", "TOKENS"}},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			p, err := NewEnvPolicy(tc.mode, tc.allow, tc.deny)
+// envPolicyCases is the corpus both enforcers run: this package and the Paperclip plugin
+// (plugins/paperclip/src/envpolicy.test.ts), so that the two never disagree on a key.
+const envPolicyCases = "../../testdata/envpolicy/cases.json"
+
+type envPolicyCase struct {
+	Name  string   `json:"name"`
+	Mode  string   `json:"mode"`
+	Allow []string `json:"allow"`
+	Deny  []string `json:"deny"`
+	Env   []string `json:"env"`
+	Kept  []string `json:"kept"`
+}
+
+func readEnvPolicyCases(t *testing.T) []envPolicyCase {
+	t.Helper()
+	b, err := os.ReadFile(envPolicyCases)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc struct {
+		About string          `json:"about"`
+		Cases []envPolicyCase `json:"cases"`
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&doc); err != nil {
+		t.Fatalf("%s: %v", envPolicyCases, err)
+	}
+	if len(doc.Cases) == 0 {
+		t.Fatalf("%s holds no case", envPolicyCases)
+	}
+	return doc.Cases
+}
+
+// TestEnvPolicyCorpus runs the shared cases: for each policy, exactly the listed keys of the env
+// reach the pod, and the dropped ones are reported by name.
+func TestEnvPolicyCorpus(t *testing.T) {
+	modes := map[string]bool{}
+	for _, tc := range readEnvPolicyCases(t) {
+		modes[tc.Mode] = true
+		t.Run(tc.Name, func(t *testing.T) {
+			p, err := NewEnvPolicy(tc.Mode, tc.Allow, tc.Deny)
 			if err != nil {
 				t.Fatal(err)
 			}
 			env := map[string]string{}
-			for _, k := range tc.env {
-				env[k] = "v"
+			for _, k := range tc.Env {
+				env[k] = "value of " + k
 			}
 			kept, dropped := p.Filter(env)
-			if diff := cmp.Diff(tc.wantDropped, dropped); diff != "" {
-				t.Errorf("dropped (-want +got):\n%s", diff)
+			var gotKept []string
+			for k, v := range kept {
+				if v != env[k] {
+					t.Errorf("%s's value changed", k)
+				}
+				gotKept = append(gotKept, k)
 			}
-			if len(kept)+len(dropped) != len(env) || len(env) != len(tc.env) {
-				t.Errorf("kept %d + dropped %d of %d", len(kept), len(dropped), len(env))
+			slices.Sort(gotKept)
+			if diff := cmp.Diff(tc.Kept, gotKept); diff != "" {
+				t.Errorf("kept keys (-want +got):\n%s", diff)
+			}
+			var wantDropped []string
+			for _, k := range tc.Env {
+				if !slices.Contains(tc.Kept, k) {
+					wantDropped = append(wantDropped, k)
+				}
+			}
+			slices.Sort(wantDropped)
+			if diff := cmp.Diff(wantDropped, dropped); diff != "" {
+				t.Errorf("dropped keys (-want +got):\n%s", diff)
 			}
 		})
 	}
-	if _, err := NewEnvPolicy(EnvModeAllowlist, nil, nil); err == nil {
-		t.Error("an allowlist without an allow glob accepted")
+	if !modes[EnvModeDeny] || !modes[EnvModeAllowlist] {
+		t.Errorf("the corpus covers modes %v; want both %s and %s", modes, EnvModeDeny, EnvModeAllowlist)
 	}
-	for _, bad := range []struct{ mode, glob string }{{"open", "X"}, {EnvModeDeny, ""}, {EnvModeDeny, "A=B"}} {
+}
+
+func TestEnvPolicyRefuses(t *testing.T) {
+	for _, bad := range []struct{ mode, glob string }{{"open", "X"}, {"", "X"}, {EnvModeDeny, ""}, {EnvModeDeny, "A=B"}, {EnvModeAllowlist, "A\x00"}} {
 		if _, err := NewEnvPolicy(bad.mode, nil, []string{bad.glob}); err == nil {
 			t.Errorf("NewEnvPolicy(%q, deny %q) accepted", bad.mode, bad.glob)
 		}
 	}
-	DefaultEnvPolicy() // the embedded list is valid
-}
-
-func TestGlobMatch(t *testing.T) {
-	for _, tc := range []struct {
-		g, s string
-		want bool
-	}{
-		{"A", "A", true}, {"A", "a", false}, {"A", "AB", false}, {"*", "", true}, {"*_SECRET", "_SECRET", true},
-		{"*_SECRET", "X_SECRETS", false}, {"*_SECRET_*", "A_SECRET_B", true}, {"*_SECRET_*", "A_SECRET", false},
-		{"A*A", "A", false}, {"A*A", "AA", true}, {"*AB*AB", "ABAB", true}, {"*AB*AB", "ABA", false},
-	} {
-		if got := globMatch(tc.g, tc.s); got != tc.want {
-			t.Errorf("globMatch(%q, %q) = %v, want %v", tc.g, tc.s, got, tc.want)
-		}
-	}
-}
-
-// pluginEnvDeny is the plugin's copy of the list: the plugin drops the keys first, the
-// exec-worker again, from the same bytes.
-const pluginEnvDeny = "../../plugins/paperclip/src/envdeny.json"
-
-// TestEnvDenyListIsThePlugins compares the two copies: the plugin and the exec-worker enforce
-// one list.
-func TestEnvDenyListIsThePlugins(t *testing.T) {
-	b, err := os.ReadFile(pluginEnvDeny)
+	// Allowlist mode without additions is the built-in list alone: what an agent needs.
+	p, err := NewEnvPolicy(EnvModeAllowlist, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !bytes.Equal(b, envDenyJSON) {
-		t.Errorf("%s and pkg/execproto/envdeny.json differ: they must be byte-identical (copy one over the other)", pluginEnvDeny)
+	if p.Drops("PAPERCLIP_API_KEY") || !p.Drops("DO_NOT_TRACK") {
+		t.Errorf("allowlist mode without additions: drops PAPERCLIP_API_KEY %v, DO_NOT_TRACK %v; want false, true", p.Drops("PAPERCLIP_API_KEY"), p.Drops("DO_NOT_TRACK"))
+	}
+	DefaultEnvPolicy() // the embedded list is valid
+}
+
+// pluginEnvPolicy is the plugin's copy of the list: the plugin drops the keys first, the
+// exec-worker again, from the same bytes.
+const pluginEnvPolicy = "../../plugins/paperclip/src/envpolicy.json"
+
+// TestEnvPolicyListIsThePlugins compares the two copies: the plugin and the exec-worker enforce
+// one list.
+func TestEnvPolicyListIsThePlugins(t *testing.T) {
+	b, err := os.ReadFile(pluginEnvPolicy)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(b, envPolicyJSON) {
+		t.Errorf("%s and pkg/execproto/envpolicy.json differ: they must be byte-identical (copy one over the other)", pluginEnvPolicy)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
 	"os"
 	"regexp"
@@ -254,7 +255,7 @@ func TestPaperclip(t *testing.T) {
 				dropped[fmt.Sprint(k)] = true
 			}
 		}
-		t.Logf("run %s: %d exec starts on the wire; the plugin dropped %d distinct env keys Paperclip's host sent", cliRun, starts, len(dropped))
+		t.Logf("run %s: %d exec starts on the wire; the plugin dropped %d distinct env keys Paperclip's host sent: %v", cliRun, starts, len(dropped), slices.Sorted(maps.Keys(dropped)))
 		for k := range serverSecrets {
 			if !dropped[k] {
 				t.Errorf("the plugin logged no drop of %s: Paperclip's host did not send it this time, so this test proved nothing about it", k)
@@ -497,9 +498,11 @@ const largeRunRSSGrowth = 256 << 20
 // Paperclip's run log (tests/images/claude-stub/envdump.go): the agent command's own environment,
 // and the environment of every `sh -c` execute before it (the image's sh wrapper: a company image
 // whose shell dumps its environment). No report names a server secret or carries the hash of
-// its value; the agent has the keys it needs; and the sh reports include Paperclip's probes, the
-// executes the host sends with its server's whole environment (DO_NOT_TRACK is a key only the
-// server's environment has: hack/paperclip/paperclip.sh).
+// its value; the agent has the keys it needs; the sh reports include Paperclip's probes, the
+// executes the host sends with its server's whole environment (serverMarker, a key only the
+// server's environment has, which the operator allows); and no report carries a key of the
+// server's environment the operator did not allow (DO_NOT_TRACK, hack/paperclip/paperclip.sh:
+// the plugin's execute env is an allowlist, issue 26 item 8).
 func checkPodEnvironments(t *testing.T, pc *server, runID string) {
 	t.Helper()
 	reports, err := envReports(stubLines(stdoutChunks(pc.runLog(t, runID))))
@@ -530,9 +533,12 @@ func checkPodEnvironments(t *testing.T, pc *server, runID string) {
 			agentKeys = r.Keys
 		case "sh":
 			shells++
-			if slices.Contains(r.Keys, "DO_NOT_TRACK") {
+			if slices.Contains(r.Keys, serverMarker) {
 				probes++
 			}
+		}
+		if slices.Contains(r.Keys, "DO_NOT_TRACK") {
+			t.Errorf("run %s: a process in the pod (%s) got DO_NOT_TRACK, a key of Paperclip's server the operator did not allow", runID, r.Source)
 		}
 	}
 	t.Logf("run %s: %d environment reports from the pod (the agent's %d keys; %d sh environments, %d of them the server's)", runID, len(reports), len(agentKeys), shells, probes)

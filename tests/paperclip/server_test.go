@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"os"
 	"os/exec"
@@ -37,6 +38,15 @@ type server struct {
 	serverEnv string
 }
 
+// serverMarker is a key only the server's environment has, which the operator allows into pods
+// (operatorEnvAdditions): the environment reports that carry it are of Paperclip's probes, the
+// executes the host sends with its server's whole environment.
+const serverMarker = "KUBECLIP_E2E_SERVER_MARKER"
+
+// operatorEnvAdditions is the plugin's executeEnv of every test (configurePlugin): the default
+// allowlist, plus the stub's variables (set in the agent's adapterConfig.env) and serverMarker.
+var operatorEnvAdditions = map[string]any{"allow": []string{"KUBECLIP_STUB_*", serverMarker}}
+
 // serverSecrets are Paperclip's own server secrets, given known values at start so that the
 // tests can look for them where they must never be (anything the plugin sends to kubeclip).
 var serverSecrets = map[string]string{
@@ -63,6 +73,7 @@ func startServer(t *testing.T) *server {
 	for k, v := range serverSecrets {
 		pairs = append(pairs, k+"="+v)
 	}
+	pairs = append(pairs, serverMarker+"=1")
 	s.serverEnv = strings.Join(pairs, " ")
 	ctx := t.Context()
 	start := time.Now()
@@ -176,6 +187,10 @@ const pluginKey = "kubeclip.paperclip-sandbox-provider"
 // operator's: kubeclip's connection lives only there); Paperclip delivers them to the worker.
 func (s *server) configurePlugin(t *testing.T, settings map[string]any) {
 	t.Helper()
+	if _, ok := settings["executeEnv"]; !ok {
+		settings = maps.Clone(settings)
+		settings["executeEnv"] = operatorEnvAdditions
+	}
 	s.must(t, http.MethodPost, "/plugins/"+pluginKey+"/config", map[string]any{"companyId": s.CompanyID, "configJson": settings}, nil)
 }
 

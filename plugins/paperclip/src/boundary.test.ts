@@ -129,24 +129,41 @@ describe("the tenant boundary", () => {
       const lease = await acquire(newRun());
       const r = await h.harness.execute({ driverKey: "kubernetes", companyId: C, environmentId: "env-1", config: { ...cfg, ...lease.metadata }, lease, command: "env", env: hostEnv, timeoutMs: 10_000 });
       assert.equal(r.exitCode, 0);
+      const agentNeeds = ["ANTHROPIC_API_KEY", "CLAUDE_CONFIG_DIR", "PAPERCLIP_API_KEY", "PAPERCLIP_API_URL", "PAPERCLIP_BRIDGE_TOKEN", "PAPERCLIP_RUN_ID", "PAPERCLIP_WAKE_REASON"];
       for (const [k, v] of Object.entries(hostEnv)) {
-        const kept = !/SECRET|DATABASE_URL|MASTER_KEY|npm_/.test(k);
+        const kept = agentNeeds.includes(k);
         assert.equal(r.stdout.includes(`${k}=${v}\n`), kept, `${k} ${kept ? "kept" : "dropped"}`);
       }
       const sent = env.sandbox.startRequests.at(-1)?.env as Record<string, string>;
-      assert.deepEqual(Object.keys(sent).sort(), ["ANTHROPIC_API_KEY", "CLAUDE_CONFIG_DIR", "GH_TOKEN", "PAPERCLIP_API_KEY", "PAPERCLIP_API_URL", "PAPERCLIP_BRIDGE_TOKEN", "PAPERCLIP_RUN_ID", "PAPERCLIP_WAKE_REASON"]);
+      assert.deepEqual(Object.keys(sent).sort(), agentNeeds);
       const line = h.harness.logs.find((l) => l.message === "execute env keys dropped");
-      assert.equal(line?.meta?.count, 6);
+      assert.equal(line?.meta?.count, Object.keys(hostEnv).length - agentNeeds.length);
       assert.ok(!JSON.stringify(h.harness.logs).includes("value-000"), "no value is logged");
     });
 
-    it("passes only the operator's allowlist, the deny list still applying", async () => {
-      const s = await harnessed(undefined, { natsUrl: env.server.url, executeEnv: { mode: "allowlist", allow: ["PAPERCLIP_API_*", "PAPERCLIP_AGENT_JWT_SECRET", "GH_*"], deny: ["GH_TOKEN"] } });
+    // Issue 26 item 8: a key the operator gives Paperclip's server reaches no pod by default.
+    it("keeps the operator's server keys back by default; deny mode passes them", async () => {
+      const operatorEnv = { DO_NOT_TRACK: "1", GITHUB_TOKEN: "ghp-operator-0007", SLACK_BOT_TOKEN: "xoxb-operator-0008", HF_TOKEN: "hf-operator-0009", PAPERCLIP_RUN_ID: "run-1", LANG: "C.UTF-8" };
+      const lease = await acquire(newRun());
+      await h.harness.execute({ driverKey: "kubernetes", companyId: C, environmentId: "env-1", config: { ...cfg, ...lease.metadata }, lease, command: "true", env: operatorEnv, timeoutMs: 10_000 });
+      assert.deepEqual(Object.keys(env.sandbox.startRequests.at(-1)?.env as Record<string, string>).sort(), ["LANG", "PAPERCLIP_RUN_ID"]);
+      const s = await harnessed(undefined, { natsUrl: env.server.url, executeEnv: { mode: "deny" } });
+      try {
+        const l = await acquire(newRun(), s);
+        await s.harness.execute({ driverKey: "kubernetes", companyId: C, environmentId: "env-1", config: { ...cfg, ...l.metadata }, lease: l, command: "true", env: operatorEnv, timeoutMs: 10_000 });
+        assert.deepEqual(Object.keys(env.sandbox.startRequests.at(-1)?.env as Record<string, string>).sort(), Object.keys(operatorEnv).sort());
+      } finally {
+        await s.shutdown();
+      }
+    });
+
+    it("adds the operator's allow globs to what an agent needs, the deny lists still applying", async () => {
+      const s = await harnessed(undefined, { natsUrl: env.server.url, executeEnv: { allow: ["PAPERCLIP_API_*", "PAPERCLIP_AGENT_JWT_SECRET", "GH_*"], deny: ["GH_TOKEN", "ANTHROPIC_API_KEY"] } });
       try {
         const lease = await acquire(newRun(), s);
-        await s.harness.execute({ driverKey: "kubernetes", companyId: C, environmentId: "env-1", config: { ...cfg, ...lease.metadata }, lease, command: "true", env: hostEnv, timeoutMs: 10_000 });
+        await s.harness.execute({ driverKey: "kubernetes", companyId: C, environmentId: "env-1", config: { ...cfg, ...lease.metadata }, lease, command: "true", env: { ...hostEnv, GH_HOST: "github.com" }, timeoutMs: 10_000 });
         const sent = env.sandbox.startRequests.at(-1)?.env as Record<string, string>;
-        assert.deepEqual(Object.keys(sent).sort(), ["PAPERCLIP_API_KEY", "PAPERCLIP_API_URL"]);
+        assert.deepEqual(Object.keys(sent).sort(), ["CLAUDE_CONFIG_DIR", "GH_HOST", "PAPERCLIP_API_KEY", "PAPERCLIP_API_URL", "PAPERCLIP_BRIDGE_TOKEN", "PAPERCLIP_RUN_ID", "PAPERCLIP_WAKE_REASON"]);
       } finally {
         await s.shutdown();
       }
@@ -203,6 +220,43 @@ describe("the tenant boundary", () => {
       } finally {
         await s.shutdown();
       }
+    });
+  });
+
+  // Issue 26 item 12: every boundary test's run ids begin alike, so kubeclip's fake answers
+  // every acquire with the same lease id, as a copied `created` would.
+  describe("issue 26 item 12: a lease's state is its company's", () => {
+    it("another company's release of the same lease id cancels none of this company's commands", async () => {
+      const lease = await acquire(newRun());
+      const exec = h.harness.execute({ driverKey: "kubernetes", companyId: C, environmentId: "env-1", config: { ...cfg, ...lease.metadata }, lease, command: "sh", args: ["-c", "sleep 1; echo finished"], timeoutMs: 10_000 });
+      await new Promise((r) => setTimeout(r, 300));
+      const foreign = await acquire(newRun(), h, OTHER);
+      assert.equal(foreign.providerLeaseId, lease.providerLeaseId, "the other company holds the same lease id");
+      const receipt = await h.harness.releaseLease({ driverKey: "kubernetes", companyId: OTHER, environmentId: "env-1", config: { ...cfg, ...foreign.metadata }, providerLeaseId: foreign.providerLeaseId, leaseMetadata: foreign.metadata, cancelActiveWork: true });
+      assert.deepEqual(receipt, { providerLeaseId: foreign.providerLeaseId, state: "stopped" });
+      const r = await exec;
+      assert.equal(r.metadata?.cancelled, undefined);
+      assert.equal(r.exitCode, 0);
+      assert.equal(r.stdout, "finished\n");
+    });
+
+    it("cancels a company's commands only after kubeclip answered its release", async () => {
+      const lease = await acquire(newRun());
+      const exec = h.harness.execute({ driverKey: "kubernetes", companyId: C, environmentId: "env-1", config: { ...cfg, ...lease.metadata }, lease, command: "sh", args: ["-c", "sleep 1; echo finished"], timeoutMs: 10_000 });
+      await new Promise((r) => setTimeout(r, 300));
+      const saved = env.kubeclip.onRelease;
+      env.kubeclip.onRelease = () => ({ kind: "failed", code: "lease_not_found", message: "no such lease of this company" });
+      try {
+        await assert.rejects(
+          h.harness.releaseLease({ driverKey: "kubernetes", companyId: C, environmentId: "env-1", config: { ...cfg, ...lease.metadata }, providerLeaseId: lease.providerLeaseId, leaseMetadata: lease.metadata, cancelActiveWork: true }),
+          /no such lease of this company/,
+        );
+      } finally {
+        env.kubeclip.onRelease = saved;
+      }
+      const r = await exec;
+      assert.equal(r.exitCode, 0, "a refused release cancels nothing");
+      assert.equal(r.stdout, "finished\n");
     });
   });
 

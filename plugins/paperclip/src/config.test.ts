@@ -95,8 +95,10 @@ describe("readSettings", () => {
     assert.throws(() => readSettings({ maxSyncOutFiles: "many" }), /^ConfigError: settings\.maxSyncOutFiles: must be an integer/);
     assert.deepEqual(readSettings({ maxSyncOutBytes: 1 << 20, maxSyncOutFiles: 10, nativeSync: false }), { maxSyncOutBytes: 1 << 20, maxSyncOutFiles: 10, nativeSync: false });
     assert.throws(() => readSettings({ nativeSync: "no" }), /^ConfigError: settings\.nativeSync: must be true or false/);
-    assert.throws(() => readSettings({ executeEnv: { mode: "open" } }), /settings\.executeEnv\.mode: must be "deny" or "allowlist"/);
-    assert.throws(() => readSettings({ executeEnv: { mode: "allowlist" } }), /settings\.executeEnv\.allow: mode "allowlist" needs/);
+    assert.throws(() => readSettings({ executeEnv: { mode: "open" } }), /settings\.executeEnv\.mode: must be "allowlist" or "deny"/);
+    // Allowlist mode needs no glob of the operator's: the built-in list is what an agent needs.
+    assert.deepEqual(readSettings({ executeEnv: { mode: "allowlist" } }), { executeEnv: { mode: "allowlist", allow: [], deny: [] } });
+    assert.deepEqual(readSettings({ executeEnv: { allow: ["GH_TOKEN"] } }), { executeEnv: { mode: "allowlist", allow: ["GH_TOKEN"], deny: [] } });
     assert.throws(() => readSettings({ executeEnv: { deny: ["A B"] } }), /settings\.executeEnv\.deny\[0\]/);
   });
 

@@ -462,9 +462,9 @@ export const settingsSchema = {
       type: "object",
       title: "Execute environment policy",
       description:
-        'What of Paperclip\'s execute env reaches a pod. mode "deny" (default): every key but the built-in deny list of Paperclip\'s own server keys (and "deny"); "allowlist": only keys matching "allow", the deny lists still apply. Globs match a whole key, * is any run of characters.',
+        'What of Paperclip\'s execute env reaches a pod. mode "allowlist" (default): only what an agent needs (the built-in list: PATH, HOME, locale, TERM, Paperclip\'s run variables, the adapters\' homes and model API keys) and the keys matching "allow"; "deny": every key but the built-in deny list of Paperclip\'s own server keys. Keys matching "deny" never pass, nor do Paperclip\'s server secrets. Globs match a whole key, * is any run of characters.',
       properties: {
-        mode: { type: "string", enum: ["deny", "allowlist"], default: "deny" },
+        mode: { type: "string", enum: ["allowlist", "deny"], default: "allowlist" },
         allow: stringArray,
         deny: stringArray,
       },

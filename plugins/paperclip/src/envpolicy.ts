@@ -3,23 +3,28 @@
 // Paperclip's host sends its own server's whole environment with some execute calls (the
 // `command -v claude` probe carried 118 keys, PAPERCLIP_AGENT_JWT_SECRET and
 // PAPERCLIP_TOOL_ACTION_SIGNING_SECRET among them: with the JWT secret a company's image could
-// mint agent tokens for every company). The plugin drops them before an exec request leaves:
+// mint agent tokens for every company), and any key an operator gives the server (GITHUB_TOKEN,
+// SLACK_*, HF_TOKEN) would ride along to every company's shell. The plugin drops keys before an
+// exec request leaves:
 //
-//   - a built-in list, envdeny.json, `{"deny": [GLOB…], "allow": [GLOB…]}`: the keys Paperclip's
-//     server reads for itself (grepped from its dist's process.env reads) and patterns for their
-//     families, with the keys an agent needs as exceptions. A key is dropped when it matches a
-//     `deny` glob and no `allow` glob. pkg/execproto/envdeny.json is the same file: the
-//     exec-worker enforces it again for every client;
-//   - the operator's settings.executeEnv: more `deny` globs (these win over everything), and
-//     mode "allowlist", in which only keys matching its `allow` globs pass (the deny lists still
-//     apply).
+//   - a built-in list, envpolicy.json, `{"deny": [GLOB…], "allow": [GLOB…]}`. "allow" is what an
+//     agent needs: the shell basics (PATH, HOME, locale, TERM), the run variables Paperclip sets
+//     (PAPERCLIP_API_URL/_KEY, _RUN_ID, _WAKE_*, the sandbox bridge's), the adapters' homes and the
+//     model API keys a company configures. "deny" is the keys Paperclip's server reads for itself
+//     (grepped from its dist's process.env reads) and their families; "allow" keys are exceptions
+//     to it. pkg/execproto/envpolicy.json is the same file: the exec-worker enforces the same rules
+//     again for every client (testdata/envpolicy/cases.json holds the cases both run);
+//   - the operator's settings.executeEnv: mode "allowlist" (the default), in which only keys of
+//     the built-in "allow" list and of the operator's `allow` globs pass; or mode "deny", in which
+//     every key passes but the built-in deny list's; and more `deny` globs, which win over
+//     everything. A key of the built-in deny list never passes, whatever the operator allows.
 //
 // A glob matches a whole key; `*` (any run of characters) is its only special character; case
 // counts. Values are never logged; the names of dropped keys may be.
 
 import { ConfigError } from "./errors.js";
 import { isObject } from "./json.js";
-import builtinJson from "./envdeny.json" with { type: "json" };
+import builtinJson from "./envpolicy.json" with { type: "json" };
 
 export type EnvPolicyMode = "deny" | "allowlist";
 
@@ -50,7 +55,10 @@ function globs(v: unknown, field: string): string[] {
 }
 
 /** The built-in list, checked when the module loads. */
-export const BUILTIN: { deny: readonly string[]; allow: readonly string[] } = checkList(builtinJson, "envdeny.json");
+export const BUILTIN: { deny: readonly string[]; allow: readonly string[] } = checkList(builtinJson, "envpolicy.json");
+
+/** The policy without settings.executeEnv: what an agent needs, nothing of the operator's. */
+export const DEFAULT_ENV_POLICY: Readonly<EnvPolicySettings> = Object.freeze({ mode: "allowlist", allow: [], deny: [] });
 
 /** settings.executeEnv, type-checked; errors name the field. */
 export function readEnvPolicy(v: unknown, field: string): EnvPolicySettings {
@@ -58,13 +66,9 @@ export function readEnvPolicy(v: unknown, field: string): EnvPolicySettings {
   for (const key of Object.keys(v)) {
     if (key !== "mode" && key !== "allow" && key !== "deny") throw new ConfigError(`${field}.${key}`, "unknown key (mode, allow, deny)");
   }
-  const mode = v.mode ?? "deny";
-  if (mode !== "deny" && mode !== "allowlist") throw new ConfigError(`${field}.mode`, 'must be "deny" or "allowlist"');
-  const out: EnvPolicySettings = { mode, allow: globs(v.allow, `${field}.allow`), deny: globs(v.deny, `${field}.deny`) };
-  if (mode === "allowlist" && out.allow.length === 0) {
-    throw new ConfigError(`${field}.allow`, 'mode "allowlist" needs at least one glob (else no key would pass)');
-  }
-  return out;
+  const mode = v.mode ?? DEFAULT_ENV_POLICY.mode;
+  if (mode !== "deny" && mode !== "allowlist") throw new ConfigError(`${field}.mode`, 'must be "allowlist" or "deny"');
+  return { mode, allow: globs(v.allow, `${field}.allow`), deny: globs(v.deny, `${field}.deny`) };
 }
 
 /** Whether glob matches the whole of key (`*`: any run of characters). */
@@ -98,15 +102,15 @@ export interface Filtered {
 export class EnvPolicy {
   private readonly settings: EnvPolicySettings;
 
-  constructor(settings: EnvPolicySettings = { mode: "deny", allow: [], deny: [] }) {
+  constructor(settings: EnvPolicySettings = DEFAULT_ENV_POLICY) {
     this.settings = settings;
   }
 
-  /** Whether key may enter a pod. */
+  /** Whether key may enter a pod (the rules of pkg/execproto EnvPolicy.Drops, in the same order). */
   passes(key: string): boolean {
     if (any(this.settings.deny, key)) return false;
     if (any(BUILTIN.deny, key) && !any(BUILTIN.allow, key)) return false;
-    if (this.settings.mode === "allowlist") return any(this.settings.allow, key);
+    if (this.settings.mode === "allowlist") return any(BUILTIN.allow, key) || any(this.settings.allow, key);
     return true;
   }
 

@@ -16,6 +16,16 @@ import { Fields, encode, parseObject, type JsonObject } from "./json.js";
 
 export type LeaseKind = "acquire" | "release" | "destroy" | "resume";
 
+/**
+ * The key of a lease's state in the plugin (its executes in flight, its hook figures, the leases
+ * a login may open on): the company and the lease id, never the id alone. A lease id is no
+ * secret and not unique across companies (a copied `created` answer hands one company another's
+ * id): keyed by the id alone, one company's release would abort another's commands.
+ */
+export function leaseKey(companyId: string, providerLeaseId: string): string {
+  return `${companyId}\u0000${providerLeaseId}`;
+}
+
 /** The end of a wait kept for a last read of the run's history (at most a quarter of it). */
 export const HISTORY_RESERVE_MS = 1_000;
 

@@ -6,7 +6,7 @@ import { join } from "node:path";
 import { after, afterEach, before, describe, it } from "node:test";
 import type { PluginLoginPtyOpenParams } from "@paperclipai/plugin-sdk/protocol";
 import { harnessed, startEnv, type Env, type Harnessed } from "../test/support/harness.js";
-import { InputQueue, LOGIN_COMMANDS, LoginTerminals, MAX_INPUT_BYTES, MAX_LOGIN_TERMINALS_PER_COMPANY, MAX_QUEUED_INPUT_BYTES, SESSION_HOME_ROOT, checkOpen, loginExec, type LoginPtySink } from "./loginpty.js";
+import { InputQueue, LOGIN_COMMANDS, LOGIN_IDLE_MS, LoginTerminals, MAX_INPUT_BYTES, MAX_LOGIN_TERMINALS, MAX_QUEUED_INPUT_BYTES, SESSION_HOME_ROOT, checkOpen, loginExec, loginShare, type LoginPtySink, type TerminalIO } from "./loginpty.js";
 
 const C = "7d2f1c9e-3b4a-4e8d-a6f1-0c5b9e2d7a13";
 const OTHER = "5a1e0b7c-2d3f-4a6b-8c9d-0e1f2a3b4c5d";
@@ -101,7 +101,7 @@ describe("login terminals", () => {
     assert.equal(t.size, 0);
   });
 
-  it("bounds input per call, held input, and terminals per company", async () => {
+  it("bounds input per call and held input", async () => {
     const sink = new Sink();
     const t = new LoginTerminals(() => sink);
     let end!: (code: number) => void;
@@ -110,13 +110,74 @@ describe("login terminals", () => {
     const piece = "y".repeat(MAX_INPUT_BYTES);
     for (let i = 0; i < MAX_QUEUED_INPUT_BYTES / MAX_INPUT_BYTES; i++) t.input(sid, piece);
     assert.throws(() => { t.input(sid, "z"); }, /^Error: data: more than 262144 bytes of input wait for the terminal$/);
-    for (let i = 1; i < MAX_LOGIN_TERMINALS_PER_COMPANY; i++) await t.open(`route-b${i}`, C, () => Promise.resolve(() => new Promise<number>(() => undefined)));
-    await assert.rejects(t.open("route-bx", C, () => Promise.resolve(() => Promise.resolve(0))), /^Error: companyId: the company holds its maximum of 4 login terminals$/);
-    await t.open("route-other", OTHER, () => Promise.resolve(() => Promise.resolve(0)));
     end(0);
     await eventually(() => sink.exits.some((e) => e.hostRouteId === "route-b"), "route-b's exit");
     assert.throws(() => { t.input(sid, "late"); }, /^Error: workerSessionId: no open login terminal with this id$/);
     t.closeAll();
+  });
+
+  // Issue 26 item 13: 16 companies at 4 terminals each held all 64 slots for 30 minutes.
+  it("shares a worker's slots max-min fair: a company alone uses them all, an arriving one gets its share", async () => {
+    assert.equal(MAX_LOGIN_TERMINALS, 64);
+    assert.deepEqual([1, 2, 16, 17, 64, 100].map((n) => loginShare(64, n)), [64, 32, 4, 3, 1, 1]);
+    let clock = 0;
+    const sink = new Sink();
+    const t = new LoginTerminals(() => sink, randomUUID, { total: 4, claimMs: 1_000, now: () => clock });
+    const ends = new Map<string, (code: number) => void>();
+    const open = (route: string, company: string): Promise<string> =>
+      t.open(route, company, () => Promise.resolve(() => new Promise<number>((r) => ends.set(route, r))));
+    // Alone, a company may hold every slot (before: at most 4 of 64).
+    for (let i = 0; i < 4; i++) await open(`c${i}`, C);
+    await assert.rejects(open("c4", C), /^Error: companyId: the company holds 4 login terminals, its share of this worker's 4 among 1 companies$/);
+    // Another company arrives at a full worker: refused, nothing running stopped; its claim lowers C's share to 2.
+    await assert.rejects(open("o0", OTHER), /^Error: hostRouteId: this worker's 4 login terminals are all open; a slot is kept for this company as one frees \(try again shortly\)$/);
+    assert.equal(t.size, 4);
+    ends.get("c0")?.(0);
+    await eventually(() => t.size === 3, "c0's end");
+    // The freed slot is OTHER's: C, over its share of 2 among 2 companies, cannot take it back.
+    await assert.rejects(open("c5", C), /^Error: companyId: the company holds 3 login terminals, its share of this worker's 4 among 2 companies$/);
+    await open("o0", OTHER);
+    ends.get("c1")?.(0);
+    ends.get("c2")?.(0);
+    await eventually(() => t.size === 2, "c1's and c2's ends");
+    // Both hold their share now (C 1 of 2, OTHER 1 of 2): each may open one more.
+    await open("c6", C);
+    await open("o1", OTHER);
+    await assert.rejects(open("o2", OTHER), /^Error: companyId: the company holds 2 login terminals, its share of this worker's 4 among 2 companies$/);
+    // OTHER gone and its claim lapsed: C alone again may use every slot.
+    t.close("o0");
+    t.close("o1");
+    clock += 1_000;
+    await open("c7", C);
+    await open("c8", C);
+    assert.equal(t.size, 4);
+    t.closeAll();
+  });
+
+  it("stops a terminal that got no input for LOGIN_IDLE_MS; input re-arms it", async (ctx) => {
+    assert.equal(LOGIN_IDLE_MS, 10 * 60_000);
+    const sink = new Sink();
+    const t = new LoginTerminals(() => sink, randomUUID, { idleMs: 1_000 });
+    let io!: TerminalIO;
+    ctx.mock.timers.enable({ apis: ["setTimeout"] });
+    const sid = await t.open("idle", C, () =>
+      Promise.resolve((got: TerminalIO) => {
+        io = got;
+        return new Promise<number | null>((r) => {
+          got.signal.addEventListener("abort", () => { r(null); });
+        });
+      }),
+    );
+    ctx.mock.timers.tick(900);
+    t.input(sid, "a");
+    ctx.mock.timers.tick(900);
+    assert.equal(io.signal.aborted, false, "input re-armed the idle stop");
+    ctx.mock.timers.tick(100);
+    assert.equal(io.signal.aborted, true, "1 s without input stops it");
+    ctx.mock.timers.reset();
+    await eventually(() => sink.exits.some((e) => e.hostRouteId === "idle"), "the exit");
+    assert.deepEqual(sink.exits.find((e) => e.hostRouteId === "idle"), { hostRouteId: "idle", workerSessionId: sid, exitCode: null });
+    assert.equal(t.size, 0);
   });
 
   it("ends a pending read when the queue is returned", async () => {
@@ -269,6 +330,23 @@ describe("login pty hooks", () => {
     await assert.rejects(open({ ...openParams(providerLeaseId), companyId: OTHER, sessionHome: "/tmp/x" }), /^Error: sessionHome: /);
     await assert.rejects(open({ ...openParams(providerLeaseId), companyId: OTHER, loginCommandKey: "sh" as "claude" }), /^Error: loginCommandKey: /);
     assert.equal(env.sandbox.startRequests.length, starts, "nothing ran");
+  });
+
+  // Issue 26 item 12: the lease book is keyed by company and lease.
+  it("keeps a company's lease when another company is answered with the same id and releases it", async () => {
+    const { runId, providerLeaseId } = await lease();
+    // Another company's acquire answered with this company's lease id (a copied `created`: the
+    // fake names a lease after its run id's first 8 characters).
+    const foreignRun = `${runId.slice(0, 8)}-ffff-4c1e-9f0b-2a9d7c3e1b44`;
+    env.sandbox.addLease(OTHER, foreignRun, providerLeaseId);
+    const foreign = await h.harness.acquireLease({ driverKey: "kubernetes", companyId: OTHER, environmentId: "env-1", config: cfg, runId: foreignRun, adapterType: "claude_local" });
+    assert.equal(foreign.providerLeaseId, providerLeaseId);
+    await h.harness.releaseLease({ driverKey: "kubernetes", companyId: OTHER, environmentId: "env-1", config: cfg, providerLeaseId, leaseMetadata: foreign.metadata });
+    const p = openParams(providerLeaseId);
+    const sid = await open(p);
+    await eventually(() => sink.text(p.hostRouteId).includes("prompted"), "the prompt");
+    await stop(sid);
+    await eventually(() => sink.exits.some((e) => e.hostRouteId === p.hostRouteId), "the exit");
   });
 
   it("forgets a released lease", async () => {

@@ -28,10 +28,33 @@ export const LOGIN_OUTPUT_BYTES = 8 << 20;
 export const MAX_INPUT_BYTES = 64 << 10;
 /** The most input held for one terminal that the pod has not taken yet. */
 export const MAX_QUEUED_INPUT_BYTES = 256 << 10;
-/** The most login terminals one worker holds at once. */
+/** The most login terminals one worker holds at once, shared by the companies (loginShare). */
 export const MAX_LOGIN_TERMINALS = 64;
-/** The most of them one company holds (a login is one person's, minutes long). */
-export const MAX_LOGIN_TERMINALS_PER_COMPANY = 4;
+/**
+ * A terminal that got no input for this long is stopped (its exit says no code). A login is one
+ * person's and minutes long: Claude's setup-token waits for the code its user pastes, a device
+ * login (Codex, Grok) for its user to type the shown code in a browser, which takes a minute or
+ * two; the device codes themselves expire after about 15 minutes. Ten minutes without a keystroke
+ * is a login nobody is doing, and a slot that another company may need; without it a terminal
+ * held a slot for the whole LOGIN_TIMEOUT_MS (30 minutes).
+ */
+export const LOGIN_IDLE_MS = 10 * 60_000;
+/**
+ * How long a company refused for want of a free slot keeps its claim: counted among the companies
+ * that share the slots, it lowers the others' share, so the next slot that frees is not taken
+ * again by a company over its new share, and the refused company's retry finds it.
+ */
+export const LOGIN_CLAIM_MS = 2 * 60_000;
+
+/**
+ * One company's share of total login slots when `companies` companies hold or claim terminals:
+ * max-min fair at admission. A company alone may use every slot; when others arrive each may open
+ * terminals only while it holds fewer than total / companies (at least one). Nothing running is
+ * stopped to make room: the share binds at admission, and the idle stop frees slots.
+ */
+export function loginShare(total: number, companies: number): number {
+  return Math.max(1, Math.floor(total / Math.max(1, companies)));
+}
 /** Where the host puts a login's home: exactly `<root>/<uuid>` (server login-command.js). */
 export const SESSION_HOME_ROOT = "/tmp/paperclip-adapter-login";
 const SESSION_HOME = /^\/tmp\/paperclip-adapter-login\/[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/;
@@ -176,6 +199,19 @@ interface Terminal {
   input: InputQueue;
   stop: AbortController;
   closed: boolean;
+  /** Stops the terminal after LOGIN_IDLE_MS without input (re-armed by each input). */
+  idle?: NodeJS.Timeout | undefined;
+}
+
+/** LoginTerminals' bounds (tests shorten them). */
+export interface LoginTerminalLimits {
+  /** Slots of the worker, shared by the companies (default MAX_LOGIN_TERMINALS). */
+  total?: number;
+  /** Default LOGIN_IDLE_MS. */
+  idleMs?: number;
+  /** Default LOGIN_CLAIM_MS. */
+  claimMs?: number;
+  now?: () => number;
 }
 
 /** Where a terminal's output and end go: ctx.loginPty. */
@@ -192,12 +228,54 @@ export interface LoginPtySink {
 export class LoginTerminals {
   private readonly byRoute = new Map<string, Terminal>();
   private readonly bySession = new Map<string, Terminal>();
+  /** Companies refused for want of a free slot, until when their claim lasts. */
+  private readonly claims = new Map<string, number>();
   private readonly sink: () => LoginPtySink;
   private readonly newId: () => string;
+  private readonly total: number;
+  private readonly idleMs: number;
+  private readonly claimMs: number;
+  private readonly now: () => number;
 
-  constructor(sink: () => LoginPtySink, newId: () => string = randomUUID) {
+  constructor(sink: () => LoginPtySink, newId: () => string = randomUUID, limits: LoginTerminalLimits = {}) {
     this.sink = sink;
     this.newId = newId;
+    this.total = limits.total ?? MAX_LOGIN_TERMINALS;
+    this.idleMs = limits.idleMs ?? LOGIN_IDLE_MS;
+    this.claimMs = limits.claimMs ?? LOGIN_CLAIM_MS;
+    this.now = limits.now ?? Date.now;
+  }
+
+  /**
+   * Admits one more terminal of companyId or throws naming the bound: the worker's slots, and the
+   * company's share of them among the companies that hold terminals or claim one (loginShare). A
+   * company refused because every slot is taken claims one for LOGIN_CLAIM_MS.
+   */
+  private admit(companyId: string): void {
+    const now = this.now();
+    for (const [c, until] of this.claims) if (until <= now) this.claims.delete(c);
+    const held = new Map<string, number>();
+    for (const o of this.byRoute.values()) held.set(o.companyId, (held.get(o.companyId) ?? 0) + 1);
+    const companies = new Set([...held.keys(), ...this.claims.keys(), companyId]).size;
+    const share = loginShare(this.total, companies);
+    const mine = held.get(companyId) ?? 0;
+    if (mine >= share) {
+      throw new Error(`companyId: the company holds ${mine} login terminals, its share of this worker's ${this.total} among ${companies} companies`);
+    }
+    if (this.byRoute.size >= this.total) {
+      this.claims.set(companyId, now + this.claimMs);
+      throw new Error(`hostRouteId: this worker's ${this.total} login terminals are all open; a slot is kept for this company as one frees (try again shortly)`);
+    }
+    this.claims.delete(companyId);
+  }
+
+  /** (Re)arms t's idle stop. */
+  private armIdle(t: Terminal): void {
+    clearTimeout(t.idle);
+    t.idle = setTimeout(() => {
+      t.stop.abort();
+    }, this.idleMs);
+    t.idle.unref();
   }
 
   get size(): number {
@@ -211,10 +289,7 @@ export class LoginTerminals {
    */
   async open(hostRouteId: string, companyId: string, prepare: () => Promise<(io: TerminalIO) => Promise<number | null>>): Promise<string> {
     if (this.byRoute.has(hostRouteId)) throw new Error("hostRouteId: a login terminal with this route id is open");
-    if (this.byRoute.size >= MAX_LOGIN_TERMINALS) throw new Error(`hostRouteId: this worker holds its maximum of ${MAX_LOGIN_TERMINALS} login terminals`);
-    let ofCompany = 0;
-    for (const o of this.byRoute.values()) if (o.companyId === companyId) ofCompany++;
-    if (ofCompany >= MAX_LOGIN_TERMINALS_PER_COMPANY) throw new Error(`companyId: the company holds its maximum of ${MAX_LOGIN_TERMINALS_PER_COMPANY} login terminals`);
+    this.admit(companyId);
     const t: Terminal = { hostRouteId, companyId, workerSessionId: this.newId(), input: new InputQueue(), stop: new AbortController(), closed: false };
     this.byRoute.set(hostRouteId, t);
     let run: (io: TerminalIO) => Promise<number | null>;
@@ -226,6 +301,7 @@ export class LoginTerminals {
     }
     if (t.closed) throw new Error("hostRouteId: the login terminal was closed while it opened");
     this.bySession.set(t.workerSessionId, t);
+    this.armIdle(t);
     const sink = this.sink();
     const io: TerminalIO = {
       input: t.input,
@@ -254,6 +330,7 @@ export class LoginTerminals {
     const bytes = Buffer.from(data, "utf8");
     if (bytes.byteLength > MAX_INPUT_BYTES) throw new Error(`data: longer than ${MAX_INPUT_BYTES} bytes`);
     if (bytes.byteLength > 0) t.input.push(bytes);
+    this.armIdle(t);
   }
 
   /** Stops a terminal's command; nothing for one already stopped, closed or unknown. */
@@ -273,6 +350,7 @@ export class LoginTerminals {
   }
 
   private forget(t: Terminal): void {
+    clearTimeout(t.idle);
     t.closed = true;
     t.stop.abort();
     void t.input.return();

@@ -57,7 +57,7 @@ import { ConfigError, KubeclipError, TimeoutError, UnreachableError, errorMessag
 import { runExec, type ExecOptions, type ExecResult, type ExecSpec } from "./exec.js";
 import { ByteBudget, CompanyLimiter, OUTPUT_BUDGET_BYTES, OUTPUT_BUDGET_COMPANY_BYTES, OUTPUT_TAIL_FLOOR_BYTES, SYNC_OUT_COMPANY_BYTES } from "./limiter.js";
 import { findCaseVariantKey, isObject, type JsonObject } from "./json.js";
-import { Leases } from "./leases.js";
+import { Leases, leaseKey } from "./leases.js";
 import { REUSABLE_LEASES } from "./manifest.js";
 import { LiveLog } from "./livelog.js";
 import { LOGIN_OUTPUT_BYTES, LOGIN_TIMEOUT_MS, LOGIN_TTY, LoginTerminals, checkOpen, loginExec } from "./loginpty.js";
@@ -102,9 +102,12 @@ export interface KubeclipLeaseMetadata {
 export function createPlugin(options: PluginOptions = {}): PaperclipPlugin {
   const pool = new ConnectionPool();
   const reusableLeases = options.reusableLeases ?? REUSABLE_LEASES;
-  /** In-flight executes per lease, aborted by a release with cancelActiveWork. */
+  /**
+   * In-flight executes per company and lease (leaseKey), aborted by that company's release with
+   * cancelActiveWork once kubeclip answered it.
+   */
   const inflight = new Map<string, Set<AbortController>>();
-  /** Hook calls and execute durations per lease, logged when it ends. */
+  /** Hook calls and execute durations per company and lease (leaseKey), logged when it ends. */
   const stats = new StatsBook();
   /** Executes in flight per company, bounded by settings.maxConcurrentExecutesPerCompany. */
   const limiter = new CompanyLimiter(options.executeSlotWaitMs);
@@ -127,14 +130,16 @@ export function createPlugin(options: PluginOptions = {}): PaperclipPlugin {
   };
   let ctx: PluginContext | undefined;
   /**
-   * The leases this worker acquired or resumed and has not ended, by providerLeaseId: a login
-   * terminal's open names only the lease (the host acquired it through this worker just
-   * before), and is refused unless the lease is the opening company's.
+   * The leases this worker acquired or resumed and has not ended, by company and lease
+   * (leaseKey): a login terminal's open names the lease (the host acquired it through this
+   * worker just before), and finds only a lease of the opening company. Another company's
+   * acquire answered with the same id neither replaces nor ends it.
    */
   const leaseBook = new Map<string, { runId: string; companyId: string; backend: string; config: JsonObject }>();
   const remember = (providerLeaseId: string, lease: { runId: string; companyId: string; backend: string; config: JsonObject }): void => {
-    leaseBook.delete(providerLeaseId);
-    leaseBook.set(providerLeaseId, lease);
+    const key = leaseKey(lease.companyId, providerLeaseId);
+    leaseBook.delete(key);
+    leaseBook.set(key, lease);
     for (const oldest of leaseBook.keys()) {
       if (leaseBook.size <= LEASE_BOOK_SIZE) break;
       leaseBook.delete(oldest);
@@ -250,10 +255,7 @@ export function createPlugin(options: PluginOptions = {}): PaperclipPlugin {
     // collection), which kubeclip publishes without a releaseId.
     if (meta.reusable && kind === "release" && !isObject(params.leaseMetadata?.reusableSandboxLease)) kind = "destroy";
     const releaseId = meta.reusable && kind === "release" ? String(meta.resumes ?? 0) : undefined;
-    if (cancel) {
-      for (const c of inflight.get(providerLeaseId) ?? []) c.abort();
-    }
-    leaseBook.delete(providerLeaseId);
+    const key = leaseKey(companyId, providerLeaseId);
     const conn = await connectionFor(params.config, params.companyId);
     const leases = leasesOn(await pool.get(conn), conn.prefix);
     const log = context().logger;
@@ -265,7 +267,13 @@ export function createPlugin(options: PluginOptions = {}): PaperclipPlugin {
         kind,
         { timeoutMs: conn.timeoutMs ?? DEFAULT_RPC_BUDGET_MS, display: conn.display },
       );
-      const s = stats.take(providerLeaseId);
+      // kubeclip answered for this company's lease: only now are its commands cancelled and
+      // its login lease forgotten (a refused release ends nothing of the plugin's either).
+      if (cancel) {
+        for (const c of inflight.get(key) ?? []) c.abort();
+      }
+      leaseBook.delete(key);
+      const s = stats.take(key);
       s?.hook(`${kind}Lease`);
       // One line per lease with what it cost: the hook calls and the execute latencies.
       log.info(kind === "destroy" ? "lease destroyed" : "lease released", { runId: meta.runId, providerLeaseId, state: released.state, [`${kind}Ms`]: Date.now() - t0, ...s?.summary() });
@@ -294,8 +302,9 @@ export function createPlugin(options: PluginOptions = {}): PaperclipPlugin {
     };
     if (opts.signal?.aborted) stop();
     else opts.signal?.addEventListener("abort", stop, { once: true });
-    let set = inflight.get(spec.providerLeaseId);
-    if (!set) inflight.set(spec.providerLeaseId, (set = new Set()));
+    const key = leaseKey(spec.companyId, spec.providerLeaseId);
+    let set = inflight.get(key);
+    if (!set) inflight.set(key, (set = new Set()));
     set.add(controller);
     let release: (() => void) | undefined;
     try {
@@ -305,7 +314,7 @@ export function createPlugin(options: PluginOptions = {}): PaperclipPlugin {
       opts.signal?.removeEventListener("abort", stop);
       release?.();
       set.delete(controller);
-      if (set.size === 0) inflight.delete(spec.providerLeaseId);
+      if (set.size === 0) inflight.delete(key);
     }
   }
 
@@ -329,7 +338,7 @@ export function createPlugin(options: PluginOptions = {}): PaperclipPlugin {
         { runId: meta.runId, companyId, providerLeaseId: params.providerLeaseId, resumeId: randomUUID() },
         { timeoutMs: conn.timeoutMs ?? DEFAULT_RPC_BUDGET_MS, display: conn.display },
       );
-      stats.of(params.providerLeaseId).hook("resumeLease");
+      stats.of(leaseKey(companyId, params.providerLeaseId)).hook("resumeLease");
       remember(params.providerLeaseId, { runId: meta.runId, companyId, backend: meta.backend, config: params.config });
       log.info("lease resumed", { runId: meta.runId, providerLeaseId: params.providerLeaseId, from: r.from, generation: r.generation, resumeMs: Date.now() - t0 });
       const remoteCwd = typeof params.leaseMetadata?.remoteCwd === "string" ? params.leaseMetadata.remoteCwd : REMOTE_CWD;
@@ -440,7 +449,7 @@ export function createPlugin(options: PluginOptions = {}): PaperclipPlugin {
     };
     const log = context().logger;
     const t0 = Date.now();
-    const leaseStats = stats.of(providerLeaseId);
+    const leaseStats = stats.of(leaseKey(companyId, providerLeaseId));
     leaseStats.hook(direction === "in" ? "syncIn" : "syncOut");
     let bytes = 0;
     try {
@@ -467,9 +476,9 @@ export function createPlugin(options: PluginOptions = {}): PaperclipPlugin {
   async function openLogin(params: PluginLoginPtyOpenParams): Promise<string> {
     const o = checkOpen(params);
     return terminals.open(o.hostRouteId, o.companyId, async () => {
-      const lease = leaseBook.get(o.providerLeaseId);
+      const lease = leaseBook.get(leaseKey(o.companyId, o.providerLeaseId));
       // The same answer for a lease of another company as for none: nothing about it is told.
-      if (!lease || lease.companyId !== o.companyId) {
+      if (!lease) {
         throw new Error(`providerLeaseId: no lease of company ${o.companyId} with this id is held by this plugin worker`);
       }
       if (lease.backend !== "" && !(EXEC_BACKENDS as readonly string[]).includes(lease.backend)) {
@@ -654,7 +663,7 @@ export function createPlugin(options: PluginOptions = {}): PaperclipPlugin {
         throw err;
       });
       log.info("lease acquired", { runId: params.runId, providerLeaseId: created.providerLeaseId, backend: created.backend, acquireMs: Date.now() - t0 });
-      stats.of(created.providerLeaseId).hook("acquireLease");
+      stats.of(leaseKey(params.companyId, created.providerLeaseId)).hook("acquireLease");
       remember(created.providerLeaseId, { runId: params.runId, companyId: params.companyId, backend: created.backend, config: params.config });
       const kubeclip: KubeclipLeaseMetadata = {
         runId: params.runId,
@@ -679,7 +688,7 @@ export function createPlugin(options: PluginOptions = {}): PaperclipPlugin {
 
     onEnvironmentRealizeWorkspace(params) {
       // Nothing to provision: the pod's /workspace (an emptyDir) is the workspace.
-      if (params.lease.providerLeaseId) stats.of(params.lease.providerLeaseId).hook("realizeWorkspace");
+      if (params.lease.providerLeaseId) stats.of(leaseKey(params.companyId, params.lease.providerLeaseId)).hook("realizeWorkspace");
       const cwd = params.workspace.remotePath?.trim() || REMOTE_CWD;
       return Promise.resolve({ cwd, metadata: { remoteCwd: cwd } });
     },
@@ -693,7 +702,7 @@ export function createPlugin(options: PluginOptions = {}): PaperclipPlugin {
       try {
         return await execute(params, providerLeaseId);
       } finally {
-        stats.of(providerLeaseId).execute(Date.now() - t0);
+        stats.of(leaseKey(params.companyId, providerLeaseId)).execute(Date.now() - t0);
       }
     },
 
