@@ -69,6 +69,12 @@ export class RunAnswers {
     this.nc = nc;
     this.prefix = prefix;
     this.stream = `${prefix.toUpperCase()}_RUNS`;
+    // A closed connection ends the consumer's iteration only when nats.js next notices (a pull's
+    // end, a missed heartbeat): the waiters are told at once, so a request fails when its
+    // connection closes, not at its deadline (their reset's read fails on the closed connection).
+    void nc.closed().then(() => {
+      for (const set of this.waiters.values()) for (const w of set) w.reset();
+    });
   }
 
   /** The subject base of a run's events. */
