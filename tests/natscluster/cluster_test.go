@@ -51,9 +51,11 @@ const (
 )
 
 // workerArgs run every worker as on the production overlay's cluster: 3 replicas of each
-// stream and bucket, each stream's byte limit a share of a node's store.
+// stream and bucket, each stream's byte limit a share of a node's store. The store is sized for
+// the one company the suite runs (--store-companies): at the default four, its daily log budget
+// from a 1 GiB store (4 MiB) stopped the runs' logs part way.
 func workerArgs() map[string][]string {
-	args := []string{"--stream-replicas", "3", "--store-bytes", strconv.Itoa(natstest.ClusterStoreBytes)}
+	args := []string{"--stream-replicas", "3", "--store-bytes", strconv.Itoa(natstest.ClusterStoreBytes), "--store-companies", "1"}
 	return map[string][]string{
 		pt.TenantWorker: args,
 		pt.Dispatcher:   args,
