@@ -119,17 +119,7 @@ func TopLevel(data []byte, names ...string) ([]json.RawMessage, error) {
 			}
 			return nil, &KeyError{Path: Join("", string(key)), Reason: fmt.Sprintf("key differs from %s only in case", strconv.Quote(string(prev)))}
 		}
-		switch {
-		case folded != nil:
-			folded[fold(string(key))] = key
-		case len(seen) < smallObject:
-			seen = append(seen, key)
-		default:
-			folded = make(map[string][]byte, 2*smallObject)
-			for _, k := range append(seen, key) {
-				folded[fold(string(k))] = k
-			}
-		}
+		seen, folded = remember(seen, folded, key)
 		w.space()
 		w.i++ // ':'
 		w.space()
@@ -293,17 +283,7 @@ func (w *walker) object(depth int, t reflect.Type) error {
 			}
 			return &KeyError{Path: w.pathString(), Reason: fmt.Sprintf("key differs from %s only in case", strconv.Quote(string(prev)))}
 		}
-		switch {
-		case folded != nil:
-			folded[fold(string(key))] = key
-		case len(seen) < smallObject:
-			seen = append(seen, key)
-		default:
-			folded = make(map[string][]byte, 2*smallObject)
-			for _, k := range append(seen, key) {
-				folded[fold(string(k))] = k
-			}
-		}
+		seen, folded = remember(seen, folded, key)
 		w.path = append(w.path, step{key: key})
 		var inner reflect.Type
 		if want, ok := lookup(fields, key); ok {
@@ -549,4 +529,21 @@ func isIdentifier(s string) bool {
 		}
 	}
 	return true
+}
+
+// remember adds key to an object's keys so far: a slice while the object is small, past
+// smallObject a map by folded key (what seen looks a key up in).
+func remember(seen [][]byte, folded map[string][]byte, key []byte) ([][]byte, map[string][]byte) {
+	switch {
+	case folded != nil:
+		folded[fold(string(key))] = key
+	case len(seen) < smallObject:
+		seen = append(seen, key)
+	default:
+		folded = make(map[string][]byte, 2*smallObject)
+		for _, k := range append(seen, key) {
+			folded[fold(string(k))] = k
+		}
+	}
+	return seen, folded
 }
