@@ -36,6 +36,12 @@
 //	                            in $HOME, and say on stderr what earlier runs left: the resumed
 //	                            session's run count, the other sessions kept there, the run ids
 //	                            found in each (state.go)
+//	KUBECLIP_STUB_LINKS         non-empty: before the result line, leave links that lead out of the
+//	                            working directory in it: etc -> /etc, up -> ../../.. (hostile.go)
+//	KUBECLIP_STUB_PAX_FLOOD     before the result line, leave a process behind that writes about this
+//	                            many bytes of PAX headers into the archive of the working directory
+//	                            that the next `sandboxd tar` sends (sync out), and the 32 MiB of
+//	                            files it needs to find its place (hostile.go; default 0: none)
 //
 // Installed as sh (argv[0] "sh"), the stub is the sh wrapper instead: see envdump.go.
 //
@@ -54,6 +60,9 @@ import (
 func main() {
 	if isShell(os.Args[0]) {
 		os.Exit(shellMain(os.Args, os.Environ(), os.Stderr))
+	}
+	if len(os.Args) > 1 && os.Args[1] == floodCommand {
+		os.Exit(floodMain(os.Args[2:], os.Stderr))
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	err := run(ctx, os.Args[1:], os.Environ(), os.Stdin, os.Stdout, os.Stderr)

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -19,7 +20,17 @@ import (
 	"github.com/kubeclip/kubeclip/pkg/streamjson"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+// TestMain is also the processes hostile_test.go starts: the stub's flooder (os.Executable is
+// this binary) and a fake `sandboxd tar`.
+func TestMain(m *testing.M) {
+	if len(os.Args) > 1 && os.Args[1] == floodCommand {
+		os.Exit(floodMain(os.Args[2:], os.Stderr))
+	}
+	if os.Getenv(fakeSandboxdVar) != "" {
+		os.Exit(fakeSandboxdTar(os.Args[1:]))
+	}
+	goleak.VerifyTestMain(m)
+}
 
 // paperclipArgs are the arguments Paperclip's claude_local adapter passes (contract §3.3, #40).
 var paperclipArgs = []string{

@@ -115,6 +115,8 @@ type config struct {
 	envDump  bool  // KUBECLIP_STUB_ENV_DUMP
 	state    bool  // KUBECLIP_STUB_STATE
 	filler   int64 // KUBECLIP_STUB_FILLER_BYTES
+	links    bool  // KUBECLIP_STUB_LINKS
+	paxFlood int64 // KUBECLIP_STUB_PAX_FLOOD
 }
 
 // maxFiller bounds KUBECLIP_STUB_FILLER_BYTES.
@@ -144,6 +146,14 @@ func loadConfig(getenv func(string) string) (config, error) {
 			return c, &usageError{fmt.Sprintf("KUBECLIP_STUB_FILLER_BYTES=%q: want a byte count from 0 to %d", v, maxFiller)}
 		}
 		c.filler = n
+	}
+	c.links = getenv(linksVar) != ""
+	if v := getenv(paxFloodVar); v != "" {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n < 0 || n > maxFlood {
+			return c, &usageError{fmt.Sprintf("%s=%q: want a byte count from 0 to %d", paxFloodVar, v, int64(maxFlood))}
+		}
+		c.paxFlood = n
 	}
 	return c, nil
 }
@@ -245,6 +255,16 @@ func (s *session) run(ctx context.Context, cfg config, prompt string, environ []
 	}
 	if err := s.say(ctx, "Done."); err != nil {
 		return err
+	}
+	if cfg.links {
+		if err := leaveLinks(cwd); err != nil {
+			return err
+		}
+	}
+	if cfg.paxFlood > 0 {
+		if err := leaveFlood(cwd, cfg.paxFlood); err != nil {
+			return err
+		}
 	}
 	summary := fmt.Sprintf("The stub read a prompt of %d bytes and finished.", len(prompt))
 	if cfg.filler > 0 {
