@@ -1,0 +1,241 @@
+package broker
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/netip"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// GrantWriter is the part of the grants bucket (jetstream.KeyValue) the Store writes with.
+type GrantWriter interface {
+	Create(ctx context.Context, key string, value []byte, opts ...jetstream.KVCreateOpt) (uint64, error)
+	Get(ctx context.Context, key string) (jetstream.KeyValueEntry, error)
+	Update(ctx context.Context, key string, value []byte, revision uint64) (uint64, error)
+	Purge(ctx context.Context, key string, opts ...jetstream.KVDeleteOpt) error
+	ListKeysFiltered(ctx context.Context, filters ...string) (jetstream.KeyLister, error)
+}
+
+var _ GrantWriter = (jetstream.KeyValue)(nil)
+
+// Store mints, binds and releases grants in the grants bucket. Any broker replica may run one:
+// every write is a single KV operation whose outcome every replica's Cache sees.
+type Store struct {
+	kv     GrantWriter
+	sealer *Sealer
+	quota  int
+	now    func() time.Time
+}
+
+// StoreOptions configure NewStore.
+type StoreOptions struct {
+	// KV is the grants bucket (BucketOptions.Config). Required.
+	KV GrantWriter
+	// Sealer seals the values. Required.
+	Sealer *Sealer
+	// GrantsPerCompany is how many grants one company may hold at once (BucketOptions.GrantQuota
+	// is the most that fits; CheckGrantQuota checks an operator's setting). Required.
+	GrantsPerCompany int
+	// Now is the clock of a grant's Created (nil: time.Now).
+	Now func() time.Time
+}
+
+// NewStore checks o.
+func NewStore(o StoreOptions) (*Store, error) {
+	switch {
+	case o.KV == nil:
+		return nil, errors.New("broker.StoreOptions.KV is required")
+	case o.Sealer == nil:
+		return nil, errors.New("broker.StoreOptions.Sealer is required")
+	case o.GrantsPerCompany <= 0:
+		return nil, fmt.Errorf("broker.StoreOptions.GrantsPerCompany must be positive, got %d", o.GrantsPerCompany)
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	return &Store{kv: o.KV, sealer: o.Sealer, quota: o.GrantsPerCompany, now: o.Now}, nil
+}
+
+// QuotaError is Mint's refusal of a company that holds its quota of grants.
+type QuotaError struct {
+	Company string
+	Held    int
+	Quota   int
+}
+
+func (e *QuotaError) Error() string {
+	return fmt.Sprintf("company %q holds %d credential broker grants, its quota (GrantsPerCompany) is %d: release its ended leases, or raise the quota", e.Company, e.Held, e.Quota)
+}
+
+// Mint stores a grant for r and returns its placeholder, the only time the placeholder's
+// secret part exists outside the pod it is for.
+//
+// The quota is checked against the bucket (a listing of the company's keys), not reserved: mints
+// of one company racing on several replicas may each see the last free place, so a company can
+// exceed its quota by the mints it has in flight at once, bounded by the acquires it has in
+// flight. The quota is sized for grants at their largest (grantRecordBytes, over ten times a
+// typical grant's: a 610-byte record with UUID ids and a 108-byte key), which leaves the bucket
+// room for that.
+func (s *Store) Mint(ctx context.Context, r MintRequest) (Placeholder, Grant, error) {
+	binding, err := r.validate()
+	if err != nil {
+		return Placeholder{}, Grant{}, fmt.Errorf("minting a grant: %w", err)
+	}
+	held, err := s.count(ctx, r.Company)
+	if err != nil {
+		return Placeholder{}, Grant{}, err
+	}
+	if held >= s.quota {
+		return Placeholder{}, Grant{}, &QuotaError{Company: r.Company, Held: held, Quota: s.quota}
+	}
+	p, err := newPlaceholder()
+	if err != nil {
+		return Placeholder{}, Grant{}, err
+	}
+	g := Grant{ID: p.id, Company: r.Company, Run: r.Run, Lease: r.Lease, Key: r.Key, Binding: binding, Peer: r.Peer, Created: s.now().UTC()}
+	sealed, err := s.sealer.seal(p.id, []byte(r.Value))
+	if err != nil {
+		return Placeholder{}, Grant{}, err
+	}
+	hash := p.secretHash()
+	data, err := json.Marshal(newRecord(g, hash[:], sealed))
+	if err != nil {
+		return Placeholder{}, Grant{}, fmt.Errorf("encoding grant %s: %w", g.ID, err)
+	}
+	if _, err := s.kv.Create(ctx, grantKey(r.Company, r.Lease, p.id), data); err != nil {
+		return Placeholder{}, Grant{}, fmt.Errorf("storing grant %s of company %q lease %q: %w", g.ID, r.Company, r.Lease, err)
+	}
+	return p, g, nil
+}
+
+func newRecord(g Grant, hash, sealed []byte) record {
+	rec := record{
+		ID: g.ID.String(), Company: g.Company, Run: g.Run, Lease: g.Lease, Key: g.Key, Binding: g.Binding,
+		SecretHash: hash, Sealed: sealed, Created: g.Created,
+	}
+	if g.Peer.IsValid() {
+		rec.Peer = g.Peer.String()
+	}
+	return rec
+}
+
+// count is how many grants company holds.
+func (s *Store) count(ctx context.Context, company string) (int, error) {
+	keys, err := s.list(ctx, companyFilter(company))
+	if err != nil {
+		return 0, fmt.Errorf("counting company %q's grants: %w", company, err)
+	}
+	return len(keys), nil
+}
+
+// list is every key filter matches. It reads the lister to its end (its goroutine blocks on a
+// full channel until read, whatever Stop says), and cancels the context it lists with (the
+// subscription behind the lister keeps a goroutine until its context ends).
+func (s *Store) list(ctx context.Context, filter string) ([]string, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	lister, err := s.kv.ListKeysFiltered(ctx, filter)
+	if err != nil {
+		return nil, err
+	}
+	var keys []string
+	seen := map[string]bool{} // the lister may repeat a key written while it lists
+	for k := range lister.Keys() {
+		if !seen[k] {
+			seen[k] = true
+			keys = append(keys, k)
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err // the lister stops early on a cancelled context: the list is partial
+	}
+	return keys, nil
+}
+
+// Release deletes every grant of the lease and returns how many it deleted. Each is purged with
+// a marker that every replica's watcher sees (so the grant stops resolving everywhere) and that
+// the bucket drops after markerTTL. Releasing a lease with no grants is no error, so a repeated
+// release is harmless; on errors it deletes what it can and returns them all.
+func (s *Store) Release(ctx context.Context, company, lease string) (int, error) {
+	keys, err := s.list(ctx, leaseKey(company, lease)+".*")
+	if err != nil {
+		return 0, fmt.Errorf("listing the grants of company %q lease %q: %w", company, lease, err)
+	}
+	var errs []error
+	n := 0
+	for _, k := range keys {
+		if err := s.kv.Purge(ctx, k, jetstream.PurgeTTL(markerTTL)); err != nil {
+			errs = append(errs, fmt.Errorf("deleting grant %s: %w", k, err))
+			continue
+		}
+		n++
+	}
+	return n, errors.Join(errs...)
+}
+
+// BindPeer binds every grant of the lease to its pod's IP: from then on only a request from
+// peer resolves them. The pod's address is known only after the grants were minted (they are
+// in the Secret the pod starts with), so binding is a step of its own; binding again (a pod
+// that came back with another address) replaces the address. It returns how many grants it
+// bound; a grant released meanwhile is skipped.
+func (s *Store) BindPeer(ctx context.Context, company, lease string, peer netip.Addr) (int, error) {
+	if !peer.IsValid() {
+		return 0, errors.New("binding grants: the peer address is required")
+	}
+	peer = peer.Unmap()
+	keys, err := s.list(ctx, leaseKey(company, lease)+".*")
+	if err != nil {
+		return 0, fmt.Errorf("listing the grants of company %q lease %q: %w", company, lease, err)
+	}
+	var errs []error
+	n := 0
+	for _, k := range keys {
+		bound, err := s.bind(ctx, k, peer)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("binding grant %s to its pod: %w", k, err))
+		}
+		if bound {
+			n++
+		}
+	}
+	return n, errors.Join(errs...)
+}
+
+// bindAttempts bounds bind's read-modify-write retries: only another BindPeer of the same
+// lease races it.
+const bindAttempts = 3
+
+func (s *Store) bind(ctx context.Context, key string, peer netip.Addr) (bool, error) {
+	for range bindAttempts {
+		e, err := s.kv.Get(ctx, key)
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			return false, nil
+		}
+		if err != nil {
+			return false, err
+		}
+		var rec record
+		if err := json.Unmarshal(e.Value(), &rec); err != nil {
+			return false, fmt.Errorf("decoding: %w", err)
+		}
+		rec.Peer = peer.String()
+		data, err := json.Marshal(rec)
+		if err != nil {
+			return false, err
+		}
+		_, err = s.kv.Update(ctx, key, data, e.Revision())
+		switch {
+		case err == nil:
+			return true, nil
+		case errors.Is(err, jetstream.ErrKeyExists): // written (or released) since Get: read again
+			continue
+		default:
+			return false, err
+		}
+	}
+	return false, fmt.Errorf("the grant kept changing under %d attempts", bindAttempts)
+}
