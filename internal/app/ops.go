@@ -74,14 +74,17 @@ func (c *Common) StartOps(ctx context.Context, log zerolog.Logger) (*Ops, error)
 }
 
 // Ready makes /readyz answer from the worker's connections: ready while NATS is connected
-// and the API server answers, the worker holds its permissions (once CheckPermissions started
+// and the API server answers (when kube is not nil), the worker holds its permissions (once CheckPermissions started
 // its self-check), and the worker's own checks (extra) pass. A later call replaces the checks
 // of an earlier one.
 func (o *Ops) Ready(nc *nats.Conn, kube *Kube, extra ...ops.Check) {
 	if o.server == nil {
 		return
 	}
-	checks := []ops.Check{ops.NATSCheck(nc), ops.KubernetesCheck(kube.Clientset.Discovery().RESTClient())}
+	checks := []ops.Check{ops.NATSCheck(nc)}
+	if kube != nil { // the credential broker has no Kubernetes client
+		checks = append(checks, ops.KubernetesCheck(kube.Clientset.Discovery().RESTClient()))
+	}
 	if o.selfCheck != nil {
 		checks = append(checks, o.selfCheck.Check())
 	}

@@ -93,10 +93,14 @@ func (c *Common) Kubernetes(component string, wrap transport.WrapperFunc) (*Kube
 }
 
 // InboxPrefix is the inbox prefix of the workers that connect through Common, all of them user
-// kubeclip but the exec-worker (nats-auth.conf lets each user subscribe to its own inboxes only).
+// kubeclip but the exec-worker and the credential broker (nats-auth.conf lets each user
+// subscribe to its own inboxes only).
 func InboxPrefix(component string) string {
-	if component == "exec-worker" {
+	switch component {
+	case "exec-worker":
 		return inbox.ExecWorkerPrefix
+	case "credential-broker":
+		return inbox.BrokerPrefix
 	}
 	return inbox.WorkersPrefix
 }
@@ -105,6 +109,25 @@ func InboxPrefix(component string) string {
 // (the other buckets are created by the worker that owns them). The caller drains
 // the connection last.
 func (c *Common) JetStream(ctx context.Context, component string, st Streams, log zerolog.Logger) (*nats.Conn, jetstream.JetStream, error) {
+	nc, js, err := c.Connect(ctx, component, log)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := events.EnsureStreams(ctx, js, st.Options(c.SubjectPrefix)); err != nil {
+		nc.Close()
+		return nil, nil, err
+	}
+	if err := lease.EnsureBuckets(ctx, js, st.Buckets()); err != nil {
+		nc.Close()
+		return nil, nil, err
+	}
+	return nc, js, nil
+}
+
+// Connect connects to NATS as component (its credentials and inbox prefix) and opens
+// JetStream, creating nothing: the credential broker, whose user may not create kubeclip's
+// streams, connects with it alone. The caller drains the connection last.
+func (c *Common) Connect(ctx context.Context, component string, log zerolog.Logger) (*nats.Conn, jetstream.JetStream, error) {
 	auth, err := c.NATS.Options()
 	if err != nil {
 		return nil, nil, err
@@ -131,14 +154,6 @@ func (c *Common) JetStream(ctx context.Context, component string, st Streams, lo
 	if err != nil {
 		nc.Close()
 		return nil, nil, fmt.Errorf("opening JetStream: %w", err)
-	}
-	if err := events.EnsureStreams(ctx, js, st.Options(c.SubjectPrefix)); err != nil {
-		nc.Close()
-		return nil, nil, err
-	}
-	if err := lease.EnsureBuckets(ctx, js, st.Buckets()); err != nil {
-		nc.Close()
-		return nil, nil, err
 	}
 	return nc, js, nil
 }

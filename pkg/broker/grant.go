@@ -71,24 +71,24 @@ const maxBindingHosts = 8
 // canonical checks b and returns it with canonical hosts (ca.CanonicalHost) and no repeats.
 func (b Binding) canonical() (Binding, error) {
 	if len(b.Hosts) == 0 || len(b.Hosts) > maxBindingHosts {
-		return Binding{}, fmt.Errorf("binding.hosts must name 1 to %d hosts, got %d", maxBindingHosts, len(b.Hosts))
+		return Binding{}, fieldErr("binding.hosts", "must name 1 to %d hosts, got %d", maxBindingHosts, len(b.Hosts))
 	}
 	out := Binding{}
 	for _, h := range b.Hosts {
 		c, err := ca.CanonicalHost(h)
 		if err != nil {
-			return Binding{}, fmt.Errorf("binding.hosts: %w", err)
+			return Binding{}, &FieldError{Field: "binding.hosts", Reason: err.Error(), sep: ": "}
 		}
 		if !slices.Contains(out.Hosts, c) {
 			out.Hosts = append(out.Hosts, c)
 		}
 	}
 	if len(b.Headers) == 0 {
-		return Binding{}, fmt.Errorf("binding.headers must name at least one of %v", Headers())
+		return Binding{}, fieldErr("binding.headers", "must name at least one of %v", Headers())
 	}
 	for _, h := range b.Headers {
 		if !h.valid() {
-			return Binding{}, fmt.Errorf("binding.headers: %q is not one of %v", h, Headers())
+			return Binding{}, &FieldError{Field: "binding.headers", Reason: fmt.Sprintf("%q is not one of %v", h, Headers()), sep: ": "}
 		}
 		if !slices.Contains(out.Headers, h) {
 			out.Headers = append(out.Headers, h)
@@ -132,6 +132,33 @@ type MintRequest struct {
 	Value string
 }
 
+// FieldError is a MintRequest's refusal: the field (company, run, lease, key, value,
+// binding.hosts, binding.headers) and why, never the field's value when it is secret. The ids'
+// refusals are events.ValidateToken's TerminalError, which names its field too.
+type FieldError struct {
+	Field  string
+	Reason string
+	sep    string
+}
+
+func (e *FieldError) Error() string {
+	if e.sep == "" {
+		return e.Field + " " + e.Reason
+	}
+	return e.Field + e.sep + e.Reason
+}
+
+func fieldErr(field, format string, args ...any) *FieldError {
+	return &FieldError{Field: field, Reason: fmt.Sprintf(format, args...)}
+}
+
+// Validate checks r as Mint does, before any write. Errors name the field (a *FieldError, or
+// for the ids an events.TerminalError) and never quote the value.
+func (r MintRequest) Validate() error {
+	_, err := r.validate()
+	return err
+}
+
 // validate checks r and returns its binding canonical. Errors name the field and never quote
 // the value.
 func (r MintRequest) validate() (Binding, error) {
@@ -152,12 +179,12 @@ func (r MintRequest) validate() (Binding, error) {
 // validateKeyName checks an environment variable's name: [A-Za-z_][A-Za-z0-9_]*.
 func validateKeyName(k string) error {
 	if k == "" || len(k) > maxKeyNameLen {
-		return fmt.Errorf("key must be 1 to %d bytes, got %d", maxKeyNameLen, len(k))
+		return fieldErr("key", "must be 1 to %d bytes, got %d", maxKeyNameLen, len(k))
 	}
 	for i := 0; i < len(k); i++ {
 		c := k[i]
 		if !(c == '_' || c >= 'A' && c <= 'Z' || c >= 'a' && c <= 'z' || i > 0 && c >= '0' && c <= '9') {
-			return fmt.Errorf("key %q must be an environment variable name ([A-Za-z_][A-Za-z0-9_]*)", k)
+			return &FieldError{Field: "key", Reason: fmt.Sprintf("%q must be an environment variable name ([A-Za-z_][A-Za-z0-9_]*)", k)}
 		}
 	}
 	return nil
@@ -166,32 +193,36 @@ func validateKeyName(k string) error {
 // validateValue checks a real value without ever quoting it.
 func validateValue(v string) error {
 	if v == "" || len(v) > MaxValueBytes {
-		return fmt.Errorf("value must be 1 to %d bytes, got %d", MaxValueBytes, len(v))
+		return fieldErr("value", "must be 1 to %d bytes, got %d", MaxValueBytes, len(v))
 	}
 	for i := 0; i < len(v); i++ {
 		if v[i] < 0x21 || v[i] > 0x7e {
-			return fmt.Errorf("value must be printable ASCII without spaces (it goes into a header); byte %d is not", i)
+			return fieldErr("value", "must be printable ASCII without spaces (it goes into a header); byte %d is not", i)
 		}
 	}
 	if LooksLikePlaceholder(v) {
-		return fmt.Errorf("value is a kubeclip placeholder, not a real key")
+		return fieldErr("value", "is a kubeclip placeholder, not a real key")
 	}
 	return nil
 }
 
 // record is a grant as the bucket stores it: the grant, the SHA-256 of its placeholder's
-// secret part and its value sealed for its id.
+// secret part (what Resolve compares), its value sealed for its id, and the secret part sealed
+// too (SealedSecret: what a repeated Mint answers with; neither the bucket alone nor the sealing
+// key alone yields a placeholder).
 type record struct {
-	ID         string    `json:"id"`
-	Company    string    `json:"company"`
-	Run        string    `json:"run"`
-	Lease      string    `json:"lease"`
-	Key        string    `json:"key"`
-	Binding    Binding   `json:"binding"`
-	Peer       string    `json:"peer,omitempty"`
-	SecretHash []byte    `json:"secretHash"`
-	Sealed     []byte    `json:"sealed"`
-	Created    time.Time `json:"created"`
+	ID         string  `json:"id"`
+	Company    string  `json:"company"`
+	Run        string  `json:"run"`
+	Lease      string  `json:"lease"`
+	Key        string  `json:"key"`
+	Binding    Binding `json:"binding"`
+	Peer       string  `json:"peer,omitempty"`
+	SecretHash []byte  `json:"secretHash"`
+	Sealed     []byte  `json:"sealed"`
+	// SealedSecret is the placeholder's secret part, sealed for the id like the value.
+	SealedSecret []byte    `json:"sealedSecret"`
+	Created      time.Time `json:"created"`
 }
 
 // grant is the record's grant; the error names what is wrong with a record that does not

@@ -51,12 +51,9 @@ type Placeholder struct {
 	secret [secretLen]byte
 }
 
-// newPlaceholder draws a fresh id and secret.
-func newPlaceholder() (Placeholder, error) {
-	var p Placeholder
-	if _, err := rand.Read(p.id[:]); err != nil {
-		return p, fmt.Errorf("drawing a grant id: %w", err)
-	}
+// newPlaceholder draws a fresh secret for grant id.
+func newPlaceholder(id GrantID) (Placeholder, error) {
+	p := Placeholder{id: id}
 	if _, err := rand.Read(p.secret[:]); err != nil {
 		return p, fmt.Errorf("drawing a placeholder secret: %w", err)
 	}

@@ -3,7 +3,10 @@ package broker
 import (
 	"crypto/aes"
 	"crypto/cipher"
+	"crypto/hmac"
 	"crypto/rand"
+	"crypto/sha256"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
@@ -17,6 +20,9 @@ const SealingKeyLen = 32
 // ciphertext, and a sealed value copied into another grant does not open there.
 type Sealer struct {
 	aead cipher.AEAD
+	// idKey keys grantID: derived from the sealing key, so ids are stable across replicas and
+	// restarts and cannot be computed by whoever knows only a company's and lease's ids.
+	idKey []byte
 }
 
 // NewSealer uses key, exactly SealingKeyLen bytes.
@@ -32,7 +38,26 @@ func NewSealer(key []byte) (*Sealer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("the broker's sealing key: %w", err)
 	}
-	return &Sealer{aead: aead}, nil
+	mac := hmac.New(sha256.New, key)
+	mac.Write([]byte("kubeclip credential broker grant ids v1"))
+	return &Sealer{aead: aead, idKey: mac.Sum(nil)}, nil
+}
+
+// grantID is the id of the one grant a lease holds for a key: an HMAC of the company, the lease
+// and the key's name under a key derived from the sealing key. Mint is idempotent because of
+// it: a mint repeated (a redelivery, a retry after a lost answer) finds the grant the first one
+// made instead of making a second.
+func (s *Sealer) grantID(company, lease, key string) GrantID {
+	mac := hmac.New(sha256.New, s.idKey)
+	for _, part := range []string{company, lease, key} {
+		var n [4]byte
+		binary.BigEndian.PutUint32(n[:], uint32(len(part)))
+		mac.Write(n[:])
+		mac.Write([]byte(part))
+	}
+	var id GrantID
+	copy(id[:], mac.Sum(nil))
+	return id
 }
 
 // LoadSealingKey reads the sealing key from path: exactly SealingKeyLen raw bytes, as a
@@ -55,12 +80,22 @@ func LoadSealingKey(path string) (*Sealer, error) {
 // seal encrypts value for grant id: a fresh random nonce, then the ciphertext and tag. Random
 // 96-bit nonces stay safe for some 2^32 seals under one key, far beyond the grants a broker
 // mints between key rotations.
-func (s *Sealer) seal(id GrantID, value []byte) ([]byte, error) {
+func (s *Sealer) seal(id GrantID, value []byte) ([]byte, error) { return s.sealAAD(id[:], value) }
+
+// sealSecret encrypts a placeholder's secret part for grant id, under additional data other
+// than the value's, so the one sealed text cannot stand in for the other.
+func (s *Sealer) sealSecret(id GrantID, secret []byte) ([]byte, error) {
+	return s.sealAAD(secretAAD(id), secret)
+}
+
+func secretAAD(id GrantID) []byte { return append(id[:], "/secret"...) }
+
+func (s *Sealer) sealAAD(aad, value []byte) ([]byte, error) {
 	nonce := make([]byte, s.aead.NonceSize(), s.aead.NonceSize()+len(value)+s.aead.Overhead())
 	if _, err := rand.Read(nonce); err != nil {
 		return nil, fmt.Errorf("drawing a nonce: %w", err)
 	}
-	return s.aead.Seal(nonce, nonce, value, id[:]), nil
+	return s.aead.Seal(nonce, nonce, value, aad), nil
 }
 
 // errUnsealable is open's only error: the value was sealed under another key or for another
@@ -68,12 +103,19 @@ func (s *Sealer) seal(id GrantID, value []byte) ([]byte, error) {
 var errUnsealable = errors.New("the grant's value does not open under this broker's sealing key")
 
 // open decrypts what seal made for grant id.
-func (s *Sealer) open(id GrantID, sealed []byte) ([]byte, error) {
+func (s *Sealer) open(id GrantID, sealed []byte) ([]byte, error) { return s.openAAD(id[:], sealed) }
+
+// openSecret decrypts what sealSecret made for grant id.
+func (s *Sealer) openSecret(id GrantID, sealed []byte) ([]byte, error) {
+	return s.openAAD(secretAAD(id), sealed)
+}
+
+func (s *Sealer) openAAD(aad, sealed []byte) ([]byte, error) {
 	n := s.aead.NonceSize()
 	if len(sealed) < n+s.aead.Overhead() {
 		return nil, errUnsealable
 	}
-	value, err := s.aead.Open(nil, sealed[:n], sealed[n:], id[:])
+	value, err := s.aead.Open(nil, sealed[:n], sealed[n:], aad)
 	if err != nil {
 		return nil, errUnsealable
 	}

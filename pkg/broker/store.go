@@ -2,10 +2,12 @@ package broker
 
 import (
 	"context"
+	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -71,51 +73,146 @@ func (e *QuotaError) Error() string {
 	return fmt.Sprintf("company %q holds %d credential broker grants, its quota (GrantsPerCompany) is %d: release its ended leases, or raise the quota", e.Company, e.Held, e.Quota)
 }
 
-// Mint stores a grant for r and returns its placeholder, the only time the placeholder's
-// secret part exists outside the pod it is for.
+// Mint stores the grant of r's lease and key and returns its placeholder.
+//
+// A lease holds one grant per key, whose id is derived from the company, the lease and the key
+// (Sealer.grantID), so Mint is idempotent: a mint repeated (NATS redelivered it, the plugin
+// retried after losing the answer, two replicas each got a copy) answers with the placeholder
+// the first one made and writes nothing; a mint with another value, run or binding for the same
+// lease and key (the operator rotated the key mid-lease, a reusable lease's next run) replaces
+// them in that grant, whose placeholder the pod already holds. The placeholder's secret part is
+// kept sealed in the grant for that answer.
 //
 // The quota is checked against the bucket (a listing of the company's keys), not reserved: mints
 // of one company racing on several replicas may each see the last free place, so a company can
 // exceed its quota by the mints it has in flight at once, bounded by the acquires it has in
 // flight. The quota is sized for grants at their largest (grantRecordBytes, over ten times a
 // typical grant's: a 610-byte record with UUID ids and a 108-byte key), which leaves the bucket
-// room for that.
+// room for that. A repeated mint is never refused for the quota: it adds no grant.
 func (s *Store) Mint(ctx context.Context, r MintRequest) (Placeholder, Grant, error) {
 	binding, err := r.validate()
 	if err != nil {
 		return Placeholder{}, Grant{}, fmt.Errorf("minting a grant: %w", err)
 	}
-	held, err := s.count(ctx, r.Company)
-	if err != nil {
-		return Placeholder{}, Grant{}, err
+	id := s.sealer.grantID(r.Company, r.Lease, r.Key)
+	key := grantKey(r.Company, r.Lease, id)
+	for range mintAttempts {
+		e, err := s.kv.Get(ctx, key)
+		switch {
+		case err == nil:
+			p, g, done, err := s.remint(ctx, e, r, binding)
+			if done || err != nil {
+				return p, g, err
+			}
+			continue // the grant changed (or went) since Get: read it again
+		case !errors.Is(err, jetstream.ErrKeyNotFound):
+			return Placeholder{}, Grant{}, fmt.Errorf("reading grant %s of company %q lease %q: %w", id, r.Company, r.Lease, err)
+		}
+		held, err := s.count(ctx, r.Company)
+		if err != nil {
+			return Placeholder{}, Grant{}, err
+		}
+		if held >= s.quota {
+			return Placeholder{}, Grant{}, &QuotaError{Company: r.Company, Held: held, Quota: s.quota}
+		}
+		p, err := newPlaceholder(id)
+		if err != nil {
+			return Placeholder{}, Grant{}, err
+		}
+		g := Grant{ID: id, Company: r.Company, Run: r.Run, Lease: r.Lease, Key: r.Key, Binding: binding, Peer: r.Peer.Unmap(), Created: s.now().UTC()}
+		rec, err := s.newRecord(g, p, r.Value)
+		if err != nil {
+			return Placeholder{}, Grant{}, err
+		}
+		data, err := json.Marshal(rec)
+		if err != nil {
+			return Placeholder{}, Grant{}, fmt.Errorf("encoding grant %s: %w", id, err)
+		}
+		_, err = s.kv.Create(ctx, key, data)
+		switch {
+		case err == nil:
+			return p, g, nil
+		case errors.Is(err, jetstream.ErrKeyExists): // a concurrent mint of the same grant won: answer with its
+			continue
+		default:
+			return Placeholder{}, Grant{}, fmt.Errorf("storing grant %s of company %q lease %q: %w", id, r.Company, r.Lease, err)
+		}
 	}
-	if held >= s.quota {
-		return Placeholder{}, Grant{}, &QuotaError{Company: r.Company, Held: held, Quota: s.quota}
-	}
-	p, err := newPlaceholder()
-	if err != nil {
-		return Placeholder{}, Grant{}, err
-	}
-	g := Grant{ID: p.id, Company: r.Company, Run: r.Run, Lease: r.Lease, Key: r.Key, Binding: binding, Peer: r.Peer, Created: s.now().UTC()}
-	sealed, err := s.sealer.seal(p.id, []byte(r.Value))
-	if err != nil {
-		return Placeholder{}, Grant{}, err
-	}
-	hash := p.secretHash()
-	data, err := json.Marshal(newRecord(g, hash[:], sealed))
-	if err != nil {
-		return Placeholder{}, Grant{}, fmt.Errorf("encoding grant %s: %w", g.ID, err)
-	}
-	if _, err := s.kv.Create(ctx, grantKey(r.Company, r.Lease, p.id), data); err != nil {
-		return Placeholder{}, Grant{}, fmt.Errorf("storing grant %s of company %q lease %q: %w", g.ID, r.Company, r.Lease, err)
-	}
-	return p, g, nil
+	return Placeholder{}, Grant{}, fmt.Errorf("minting grant %s of company %q lease %q: the grant kept changing under %d attempts", id, r.Company, r.Lease, mintAttempts)
 }
 
-func newRecord(g Grant, hash, sealed []byte) record {
+// mintAttempts bounds Mint's read-create-update retries: only mints and binds of the same
+// lease and key race it.
+const mintAttempts = 4
+
+// remint answers a mint whose grant exists (entry e): its placeholder, after replacing the
+// value, run and binding when r changes them (and the peer when r names one). done is false
+// when the grant changed under the update: read it again.
+func (s *Store) remint(ctx context.Context, e jetstream.KeyValueEntry, r MintRequest, binding Binding) (p Placeholder, g Grant, done bool, err error) {
+	var rec record
+	if err := json.Unmarshal(e.Value(), &rec); err != nil {
+		return Placeholder{}, Grant{}, false, fmt.Errorf("decoding grant %s: %w", e.Key(), err)
+	}
+	if g, err = rec.grant(); err != nil {
+		return Placeholder{}, Grant{}, false, fmt.Errorf("decoding grant %s: %w", e.Key(), err)
+	}
+	secret, err := s.sealer.openSecret(g.ID, rec.SealedSecret)
+	if err != nil || len(secret) != secretLen {
+		return Placeholder{}, Grant{}, false, fmt.Errorf("grant %s exists but its placeholder does not open under this broker's sealing key (minted under another?): release the lease", g.ID)
+	}
+	p = Placeholder{id: g.ID}
+	copy(p.secret[:], secret)
+	clear(secret)
+	value, err := s.sealer.open(g.ID, rec.Sealed)
+	same := err == nil && subtle.ConstantTimeCompare(value, []byte(r.Value)) == 1
+	clear(value)
+	peer := r.Peer.Unmap()
+	if same && rec.Run == r.Run && slices.Equal(rec.Binding.Hosts, binding.Hosts) && slices.Equal(rec.Binding.Headers, binding.Headers) && (!peer.IsValid() || peer == g.Peer) {
+		return p, g, true, nil
+	}
+	g.Run, g.Binding = r.Run, binding
+	if peer.IsValid() {
+		g.Peer = peer
+	}
+	sealed, err := s.sealer.seal(g.ID, []byte(r.Value))
+	if err != nil {
+		return Placeholder{}, Grant{}, false, err
+	}
+	hash := p.secretHash()
+	upd := newRecord(g, hash[:], sealed, rec.SealedSecret)
+	data, err := json.Marshal(upd)
+	if err != nil {
+		return Placeholder{}, Grant{}, false, fmt.Errorf("encoding grant %s: %w", g.ID, err)
+	}
+	_, err = s.kv.Update(ctx, e.Key(), data, e.Revision())
+	switch {
+	case err == nil:
+		return p, g, true, nil
+	case errors.Is(err, jetstream.ErrKeyExists):
+		return Placeholder{}, Grant{}, false, nil
+	default:
+		return Placeholder{}, Grant{}, false, fmt.Errorf("updating grant %s of company %q lease %q: %w", g.ID, g.Company, g.Lease, err)
+	}
+}
+
+// newRecord seals value and p's secret part into g's record.
+func (s *Store) newRecord(g Grant, p Placeholder, value string) (record, error) {
+	sealed, err := s.sealer.seal(g.ID, []byte(value))
+	if err != nil {
+		return record{}, err
+	}
+	sealedSecret, err := s.sealer.sealSecret(g.ID, p.secret[:])
+	if err != nil {
+		return record{}, err
+	}
+	hash := p.secretHash()
+	return newRecord(g, hash[:], sealed, sealedSecret), nil
+}
+
+func newRecord(g Grant, hash, sealed, sealedSecret []byte) record {
 	rec := record{
 		ID: g.ID.String(), Company: g.Company, Run: g.Run, Lease: g.Lease, Key: g.Key, Binding: g.Binding,
-		SecretHash: hash, Sealed: sealed, Created: g.Created,
+		SecretHash: hash, Sealed: sealed, SealedSecret: sealedSecret, Created: g.Created,
 	}
 	if g.Peer.IsValid() {
 		rec.Peer = g.Peer.String()
@@ -168,6 +265,40 @@ func (s *Store) Release(ctx context.Context, company, lease string) (int, error)
 	var errs []error
 	n := 0
 	for _, k := range keys {
+		if err := s.kv.Purge(ctx, k, jetstream.PurgeTTL(markerTTL)); err != nil {
+			errs = append(errs, fmt.Errorf("deleting grant %s: %w", k, err))
+			continue
+		}
+		n++
+	}
+	return n, errors.Join(errs...)
+}
+
+// ReleaseRun deletes every grant minted for the run (whatever its lease) and returns how many it
+// deleted: a run's result, or its acquire's failure, ends the grants of its run when the lease's
+// id is not in the event. It reads each of the company's grants (a listing and a get each, at
+// most the company's quota), so it is for the end of a run, not for a request's path. Like
+// Release it is idempotent and deletes what it can on errors.
+func (s *Store) ReleaseRun(ctx context.Context, company, run string) (int, error) {
+	keys, err := s.list(ctx, companyFilter(company))
+	if err != nil {
+		return 0, fmt.Errorf("listing the grants of company %q: %w", company, err)
+	}
+	var errs []error
+	n := 0
+	for _, k := range keys {
+		e, err := s.kv.Get(ctx, k)
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			continue
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("reading grant %s: %w", k, err))
+			continue
+		}
+		var rec record
+		if err := json.Unmarshal(e.Value(), &rec); err != nil || rec.Run != run || rec.Company != company {
+			continue // a record that does not decode resolves as nothing anyway (Cache)
+		}
 		if err := s.kv.Purge(ctx, k, jetstream.PurgeTTL(markerTTL)); err != nil {
 			errs = append(errs, fmt.Errorf("deleting grant %s: %w", k, err))
 			continue

@@ -12,6 +12,8 @@ const (
 	DispatcherConsumer       = "dispatcher"
 	DispatcherEndConsumer    = "dispatcher-release"
 	DispatcherResultConsumer = "dispatcher-result"
+	// BrokerReleaseConsumer is the credential broker's: every replica shares it.
+	BrokerReleaseConsumer = "broker-release"
 )
 
 // Settings shared by every worker consumer. TestConsumerConfigs pins each one.
@@ -72,6 +74,19 @@ func DispatcherResultConsumerConfig(s Subjects) jetstream.ConsumerConfig {
 	// Only results from now on: the dispatcher creates this consumer before it dispatches
 	// anything, so every run it holds a guard for ends after the consumer exists, and replaying
 	// 14 days of results on first start would be wasted work (guards expire by TTL anyway).
+	cfg.DeliverPolicy = jetstream.DeliverNewPolicy
+	return cfg
+}
+
+// BrokerReleaseConsumerConfig is the credential broker's durable consumer on the run stream for
+// the events that end a lease's grants: released (the lease's release), result (the run's end)
+// and failed (an acquire that failed leaves no lease). Every broker replica shares it, so each
+// event releases once. Only events from now on, as the dispatcher's result consumer: the
+// broker creates it before it mints anything, and a grant whose end was never seen expires
+// with the grants bucket's TTL (a lease's longest life).
+func BrokerReleaseConsumerConfig(s Subjects) jetstream.ConsumerConfig {
+	cfg := workerConsumer(BrokerReleaseConsumer, "kubeclip credential broker: the ends of leases and runs, which release their grants")
+	cfg.FilterSubjects = []string{s.RunKindFilter(KindReleased), s.RunKindFilter(KindResult), s.RunKindFilter(KindFailed)}
 	cfg.DeliverPolicy = jetstream.DeliverNewPolicy
 	return cfg
 }

@@ -45,6 +45,12 @@ func TestConsumerConfigs(t *testing.T) {
 			c.DeliverPolicy = jetstream.DeliverNewPolicy
 			return c
 		}},
+		{"broker-release", events.BrokerReleaseConsumerConfig(s), func(c jetstream.ConsumerConfig) jetstream.ConsumerConfig {
+			c.Durable, c.Description = "broker-release", "kubeclip credential broker: the ends of leases and runs, which release their grants"
+			c.FilterSubjects = []string{"paperclip.run.*.*.released", "paperclip.run.*.*.result", "paperclip.run.*.*.failed"}
+			c.DeliverPolicy = jetstream.DeliverNewPolicy
+			return c
+		}},
 		// Retries count their attempts against the same MaxDeliver as first attempts.
 		{"tenant-worker-retry", events.RetryConsumerConfig(events.TenantWorkerConsumer), func(c jetstream.ConsumerConfig) jetstream.ConsumerConfig {
 			c.Durable, c.Description, c.FilterSubject = "tenant-worker-retry", "kubeclip tenant-worker: retries", "kubeclip.retry.tenant-worker.>"
@@ -83,7 +89,7 @@ func TestConsumerConfigsAreAccepted(t *testing.T) {
 	for stream, cfg := range map[string][]jetstream.ConsumerConfig{
 		s.LeaseStream():    {events.TenantWorkerConsumerConfig(s), events.DispatcherEndConsumerConfig(s)},
 		events.WorkStream:  {events.DispatcherConsumerConfig()},
-		s.RunStream():      {events.DispatcherResultConsumerConfig(s)},
+		s.RunStream():      {events.DispatcherResultConsumerConfig(s), events.BrokerReleaseConsumerConfig(s)},
 		events.RetryStream: {events.RetryConsumerConfig(events.TenantWorkerConsumer)},
 	} {
 		for _, c := range cfg {

@@ -21,6 +21,8 @@ const (
 	WorkersPrefix = "_INBOX_kubeclip"
 	// ExecWorkerPrefix is the exec-worker's (user exec-worker).
 	ExecWorkerPrefix = "_INBOX_exec"
+	// BrokerPrefix is the credential broker's (user broker).
+	BrokerPrefix = "_INBOX_broker"
 	// StatusPrefix is `kubeclip status`'s under the read-only operator user status. It sends no
 	// request to a responder, only to JetStream, so no responder answers into it.
 	StatusPrefix = "_INBOX_status"
@@ -66,7 +68,7 @@ func checkPrefix(p string) error {
 		return fmt.Errorf("client inbox prefix is empty")
 	case strings.HasPrefix(p, "$"):
 		return fmt.Errorf("client inbox prefix %q is a system subject", p)
-	case p == WorkersPrefix || p == ExecWorkerPrefix:
+	case p == WorkersPrefix || p == ExecWorkerPrefix || p == BrokerPrefix:
 		return fmt.Errorf("client inbox prefix %q is a kubeclip worker's own", p)
 	}
 	for _, tok := range strings.Split(p, ".") {

@@ -1,0 +1,468 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/tls"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"go.uber.org/goleak"
+
+	"github.com/kubeclip/kubeclip/internal/app"
+	"github.com/kubeclip/kubeclip/internal/natstest"
+	"github.com/kubeclip/kubeclip/pkg/broker"
+	"github.com/kubeclip/kubeclip/pkg/broker/ca"
+	"github.com/kubeclip/kubeclip/pkg/broker/mintproto"
+	"github.com/kubeclip/kubeclip/pkg/events"
+	"github.com/kubeclip/kubeclip/pkg/inbox"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// realValue is the brokered key's real value: the upstream must see it, and nothing else.
+const realValue = "sk-ant-api03-REALVALUE-0123456789abcdefghijklmnopqrstuvwxyz"
+
+// files writes what the broker reads: a CA for hosts, a sealing key, and bindings (when not
+// empty). It returns their paths.
+type files struct{ caCert, caKey, sealingKey, bindings, upstreamCA string }
+
+func writeFiles(t *testing.T, hosts []string, bindingsJSON string) files {
+	t.Helper()
+	dir := t.TempDir()
+	authority, err := ca.Generate(ca.Options{Hosts: hosts})
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyPEM, err := authority.KeyPEM()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sealing := make([]byte, broker.SealingKeyLen)
+	if _, err := rand.Read(sealing); err != nil {
+		t.Fatal(err)
+	}
+	f := files{
+		caCert: filepath.Join(dir, "ca.crt"), caKey: filepath.Join(dir, "ca.key"),
+		sealingKey: filepath.Join(dir, "sealing.key"),
+	}
+	write := func(path string, data []byte) {
+		if err := os.WriteFile(path, data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(f.caCert, authority.CertPEM())
+	write(f.caKey, keyPEM)
+	write(f.sealingKey, sealing)
+	if bindingsJSON != "" {
+		f.bindings = filepath.Join(dir, "bindings.json")
+		write(f.bindings, []byte(bindingsJSON))
+	}
+	return f
+}
+
+func (f files) args() []string {
+	a := []string{"--ca-cert", f.caCert, "--ca-key", f.caKey, "--sealing-key", f.sealingKey}
+	if f.bindings != "" {
+		a = append(a, "--bindings", f.bindings)
+	}
+	return a
+}
+
+// TestSettings pins the refusals that happen before anything connects: each names the flag and
+// its environment variable (and the field of the bindings file), and exits 2.
+func TestSettings(t *testing.T) {
+	all := []string{"api.anthropic.com", "api.openai.com", "generativelanguage.googleapis.com"}
+	good := writeFiles(t, all, "")
+	anthropicOnly := writeFiles(t, []string{"api.anthropic.com"}, "")
+	bad := func(bindings string) files { f := good; f.bindings = writeFiles(t, all, bindings).bindings; return f }
+	short := good
+	short.sealingKey = filepath.Join(t.TempDir(), "short")
+	if err := os.WriteFile(short.sealingKey, []byte("0123456789"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name     string
+		args     []string
+		wantCode int
+		wantErr  string
+	}{
+		{name: "help", args: []string{"--help"}, wantCode: 0},
+		{name: "nothing", wantCode: 2, wantErr: "--ca-cert (KUBECLIP_BROKER_CA_CERT) is required"},
+		{name: "no sealing key", args: []string{"--ca-cert", good.caCert, "--ca-key", good.caKey}, wantCode: 2, wantErr: "--sealing-key (KUBECLIP_BROKER_SEALING_KEY) is required"},
+		{name: "sealing key too short", args: short.args(), wantCode: 2, wantErr: "must be 32 bytes, got 10"},
+		{name: "CA short of a default host", args: anthropicOnly.args(), wantCode: 2, wantErr: "--ca-cert (KUBECLIP_BROKER_CA_CERT): the installation CA's name constraints [api.anthropic.com] do not cover api.openai.com"},
+		{name: "unknown field", args: bad(`{"ANTHROPIC_API_KEY": {"hosts": ["api.anthropic.com"], "headers": ["x-api-key"], "errors": "anthropic", "upstream": {}}}`).args(), wantCode: 2, wantErr: `unknown field "upstream"`},
+		{name: "field spelled in another case", args: bad(`{"ANTHROPIC_API_KEY": {"Hosts": ["api.anthropic.com"], "headers": ["x-api-key"], "errors": "anthropic"}}`).args(), wantCode: 2, wantErr: "ANTHROPIC_API_KEY.Hosts"},
+		{name: "unknown header", args: bad(`{"ANTHROPIC_API_KEY": {"hosts": ["api.anthropic.com"], "headers": ["cookie"], "errors": "anthropic"}}`).args(), wantCode: 2, wantErr: `--bindings (KUBECLIP_BROKER_BINDINGS): ` + "" + `ANTHROPIC_API_KEY.headers: "cookie" is not one of`},
+		{name: "unknown error shape", args: bad(`{"ANTHROPIC_API_KEY": {"hosts": ["api.anthropic.com"], "headers": ["x-api-key"], "errors": "xml"}}`).args(), wantCode: 2, wantErr: `ANTHROPIC_API_KEY.errors: "xml" is not one of`},
+		{name: "no hosts", args: bad(`{"ANTHROPIC_API_KEY": {"hosts": [], "headers": ["x-api-key"], "errors": "anthropic"}}`).args(), wantCode: 2, wantErr: "ANTHROPIC_API_KEY.hosts: must name 1 to 8 hosts"},
+		{name: "upstream of another host", args: bad(`{"ANTHROPIC_API_KEY": {"hosts": ["api.anthropic.com"], "headers": ["x-api-key"], "errors": "anthropic", "upstreams": {"api.openai.com": "127.0.0.1:1"}}}`).args(), wantCode: 2, wantErr: `ANTHROPIC_API_KEY.upstreams: "api.openai.com" is not one of the key's hosts`},
+		{name: "a host's shapes disagree", args: bad(`{"A_KEY": {"hosts": ["api.openai.com"], "headers": ["authorization"], "errors": "openai"}, "B_KEY": {"hosts": ["api.openai.com"], "headers": ["authorization"], "errors": "anthropic"}}`).args(), wantCode: 2, wantErr: "B_KEY.hosts[0]: api.openai.com is bound by A_KEY too"},
+		{name: "key not an env name", args: bad(`{"1KEY": {"hosts": ["api.openai.com"], "headers": ["authorization"], "errors": "openai"}}`).args(), wantCode: 2, wantErr: `"1KEY": "1KEY" must be an environment variable name`},
+		{name: "no keys", args: bad(`{}`).args(), wantCode: 2, wantErr: "no brokered key"},
+		{name: "quota past the store", args: append(good.args(), "--grants-per-company", "100000"), wantCode: 2, wantErr: "--grants-per-company (KUBECLIP_BROKER_GRANTS_PER_COMPANY) is 100000 grants per company"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var stdout, stderr bytes.Buffer
+			err := run(t.Context(), tc.args, func(string) (string, bool) { return "", false }, &stdout, &stderr)
+			if got := app.ExitCode(err); got != tc.wantCode {
+				t.Fatalf("exit %d (%v), want %d", got, err, tc.wantCode)
+			}
+			if tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)) {
+				t.Errorf("error %v, want it to say %q", err, tc.wantErr)
+			}
+			if tc.wantCode == 0 && !strings.Contains(stdout.String(), "--bindings") {
+				t.Errorf("--help does not list --bindings:\n%s", stdout.String())
+			}
+		})
+	}
+}
+
+// lockedBuffer is the broker's stderr: the test reads it while the broker writes.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// anthropicUpstream stands in for api.anthropic.com: TLS on loopback with a certificate for
+// that name from a CA of its own (the broker trusts it through --upstream-ca), answering
+// /v1/messages with a streamed Messages response whose usage the meter must read.
+type anthropicUpstream struct {
+	srv  *httptest.Server
+	mu   sync.Mutex
+	keys []string // the x-api-key of every request
+}
+
+// The upstream's usage: message_start states input 25 (and cache reads 3), message_delta the
+// cumulative output 17.
+const upstreamStream = "event: message_start\n" +
+	`data: {"type":"message_start","message":{"id":"msg_1","type":"message","role":"assistant","model":"claude-test","content":[],"usage":{"input_tokens":25,"cache_read_input_tokens":3,"cache_creation_input_tokens":0,"output_tokens":1}}}` + "\n\n" +
+	"event: content_block_delta\n" +
+	`data: {"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"hello"}}` + "\n\n" +
+	"event: message_delta\n" +
+	`data: {"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":17}}` + "\n\n" +
+	"event: message_stop\n" +
+	`data: {"type":"message_stop"}` + "\n\n"
+
+func startAnthropicUpstream(t *testing.T, dir string) (*anthropicUpstream, string) {
+	t.Helper()
+	authority, err := ca.Generate(ca.Options{Hosts: []string{"api.anthropic.com"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	issuer, err := ca.NewIssuer(ca.IssuerOptions{CA: authority, Hosts: []string{"api.anthropic.com"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := &anthropicUpstream{}
+	u.srv = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		u.mu.Lock()
+		u.keys = append(u.keys, r.Header.Get("X-Api-Key"))
+		u.mu.Unlock()
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(http.StatusOK)
+		for _, ev := range strings.SplitAfter(upstreamStream, "\n\n") {
+			_, _ = io.WriteString(w, ev)
+			w.(http.Flusher).Flush()
+		}
+	}))
+	u.srv.TLS = &tls.Config{GetCertificate: issuer.GetCertificate, MinVersion: tls.VersionTLS12}
+	u.srv.StartTLS()
+	t.Cleanup(u.srv.Close)
+	caFile := filepath.Join(dir, "upstream-ca.crt")
+	if err := os.WriteFile(caFile, authority.CertPEM(), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return u, caFile
+}
+
+func (u *anthropicUpstream) seen() []string {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return append([]string(nil), u.keys...)
+}
+
+// TestEndToEnd runs the broker as its binary does (run, flags, a real nats-server, TLS over
+// loopback): a placeholder minted over NATS (twice: one grant), a streamed Messages call through
+// the broker that reaches the upstream with the real value and is metered, then the lease's
+// released event on the run stream, after which the placeholder is refused within a second.
+// The broker's log never holds the value or the placeholder.
+func TestEndToEnd(t *testing.T) {
+	start := time.Now()
+	srv, nc, js := natstest.Start(t)
+	ctx := t.Context()
+	if err := events.EnsureStreams(ctx, js, events.Options{StoreBytes: 1 << 30}); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	up, upstreamCA := startAnthropicUpstream(t, dir)
+	f := writeFiles(t, []string{"api.anthropic.com"}, fmt.Sprintf(
+		`{"ANTHROPIC_API_KEY": {"hosts": ["api.anthropic.com"], "headers": ["x-api-key", "authorization"], "errors": "anthropic", "upstreams": {"api.anthropic.com": %q}}}`,
+		up.srv.Listener.Addr().String()))
+	ports := natstest.FreePorts(t, 2)
+	listen, opsAddr := net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[0])), net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[1]))
+	args := append(f.args(), "--nats-url", srv.ClientURL(), "--listen", listen, "--ops-addr", opsAddr,
+		"--upstream-ca", upstreamCA, "--store-bytes", strconv.Itoa(1<<30), "--log-level", "debug")
+	var stderr lockedBuffer
+	brokerCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		done <- run(brokerCtx, args, func(string) (string, bool) { return "", false }, io.Discard, &stderr)
+	}()
+	t.Cleanup(func() {
+		stop()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("the broker returned %v", err)
+			}
+		case <-time.After(40 * time.Second):
+			t.Errorf("the broker did not stop 40 s after its context ended")
+		}
+	})
+	opsClient := &http.Client{Timeout: 2 * time.Second}
+	defer opsClient.CloseIdleConnections()
+	eventually(t, "the broker to be ready", 20*time.Second, func() bool {
+		resp, err := opsClient.Get("http://" + opsAddr + "/readyz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	})
+	ready := time.Since(start)
+
+	// Mint, as the plugin will: a core NATS request from the plugin's inbox prefix.
+	client, err := nats.Connect(srv.ClientURL(), nats.CustomInboxPrefix(inbox.PaperclipPrefix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	subject, err := mintproto.NewSubjects(events.Subjects{}).Mint("company-a", "run-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mintOnce := func() mintproto.MintReply {
+		t.Helper()
+		body, _ := json.Marshal(mintproto.MintRequest{LeaseID: "lease-1", Key: "ANTHROPIC_API_KEY", Value: realValue})
+		msg, err := client.Request(subject, body, 5*time.Second)
+		if err != nil {
+			t.Fatalf("mint: %v", err)
+		}
+		var reply mintproto.MintReply
+		if err := json.Unmarshal(msg.Data, &reply); err != nil {
+			t.Fatal(err)
+		}
+		if reply.Error != nil {
+			t.Fatalf("mint refused: %v", reply.Error)
+		}
+		return reply
+	}
+	mintStart := time.Now()
+	first := mintOnce()
+	mintTook := time.Since(mintStart)
+	again := mintOnce()
+	if again.Placeholder != first.Placeholder || again.GrantID != first.GrantID {
+		t.Errorf("a repeated mint answered grant %s, the first %s (or another placeholder)", again.GrantID, first.GrantID)
+	}
+	kv, err := js.KeyValue(ctx, broker.Bucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys, err := kv.Keys(ctx)
+	if err != nil || len(keys) != 1 {
+		t.Fatalf("the grants bucket holds %v (%v), want the one grant", keys, err)
+	}
+
+	// The call, as the claude CLI makes it: api.anthropic.com by its name (the pod's hosts file
+	// points it at the broker), trusting the installation CA.
+	caPEM, err := os.ReadFile(f.caCert)
+	if err != nil {
+		t.Fatal(err)
+	}
+	authority, err := ca.Parse(caPEM, mustRead(t, f.caKey))
+	if err != nil {
+		t.Fatal(err)
+	}
+	agent := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
+		TLSClientConfig: &tls.Config{RootCAs: authority.Pool(), MinVersion: tls.VersionTLS12},
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, network, listen) // hostAliases: api.anthropic.com → the broker
+		},
+	}}
+	defer agent.CloseIdleConnections()
+	call := func() (int, string) {
+		t.Helper()
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "https://api.anthropic.com/v1/messages", strings.NewReader(`{"model":"claude-test","stream":true,"max_tokens":64,"messages":[]}`))
+		req.Header.Set("X-Api-Key", first.Placeholder)
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := agent.Do(req)
+		if err != nil {
+			t.Fatalf("calling through the broker: %v", err)
+		}
+		defer resp.Body.Close()
+		body, err := io.ReadAll(resp.Body)
+		if err != nil {
+			t.Fatalf("reading the response: %v", err)
+		}
+		return resp.StatusCode, string(body)
+	}
+	callStart := time.Now()
+	status, body := call()
+	callTook := time.Since(callStart)
+	if status != http.StatusOK || body != upstreamStream {
+		t.Fatalf("through the broker: %d %q, want 200 and the upstream's stream as it sent it", status, body)
+	}
+	if seen := up.seen(); len(seen) != 1 || seen[0] != realValue {
+		t.Fatalf("the upstream saw x-api-key %d times, the real value: %v", len(seen), len(seen) == 1 && seen[0] == realValue)
+	}
+
+	// Usage, from the upstream's stream: input 25, cache reads 3, output 17 (the last
+	// cumulative count), in metrics without any company or run label.
+	var metrics map[string]float64
+	eventually(t, "the call's usage in /metrics", 5*time.Second, func() bool {
+		metrics = scrape(t, opsClient, opsAddr)
+		return metrics[`kubeclip_broker_calls_total{format="anthropic_messages",outcome="metered"}`] == 1
+	})
+	for series, want := range map[string]float64{
+		`kubeclip_broker_usage_tokens_total{format="anthropic_messages",kind="input"}`:       25,
+		`kubeclip_broker_usage_tokens_total{format="anthropic_messages",kind="output"}`:      17,
+		`kubeclip_broker_usage_tokens_total{format="anthropic_messages",kind="cache_read"}`:  3,
+		`kubeclip_broker_usage_tokens_total{format="anthropic_messages",kind="cache_write"}`: 0,
+		`kubeclip_broker_mints_total{result="ok"}`:                                           2,
+	} {
+		if got := metrics[series]; got != want {
+			t.Errorf("%s = %v, want %v", series, got, want)
+		}
+	}
+	for series := range metrics {
+		if strings.Contains(series, "company-a") || strings.Contains(series, "run-1") {
+			t.Errorf("a metric is labelled with a company or run id: %s", series)
+		}
+	}
+
+	// The lease ends: its released event on the run stream, as the dispatcher publishes it.
+	ev, _ := json.Marshal(events.RunReleasedEvent{RunID: "run-1", CompanyID: "company-a", At: time.Now(), ProviderLeaseID: "lease-1", State: events.ReleaseStopped})
+	relSubject, err := events.Subjects{}.Run("company-a", "run-1", events.KindReleased)
+	if err != nil {
+		t.Fatal(err)
+	}
+	released := time.Now()
+	if _, err := js.Publish(ctx, relSubject, ev); err != nil {
+		t.Fatal(err)
+	}
+	var refusedAfter time.Duration
+	eventually(t, "the placeholder to be refused after the release", 10*time.Second, func() bool {
+		status, body = call()
+		refusedAfter = time.Since(released)
+		return status == http.StatusUnauthorized
+	})
+	var refusal struct {
+		Type  string `json:"type"`
+		Error struct{ Type, Message string }
+	}
+	if err := json.Unmarshal([]byte(body), &refusal); err != nil || refusal.Type != "error" || refusal.Error.Type != "authentication_error" || !strings.Contains(refusal.Error.Message, "released") {
+		t.Errorf("the refusal after release: %s, want Anthropic's error shape saying released", body)
+	}
+	if refusedAfter > time.Second {
+		t.Errorf("the placeholder was refused %s after its release event, want within 1 s", refusedAfter)
+	}
+	// The calls that raced the release reached the upstream; none after the refusal does.
+	before := len(up.seen())
+	if status, _ := call(); status != http.StatusUnauthorized {
+		t.Errorf("a call after the refusal: %d, want 401", status)
+	}
+	if n := len(up.seen()); n != before {
+		t.Errorf("the upstream got %d calls after the placeholder was refused", n-before)
+	}
+	nc.Flush()
+
+	logs := stderr.String()
+	secretPart := first.Placeholder[len(first.Placeholder)-43:]
+	for what, s := range map[string]string{"the real value": realValue, "the placeholder's secret part": secretPart} {
+		if strings.Contains(logs, s) {
+			t.Errorf("the broker's log holds %s", what)
+		}
+	}
+	if !regexp.MustCompile(`"run_id":"run-1".*"input_tokens":25.*"output_tokens":17`).MatchString(logs) {
+		t.Errorf("no debug line with the call's usage and run id in the broker's log")
+	}
+	t.Logf("ready_after\tmint\tstreamed_call\trefused_after_release\ttotal")
+	t.Logf("%s\t%s\t%s\t%s\t%s", ready.Round(time.Millisecond), mintTook.Round(time.Microsecond), callTook.Round(time.Microsecond), refusedAfter.Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
+}
+
+func mustRead(t *testing.T, path string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// scrape reads /metrics into series → value.
+func scrape(t *testing.T, c *http.Client, addr string) map[string]float64 {
+	t.Helper()
+	resp, err := c.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatalf("scraping: %v", err)
+	}
+	defer resp.Body.Close()
+	out := map[string]float64{}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if strings.HasPrefix(line, "#") || line == "" {
+			continue
+		}
+		i := strings.LastIndexByte(line, ' ')
+		v, err := strconv.ParseFloat(line[i+1:], 64)
+		if err == nil {
+			out[line[:i]] = v
+		}
+	}
+	return out
+}
+
+// eventually polls cond every 10 ms until it holds or within passes.
+func eventually(t *testing.T, what string, within time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", within, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
