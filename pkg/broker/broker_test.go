@@ -544,3 +544,24 @@ func TestExpiredGrantStopsResolving(t *testing.T) {
 	})
 	t.Logf("a grant with a 1 s TTL stopped resolving %s after its mint", time.Since(start))
 }
+
+// TestRepeatedMintAtFullQuota: a repeated mint adds no grant, so a company at its quota still
+// gets its lease's placeholder again; and a mint under another sealing key cannot take over a
+// grant it cannot open.
+func TestRepeatedMintAtFullQuota(t *testing.T) {
+	_, kv := grantsBucket(t)
+	sealer := newSealer(t)
+	st := newStore(t, kv, sealer, 2)
+	first := mint(t, st, mintReq("company-a", "lease-1", netip.Addr{}))
+	mint(t, st, mintReq("company-a", "lease-2", netip.Addr{}))
+	again, g, err := st.Mint(t.Context(), mintReq("company-a", "lease-1", netip.Addr{}))
+	if err != nil || again.Reveal() != first.Reveal() || g.ID != first.ID() {
+		t.Fatalf("the repeated mint at a full quota: grant %s, %v; want the first placeholder", g.ID, err)
+	}
+	foreign := newStore(t, kv, newSealer(t), 2)
+	if _, _, err := foreign.Mint(t.Context(), mintReq("company-a", "lease-1", netip.Addr{})); err == nil {
+		// Another sealing key derives other grant ids: it makes its own grant, and the quota
+		// refuses it.
+		t.Fatal("a store under another sealing key minted past the quota")
+	}
+}

@@ -1,0 +1,396 @@
+package brokersvc_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"net/netip"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+	"go.uber.org/goleak"
+
+	"github.com/kubeclip/kubeclip/internal/natstest"
+	"github.com/kubeclip/kubeclip/pkg/broker"
+	"github.com/kubeclip/kubeclip/pkg/broker/brokersvc"
+	"github.com/kubeclip/kubeclip/pkg/broker/mintproto"
+	"github.com/kubeclip/kubeclip/pkg/events"
+	"github.com/kubeclip/kubeclip/pkg/inbox"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+const realValue = "sk-ant-api03-REALVALUE-0123456789"
+
+var anthropic = broker.Binding{Hosts: []string{"api.anthropic.com"}, Headers: []broker.Header{broker.HeaderXAPIKey}}
+
+type env struct {
+	srv   *server.Server
+	js    jetstream.JetStream
+	kv    jetstream.KeyValue
+	store *broker.Store
+	cache *broker.Cache
+}
+
+func newEnv(t *testing.T, quota int) env {
+	t.Helper()
+	srv, _, js := natstest.Start(t)
+	kv, err := js.CreateKeyValue(t.Context(), broker.BucketOptions{StoreBytes: 1 << 30}.Config())
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := make([]byte, broker.SealingKeyLen)
+	if _, err := rand.Read(key); err != nil {
+		t.Fatal(err)
+	}
+	sealer, err := broker.NewSealer(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	store, err := broker.NewStore(broker.StoreOptions{KV: kv, Sealer: sealer, GrantsPerCompany: quota})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cache, err := broker.NewCache(broker.CacheOptions{KV: kv, Sealer: sealer, Log: zerolog.New(zerolog.NewTestWriter(t))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, cache)
+	return env{srv: srv, js: js, kv: kv, store: store, cache: cache}
+}
+
+// run runs w until the test ends, and waits for it.
+func run(t *testing.T, w interface {
+	Run(context.Context) error
+	Ready() <-chan struct{}
+}) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+	select {
+	case <-w.Ready():
+	case err := <-done:
+		t.Fatalf("Run ended before it was ready: %v", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("not ready after 10 s")
+	}
+}
+
+func startMint(t *testing.T, e env) (*brokersvc.Mint, *prometheus.Registry) {
+	t.Helper()
+	nc, _ := natstest.Connect(t, e.srv)
+	reg := prometheus.NewRegistry()
+	m, err := brokersvc.NewMint(brokersvc.MintOptions{
+		NATS: nc, Store: e.store, Bindings: map[string]broker.Binding{"ANTHROPIC_API_KEY": anthropic},
+		Replies: inbox.MustRule(inbox.PaperclipPrefix), Registerer: reg, Log: zerolog.New(zerolog.NewTestWriter(t)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, m)
+	return m, reg
+}
+
+func client(t *testing.T, srv *server.Server) *nats.Conn {
+	t.Helper()
+	nc, err := nats.Connect(srv.ClientURL(), nats.CustomInboxPrefix(inbox.PaperclipPrefix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
+}
+
+func request(t *testing.T, nc *nats.Conn, subject string, body []byte) mintproto.MintReply {
+	t.Helper()
+	msg, err := nc.Request(subject, body, 5*time.Second)
+	if err != nil {
+		t.Fatalf("request: %v", err)
+	}
+	var r mintproto.MintReply
+	if err := json.Unmarshal(msg.Data, &r); err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func mintBody(lease, key, value string) []byte {
+	b, _ := json.Marshal(mintproto.MintRequest{LeaseID: lease, Key: key, Value: value})
+	return b
+}
+
+// TestMintAnswers: every refusal names its field (or the budget) and its code, and never
+// quotes the value; a good request gets a placeholder that resolves to the value.
+func TestMintAnswers(t *testing.T) {
+	e := newEnv(t, 2)
+	startMint(t, e)
+	nc := client(t, e.srv)
+	for _, lease := range []string{"lease-full-1", "lease-full-2"} {
+		if _, _, err := e.store.Mint(t.Context(), broker.MintRequest{Company: "company-full", Run: "r", Lease: lease, Key: "ANTHROPIC_API_KEY", Binding: anthropic, Value: realValue}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	good := "paperclip.broker.company-a.run-1.mint"
+	for _, tc := range []struct {
+		name, subject string
+		body          []byte
+		wantCode      mintproto.Code
+		wantField     string
+		wantMessage   string
+	}{
+		{"not JSON", good, []byte(`{"value":"` + realValue), mintproto.CodeInvalidRequest, "", "not a valid JSON object"},
+		{"unknown field", good, []byte(`{"leaseId":"l","key":"ANTHROPIC_API_KEY","value":"` + realValue + `","secret":1}`), mintproto.CodeInvalidRequest, "secret", "not a field"},
+		{"field in another case", good, []byte(`{"leaseId":"l","key":"ANTHROPIC_API_KEY","VALUE":"` + realValue + `"}`), mintproto.CodeInvalidRequest, "VALUE", ""},
+		{"value twice", good, []byte(`{"leaseId":"l","key":"ANTHROPIC_API_KEY","value":"x","value":"` + realValue + `"}`), mintproto.CodeInvalidRequest, "value", ""},
+		{"value not a string", good, []byte(`{"leaseId":"l","key":"ANTHROPIC_API_KEY","value":12}`), mintproto.CodeInvalidRequest, "value", "must be a string"},
+		{"no lease", good, mintBody("", "ANTHROPIC_API_KEY", realValue), mintproto.CodeInvalidRequest, "leaseId", "must not be empty"},
+		{"lease with a dot", good, mintBody("a.b", "ANTHROPIC_API_KEY", realValue), mintproto.CodeInvalidRequest, "leaseId", "must not contain"},
+		{"no value", good, mintBody("l", "ANTHROPIC_API_KEY", ""), mintproto.CodeInvalidRequest, "value", "must not be empty"},
+		{"value with a header injection", good, mintBody("l", "ANTHROPIC_API_KEY", realValue+"\r\nX-Evil: 1"), mintproto.CodeInvalidRequest, "value", "printable ASCII"},
+		{"a placeholder as the value", good, mintBody("l", "ANTHROPIC_API_KEY", "kcph_"+realValue), mintproto.CodeInvalidRequest, "value", "placeholder"},
+		{"key not brokered", good, mintBody("l", "OPENAI_API_KEY", realValue), mintproto.CodeUnknownKey, "key", `"OPENAI_API_KEY" is not a brokered key`},
+		{"run with a wildcard-free but too long id", "paperclip.broker.company-a." + strings.Repeat("r", events.MaxTokenLen+1) + ".mint", mintBody("l", "ANTHROPIC_API_KEY", realValue), mintproto.CodeInvalidRequest, "subject", ""},
+		{"quota", "paperclip.broker.company-full.run-9.mint", mintBody("lease-3", "ANTHROPIC_API_KEY", realValue), mintproto.CodeQuotaExceeded, "", `company "company-full" holds 2 credential broker grants, its quota (GrantsPerCompany) is 2`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := request(t, nc, tc.subject, tc.body)
+			if r.Error == nil {
+				t.Fatalf("answered %+v, want a refusal", r.GrantID)
+			}
+			if r.Placeholder != "" {
+				t.Errorf("a refusal carries a placeholder")
+			}
+			if r.Error.Code != tc.wantCode || r.Error.Field != tc.wantField || !strings.Contains(r.Error.Message, tc.wantMessage) {
+				t.Errorf("refusal %+v, want code %s, field %q, a message saying %q", r.Error, tc.wantCode, tc.wantField, tc.wantMessage)
+			}
+			if strings.Contains(r.Error.Message, realValue) || strings.Contains(r.Error.Message, "REALVALUE") {
+				t.Errorf("the refusal quotes the value: %s", r.Error.Message)
+			}
+		})
+	}
+	r := request(t, nc, good, mintBody("lease-1", "ANTHROPIC_API_KEY", realValue))
+	if r.Error != nil || !strings.HasPrefix(r.Placeholder, broker.PlaceholderPrefix) || len(r.Hosts) != 1 || r.Hosts[0] != "api.anthropic.com" {
+		t.Fatalf("a good mint: %+v", r)
+	}
+	var res broker.Resolved
+	eventually(t, "the placeholder to resolve", func() bool {
+		var err error
+		res, err = e.cache.Resolve(r.Placeholder, "api.anthropic.com", broker.HeaderXAPIKey, netip.MustParseAddr("10.0.0.1"))
+		return err == nil
+	})
+	if res.Value.Reveal() != realValue || res.Grant.Company != "company-a" || res.Grant.Run != "run-1" || res.Grant.Lease != "lease-1" {
+		t.Errorf("the placeholder resolved to grant %+v (the real value: %v)", res.Grant, res.Value.Reveal() == realValue)
+	}
+}
+
+// TestMintAnswersOnlyClientInboxes: a request whose reply subject is not a client inbox is
+// dropped (kubeclip would otherwise publish a placeholder where the client chose) and counted.
+func TestMintAnswersOnlyClientInboxes(t *testing.T) {
+	e := newEnv(t, 10)
+	_, reg := startMint(t, e)
+	nc := client(t, e.srv)
+	sub, err := nc.SubscribeSync("paperclip.run.company-a.run-1.created")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.PublishRequest("paperclip.broker.company-a.run-1.mint", "paperclip.run.company-a.run-1.created", mintBody("lease-1", "ANTHROPIC_API_KEY", realValue)); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the dropped request to be counted", func() bool {
+		return counter(t, reg, "kubeclip_broker_mints_total", "unanswerable") == 1
+	})
+	if m, err := sub.NextMsg(100 * time.Millisecond); err == nil {
+		t.Fatalf("the broker answered onto a run subject: %s", m.Data)
+	}
+	if keys, _ := e.kv.ListKeys(t.Context()); keys != nil {
+		for k := range keys.Keys() {
+			t.Errorf("a dropped request minted grant %s", k)
+		}
+	}
+}
+
+// TestMintIsIdempotent: the same mint sent many times at once (a redelivery, a retry, a
+// duplicate) makes one grant and answers each with its placeholder; a mint with another value
+// for the lease's key keeps the grant and its placeholder and replaces the value.
+func TestMintIsIdempotent(t *testing.T) {
+	e := newEnv(t, 10)
+	startMint(t, e)
+	nc := client(t, e.srv)
+	const n = 8
+	replies := make([]mintproto.MintReply, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() { replies[i] = request(t, nc, "paperclip.broker.company-a.run-1.mint", mintBody("lease-1", "ANTHROPIC_API_KEY", realValue)) })
+	}
+	wg.Wait()
+	for i, r := range replies {
+		if r.Error != nil || r.Placeholder != replies[0].Placeholder || r.GrantID != replies[0].GrantID {
+			t.Errorf("mint %d: grant %s (error %v), want the first's %s and its placeholder", i, r.GrantID, r.Error, replies[0].GrantID)
+		}
+	}
+	if got := countKeys(t, e.kv); got != 1 {
+		t.Fatalf("%d concurrent mints made %d grants, want 1", n, got)
+	}
+	rotated := request(t, nc, "paperclip.broker.company-a.run-1.mint", mintBody("lease-1", "ANTHROPIC_API_KEY", realValue+"-ROTATED"))
+	if rotated.Error != nil || rotated.Placeholder != replies[0].Placeholder {
+		t.Fatalf("a mint with a rotated value: %+v, want the lease's placeholder", rotated)
+	}
+	eventually(t, "the rotated value to resolve", func() bool {
+		res, err := e.cache.Resolve(rotated.Placeholder, "api.anthropic.com", broker.HeaderXAPIKey, netip.MustParseAddr("10.0.0.1"))
+		return err == nil && res.Value.Reveal() == realValue+"-ROTATED"
+	})
+	other := request(t, nc, "paperclip.broker.company-a.run-1.mint", mintBody("lease-2", "ANTHROPIC_API_KEY", realValue))
+	if other.Error != nil || other.GrantID == replies[0].GrantID || other.Placeholder == replies[0].Placeholder {
+		t.Errorf("another lease's mint shares the first lease's grant")
+	}
+	if got := countKeys(t, e.kv); got != 2 {
+		t.Errorf("%d grants after two leases' mints, want 2", got)
+	}
+}
+
+// TestReleaserEndsGrants: each event that ends a lease or a run releases exactly its grants
+// through the shared consumer, within a second; a failed release or resume ends nothing.
+func TestReleaserEndsGrants(t *testing.T) {
+	e := newEnv(t, 20)
+	ctx := t.Context()
+	if err := events.EnsureStreams(ctx, e.js, events.Options{StoreBytes: 1 << 30}); err != nil {
+		t.Fatal(err)
+	}
+	rel, err := brokersvc.NewReleaser(brokersvc.ReleaserOptions{JetStream: e.js, Store: e.store, Log: zerolog.New(zerolog.NewTestWriter(t))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, rel)
+	mint := func(company, run, lease string) broker.Placeholder {
+		p, _, err := e.store.Mint(ctx, broker.MintRequest{Company: company, Run: run, Lease: lease, Key: "ANTHROPIC_API_KEY", Binding: anthropic, Value: realValue})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	resolves := func(p broker.Placeholder) bool {
+		_, err := e.cache.Resolve(p.Reveal(), "api.anthropic.com", broker.HeaderXAPIKey, netip.MustParseAddr("10.0.0.1"))
+		return err == nil
+	}
+	publish := func(company, run string, kind events.RunKind, payload any) time.Time {
+		subj, err := events.Subjects{}.Run(company, run, kind)
+		if err != nil {
+			t.Fatal(err)
+		}
+		data, _ := json.Marshal(payload)
+		at := time.Now()
+		if _, err := e.js.Publish(ctx, subj, data); err != nil {
+			t.Fatal(err)
+		}
+		return at
+	}
+	for _, tc := range []struct {
+		name    string
+		kind    events.RunKind
+		payload func(company, run string) any
+		ends    bool
+	}{
+		{"released", events.KindReleased, func(c, r string) any {
+			return events.RunReleasedEvent{CompanyID: c, RunID: r, ProviderLeaseID: "lease-" + r, State: events.ReleaseStopped}
+		}, true},
+		{"result", events.KindResult, func(c, r string) any {
+			return events.RunResultEvent{CompanyID: c, RunID: r, Outcome: events.OutcomeSucceeded}
+		}, true},
+		{"failed acquire", events.KindFailed, func(c, r string) any {
+			return events.RunFailedEvent{CompanyID: c, RunID: r, Code: events.CodeInternal, Request: events.LeaseAcquire}
+		}, true},
+		{"failed release", events.KindFailed, func(c, r string) any {
+			return events.RunFailedEvent{CompanyID: c, RunID: r, Code: events.CodeInternal, Request: events.LeaseRelease}
+		}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := "run-" + strings.ReplaceAll(tc.name, " ", "-")
+			mine := mint("company-a", r, "lease-"+r)
+			others := []broker.Placeholder{mint("company-a", r+"-other", "lease-"+r+"-other"), mint("company-b", r, "lease-"+r)}
+			eventually(t, "the grants to resolve", func() bool { return resolves(mine) && resolves(others[0]) && resolves(others[1]) })
+			at := publish("company-a", r, tc.kind, tc.payload("company-a", r))
+			if !tc.ends {
+				// Published after it: once the marker's run ended, the first event was handled.
+				marker := "run-marker-" + strings.ReplaceAll(tc.name, " ", "-")
+				mp := mint("company-a", marker, "lease-"+marker)
+				publish("company-a", marker, events.KindResult, events.RunResultEvent{CompanyID: "company-a", RunID: marker, Outcome: events.OutcomeSucceeded})
+				eventually(t, "the marker run's grant to go", func() bool { return !resolves(mp) })
+				if !resolves(mine) {
+					t.Errorf("the %s event released the run's grant", tc.name)
+				}
+				return
+			}
+			eventually(t, "the run's grant to go", func() bool { return !resolves(mine) })
+			took := time.Since(at)
+			t.Logf("%s: refused %s after the event", tc.name, took.Round(time.Millisecond))
+			if took > time.Second {
+				t.Errorf("the grant went %s after its %s event, want within 1 s", took, tc.name)
+			}
+			for i, p := range others {
+				if !resolves(p) {
+					t.Errorf("the %s event released another run's grant (%d)", tc.name, i)
+				}
+			}
+		})
+	}
+}
+
+func countKeys(t *testing.T, kv jetstream.KeyValue) int {
+	t.Helper()
+	keys, err := kv.Keys(t.Context())
+	if errors.Is(err, jetstream.ErrNoKeysFound) {
+		return 0
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(keys)
+}
+
+func counter(t *testing.T, reg *prometheus.Registry, name, label string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetValue() == label {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return -1
+}
+
+
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
