@@ -78,6 +78,7 @@ func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout,
 		return err
 	}
 	defer app.Drain(nc, log)
+	opsSrv.WatchJetStream(component, js, subjects)
 
 	kv, err := events.EnsureBucket(ctx, js, cfg.bucket.Config())
 	if err != nil {

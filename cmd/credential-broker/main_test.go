@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/goleak"
 
 	"github.com/kubeclip/kubeclip/internal/app"
@@ -211,15 +212,33 @@ func (u *anthropicUpstream) seen() []string {
 	return append([]string(nil), u.keys...)
 }
 
-// TestEndToEnd runs the broker as its binary does (run, flags, a real nats-server, TLS over
-// loopback): a placeholder minted over NATS (twice: one grant), a streamed Messages call through
-// the broker that reaches the upstream with the real value and is metered, then the lease's
-// released event on the run stream, after which the placeholder is refused within a second.
-// The broker's log never holds the value or the placeholder.
+// connectAs connects as one of the shipped users, on its inbox prefix.
+func connectAs(t *testing.T, url, user, prefix string) (*nats.Conn, jetstream.JetStream) {
+	t.Helper()
+	nc, err := nats.Connect(url, natstest.User(user), nats.CustomInboxPrefix(prefix))
+	if err != nil {
+		t.Fatalf("connecting as %s: %v", user, err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return nc, js
+}
+
+// TestEndToEnd runs the broker as its binary does (run, flags, a real nats-server with the
+// shipped users and permissions, the broker on its own user, TLS over loopback): a placeholder
+// minted over NATS by the plugin's user (twice: one grant), a streamed Messages call through the
+// broker that reaches the upstream with the real value and is metered, then the lease's released
+// event on the run stream, after which the placeholder is refused within a second. The broker's
+// log never holds the value or the placeholder.
 func TestEndToEnd(t *testing.T) {
 	start := time.Now()
-	srv, nc, js := natstest.Start(t)
+	srv := natstest.StartWithAuth(t, "../../"+natstest.ShippedAuthConf)
 	ctx := t.Context()
+	// The other workers create the streams; the broker's user may not.
+	_, js := connectAs(t, srv.ClientURL(), "kubeclip", inbox.WorkersPrefix)
 	if err := events.EnsureStreams(ctx, js, events.Options{StoreBytes: 1 << 30}); err != nil {
 		t.Fatal(err)
 	}
@@ -230,13 +249,14 @@ func TestEndToEnd(t *testing.T) {
 		up.srv.Listener.Addr().String()))
 	ports := natstest.FreePorts(t, 2)
 	listen, opsAddr := net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[0])), net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[1]))
-	args := append(f.args(), "--nats-url", srv.ClientURL(), "--listen", listen, "--ops-addr", opsAddr,
+	args := append(f.args(), "--nats-url", srv.ClientURL(), "--nats-user", "broker", "--listen", listen, "--ops-addr", opsAddr,
 		"--upstream-ca", upstreamCA, "--store-bytes", strconv.Itoa(1<<30), "--log-level", "debug")
 	var stderr lockedBuffer
 	brokerCtx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() {
-		done <- run(brokerCtx, args, func(string) (string, bool) { return "", false }, io.Discard, &stderr)
+		env := map[string]string{"KUBECLIP_NATS_PASSWORD": "pw-broker"} // natstest's password of the broker user
+		done <- run(brokerCtx, args, func(k string) (string, bool) { v, ok := env[k]; return v, ok }, io.Discard, &stderr)
 	}()
 	t.Cleanup(func() {
 		stop()
@@ -262,11 +282,7 @@ func TestEndToEnd(t *testing.T) {
 	ready := time.Since(start)
 
 	// Mint, as the plugin will: a core NATS request from the plugin's inbox prefix.
-	client, err := nats.Connect(srv.ClientURL(), nats.CustomInboxPrefix(inbox.PaperclipPrefix))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer client.Close()
+	client, _ := connectAs(t, srv.ClientURL(), "paperclip", inbox.PaperclipPrefix)
 	subject, err := mintproto.NewSubjects(events.Subjects{}).Mint("company-a", "run-1")
 	if err != nil {
 		t.Fatal(err)
@@ -294,7 +310,8 @@ func TestEndToEnd(t *testing.T) {
 	if again.Placeholder != first.Placeholder || again.GrantID != first.GrantID {
 		t.Errorf("a repeated mint answered grant %s, the first %s (or another placeholder)", again.GrantID, first.GrantID)
 	}
-	kv, err := js.KeyValue(ctx, broker.Bucket)
+	_, brokerJS := connectAs(t, srv.ClientURL(), "broker", inbox.BrokerPrefix) // only its user reads the grants
+	kv, err := brokerJS.KeyValue(ctx, broker.Bucket)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -405,7 +422,6 @@ func TestEndToEnd(t *testing.T) {
 	if n := len(up.seen()); n != before {
 		t.Errorf("the upstream got %d calls after the placeholder was refused", n-before)
 	}
-	nc.Flush()
 
 	logs := stderr.String()
 	secretPart := first.Placeholder[len(first.Placeholder)-43:]

@@ -36,7 +36,7 @@ if [[ ! -s $key ]]; then
 fi
 
 # The NATS users' password variables (KUBECLIP_NATS_PASSWORD_<v>) nats-auth.conf reads.
-users=(WORKERS EXEC_WORKER PAPERCLIP CLI STATUS)
+users=(WORKERS EXEC_WORKER BROKER PAPERCLIP CLI STATUS)
 
 env=$DIR/secrets.env
 if [[ ! -s $env ]]; then

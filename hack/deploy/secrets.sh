@@ -6,7 +6,7 @@
 #
 #   secrets.sh [NAMESPACE]     default kubeclip; the namespace must exist
 #
-#   kubeclip-nats-users    keys kubeclip, exec-worker, paperclip, cli, status: each NATS user's password
+#   kubeclip-nats-users    keys kubeclip, exec-worker, broker, paperclip, cli, status: each NATS user's password
 #                          (48 hex digits), read by nats-server (nats-auth.conf) and the workers
 #   kubeclip-sandbox-key   key "key": the sandbox master key (64 hex digits, 32 bytes), read by
 #                          the dispatcher and the exec-worker
@@ -37,7 +37,7 @@ trap 'rm -rf "$dir"' EXIT
 chmod 0700 "$dir"
 
 # The NATS users of nats-auth.conf, each a key of kubeclip-nats-users.
-users=(kubeclip exec-worker paperclip cli status)
+users=(kubeclip exec-worker broker paperclip cli status)
 
 # password: a random NATS password. A letter first: nats-server would read an all-digit value as a
 # number (nats-auth.conf).

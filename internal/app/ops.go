@@ -10,6 +10,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/kubeclip/kubeclip/internal/ops"
+	"github.com/kubeclip/kubeclip/pkg/broker"
 	"github.com/kubeclip/kubeclip/pkg/events"
 	"github.com/kubeclip/kubeclip/pkg/execsvc"
 	"github.com/kubeclip/kubeclip/pkg/lease"
@@ -92,8 +93,8 @@ func (o *Ops) Ready(nc *nats.Conn, kube *Kube, extra ...ops.Check) {
 }
 
 // ownedConsumers are the durable consumers each worker consumes, whose lag its /metrics
-// reports (pkg/tenant and pkg/dispatch create them). The run-watcher and the exec-worker
-// consume none.
+// reports (pkg/tenant, pkg/dispatch and pkg/broker/brokersvc create them). The run-watcher and
+// the exec-worker consume none.
 func ownedConsumers(component string, s events.Subjects) []ops.ConsumerRef {
 	switch component {
 	case "tenant-worker":
@@ -107,6 +108,8 @@ func ownedConsumers(component string, s events.Subjects) []ops.ConsumerRef {
 			{Stream: s.LeaseStream(), Consumer: events.DispatcherEndConsumer},
 			{Stream: s.RunStream(), Consumer: events.DispatcherResultConsumer},
 		}
+	case "credential-broker":
+		return []ops.ConsumerRef{{Stream: s.RunStream(), Consumer: events.BrokerReleaseConsumer}}
 	}
 	return nil
 }
@@ -120,14 +123,24 @@ func (o *Ops) watchJetStream(component string, js jetstream.JetStream, s events.
 // watchedStores are the stores a worker reports: those its NATS user may read
 // (deploy/kustomize/base/nats-auth.conf; a refused info waits out the scrape's bound and reads
 // as JetStream not answering). The exec-worker's user reads the start-up streams and its own
-// buckets; the other workers' user every store but the exec-worker's recorded execs.
+// buckets; the credential broker's its bucket and the run stream; the other workers' user every
+// store but the exec-worker's recorded execs and the broker's grants.
 func watchedStores(component string, s events.Subjects) []string {
-	execs := events.BucketStream(execsvc.RecordedBucket)
-	if component == "exec-worker" {
+	execs, grants := events.BucketStream(execsvc.RecordedBucket), events.BucketStream(broker.Bucket)
+	switch component {
+	case "exec-worker":
 		return []string{s.LeaseStream(), s.RunStream(), events.WorkStream, events.BucketStream(lease.Bucket),
 			events.BucketStream(lease.TenantBucket), execs, events.BucketStream(events.BudgetBucket)}
+	case "credential-broker":
+		return []string{s.RunStream(), grants}
 	}
-	return slices.DeleteFunc(s.StreamNames(), func(name string) bool { return name == execs })
+	return slices.DeleteFunc(s.StreamNames(), func(name string) bool { return name == execs || name == grants })
+}
+
+// WatchJetStream has the credential broker, which connects without Start, report its stores
+// and its consumer's lag as the other workers do.
+func (o *Ops) WatchJetStream(component string, js jetstream.JetStream, s events.Subjects) {
+	o.watchJetStream(component, js, s)
 }
 
 // CountLeases has /metrics report the lease records (kubeclip_leases); the dispatcher calls it.

@@ -4,6 +4,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/kubeclip/kubeclip/pkg/broker"
 	"github.com/kubeclip/kubeclip/pkg/dispatch"
 	"github.com/kubeclip/kubeclip/pkg/events"
 	"github.com/kubeclip/kubeclip/pkg/execsvc"
@@ -19,7 +20,7 @@ func TestWatchedStoresAreTheOwners(t *testing.T) {
 	for _, want := range []string{
 		dispatch.ParkedStream, events.RetryStream, events.WorkStream,
 		"KV_" + lease.Bucket, "KV_" + lease.TenantBucket, "KV_" + dispatch.AgentBucket, "KV_" + dispatch.WarmBucket,
-		"KV_" + runwatch.OwnershipBucket, "KV_" + execsvc.RecordedBucket, "KV_" + events.BudgetBucket,
+		"KV_" + runwatch.OwnershipBucket, "KV_" + execsvc.RecordedBucket, "KV_" + events.BudgetBucket, "KV_" + broker.Bucket,
 	} {
 		if !slices.Contains(names, want) {
 			t.Errorf("the watched stores %v leave out %s", names, want)

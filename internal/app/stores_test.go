@@ -18,6 +18,7 @@ import (
 
 	"github.com/kubeclip/kubeclip/internal/app"
 	"github.com/kubeclip/kubeclip/internal/natstest"
+	"github.com/kubeclip/kubeclip/pkg/broker"
 	"github.com/kubeclip/kubeclip/pkg/dispatch"
 	"github.com/kubeclip/kubeclip/pkg/events"
 	"github.com/kubeclip/kubeclip/pkg/execsvc"
@@ -47,6 +48,7 @@ func ensureEveryStore(t *testing.T, url string, st app.Streams) jetstream.JetStr
 		dispatch.AgentBucketConfig(st.Replicas, store), dispatch.WarmBucketConfig(st.Replicas, store),
 		runwatch.OwnershipBucketConfig(runwatch.DefaultOwnershipTTL, st.Replicas, store),
 		execsvc.RecordedBucketConfig(st.Replicas, store), events.BudgetBucketConfig(st.Replicas, 0, store),
+		broker.BucketOptions{StoreBytes: store, Replicas: st.Replicas}.Config(),
 	} {
 		if _, err := events.EnsureBucket(ctx, js, cfg); err != nil {
 			t.Fatalf("bucket %s: %v", cfg.Bucket, err)

@@ -15,7 +15,7 @@ const ShippedAuthConf = "deploy/kustomize/base/nats-auth.conf"
 
 // authPasswordVars are the shipped users' password variables (KUBECLIP_NATS_PASSWORD_<var>).
 func authPasswordVars() map[string]string {
-	return map[string]string{"kubeclip": "WORKERS", "exec-worker": "EXEC_WORKER", "paperclip": "PAPERCLIP", "cli": "CLI", "status": "STATUS"}
+	return map[string]string{"kubeclip": "WORKERS", "exec-worker": "EXEC_WORKER", "broker": "BROKER", "paperclip": "PAPERCLIP", "cli": "CLI", "status": "STATUS"}
 }
 
 // SetAuthPasswords puts a test password for each shipped user into the environment, where

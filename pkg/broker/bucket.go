@@ -13,15 +13,6 @@ import (
 // Bucket is the KV bucket of grants.
 const Bucket = "KUBECLIP_GRANTS"
 
-// GrantsPermille is the grants' share of the JetStream store, in thousandths, beside the
-// shares of events.Stores (which add up to 826 of the 850 they may): one grant per brokered
-// key per run in flight is little, and 10 ‰ holds some 1,700 grants of the largest size per
-// company at the default store and companies (GrantQuota).
-//
-// It belongs in events.Stores, as StoreGrants; it is here until the broker is wired into the
-// workers, so the table and this package do not disagree in the meantime.
-const GrantsPermille = 10
-
 // grantRecordBytes is what one grant costs the bucket at most: a record with every field at
 // its bound (ids of events.MaxTokenLen bytes, maxBindingHosts hosts of 253 bytes, a value of
 // MaxValueBytes), its key and the store's own record took 10,906 bytes
@@ -70,9 +61,9 @@ func (o BucketOptions) withDefaults() BucketOptions {
 	return o
 }
 
-// bucketBytes is the bucket's byte limit.
+// bucketBytes is the bucket's byte limit: its share of the store (events.StoreGrants).
 func (o BucketOptions) bucketBytes() int64 {
-	return o.withDefaults().StoreBytes / 1000 * GrantsPermille
+	return events.StoreLimit(o.StoreBytes, events.StoreGrants)
 }
 
 // Config is the KUBECLIP_GRANTS bucket: history 1 (a grant is written once, bound to its pod
@@ -86,7 +77,7 @@ func (o BucketOptions) Config() jetstream.KeyValueConfig {
 		History:        1,
 		TTL:            o.GrantTTL,
 		MaxValueSize:   maxRecordValueBytes,
-		MaxBytes:       o.bucketBytes(),
+		MaxBytes:       events.StoreLimit(o.StoreBytes, events.StoreGrants),
 		LimitMarkerTTL: markerTTL,
 		Storage:        o.Storage,
 		Replicas:       o.Replicas,
@@ -108,7 +99,7 @@ func (o BucketOptions) CheckGrantQuota(setting string, quota int) error {
 	if fit := o.GrantQuota(); quota > fit || quota <= 0 {
 		o = o.withDefaults()
 		return fmt.Errorf("%s is %d grants per company, but %d companies × grants of up to %d bytes fit the grants bucket's %d bytes (%d‰ of %d) only at 1 to %d: lower it, or raise the store bytes or lower the companies the store is sized for",
-			setting, quota, o.Companies, grantRecordBytes, o.bucketBytes(), GrantsPermille, o.StoreBytes, fit)
+			setting, quota, o.Companies, grantRecordBytes, o.bucketBytes(), events.Stores()[events.StoreGrants].Permille, o.StoreBytes, fit)
 	}
 	return nil
 }

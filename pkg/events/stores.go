@@ -25,6 +25,7 @@ const (
 	StoreAgents                     // KV KUBECLIP_AGENTS: one guard per busy agent
 	StoreWarm                       // KV KUBECLIP_WARM: one record per warm pool
 	StoreOwnership                  // KV KUBECLIP_WATCH: one key per run being watched
+	StoreGrants                     // KV KUBECLIP_GRANTS: the credential broker's grants
 	storeCount
 )
 
@@ -39,7 +40,7 @@ type StoreShare struct {
 	PerCompany string
 }
 
-// Stores is the table of every stream and bucket, in Store order. The shares add up to 826
+// Stores is the table of every stream and bucket, in Store order. The shares add up to 836
 // thousandths, at most StoreSharedPermille: the rest of the store is headroom (the file store's own records and
 // compaction, a bucket's delete markers), so every stream and bucket reaches its own limit
 // before the server's max_file_store, and a full one never makes the server refuse another's
@@ -68,6 +69,10 @@ func Stores() []StoreShare {
 		// Pool records hold a provider config (up to 64 KiB).
 		{StoreWarm, "KUBECLIP_WARM", true, 4, "one record per warm pool shape"},
 		{StoreOwnership, "KUBECLIP_WATCH", true, 2, "one key per run in flight"},
+		// One grant per brokered key per lease, about 600 bytes (12 KiB at its largest, which
+		// the broker's per-company quota is sized from): 10 ‰ holds some 1,700 grants of the
+		// largest size per company at the default store and companies.
+		{StoreGrants, "KUBECLIP_GRANTS", true, 10, "the credential broker's grants-per-company quota, one grant per brokered key per lease"},
 	}
 }
 

@@ -68,7 +68,7 @@ func TestOverlaysWireSecretsAndUsers(t *testing.T) {
 			}
 			natsEnv := nats.Spec.Template.Spec.Containers[0].Env
 			for user, v := range map[string]string{
-				"kubeclip": "KUBECLIP_NATS_PASSWORD_WORKERS", "exec-worker": "KUBECLIP_NATS_PASSWORD_EXEC_WORKER",
+				"kubeclip": "KUBECLIP_NATS_PASSWORD_WORKERS", "exec-worker": "KUBECLIP_NATS_PASSWORD_EXEC_WORKER", "broker": "KUBECLIP_NATS_PASSWORD_BROKER",
 				"paperclip": "KUBECLIP_NATS_PASSWORD_PAPERCLIP", "cli": "KUBECLIP_NATS_PASSWORD_CLI",
 				"status": "KUBECLIP_NATS_PASSWORD_STATUS",
 			} {

@@ -33,7 +33,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 const natsAuthConf = "../../" + natstest.ShippedAuthConf
 
 // inboxes are the inbox prefixes each user connects with (pkg/inbox).
-var inboxes = map[string]string{"kubeclip": inbox.WorkersPrefix, "exec-worker": inbox.ExecWorkerPrefix, "paperclip": inbox.PaperclipPrefix, "cli": inbox.CLIPrefix, "status": inbox.StatusPrefix}
+var inboxes = map[string]string{"kubeclip": inbox.WorkersPrefix, "exec-worker": inbox.ExecWorkerPrefix, "broker": inbox.BrokerPrefix, "paperclip": inbox.PaperclipPrefix, "cli": inbox.CLIPrefix, "status": inbox.StatusPrefix}
 
 // authServer runs a JetStream server with the shipped users and permissions, passwords from the
 // environment as in a deployment.

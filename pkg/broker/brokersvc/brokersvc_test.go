@@ -235,7 +235,9 @@ func TestMintIsIdempotent(t *testing.T) {
 	replies := make([]mintproto.MintReply, n)
 	var wg sync.WaitGroup
 	for i := range n {
-		wg.Go(func() { replies[i] = request(t, nc, "paperclip.broker.company-a.run-1.mint", mintBody("lease-1", "ANTHROPIC_API_KEY", realValue)) })
+		wg.Go(func() {
+			replies[i] = request(t, nc, "paperclip.broker.company-a.run-1.mint", mintBody("lease-1", "ANTHROPIC_API_KEY", realValue))
+		})
 	}
 	wg.Wait()
 	for i, r := range replies {
@@ -382,7 +384,6 @@ func counter(t *testing.T, reg *prometheus.Registry, name, label string) float64
 	}
 	return -1
 }
-
 
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()

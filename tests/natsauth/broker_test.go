@@ -1,0 +1,212 @@
+package natsauth_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"net/netip"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/rs/zerolog"
+
+	"github.com/kubeclip/kubeclip/internal/natstest"
+	"github.com/kubeclip/kubeclip/pkg/broker"
+	"github.com/kubeclip/kubeclip/pkg/broker/brokersvc"
+	"github.com/kubeclip/kubeclip/pkg/broker/mintproto"
+	"github.com/kubeclip/kubeclip/pkg/events"
+	"github.com/kubeclip/kubeclip/pkg/inbox"
+	"github.com/kubeclip/kubeclip/pkg/lease"
+)
+
+// worker is a broker part run until the test ends.
+type worker interface {
+	Run(ctx context.Context) error
+	Ready() <-chan struct{}
+}
+
+func runWorker(t *testing.T, what string, w worker) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("%s: %v", what, err)
+		}
+	})
+	select {
+	case <-w.Ready():
+	case err := <-done:
+		t.Fatalf("%s ended before it was ready (a permission the broker user lacks?): %v", what, err)
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s not ready after 10 s", what)
+	}
+}
+
+// TestBrokerUser runs the credential broker's NATS parts on the shipped broker user: it creates
+// its bucket, watches it, mints for Paperclip's plugin (through the CLIENTS account) into the
+// plugin's inbox, and releases a lease's grants from its durable consumer on the run stream. The
+// broker user may do nothing else (no run event, no lease record, no exec subject, no stream of
+// kubeclip's, no answer into the CLI's inbox), the CLI may not mint, and neither the workers'
+// user nor the clients read the grants.
+func TestBrokerUser(t *testing.T) {
+	srv := authServer(t)
+	in := install(t, srv)
+	ctx := t.Context()
+	b := connect(t, srv, "broker")
+	log := zerolog.New(zerolog.NewTestWriter(t))
+
+	kv, err := events.EnsureBucket(ctx, b.js, broker.BucketOptions{StoreBytes: 1 << 30}.Config())
+	if err != nil {
+		t.Fatalf("the broker user creating its bucket: %v", err)
+	}
+	key := make([]byte, broker.SealingKeyLen)
+	if _, err := rand.Read(key); err != nil {
+		t.Fatal(err)
+	}
+	sealer, err := broker.NewSealer(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	store, err := broker.NewStore(broker.StoreOptions{KV: kv, Sealer: sealer, GrantsPerCompany: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cache, err := broker.NewCache(broker.CacheOptions{KV: kv, Sealer: sealer, Log: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runWorker(t, "the grant cache", cache)
+	releaser, err := brokersvc.NewReleaser(brokersvc.ReleaserOptions{JetStream: b.js, Subjects: in.subjects, Store: store, Log: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runWorker(t, "the releaser", releaser)
+	mint, err := brokersvc.NewMint(brokersvc.MintOptions{
+		NATS: b.Conn, Subjects: in.subjects, Store: store, Log: log,
+		Bindings: map[string]broker.Binding{"ANTHROPIC_API_KEY": {Hosts: []string{"api.anthropic.com"}, Headers: []broker.Header{broker.HeaderXAPIKey}}},
+		Replies:  inbox.MustRule(inbox.DefaultClientPrefixes()...),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runWorker(t, "the mint service", mint)
+
+	// The plugin mints, from its own account, and hears back in its inbox.
+	subject, err := mintproto.NewSubjects(in.subjects).Mint(in.victim.CompanyID, in.victim.RunID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := json.Marshal(mintproto.MintRequest{LeaseID: "lease-1", Key: "ANTHROPIC_API_KEY", Value: "sk-ant-real-value"})
+	paperclip := connect(t, srv, "paperclip")
+	msg, err := paperclip.Request(subject, body, 5*time.Second)
+	if err != nil {
+		t.Fatalf("the plugin's mint: %v", err)
+	}
+	var reply mintproto.MintReply
+	if err := json.Unmarshal(msg.Data, &reply); err != nil || reply.Error != nil || reply.Placeholder == "" {
+		t.Fatalf("the plugin's mint: %s, %v", msg.Data, err)
+	}
+	pod := netip.MustParseAddr("10.0.0.7")
+	resolves := func() bool {
+		_, err := cache.Resolve(reply.Placeholder, "api.anthropic.com", broker.HeaderXAPIKey, pod)
+		return err == nil
+	}
+	eventually(t, "the minted placeholder to resolve", resolves)
+
+	// The CLI may not mint; an answer the broker would send into its inbox is refused too.
+	cli := connect(t, srv, "cli")
+	if err := cli.Publish(subject, body); err != nil {
+		t.Fatal(err)
+	}
+	cli.refused(t, "cli minting", subject)
+	if err := b.Publish(inbox.CLIPrefix+".x", []byte("{}")); err != nil {
+		t.Fatal(err)
+	}
+	b.refused(t, "broker answering the CLI", inbox.CLIPrefix+".x")
+
+	// What the broker user may not do.
+	for _, subj := range []string{
+		in.runSubject("result"),                            // a run event
+		"$KV." + lease.Bucket + "." + in.victim.Key(),      // a lease record
+		"$JS.API.STREAM.INFO.KV_" + lease.Bucket,           // the lease bucket
+		"$JS.API.STREAM.CREATE." + in.subjects.RunStream(), // kubeclip's streams
+		"$JS.API.STREAM.PURGE.KV_" + broker.Bucket,         // even its own bucket's purge
+		"$JS.API.CONSUMER.DELETE." + in.subjects.RunStream() + ".broker-release",
+		"$JS.API.CONSUMER.CREATE." + in.subjects.RunStream() + ".other",
+		"paperclip.exec.victim.r1.start",
+	} {
+		if err := b.Publish(subj, []byte("{}")); err != nil {
+			t.Fatal(err)
+		}
+		b.refused(t, "broker publishing", subj)
+	}
+	if _, err := b.SubscribeSync("paperclip.exec.>"); err != nil {
+		t.Fatal(err)
+	}
+	b.refused(t, "broker subscribing to exec requests", "paperclip.exec.>")
+
+	// Nobody else reads the grants.
+	for _, c := range []struct {
+		who  *conn
+		subj string
+	}{
+		{in.worker, "$JS.API.DIRECT.GET.KV_" + broker.Bucket + ".$KV." + broker.Bucket + ".>"},
+		{in.worker, "$JS.API.CONSUMER.CREATE.KV_" + broker.Bucket},
+		{in.worker, "$KV." + broker.Bucket + ".x"},
+		{paperclip, "$JS.API.STREAM.INFO.KV_" + broker.Bucket},
+		{cli, "$JS.API.STREAM.INFO.KV_" + broker.Bucket},
+	} {
+		if err := c.who.Publish(c.subj, nil); err != nil {
+			t.Fatal(err)
+		}
+		c.who.refused(t, "reading the grants", c.subj)
+	}
+	if _, err := paperclip.SubscribeSync(subject); err != nil {
+		t.Fatal(err)
+	}
+	paperclip.refused(t, "the plugin listening to mint requests", subject)
+	in.intact(t)
+
+	// The lease ends: the dispatcher's released event releases its grants.
+	ev, _ := json.Marshal(events.RunReleasedEvent{RunID: in.victim.RunID, CompanyID: in.victim.CompanyID, ProviderLeaseID: "lease-1", State: events.ReleaseStopped})
+	if _, err := in.worker.js.Publish(ctx, in.runSubject("released"), ev); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the placeholder to stop resolving after the release", func() bool { return !resolves() })
+}
+
+// TestBrokerOnlyMintsForThePlugin pins that CLI_PUBLISH is CLIENT_PUBLISH without the mint
+// subject, plus the lease records' reads (TestCLIPublishesWhatPaperclipDoesAndLeaseRecords).
+func TestBrokerOnlyMintsForThePlugin(t *testing.T) {
+	natstest.SetAuthPasswords(t)
+	opts, err := server.ProcessConfigFile(natsAuthConf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, u := range opts.Users {
+		allow := u.Permissions.Publish.Allow
+		mints := slices.Contains(allow, "paperclip.broker.*.*.mint")
+		if mints != (u.Username == "paperclip") {
+			t.Errorf("user %s may publish mint requests: %v, want only paperclip", u.Username, mints)
+		}
+		if sub := u.Permissions.Subscribe.Allow; slices.Contains(sub, "paperclip.broker.*.*.mint") != (u.Username == "broker") {
+			t.Errorf("user %s subscribes to mint requests: %v, want only broker", u.Username, sub)
+		}
+	}
+}
+
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
