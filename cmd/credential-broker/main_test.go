@@ -430,6 +430,13 @@ func TestEndToEnd(t *testing.T) {
 			t.Errorf("the broker's log holds %s", what)
 		}
 	}
+	// On its shipped user the broker lacks nothing (the self-check would log each missing
+	// permission as an error) and nothing failed.
+	for _, line := range strings.Split(logs, "\n") {
+		if strings.Contains(line, `"level":"error"`) {
+			t.Errorf("the broker logged an error: %s", line)
+		}
+	}
 	if !regexp.MustCompile(`"run_id":"run-1".*"input_tokens":25.*"output_tokens":17`).MatchString(logs) {
 		t.Errorf("no debug line with the call's usage and run id in the broker's log")
 	}

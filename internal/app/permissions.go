@@ -8,6 +8,8 @@ import (
 
 	"github.com/kubeclip/kubeclip/internal/ops"
 	"github.com/kubeclip/kubeclip/pkg/api"
+	"github.com/kubeclip/kubeclip/pkg/broker"
+	"github.com/kubeclip/kubeclip/pkg/broker/mintproto"
 	"github.com/kubeclip/kubeclip/pkg/dispatch"
 	"github.com/kubeclip/kubeclip/pkg/events"
 	"github.com/kubeclip/kubeclip/pkg/execproto"
@@ -145,6 +147,15 @@ type natsNeeds struct {
 
 func (c *Common) natsNeeds(component string, s events.Subjects) natsNeeds {
 	var n natsNeeds
+	if component == "credential-broker" {
+		// Its own user: no ping service, and answers into the plugin's inbox only (the CLI
+		// does not mint). Its mint subscription, its bucket and its one consumer.
+		n.subscribe = append(n.subscribe, mintproto.NewSubjects(s).MintFilter(), InboxPrefix(component)+".self-check")
+		n.publish = append(n.publish, inbox.PaperclipPrefix+".self-check",
+			jetstream.DefaultAPIPrefix+"STREAM.INFO."+kvStream(broker.Bucket),
+			jetstream.DefaultAPIPrefix+"CONSUMER.INFO."+s.RunStream()+"."+events.BrokerReleaseConsumer)
+		return n
+	}
 	n.subscribe = append(n.subscribe, api.PingSubject(s), InboxPrefix(component)+".self-check")
 	for _, p := range c.clientInboxPrefixes() {
 		n.publish = append(n.publish, p+".self-check")

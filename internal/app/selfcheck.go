@@ -4,8 +4,10 @@ import (
 	"context"
 
 	"github.com/nats-io/nats.go"
+	"github.com/rs/zerolog"
 
 	"github.com/kubeclip/kubeclip/internal/ops"
+	"github.com/kubeclip/kubeclip/pkg/events"
 )
 
 // CheckPermissions starts the worker's start-up self-check (docs/selfcheck.md): it asks
@@ -19,17 +21,34 @@ import (
 func (c *Common) CheckPermissions(ctx context.Context, p *Process, rbacNameSuffix string) error {
 	probes := c.NATSProbes(p.component)
 	reviews := p.Kube.Clientset.AuthorizationV1().SelfSubjectAccessReviews()
+	stop, err := c.startSelfCheck(ctx, p.Ops, p.Log, probes, c.permissions(p.component, rbacNameSuffix, p.Subjects, reviews, probes))
+	if err != nil {
+		return err
+	}
+	p.stopSelfCheck = stop
+	return nil
+}
+
+// CheckNATSPermissions is CheckPermissions for a worker with no Kubernetes client (the
+// credential broker), which connects without Start: it asks NATS only. Call the returned stop
+// before o.Close.
+func (c *Common) CheckNATSPermissions(ctx context.Context, o *Ops, log zerolog.Logger, component string, s events.Subjects) (stop func(), err error) {
+	probes := c.NATSProbes(component)
+	return c.startSelfCheck(ctx, o, log, probes, c.NATSPermissions(component, s, probes))
+}
+
+func (c *Common) startSelfCheck(ctx context.Context, o *Ops, log zerolog.Logger, probes *ops.NATSProbes, perms []ops.Permission) (func(), error) {
 	sc, err := ops.NewSelfCheck(ops.SelfCheckOptions{
-		Permissions: c.permissions(p.component, rbacNameSuffix, p.Subjects, reviews, probes),
-		Registerer:  p.Ops.Registry,
-		Logger:      p.Log,
+		Permissions: perms,
+		Registerer:  o.Registry,
+		Logger:      log,
 		Interval:    c.SelfCheckInterval,
 	})
 	if err != nil {
 		probes.Close()
-		return err
+		return nil, err
 	}
-	p.Ops.selfCheck = sc
+	o.selfCheck = sc
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() {
@@ -37,8 +56,7 @@ func (c *Common) CheckPermissions(ctx context.Context, p *Process, rbacNameSuffi
 		defer probes.Close()
 		sc.Run(ctx)
 	}()
-	p.stopSelfCheck = func() { cancel(); <-done }
-	return nil
+	return func() { cancel(); <-done }, nil
 }
 
 // NATSProbes are the self-check's NATS probes of component: they connect as component does (its

@@ -21,6 +21,8 @@ var workerUsers = map[string]struct{ user, password string }{
 	"dispatcher":    {"kubeclip", "pw-workers"},
 	"run-watcher":   {"kubeclip", "pw-workers"},
 	"exec-worker":   {"exec-worker", "pw-exec_worker"},
+	// NATS only: it has no Kubernetes client (CheckNATSPermissions).
+	"credential-broker": {"broker", "pw-broker"},
 }
 
 // workerCommon is the common settings of worker connecting to url as its user, the rest
