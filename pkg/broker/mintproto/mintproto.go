@@ -130,6 +130,8 @@ func Decode(data []byte) (MintRequest, error) {
 	if err := dec.Decode(&r); err != nil {
 		var typeErr *json.UnmarshalTypeError
 		switch {
+		case errors.As(err, &typeErr) && typeErr.Field == "":
+			return MintRequest{}, Invalid("", "request is not a JSON object")
 		case errors.As(err, &typeErr):
 			return MintRequest{}, Invalid(typeErr.Field, "must be a %s", typeErr.Type)
 		case strings.HasPrefix(err.Error(), "json: unknown field "):
@@ -138,9 +140,6 @@ func Decode(data []byte) (MintRequest, error) {
 		default:
 			return MintRequest{}, Invalid("", "request is not a JSON object")
 		}
-	}
-	if dec.More() {
-		return MintRequest{}, Invalid("", "request holds more than one JSON value")
 	}
 	return r, nil
 }
