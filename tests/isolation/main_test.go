@@ -38,5 +38,8 @@ func TestMain(m *testing.M) {
 			"KUBECLIP_SHADOW_SECRET=" + operatorSecret, "AWS_SECRET_ACCESS_KEY=" + operatorSecret,
 			"ANTHROPIC_API_KEY=sk-ant-isolation",
 		}},
+		// Two exec-workers at their defaults, as tests/paperclip runs them: the noisy
+		// neighbour's execs go through them.
+		ExecWorkers: 2,
 	}, &env))
 }
