@@ -37,6 +37,7 @@ type settings struct {
 var (
 	_ runwatch.BudgetObserver    = (*ops.Metrics)(nil)
 	_ runwatch.LifecycleObserver = (*ops.Metrics)(nil)
+	_ runwatch.LogGapObserver    = (*ops.Metrics)(nil)
 )
 
 func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout, stderr io.Writer) error {

@@ -570,6 +570,12 @@ featureGates:
 failCgroupV1: false
 failSwapOn: false
 maxPods: 250
+# The kubelet's log API serves only a container's newest log file: lines rotated away before the
+# run-watcher read them are lost to it (docs/architecture.md, "A run's log and the kubelet"). A
+# file larger than a company's daily container-log budget (34,359,733 bytes by default) holds all
+# of a run's log that kubeclip stores; at the kubelet's default, 10Mi, a loud run lost 70,000 of
+# its 200,000 lines when its follower fell behind under load (tests/isolation noisy_test.go).
+containerLogMaxSize: 128Mi
 podLogsDir: $STATE/pod-logs
 readOnlyPort: 0
 healthzBindAddress: 127.0.0.1

@@ -23,8 +23,10 @@ type Metrics struct {
 	runsInFlight prometheus.Gauge
 	logBytes     prometheus.Counter
 	logLines     prometheus.Counter
-	exec         *execMetrics
-	apiDropped   *prometheus.CounterVec
+	// logGaps is kubeclip_log_gaps_total (LogGap).
+	logGaps    prometheus.Counter
+	exec       *execMetrics
+	apiDropped *prometheus.CounterVec
 	// budgetExceeded is kubeclip_budget_exceeded_total (budget.go).
 	budgetExceeded *prometheus.CounterVec
 	// storeWriteErrors is kubeclip_store_write_errors_total (budget.go).
@@ -93,8 +95,12 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Name: "kubeclip_log_lines_total",
 			Help: "Agent log lines published as log events (first stores only, not duplicates).",
 		}),
+		logGaps: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kubeclip_log_gaps_total",
+			Help: "Gaps the run-watcher found in container logs: the kubelet rotated lines away before they were read (raise the kubelet's containerLogMaxSize).",
+		}),
 	}
-	for _, c := range []prometheus.Collector{m.consumed, m.handlerTime, m.redelivered, m.terminal, m.published, m.publishTime, m.runsInFlight, m.logBytes, m.logLines} {
+	for _, c := range []prometheus.Collector{m.consumed, m.handlerTime, m.redelivered, m.terminal, m.published, m.publishTime, m.runsInFlight, m.logBytes, m.logLines, m.logGaps} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -170,6 +176,9 @@ func (m *Metrics) EventPublished(p events.Publication) {
 // RunsInFlight implements runwatch.Observer: delta is +1 when the watcher starts following a
 // run, -1 when the run has its result or the watcher stops following it.
 func (m *Metrics) RunsInFlight(delta int) { m.runsInFlight.Add(float64(delta)) }
+
+// LogGap implements runwatch.LogGapObserver: a follower found a gap in a container's log.
+func (m *Metrics) LogGap() { m.logGaps.Inc() }
 
 // SubjectPattern replaces the ids in a kubeclip subject with "*": paperclip.lease.*.acquire,
 // paperclip.run.*.*.log, kubeclip.dispatch.*.*. Anything else is "other" (and "" is "none"), so

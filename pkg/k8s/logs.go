@@ -181,6 +181,19 @@ type FollowOptions struct {
 	MinBackoff, MaxBackoff time.Duration
 	// Logger receives one debug record per reconnect. The zero Logger discards.
 	Logger zerolog.Logger
+	// OnGap is told when a stream resuming from a cursor begins after it (LogGap); nil: nobody.
+	OnGap func(LogGap)
+}
+
+// LogGap is what a resumed stream showed: the kubelet no longer serves the last line delivered.
+// The log API serves only a container's newest log file, so the kubelet rotated that line away
+// (or the container restarted), and the lines printed between After and Next that were rotated
+// away with it are lost; there may be none. A stream resuming from a cursor always begins with
+// a line already delivered while the file holds the cursor's last line: SinceTime reaches back
+// before it (sinceTime), and the lines before it in the file were delivered in file order.
+type LogGap struct {
+	// After is the cursor's time: the last line delivered. Next is the first line's time after it.
+	After, Next time.Time
 }
 
 func (o FollowOptions) withDefaults() FollowOptions {
@@ -221,6 +234,7 @@ func FollowLogs(ctx context.Context, cs kubernetes.Interface, ns, pod, container
 		isDone = func(ctx context.Context) (bool, error) { return podContainerDone(ctx, cs, ns, pod, container) }
 	}
 	d := newLogDecoder(from, opts.MaxLineBytes)
+	d.onGap = opts.OnGap
 	read := func(follow bool) error { return d.read(ctx, cs, ns, pod, container, follow, emit) }
 
 	failures := 0
@@ -269,9 +283,10 @@ func FollowLogs(ctx context.Context, cs kubernetes.Interface, ns, pod, container
 // ReadLogs reads a terminated container's log from the cursor once, without following, and
 // returns the cursor after the last line. The run-watcher uses it for the tail of a run whose
 // end it learnt from the pod's status: one request, instead of waiting up to a second for the
-// kubelet to end the follow stream.
-func ReadLogs(ctx context.Context, cs kubernetes.Interface, ns, pod, container string, from Cursor, emit func(Line) error) (Cursor, error) {
+// kubelet to end the follow stream. onGap, if not nil, is told of a gap (FollowOptions.OnGap).
+func ReadLogs(ctx context.Context, cs kubernetes.Interface, ns, pod, container string, from Cursor, emit func(Line) error, onGap func(LogGap)) (Cursor, error) {
 	d := newLogDecoder(from, DefaultMaxLineBytes)
+	d.onGap = onGap
 	err := d.read(ctx, cs, ns, pod, container, false, emit)
 	if emitErr := (*emitError)(nil); errors.As(err, &emitErr) {
 		return d.cur, emitErr.err
@@ -383,6 +398,8 @@ type logDecoder struct {
 	readSize  int
 	delivered int
 	buf       []byte
+	// onGap is told when a stream resuming from a non-zero cursor begins after it.
+	onGap func(LogGap)
 }
 
 func newLogDecoder(from Cursor, maxLine int) *logDecoder {
@@ -398,7 +415,7 @@ func newLogDecoder(from Cursor, maxLine int) *logDecoder {
 // line yields the same pieces and the cursor's count skips the ones already delivered.
 func (d *logDecoder) decode(r io.Reader, final bool, emit func(Line) error) error {
 	br := bufio.NewReaderSize(r, d.readSize)
-	st := decodeState{lastTime: d.cur.Time, skip: d.cur.skipper()}
+	st := decodeState{lastTime: d.cur.Time, skip: d.cur.skipper(), resumed: !d.cur.Time.IsZero()}
 	for {
 		frag, err := br.ReadSlice('\n')
 		complete := err == nil
@@ -442,6 +459,9 @@ type decodeState struct {
 	inLine bool
 	raw    string
 	ts     time.Time
+	// resumed: the stream started from a non-zero cursor, and its first piece is not looked at
+	// yet (LogGap).
+	resumed bool
 }
 
 // flush emits what d.buf holds of the current line: everything when the line is complete, else
@@ -474,9 +494,17 @@ func (d *logDecoder) flush(st *decodeState, complete bool, emit func(Line) error
 	return err
 }
 
-// deliver emits one piece unless the cursor says it was delivered already.
+// deliver emits one piece unless the cursor says it was delivered already. The first piece of a
+// resumed stream that was not delivered before is a LogGap.
 func (d *logDecoder) deliver(st *decodeState, text string, emit func(Line) error) error {
-	if st.skip.delivered(st.ts, text) {
+	replayed := st.skip.delivered(st.ts, text)
+	if st.resumed {
+		st.resumed = false
+		if !replayed && d.onGap != nil {
+			d.onGap(LogGap{After: d.cur.Time, Next: st.ts})
+		}
+	}
+	if replayed {
 		return nil
 	}
 	// The cursor moves only past lines emit accepted, so resuming after an emit error retries

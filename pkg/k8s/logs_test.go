@@ -404,3 +404,44 @@ func BenchmarkLogDecoder(b *testing.B) {
 		}
 	}
 }
+
+// TestLogGap: a stream resuming from a cursor whose last line the kubelet no longer serves (its
+// log rotated away) is a gap, told once with the cursor's time and the first new line's; a stream
+// that begins with lines already delivered, or the first stream of a log, is not.
+func TestLogGap(t *testing.T) {
+	lines := []string{kl(at(1, 0), "a"), kl(at(2, 0), "b"), kl(at(5, 0), "c"), kl(at(6, 0), "d")}
+	cur := cursorOf(lines[:2]...)
+	tests := []struct {
+		name string
+		from Cursor
+		data string
+		want []LogGap
+		emit []string
+	}{
+		{"the file still holds the cursor's line", cur, replay(cur, lines...), nil, []string{"c", "d"}},
+		{"rotated past the cursor", cur, lines[2] + lines[3], []LogGap{{After: at(2, 0), Next: at(5, 0)}}, []string{"c", "d"}},
+		{"rotated, only the tail left", cur, lines[3], []LogGap{{After: at(2, 0), Next: at(6, 0)}}, []string{"d"}},
+		{"the first stream of a log", Cursor{}, lines[2] + lines[3], nil, []string{"c", "d"}},
+		{"nothing new", cur, replay(cur, lines[:2]...), nil, nil},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			dec := newLogDecoder(tc.from, DefaultMaxLineBytes)
+			var gaps []LogGap
+			dec.onGap = func(g LogGap) { gaps = append(gaps, g) }
+			var got []string
+			if err := dec.decode(strings.NewReader(tc.data), true, func(l Line) error {
+				got = append(got, l.Text)
+				return nil
+			}); err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(tc.want, gaps); diff != "" {
+				t.Errorf("gaps (-want +got):\n%s", diff)
+			}
+			if diff := cmp.Diff(tc.emit, got); diff != "" {
+				t.Errorf("lines (-want +got):\n%s", diff)
+			}
+		})
+	}
+}

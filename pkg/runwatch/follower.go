@@ -32,23 +32,32 @@ type followTarget struct {
 
 // startFollower follows target's log from the journal's cursor into the journal until the
 // container ends, ctx ends or stop is called; done is called when it has returned (the tracker
-// looks at the run again then).
-func startFollower(ctx context.Context, target followTarget, j *journal, log zerolog.Logger, done func()) *follower {
+// looks at the run again then). A gap in the log (k8s.LogGap) is logged and told to obs, if it
+// is a LogGapObserver.
+func startFollower(ctx context.Context, target followTarget, j *journal, log zerolog.Logger, obs Observer, done func()) *follower {
 	fctx, cancel := context.WithCancel(ctx)
 	f := &follower{cancel: cancel, doneCh: make(chan struct{})}
 	// Lines are added with the run's context, not the follow stream's: a chunk the flush timer
 	// publishes outlives the stream it was read from.
 	add := func(line k8s.Line) error { return j.add(ctx, line) }
+	gapObs, _ := obs.(LogGapObserver)
+	gap := func(g k8s.LogGap) {
+		log.Warn().Time("after", g.After).Time("next", g.Next).
+			Msg("the kubelet no longer serves the last log line read: lines printed between after and next may be lost (its log rotated before they were read; raise the kubelet's containerLogMaxSize)")
+		if gapObs != nil {
+			gapObs.LogGap()
+		}
+	}
 	go func() {
 		// Deferred calls run last first: the follower is finished (doneCh closed) before done
 		// pokes the tracker, so a tracker that looks at once sees it finished.
 		defer done()
 		defer close(f.doneCh)
-		cur, err := k8s.FollowLogs(fctx, target.clientset, target.namespace, target.pod, target.container, j.cursor(), add, k8s.FollowOptions{Logger: log})
+		cur, err := k8s.FollowLogs(fctx, target.clientset, target.namespace, target.pod, target.container, j.cursor(), add, k8s.FollowOptions{Logger: log, OnGap: gap})
 		if errors.Is(err, context.Canceled) && ctx.Err() == nil && f.stopRequested() {
 			// The run is over and the follow stream was cut short rather than waiting for the
 			// kubelet to notice the exit: read the tail once, without following.
-			_, err = k8s.ReadLogs(ctx, target.clientset, target.namespace, target.pod, target.container, cur, add)
+			_, err = k8s.ReadLogs(ctx, target.clientset, target.namespace, target.pod, target.container, cur, add, gap)
 		}
 		f.mu.Lock()
 		f.lastErr = err

@@ -54,6 +54,12 @@ type BudgetObserver interface {
 	BudgetExceeded(source string, kind events.BudgetKind)
 }
 
+// LogGapObserver is told each gap a follower found in a container's log (k8s.LogGap: lines the
+// kubelet rotated away before they were read); the run-watcher's metrics implement it.
+type LogGapObserver interface {
+	LogGap()
+}
+
 // StoreObserver is told every write to a shared bucket that failed and was let through (fail
 // open: events.StoreFailures); the run-watcher's metrics implement it.
 type StoreObserver interface {

@@ -397,7 +397,7 @@ func (t *tracker) startFollowing(ctx context.Context, pod *corev1.Pod) error {
 		return err
 	}
 	target := followTarget{clientset: t.d.opts.Clientset, namespace: t.namespace, pod: pod.Name, container: container}
-	t.follow = startFollower(ctx, target, t.journal, t.log, t.poke)
+	t.follow = startFollower(ctx, target, t.journal, t.log, t.d.opts.Observer, t.poke)
 	return nil
 }
 

@@ -33,11 +33,13 @@ const (
 	// noisyLines is what A's loud run prints, noisyBurst lines a write every noisyInterval:
 	// about 240 bytes each in the run stream (the line, its timestamp, the log event's share of
 	// the envelope), some 48 MB in ten seconds, past the company's daily container-log budget
-	// (companyBudget, 34,359,733 bytes) in about seven. Paced, not all at once: the kubelet
-	// rotates a container log past 10 MiB (containerLogMaxSize) on a 10-second tick and its log
-	// API serves only the newest file, so lines rotated away before the run-watcher's first
-	// request are lost to it (39 MB printed in 1.3 s lost the head of the log in 4 runs of 40).
-	// At this pace the follower is attached well before the first 10 MiB.
+	// (companyBudget, 34,359,733 bytes) in about seven. The kubelet's log API serves only a
+	// container's newest log file, so what it rotates away before the run-watcher reads it is
+	// lost (docs/architecture.md, "A run's log and the kubelet"); the local cluster's
+	// containerLogMaxSize (128Mi) holds this whole run. At the kubelet's default (10Mi) the run
+	// lost its head when printed all at once (39 MB in 1.3 s: 4 runs of 40) and its tail when
+	// paced like this beside A's flood and the tests/paperclip suite (129,229 of 200,000 lines
+	// stored, no logStopped).
 	noisyLines    = 200000
 	noisyBurst    = 1000
 	noisyInterval = 50 * time.Millisecond

@@ -109,6 +109,13 @@ func TestAlertsFireWhenTheyShould(t *testing.T) {
 			{`kubeclip_store_write_errors_total{bucket="KUBECLIP_BUDGETS",` + watcher + `}`, func(m int) float64 { return float64(min(m, 1)) }},
 		}, 30 * time.Minute, false},
 
+		{"KubeclipLogLinesLost", []series{
+			{`kubeclip_log_gaps_total{` + watcher + `}`, func(m int) float64 { return float64(min(max(m-20, 0), 1)) }},
+		}, 30 * time.Minute, true},
+		{"KubeclipLogLinesLost", []series{ // one gap, over an hour ago
+			{`kubeclip_log_gaps_total{` + watcher + `}`, func(m int) float64 { return float64(min(m, 1)) }},
+		}, 90 * time.Minute, false},
+
 		{"KubeclipKubernetesAPIErrors", []series{
 			{`kubeclip_kubernetes_requests_total{method="GET",code="200",` + dispatcher + `}`, ramp(0, 80)},
 			{`kubeclip_kubernetes_requests_total{method="POST",code="500",` + dispatcher + `}`, ramp(0, 20)},
