@@ -5,6 +5,7 @@
 #   docker build --target dispatcher    -t kubeclip/dispatcher:dev .
 #   docker build --target run-watcher   -t kubeclip/run-watcher:dev .
 #   docker build --target exec-worker   -t kubeclip/exec-worker:dev .
+#   docker build --target credential-broker -t kubeclip/credential-broker:dev .
 #   docker build --target kubeclip      -t kubeclip/kubeclip:dev .
 #   docker build --target sandboxd      -t kubeclip/sandboxd:dev .   # copied into exec-capable pods
 #   docker build --target nats          -t kubeclip/nats:dev .   # nats-server from go.mod's version
@@ -20,7 +21,7 @@ RUN --mount=type=cache,target=/root/go/pkg/mod go mod download
 COPY . .
 RUN --mount=type=cache,target=/root/go/pkg/mod --mount=type=cache,target=/root/.cache/go-build \
     CGO_ENABLED=0 go build -trimpath -ldflags='-s -w' -o /out/ \
-      ./cmd/tenant-worker ./cmd/dispatcher ./cmd/run-watcher ./cmd/exec-worker ./cmd/kubeclip ./cmd/sandboxd \
+      ./cmd/tenant-worker ./cmd/dispatcher ./cmd/run-watcher ./cmd/exec-worker ./cmd/credential-broker ./cmd/kubeclip ./cmd/sandboxd \
       github.com/nats-io/nats-server/v2 && \
     mkdir -p /out/data
 
@@ -43,6 +44,10 @@ ENTRYPOINT ["/usr/local/bin/run-watcher"]
 FROM base AS exec-worker
 COPY --from=build /out/exec-worker /usr/local/bin/exec-worker
 ENTRYPOINT ["/usr/local/bin/exec-worker"]
+
+FROM base AS credential-broker
+COPY --from=build /out/credential-broker /usr/local/bin/credential-broker
+ENTRYPOINT ["/usr/local/bin/credential-broker"]
 
 FROM base AS kubeclip
 COPY --from=build /out/kubeclip /usr/local/bin/kubeclip

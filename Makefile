@@ -102,8 +102,9 @@ undeploy-dev:
 	kubectl delete --ignore-not-found -k deploy/kustomize/overlays/dev
 
 # compose-up: the local stack (docker-compose.yaml) against KUBECLIP_COMPOSE_KUBECONFIG, with
-# images loaded into Docker from local builds, and random NATS passwords and sandbox key made
-# once into $(COMPOSE_SECRETS) (hack/compose/secrets.sh; never committed: bin/ is ignored).
+# images loaded into Docker from local builds, and random NATS passwords, sandbox key and the
+# credential broker's CA and sealing key made once into $(COMPOSE_SECRETS) (hack/compose/secrets.sh;
+# never committed: bin/ is ignored).
 # `docker compose` (v2) where the Docker CLI has it, else docker-compose (v1, Debian's).
 COMPOSE_SECRETS := $(BIN)/compose
 COMPOSE          = $(shell docker compose version >/dev/null 2>&1 && echo docker compose || echo docker-compose) --env-file $(COMPOSE_SECRETS)/secrets.env

@@ -26,7 +26,7 @@ import (
 
 const (
 	component = "credential-broker"
-	summary   = "credential-broker swaps the placeholders in brokered pods' model API calls for the real keys, at the bound hosts only, and meters what each call spent."
+	summary   = "credential-broker swaps the placeholders in brokered pods' model API calls for the real keys, at the bound hosts only, and meters what each call spent.\n`credential-broker ca --help`: making the installation CA it reads."
 )
 
 func main() { os.Exit(app.Main(component, run)) }
@@ -43,6 +43,9 @@ type settings struct {
 }
 
 func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout, stderr io.Writer) error {
+	if len(args) > 0 && args[0] == "ca" {
+		return runCA(args[1:], lookupEnv, stdout, stderr)
+	}
 	var s settings
 	fs := config.New(component, lookupEnv)
 	s.Common.Bind(fs)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# secrets.sh: creates kubeclip's three per-installation Secrets with random values, each only when
+# secrets.sh: creates kubeclip's four per-installation Secrets with random values, each only when
 # it is missing (an existing value is never changed: rotating a key is the operator's decision).
 # A NATS user added since the Secret was made (status) gets its key added, since nats-server does
 # not start without every user's password.
@@ -15,13 +15,23 @@
 #                          for the StatefulSet's names in NAMESPACE), read by the production
 #                          overlay's nats-server; the CA's key is not kept. One missing a key is
 #                          refused: delete it and run this again (docs/natscluster.md, rotation)
+#   kubeclip-broker        keys ca.crt, ca.key: the installation CA, name-constrained to the bound
+#                          hosts (made by `credential-broker ca`, kubeclip's own code: the built-in
+#                          bindings' hosts, or those of the file KUBECLIP_BROKER_BINDINGS names);
+#                          sealing.key: 32 random bytes the grants' values are sealed with. Read by
+#                          the credential broker. One missing a key is refused, as above: a new CA
+#                          means every brokered pod must trust it, a new sealing key loses every
+#                          grant
 #
 # The values go through files in a private temporary directory, never on a command line or to
 # the output. Paperclip's, the CLI's and the status user's passwords are read back with
 #   kubectl -n NAMESPACE get secret kubeclip-nats-users -o jsonpath='{.data.paperclip}' | base64 -d
-# Environment: KUBECTL (default kubectl), KUBECONFIG. Needs openssl for the route certificate.
+# Environment: KUBECTL (default kubectl), KUBECONFIG; KUBECLIP_CREDENTIAL_BROKER, a credential-broker
+# binary to make the CA with (default: built here from this checkout with go). Needs openssl for
+# the route certificate.
 set -Eeuo pipefail
 
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 NS=${1:-kubeclip}
 KUBECTL=${KUBECTL:-kubectl}
 
@@ -93,4 +103,30 @@ else
   bash "$(dirname "${BASH_SOURCE[0]}")/route-tls.sh" "$dir/routes" "${route_names[@]}"
   "$KUBECTL" -n "$NS" create secret generic kubeclip-nats-routes --from-file="$dir/routes" >/dev/null
   log "created kubeclip-nats-routes in $NS (a new route CA and certificate for ${route_names[*]})"
+fi
+
+# The broker's CA and sealing key go together, like the route CA and its certificate.
+broker_keys=(ca.crt ca.key sealing.key)
+if exists kubeclip-broker; then
+  have=$("$KUBECTL" -n "$NS" get secret kubeclip-broker -o go-template='{{range $k, $v := .data}}{{$k}} {{end}}')
+  for key in "${broker_keys[@]}"; do
+    if [[ " $have " != *" $key "* ]]; then
+      log "kubeclip-broker in $NS has no $key: delete it and run this again for a new CA and sealing key"
+      exit 1
+    fi
+  done
+  log "kubeclip-broker exists in $NS: kept"
+else
+  broker=${KUBECLIP_CREDENTIAL_BROKER:-}
+  if [[ -z $broker ]]; then
+    (cd "$ROOT" && go build -o "$dir/credential-broker" ./cmd/credential-broker)
+    broker=$dir/credential-broker
+  fi
+  mkdir "$dir/broker"
+  # The CA by kubeclip's own code (pkg/broker/ca), so its name constraints are the ones the
+  # broker checks at start; it prints the hosts and never the key.
+  "$broker" ca --out-cert "$dir/broker/ca.crt" --out-key "$dir/broker/ca.key"
+  head -c 32 /dev/urandom >"$dir/broker/sealing.key"
+  "$KUBECTL" -n "$NS" create secret generic kubeclip-broker --from-file="$dir/broker" >/dev/null
+  log "created kubeclip-broker in $NS (a new installation CA and a random 32-byte sealing key)"
 fi

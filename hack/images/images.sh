@@ -9,6 +9,8 @@
 #
 # Images (all: static binary, no shell, uid/gid 65532, CA bundle of the build host):
 #   $REPO/tenant-worker:$TAG  $REPO/dispatcher:$TAG  $REPO/run-watcher:$TAG  $REPO/exec-worker:$TAG
+#   $REPO/credential-broker:$TAG  swaps brokered pods' placeholders for the real keys (issue 27);
+#                             also `credential-broker ca`, which makes its installation CA
 #   $REPO/kubeclip:$TAG       the CLI
 #   $REPO/sandboxd:$TAG       the exec daemon; exec-capable pods' init container copies it out
 #   $REPO/nats:$TAG           nats-server built from the github.com/nats-io/nats-server/v2 module
@@ -26,7 +28,7 @@ OUT=${KUBECLIP_IMAGES_DIR:-$ROOT/bin/images}
 STATE=${KUBECLIP_CLUSTER_DIR:-/var/lib/kubeclip/cluster}
 # The non-root user every image runs as (distroless' "nonroot"); the manifests use the same.
 UID_GID=65532:65532
-WORKERS=(tenant-worker dispatcher run-watcher exec-worker kubeclip sandboxd)
+WORKERS=(tenant-worker dispatcher run-watcher exec-worker credential-broker kubeclip sandboxd)
 CA_BUNDLE=/etc/ssl/certs/ca-certificates.crt
 
 log() { printf '%s [images] %s\n' "$(date +%T)" "$*" >&2; }

@@ -1,8 +1,10 @@
 // Package compose_test brings up docker-compose.yaml (NATS with JetStream and kubeclip's users,
-// the four workers, images built here from Go sources and loaded into Docker, random secrets
-// from hack/compose/secrets.sh) against the local cluster, and runs one lease and one exec end
-// to end through it, as Paperclip's NATS user. The exec-worker takes compose's default route,
-// the Kubernetes exec API: containers outside a cluster rarely reach its pod IPs.
+// the four workers and the credential broker, images built here from Go sources and loaded into
+// Docker, random secrets from hack/compose/secrets.sh) against the local cluster, and runs one
+// lease and one exec end to end through it, as Paperclip's NATS user. The exec-worker takes
+// compose's default route, the Kubernetes exec API: containers outside a cluster rarely reach
+// its pod IPs. The credential broker (no lease here uses it yet) is checked on its own: its
+// secrets, its NATS user, a mint and its proxy's refusals (broker_test.go).
 //
 // It needs a Docker engine and Compose: internal/dockertest runs hack/docker/docker.sh, which
 // installs Debian's docker.io and docker-compose when they are missing and starts dockerd (with
@@ -40,17 +42,20 @@ func TestComposeStackRunsALease(t *testing.T) {
 	dockertest.Start(t)            // the engine, with the images built here loaded
 	// The workers run as uid 65532 and read the kubeconfig from a bind mount.
 	kubeconfig := dockertest.Kubeconfig(t)
-	// The NATS passwords and the sandbox key, as `make compose-up` makes them.
+	// The NATS passwords, the sandbox key and the broker's CA and sealing key, as `make
+	// compose-up` makes them.
 	secretsDir := t.TempDir()
-	sh(t, "bash", filepath.Join(root, "hack/compose/secrets.sh"), secretsDir)
+	printed := runSecrets(t, secretsDir)
 	envFile := filepath.Join(secretsDir, "secrets.env")
 	secrets := readEnvFile(t, envFile)
+	checkComposeSecrets(t, secretsDir, printed)
 
 	project := "kubeclip-test-" + strings.ToLower(leasetest.NewID("")[1:])[20:]
 	compose := composeCommand(t)
 	env := append(os.Environ(),
 		"KUBECLIP_COMPOSE_KUBECONFIG="+kubeconfig,
 		"KUBECLIP_NATS_PORT=127.0.0.1:", // any free port on the loopback
+		"KUBECLIP_BROKER_PORT=127.0.0.1:",
 		"KUBECLIP_LOG_LEVEL=debug",
 	)
 	run := func(args ...string) string {
@@ -76,14 +81,21 @@ func TestComposeStackRunsALease(t *testing.T) {
 	// NATS from this host through the published port; the workers' readiness on their own IPs.
 	port := strings.TrimSpace(run("port", "nats", "4222"))
 	workers := map[string]string{}
-	for _, w := range []string{"tenant-worker", "dispatcher", "run-watcher", "exec-worker"} {
+	for _, w := range []string{"tenant-worker", "dispatcher", "run-watcher", "exec-worker", "credential-broker"} {
 		id := strings.TrimSpace(run("ps", "-q", w))
 		workers[w] = strings.TrimSpace(sh(t, "docker", "inspect", "-f", "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}", id))
 	}
+	natsIP := strings.TrimSpace(sh(t, "docker", "inspect", "-f", "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}", strings.TrimSpace(run("ps", "-q", "nats"))))
 	for w, ip := range workers {
 		want := "ok nats\nok kubernetes\nok permissions\n"
-		if w == "exec-worker" {
+		switch w {
+		case "exec-worker":
 			want += "ok exec\n"
+		case "credential-broker":
+			// NATS only (no Kubernetes client): its user's permissions held, its grant cache
+			// loaded (it started, so it read the CA and the sealing key of secrets.sh's
+			// DIR/broker through the read-only mount).
+			want = "ok nats\nok permissions\nok grants\n"
 		}
 		eventually(t, 2*time.Minute, w+" ready", func() error {
 			body, err := get(fmt.Sprintf("http://%s:8080/readyz", ip))
@@ -96,6 +108,9 @@ func TestComposeStackRunsALease(t *testing.T) {
 			return nil
 		})
 	}
+
+	// The broker on its own NATS user (the workers' may not read grants).
+	checkBrokerNATSUser(t, natsIP, workers["credential-broker"])
 
 	// NATS users are on: nobody gets in without credentials.
 	if nc, err := nats.Connect("nats://"+port, nats.NoReconnect()); !errors.Is(err, nats.ErrAuthorization) {
@@ -113,6 +128,8 @@ func TestComposeStackRunsALease(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	checkBrokerServes(t, nc, secrets["KUBECLIP_COMPOSE_BROKER_DIR"], strings.TrimSpace(run("port", "credential-broker", "8443")), workers["credential-broker"])
+
 	res := leasetest.Run(t, js, cs)
 	t.Logf("lease %s through the compose stack: %d log events, result %s, released %s",
 		res.Created.ProviderLeaseID, len(res.Logs), res.Result.Outcome, res.Released.State)
@@ -135,7 +152,7 @@ func readEnvFile(t *testing.T, path string) map[string]string {
 			out[k] = v
 		}
 	}
-	for _, k := range []string{"KUBECLIP_NATS_PASSWORD_WORKERS", "KUBECLIP_NATS_PASSWORD_EXEC_WORKER", "KUBECLIP_NATS_PASSWORD_BROKER", "KUBECLIP_NATS_PASSWORD_PAPERCLIP", "KUBECLIP_NATS_PASSWORD_CLI", "KUBECLIP_NATS_PASSWORD_STATUS", "KUBECLIP_COMPOSE_SANDBOX_KEY"} {
+	for _, k := range []string{"KUBECLIP_NATS_PASSWORD_WORKERS", "KUBECLIP_NATS_PASSWORD_EXEC_WORKER", "KUBECLIP_NATS_PASSWORD_BROKER", "KUBECLIP_NATS_PASSWORD_PAPERCLIP", "KUBECLIP_NATS_PASSWORD_CLI", "KUBECLIP_NATS_PASSWORD_STATUS", "KUBECLIP_COMPOSE_SANDBOX_KEY", "KUBECLIP_COMPOSE_BROKER_DIR"} {
 		if out[k] == "" {
 			t.Fatalf("%s sets no %s", path, k)
 		}

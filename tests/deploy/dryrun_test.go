@@ -21,12 +21,14 @@ func TestProductionOverlayPassesServerSideDryRun(t *testing.T) {
 	}
 	want := map[string]int{
 		// Per worker a Deployment, a ServiceAccount, a cluster-wide ClusterRole (and binding), and
-		// a ClusterRole the tenant-worker binds in each tenant (none for the tenant-worker itself).
+		// a ClusterRole the tenant-worker binds in each tenant (none for the tenant-worker itself);
+		// the credential broker has a Deployment, a ServiceAccount, a Service, a NetworkPolicy and
+		// no RBAC.
 		// No Secret: those are the operator's, per installation. Four admission policies, each
 		// with its binding: workers write only in tenants, tenant namespaces, tenant
 		// RoleBindings, tenant pods.
-		"Namespace": 1, "ServiceAccount": 4, "ClusterRole": 7, "ClusterRoleBinding": 4, "ConfigMap": 3,
-		"Service": 2, "Deployment": 4, "StatefulSet": 1, "PodDisruptionBudget": 5, "NetworkPolicy": 1, "Secret": 0,
+		"Namespace": 1, "ServiceAccount": 5, "ClusterRole": 7, "ClusterRoleBinding": 4, "ConfigMap": 3,
+		"Service": 3, "Deployment": 5, "StatefulSet": 1, "PodDisruptionBudget": 6, "NetworkPolicy": 2, "Secret": 0, "RoleBinding": 0,
 		"ValidatingAdmissionPolicy": 4, "ValidatingAdmissionPolicyBinding": 4,
 	}
 	for k, n := range want {

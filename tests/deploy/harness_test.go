@@ -429,5 +429,15 @@ func installSecrets(t *testing.T, c *cluster, ns string) map[string]string {
 	if k := string(key.Data["key"]); len(k) != 64 || strings.Contains(string(out), k) {
 		t.Fatalf("the sandbox key holds %d hex digits or was printed, want 64, kept secret", len(k))
 	}
+	b, err := c.cs.CoreV1().Secrets(ns).Get(t.Context(), "kubeclip-broker", metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("reading the broker's Secret: %v", err)
+	}
+	if k := b.Data["sealing.key"]; len(k) != 32 {
+		t.Fatalf("the broker's sealing key is %d bytes, want 32", len(k))
+	}
+	if k := b.Data["ca.key"]; len(k) == 0 || strings.Contains(string(out), "PRIVATE KEY") || strings.Contains(string(out), string(k)) {
+		t.Fatalf("the broker's CA key is %d bytes or was printed, want one, kept secret", len(k))
+	}
 	return passwords
 }

@@ -137,6 +137,17 @@ func TestRBACAllowsWhatTheCodeDoesAndNothingElse(t *testing.T) {
 				{"create", "batch", "jobs", "", tenantNS, ""},
 			},
 		},
+		{
+			// Issue 27: NATS only. internal/app lists no Kubernetes access for it, so all it is
+			// asked about is denied: not even its own Secret through the API.
+			worker: "credential-broker",
+			denied: []access{
+				{"get", "", "secrets", "", ns, "kubeclip-broker"}, {"list", "", "secrets", "", ns, ""},
+				{"get", "", "secrets", "", tenantNS, ""}, {"list", "", "pods", "", "", ""},
+				{"get", "", "pods", "", tenantNS, ""}, {"create", "", "pods", "exec", tenantNS, ""},
+				{"list", "", "namespaces", "", "", ""}, {"create", "", "serviceaccounts", "token", ns, "credential-broker"},
+			},
+		},
 	}
 	for _, tc := range tests {
 		t.Run(tc.worker, func(t *testing.T) {

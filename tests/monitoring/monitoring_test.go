@@ -141,7 +141,7 @@ func TestDashboardConfigMapIsTheFile(t *testing.T) {
 	}
 }
 
-// TestPodMonitorScrapesEveryWorker: the PodMonitor's selector matches the pods of all four
+// TestPodMonitorScrapesEveryWorker: the PodMonitor's selector matches the pods of all five
 // worker Deployments, each of which names the port it scrapes, and it sets the job and worker
 // labels the rules and panels select on.
 func TestPodMonitorScrapesEveryWorker(t *testing.T) {
@@ -191,7 +191,7 @@ func TestPodMonitorScrapesEveryWorker(t *testing.T) {
 		scraped = append(scraped, o.GetName())
 	}
 	slices.Sort(scraped)
-	if want := []string{"dispatcher", "exec-worker", "run-watcher", "tenant-worker"}; !slices.Equal(scraped, want) {
+	if want := []string{"credential-broker", "dispatcher", "exec-worker", "run-watcher", "tenant-worker"}; !slices.Equal(scraped, want) {
 		t.Errorf("the PodMonitor selects the pods of %v, want %v", scraped, want)
 	}
 }
