@@ -1,18 +1,21 @@
 package execsvc_test
 
 import (
+	"bytes"
 	"crypto/rand"
 	"encoding/base64"
 	"errors"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/kubeclip/kubeclip/pkg/broker"
 	"github.com/kubeclip/kubeclip/pkg/execclient"
 	"github.com/kubeclip/kubeclip/pkg/execproto"
 	"github.com/kubeclip/kubeclip/pkg/execsvc"
+	"github.com/rs/zerolog"
 )
 
 // placeholderText is a well-formed placeholder (the broker's shape, random parts): the
@@ -38,7 +41,12 @@ func TestBrokeredKeys(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := newEnvTuned(t, 1, func(o *execsvc.Options) { o.BrokeredKeys = keys })
+	// Everything the worker logs, at every level, is kept to show the value is never in it.
+	logs := &lockedBuffer{}
+	e := newEnvTuned(t, 1, func(o *execsvc.Options) {
+		o.BrokeredKeys = keys
+		o.Logger = zerolog.New(zerolog.MultiLevelWriter(zerolog.NewTestWriter(t), logs)).Level(zerolog.TraceLevel)
+	})
 	off := newEnv(t, 1)
 	const realValue = "sk-ant-real-value-0123456789"
 	ph := placeholderText(t)
@@ -87,4 +95,28 @@ func TestBrokeredKeys(t *testing.T) {
 			}
 		})
 	}
+	// Only the worker that refuses is watched: "off" ran the real value in its command's env.
+	n := strings.Count(logs.String(), realValue)
+	t.Logf("log bytes=%d realValueInLog=%d", len(logs.String()), n)
+	if n != 0 {
+		t.Errorf("the exec-worker logged the real value %d times", n)
+	}
+}
+
+// lockedBuffer is an io.Writer safe for the replica's goroutines.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }

@@ -91,6 +91,10 @@ func (s *Service) start(ctx context.Context, r *request) {
 		return
 	}
 	r.log = r.log.With().Str(logKeyExecID, req.ExecID).Str(logKeyCommand, execproto.CommandName(req.Command)).Logger()
+	// The environment is screened in two steps, in this order, before anything reaches
+	// sandboxd: a brokered key's real value is refused (it crossed NATS already; refusing tells
+	// the client, where dropping would hide it), then filterEnv drops what the policy keeps
+	// from pods.
 	if err := s.opts.BrokeredKeys.Check(req.Env); err != nil {
 		s.refuse(r, err)
 		return
@@ -318,11 +322,6 @@ func (r *request) asProtocolError(err error) *execproto.Error {
 	r.log.Warn().Err(err).Msg("exec request failed")
 	return execproto.NewError(execproto.CodeUnavailable, "", "the exec-worker could not serve the request; try again")
 }
-
-// The start's environment is screened in two steps, in this order, before anything reaches
-// sandboxd: BrokeredKeys.Check refuses a brokered key's real value (it crossed NATS already;
-// refusing tells the client, where dropping would hide it), then filterEnv drops what the
-// policy keeps from pods.
 
 // filterEnv drops the start's environment keys the policy keeps from pods, before anything
 // reaches sandboxd. Only the keys' names are logged, and their count measured.
