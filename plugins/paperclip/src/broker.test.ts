@@ -2,9 +2,9 @@ import assert from "node:assert/strict";
 import { randomBytes } from "node:crypto";
 import { after, before, beforeEach, describe, it } from "node:test";
 import type { PluginEnvironmentLease } from "@paperclipai/plugin-sdk";
-import type { Subscription } from "@nats-io/transport-node";
+import { connect, type Subscription } from "@nats-io/transport-node";
 import { harnessed, startEnv, type Env, type Harnessed } from "../test/support/harness.js";
-import { isPlaceholder } from "./broker.js";
+import { BROKERED_LEASES_PER_COMPANY, Placeholders, isPlaceholder } from "./broker.js";
 
 // The plugin against a real nats-server (the fake kubeclip and exec replica of the other suites)
 // and a tiny mint responder standing in for cmd/credential-broker: it answers
@@ -31,6 +31,7 @@ describe("brokered keys", () => {
   let tap: { subject: string; data: string }[];
   let mints: Mint[];
   let mintSub: Subscription | undefined;
+  let tapSub: Subscription | undefined;
   /** What the responder answers; default: a placeholder, the same for a lease's key. */
   let answer: (req: Mint) => Record<string, unknown>;
   const issued = new Map<string, string>();
@@ -58,13 +59,16 @@ describe("brokered keys", () => {
   before(async () => {
     env = await startEnv();
     h = await harnessed({ exec: { silenceMs: 500, graceMs: 2_000 }, mintTimeoutMs: 1_000 }, { natsUrl: env.server.url, brokeredKeys: ["ANTHROPIC_API_KEY", "OPENAI_API_KEY"] });
-    env.nc.subscribe(">", {
+    startTap();
+    await env.nc.flush();
+  });
+  const startTap = (): void => {
+    tapSub = env.nc.subscribe(">", {
       callback: (_err, m) => {
         tap.push({ subject: m.subject, data: new TextDecoder().decode(m.data) });
       },
     });
-    await env.nc.flush();
-  });
+  };
   after(async () => {
     await h.shutdown();
     await env.close();
@@ -194,6 +198,73 @@ describe("brokered keys", () => {
       assert.equal(mints.length, 0);
     } finally {
       await off.shutdown();
+    }
+  });
+
+  it("bounds a company's cached leases, keeps a lease's latest run, forgets a lease, and says at once when nobody serves the mint subject", async () => {
+    const nc = await connect({ servers: env.server.url, inboxPrefix: "_INBOX_paperclip" });
+    try {
+      const p = new Placeholders(2, 1_000);
+      const runs = new Map<string, string>();
+      const ref = (lease: string, companyId = C) => {
+        let runId = runs.get(lease);
+        if (!runId) runs.set(lease, (runId = newRun()));
+        return { companyId, runId, providerLeaseId: lease };
+      };
+      const mint = (lease: string, value = ANTHROPIC, companyId = C) => p.replace(nc, "paperclip", ["ANTHROPIC_API_KEY"], ref(lease, companyId), { ANTHROPIC_API_KEY: value });
+      const sent = (): number => p.mints;
+      await mint("l1");
+      await mint("l2");
+      await mint("l1"); // l1 used last: l2 is now the least recently used
+      assert.equal(sent(), 2, "a cached lease's key mints once");
+      await mint("l3"); // a third lease: l2 is forgotten, l1 kept
+      assert.equal(p.leases(C), 2, "at most 2 leases of one company");
+      await mint("l1");
+      assert.equal(sent(), 3, "the lease used most recently stayed cached");
+      await mint("l2");
+      assert.equal(sent(), 4, "the least recently used lease was forgotten");
+      const other = "0b7e4f2a-1c3d-4e5f-8a9b-0c1d2e3f4a5b";
+      await mint("l1", ANTHROPIC, other);
+      assert.equal(sent(), 5, "the same lease id of another company is its own");
+      assert.equal(p.leases(C), 2, "another company's leases take none of this one's places");
+      assert.equal(p.leases(other), 1);
+      // A reusable lease's next run mints again, and the earlier run's placeholder goes.
+      runs.set("l1", newRun());
+      await mint("l1");
+      assert.equal(sent(), 6, "a lease's next run mints again");
+      assert.equal(p.cached(C, "l1"), 1, "one placeholder per key, whatever runs the lease served");
+      p.forget(C, "l1");
+      assert.equal(p.leases(C), 1);
+      assert.equal(p.cached(C, "l1"), 0, "a forgotten lease keeps nothing");
+      await mint("l1");
+      assert.equal(sent(), 7, "a forgotten lease mints afresh");
+      // Two brokered keys holding one value each get their own placeholder; another key holding
+      // that value (an alias) gets the first's, never the value.
+      const two = await p.replace(nc, "paperclip", ["ANTHROPIC_API_KEY", "OPENAI_API_KEY"], ref("l4"), { ANTHROPIC_API_KEY: OPENAI, OPENAI_API_KEY: OPENAI, MY_KEY: OPENAI, HOME: "/workspace" });
+      assert.ok(isPlaceholder(two.ANTHROPIC_API_KEY ?? "") && isPlaceholder(two.OPENAI_API_KEY ?? "") && two.ANTHROPIC_API_KEY !== two.OPENAI_API_KEY);
+      assert.equal(two.MY_KEY, two.ANTHROPIC_API_KEY, "the alias carries a placeholder");
+      assert.equal(two.HOME, "/workspace");
+      assert.ok(!JSON.stringify(two).includes(OPENAI));
+      assert.equal(BROKERED_LEASES_PER_COMPANY, 1_000, "the bound the README states");
+      // No subscriber at all (the tap and the responder gone): NATS says no responders at once.
+      tapSub?.unsubscribe();
+      mintSub?.unsubscribe();
+      mintSub = undefined;
+      await env.nc.flush();
+      const t0 = Date.now();
+      await assert.rejects(mint("l9"), (err: Error) => {
+        assert.match(err.message, /^env\.ANTHROPIC_API_KEY: .*no broker answers \(it is down or not deployed\)/);
+        assert.ok(!err.message.includes(ANTHROPIC));
+        return true;
+      });
+      const ms = Date.now() - t0;
+      assert.ok(ms < 1_000, `no responders answered in ${ms} ms, before the 1000 ms timeout`);
+      assert.equal(p.cached(C, "l9"), 0, "a failed mint is not cached");
+      console.log(`placeholders: mints=${sent()} leasesCached=${p.leases(C)} bound=2 noResponders=${ms}ms`);
+    } finally {
+      startTap();
+      await env.nc.flush();
+      await nc.close();
     }
   });
 });

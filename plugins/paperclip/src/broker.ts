@@ -11,8 +11,7 @@
 // a changed value, which the broker re-mints into the same grant) and the placeholder.
 
 import { createHmac, randomBytes } from "node:crypto";
-import type { NatsConnection } from "@nats-io/transport-node";
-import { errorMessage } from "./errors.js";
+import { errors, type NatsConnection } from "@nats-io/transport-node";
 import { isObject } from "./json.js";
 import { leaseKey } from "./leases.js";
 
@@ -22,6 +21,8 @@ const PLACEHOLDER_RE = /^kcph_[A-Za-z0-9_-]{22}_[A-Za-z0-9_-]{43}$/;
 export const MINT_TIMEOUT_MS = 10_000;
 /** The most leases whose placeholders one company keeps cached (oldest forgotten first). */
 export const BROKERED_LEASES_PER_COMPANY = 1_000;
+/** The most of a broker's refusal message an error carries. */
+const MAX_REASON_CHARS = 300;
 
 /** Whether v is a placeholder already (the broker refuses to mint one, and it is no secret). */
 export function isPlaceholder(v: string): boolean {
@@ -51,13 +52,23 @@ interface Minted {
 }
 
 /**
- * The placeholders of the leases this worker serves, by company, lease, run and key: one mint per
+ * One lease's placeholders: its latest run's, by key. A reusable lease's next run mints again
+ * (the broker moves the lease's grant to that run), so an earlier run's are dropped: a lease
+ * holds at most one placeholder per brokered key however many runs it serves.
+ */
+interface LeaseMints {
+  runId: string;
+  byKey: Map<string, Minted>;
+}
+
+/**
+ * The placeholders of the leases this worker serves, by company, lease and key: one mint per
  * lease, run and key (a repeated execute reuses it; a changed value mints again into the same
  * grant), bounded per company like the plugin's other per-lease state.
  */
 export class Placeholders {
-  /** companyId → leaseKey → `${runId}\0${key}` → minted. Maps keep insertion order: oldest first. */
-  private readonly byCompany = new Map<string, Map<string, Map<string, Minted>>>();
+  /** companyId → leaseKey → its mints. Maps keep insertion order: least recently used first. */
+  private readonly byCompany = new Map<string, Map<string, LeaseMints>>();
   private readonly hashKey = randomBytes(32);
   private readonly perCompany: number;
   private readonly timeoutMs: number;
@@ -71,8 +82,10 @@ export class Placeholders {
 
   /**
    * env with every brokered key's value replaced by its placeholder (env itself is not changed).
-   * An empty value, or one that is a placeholder already, is kept. Throws a BrokerError naming the
-   * first key the broker did not answer for.
+   * An empty value, or one that is a placeholder already, is kept. Another key holding a
+   * brokered key's value (an alias the company set up) gets the same placeholder: the value is
+   * what must not leave, whatever its name. Throws a BrokerError naming the first key the broker
+   * did not answer for.
    */
   async replace(nc: NatsConnection, prefix: string, keys: readonly string[], ref: LeaseRef, env: Record<string, string>): Promise<Record<string, string>> {
     const todo = keys.filter((k) => {
@@ -82,10 +95,16 @@ export class Placeholders {
     if (todo.length === 0) return env;
     const out = { ...env };
     const got = await Promise.allSettled(todo.map((k) => this.placeholder(nc, prefix, ref, k, env[k] as string)));
+    const byValue = new Map<string, string>();
     for (const [i, g] of got.entries()) {
       const k = todo[i] as string;
       if (g.status === "rejected") throw g.reason instanceof BrokerError ? g.reason : new BrokerError(k, "the mint failed");
       out[k] = g.value;
+      if (!byValue.has(env[k] as string)) byValue.set(env[k] as string, g.value);
+    }
+    for (const [k, v] of Object.entries(env)) {
+      const p = keys.includes(k) ? undefined : byValue.get(v);
+      if (p !== undefined) out[k] = p;
     }
     return out;
   }
@@ -103,29 +122,34 @@ export class Placeholders {
     return this.byCompany.get(companyId)?.size ?? 0;
   }
 
+  /** Placeholders cached for a company's lease (tests). */
+  cached(companyId: string, providerLeaseId: string): number {
+    return this.byCompany.get(companyId)?.get(leaseKey(companyId, providerLeaseId))?.byKey.size ?? 0;
+  }
+
   private placeholder(nc: NatsConnection, prefix: string, ref: LeaseRef, key: string, value: string): Promise<string> {
     const hash = createHmac("sha256", this.hashKey).update(value).digest("hex");
     const lk = leaseKey(ref.companyId, ref.providerLeaseId);
     let leases = this.byCompany.get(ref.companyId);
-    if (!leases) this.byCompany.set(ref.companyId, (leases = new Map<string, Map<string, Minted>>()));
+    if (!leases) this.byCompany.set(ref.companyId, (leases = new Map<string, LeaseMints>()));
     let lease = leases.get(lk);
-    if (!lease) {
-      leases.set(lk, (lease = new Map<string, Minted>()));
-      for (const oldest of leases.keys()) {
-        if (leases.size <= this.perCompany) break;
-        leases.delete(oldest);
-      }
+    // Used now: the lease moves to the end, so the bound forgets the least recently used.
+    leases.delete(lk);
+    if (!lease || lease.runId !== ref.runId) lease = { runId: ref.runId, byKey: new Map<string, Minted>() };
+    leases.set(lk, lease);
+    for (const oldest of leases.keys()) {
+      if (leases.size <= this.perCompany) break;
+      leases.delete(oldest);
     }
-    const slot = `${ref.runId}\u0000${key}`;
-    const cached = lease.get(slot);
+    const byKey = lease.byKey;
+    const cached = byKey.get(key);
     if (cached && cached.hash === hash) return cached.placeholder;
     const placeholder = this.mint(nc, prefix, ref, key, value);
     const entry: Minted = { hash, placeholder };
-    lease.set(slot, entry);
-    const l = lease;
+    byKey.set(key, entry);
     // A failed mint is not cached: the next execute asks again.
     placeholder.catch(() => {
-      if (l.get(slot) === entry) l.delete(slot);
+      if (byKey.get(key) === entry) byKey.delete(key);
     });
     return placeholder;
   }
@@ -140,14 +164,9 @@ export class Placeholders {
       const m = await nc.request(subject, JSON.stringify({ leaseId: ref.providerLeaseId, key, value }), { timeout: this.timeoutMs });
       data = m.data;
     } catch (err) {
-      // The client's message names the subject at most; it never quotes the payload.
-      const msg = errorMessage(err);
-      const reason = /no responders|503/i.test(msg)
-        ? "no broker answers (it is down or not deployed)"
-        : /timeout/i.test(msg)
-          ? `the broker did not answer within ${this.timeoutMs} ms`
-          : "the mint request failed";
-      throw new BrokerError(key, reason);
+      // Classified by the client's error types; its message is not passed on (it could name the
+      // subject's ids, never the payload, but the reason is all the caller needs).
+      throw new BrokerError(key, this.requestFailure(err));
     }
     let reply: unknown;
     try {
@@ -160,12 +179,23 @@ export class Placeholders {
     if (isObject(e)) {
       const code = typeof e.code === "string" ? e.code : "error";
       const field = typeof e.field === "string" && e.field !== "" ? `${e.field}: ` : "";
-      // The broker's messages name fields and budgets, never values.
-      throw new BrokerError(key, `the broker refused (${code}: ${field}${typeof e.message === "string" ? e.message : ""})`);
+      // The broker's messages name fields and budgets, never values; cut to a line's length.
+      const message = typeof e.message === "string" ? e.message.slice(0, MAX_REASON_CHARS) : "";
+      throw new BrokerError(key, `the broker refused (${code}: ${field}${message})`);
     }
     const p = reply.placeholder;
     if (typeof p !== "string" || !isPlaceholder(p)) throw new BrokerError(key, "the broker's answer holds no well-formed placeholder");
     return p;
+  }
+
+  private requestFailure(err: unknown): string {
+    if (err instanceof errors.NoRespondersError || (err instanceof errors.RequestError && err.isNoResponders())) {
+      return "no broker answers (it is down or not deployed)";
+    }
+    if (err instanceof errors.TimeoutError) {
+      return `the broker did not answer within ${this.timeoutMs} ms`;
+    }
+    return "the mint request failed";
   }
 }
 
@@ -177,7 +207,7 @@ export class Placeholders {
 export function brokeredDefaults(provider: Record<string, unknown>, keys: readonly string[]): string[] {
   const adapters = provider.adapters;
   if (keys.length === 0 || !Array.isArray(adapters)) return [];
-  const errors: string[] = [];
+  const refused: string[] = [];
   for (const [i, a] of adapters.entries()) {
     const env = isObject(a) ? a.defaultEnv : undefined;
     if (!isObject(env)) continue;
@@ -185,10 +215,10 @@ export function brokeredDefaults(provider: Record<string, unknown>, keys: readon
       const v = env[k];
       if (typeof v === "string" && (v === "" || isPlaceholder(v))) continue;
       if (v === undefined) continue;
-      errors.push(
+      refused.push(
         `config.adapters[${i}].defaultEnv.${k}: is brokered (the plugin's settings.brokeredKeys): its value would go into the run's Secret, and an acquire has no lease yet to mint a placeholder for; remove it and give the key through Paperclip's secrets (each execute then carries its placeholder)`,
       );
     }
   }
-  return errors;
+  return refused;
 }
