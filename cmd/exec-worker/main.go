@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"runtime/debug"
+	"strings"
 	"time"
 
 	"github.com/kubeclip/kubeclip/internal/app"
@@ -39,6 +40,7 @@ type settings struct {
 	EnvPolicy       string
 	EnvAllow        []string
 	EnvDeny         []string
+	BrokeredKeys    []string
 	ReadyTimeout    time.Duration
 	ReplicaID       string
 	Record          recordSettings
@@ -84,6 +86,7 @@ func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout,
 	fs.String(&s.EnvPolicy, "env-policy", "KUBECLIP_EXEC_ENV_POLICY", execproto.EnvModeDeny, "which keys of an exec's environment reach the pod: deny (every key but the built-in list of Paperclip's server secrets and --env-deny) or allowlist (only the built-in list of what an agent needs and --env-allow, never --env-deny); the plugin's executeEnv setting, with the same rules (the plugin's default is allowlist)")
 	fs.Strings(&s.EnvAllow, "env-allow", "", "KUBECLIP_EXEC_ENV_ALLOW", "an environment key glob (`*` any run of characters) that reaches the pod in allowlist mode besides what an agent needs (never past the built-in deny list or --env-deny)")
 	fs.Strings(&s.EnvDeny, "env-deny", "", "KUBECLIP_EXEC_ENV_DENY", "an environment key glob (`*` any run of characters) that never reaches the pod")
+	fs.Strings(&s.BrokeredKeys, "brokered-keys", "", "KUBECLIP_EXEC_BROKERED_KEYS", "environment keys the credential broker holds (ANTHROPIC_API_KEY,OPENAI_API_KEY; comma-separated or given many times): a start carrying it with anything but a broker placeholder is refused, naming the key, before anything runs; none (the default): off, for installations without a broker")
 	fs.Duration(&s.ReadyTimeout, "ready-timeout", "KUBECLIP_EXEC_READY_TIMEOUT", execsvc.DefaultReadyTimeout, "longest a start waits for its lease's pod to become ready (less when the exec's own timeout is shorter)")
 	s.Record.bind(fs)
 	fs.String(&s.ReplicaID, "replica-id", "KUBECLIP_REPLICA_ID", "", "this replica's name in exec answers and logs (set it to the pod name); empty: host name plus a random suffix")
@@ -100,6 +103,10 @@ func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout,
 	envPolicy, err := execproto.NewEnvPolicy(s.EnvPolicy, s.EnvAllow, s.EnvDeny)
 	if err != nil {
 		return &app.UsageError{Err: fmt.Errorf("%s, %s, %s: %w", fs.Names("env-policy"), fs.Names("env-allow"), fs.Names("env-deny"), err)}
+	}
+	brokered, err := execsvc.NewBrokeredKeys(splitCommas(s.BrokeredKeys))
+	if err != nil {
+		return &app.UsageError{Err: fmt.Errorf("%s: %w", fs.Names("brokered-keys"), err)}
 	}
 	masterKey, err := execspec.ReadMasterKey(s.SandboxKeyFile)
 	if err != nil {
@@ -134,9 +141,10 @@ func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout,
 		NATS: p.NATS, JetStream: p.JS, Subjects: p.Subjects, Pods: pods, Route: route, MasterKey: masterKey,
 		Replica: s.ReplicaID, Logger: p.Log, MaxSessions: sizing.Sessions, MaxSessionsPerCompany: s.MaxCompanyExecs, BufferBytes: sizing.BufferBytes, ReadyTimeout: s.ReadyTimeout,
 		DrainTimeout: s.ShutdownTimeout, StreamReplicas: s.Streams.Replicas, StoreBytes: int64(s.Streams.StoreBytes), Observer: p.Ops.Metrics,
-		Record:    s.Record.limits(),
-		Replies:   s.Replies(),
-		EnvPolicy: envPolicy,
+		Record:       s.Record.limits(),
+		Replies:      s.Replies(),
+		EnvPolicy:    envPolicy,
+		BrokeredKeys: brokered,
 	})
 	if err != nil {
 		return err
@@ -146,6 +154,19 @@ func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout,
 	// beside NATS and Kubernetes: ready means taking exec requests.
 	ready := func() { p.Ops.Ready(p.NATS, p.Kube, ops.Check{Name: "exec", Func: serving(svc)}) }
 	return app.Serve(ctx, ready, podWatch{pods}, svc)
+}
+
+// splitCommas reads a list setting given as one comma-separated value, many values, or both.
+func splitCommas(vs []string) []string {
+	var out []string
+	for _, v := range vs {
+		for _, p := range strings.Split(v, ",") {
+			if p = strings.TrimSpace(p); p != "" {
+				out = append(out, p)
+			}
+		}
+	}
+	return out
 }
 
 // serving is the readiness check of a worker: it passes once the worker serves.

@@ -42,6 +42,8 @@ func TestSettings(t *testing.T) {
 		{name: "negative company streams", args: []string{"--sandbox-key-file", key, "--max-execs-per-company", "-1"}, wantCode: 2, wantErr: "--max-execs-per-company (KUBECLIP_MAX_EXECS_PER_COMPANY) must be >= 0"},
 		{name: "unknown env policy", args: []string{"--sandbox-key-file", key, "--env-policy", "open"}, wantCode: 2, wantErr: "--env-policy (KUBECLIP_EXEC_ENV_POLICY)"},
 		{name: "bad env glob", args: []string{"--sandbox-key-file", key, "--env-deny", "A=B"}, wantCode: 2, wantErr: `env glob "A=B"`},
+		{name: "bad brokered key", args: []string{"--sandbox-key-file", key, "--brokered-keys", "ANTHROPIC_API_KEY,A=B"}, wantCode: 2, wantErr: `--brokered-keys (KUBECLIP_EXEC_BROKERED_KEYS): brokered key "A=B"`},
+		{name: "brokered key twice", args: []string{"--sandbox-key-file", key}, env: map[string]string{"KUBECLIP_EXEC_BROKERED_KEYS": "OPENAI_API_KEY\nOPENAI_API_KEY"}, wantCode: 2, wantErr: `brokered key "OPENAI_API_KEY" is named twice`},
 		{name: "bad env glob from the environment", args: []string{"--sandbox-key-file", key}, env: map[string]string{"KUBECLIP_EXEC_ENV_ALLOW": "OK\n=X"}, wantCode: 2, wantErr: "KUBECLIP_EXEC_ENV_ALLOW"},
 		{name: "no self-check interval", args: []string{"--sandbox-key-file", key, "--self-check-interval", "0s"}, wantCode: 2, wantErr: "--self-check-interval (KUBECLIP_SELF_CHECK_INTERVAL) must be > 0"},
 		{name: "no ready wait", args: []string{"--sandbox-key-file", key, "--ready-timeout", "0s"}, wantCode: 2, wantErr: "--ready-timeout (KUBECLIP_EXEC_READY_TIMEOUT) must be > 0"},

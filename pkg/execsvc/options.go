@@ -103,6 +103,9 @@ type Options struct {
 	// Paperclip host's own secrets), again after the plugin did: a request may come from any
 	// client. The zero EnvPolicy defaults to execproto.DefaultEnvPolicy.
 	EnvPolicy execproto.EnvPolicy
+	// BrokeredKeys are the keys a start may carry only as the credential broker's placeholder
+	// (brokered.go); the zero value brokers nothing.
+	BrokeredKeys BrokeredKeys
 }
 
 func (o Options) withDefaults() (Options, error) {

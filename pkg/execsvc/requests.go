@@ -91,6 +91,14 @@ func (s *Service) start(ctx context.Context, r *request) {
 		return
 	}
 	r.log = r.log.With().Str(logKeyExecID, req.ExecID).Str(logKeyCommand, execproto.CommandName(req.Command)).Logger()
+	// The environment is screened in two steps, in this order, before anything reaches
+	// sandboxd: a brokered key's real value is refused (it crossed NATS already; refusing tells
+	// the client, where dropping would hide it), then filterEnv drops what the policy keeps
+	// from pods.
+	if err := s.opts.BrokeredKeys.Check(req.Env); err != nil {
+		s.refuse(r, err)
+		return
+	}
 	s.filterEnv(r, &req)
 	rec, err := s.admit(ctx, r, req.ProviderLeaseID)
 	if err != nil {

@@ -100,6 +100,11 @@ describe("readSettings", () => {
     assert.deepEqual(readSettings({ executeEnv: { mode: "allowlist" } }), { executeEnv: { mode: "allowlist", allow: [], deny: [] } });
     assert.deepEqual(readSettings({ executeEnv: { allow: ["GH_TOKEN"] } }), { executeEnv: { mode: "allowlist", allow: ["GH_TOKEN"], deny: [] } });
     assert.throws(() => readSettings({ executeEnv: { deny: ["A B"] } }), /settings\.executeEnv\.deny\[0\]/);
+    assert.deepEqual(readSettings({ brokeredKeys: ["ANTHROPIC_API_KEY", "OPENAI_API_KEY"] }), { brokeredKeys: ["ANTHROPIC_API_KEY", "OPENAI_API_KEY"] });
+    assert.deepEqual(readSettings({ brokeredKeys: [] }), {});
+    assert.throws(() => readSettings({ brokeredKeys: "ANTHROPIC_API_KEY" }), /^ConfigError: settings\.brokeredKeys: must be a list/);
+    assert.throws(() => readSettings({ brokeredKeys: ["OK", "A=B"] }), /^ConfigError: settings\.brokeredKeys\[1\]: must be an environment key name/);
+    assert.throws(() => readSettings({ brokeredKeys: ["K", "K"] }), /^ConfigError: settings\.brokeredKeys\[1\]: K is named twice/);
   });
 
   it("treats empty strings as unset", () => {

@@ -37,8 +37,15 @@ export const CONNECTION_KEYS = [
   "inboxPrefix",
 ] as const;
 
-/** Keys of the plugin in an environment config: the connection keys (refused) and the RPC budget. */
-export const PLUGIN_KEYS = [...CONNECTION_KEYS, "timeoutMs"] as const;
+/**
+ * The broker keys: which keys the credential broker holds (issue 27). Only in the plugin's
+ * instance settings: a company could otherwise turn brokering off for itself and send its pods
+ * the real values. The broker's subject follows subjectPrefix, a connection key.
+ */
+export const BROKER_KEYS = ["brokeredKeys"] as const;
+
+/** Keys of the plugin in an environment config: the connection and broker keys (refused) and the RPC budget. */
+export const PLUGIN_KEYS = [...CONNECTION_KEYS, ...BROKER_KEYS, "timeoutMs"] as const;
 
 /** Plugin keys holding secrets (`format: "secret-ref"`). */
 export const SECRET_KEYS = ["natsCredentials", "natsToken", "natsPassword"] as const;
@@ -182,6 +189,14 @@ export function readEnvironmentKeys(obj: JsonObject): EnvironmentKeys {
       "connection settings are the operator's: kubeclip's NATS URL, credentials, TLS and subject/inbox prefixes come only from the plugin's instance settings; remove this key from the environment",
     );
   }
+  for (const key of BROKER_KEYS) {
+    if (obj[key] === undefined) continue;
+    // Refused whatever it says, null and [] included: the rule is who may set it.
+    throw new ConfigError(
+      `config.${key}`,
+      "which keys the credential broker holds is the operator's, set only in the plugin's instance settings; remove this key from the environment",
+    );
+  }
   const out: EnvironmentKeys = {};
   const t = readTimeout(obj, "config");
   if (t !== undefined) out.timeoutMs = t;
@@ -253,6 +268,28 @@ export function readSettings(obj: JsonObject): PluginKeys {
   const syncFiles = int("maxSyncOutFiles", 1, MAX_SYNC_OUT_FILES);
   if (syncFiles !== undefined) out.maxSyncOutFiles = syncFiles;
   if (obj.executeEnv !== undefined && obj.executeEnv !== null) out.executeEnv = readEnvPolicy(obj.executeEnv, "settings.executeEnv");
+  const brokered = readBrokeredKeys(obj.brokeredKeys);
+  if (brokered.length > 0) out.brokeredKeys = brokered;
+  return out;
+}
+
+const ENV_KEY_RE = /^[A-Za-z_][A-Za-z0-9_]*$/;
+/** The most brokered keys: the adapters' model keys are a handful. */
+export const MAX_BROKERED_KEYS = 64;
+
+/** settings.brokeredKeys: environment key names, none twice; absent or [] is off. */
+function readBrokeredKeys(v: unknown): string[] {
+  if (v === undefined || v === null) return [];
+  if (!Array.isArray(v)) throw new ConfigError("settings.brokeredKeys", "must be a list of environment key names");
+  if (v.length > MAX_BROKERED_KEYS) throw new ConfigError("settings.brokeredKeys", `must name at most ${MAX_BROKERED_KEYS} keys`);
+  const out: string[] = [];
+  for (const [i, k] of v.entries()) {
+    if (typeof k !== "string" || !ENV_KEY_RE.test(k) || k.length > 128) {
+      throw new ConfigError(`settings.brokeredKeys[${i}]`, "must be an environment key name (letters, digits and '_', not starting with a digit)");
+    }
+    if (out.includes(k)) throw new ConfigError(`settings.brokeredKeys[${i}]`, `${k} is named twice`);
+    out.push(k);
+  }
   return out;
 }
 
@@ -266,6 +303,8 @@ export interface PluginKeys {
   inboxPrefix?: string;
   timeoutMs?: number;
   executeEnv?: EnvPolicySettings;
+  /** The keys the credential broker holds (broker.ts); absent: off. */
+  brokeredKeys?: string[];
   maxExecuteOutputBytes?: number;
   maxConcurrentExecutesPerCompany?: number;
   nativeSync?: boolean;
@@ -469,6 +508,16 @@ export const settingsSchema = {
         deny: stringArray,
       },
       additionalProperties: false,
+    },
+    brokeredKeys: {
+      type: "array",
+      items: { type: "string", pattern: "^[A-Za-z_][A-Za-z0-9_]*$" },
+      maxItems: MAX_BROKERED_KEYS,
+      uniqueItems: true,
+      default: [],
+      title: "Brokered keys",
+      description:
+        "Environment keys kubeclip's credential broker holds (e.g. ANTHROPIC_API_KEY, OPENAI_API_KEY). Their values never reach a pod: each execute carries a lease-scoped placeholder minted by the broker instead, and an execute fails (naming the key) when the broker cannot mint one. An environment config may name a brokered key in no adapter's defaultEnv. Empty (default): off. Set the exec-worker's --brokered-keys to the same list.",
     },
     maxExecuteOutputBytes: {
       type: "integer",

@@ -35,6 +35,7 @@ import {
 import type { PluginLoginPtyCloseResult, PluginLoginPtyOpenParams, PluginLoginPtyOpenResult } from "@paperclipai/plugin-sdk/protocol";
 import { isAgentCommand } from "./agent.js";
 import { WORKER_KINDS, ping, validateConfig } from "./api.js";
+import { Placeholders, brokeredDefaults } from "./broker.js";
 import {
   DEFAULT_CONCURRENT_EXECUTES,
   DEFAULT_EXECUTE_OUTPUT_BYTES,
@@ -83,6 +84,8 @@ export interface PluginOptions {
   executeSlotWaitMs?: number;
   /** Whether an acquire may ask for a reusable lease (default: the manifest's REUSABLE_LEASES). */
   reusableLeases?: boolean;
+  /** How long a brokered key's mint may take (default broker.MINT_TIMEOUT_MS; tests shorten it). */
+  mintTimeoutMs?: number;
 }
 
 /** kubeclip's state in lease metadata: one key, because metadata keys override config keys. */
@@ -113,6 +116,8 @@ export function createPlugin(options: PluginOptions = {}): PaperclipPlugin {
   const limiter = new CompanyLimiter(options.executeSlotWaitMs);
   /** Execute output held at once, all companies together (limiter.ts). */
   const outputBudget = new ByteBudget(OUTPUT_BUDGET_BYTES, OUTPUT_BUDGET_COMPANY_BYTES, OUTPUT_TAIL_FLOOR_BYTES);
+  /** Brokered keys' placeholders per company and lease (broker.ts), forgotten at the lease's end. */
+  const placeholders = new Placeholders(undefined, options.mintTimeoutMs);
   /** Sync-out bytes being extracted at once, per company (limiter.ts). */
   const syncOutBudget = new ByteBudget(Number.MAX_SAFE_INTEGER, SYNC_OUT_COMPANY_BYTES);
   /**
@@ -273,6 +278,7 @@ export function createPlugin(options: PluginOptions = {}): PaperclipPlugin {
         for (const c of inflight.get(key) ?? []) c.abort();
       }
       leaseBook.delete(key);
+      placeholders.forget(companyId, providerLeaseId);
       const s = stats.take(key);
       s?.hook(`${kind}Lease`);
       // One line per lease with what it cost: the hook calls and the execute latencies.
@@ -383,6 +389,13 @@ export function createPlugin(options: PluginOptions = {}): PaperclipPlugin {
     const { env, dropped } = policy.filter(params.env ?? {});
     if (dropped.length > 0) c.logger.info("execute env keys dropped", { runId: meta.runId, count: dropped.length, keys: dropped });
     const nc = await pool.get(conn);
+    // What passed the policy is what would be published: its brokered keys become placeholders,
+    // or the execute fails here, before anything is sent.
+    const brokered = s.brokeredKeys ?? [];
+    const sent = brokered.length === 0 ? env : await placeholders.replace(nc, conn.prefix, brokered, { companyId, runId: meta.runId, providerLeaseId }, env).catch((err: unknown) => {
+      c.logger.warn("execute refused: a brokered key has no placeholder", { runId: meta.runId, providerLeaseId, error: errorMessage(err) });
+      throw err;
+    });
     let command = params.command;
     let args = params.args ?? [];
     if (args.length === 0 && /\s/.test(command)) {
@@ -406,7 +419,7 @@ export function createPlugin(options: PluginOptions = {}): PaperclipPlugin {
       nc,
       conn,
       s,
-      { companyId, runId: meta.runId, providerLeaseId, command, args, cwd: params.cwd, env, stdin: params.stdin, timeoutMs, record },
+      { companyId, runId: meta.runId, providerLeaseId, command, args, cwd: params.cwd, env: sent, stdin: params.stdin, timeoutMs, record },
       { onOutput: forward, holdBytes: s.maxExecuteOutputBytes ?? DEFAULT_EXECUTE_OUTPUT_BYTES },
     );
     live.finish();
@@ -544,7 +557,11 @@ export function createPlugin(options: PluginOptions = {}): PaperclipPlugin {
       try {
         // A connection key in the environment is refused here, before anything connects.
         const env = readEnvironmentKeys(split.plugin);
-        conn = resolveConnection(await settings(undefined), env);
+        const s = await settings(undefined);
+        conn = resolveConnection(s, env);
+        // A brokered key's value in the config is refused here, and the config not sent on.
+        const unbrokered = brokeredDefaults(split.provider, s.brokeredKeys ?? []);
+        if (unbrokered.length > 0) return { ok: false, errors: [...errors, ...unbrokered], warnings };
       } catch (err) {
         if (err instanceof ConfigError) return { ok: false, errors: [...errors, err.message], warnings };
         throw err;
@@ -638,6 +655,9 @@ export function createPlugin(options: PluginOptions = {}): PaperclipPlugin {
       if (dup) throw new Error(`${dup}: keys differ only in case; kubeclip refuses such payloads`);
       const s = await settings(params.companyId);
       const conn = resolveConnection(s, readEnvironmentKeys(split.plugin));
+      // A brokered key's real value would reach the run's Secret through defaultEnv: refused.
+      const unbrokered = brokeredDefaults(split.provider, s.brokeredKeys ?? []);
+      if (unbrokered.length > 0) throw new Error(unbrokered.join("; "));
       // Reusable only when declared and the host can find the lease again (host-rules.md §1).
       const reuse = reusableLeases && params.config.reuseLease === true && !!params.executionWorkspaceId && !!params.agentId;
       const leases = leasesOn(await pool.get(conn), conn.prefix);
