@@ -219,17 +219,38 @@ func TestNoisyNeighbour(t *testing.T) {
 	t.Logf("company A's %d failing acquires: %v", len(failing), refused)
 	checkLoudRun(t, loud)
 
-	// Every ended run of either company left no counter in KUBECLIP_BUDGETS (runwatch endRun);
-	// A's busy agent still runs, and keeps its own.
-	inFlight := "log.run." + noisy + "." + holder.RunID
+	// Every ended run of either company left no counter in KUBECLIP_BUDGETS (runwatch endRun).
+	// A run with no result yet keeps its own: A's busy agent, or, once its lease's deadline
+	// ended it (a slow machine), the next of A's acquires that waited for the agent.
+	runs, err := env.JS.Stream(t.Context(), env.Subjects.RunStream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	inFlight := func(key string) bool {
+		parts := strings.Split(key, ".")
+		ref := events.RunRef{CompanyID: parts[len(parts)-2], RunID: parts[len(parts)-1]}
+		ended, err := events.ResultPublished(t.Context(), runs, env.Subjects, ref)
+		if err != nil {
+			t.Fatalf("reading %s's result: %v", key, err)
+		}
+		return !ended
+	}
 	for name, company := range companies {
-		var left []string
+		var left, running []string
 		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(200 * time.Millisecond) {
-			left = slices.DeleteFunc(runCounters(bucketKeys(t, events.BudgetBucket, company)), func(k string) bool { return k == inFlight })
+			left, running = nil, nil
+			for _, k := range runCounters(bucketKeys(t, events.BudgetBucket, company)) {
+				if inFlight(k) {
+					running = append(running, k)
+				} else {
+					left = append(left, k)
+				}
+			}
 			if len(left) == 0 || time.Now().After(deadline) {
 				break
 			}
 		}
+		t.Logf("company %s: runs in flight with their counters: %v", name, running)
 		if len(left) > 0 {
 			t.Errorf("company %s's ended runs left their counters in %s: %v", name, events.BudgetBucket, left)
 		}
