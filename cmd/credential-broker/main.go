@@ -13,6 +13,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"time"
 
 	"github.com/kubeclip/kubeclip/internal/app"
 	"github.com/kubeclip/kubeclip/internal/config"
@@ -40,6 +41,8 @@ type settings struct {
 	Listen           string
 	UpstreamCA       string
 	GrantsPerCompany int
+	UsageFlush       time.Duration
+	UsageRuns        int
 }
 
 func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout, stderr io.Writer) error {
@@ -57,6 +60,8 @@ func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout,
 	fs.String(&s.Listen, "listen", "KUBECLIP_BROKER_LISTEN", ":8443", "TLS listen address of the proxy the bound hosts resolve to in brokered pods")
 	fs.String(&s.UpstreamCA, "upstream-ca", "KUBECLIP_BROKER_UPSTREAM_CA", "", "PEM file of CA certificates trusted for the upstreams besides the system's (a private endpoint; tests)")
 	fs.Int(&s.GrantsPerCompany, "grants-per-company", "KUBECLIP_BROKER_GRANTS_PER_COMPANY", 0, "grants one company may hold at once; 0: the grants bucket's share of --store-bytes divided among --store-companies at a grant's largest size, the most that fits (and the most allowed)")
+	fs.Duration(&s.UsageFlush, "usage-flush", "KUBECLIP_BROKER_USAGE_FLUSH", brokersvc.DefaultUsageFlush, "how often a run's usage event is published at most (and at once when its grant is released); the events carry deltas, so their sum is the upstreams' totals")
+	fs.Int(&s.UsageRuns, "usage-runs", "KUBECLIP_BROKER_USAGE_RUNS", brokersvc.DefaultUsageRuns, "runs whose usage one replica holds in memory until published; a call of one more run is refused (503)")
 	if err := fs.Parse(args); err != nil {
 		fs.Usage(stdout, summary)
 		return app.Usage(err)
@@ -98,11 +103,17 @@ func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout,
 	if err != nil {
 		return err
 	}
-	cache, err := broker.NewCache(broker.CacheOptions{KV: kv, Sealer: cfg.sealer, Log: log})
+	publisher, err := events.NewPublisher(events.PublisherOptions{JS: js, Subjects: subjects})
 	if err != nil {
 		return err
 	}
-	usage, err := brokersvc.NewUsage(opsSrv.Registry, log)
+	usage, err := brokersvc.NewUsage(brokersvc.UsageOptions{
+		Publisher: publisher, Registerer: opsSrv.Registry, Log: log, FlushInterval: s.UsageFlush, MaxRuns: s.UsageRuns,
+	})
+	if err != nil {
+		return err
+	}
+	cache, err := broker.NewCache(broker.CacheOptions{KV: kv, Sealer: cfg.sealer, Log: log, Released: usage.Released})
 	if err != nil {
 		return err
 	}
@@ -129,9 +140,9 @@ func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout,
 	// The cache is in before anything is served, so a placeholder minted before this replica
 	// started resolves on its first request; the releaser's consumer exists before the first
 	// mint, so no end of a lease minted here is missed. Shutdown runs the other way: the proxy
-	// drains its calls while the cache still resolves.
+	// drains its calls while the cache still resolves, and then usage publishes what they spent.
 	ready := func() { opsSrv.Ready(nc, nil, ops.Check{Name: "grants", Func: cacheLive(cache)}) }
-	return app.Serve(ctx, ready, cache, releaser, mint, &proxyServer{proxy: px, ln: ln, certs: cfg.issuer})
+	return app.Serve(ctx, ready, cache, usage, releaser, mint, &proxyServer{proxy: px, ln: ln, certs: cfg.issuer})
 }
 
 // cacheLive is /readyz's check of the grant cache: it fails once the cache's watch ended.
@@ -187,6 +198,12 @@ func (s *settings) load(fs *config.Set) (loaded, error) {
 	}
 	if s.Listen == "" {
 		errs = append(errs, fmt.Errorf("%s must not be empty", fs.Names("listen")))
+	}
+	if s.UsageFlush <= 0 {
+		errs = append(errs, fmt.Errorf("%s must be > 0", fs.Names("usage-flush")))
+	}
+	if s.UsageRuns <= 0 {
+		errs = append(errs, fmt.Errorf("%s must be > 0", fs.Names("usage-runs")))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return l, err

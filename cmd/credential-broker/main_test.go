@@ -7,6 +7,7 @@ import (
 	"crypto/rand"
 	"crypto/tls"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -18,6 +19,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -155,11 +157,35 @@ func (l *lockedBuffer) String() string {
 
 // anthropicUpstream stands in for api.anthropic.com: TLS on loopback with a certificate for
 // that name from a CA of its own (the broker trusts it through --upstream-ca), answering
-// /v1/messages with a streamed Messages response whose usage the meter must read.
+// /v1/messages with a Messages response whose usage the meter must read: streamed when the
+// request asks for it, else a JSON body.
 type anthropicUpstream struct {
 	srv  *httptest.Server
 	mu   sync.Mutex
 	keys []string // the x-api-key of every request
+	// stated is the usage the upstream stated in the responses it finished, summed.
+	stated tally
+}
+
+// tally is usage summed: calls and the four token counts.
+type tally struct{ Calls, InputTokens, OutputTokens, CacheReadTokens, CacheWriteTokens int64 }
+
+// The usage each response states: upstreamStream's, and upstreamBody's (input 31, output 9,
+// cache reads 6, cache writes 4).
+var (
+	streamUsage = tally{Calls: 1, InputTokens: 25, OutputTokens: 17, CacheReadTokens: 3}
+	bodyUsage   = tally{Calls: 1, InputTokens: 31, OutputTokens: 9, CacheReadTokens: 6, CacheWriteTokens: 4}
+)
+
+const upstreamBody = `{"id":"msg_2","type":"message","role":"assistant","model":"claude-test","content":[{"type":"text","text":"hi"}],` +
+	`"stop_reason":"end_turn","usage":{"input_tokens":31,"cache_creation_input_tokens":4,"cache_read_input_tokens":6,"output_tokens":9}}`
+
+func addUsage(sum *tally, u tally) {
+	sum.Calls += u.Calls
+	sum.InputTokens += u.InputTokens
+	sum.OutputTokens += u.OutputTokens
+	sum.CacheReadTokens += u.CacheReadTokens
+	sum.CacheWriteTokens += u.CacheWriteTokens
 }
 
 // The upstream's usage: message_start states input 25 (and cache reads 3), message_delta the
@@ -188,13 +214,23 @@ func startAnthropicUpstream(t *testing.T, dir string) (*anthropicUpstream, strin
 		u.mu.Lock()
 		u.keys = append(u.keys, r.Header.Get("X-Api-Key"))
 		u.mu.Unlock()
-		_, _ = io.Copy(io.Discard, r.Body)
-		w.Header().Set("Content-Type", "text/event-stream")
-		w.WriteHeader(http.StatusOK)
-		for _, ev := range strings.SplitAfter(upstreamStream, "\n\n") {
-			_, _ = io.WriteString(w, ev)
-			w.(http.Flusher).Flush()
+		req, _ := io.ReadAll(r.Body)
+		stated := bodyUsage
+		if bytes.Contains(req, []byte(`"stream":true`)) {
+			w.Header().Set("Content-Type", "text/event-stream")
+			w.WriteHeader(http.StatusOK)
+			for _, ev := range strings.SplitAfter(upstreamStream, "\n\n") {
+				_, _ = io.WriteString(w, ev)
+				w.(http.Flusher).Flush()
+			}
+			stated = streamUsage
+		} else {
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = io.WriteString(w, upstreamBody)
 		}
+		u.mu.Lock()
+		addUsage(&u.stated, stated)
+		u.mu.Unlock()
 	}))
 	u.srv.TLS = &tls.Config{GetCertificate: issuer.GetCertificate, MinVersion: tls.VersionTLS12}
 	u.srv.StartTLS()
@@ -204,6 +240,12 @@ func startAnthropicUpstream(t *testing.T, dir string) (*anthropicUpstream, strin
 		t.Fatal(err)
 	}
 	return u, caFile
+}
+
+func (u *anthropicUpstream) statedUsage() tally {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.stated
 }
 
 func (u *anthropicUpstream) seen() []string {
@@ -250,7 +292,7 @@ func TestEndToEnd(t *testing.T) {
 	ports := natstest.FreePorts(t, 2)
 	listen, opsAddr := net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[0])), net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[1]))
 	args := append(f.args(), "--nats-url", srv.ClientURL(), "--nats-user", "broker", "--listen", listen, "--ops-addr", opsAddr,
-		"--upstream-ca", upstreamCA, "--store-bytes", strconv.Itoa(1<<30), "--log-level", "debug")
+		"--upstream-ca", upstreamCA, "--store-bytes", strconv.Itoa(1<<30), "--log-level", "debug", "--usage-flush", usageFlush.String())
 	var stderr lockedBuffer
 	brokerCtx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
@@ -338,9 +380,12 @@ func TestEndToEnd(t *testing.T) {
 		},
 	}}
 	defer agent.CloseIdleConnections()
-	call := func() (int, string) {
+	// The run's usage events, as `kubeclip runs follow` reads them (the CLI's user).
+	_, cliJS := connectAs(t, srv.ClientURL(), "cli", inbox.CLIPrefix)
+	usage := followUsage(t, cliJS, "company-a", "run-1")
+	callAs := func(stream bool) (int, string) {
 		t.Helper()
-		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "https://api.anthropic.com/v1/messages", strings.NewReader(`{"model":"claude-test","stream":true,"max_tokens":64,"messages":[]}`))
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "https://api.anthropic.com/v1/messages", strings.NewReader(fmt.Sprintf(`{"model":"claude-test","stream":%t,"max_tokens":64,"messages":[]}`, stream)))
 		req.Header.Set("X-Api-Key", first.Placeholder)
 		req.Header.Set("Content-Type", "application/json")
 		resp, err := agent.Do(req)
@@ -354,6 +399,7 @@ func TestEndToEnd(t *testing.T) {
 		}
 		return resp.StatusCode, string(body)
 	}
+	call := func() (int, string) { t.Helper(); return callAs(true) }
 	callStart := time.Now()
 	status, body := call()
 	callTook := time.Since(callStart)
@@ -388,6 +434,51 @@ func TestEndToEnd(t *testing.T) {
 		}
 	}
 
+	// Usage on the run stream: the streamed call's, then a call answered with a JSON body, each
+	// exactly as the upstream stated it.
+	if status, body := callAs(false); status != http.StatusOK || body != upstreamBody {
+		t.Fatalf("a non-streamed call through the broker: %d %q", status, body)
+	}
+	usage.waitSum(t, "the two calls' usage events", up.statedUsage)
+	if got, want := usage.sum(), (tally{Calls: 2, InputTokens: 25 + 31, OutputTokens: 17 + 9, CacheReadTokens: 3 + 6, CacheWriteTokens: 4}); got != want {
+		t.Errorf("the usage events of a streamed and a JSON call add up to %+v, want %+v", got, want)
+	}
+
+	// A flood: floodCalls calls from floodWorkers at once make about one event per flush.
+	floodStart := time.Now()
+	beforeFlood := usage.count()
+	var wg sync.WaitGroup
+	var floodFailed atomic.Int64
+	for w := range floodWorkers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; i < floodCalls; i += floodWorkers {
+				if status, _ := callAs(i%2 == 0); status != http.StatusOK {
+					floodFailed.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	floodTook := time.Since(floodStart)
+	if n := floodFailed.Load(); n > 0 {
+		t.Fatalf("%d of the flood's calls failed", n)
+	}
+	usage.waitSum(t, "the flood's usage events", up.statedUsage)
+	settled := time.Since(floodStart)
+	floodEvents := usage.count() - beforeFlood
+	if limit := int(settled/usageFlush) + 2; floodEvents > limit {
+		t.Errorf("%d calls in %s made %d usage events, want at most %d (one per %s flush, settled after %s)", floodCalls, floodTook, floodEvents, limit, usageFlush, settled)
+	}
+
+	// The lease ends right after one more call: its usage comes with the release, not a flush
+	// later.
+	if status, _ := callAs(false); status != http.StatusOK {
+		t.Fatalf("the last call: %d", status)
+	}
+	beforeRelease := usage.count()
+
 	// The lease ends: its released event on the run stream, as the dispatcher publishes it.
 	ev, _ := json.Marshal(events.RunReleasedEvent{RunID: "run-1", CompanyID: "company-a", At: time.Now(), ProviderLeaseID: "lease-1", State: events.ReleaseStopped})
 	relSubject, err := events.Subjects{}.Run("company-a", "run-1", events.KindReleased)
@@ -414,6 +505,11 @@ func TestEndToEnd(t *testing.T) {
 	if refusedAfter > time.Second {
 		t.Errorf("the placeholder was refused %s after its release event, want within 1 s", refusedAfter)
 	}
+	releaseEvent := usage.waitAfter(t, beforeRelease, 5*time.Second)
+	releaseFlushed := releaseEvent.published.Sub(released)
+	if releaseFlushed > usageFlush/2 {
+		t.Errorf("the usage of the call before the release was stored %s after the release, want well within the %s flush", releaseFlushed, usageFlush)
+	}
 	// The calls that raced the release reached the upstream; none after the refusal does.
 	before := len(up.seen())
 	if status, _ := call(); status != http.StatusUnauthorized {
@@ -421,6 +517,29 @@ func TestEndToEnd(t *testing.T) {
 	}
 	if n := len(up.seen()); n != before {
 		t.Errorf("the upstream got %d calls after the placeholder was refused", n-before)
+	}
+
+	// In all, the run's usage events add up to what the upstream stated, exactly: one meter
+	// (one replica), seqs 1, 2, 3, … without gaps, every row the grant's key, host and format.
+	usage.waitSum(t, "every call's usage", up.statedUsage)
+	total := usage.sum()
+	evs := usage.all()
+	for i, e := range evs {
+		if e.ev.Meter != evs[0].ev.Meter || e.ev.Seq != uint64(i+1) {
+			t.Errorf("usage event %d: meter %s seq %d, want meter %s seq %d", i, e.ev.Meter, e.ev.Seq, evs[0].ev.Meter, i+1)
+		}
+		for _, row := range e.ev.Usage {
+			if row.Key != "ANTHROPIC_API_KEY" || row.Host != "api.anthropic.com" || row.Format != events.UsageFormatAnthropicMessages || len(row.Unmetered) != 0 {
+				t.Errorf("usage event %d has row %+v, want the grant's key at api.anthropic.com, anthropic_messages, all metered", i, row)
+			}
+		}
+	}
+	metrics = scrape(t, opsClient, opsAddr)
+	if got := metrics[`kubeclip_broker_usage_events_total{result="stored"}`]; got != float64(len(evs)) {
+		t.Errorf("kubeclip_broker_usage_events_total{result=stored} = %v, want the %d events the stream holds", got, len(evs))
+	}
+	if got := metrics[`kubeclip_broker_usage_events_total{result="failed"}`]; got != 0 {
+		t.Errorf("%v usage publishes failed", got)
 	}
 
 	logs := stderr.String()
@@ -440,8 +559,120 @@ func TestEndToEnd(t *testing.T) {
 	if !regexp.MustCompile(`"run_id":"run-1".*"input_tokens":25.*"output_tokens":17`).MatchString(logs) {
 		t.Errorf("no debug line with the call's usage and run id in the broker's log")
 	}
+	for _, e := range evs {
+		for _, s := range []string{realValue, secretPart} {
+			if strings.Contains(string(e.raw), s) {
+				t.Errorf("usage event %d holds a secret", e.ev.Seq)
+			}
+		}
+	}
 	t.Logf("ready_after\tmint\tstreamed_call\trefused_after_release\ttotal")
 	t.Logf("%s\t%s\t%s\t%s\t%s", ready.Round(time.Millisecond), mintTook.Round(time.Microsecond), callTook.Round(time.Microsecond), refusedAfter.Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
+	t.Logf("calls\tusage_events\tflood_calls\tflood_took\tflood_events\tflush\trelease_to_usage\tinput\toutput\tcache_read\tcache_write\tupstream_stated")
+	t.Logf("%d\t%d\t%d\t%s\t%d\t%s\t%s\t%d\t%d\t%d\t%d\t%d/%d/%d/%d",
+		total.Calls, len(evs), floodCalls, floodTook.Round(time.Millisecond), floodEvents, usageFlush, releaseFlushed.Round(time.Millisecond),
+		total.InputTokens, total.OutputTokens, total.CacheReadTokens, total.CacheWriteTokens,
+		up.statedUsage().InputTokens, up.statedUsage().OutputTokens, up.statedUsage().CacheReadTokens, up.statedUsage().CacheWriteTokens)
+}
+
+// The usage part of TestEndToEnd: the broker flushes every usageFlush (longer than the
+// default, so a release's flush is told from a tick's), and a flood of floodCalls calls.
+const (
+	usageFlush   = 2 * time.Second
+	floodCalls   = 400
+	floodWorkers = 8
+)
+
+// usageFollower collects a run's usage events as the CLI follows a run (events.Follow).
+type usageFollower struct {
+	mu  sync.Mutex
+	evs []followedUsage
+}
+
+type followedUsage struct {
+	ev        events.RunUsageEvent
+	raw       []byte
+	published time.Time
+}
+
+func followUsage(t *testing.T, js jetstream.JetStream, company, run string) *usageFollower {
+	t.Helper()
+	f := &usageFollower{}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() {
+		done <- events.Follow(ctx, js, events.Subjects{}, company, run, events.FollowOptions{}, func(r events.Received) error {
+			if r.Err != nil {
+				return fmt.Errorf("%s does not decode: %w", r.Subject, r.Err)
+			}
+			if ev, ok := r.Event.(events.RunUsageEvent); ok {
+				raw, _ := json.Marshal(ev)
+				f.mu.Lock()
+				f.evs = append(f.evs, followedUsage{ev: ev, raw: raw, published: r.Published})
+				f.mu.Unlock()
+			}
+			return nil
+		})
+	}()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
+			t.Errorf("following the run: %v", err)
+		}
+	})
+	return f
+}
+
+func (f *usageFollower) all() []followedUsage {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]followedUsage(nil), f.evs...)
+}
+
+func (f *usageFollower) count() int { return len(f.all()) }
+
+// sum adds every row of every event so far.
+func (f *usageFollower) sum() tally {
+	var s tally
+	for _, e := range f.all() {
+		for _, row := range e.ev.Usage {
+			addUsage(&s, tally{row.Calls, row.InputTokens, row.OutputTokens, row.CacheReadTokens, row.CacheWriteTokens})
+		}
+	}
+	return s
+}
+
+// waitSum waits until the events add up to want() (at most 3 flushes): exactly, never more.
+func (f *usageFollower) waitSum(t *testing.T, what string, want func() tally) {
+	t.Helper()
+	deadline := time.Now().Add(3 * usageFlush)
+	for {
+		got, w := f.sum(), want()
+		switch {
+		case got == w:
+			return
+		case got.Calls > w.Calls || got.InputTokens > w.InputTokens || got.OutputTokens > w.OutputTokens:
+			t.Fatalf("%s: the usage events add up to %+v, more than the upstream stated, %+v", what, got, w)
+		case time.Now().After(deadline):
+			t.Fatalf("%s: the usage events add up to %+v after %s, the upstream stated %+v", what, got, 3*usageFlush, w)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// waitAfter waits for the event after the first n.
+func (f *usageFollower) waitAfter(t *testing.T, n int, within time.Duration) followedUsage {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		if evs := f.all(); len(evs) > n {
+			return evs[n]
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no usage event after the first %d within %s", n, within)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }
 
 func mustRead(t *testing.T, path string) []byte {

@@ -3,6 +3,8 @@ package main
 import (
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"strings"
 	"time"
 
@@ -76,6 +78,15 @@ func (p printer) print(r events.Received) {
 		p.line("resumed", "lease %s from %s: generation %d, resume %d", ev.ProviderLeaseID, ev.From, ev.Generation, ev.Resumes)
 	case events.RunExecEvent:
 		p.exec(ev)
+	case events.RunUsageEvent:
+		for _, u := range ev.Usage {
+			unmetered := ""
+			for _, outcome := range slices.Sorted(maps.Keys(u.Unmetered)) {
+				unmetered += fmt.Sprintf(" unmetered %s=%d", outcome, u.Unmetered[outcome])
+			}
+			p.line("usage", "%s %s %s: calls=%d tokens in/out/cache read/cache write=%d/%d/%d/%d%s", u.Key, u.Host, u.Format,
+				u.Calls, u.InputTokens, u.OutputTokens, u.CacheReadTokens, u.CacheWriteTokens, unmetered)
+		}
 	case events.RunFailedEvent:
 		field := ""
 		if ev.Field != "" {

@@ -34,6 +34,7 @@ type Cache struct {
 	sealer *Sealer
 	log    zerolog.Logger
 	now    func() time.Time
+	onEnd  func(Grant) // CacheOptions.Released
 
 	started atomic.Bool
 	ready   chan struct{}
@@ -66,6 +67,10 @@ type CacheOptions struct {
 	Log zerolog.Logger
 	// Now is the clock of the released-grant memory (nil: time.Now).
 	Now func() time.Time
+	// Released, when set, is told of every grant the cache held whose delete marker arrived
+	// (through any replica), from the watch's goroutine and outside the cache's lock: the
+	// usage observer publishes the run's usage at once. It must not block.
+	Released func(Grant)
 }
 
 // NewCache checks o; Run fills the cache.
@@ -80,7 +85,7 @@ func NewCache(o CacheOptions) (*Cache, error) {
 		o.Now = time.Now
 	}
 	return &Cache{
-		watch: o.KV, sealer: o.Sealer, log: o.Log, now: o.Now,
+		watch: o.KV, sealer: o.Sealer, log: o.Log, now: o.Now, onEnd: o.Released,
 		ready: make(chan struct{}), grants: map[GrantID]cached{}, released: map[GrantID]time.Time{},
 	}, nil
 }
@@ -133,10 +138,14 @@ func (c *Cache) apply(e jetstream.KeyValueEntry) {
 	}
 	if op := e.Operation(); op == jetstream.KeyValueDelete || op == jetstream.KeyValuePurge {
 		c.mu.Lock()
+		gone, held := c.grants[id]
 		delete(c.grants, id)
 		c.released[id] = c.now()
 		c.sweep()
 		c.mu.Unlock()
+		if held && c.onEnd != nil {
+			c.onEnd(gone.grant)
+		}
 		return
 	}
 	entry, err := decodeRecord(id, e.Value())

@@ -124,6 +124,9 @@ func decodeRunEvent(companyID, runID string, kind RunKind, data []byte) (Event, 
 	case KindResumed:
 		var e RunResumedEvent
 		err, ev = decode(data, &e), &e
+	case KindUsage:
+		var e RunUsageEvent
+		err, ev = decode(data, &e), &e
 	}
 	if err != nil {
 		return nil, err
@@ -153,6 +156,8 @@ func deref(ev Event) Event {
 	case *RunSuspendedEvent:
 		return *e
 	case *RunResumedEvent:
+		return *e
+	case *RunUsageEvent:
 		return *e
 	}
 	return ev

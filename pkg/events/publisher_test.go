@@ -52,7 +52,22 @@ func samples() []sample {
 		{ev: events.RunSuspendedEvent{RunID: "r1", CompanyID: "c1", ProviderLeaseID: "pc-1", Generation: 1, VolumeClaim: "pc-1-home"}, wantSubject: "paperclip.run.c1.r1.suspended", wantID: "c1.r1.suspended.1", wantType: "io.paperclip.run.suspended.v1", wantTime: fixedNow},
 		{ev: events.RunResumedEvent{RunID: "r1", CompanyID: "c1", At: eventAt, ProviderLeaseID: "pc-1", From: events.ResumedFromRetained, Resumes: 1}, wantSubject: "paperclip.run.c1.r1.resumed", wantID: "c1.r1.resumed.1", wantType: "io.paperclip.run.resumed.v1", wantTime: eventAt},
 		{ev: events.RunResumedEvent{RunID: "r1", CompanyID: "c1", ProviderLeaseID: "pc-1", From: events.ResumedFromSuspended, Generation: 1, Resumes: 2}, wantSubject: "paperclip.run.c1.r1.resumed", wantID: "c1.r1.resumed.2", wantType: "io.paperclip.run.resumed.v1", wantTime: fixedNow},
+		{ev: usageSample(), wantSubject: "paperclip.run.c1.r1.usage", wantID: "c1.r1.usage.01K3M.2", wantType: "io.paperclip.run.usage.v1", wantTime: eventAt},
 	}
+}
+
+func usageSample() events.RunUsageEvent {
+	return events.RunUsageEvent{RunID: "r1", CompanyID: "c1", At: eventAt, Meter: "01K3M", Seq: 2, Usage: []events.ModelUsage{
+		{Key: "ANTHROPIC_API_KEY", Host: "api.anthropic.com", Format: events.UsageFormatAnthropicMessages, Calls: 3, InputTokens: 25, OutputTokens: 17, CacheReadTokens: 3, Unmetered: map[string]int64{"failed": 1}},
+	}}
+}
+
+// usageWith is usageSample with its row changed by edit.
+func usageWith(edit func(*events.RunUsageEvent)) events.RunUsageEvent {
+	ev := usageSample()
+	ev.Usage = append([]events.ModelUsage(nil), ev.Usage...)
+	edit(&ev)
+	return ev
 }
 
 func newPublisher(t *testing.T, js events.JetStreamPublisher) *events.Publisher {
@@ -149,6 +164,15 @@ func TestPublisherRejectsInvalidEvents(t *testing.T) {
 		{"resumed from nowhere", events.RunResumedEvent{RunID: "r1", CompanyID: "c1", ProviderLeaseID: "pc-1", Resumes: 1}, "from"},
 		{"resumed with a negative generation", events.RunResumedEvent{RunID: "r1", CompanyID: "c1", ProviderLeaseID: "pc-1", From: events.ResumedFromSuspended, Generation: -1, Resumes: 1}, "generation"},
 		{"resumed without a resume", events.RunResumedEvent{RunID: "r1", CompanyID: "c1", ProviderLeaseID: "pc-1", From: events.ResumedFromRetained}, "resumes"},
+		{"usage without a meter", usageWith(func(e *events.RunUsageEvent) { e.Meter = "" }), "meter"},
+		{"usage with a dotted meter", usageWith(func(e *events.RunUsageEvent) { e.Meter = "a.b" }), "meter"},
+		{"usage without seq", usageWith(func(e *events.RunUsageEvent) { e.Seq = 0 }), "seq"},
+		{"usage without rows", usageWith(func(e *events.RunUsageEvent) { e.Usage = nil }), "usage"},
+		{"usage of an unknown format", usageWith(func(e *events.RunUsageEvent) { e.Usage[0].Format = "gemini" }), "usage[0].format"},
+		{"usage without calls", usageWith(func(e *events.RunUsageEvent) { e.Usage[0].Calls = 0 }), "usage[0].calls"},
+		{"usage with negative tokens", usageWith(func(e *events.RunUsageEvent) { e.Usage[0].OutputTokens = -1 }), "usage[0].outputTokens"},
+		{"usage without a key", usageWith(func(e *events.RunUsageEvent) { e.Usage[0].Key = "" }), "usage[0].key"},
+		{"usage with more unmetered calls than calls", usageWith(func(e *events.RunUsageEvent) { e.Usage[0].Unmetered = map[string]int64{"failed": 2, "no_usage": 2} }), "usage[0].unmetered"},
 		{"dispatch without namespace", events.DispatchRequest{AcquireRequest: events.AcquireRequest{RunID: "r1", CompanyID: "c1", EnvironmentID: "e", AgentID: "a", Config: json.RawMessage(`{}`)}}, "namespace"},
 	}
 	for _, tc := range tests {
@@ -271,7 +295,7 @@ func TestPublishStoresHeadersAndDeduplicates(t *testing.T) {
 		}
 	}
 	// One stored message per distinct id, whatever was republished.
-	for stream, want := range map[string]uint64{s.LeaseStream(): 3, s.RunStream(): 13, events.WorkStream: 1} {
+	for stream, want := range map[string]uint64{s.LeaseStream(): 3, s.RunStream(): 14, events.WorkStream: 1} {
 		st, err := js.Stream(ctx, stream)
 		if err != nil {
 			t.Fatal(err)

@@ -42,6 +42,7 @@ func schemaCases() []schemaCase {
 	agent := events.AgentResult{SessionID: "s", Model: "m", Usage: &usage, CostUSD: ptr(0.5), Summary: "done", IsError: true, ErrorCode: "claude_refusal"}
 	line := events.LogLine{TS: ts, Text: "x", Partial: true}
 	exit := events.ExecExit{ExitCode: ptr(0), Signal: ptr("SIGKILL"), TimedOut: true, Truncated: true}
+	row := events.ModelUsage{Key: "ANTHROPIC_API_KEY", Host: "api.anthropic.com", Format: events.UsageFormatAnthropicMessages, Calls: 2, InputTokens: 1, OutputTokens: 2, CacheReadTokens: 3, CacheWriteTokens: 4, Unmetered: map[string]int64{"failed": 1}}
 	return []schemaCase{
 		{file: "lease-acquire.json", full: fullAcquire(), zero: events.AcquireRequest{}},
 		{file: "lease-release.json", full: events.ReleaseRequest{RunID: "r1", CompanyID: "c1", ProviderLeaseID: "pc-1", CancelActiveWork: true, ReleaseID: "x1", Destroy: true}, zero: events.ReleaseRequest{}},
@@ -61,6 +62,8 @@ func schemaCases() []schemaCase {
 		{file: "run-exec.json", path: []string{"agent"}, full: agent, zero: events.AgentResult{}},
 		{file: "run-exec.json", path: []string{"agent", "usage"}, full: usage, zero: events.AgentUsage{}},
 		{file: "run-suspended.json", full: events.RunSuspendedEvent{RunID: "r1", CompanyID: "c1", At: at, ProviderLeaseID: "pc-1", Generation: 1, VolumeClaim: "pc-1-home"}, zero: events.RunSuspendedEvent{}},
+		{file: "run-usage.json", full: events.RunUsageEvent{RunID: "r1", CompanyID: "c1", At: at, Meter: "01K3M", Seq: 1, Usage: []events.ModelUsage{row}}, zero: events.RunUsageEvent{}},
+		{file: "run-usage.json", path: []string{"usage", "items"}, full: row, zero: events.ModelUsage{}},
 		{file: "run-resumed.json", full: events.RunResumedEvent{RunID: "r1", CompanyID: "c1", At: at, ProviderLeaseID: "pc-1", From: events.ResumedFromSuspended, Generation: 1, Resumes: 2, ResumeID: "x1", ExpiresAt: &at}, zero: events.RunResumedEvent{}},
 	}
 }
@@ -205,8 +208,8 @@ func TestEverySchemaIsCovered(t *testing.T) {
 			t.Errorf("%s has no schemaCase", f)
 		}
 	}
-	if len(files) != 13 {
-		t.Errorf("found %d schemas, want 13", len(files))
+	if len(files) != 14 {
+		t.Errorf("found %d schemas, want 14", len(files))
 	}
 }
 

@@ -65,7 +65,7 @@ const (
 
 // RunKinds lists every run event kind.
 func RunKinds() []RunKind {
-	return []RunKind{KindCreated, KindStatus, KindLog, KindResult, KindReleased, KindFailed, KindExec, KindSuspended, KindResumed}
+	return []RunKind{KindCreated, KindStatus, KindLog, KindResult, KindReleased, KindFailed, KindExec, KindSuspended, KindResumed, KindUsage}
 }
 
 func (k RunKind) valid() bool {

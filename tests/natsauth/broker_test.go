@@ -172,6 +172,29 @@ func TestBrokerUser(t *testing.T) {
 	paperclip.refused(t, "the plugin listening to mint requests", subject)
 	in.intact(t)
 
+	// The one run event it publishes: a run's usage, through the house's publisher, whose
+	// JetStream ack comes to its own inbox. Not on a longer subject, and no other kind.
+	pub, err := events.NewPublisher(events.PublisherOptions{JS: b.js, Subjects: in.subjects})
+	if err != nil {
+		t.Fatal(err)
+	}
+	usage := events.RunUsageEvent{RunID: in.victim.RunID, CompanyID: in.victim.CompanyID, Meter: "01K3M", Seq: 1, Usage: []events.ModelUsage{
+		{Key: "ANTHROPIC_API_KEY", Host: "api.anthropic.com", Format: events.UsageFormatAnthropicMessages, Calls: 1, InputTokens: 25, OutputTokens: 17},
+	}}
+	ack, err := pub.Publish(ctx, usage)
+	if err != nil {
+		t.Fatalf("the broker user publishing a usage event: %v", err)
+	}
+	if ack.Stream != in.subjects.RunStream() || ack.Duplicate {
+		t.Errorf("the usage event's ack: %+v, want stored in %s", ack, in.subjects.RunStream())
+	}
+	for _, subj := range []string{in.runSubject("usage") + ".x", in.runSubject("log"), in.runSubject("exec"), in.runSubject("created")} {
+		if err := b.Publish(subj, []byte("{}")); err != nil {
+			t.Fatal(err)
+		}
+		b.refused(t, "broker publishing", subj)
+	}
+
 	// The lease ends: the dispatcher's released event releases its grants.
 	ev, _ := json.Marshal(events.RunReleasedEvent{RunID: in.victim.RunID, CompanyID: in.victim.CompanyID, ProviderLeaseID: "lease-1", State: events.ReleaseStopped})
 	if _, err := in.worker.js.Publish(ctx, in.runSubject("released"), ev); err != nil {
