@@ -123,20 +123,37 @@ func TestNoisyNeighbour(t *testing.T) {
 			parked = append(parked, r)
 		}
 		for range noisyFailing / quietRuns {
+			// Not followed one consumer each (Collect): the answers are read at the end through
+			// one consumer, as Paperclip's plugin reads its answers (docs/follow.md). Creating
+			// 400 consumers per round on the run stream stalled its writes for everybody,
+			// company B's `created` among them (0.7-0.9 s a publish in the round after).
 			r := env.NewRun(t, noisy, pt.NewID("agent"))
-			r.Collect()
 			r.PublishAcquire(sleeping(withConfig("egressAllowCidrs", []string{"10.0.0.0/33"})), true)
 			failing = append(failing, r)
 		}
 	}
-	loaded := quietLeases(t, quiet, flood)
-	t.Logf("company B's acquire → created alone: %v (median %s); each behind %d of company A's new acquires: %v (median %s)",
-		alone, median(alone), (noisyParked+noisyFailing)/quietRuns, loaded, median(loaded))
 	// The figures are the report; the bound catches first attempts queued behind another
 	// company's backlog (a median of 600 ms behind 600 of A's, 29 ms alone, before issue 26),
-	// with room for the noise of a shared 2-core machine at tens of milliseconds.
-	if m, limit := median(loaded), max(2*median(alone), median(alone)+250*time.Millisecond); m > limit {
-		t.Errorf("company B's acquire → created took %s (median) beside company A, %s alone; want at most %s", m, median(alone), limit)
+	// with room for the noise of a shared 2-core machine at tens of milliseconds. That noise
+	// comes and goes with whatever else runs (`make test` runs two packages at once): a median
+	// over the bound is measured again once, alone and beside, and fails only twice over. A
+	// company served behind another's backlog is over it every time.
+	acquireBound := func(alone []time.Duration) time.Duration {
+		return max(2*median(alone), median(alone)+250*time.Millisecond)
+	}
+	loaded := quietLeases(t, quiet, flood)
+	for attempt := 1; ; attempt++ {
+		t.Logf("company B's acquire → created alone: %v (median %s); each behind %d of company A's new acquires: %v (median %s)",
+			alone, median(alone), (noisyParked+noisyFailing)/quietRuns, loaded, median(loaded))
+		if median(loaded) <= acquireBound(alone) {
+			break
+		}
+		if attempt == 2 {
+			t.Errorf("company B's acquire → created took %s (median) beside company A, %s alone; want at most %s (twice)", median(loaded), median(alone), acquireBound(alone))
+			break
+		}
+		t.Logf("over the bound %s: measuring again", acquireBound(alone))
+		alone, loaded = quietLeases(t, quiet, nil), quietLeases(t, quiet, flood)
 	}
 
 	// A's recorded execs: a flood noisyConcurrency at a time, and one loud exec past the
@@ -153,6 +170,12 @@ func TestNoisyNeighbour(t *testing.T) {
 	go func() { loudDone <- runLoudExec(t, noisyClient, noisyPod) }()
 	endedBefore := execFlood.Ended()
 	execsBeside, _ := quietExecs(t, quietClient, quietPod, "beside", quietExecCount, false)
+	// As for acquires: a median over the bound is measured again once, A's flood still running.
+	execBound := max(2*median(execsAlone), median(execsAlone)+execFloor)
+	if median(execsBeside) > execBound {
+		t.Logf("company B's exec round trip beside company A: %v (median %s), over the bound %s: measuring again", execsBeside, median(execsBeside), execBound)
+		execsBeside, _ = quietExecs(t, quietClient, quietPod, "beside-again", quietExecCount, false)
+	}
 	recordedBeside, printedBeside := quietExecs(t, quietClient, quietPod, "beside-recorded", quietRecorded, true)
 	endedBeside := execFlood.Ended() - endedBefore
 	inProgress := len(bucketKeys(t, execsvc.RecordedBucket, noisy))
@@ -167,8 +190,8 @@ func TestNoisyNeighbour(t *testing.T) {
 	// 20 ms to 1.3 s, KV writes do; a per-company gate on the publishes in flight did not help:
 	// docs/boundary/fairness.md). They took 7 to 37 times their figure alone (38 to 335 ms
 	// against 6 to 13 ms), the more the busier the machine.
-	if m, limit := median(execsBeside), max(2*median(execsAlone), median(execsAlone)+execFloor); m > limit {
-		t.Errorf("company B's exec round trip took %s (median) beside company A, %s alone; want at most %s", m, median(execsAlone), limit)
+	if m := median(execsBeside); m > execBound {
+		t.Errorf("company B's exec round trip took %s (median) beside company A, %s alone; want at most %s (twice)", m, median(execsAlone), execBound)
 	}
 	pt.Eventually(t, 3*time.Minute, fmt.Sprintf("%d of company A's execs to end", noisyExecs), func() bool { return execFlood.Ended() >= noisyExecs })
 	tally := execFlood.Stop()
@@ -206,9 +229,12 @@ func TestNoisyNeighbour(t *testing.T) {
 	// config, naming the field, until A had created its lease-record quota for the day, and from
 	// then on for the quota, naming it (--lease-record-quota: 1,864 a day at the defaults).
 	refused := map[events.Code]int{}
+	answers := acquireFailures(t, noisy, failing)
 	for i, r := range failing {
-		f := waitFailed(t, r, events.LeaseAcquire)
+		f, ok := answers[r.RunID]
 		switch {
+		case !ok:
+			t.Fatalf("company A's failing acquire %d of %d (%s): no failed event", i+1, len(failing), r.RunID)
 		case f.Code == events.CodeInvalidConfig && f.Field == "config.egressAllowCidrs[0]":
 		case f.Code == events.CodeQuotaExceeded && strings.Contains(f.Message, "lease-record quota"):
 		default:
@@ -366,4 +392,38 @@ func median(d []time.Duration) time.Duration {
 	s := slices.Clone(d)
 	slices.Sort(s)
 	return s[len(s)/2]
+}
+
+// acquireFailures reads the failed acquires of company's runs from the run stream through one
+// consumer until it has one for each of runs (or runTimeout passed), by run id. Other runs' are
+// skipped (A's waiting acquires past its lease-record quota fail too).
+func acquireFailures(t *testing.T, company string, runs []*pt.Run) map[string]events.RunFailedEvent {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), runTimeout)
+	defer cancel()
+	cons, err := env.JS.OrderedConsumer(ctx, env.Subjects.RunStream(), jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{env.Subjects.Prefix() + ".run." + company + ".*." + string(events.KindFailed)},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]bool{}
+	for _, r := range runs {
+		want[r.RunID] = true
+	}
+	out := map[string]events.RunFailedEvent{}
+	for len(out) < len(want) {
+		m, err := cons.Next(jetstream.FetchContext(ctx))
+		if err != nil {
+			t.Fatalf("reading company %s's failed acquires (%d of %d): %v", company, len(out), len(want), err)
+		}
+		ev, err := env.Subjects.DecodeRunEvent(m.Subject(), m.Data())
+		if err != nil {
+			t.Fatalf("decoding %s: %v", m.Subject(), err)
+		}
+		if f, ok := ev.(events.RunFailedEvent); ok && f.Request == events.LeaseAcquire && want[f.RunID] {
+			out[f.RunID] = f
+		}
+	}
+	return out
 }
