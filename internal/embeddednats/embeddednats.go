@@ -16,11 +16,11 @@ import (
 const (
 	// DefaultHost keeps a development server off the network.
 	DefaultHost = "127.0.0.1"
-	// defaultServerName names the server in JetStream metadata.
-	defaultServerName = "kubeclip-embedded"
-	// defaultReadyTimeout bounds the wait for the server to accept connections on a loaded
+	// DefaultServerName names the server in JetStream metadata.
+	DefaultServerName = "kubeclip-embedded"
+	// DefaultReadyTimeout bounds the wait for the server to accept connections on a loaded
 	// machine.
-	defaultReadyTimeout = 10 * time.Second
+	DefaultReadyTimeout = 10 * time.Second
 )
 
 // DefaultMaxConsumers is the consumers a stream may hold unless it sets its own bound, as the
@@ -58,10 +58,10 @@ func Start(opts Options) (*server.Server, error) {
 		opts.Host = DefaultHost
 	}
 	if opts.ServerName == "" {
-		opts.ServerName = defaultServerName
+		opts.ServerName = DefaultServerName
 	}
 	if opts.ReadyTimeout <= 0 {
-		opts.ReadyTimeout = defaultReadyTimeout
+		opts.ReadyTimeout = DefaultReadyTimeout
 	}
 	s, err := server.NewServer(&server.Options{
 		ServerName:      opts.ServerName,

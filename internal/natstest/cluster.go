@@ -422,24 +422,33 @@ func (n *Node) Log() string {
 // kubeclip cache ($KUBECLIP_CACHE, default ~/.cache/kubeclip) and reused by every later test.
 func ServerBinary(t testing.TB) string {
 	t.Helper()
-	version, err := serverVersion()
+	bin, err := BuildServerBinary()
 	if err != nil {
 		t.Fatalf("natstest: %v", err)
+	}
+	return bin
+}
+
+// BuildServerBinary is ServerBinary for a caller with no test at hand (a suite's TestMain).
+func BuildServerBinary() (string, error) {
+	version, err := serverVersion()
+	if err != nil {
+		return "", err
 	}
 	cache := os.Getenv("KUBECLIP_CACHE")
 	if cache == "" {
 		home, err := os.UserHomeDir()
 		if err != nil {
-			t.Fatalf("natstest: finding the cache directory: %v", err)
+			return "", fmt.Errorf("finding the cache directory: %w", err)
 		}
 		cache = filepath.Join(home, ".cache", "kubeclip")
 	}
 	bin := filepath.Join(cache, "nats-server", version, "nats-server")
 	if _, err := os.Stat(bin); err == nil {
-		return bin
+		return bin, nil
 	}
 	if err := os.MkdirAll(filepath.Dir(bin), 0o755); err != nil {
-		t.Fatalf("natstest: %v", err)
+		return "", err
 	}
 	// Built beside its final name and renamed: packages built at the same time never see half
 	// a binary.
@@ -447,12 +456,12 @@ func ServerBinary(t testing.TB) string {
 	cmd := exec.Command("go", "build", "-trimpath", "-o", tmp, serverModule)
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("natstest: building nats-server %s (go build %s, from inside the kubeclip module): %v\n%s", version, serverModule, err, out)
+		return "", fmt.Errorf("building nats-server %s (go build %s, from inside the kubeclip module): %w\n%s", version, serverModule, err, out)
 	}
 	if err := os.Rename(tmp, bin); err != nil {
-		t.Fatalf("natstest: %v", err)
+		return "", err
 	}
-	return bin
+	return bin, nil
 }
 
 // serverVersion is the nats-server version go.mod pins (a test runs inside the module).

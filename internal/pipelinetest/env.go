@@ -26,6 +26,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/kubeclip/kubeclip/internal/clustertest"
+	"github.com/kubeclip/kubeclip/internal/natstest"
 	"github.com/kubeclip/kubeclip/pkg/events"
 	"github.com/kubeclip/kubeclip/pkg/execspec"
 	"github.com/kubeclip/kubeclip/pkg/inbox"
@@ -70,6 +71,11 @@ type Options struct {
 	// ExecWorkers is how many exec-worker processes Setup starts after the other workers
 	// (default none: only suites that exec need them).
 	ExecWorkers int
+	// NATSProcess runs the JetStream server as the pinned nats-server binary in a process of its
+	// own (StartNATSProcess), as production runs it, instead of inside the test process, where
+	// it is built with the race detector and shares the CPUs and garbage collector of the
+	// suite's clients: for a suite that measures latency through the server.
+	NATSProcess bool
 }
 
 // Env is a running pipeline: JetStream, the workers, and a client connection.
@@ -179,7 +185,14 @@ func Setup(opts Options) (*Env, error) {
 	if err := os.WriteFile(e.SandboxKeyFile, []byte(hex.EncodeToString(e.SandboxKey)), 0o600); err != nil {
 		return e, err
 	}
-	e.NATS, err = StartNATS(filepath.Join(dir, "nats"))
+	if opts.NATSProcess {
+		var bin string
+		if bin, err = natstest.BuildServerBinary(); err == nil {
+			e.NATS, err = StartNATSProcess(filepath.Join(dir, "nats"), bin, filepath.Join(e.LogDir, "nats-server.log"))
+		}
+	} else {
+		e.NATS, err = StartNATS(filepath.Join(dir, "nats"))
+	}
 	if err != nil {
 		return e, err
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -13,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/goleak"
 
+	"github.com/kubeclip/kubeclip/internal/natstest"
 	"github.com/kubeclip/kubeclip/pkg/events"
 )
 
@@ -89,13 +91,34 @@ func TestWantStubLines(t *testing.T) {
 }
 
 // TestNATSRestartKeepsPortAndStore: after Restart, a client that kept reconnecting finds the
-// server at the same URL with the messages it stored before.
+// server at the same URL with the messages it stored before, embedded or as a process.
 func TestNATSRestartKeepsPortAndStore(t *testing.T) {
-	n, err := StartNATS(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
+	for _, tc := range []struct {
+		name  string
+		start func(t *testing.T) (*NATS, error)
+	}{
+		{name: "embedded", start: func(t *testing.T) (*NATS, error) { return StartNATS(t.TempDir()) }},
+		{name: "process", start: func(t *testing.T) (*NATS, error) {
+			dir := t.TempDir()
+			return StartNATSProcess(filepath.Join(dir, "nats"), natstest.ServerBinary(t), filepath.Join(dir, "nats-server.log"))
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			n, err := tc.start(t)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer n.Stop()
+			testRestartKeepsPortAndStore(t, n)
+			n.Stop()
+			if n.Running() {
+				t.Error("running after Stop")
+			}
+		})
 	}
-	defer n.Stop()
+}
+
+func testRestartKeepsPortAndStore(t *testing.T, n *NATS) {
 	url := n.URL()
 	nc, err := nats.Connect(url, nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
 	if err != nil {

@@ -41,5 +41,10 @@ func TestMain(m *testing.M) {
 		// Two exec-workers at their defaults, as tests/paperclip runs them: the noisy
 		// neighbour's execs go through them.
 		ExecWorkers: 2,
+		// The suite's nats-server a process of its own, as in production, not a -race server
+		// inside the test process: TestNoisyNeighbour measures company B beside company A's
+		// flood, and in-process B's acquire → created took 169-532 ms beside A (27-183 ms as a
+		// process; docs/boundary/fairness.md).
+		NATSProcess: true,
 	}, &env))
 }
