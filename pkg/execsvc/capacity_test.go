@@ -165,23 +165,40 @@ func holdAgents(t *testing.T, replicas, agents int) {
 	t.Logf("%d live agent sessions on %d replicas: heap in use %d -> %d bytes (%.0f KiB per session), RSS %d -> %d bytes (%.0f KiB per session), goroutines %d -> %d",
 		agents, replicas, before.heap, after.heap, perHeap/1024, before.rss, after.rss, perRSS/1024, before.goroutines, after.goroutines)
 
-	// Company B arrives.
-	first := collectAnswers(t, e.clientNC, inbox.CLIPrefix+".b")
+	// Company B arrives. The issue's bound: B's first command is admitted at once, not queued
+	// behind A's sessions. Its start is a process spawned through sandboxd, tens of milliseconds
+	// on this machine; a second is the bound the issue sets, far above that and far below a
+	// queue's wait. A first command over it is measured once more, with a third company: a
+	// moment of the machine's load (CI runs other packages' tests beside this one) passes, a
+	// queue behind A's sessions does not.
+	took := e.firstCommand(t, b, "B", agents)
+	if took <= time.Second {
+		return
+	}
+	t.Logf("company B's first command took %v, over the second: measuring a third company's", took)
+	c := e.newLease(newID("co-c"))
+	if again := e.firstCommand(t, c, "C", agents); again > time.Second {
+		t.Errorf("the first commands of companies B and C started %v and %v after they were sent while A held %d; want within a second", took, again, agents)
+	}
+}
+
+// firstCommand starts a new company's first command on lease l (a long-running recorded
+// one, as an agent's) and returns how long it took to be started, logged as name's.
+func (e *env) firstCommand(t *testing.T, l *testLease, name string, held int) time.Duration {
+	t.Helper()
+	prefix := inbox.CLIPrefix + "." + strings.ToLower(name)
+	reply := prefix + ".1"
+	first := collectAnswers(t, e.clientNC, prefix)
 	sent := time.Now()
-	e.startRaw(b, inbox.CLIPrefix+".b.1", execproto.StartRequest{Command: "sleep", Args: []string{"600"}, Record: true})
-	eventually(t, "company B's first command is answered", func() bool { _, ok := first.get(inbox.CLIPrefix + ".b.1"); return ok })
-	x, _ := first.get(inbox.CLIPrefix + ".b.1")
+	e.startRaw(l, reply, execproto.StartRequest{Command: "sleep", Args: []string{"600"}, Record: true})
+	eventually(t, "company "+name+"'s first command is answered", func() bool { _, ok := first.get(reply); return ok })
+	x, _ := first.get(reply)
 	if x.kind != execproto.KindStarted {
-		t.Fatalf("company B's first command while A holds %d: %s %s", agents, x.kind, x.msg)
+		t.Fatalf("company %s's first command while A holds %d: %s %s", name, held, x.kind, x.msg)
 	}
 	took := x.at.Sub(sent)
-	t.Logf("company B's first command started %v after its start was sent (A holding %d)", took, agents)
-	// The issue's bound: B's first command is admitted at once, not queued behind A's sessions.
-	// Its start is a process spawned through sandboxd, tens of milliseconds on this machine;
-	// a second is the bound the issue sets, far above that and far below a queue's wait.
-	if took > time.Second {
-		t.Errorf("company B's first command started %v after it was sent while A held %d; want within a second", took, agents)
-	}
+	t.Logf("company %s's first command started %v after its start was sent (A holding %d)", name, took, held)
+	return took
 }
 
 // liveSessions is how many sessions the replicas serve now.
