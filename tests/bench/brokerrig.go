@@ -400,11 +400,14 @@ func (r *brokerRig) request(ctx context.Context, viaBroker bool, body string) *h
 
 // brokerMemory is one reading of the broker process's memory.
 type brokerMemory struct {
-	rss, heapInuse int64
-	goroutines     int
+	rss, heapInuse, stacks int64
+	// liveHeap is the heap the last collection left live: its next goal over 1 + GOGC/100
+	// (heapInuse counts the garbage not yet collected too).
+	liveHeap   int64
+	goroutines int
 }
 
-// memory reads the broker's RSS from /proc and its heap in use and goroutines from /metrics.
+// memory reads the broker's RSS from /proc and its heap, stacks and goroutines from /metrics.
 func (r *brokerRig) memory(ctx context.Context) (brokerMemory, error) {
 	var m brokerMemory
 	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", r.pid))
@@ -430,7 +433,7 @@ func (r *brokerRig) memory(ctx context.Context) (brokerMemory, error) {
 		return m, fmt.Errorf("scraping the broker's metrics: %w", err)
 	}
 	defer resp.Body.Close()
-	found := 0
+	values := map[string]float64{}
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
@@ -442,19 +445,22 @@ func (r *brokerRig) memory(ctx context.Context) (brokerMemory, error) {
 		if err != nil {
 			continue
 		}
-		switch name {
-		case "go_memstats_heap_inuse_bytes":
-			m.heapInuse, found = int64(v), found+1
-		case "go_goroutines":
-			m.goroutines, found = int(v), found+1
-		}
+		values[name] = v
 	}
 	if err := sc.Err(); err != nil {
 		return m, fmt.Errorf("reading the broker's metrics: %w", err)
 	}
-	if found != 2 || m.rss == 0 {
-		return m, errors.New("the broker's metrics lack go_memstats_heap_inuse_bytes or go_goroutines, or /proc its VmRSS")
+	for _, name := range []string{"go_memstats_heap_inuse_bytes", "go_memstats_stack_inuse_bytes", "go_memstats_next_gc_bytes", "go_gc_gogc_percent", "go_goroutines"} {
+		if _, ok := values[name]; !ok {
+			return m, fmt.Errorf("the broker's metrics lack %s", name)
+		}
 	}
+	if m.rss == 0 {
+		return m, errors.New("the broker's /proc status has no VmRSS")
+	}
+	m.heapInuse, m.stacks = int64(values["go_memstats_heap_inuse_bytes"]), int64(values["go_memstats_stack_inuse_bytes"])
+	m.liveHeap = int64(values["go_memstats_next_gc_bytes"] / (1 + values["go_gc_gogc_percent"]/100))
+	m.goroutines = int(values["go_goroutines"])
 	return m, nil
 }
 

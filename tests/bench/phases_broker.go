@@ -101,7 +101,8 @@ func (b *bench) brokerPhase(ctx context.Context, rep *report) (err error) {
 		rep.add(row{
 			Metric: fmt.Sprintf("(p'') %d open SSE streams through one broker process: RSS per stream", top.Streams),
 			N:      top.Streams, Unit: "KiB", P50: top.RSSPerStreamKiB,
-			Raw:    fmt.Sprintf("heap in use per stream %s; RSS %.1f → %.1f MiB (before → at %d streams); every level in the broker table", kib(top.HeapPerStreamKiB), levels[0].RSSMiB, top.RSSMiB, top.Streams),
+			Raw: fmt.Sprintf("heap in use per stream %s, live heap (at the last collection) per stream %s; RSS %.1f → %.1f MiB (before → at %d streams); every level in the broker table",
+				kib(top.HeapPerStreamKiB), kib(top.LivePerStreamKiB), levels[0].RSSMiB, top.RSSMiB, top.Streams),
 			Target: "bounded: per stream, not growing with the count", Errors: streamFailed,
 		})
 	}
@@ -378,26 +379,35 @@ type brokerLevel struct {
 	OpenSeconds float64 `json:"openSeconds,omitempty"`
 	RSSMiB      float64 `json:"rssMiB"`
 	HeapMiB     float64 `json:"heapInuseMiB"`
-	Goroutines  int     `json:"goroutines"`
-	// RSSPerStreamKiB and HeapPerStreamKiB are the growth since "before" over the open
-	// streams (nil before and after).
+	// LiveMiB is the heap the broker's last collection left live (heap in use counts the
+	// garbage not yet collected too); StacksMiB its goroutines' stacks, outside the heap.
+	LiveMiB    float64 `json:"liveHeapMiB"`
+	StacksMiB  float64 `json:"stacksMiB"`
+	Goroutines int     `json:"goroutines"`
+	// The per-stream figures are the growth since "before" over the open streams (nil before
+	// and after).
 	RSSPerStreamKiB  *float64 `json:"rssPerStreamKiB,omitempty"`
 	HeapPerStreamKiB *float64 `json:"heapPerStreamKiB,omitempty"`
+	LivePerStreamKiB *float64 `json:"liveHeapPerStreamKiB,omitempty"`
 }
 
 func newBrokerLevel(at string, streams int, took time.Duration, m brokerMemory, earlier []brokerLevel) brokerLevel {
 	l := brokerLevel{
 		At: at, Streams: streams, OpenSeconds: math.Round(10*took.Seconds()) / 10,
-		RSSMiB: math.Round(10*float64(m.rss)/(1<<20)) / 10, HeapMiB: math.Round(10*float64(m.heapInuse)/(1<<20)) / 10,
+		RSSMiB: inMiB(m.rss), HeapMiB: inMiB(m.heapInuse), LiveMiB: inMiB(m.liveHeap), StacksMiB: inMiB(m.stacks),
 		Goroutines: m.goroutines,
 	}
 	if streams > 0 && len(earlier) > 0 {
 		before := earlier[0]
-		l.RSSPerStreamKiB = round1((l.RSSMiB - before.RSSMiB) * 1024 / float64(streams))
-		l.HeapPerStreamKiB = round1((l.HeapMiB - before.HeapMiB) * 1024 / float64(streams))
+		per := func(now, then float64) *float64 { return round1((now - then) * 1024 / float64(streams)) }
+		l.RSSPerStreamKiB = per(l.RSSMiB, before.RSSMiB)
+		l.HeapPerStreamKiB = per(l.HeapMiB, before.HeapMiB)
+		l.LivePerStreamKiB = per(l.LiveMiB, before.LiveMiB)
 	}
 	return l
 }
+
+func inMiB(b int64) float64 { return math.Round(100*float64(b)/(1<<20)) / 100 }
 
 // topLevel is the reading at the most streams, nil without one.
 func topLevel(levels []brokerLevel) *brokerLevel {
@@ -435,13 +445,14 @@ func (f *brokerFigures) print(w io.Writer) error {
 			}
 		},
 		func(tw io.Writer) {
-			fmt.Fprintln(tw, "broker memory\tstreams\topened in s\tRSS MiB\theap in use MiB\tgoroutines\tRSS/stream\theap/stream\t")
+			fmt.Fprintln(tw, "broker memory\tstreams\topened in s\tRSS MiB\theap in use MiB\tlive heap MiB\tstacks MiB\tgoroutines\tRSS/stream\theap in use/stream\tlive heap/stream\t")
 			for _, l := range f.Memory {
 				opened := "-"
 				if l.Streams > 0 {
 					opened = fmt.Sprintf("%.1f", l.OpenSeconds)
 				}
-				fmt.Fprintf(tw, "%s\t%d\t%s\t%.1f\t%.1f\t%d\t%s\t%s\t\n", l.At, l.Streams, opened, l.RSSMiB, l.HeapMiB, l.Goroutines, kib(l.RSSPerStreamKiB), kib(l.HeapPerStreamKiB))
+				fmt.Fprintf(tw, "%s\t%d\t%s\t%.1f\t%.1f\t%.1f\t%.1f\t%d\t%s\t%s\t%s\t\n", l.At, l.Streams, opened, l.RSSMiB, l.HeapMiB, l.LiveMiB, l.StacksMiB,
+					l.Goroutines, kib(l.RSSPerStreamKiB), kib(l.HeapPerStreamKiB), kib(l.LivePerStreamKiB))
 			}
 		},
 	}
