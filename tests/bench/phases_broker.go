@@ -172,6 +172,9 @@ func (r *brokerRig) call(ctx context.Context, c *http.Client, viaBroker bool) (t
 	if resp.StatusCode != http.StatusOK || string(body) != upstreamJSON {
 		return 0, fmt.Errorf("answered %d with %d bytes, want 200 and the upstream's %d", resp.StatusCode, len(body), len(upstreamJSON))
 	}
+	if resp.ProtoMajor != 1 {
+		return 0, fmt.Errorf("answered over %s, want HTTP/1.1 as a CLI's keep-alive connection", resp.Proto)
+	}
 	return d, nil
 }
 
@@ -226,7 +229,10 @@ func (b *bench) brokerStreams(ctx context.Context, rig *brokerRig) (levels []bro
 		}
 	}
 	read := func(what string, streams int, took time.Duration) bool {
-		time.Sleep(brokerSettle)
+		if err := sleep(ctx, brokerSettle); err != nil {
+			fail(err)
+			return false
+		}
 		m, err := rig.memory(ctx)
 		if err != nil {
 			fail(err)
