@@ -122,6 +122,11 @@ func newBench(ctx context.Context, s settings, stderr io.Writer) (b *bench, err 
 	return b, err
 }
 
+// newLocalBench is the bench of cluster-free phases alone ((p)): no pipeline, no cluster.
+func newLocalBench(s settings, stderr io.Writer) *bench {
+	return &bench{s: s, session: newID(""), progress: stderr, stats: newOpStats()}
+}
+
 // close stops the bench's readers, then the pipeline, then deletes every namespace the bench
 // made and waits (bounded by --cleanup-timeout, even when ctx is already cancelled) until they
 // are gone.
@@ -163,7 +168,8 @@ func (b *bench) cleanup(ctx context.Context) error {
 }
 
 // measure runs every phase in turn, each on a node the ones before it have left (settle), and
-// returns the report, with the rows of the phases that ran when one fails.
+// returns the report, with the rows of the phases that ran when one fails. Without the
+// pipeline (only cluster-free phases selected: newLocalBench) it runs those alone.
 func (b *bench) measure(ctx context.Context) (*report, error) {
 	rep := newReport(b.session)
 	rep.note("p50/p99 are nearest-rank percentiles: p99 is the ⌈0.99·n⌉-th smallest of n samples (the largest when n < 100, the second largest when n = 100)")
@@ -181,11 +187,16 @@ func (b *bench) measure(ctx context.Context) (*report, error) {
 	phases = append(phases, b.execPhases(b.sandboxKey)...)
 	phases = append(phases, phase{phaseReuse, b.reusePhase})
 	phases = append(phases, phase{phaseWarmPool, func(ctx context.Context, rep *report) error { return b.warmPoolPhase(ctx, rep, b.sandboxKey) }})
+	phases = append(phases, phase{phaseBroker, b.brokerPhase})
+	if b.pipe == nil {
+		rep.Mode = "phase (p) alone, without the cluster or the pipeline: the credential-broker binary as its own process, " +
+			"NATS, its upstream and the clients in the bench process; times are the clients' (request sent → body or first byte read)"
+	}
 	for i, p := range phases {
-		if !b.s.runs(p.name) {
+		if !b.s.runs(p.name) || (b.pipe == nil && p.name == phaseSetup) {
 			continue
 		}
-		if i > 0 {
+		if i > 0 && b.pipe != nil {
 			ps, err := b.settle(ctx, p.name)
 			if err != nil {
 				return rep, err

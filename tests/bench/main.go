@@ -23,6 +23,11 @@
 //	(o) acquire → ready to exec (status Ready; first exec) at 45/s open loop, one company with a
 //	    full warm pool (a dispatcher process with --warm-pool-max); hits and misses apart, the
 //	    hit rate                                                         vs  client-go pod create → Ready
+//	(p) a model call (JSON POST /v1/messages) through the credential broker (the credential-broker
+//	    binary from --bin as its own process, its grant cache on NATS)  vs  straight to the same
+//	    local TLS upstream; a streamed call's first byte, both routes; then 250/500/1,000 open
+//	    SSE streams through the one broker: its RSS and heap per stream. It needs no cluster:
+//	    `--phases p` (KUBECLIP_BENCH_PHASES=p) runs it alone, without the pipeline.
 //
 // The pipeline is the real one, in process: an embedded JetStream server and the tenant-worker,
 // dispatcher and run-watcher, each with its own NATS connection and Kubernetes client (so its
@@ -68,6 +73,11 @@ func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout,
 	s, err := parseSettings(args, lookupEnv, stdout)
 	if err != nil {
 		return err
+	}
+	if !s.needsCluster() {
+		b := newLocalBench(s, stderr)
+		report, runErr := b.measure(ctx)
+		return errors.Join(runErr, report.write(stdout, s.out))
 	}
 	// The bursts fill the node: take the cluster capacity lock exclusively, as suites that fill
 	// it do, so no other suite's pods sit unschedulable meanwhile (and none skew the figures).

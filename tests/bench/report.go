@@ -29,6 +29,8 @@ type report struct {
 	// Phases says how each phase after the set-up started: the wait for the node to be clear
 	// of the phases before it, and the load average then.
 	Phases []phaseStart `json:"phases,omitempty"`
+	// Broker is (p)'s raw columns: each route's samples, what the broker added, its memory.
+	Broker *brokerFigures `json:"broker,omitempty"`
 	// Plots are the pictures of the phases' distributions written beside the JSON (file names).
 	Plots []string `json:"plots,omitempty"`
 }
@@ -167,6 +169,11 @@ func (r *report) printTable(w io.Writer) error {
 		fmt.Fprintln(w, "\nnotes:")
 		for _, n := range r.Notes {
 			fmt.Fprintf(w, "  - %s\n", n)
+		}
+	}
+	if r.Broker != nil {
+		if err := r.Broker.print(w); err != nil {
+			return err
 		}
 	}
 	if err := r.printPhases(w); err != nil {

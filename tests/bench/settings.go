@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 	"time"
 
@@ -70,6 +71,13 @@ type settings struct {
 	warmPoolSamples     int
 	warmPoolFillTimeout time.Duration
 
+	brokerCalls        int
+	brokerWarmup       int
+	brokerFirstBytes   int
+	brokerStreams      string
+	brokerStreamLevels []int // brokerStreams parsed, ascending
+	brokerOpeners      int
+
 	phases string
 
 	sandboxdImage string
@@ -120,7 +128,12 @@ func parseSettings(args []string, lookupEnv config.LookupEnv, stdout io.Writer) 
 	fs.Float(&s.warmPoolRate, "warm-pool-rate", "KUBECLIP_BENCH_WARM_POOL_RATE", 45, "(o) acquires offered per second, open loop (each on schedule, whatever the earlier ones are doing)")
 	fs.Int(&s.warmPoolSamples, "warm-pool-samples", "KUBECLIP_BENCH_WARM_POOL_SAMPLES", 60, "(o) acquires offered at --warm-pool-rate once the pool is full, each measured and released")
 	fs.Duration(&s.warmPoolFillTimeout, "warm-pool-fill-timeout", "KUBECLIP_BENCH_WARM_POOL_FILL_TIMEOUT", 3*time.Minute, "(o) longest wait for the pool's warm pods to be Ready after the warm-up acquire; with none Ready then, the phase reports why and measures nothing")
-	fs.String(&s.phases, "phases", "KUBECLIP_BENCH_PHASES", "all", "phases to run, as letters (\"g,h\" or \"gh\"); set-up always runs, (c) measures the runs of (a), (b) and (d)")
+	fs.Int(&s.brokerCalls, "broker-calls", "KUBECLIP_BENCH_BROKER_CALLS", 2000, "(p) model calls measured through the credential broker, and as many straight to the upstream, interleaved")
+	fs.Int(&s.brokerWarmup, "broker-warmup", "KUBECLIP_BENCH_BROKER_WARMUP", 200, "(p), (p') calls of each route made first and not measured (connections, leaf certificates, caches)")
+	fs.Int(&s.brokerFirstBytes, "broker-first-bytes", "KUBECLIP_BENCH_BROKER_FIRST_BYTES", 1000, "(p') streamed calls measured to their first byte through the broker, and as many direct")
+	fs.String(&s.brokerStreams, "broker-streams", "KUBECLIP_BENCH_BROKER_STREAMS", "250,500,1000", "(p'') concurrent open SSE streams through the one broker process at which its memory is read, ascending")
+	fs.Int(&s.brokerOpeners, "broker-openers", "KUBECLIP_BENCH_BROKER_OPENERS", 32, "(p'') streams being opened at once (TLS handshake to first event)")
+	fs.String(&s.phases, "phases", "KUBECLIP_BENCH_PHASES", "all", "phases to run, as letters (\"g,h\" or \"gh\"); set-up always runs but for (p) alone, which needs no cluster; (c) measures the runs of (a), (b) and (d)")
 	fs.String(&s.sandboxdImage, "sandboxd-image", "KUBECLIP_SANDBOXD_IMAGE", dispatch.DefaultSandboxdImage, "the dispatcher's sandboxd image, as cmd/dispatcher's flag (a build of this checkout for the exec phases)")
 	fs.Duration(&s.waitTimeout, "wait-timeout", "KUBECLIP_BENCH_WAIT_TIMEOUT", 60*time.Second, "longest wait for one event")
 	fs.Duration(&s.cleanupTimeout, "cleanup-timeout", "KUBECLIP_BENCH_CLEANUP_TIMEOUT", 3*time.Minute, "longest wait for the bench's namespaces to be gone")
@@ -132,12 +145,29 @@ func parseSettings(args []string, lookupEnv config.LookupEnv, stdout io.Writer) 
 	if err := s.validate(fs); err != nil {
 		return s, &app.UsageError{Err: err}
 	}
+	s.brokerStreamLevels, _ = parseLevels(s.brokerStreams)
 	return s, nil
+}
+
+// parseLevels reads a comma-separated list of positive counts in ascending order.
+func parseLevels(list string) ([]int, error) {
+	var levels []int
+	for _, f := range strings.Split(list, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n <= 0 {
+			return nil, fmt.Errorf("%q is not a count > 0", strings.TrimSpace(f))
+		}
+		if len(levels) > 0 && n <= levels[len(levels)-1] {
+			return nil, fmt.Errorf("%d does not follow %d in ascending order", n, levels[len(levels)-1])
+		}
+		levels = append(levels, n)
+	}
+	return levels, nil
 }
 
 func (s settings) validate(fs *config.Set) error {
 	var errs []error
-	if s.kubeconfig == "" {
+	if s.kubeconfig == "" && s.needsCluster() {
 		errs = append(errs, fmt.Errorf("%s is required (make bench passes the local cluster's)", fs.Names("kubeconfig")))
 	}
 	positive := map[string]int{
@@ -148,11 +178,18 @@ func (s settings) validate(fs *config.Set) error {
 		"stream-bytes": s.streamBytes, "stream-rounds": s.streamRounds, "reuse-leases": s.reuseLeases,
 		"reuse-live-resumes": s.reuseLiveResumes, "reuse-suspended-resumes": s.reuseSuspendedResumes,
 		"warm-pool-max": s.warmPoolMax, "warm-pool-samples": s.warmPoolSamples,
+		"broker-calls": s.brokerCalls, "broker-first-bytes": s.brokerFirstBytes, "broker-openers": s.brokerOpeners,
 	}
 	for name, v := range positive {
 		if v <= 0 {
 			errs = append(errs, fmt.Errorf("%s must be > 0", fs.Names(name)))
 		}
+	}
+	if s.brokerWarmup < 0 {
+		errs = append(errs, fmt.Errorf("%s must not be negative", fs.Names("broker-warmup")))
+	}
+	if _, err := parseLevels(s.brokerStreams); err != nil {
+		errs = append(errs, fmt.Errorf("%s takes stream counts in ascending order (250,500,1000): %w", fs.Names("broker-streams"), err))
 	}
 	if s.warmup < 0 || s.logSkip < 0 || s.pace < 0 {
 		errs = append(errs, fmt.Errorf("%s, %s and %s must not be negative", fs.Names("warmup"), fs.Names("log-skip"), fs.Names("pace")))
@@ -181,8 +218,8 @@ func (s settings) validate(fs *config.Set) error {
 	if q, err := resource.ParseQuantity(s.execCPULimit); err != nil || q.Sign() <= 0 {
 		errs = append(errs, fmt.Errorf("%s must be a CPU quantity > 0 (500m, 2)", fs.Names("exec-cpu-limit")))
 	}
-	if strings.Trim(s.phases, "abcdefghijklmno, ") != "" && s.phases != "all" {
-		errs = append(errs, fmt.Errorf("%s takes phase letters a to o, or all", fs.Names("phases")))
+	if strings.Trim(s.phases, "abcdefghijklmnop, ") != "" && s.phases != "all" {
+		errs = append(errs, fmt.Errorf("%s takes phase letters a to p, or all", fs.Names("phases")))
 	}
 	return errors.Join(errs...)
 }
@@ -194,4 +231,14 @@ func (s settings) runs(phase string) bool {
 		return true
 	}
 	return strings.Contains(s.phases, label(phase))
+}
+
+// clusterFree are the phases that need neither the cluster nor the pipeline: (p) runs the
+// broker, its NATS and its upstream on this machine.
+const clusterFree = "p"
+
+// needsCluster reports whether a selected phase needs the cluster (and so the set-up, the
+// pipeline and the cluster lock).
+func (s settings) needsCluster() bool {
+	return s.phases == "all" || strings.Trim(s.phases, clusterFree+", ") != ""
 }
