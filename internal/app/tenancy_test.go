@@ -1,6 +1,8 @@
 package app_test
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -9,6 +11,7 @@ import (
 
 	"github.com/kubeclip/kubeclip/internal/app"
 	"github.com/kubeclip/kubeclip/internal/config"
+	"github.com/kubeclip/kubeclip/pkg/broker/ca"
 	"github.com/kubeclip/kubeclip/pkg/policy"
 )
 
@@ -69,5 +72,55 @@ func TestTenancyBounds(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), s.Names(strings.TrimPrefix(tc.args[0], "--"))) {
 			t.Errorf("%v: error %v, want one naming %s", tc.args, err, s.Names(strings.TrimPrefix(tc.args[0], "--")))
 		}
+	}
+}
+
+// Issue 27: the broker wiring is three flags of the tenant-worker and the dispatcher; unset,
+// nothing is wired; set, the CA file is read; wrong, the error names the flags and variables.
+func TestTenancyBroker(t *testing.T) {
+	op, _, err := tenancyOperator(t, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if op.Broker.Enabled() {
+		t.Errorf("wired by default: %+v", op.Broker)
+	}
+
+	authority, err := ca.Generate(ca.Options{Hosts: []string{"api.anthropic.com", "api.openai.com"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	caFile := filepath.Join(t.TempDir(), "ca.crt")
+	if err := os.WriteFile(caFile, authority.CertPEM(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	op, _, err = tenancyOperator(t, map[string]string{"KUBECLIP_BROKER_ADDRESS": "10.96.0.42", "KUBECLIP_BROKER_HOSTS": "api.anthropic.com, api.openai.com"},
+		"--broker-ca-file", caFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := policy.Broker{Address: "10.96.0.42", Hosts: []string{"api.anthropic.com", "api.openai.com"}, CACert: string(authority.CertPEM())}
+	if diff := cmp.Diff(want, op.Broker); diff != "" {
+		t.Errorf("broker (-want +got):\n%s", diff)
+	}
+
+	for _, tc := range []struct {
+		name    string
+		env     map[string]string
+		wantErr string
+	}{
+		{"service link not expanded", map[string]string{"KUBECLIP_BROKER_ADDRESS": "$(CREDENTIAL_BROKER_SERVICE_HOST)", "KUBECLIP_BROKER_HOSTS": "api.openai.com", "KUBECLIP_BROKER_CA_FILE": caFile},
+			"--broker-address (KUBECLIP_BROKER_ADDRESS), --broker-hosts (KUBECLIP_BROKER_HOSTS), --broker-ca-file (KUBECLIP_BROKER_CA_FILE): --broker-address \"$(CREDENTIAL_BROKER_SERVICE_HOST)\" is not an IP address"},
+		{"missing CA file", map[string]string{"KUBECLIP_BROKER_ADDRESS": "10.96.0.42", "KUBECLIP_BROKER_HOSTS": "api.openai.com", "KUBECLIP_BROKER_CA_FILE": caFile + ".missing"},
+			"--broker-ca-file (KUBECLIP_BROKER_CA_FILE): open "},
+		{"a host the CA does not cover", map[string]string{"KUBECLIP_BROKER_ADDRESS": "10.96.0.42", "KUBECLIP_BROKER_HOSTS": "generativelanguage.googleapis.com", "KUBECLIP_BROKER_CA_FILE": caFile},
+			"do not cover generativelanguage.googleapis.com"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, _, err := tenancyOperator(t, tc.env)
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Errorf("Operator: %v, want an error containing %q", err, tc.wantErr)
+			}
+		})
 	}
 }

@@ -76,6 +76,8 @@ type Options struct {
 	// it is built with the race detector and shares the CPUs and garbage collector of the
 	// suite's clients: for a suite that measures latency through the server.
 	NATSProcess bool
+	// BrokerPods wires every tenant pod to a credential broker (zero: no broker wiring).
+	BrokerPods BrokerPods
 }
 
 // Env is a running pipeline: JetStream, the workers, and a client connection.

@@ -10,6 +10,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/kubeclip/kubeclip/pkg/broker/ca"
 	"github.com/kubeclip/kubeclip/pkg/events"
 	"github.com/kubeclip/kubeclip/pkg/lease"
 	"github.com/kubeclip/kubeclip/pkg/policy"
@@ -591,4 +592,41 @@ func ciliumFQDNs(t *testing.T, obj map[string]any) []string {
 		}
 	}
 	return out
+}
+
+// TestPlanWiresEveryRunToTheBroker: the operator's broker wiring reaches every run's spec (so
+// the dispatcher's pods carry it, warm ones included) and the tenant (its CA ConfigMap), for
+// every company alike; without it neither has any.
+func TestPlanWiresEveryRunToTheBroker(t *testing.T) {
+	authority, err := ca.Generate(ca.Options{Hosts: []string{"api.openai.com"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	op := policy.DefaultOperator()
+	op.Broker = policy.Broker{Address: "10.96.0.42", Hosts: []string{"api.openai.com"}, CACert: string(authority.CertPEM())}
+	for _, tc := range []struct {
+		name string
+		op   policy.Operator
+		want policy.Broker
+	}{
+		{"wired", op, op.Broker},
+		{"not wired", policy.DefaultOperator(), policy.Broker{}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			plan, err := lease.New(acquire(func(r *events.AcquireRequest) { r.AdapterType = "codex_local" }), now, tc.op)
+			if err != nil {
+				t.Fatalf("New() error: %v", err)
+			}
+			if diff := cmp.Diff(tc.want, plan.RunSpec("pc-1").Broker); diff != "" {
+				t.Errorf("RunSpec().Broker (-want +got):\n%s", diff)
+			}
+			tenant, err := plan.Tenant()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := tenant.BrokerCA != nil; got != tc.want.Enabled() {
+				t.Errorf("tenant holds the broker's CA: %v, want %v", got, tc.want.Enabled())
+			}
+		})
+	}
 }

@@ -1,6 +1,7 @@
 package deploy_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -9,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -27,6 +29,7 @@ import (
 	"github.com/kubeclip/kubeclip/internal/leasetest"
 	"github.com/kubeclip/kubeclip/pkg/execclient"
 	"github.com/kubeclip/kubeclip/pkg/inbox"
+	"github.com/kubeclip/kubeclip/pkg/policy"
 )
 
 // workers are the Deployments of the overlay, before the test's name suffix.
@@ -160,7 +163,15 @@ func TestDevOverlayRunsALeaseInCluster(t *testing.T) {
 	// A command in an exec-capable lease's pod, through the deployed exec-worker; in a load run
 	// also as many concurrent commands as leases, each printing execLoadBytes.
 	t.Run("exec", func(t *testing.T) {
-		var load []func(*testing.T, *execclient.Client, execclient.Lease)
+		// The lease's pod is wired to the broker (issue 27) by the deployed tenant-worker and
+		// dispatcher: the address they read from the Service's service-links variable.
+		svc, err := c.cs.CoreV1().Services(ns).Get(ctx, "credential-broker"+suffix, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		load := []func(*testing.T, *execclient.Client, execclient.Lease){func(t *testing.T, ec *execclient.Client, l execclient.Lease) {
+			checkBrokerWiring(t, c, ec, l, ns, svc.Spec.ClusterIP)
+		}}
 		if leases > 1 {
 			load = append(load, func(t *testing.T, c *execclient.Client, l execclient.Lease) { execLoad(t, c, l, leases) })
 		}
@@ -222,6 +233,61 @@ func execLoad(t *testing.T, c *execclient.Client, l execclient.Lease, n int) {
 	}
 	wg.Wait()
 	t.Logf("%d concurrent execs of %d MiB each through the exec-worker in %s", n, execLoadBytes>>20, time.Since(start).Round(time.Millisecond))
+}
+
+// checkBrokerWiring reads, through the exec-worker, what the lease's pod holds of the broker
+// wiring: its /etc/hosts maps every bound host (the tenancy ConfigMap's) to the broker Service's
+// ClusterIP, its commands' environment names the CA file to Node, and that file is the
+// installation CA's certificate from the Secret kubeclip-broker.
+func checkBrokerWiring(t *testing.T, c *cluster, ec *execclient.Client, l execclient.Lease, ns, clusterIP string) {
+	t.Helper()
+	cat := func(file string) string {
+		var out bytes.Buffer
+		res, err := ec.Run(t.Context(), execclient.Exec{Lease: l, Command: "cat", Args: []string{file}, Stdout: &out})
+		if err != nil || res.ExitCode == nil || *res.ExitCode != 0 {
+			t.Fatalf("cat %s in the lease's pod: exit %v, %v", file, res.ExitCode, err)
+		}
+		return out.String()
+	}
+	hosts := strings.Split(envFromConfigMap(t, c, ns, "kubeclip-tenancy", "KUBECLIP_BROKER_HOSTS"), ",")
+	etcHosts := cat("/etc/hosts")
+	for _, h := range hosts {
+		found := false
+		for _, line := range strings.Split(etcHosts, "\n") {
+			f := strings.Fields(line)
+			found = found || len(f) > 1 && f[0] == clusterIP && slices.Contains(f[1:], h)
+		}
+		if !found {
+			t.Errorf("the pod's /etc/hosts does not map %s to the broker's ClusterIP %s:\n%s", h, clusterIP, etcHosts)
+		}
+	}
+	if env := strings.Split(cat("/proc/self/environ"), "\x00"); !slices.Contains(env, policy.EnvNodeExtraCACerts+"="+policy.BrokerCAFile) {
+		t.Errorf("the pod's commands run without %s=%s", policy.EnvNodeExtraCACerts, policy.BrokerCAFile)
+	}
+	secret, err := c.cs.CoreV1().Secrets(ns).Get(t.Context(), "kubeclip-broker", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := cat(policy.BrokerCAFile); got != string(secret.Data["ca.crt"]) || got == "" {
+		t.Errorf("the pod's %s is not the installation CA's certificate (%d bytes)", policy.BrokerCAFile, len(got))
+	}
+	t.Logf("lease pod: %d bound hosts at the broker's ClusterIP %s, CA %d bytes", len(hosts), clusterIP, len(secret.Data["ca.crt"]))
+}
+
+// envFromConfigMap is key of the ConfigMap whose generated name starts with prefix.
+func envFromConfigMap(t *testing.T, c *cluster, ns, prefix, key string) string {
+	t.Helper()
+	list, err := c.cs.CoreV1().ConfigMaps(ns).List(t.Context(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, cm := range list.Items {
+		if strings.HasPrefix(cm.Name, prefix) && cm.Data[key] != "" {
+			return cm.Data[key]
+		}
+	}
+	t.Fatalf("no ConfigMap %s* with %s in %s", prefix, key, ns)
+	return ""
 }
 
 // counter is an io.Writer that counts what it is written.
