@@ -9,6 +9,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/kubeclip/kubeclip/internal/natstest"
@@ -82,16 +83,76 @@ func TestClusterRefusesUnauthenticatedRoutes(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			intruder := natstest.StartIntruder(t, tc.name, "natstest", c.RouteURLs(), tc.tls)
-			for _, n := range append([]*natstest.Node{intruder}, c.Nodes...) {
+			for _, n := range c.Nodes {
 				peers, err := n.Peers(t.Context())
 				if err != nil {
 					t.Fatal(err)
 				}
-				if n == intruder && len(peers) > 0 || slices.Contains(peers, tc.name) {
+				if slices.Contains(peers, tc.name) {
 					t.Errorf("%s routes to %v", n.Name, peers)
 				}
 			}
+			// The intruder lists a route it dialled from the TLS handshake until the member
+			// refuses its CONNECT, a few milliseconds (and again at each retry): a refused route
+			// is seen gone within the wait, an admitted one never is.
+			if peers := routedPeers(t, intruder, 5*time.Second); len(peers) > 0 {
+				t.Errorf("%s routes to %v for 5 s", intruder.Name, peers)
+			}
+			noMessageCrosses(t, intruder, c.Nodes[0])
 		})
+	}
+}
+
+// routedPeers returns no peers once n is seen without any within wait, else the last peers
+// it listed.
+func routedPeers(t *testing.T, n *natstest.Node, wait time.Duration) []string {
+	t.Helper()
+	deadline := time.Now().Add(wait)
+	for {
+		peers, err := n.Peers(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(peers) == 0 || time.Now().After(deadline) {
+			return peers
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// noMessageCrosses publishes on each of a and b to a subject the other subscribes to and
+// fails if either message arrives within a second: what a route, if admitted, would carry
+// within milliseconds.
+func noMessageCrosses(t *testing.T, a, b *natstest.Node) {
+	t.Helper()
+	conns := make([]*nats.Conn, 2)
+	subs := make([]*nats.Subscription, 2)
+	for i, n := range []*natstest.Node{a, b} {
+		nc, err := nats.Connect(n.URL())
+		if err != nil {
+			t.Fatalf("connecting to %s: %v", n.Name, err)
+		}
+		t.Cleanup(nc.Close)
+		if subs[i], err = nc.SubscribeSync(fmt.Sprintf("probe.to.%d", i)); err != nil {
+			t.Fatal(err)
+		}
+		if err := nc.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		conns[i] = nc
+	}
+	for i, nc := range conns {
+		if err := nc.Publish(fmt.Sprintf("probe.to.%d", 1-i), []byte("crossed")); err != nil {
+			t.Fatal(err)
+		}
+		if err := nc.Flush(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i, sub := range subs {
+		if m, err := sub.NextMsg(time.Second); err == nil {
+			t.Errorf("a message published on %s reached %s: %q", []*natstest.Node{a, b}[1-i].Name, []*natstest.Node{a, b}[i].Name, m.Data)
+		}
 	}
 }
 
