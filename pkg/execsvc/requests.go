@@ -138,6 +138,11 @@ func (s *Service) start(ctx context.Context, r *request) {
 	stop()
 	if res.Created {
 		r.log.Info().Int(logKeyBytes, int(req.StdinBytes)).Bool("record", req.Record).Msg("exec started")
+	} else {
+		// A repeated start: sandboxd runs the exec already (the replica that started it died
+		// before it answered, or the client sent the start again). Logged, so that every exec
+		// has a line naming it wherever its start was answered.
+		r.log.Info().Bool("record", req.Record).Msg("exec start found it running")
 	}
 	s.serveRequest(ctx, r, session, rec, pod, client, req.ExecID, execproto.CommandName(req.Command), record, 1, started)
 }
