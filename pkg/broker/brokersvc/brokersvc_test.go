@@ -433,3 +433,27 @@ func eventually(t *testing.T, what string, cond func() bool) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// TestKeyAnswers: the key subject answers the broker's mint key (the one its sealing key
+// derives, the same on every replica), into an allowed inbox only.
+func TestKeyAnswers(t *testing.T) {
+	e := newEnv(t, 10)
+	startMint(t, e)
+	nc := client(t, e.srv)
+	msg, err := nc.Request("paperclip.broker.key", nil, 5*time.Second)
+	if err != nil {
+		t.Fatalf("asking the key: %v", err)
+	}
+	pub, err := mintproto.ParseKeyReply(msg.Data)
+	if err != nil || !pub.Equal(e.sealer.MintKey().PublicKey()) {
+		t.Fatalf("the key answer %s (%v) is not the broker's mint key", msg.Data, err)
+	}
+	other, err := nats.Connect(e.srv.ClientURL(), nats.CustomInboxPrefix(inbox.WorkersPrefix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	if m, err := other.Request("paperclip.broker.key", nil, 300*time.Millisecond); !errors.Is(err, nats.ErrTimeout) {
+		t.Errorf("a key request from the workers' own inbox: %v, %v; want no answer", m, err)
+	}
+}
