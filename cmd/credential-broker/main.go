@@ -23,6 +23,7 @@ import (
 	"github.com/kubeclip/kubeclip/pkg/broker/ca"
 	"github.com/kubeclip/kubeclip/pkg/broker/proxy"
 	"github.com/kubeclip/kubeclip/pkg/events"
+	"github.com/kubeclip/kubeclip/pkg/inbox"
 )
 
 const (
@@ -125,8 +126,14 @@ func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout,
 	if err != nil {
 		return err
 	}
+	// The plugin's inbox (--client-inbox-prefixes) and the dispatcher's mint inbox: the two
+	// requesters of mints (the CLI is refused the subject by its NATS user).
+	replies, err := inbox.NewRule(append(s.ClientPrefixes(), inbox.WorkersMintPrefix))
+	if err != nil {
+		return &app.UsageError{Err: fmt.Errorf("%s: %w", fs.Names("client-inbox-prefixes"), err)}
+	}
 	mint, err := brokersvc.NewMint(brokersvc.MintOptions{
-		NATS: nc, Subjects: subjects, Store: store, Bindings: cfg.bindings.keys, Replies: s.Replies(),
+		NATS: nc, Subjects: subjects, Store: store, Bindings: cfg.bindings.keys, Key: cfg.sealer.MintKey(), Replies: replies,
 		Registerer: opsSrv.Registry, Log: log,
 	})
 	if err != nil {

@@ -31,6 +31,7 @@ import (
 	"github.com/kubeclip/kubeclip/internal/natstest"
 	"github.com/kubeclip/kubeclip/pkg/broker"
 	"github.com/kubeclip/kubeclip/pkg/broker/ca"
+	"github.com/kubeclip/kubeclip/pkg/broker/mintclient"
 	"github.com/kubeclip/kubeclip/pkg/broker/mintproto"
 	"github.com/kubeclip/kubeclip/pkg/events"
 	"github.com/kubeclip/kubeclip/pkg/inbox"
@@ -323,25 +324,22 @@ func TestEndToEnd(t *testing.T) {
 	})
 	ready := time.Since(start)
 
-	// Mint, as the plugin will: a core NATS request from the plugin's inbox prefix.
+	// Mint, as the plugin does: the broker's key, then the value sealed to it, core NATS
+	// requests from the plugin's inbox prefix.
 	client, _ := connectAs(t, srv.ClientURL(), "paperclip", inbox.PaperclipPrefix)
-	subject, err := mintproto.NewSubjects(events.Subjects{}).Mint("company-a", "run-1")
+	minter, err := mintclient.New(mintclient.Options{NATS: client, InboxPrefix: inbox.PaperclipPrefix})
 	if err != nil {
 		t.Fatal(err)
 	}
 	mintOnce := func() mintproto.MintReply {
 		t.Helper()
-		body, _ := json.Marshal(mintproto.MintRequest{LeaseID: "lease-1", Key: "ANTHROPIC_API_KEY", Value: realValue})
-		msg, err := client.Request(subject, body, 5*time.Second)
+		key, err := minter.Key(ctx)
+		if err != nil {
+			t.Fatalf("the broker's key: %v", err)
+		}
+		reply, err := minter.Mint(ctx, key, mintclient.Lease{CompanyID: "company-a", RunID: "run-1", LeaseID: "lease-1"}, "ANTHROPIC_API_KEY", realValue)
 		if err != nil {
 			t.Fatalf("mint: %v", err)
-		}
-		var reply mintproto.MintReply
-		if err := json.Unmarshal(msg.Data, &reply); err != nil {
-			t.Fatal(err)
-		}
-		if reply.Error != nil {
-			t.Fatalf("mint refused: %v", reply.Error)
 		}
 		return reply
 	}

@@ -16,6 +16,8 @@ import (
 
 	"github.com/kubeclip/kubeclip/internal/app"
 	"github.com/kubeclip/kubeclip/internal/config"
+	"github.com/kubeclip/kubeclip/pkg/broker"
+	"github.com/kubeclip/kubeclip/pkg/broker/mintclient"
 	"github.com/kubeclip/kubeclip/pkg/dispatch"
 	"github.com/kubeclip/kubeclip/pkg/events"
 	"github.com/kubeclip/kubeclip/pkg/execspec"
@@ -45,6 +47,7 @@ type settings struct {
 	WarmPoolMax      int
 	WarmPoolMin      string
 	WarmPoolIdle     time.Duration
+	BrokeredKeys     []string
 }
 
 func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout, stderr io.Writer) error {
@@ -65,6 +68,7 @@ func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout,
 	fs.Int(&s.WarmPoolMax, "warm-pool-max", "KUBECLIP_WARM_POOL_MAX", 0, "the most unbound warm pods (backend pod, started ahead of demand, bound at acquire) one company may have per pod shape; 0 turns warm pools off. Needs --sandbox-key-file; warm pods count against the tenant quota and are evicted before an acquire would fail for it")
 	fs.String(&s.WarmPoolMin, "warm-pool-min", "KUBECLIP_WARM_POOL_MIN", "", "pinned minimum warm pods per company, company=N[,company=N] (at most --warm-pool-max), kept from the company's first acquire of a shape on, however idle it is")
 	fs.Duration(&s.WarmPoolIdle, "warm-pool-idle", "KUBECLIP_WARM_POOL_IDLE", dispatch.DefaultWarmIdle, "how long after a company's last acquire of a shape its warm pool drains to its pinned minimum")
+	fs.Strings(&s.BrokeredKeys, "brokered-keys", "", "KUBECLIP_BROKERED_KEYS", "environment keys the credential broker holds (ANTHROPIC_API_KEY,OPENAI_API_KEY; comma-separated or given many times, as the exec-worker's): a run's Secret carries the lease's placeholder for each, minted by the broker (its NATS user answers paperclip.broker.key and the mint subjects), never the real value; a broker that does not answer or refuses fails the dispatch, naming the key, before anything is created. None (the default): off")
 	fs.Duration(&s.Reconcile, "reconcile-interval", "KUBECLIP_RECONCILE_INTERVAL", dispatch.DefaultReconcileInterval, "how often orphaned workloads are looked for (also at start)")
 	fs.Int(&s.ReconcilePage, "reconcile-page-size", "KUBECLIP_RECONCILE_PAGE_SIZE", workload.DefaultListPageSize, "workloads per LIST page of the orphan reconcile pass (metadata only); the pass holds one page at a time")
 	if err := fs.Parse(args); err != nil {
@@ -83,6 +87,10 @@ func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout,
 	if err != nil {
 		return &app.UsageError{Err: err}
 	}
+	brokered, err := broker.KeyNames(s.BrokeredKeys)
+	if err != nil {
+		return &app.UsageError{Err: fmt.Errorf("%s: %w", fs.Names("brokered-keys"), err)}
+	}
 	var sandboxKey []byte
 	if s.SandboxKeyFile != "" {
 		if sandboxKey, err = execspec.ReadMasterKey(s.SandboxKeyFile); err != nil {
@@ -99,10 +107,16 @@ func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout,
 		return err
 	}
 
+	var minter dispatch.Minter
+	if len(brokered) > 0 {
+		if minter, err = mintclient.New(mintclient.Options{NATS: p.NATS, Subjects: p.Subjects}); err != nil {
+			return err
+		}
+	}
 	d, err := dispatch.New(dispatch.Options{
 		Clientset: p.Kube.Clientset, Dynamic: p.Kube.Dynamic, Metadata: p.Kube.Metadata, Applier: p.Kube.Applier,
 		JetStream: p.JS, Subjects: p.Subjects, Logger: p.Log,
-		LookupEnv: lookupEnv, AdapterSecret: secretRef,
+		LookupEnv: lookupEnv, AdapterSecret: secretRef, BrokeredKeys: brokered, Minter: minter,
 		AgentBusyTimeout: s.AgentBusyTimeout, ReleaseTimeout: s.ReleaseTimeout,
 		Concurrency: s.Concurrency, DrainTimeout: s.ShutdownTimeout,
 		OrphanPolicy: dispatch.OrphanPolicy(s.OrphanPolicy), ReconcileInterval: s.Reconcile, ReconcilePageSize: int64(s.ReconcilePage),

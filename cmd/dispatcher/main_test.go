@@ -48,3 +48,30 @@ func TestWarmPoolSettings(t *testing.T) {
 		})
 	}
 }
+
+// TestBrokeredKeysSettings: --brokered-keys is read as the exec-worker's (broker.KeyNames): a
+// name no environment key can have, or one named twice, is refused before anything connects,
+// naming the flag and its environment variable.
+func TestBrokeredKeysSettings(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		args    []string
+		env     map[string]string
+		wantErr string
+	}{
+		{name: "a name with =", args: []string{"--brokered-keys", "ANTHROPIC_API_KEY,A=B"}, wantErr: `--brokered-keys (KUBECLIP_BROKERED_KEYS): brokered key "A=B" must be a non-empty environment key`},
+		{name: "a name twice", env: map[string]string{"KUBECLIP_BROKERED_KEYS": "ANTHROPIC_API_KEY, OPENAI_API_KEY,ANTHROPIC_API_KEY"}, wantErr: `--brokered-keys (KUBECLIP_BROKERED_KEYS): brokered key "ANTHROPIC_API_KEY" is named twice`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var stdout, stderr bytes.Buffer
+			lookup := func(k string) (string, bool) { v, ok := tc.env[k]; return v, ok }
+			err := run(t.Context(), tc.args, lookup, &stdout, &stderr)
+			if got := app.ExitCode(err); got != 2 {
+				t.Fatalf("exit %d (%v), want 2", got, err)
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Errorf("error %v, want it to say %q", err, tc.wantErr)
+			}
+		})
+	}
+}

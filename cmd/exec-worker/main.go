@@ -9,12 +9,12 @@ import (
 	"io"
 	"os"
 	"runtime/debug"
-	"strings"
 	"time"
 
 	"github.com/kubeclip/kubeclip/internal/app"
 	"github.com/kubeclip/kubeclip/internal/config"
 	"github.com/kubeclip/kubeclip/internal/ops"
+	"github.com/kubeclip/kubeclip/pkg/broker"
 	"github.com/kubeclip/kubeclip/pkg/events"
 	"github.com/kubeclip/kubeclip/pkg/execproto"
 	"github.com/kubeclip/kubeclip/pkg/execspec"
@@ -104,7 +104,11 @@ func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout,
 	if err != nil {
 		return &app.UsageError{Err: fmt.Errorf("%s, %s, %s: %w", fs.Names("env-policy"), fs.Names("env-allow"), fs.Names("env-deny"), err)}
 	}
-	brokered, err := execsvc.NewBrokeredKeys(splitCommas(s.BrokeredKeys))
+	brokeredNames, err := broker.KeyNames(s.BrokeredKeys)
+	if err != nil {
+		return &app.UsageError{Err: fmt.Errorf("%s: %w", fs.Names("brokered-keys"), err)}
+	}
+	brokered, err := execsvc.NewBrokeredKeys(brokeredNames)
 	if err != nil {
 		return &app.UsageError{Err: fmt.Errorf("%s: %w", fs.Names("brokered-keys"), err)}
 	}
@@ -154,19 +158,6 @@ func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout,
 	// beside NATS and Kubernetes: ready means taking exec requests.
 	ready := func() { p.Ops.Ready(p.NATS, p.Kube, ops.Check{Name: "exec", Func: serving(svc)}) }
 	return app.Serve(ctx, ready, podWatch{pods}, svc)
-}
-
-// splitCommas reads a list setting given as one comma-separated value, many values, or both.
-func splitCommas(vs []string) []string {
-	var out []string
-	for _, v := range vs {
-		for _, p := range strings.Split(v, ",") {
-			if p = strings.TrimSpace(p); p != "" {
-				out = append(out, p)
-			}
-		}
-	}
-	return out
 }
 
 // serving is the readiness check of a worker: it passes once the worker serves.

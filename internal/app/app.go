@@ -114,6 +114,10 @@ func (c *Common) replies() (inbox.Rule, error) {
 	return inbox.NewRule(c.clientInboxPrefixes())
 }
 
+// ClientPrefixes are the prefixes of --client-inbox-prefixes (for a responder that answers
+// one more inbox, the credential broker).
+func (c *Common) ClientPrefixes() []string { return c.clientInboxPrefixes() }
+
 // clientInboxPrefixes are the prefixes of --client-inbox-prefixes.
 func (c *Common) clientInboxPrefixes() []string {
 	var prefixes []string

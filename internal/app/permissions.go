@@ -150,10 +150,12 @@ type natsNeeds struct {
 func (c *Common) natsNeeds(component string, s events.Subjects) natsNeeds {
 	var n natsNeeds
 	if component == "credential-broker" {
-		// Its own user: no ping service, and answers into the plugin's inbox only (the CLI
-		// does not mint). Its mint subscription, its bucket and its one consumer.
-		n.subscribe = append(n.subscribe, mintproto.NewSubjects(s).MintFilter(), InboxPrefix(component)+".self-check")
-		n.publish = append(n.publish, inbox.PaperclipPrefix+".self-check",
+		// Its own user: no ping service, and answers into the plugin's inbox and the
+		// dispatcher's mint inbox only (the CLI does not mint). Its mint and key
+		// subscriptions, its bucket and its one consumer.
+		ms := mintproto.NewSubjects(s)
+		n.subscribe = append(n.subscribe, ms.MintFilter(), ms.Key(), InboxPrefix(component)+".self-check")
+		n.publish = append(n.publish, inbox.PaperclipPrefix+".self-check", inbox.WorkersMintPrefix+".self-check",
 			jetstream.DefaultAPIPrefix+"STREAM.INFO."+kvStream(broker.Bucket),
 			jetstream.DefaultAPIPrefix+"CONSUMER.INFO."+s.RunStream()+"."+events.BrokerReleaseConsumer)
 		return n
@@ -175,6 +177,8 @@ func (c *Common) natsNeeds(component string, s events.Subjects) natsNeeds {
 		streamInfo(events.RetryStream)
 		consumerInfo(events.RetryStream, events.RetryConsumerConfig(events.TenantWorkerConsumer).Durable)
 	case "dispatcher":
+		// The credential broker's answers to its mints (--brokered-keys).
+		n.subscribe = append(n.subscribe, inbox.WorkersMintPrefix+".self-check")
 		consumerInfo(events.WorkStream, events.DispatcherConsumer)
 		consumerInfo(s.LeaseStream(), events.DispatcherEndConsumer)
 		consumerInfo(s.RunStream(), events.DispatcherResultConsumer)

@@ -3,6 +3,8 @@ package broker
 import (
 	"crypto/aes"
 	"crypto/cipher"
+	"crypto/ecdh"
+	"crypto/hkdf"
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
@@ -23,7 +25,12 @@ type Sealer struct {
 	// idKey keys grantID: derived from the sealing key, so ids are stable across replicas and
 	// restarts and cannot be computed by whoever knows only a company's and lease's ids.
 	idKey []byte
+	// mintKey is the X25519 key mint requests seal their values to (MintKey).
+	mintKey *ecdh.PrivateKey
 }
+
+// mintKeyInfo is HKDF's info for the mint key: the sealing key's other uses never derive it.
+const mintKeyInfo = "kubeclip credential broker mint key v1"
 
 // NewSealer uses key, exactly SealingKeyLen bytes.
 func NewSealer(key []byte) (*Sealer, error) {
@@ -40,8 +47,26 @@ func NewSealer(key []byte) (*Sealer, error) {
 	}
 	mac := hmac.New(sha256.New, key)
 	mac.Write([]byte("kubeclip credential broker grant ids v1"))
-	return &Sealer{aead: aead, idKey: mac.Sum(nil)}, nil
+	seed, err := hkdf.Key(sha256.New, key, nil, mintKeyInfo, 32)
+	if err != nil {
+		return nil, fmt.Errorf("deriving the broker's mint key: %w", err)
+	}
+	mintKey, err := ecdh.X25519().NewPrivateKey(seed)
+	clear(seed)
+	if err != nil {
+		return nil, fmt.Errorf("deriving the broker's mint key: %w", err)
+	}
+	return &Sealer{aead: aead, idKey: mac.Sum(nil), mintKey: mintKey}, nil
 }
+
+// MintKey is the X25519 private key requesters seal mint values to (pkg/broker/mintproto):
+// HKDF-SHA256 of the sealing key, info mintKeyInfo. Derived rather than a second operator file
+// because every replica must hold the same key (a requester asks one replica for the public key
+// and its mint may reach another), which the sealing key already is, and because whoever holds
+// the sealing key can open every grant anyway: a separate file would add a secret to deploy and
+// rotate without protecting anything more. HKDF's one-wayness keeps the two uses apart: the
+// mint key reveals nothing of the sealing key.
+func (s *Sealer) MintKey() *ecdh.PrivateKey { return s.mintKey }
 
 // grantID is the id of the one grant a lease holds for a key: an HMAC of the company, the lease
 // and the key's name under a key derived from the sealing key. Mint is idempotent because of

@@ -25,6 +25,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/metadata"
 
+	"github.com/kubeclip/kubeclip/pkg/broker/mintclient"
 	"github.com/kubeclip/kubeclip/pkg/events"
 	"github.com/kubeclip/kubeclip/pkg/execspec"
 	"github.com/kubeclip/kubeclip/pkg/k8s"
@@ -89,6 +90,12 @@ type Options struct {
 	// AdapterSecret, when set, is a Secret whose keys are adapter API keys; they win over
 	// LookupEnv. It is read with the dispatcher's own credentials, never taken from an event.
 	AdapterSecret types.NamespacedName
+	// BrokeredKeys are the environment keys the credential broker holds (issue 27; the
+	// operator's --brokered-keys): a run's Secret carries the lease's placeholder for each,
+	// minted by Minter, never its real value. None: off.
+	BrokeredKeys []string
+	// Minter mints the placeholders of BrokeredKeys (mintclient.Client); required with them.
+	Minter Minter
 	// AgentBusyTimeout bounds how long an acquire waits for its agent's previous run.
 	AgentBusyTimeout time.Duration
 	// AgentBusyRetry is how often a waiting acquire checks its agent again.
@@ -179,6 +186,9 @@ func (o Options) withDefaults() (_ Options, err error) {
 	}
 	if o.LookupEnv == nil {
 		o.LookupEnv = func(string) (string, bool) { return "", false }
+	}
+	if len(o.BrokeredKeys) > 0 && o.Minter == nil {
+		return o, errors.New("dispatch: Options.BrokeredKeys need Options.Minter: a brokered key's Secret entry is its placeholder, minted by the credential broker")
 	}
 	if o.AgentBusyTimeout == 0 {
 		o.AgentBusyTimeout = DefaultAgentBusyTimeout
@@ -720,6 +730,9 @@ func (d *Dispatcher) renderSecret(ctx context.Context, plan lease.Plan, spec pol
 	for k, v := range policy.EgressGrantEnv(plan.Grant) {
 		env[k] = v
 	}
+	if env, err = d.placeholders(ctx, plan, spec, env); err != nil {
+		return nil, err
+	}
 	if w.Backend().ExecCapable() {
 		// sandboxd's key for this lease; the exec-worker derives the same from the master key.
 		// Only the pod's init container reads it (not the agent container's environment).
@@ -735,6 +748,32 @@ func (d *Dispatcher) renderSecret(ctx context.Context, plan lease.Plan, spec pol
 		return nil, events.Terminal(events.CodeInvalidConfig, "config.adapters", err)
 	}
 	return secret, nil
+}
+
+// Minter mints a lease's placeholders: env with each brokered key's value replaced by its
+// placeholder, or an error naming the key (pkg/broker/mintclient.Client).
+type Minter interface {
+	Placeholders(ctx context.Context, lease mintclient.Lease, keys []string, env map[string]string) (map[string]string, error)
+}
+
+var _ Minter = (*mintclient.Client)(nil)
+
+// placeholders replaces the brokered keys' values in a run Secret's env with the lease's
+// placeholders (issue 27), so the Secret, the pod's environment and a warm pod's bind (which
+// sends the Secret's keys) carry placeholders only. It runs before anything of the run is
+// created, so a broker that does not answer or refuses fails the dispatch with nothing to
+// undo; what the failure means is mintclient.Meaning's to say. The mint is idempotent per
+// lease and key, so a redelivered dispatch renders the same Secret.
+func (d *Dispatcher) placeholders(ctx context.Context, plan lease.Plan, spec policy.RunSpec, env map[string]string) (map[string]string, error) {
+	if len(d.opts.BrokeredKeys) == 0 {
+		return env, nil
+	}
+	ref := mintclient.Lease{CompanyID: plan.Request.CompanyID, RunID: plan.Request.RunID, LeaseID: spec.WorkloadName}
+	out, err := d.opts.Minter.Placeholders(ctx, ref, d.opts.BrokeredKeys, env)
+	if err != nil {
+		return nil, mintclient.Meaning(err)
+	}
+	return out, nil
 }
 
 // adapterKeys returns the lookup for adapter API keys: the adapter Secret's keys first, then

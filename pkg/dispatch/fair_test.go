@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"testing"
 	"time"
 
@@ -25,7 +26,18 @@ import (
 // Options. start runs it until the test ends.
 func unreachableDispatcher(t *testing.T, mod func(*Options)) (js jetstream.JetStream, start func()) {
 	t.Helper()
-	_, _, js = natstest.Start(t)
+	js, opts := unreachableOptions(t, nil)
+	if mod != nil {
+		mod(&opts)
+	}
+	return js, startDispatcher(t, opts)
+}
+
+// unreachableOptions are unreachableDispatcher's Options before mod; wrap, when set, wraps the
+// Kubernetes clients' transport (to see what they would send).
+func unreachableOptions(t *testing.T, wrap func(http.RoundTripper) http.RoundTripper) (jetstream.JetStream, Options) {
+	t.Helper()
+	_, _, js := natstest.Start(t)
 	ctx := t.Context()
 	if err := events.EnsureStreams(ctx, js, events.Options{}); err != nil {
 		t.Fatal(err)
@@ -34,6 +46,9 @@ func unreachableDispatcher(t *testing.T, mod func(*Options)) (js jetstream.JetSt
 		t.Fatal(err)
 	}
 	cfg := &rest.Config{Host: "https://127.0.0.1:1", Timeout: time.Second}
+	if wrap != nil {
+		cfg.WrapTransport = wrap
+	}
 	cs, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -50,19 +65,22 @@ func unreachableDispatcher(t *testing.T, mod func(*Options)) (js jetstream.JetSt
 	if err != nil {
 		t.Fatal(err)
 	}
-	opts := Options{
+	return js, Options{
 		Clientset: cs, Dynamic: dyn, Metadata: md, Applier: applier, JetStream: js, Logger: zerolog.New(zerolog.NewTestWriter(t)),
 		Backoff: func(uint64) time.Duration { return 10 * time.Millisecond }, ReconcileInterval: time.Hour,
 	}
-	if mod != nil {
-		mod(&opts)
-	}
+}
+
+// startDispatcher makes a Dispatcher of opts; the function it returns runs it until the test
+// ends.
+func startDispatcher(t *testing.T, opts Options) func() {
+	t.Helper()
 	d, err := New(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return js, func() {
-		runCtx, cancel := context.WithCancel(ctx)
+	return func() {
+		runCtx, cancel := context.WithCancel(t.Context())
 		done := make(chan error, 1)
 		go func() { done <- d.Run(runCtx) }()
 		t.Cleanup(func() {

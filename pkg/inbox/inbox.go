@@ -23,6 +23,13 @@ const (
 	ExecWorkerPrefix = "_INBOX_exec"
 	// BrokerPrefix is the credential broker's (user broker).
 	BrokerPrefix = "_INBOX_broker"
+	// WorkersMintPrefix is where the credential broker answers the dispatcher's mint and key
+	// requests (pkg/broker/mintclient; user kubeclip subscribes, user broker publishes). Not
+	// WorkersPrefix: no responder may answer there (a client could name it as its reply subject
+	// and have a worker's own request answered), so the broker's answers to the workers get an
+	// inbox of their own, where nothing but its answers is ever awaited, each under a random
+	// token no client sees.
+	WorkersMintPrefix = "_INBOX_kubeclip_mint"
 	// StatusPrefix is `kubeclip status`'s under the read-only operator user status. It sends no
 	// request to a responder, only to JetStream, so no responder answers into it.
 	StatusPrefix = "_INBOX_status"

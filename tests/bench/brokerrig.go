@@ -28,7 +28,7 @@ import (
 	"github.com/kubeclip/kubeclip/internal/pipelinetest"
 	"github.com/kubeclip/kubeclip/pkg/broker"
 	"github.com/kubeclip/kubeclip/pkg/broker/ca"
-	"github.com/kubeclip/kubeclip/pkg/broker/mintproto"
+	"github.com/kubeclip/kubeclip/pkg/broker/mintclient"
 	"github.com/kubeclip/kubeclip/pkg/events"
 	"github.com/kubeclip/kubeclip/pkg/inbox"
 )
@@ -332,29 +332,20 @@ func (r *brokerRig) waitReady(ctx context.Context) error {
 	}
 }
 
-// mint asks the broker for a placeholder as the plugin does: a core NATS request from the
-// plugin's inbox prefix, the real value in it.
+// mint asks the broker for a placeholder as the plugin does: its key, then the real value
+// sealed to it, core NATS requests from the plugin's inbox prefix (pkg/broker/mintclient).
 func (r *brokerRig) mint(ctx context.Context) (string, error) {
-	subject, err := mintproto.NewSubjects(events.Subjects{}).Mint("bench-broker", "run-bench")
+	minter, err := mintclient.New(mintclient.Options{NATS: r.nc, InboxPrefix: inbox.PaperclipPrefix})
 	if err != nil {
 		return "", err
 	}
-	body, err := json.Marshal(mintproto.MintRequest{LeaseID: "lease-bench", Key: brokerKey, Value: brokerValue})
+	key, err := minter.Key(ctx)
 	if err != nil {
-		return "", err
+		return "", fmt.Errorf("asking the broker's key: %w", err)
 	}
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	msg, err := r.nc.RequestWithContext(ctx, subject, body)
+	reply, err := minter.Mint(ctx, key, mintclient.Lease{CompanyID: "bench-broker", RunID: "run-bench", LeaseID: "lease-bench"}, brokerKey, brokerValue)
 	if err != nil {
 		return "", fmt.Errorf("minting a placeholder: %w", err)
-	}
-	var reply mintproto.MintReply
-	if err := json.Unmarshal(msg.Data, &reply); err != nil {
-		return "", fmt.Errorf("decoding the mint reply: %w", err)
-	}
-	if reply.Error != nil {
-		return "", fmt.Errorf("the broker refused the mint: %v", reply.Error)
 	}
 	if !broker.LooksLikePlaceholder(reply.Placeholder) {
 		return "", errors.New("the mint reply holds no placeholder")

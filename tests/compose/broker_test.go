@@ -26,8 +26,8 @@ import (
 	"github.com/kubeclip/kubeclip/internal/leasetest"
 	"github.com/kubeclip/kubeclip/pkg/broker"
 	"github.com/kubeclip/kubeclip/pkg/broker/ca"
-	"github.com/kubeclip/kubeclip/pkg/broker/mintproto"
-	"github.com/kubeclip/kubeclip/pkg/events"
+	"github.com/kubeclip/kubeclip/pkg/broker/mintclient"
+	"github.com/kubeclip/kubeclip/pkg/inbox"
 )
 
 // imageUID is the user every kubeclip image runs as (hack/images/images.sh), the only one that
@@ -213,28 +213,22 @@ func checkBrokerServes(t *testing.T, nc *nats.Conn, brokerDir, brokerPort, broke
 		t.Error("the broker completed a TLS handshake as example.com, which nothing binds")
 	}
 
-	// A grant, minted as the plugin will.
-	subject, err := mintproto.NewSubjects(events.Subjects{}).Mint("co-compose", leasetest.NewID("run-"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	req, err := json.Marshal(mintproto.MintRequest{LeaseID: leasetest.NewID("pc-"), Key: "ANTHROPIC_API_KEY", Value: "sk-ant-compose-" + randomText(t, 24)})
+	// A grant, minted as the plugin does: the broker's key, then the value sealed to it.
+	minter, err := mintclient.New(mintclient.Options{NATS: nc, InboxPrefix: inbox.PaperclipPrefix, Timeout: 10 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
 	mintStart := time.Now()
-	msg, err := nc.Request(subject, req, 10*time.Second)
+	key, err := minter.Key(t.Context())
 	if err != nil {
-		t.Fatalf("mint on %s: %v", subject, err)
+		t.Fatalf("the broker's key: %v", err)
+	}
+	ref := mintclient.Lease{CompanyID: "co-compose", RunID: leasetest.NewID("run-"), LeaseID: leasetest.NewID("pc-")}
+	reply, err := minter.Mint(t.Context(), key, ref, "ANTHROPIC_API_KEY", "sk-ant-compose-"+randomText(t, 24))
+	if err != nil {
+		t.Fatalf("mint: %v", err)
 	}
 	mintTook := time.Since(mintStart)
-	var reply mintproto.MintReply
-	if err := json.Unmarshal(msg.Data, &reply); err != nil {
-		t.Fatalf("mint reply: %v", err)
-	}
-	if reply.Error != nil {
-		t.Fatalf("mint refused: %v", reply.Error)
-	}
 	if _, err := broker.ParsePlaceholder(reply.Placeholder); err != nil {
 		t.Fatalf("the mint's placeholder: %v", err)
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/kubeclip/kubeclip/internal/natstest"
 	"github.com/kubeclip/kubeclip/pkg/broker"
 	"github.com/kubeclip/kubeclip/pkg/broker/brokersvc"
+	"github.com/kubeclip/kubeclip/pkg/broker/mintclient"
 	"github.com/kubeclip/kubeclip/pkg/broker/mintproto"
 	"github.com/kubeclip/kubeclip/pkg/events"
 	"github.com/kubeclip/kubeclip/pkg/inbox"
@@ -48,11 +49,13 @@ func runWorker(t *testing.T, what string, w worker) {
 }
 
 // TestBrokerUser runs the credential broker's NATS parts on the shipped broker user: it creates
-// its bucket, watches it, mints for Paperclip's plugin (through the CLIENTS account) into the
-// plugin's inbox, and releases a lease's grants from its durable consumer on the run stream. The
-// broker user may do nothing else (no run event, no lease record, no exec subject, no stream of
-// kubeclip's, no answer into the CLI's inbox), the CLI may not mint, and neither the workers'
-// user nor the clients read the grants.
+// its bucket, watches it, answers its key and mints for Paperclip's plugin (through the CLIENTS
+// account) into the plugin's inbox and for the dispatcher (user kubeclip) into the workers' mint
+// inbox, and releases a lease's grants from its durable consumer on the run stream. The broker
+// user may do nothing else (no run event, no lease record, no exec subject, no stream of
+// kubeclip's, no answer into the CLI's or the workers' own inbox), the CLI may not mint or ask
+// the key, nobody but the broker may receive a key or mint request (so nobody else can hand out
+// a key to seal to), and neither the workers' user nor the clients read the grants.
 func TestBrokerUser(t *testing.T) {
 	srv := authServer(t)
 	in := install(t, srv)
@@ -89,7 +92,8 @@ func TestBrokerUser(t *testing.T) {
 	mint, err := brokersvc.NewMint(brokersvc.MintOptions{
 		NATS: b.Conn, Subjects: in.subjects, Store: store, Log: log,
 		Bindings: map[string]broker.Binding{"ANTHROPIC_API_KEY": {Hosts: []string{"api.anthropic.com"}, Headers: []broker.Header{broker.HeaderXAPIKey}}},
-		Replies:  inbox.MustRule(inbox.DefaultClientPrefixes()...),
+		Key:      sealer.MintKey(),
+		Replies:  inbox.MustRule(append(inbox.DefaultClientPrefixes(), inbox.WorkersMintPrefix)...),
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -101,15 +105,35 @@ func TestBrokerUser(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	body, _ := json.Marshal(mintproto.MintRequest{LeaseID: "lease-1", Key: "ANTHROPIC_API_KEY", Value: "sk-ant-real-value"})
 	paperclip := connect(t, srv, "paperclip")
-	msg, err := paperclip.Request(subject, body, 5*time.Second)
+	pluginMints, err := mintclient.New(mintclient.Options{NATS: paperclip.Conn, Subjects: in.subjects, InboxPrefix: inbox.PaperclipPrefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	brokerKey, err := pluginMints.Key(ctx)
+	if err != nil {
+		t.Fatalf("the plugin asking the broker's key: %v", err)
+	}
+	if !brokerKey.Equal(sealer.MintKey().PublicKey()) {
+		t.Fatal("the key the plugin heard is not the broker's")
+	}
+	ref := mintclient.Lease{CompanyID: in.victim.CompanyID, RunID: in.victim.RunID, LeaseID: "lease-1"}
+	reply, err := pluginMints.Mint(ctx, brokerKey, ref, "ANTHROPIC_API_KEY", "sk-ant-real-value")
 	if err != nil {
 		t.Fatalf("the plugin's mint: %v", err)
 	}
-	var reply mintproto.MintReply
-	if err := json.Unmarshal(msg.Data, &reply); err != nil || reply.Error != nil || reply.Placeholder == "" {
-		t.Fatalf("the plugin's mint: %s, %v", msg.Data, err)
+	// The dispatcher mints too (a run Secret's placeholder), from the workers' account, and
+	// hears back in the workers' mint inbox.
+	dispatcherMints, err := mintclient.New(mintclient.Options{NATS: in.worker.Conn, Subjects: in.subjects})
+	if err != nil {
+		t.Fatal(err)
+	}
+	env, err := dispatcherMints.Placeholders(ctx, mintclient.Lease{CompanyID: in.victim.CompanyID, RunID: in.victim.RunID, LeaseID: "lease-2"}, []string{"ANTHROPIC_API_KEY"}, map[string]string{"ANTHROPIC_API_KEY": "sk-ant-real-value"})
+	if err != nil {
+		t.Fatalf("the dispatcher's mint: %v", err)
+	}
+	if _, err := broker.ParsePlaceholder(env["ANTHROPIC_API_KEY"]); err != nil {
+		t.Fatalf("the dispatcher's mint gave no placeholder: %v", err)
 	}
 	pod := netip.MustParseAddr("10.0.0.7")
 	resolves := func() bool {
@@ -118,16 +142,33 @@ func TestBrokerUser(t *testing.T) {
 	}
 	eventually(t, "the minted placeholder to resolve", resolves)
 
-	// The CLI may not mint; an answer the broker would send into its inbox is refused too.
+	// The CLI may not mint or ask the key; an answer the broker would send into its inbox, or
+	// into the workers' own inbox, is refused too.
 	cli := connect(t, srv, "cli")
-	if err := cli.Publish(subject, body); err != nil {
-		t.Fatal(err)
+	keySubject := mintproto.NewSubjects(in.subjects).Key()
+	for _, subj := range []string{subject, keySubject} {
+		if err := cli.Publish(subj, []byte("{}")); err != nil {
+			t.Fatal(err)
+		}
+		cli.refused(t, "cli minting", subj)
 	}
-	cli.refused(t, "cli minting", subject)
-	if err := b.Publish(inbox.CLIPrefix+".x", []byte("{}")); err != nil {
-		t.Fatal(err)
+	for _, subj := range []string{inbox.CLIPrefix + ".x", inbox.WorkersPrefix + ".x"} {
+		if err := b.Publish(subj, []byte("{}")); err != nil {
+			t.Fatal(err)
+		}
+		b.refused(t, "broker answering another inbox", subj)
 	}
-	b.refused(t, "broker answering the CLI", inbox.CLIPrefix+".x")
+	// Nobody but the broker receives key requests (whoever answered one could have values
+	// sealed to its own key) or mint requests.
+	for _, c := range []struct {
+		who  *conn
+		subj string
+	}{{paperclip, keySubject}, {in.worker, keySubject}, {in.worker, subject}, {cli, inbox.WorkersMintPrefix + ".>"}} {
+		if _, err := c.who.SubscribeSync(c.subj); err != nil {
+			t.Fatal(err)
+		}
+		c.who.refused(t, "subscribing to the broker's requests or the workers' mint answers", c.subj)
+	}
 
 	// What the broker user may not do.
 	for _, subj := range []string{
@@ -203,22 +244,33 @@ func TestBrokerUser(t *testing.T) {
 	eventually(t, "the placeholder to stop resolving after the release", func() bool { return !resolves() })
 }
 
-// TestBrokerOnlyMintsForThePlugin pins that CLI_PUBLISH is CLIENT_PUBLISH without the mint
-// subject, plus the lease records' reads (TestCLIPublishesWhatPaperclipDoesAndLeaseRecords).
-func TestBrokerOnlyMintsForThePlugin(t *testing.T) {
+// TestBrokerOnlyMintsForThePluginAndDispatcher pins who may ask the broker (the plugin, and
+// the workers' user for the dispatcher's run Secrets: not the CLI, whose CLI_PUBLISH is
+// CLIENT_PUBLISH without the broker's subjects, TestCLIPublishesWhatPaperclipDoesAndLeaseRecords),
+// who receives the requests (the broker alone), and who the workers' mint inbox is between (the
+// broker answers, the workers' user listens).
+func TestBrokerOnlyMintsForThePluginAndDispatcher(t *testing.T) {
 	natstest.SetAuthPasswords(t)
 	opts, err := server.ProcessConfigFile(natsAuthConf)
 	if err != nil {
 		t.Fatal(err)
 	}
+	mintInbox := inbox.WorkersMintPrefix + ".>"
 	for _, u := range opts.Users {
-		allow := u.Permissions.Publish.Allow
-		mints := slices.Contains(allow, "paperclip.broker.*.*.mint")
-		if mints != (u.Username == "paperclip") {
-			t.Errorf("user %s may publish mint requests: %v, want only paperclip", u.Username, mints)
+		allow, sub := u.Permissions.Publish.Allow, u.Permissions.Subscribe.Allow
+		for _, subj := range []string{"paperclip.broker.*.*.mint", "paperclip.broker.key"} {
+			if got := slices.Contains(allow, subj); got != (u.Username == "paperclip" || u.Username == "kubeclip") {
+				t.Errorf("user %s may publish %s: %v, want only paperclip and kubeclip", u.Username, subj, got)
+			}
+			if got := slices.Contains(sub, subj); got != (u.Username == "broker") {
+				t.Errorf("user %s subscribes to %s: %v, want only broker", u.Username, subj, got)
+			}
 		}
-		if sub := u.Permissions.Subscribe.Allow; slices.Contains(sub, "paperclip.broker.*.*.mint") != (u.Username == "broker") {
-			t.Errorf("user %s subscribes to mint requests: %v, want only broker", u.Username, sub)
+		if got := slices.Contains(allow, mintInbox); got != (u.Username == "broker") {
+			t.Errorf("user %s may publish into %s: %v, want only broker", u.Username, mintInbox, got)
+		}
+		if got := slices.Contains(sub, mintInbox); got != (u.Username == "kubeclip") {
+			t.Errorf("user %s subscribes to %s: %v, want only kubeclip", u.Username, mintInbox, got)
 		}
 	}
 }

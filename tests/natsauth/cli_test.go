@@ -61,7 +61,7 @@ func TestCLIReadsLeaseRecords(t *testing.T) {
 }
 
 // TestCLIPublishesWhatPaperclipDoesAndLeaseRecords pins nats-auth.conf's CLI_PUBLISH: NATS cannot
-// join two lists, so it repeats CLIENT_PUBLISH but the broker's mint requests and adds the lease
+// join two lists, so it repeats CLIENT_PUBLISH but the broker's key and mint requests and adds the lease
 // records' reads, and the two must not drift apart.
 func TestCLIPublishesWhatPaperclipDoesAndLeaseRecords(t *testing.T) {
 	natstest.SetAuthPasswords(t)
@@ -74,7 +74,9 @@ func TestCLIPublishesWhatPaperclipDoesAndLeaseRecords(t *testing.T) {
 		allow[u.Username] = u.Permissions.Publish.Allow
 	}
 	// The CLI does not mint (only the plugin hands the broker real values).
-	paperclip := slices.DeleteFunc(append([]string{}, allow["paperclip"]...), func(s string) bool { return s == "paperclip.broker.*.*.mint" })
+	paperclip := slices.DeleteFunc(append([]string{}, allow["paperclip"]...), func(s string) bool {
+		return s == "paperclip.broker.*.*.mint" || s == "paperclip.broker.key"
+	})
 	want := append(paperclip,
 		"$JS.API.STREAM.INFO.KV_"+lease.Bucket, "$JS.API.DIRECT.GET.KV_"+lease.Bucket+".$KV."+lease.Bucket+".>")
 	if diff := cmp.Diff(want, allow["cli"]); diff != "" {

@@ -2,6 +2,7 @@ package brokersvc_test
 
 import (
 	"context"
+	"crypto/ecdh"
 	"crypto/rand"
 	"encoding/json"
 	"errors"
@@ -33,11 +34,12 @@ const realValue = "sk-ant-api03-REALVALUE-0123456789"
 var anthropic = broker.Binding{Hosts: []string{"api.anthropic.com"}, Headers: []broker.Header{broker.HeaderXAPIKey}}
 
 type env struct {
-	srv   *server.Server
-	js    jetstream.JetStream
-	kv    jetstream.KeyValue
-	store *broker.Store
-	cache *broker.Cache
+	srv    *server.Server
+	sealer *broker.Sealer
+	js     jetstream.JetStream
+	kv     jetstream.KeyValue
+	store  *broker.Store
+	cache  *broker.Cache
 }
 
 func newEnv(t *testing.T, quota int) env {
@@ -64,7 +66,7 @@ func newEnv(t *testing.T, quota int) env {
 		t.Fatal(err)
 	}
 	run(t, cache)
-	return env{srv: srv, js: js, kv: kv, store: store, cache: cache}
+	return env{srv: srv, sealer: sealer, js: js, kv: kv, store: store, cache: cache}
 }
 
 // run runs w until the test ends, and waits for it.
@@ -96,8 +98,8 @@ func startMint(t *testing.T, e env) (*brokersvc.Mint, *prometheus.Registry) {
 	nc, _ := natstest.Connect(t, e.srv)
 	reg := prometheus.NewRegistry()
 	m, err := brokersvc.NewMint(brokersvc.MintOptions{
-		NATS: nc, Store: e.store, Bindings: map[string]broker.Binding{"ANTHROPIC_API_KEY": anthropic},
-		Replies: inbox.MustRule(inbox.PaperclipPrefix), Registerer: reg, Log: zerolog.New(zerolog.NewTestWriter(t)),
+		NATS: nc, Store: e.store, Bindings: map[string]broker.Binding{"ANTHROPIC_API_KEY": anthropic}, Key: e.sealer.MintKey(),
+		Replies: inbox.MustRule(inbox.PaperclipPrefix, inbox.WorkersMintPrefix), Registerer: reg, Log: zerolog.New(zerolog.NewTestWriter(t)),
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -129,8 +131,28 @@ func request(t *testing.T, nc *nats.Conn, subject string, body []byte) mintproto
 	return r
 }
 
-func mintBody(lease, key, value string) []byte {
-	b, _ := json.Marshal(mintproto.MintRequest{LeaseID: lease, Key: key, Value: value})
+// mintBody is a mint request for company-a's run-1 sealed to the broker of e.
+func (e env) mintBody(t *testing.T, lease, key, value string) []byte {
+	return e.mintBodyFor(t, "company-a", "run-1", lease, key, value)
+}
+
+// mintBodyFor is a mint request sealed to the broker of e for the company and run given.
+func (e env) mintBodyFor(t *testing.T, company, run, lease, key, value string) []byte {
+	t.Helper()
+	return sealedBody(t, e.sealer.MintKey().PublicKey(), mintproto.AAD(company, run, lease, key), lease, key, value)
+}
+
+// sealedBody is a mint request for lease and key whose value is sealed to pub under aad.
+func sealedBody(t *testing.T, pub *ecdh.PublicKey, aad []byte, lease, key, value string) []byte {
+	t.Helper()
+	s, err := mintproto.Seal(pub, aad, []byte(value))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := json.Marshal(mintproto.MintRequest{LeaseID: lease, Key: key, EphemeralKey: s.EphemeralKey, Nonce: s.Nonce, Ciphertext: s.Ciphertext})
+	if err != nil {
+		t.Fatal(err)
+	}
 	return b
 }
 
@@ -146,6 +168,14 @@ func TestMintAnswers(t *testing.T) {
 		}
 	}
 	good := "paperclip.broker.company-a.run-1.mint"
+	other, err := ecdh.X25519().GenerateKey(rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sealed := e.mintBody(t, "l", "ANTHROPIC_API_KEY", realValue)
+	field := func(doc []byte, extra string) []byte { // doc with one more member
+		return append(append(doc[:len(doc)-1:len(doc)-1], ","+extra...), '}')
+	}
 	for _, tc := range []struct {
 		name, subject string
 		body          []byte
@@ -153,19 +183,27 @@ func TestMintAnswers(t *testing.T) {
 		wantField     string
 		wantMessage   string
 	}{
-		{"not JSON", good, []byte(`{"value":"` + realValue), mintproto.CodeInvalidRequest, "", "not a valid JSON object"},
-		{"unknown field", good, []byte(`{"leaseId":"l","key":"ANTHROPIC_API_KEY","value":"` + realValue + `","secret":1}`), mintproto.CodeInvalidRequest, "secret", "not a field"},
-		{"field in another case", good, []byte(`{"leaseId":"l","key":"ANTHROPIC_API_KEY","VALUE":"` + realValue + `"}`), mintproto.CodeInvalidRequest, "VALUE", ""},
-		{"value twice", good, []byte(`{"leaseId":"l","key":"ANTHROPIC_API_KEY","value":"x","value":"` + realValue + `"}`), mintproto.CodeInvalidRequest, "value", ""},
-		{"value not a string", good, []byte(`{"leaseId":"l","key":"ANTHROPIC_API_KEY","value":12}`), mintproto.CodeInvalidRequest, "value", "must be a string"},
-		{"no lease", good, mintBody("", "ANTHROPIC_API_KEY", realValue), mintproto.CodeInvalidRequest, "leaseId", "must not be empty"},
-		{"lease with a dot", good, mintBody("a.b", "ANTHROPIC_API_KEY", realValue), mintproto.CodeInvalidRequest, "leaseId", "must not contain"},
-		{"no value", good, mintBody("l", "ANTHROPIC_API_KEY", ""), mintproto.CodeInvalidRequest, "value", "must not be empty"},
-		{"value with a header injection", good, mintBody("l", "ANTHROPIC_API_KEY", realValue+"\r\nX-Evil: 1"), mintproto.CodeInvalidRequest, "value", "printable ASCII"},
-		{"a placeholder as the value", good, mintBody("l", "ANTHROPIC_API_KEY", "kcph_"+realValue), mintproto.CodeInvalidRequest, "value", "placeholder"},
-		{"key not brokered", good, mintBody("l", "OPENAI_API_KEY", realValue), mintproto.CodeUnknownKey, "key", `"OPENAI_API_KEY" is not a brokered key`},
-		{"run with a wildcard-free but too long id", "paperclip.broker.company-a." + strings.Repeat("r", events.MaxTokenLen+1) + ".mint", mintBody("l", "ANTHROPIC_API_KEY", realValue), mintproto.CodeInvalidRequest, "subject", ""},
-		{"quota", "paperclip.broker.company-full.run-9.mint", mintBody("lease-3", "ANTHROPIC_API_KEY", realValue), mintproto.CodeQuotaExceeded, "", `company "company-full" holds 2 credential broker grants, its quota (GrantsPerCompany) is 2`},
+		{"not JSON", good, []byte(`{"ciphertext":"` + realValue), mintproto.CodeInvalidRequest, "", "not a valid JSON object"},
+		{"unknown field", good, field(sealed, `"secret":1`), mintproto.CodeInvalidRequest, "secret", "not a field"},
+		{"the value in clear", good, []byte(`{"leaseId":"l","key":"ANTHROPIC_API_KEY","value":"` + realValue + `"}`), mintproto.CodeInvalidRequest, "value", "never sent in clear"},
+		{"the value in clear beside a sealed one", good, field(sealed, `"value":"`+realValue+`"`), mintproto.CodeInvalidRequest, "value", "never sent in clear"},
+		{"field in another case", good, []byte(`{"leaseId":"l","KEY":"ANTHROPIC_API_KEY"}`), mintproto.CodeInvalidRequest, "KEY", ""},
+		{"ciphertext twice", good, field(sealed, `"ciphertext":"AAAA"`), mintproto.CodeInvalidRequest, "ciphertext", ""},
+		{"ciphertext not a string", good, []byte(`{"leaseId":"l","key":"ANTHROPIC_API_KEY","ciphertext":12}`), mintproto.CodeInvalidRequest, "ciphertext", "must be a string"},
+		{"no lease", good, e.mintBody(t, "", "ANTHROPIC_API_KEY", realValue), mintproto.CodeInvalidRequest, "leaseId", "must not be empty"},
+		{"lease with a dot", good, e.mintBody(t, "a.b", "ANTHROPIC_API_KEY", realValue), mintproto.CodeInvalidRequest, "leaseId", "must not contain"},
+		{"nothing sealed", good, []byte(`{"leaseId":"l","key":"ANTHROPIC_API_KEY"}`), mintproto.CodeInvalidRequest, "ephemeralKey", "X25519 public key"},
+		{"no value", good, e.mintBody(t, "l", "ANTHROPIC_API_KEY", ""), mintproto.CodeInvalidRequest, "ciphertext", "non-empty value"},
+		{"sealed to another key", good, sealedBody(t, other.PublicKey(), mintproto.AAD("company-a", "run-1", "l", "ANTHROPIC_API_KEY"), "l", "ANTHROPIC_API_KEY", realValue), mintproto.CodeInvalidRequest, "ciphertext", "does not open"},
+		{"sealed for another lease", good, sealedBody(t, e.sealer.MintKey().PublicKey(), mintproto.AAD("company-a", "run-1", "lease-other", "ANTHROPIC_API_KEY"), "l", "ANTHROPIC_API_KEY", realValue), mintproto.CodeInvalidRequest, "ciphertext", "does not open"},
+		{"sealed for another company", good, e.mintBodyFor(t, "company-b", "run-1", "l", "ANTHROPIC_API_KEY", realValue), mintproto.CodeInvalidRequest, "ciphertext", "does not open"},
+		{"sealed for another run", good, e.mintBodyFor(t, "company-a", "run-2", "l", "ANTHROPIC_API_KEY", realValue), mintproto.CodeInvalidRequest, "ciphertext", "does not open"},
+		{"sealed for another key", good, sealedBody(t, e.sealer.MintKey().PublicKey(), mintproto.AAD("company-a", "run-1", "l", "OPENAI_API_KEY"), "l", "ANTHROPIC_API_KEY", realValue), mintproto.CodeInvalidRequest, "ciphertext", "does not open"},
+		{"value with a header injection", good, e.mintBody(t, "l", "ANTHROPIC_API_KEY", realValue+"\r\nX-Evil: 1"), mintproto.CodeInvalidRequest, "ciphertext", "printable ASCII"},
+		{"a placeholder as the value", good, e.mintBody(t, "l", "ANTHROPIC_API_KEY", "kcph_"+realValue), mintproto.CodeInvalidRequest, "ciphertext", "placeholder"},
+		{"key not brokered", good, e.mintBody(t, "l", "OPENAI_API_KEY", realValue), mintproto.CodeUnknownKey, "key", `"OPENAI_API_KEY" is not a brokered key`},
+		{"run with a wildcard-free but too long id", "paperclip.broker.company-a." + strings.Repeat("r", events.MaxTokenLen+1) + ".mint", e.mintBody(t, "l", "ANTHROPIC_API_KEY", realValue), mintproto.CodeInvalidRequest, "subject", ""},
+		{"quota", "paperclip.broker.company-full.run-9.mint", e.mintBodyFor(t, "company-full", "run-9", "lease-3", "ANTHROPIC_API_KEY", realValue), mintproto.CodeQuotaExceeded, "", `company "company-full" holds 2 credential broker grants, its quota (GrantsPerCompany) is 2`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := request(t, nc, tc.subject, tc.body)
@@ -183,7 +221,7 @@ func TestMintAnswers(t *testing.T) {
 			}
 		})
 	}
-	r := request(t, nc, good, mintBody("lease-1", "ANTHROPIC_API_KEY", realValue))
+	r := request(t, nc, good, e.mintBody(t, "lease-1", "ANTHROPIC_API_KEY", realValue))
 	if r.Error != nil || !strings.HasPrefix(r.Placeholder, broker.PlaceholderPrefix) || len(r.Hosts) != 1 || r.Hosts[0] != "api.anthropic.com" {
 		t.Fatalf("a good mint: %+v", r)
 	}
@@ -208,7 +246,7 @@ func TestMintAnswersOnlyClientInboxes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := nc.PublishRequest("paperclip.broker.company-a.run-1.mint", "paperclip.run.company-a.run-1.created", mintBody("lease-1", "ANTHROPIC_API_KEY", realValue)); err != nil {
+	if err := nc.PublishRequest("paperclip.broker.company-a.run-1.mint", "paperclip.run.company-a.run-1.created", e.mintBody(t, "lease-1", "ANTHROPIC_API_KEY", realValue)); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, "the dropped request to be counted", func() bool {
@@ -236,7 +274,7 @@ func TestMintIsIdempotent(t *testing.T) {
 	var wg sync.WaitGroup
 	for i := range n {
 		wg.Go(func() {
-			replies[i] = request(t, nc, "paperclip.broker.company-a.run-1.mint", mintBody("lease-1", "ANTHROPIC_API_KEY", realValue))
+			replies[i] = request(t, nc, "paperclip.broker.company-a.run-1.mint", e.mintBody(t, "lease-1", "ANTHROPIC_API_KEY", realValue))
 		})
 	}
 	wg.Wait()
@@ -248,7 +286,7 @@ func TestMintIsIdempotent(t *testing.T) {
 	if got := countKeys(t, e.kv); got != 1 {
 		t.Fatalf("%d concurrent mints made %d grants, want 1", n, got)
 	}
-	rotated := request(t, nc, "paperclip.broker.company-a.run-1.mint", mintBody("lease-1", "ANTHROPIC_API_KEY", realValue+"-ROTATED"))
+	rotated := request(t, nc, "paperclip.broker.company-a.run-1.mint", e.mintBody(t, "lease-1", "ANTHROPIC_API_KEY", realValue+"-ROTATED"))
 	if rotated.Error != nil || rotated.Placeholder != replies[0].Placeholder {
 		t.Fatalf("a mint with a rotated value: %+v, want the lease's placeholder", rotated)
 	}
@@ -256,7 +294,7 @@ func TestMintIsIdempotent(t *testing.T) {
 		res, err := e.cache.Resolve(rotated.Placeholder, "api.anthropic.com", broker.HeaderXAPIKey, netip.MustParseAddr("10.0.0.1"))
 		return err == nil && res.Value.Reveal() == realValue+"-ROTATED"
 	})
-	other := request(t, nc, "paperclip.broker.company-a.run-1.mint", mintBody("lease-2", "ANTHROPIC_API_KEY", realValue))
+	other := request(t, nc, "paperclip.broker.company-a.run-1.mint", e.mintBody(t, "lease-2", "ANTHROPIC_API_KEY", realValue))
 	if other.Error != nil || other.GrantID == replies[0].GrantID || other.Placeholder == replies[0].Placeholder {
 		t.Errorf("another lease's mint shares the first lease's grant")
 	}
@@ -393,5 +431,29 @@ func eventually(t *testing.T, what string, cond func() bool) {
 			t.Fatalf("timed out waiting for %s", what)
 		}
 		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestKeyAnswers: the key subject answers the broker's mint key (the one its sealing key
+// derives, the same on every replica), into an allowed inbox only.
+func TestKeyAnswers(t *testing.T) {
+	e := newEnv(t, 10)
+	startMint(t, e)
+	nc := client(t, e.srv)
+	msg, err := nc.Request("paperclip.broker.key", nil, 5*time.Second)
+	if err != nil {
+		t.Fatalf("asking the key: %v", err)
+	}
+	pub, err := mintproto.ParseKeyReply(msg.Data)
+	if err != nil || !pub.Equal(e.sealer.MintKey().PublicKey()) {
+		t.Fatalf("the key answer %s (%v) is not the broker's mint key", msg.Data, err)
+	}
+	other, err := nats.Connect(e.srv.ClientURL(), nats.CustomInboxPrefix(inbox.WorkersPrefix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	if m, err := other.Request("paperclip.broker.key", nil, 300*time.Millisecond); !errors.Is(err, nats.ErrTimeout) {
+		t.Errorf("a key request from the workers' own inbox: %v, %v; want no answer", m, err)
 	}
 }

@@ -2,6 +2,8 @@ package brokersvc
 
 import (
 	"context"
+	"crypto/ecdh"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -47,7 +49,11 @@ type MintOptions struct {
 	Store Minter
 	// Bindings are the brokered keys and where each may go. Required.
 	Bindings map[string]broker.Binding
-	// Replies are the inboxes answers may go to (the zero Rule answers nobody). Required.
+	// Key opens the values requesters seal to the broker (mintproto.Seal): the broker's mint
+	// key, broker.Sealer.MintKey. Required. Its public half is answered on the key subject.
+	Key *ecdh.PrivateKey
+	// Replies are the inboxes answers may go to (the zero Rule answers nobody): the plugin's,
+	// and the workers' mint inbox (inbox.WorkersMintPrefix) for the dispatcher. Required.
 	Replies inbox.Rule
 	// Timeout bounds one mint (0: DefaultMintTimeout).
 	Timeout time.Duration
@@ -59,12 +65,16 @@ type MintOptions struct {
 	Log zerolog.Logger
 }
 
-// Mint is the mint service: a queue subscription on every mint subject.
+// Mint is the mint service: a queue subscription on every mint subject, and one on the key
+// subject answering the broker's public key.
 type Mint struct {
 	o       MintOptions
 	subject mintproto.Subjects
-	mints   *prometheus.CounterVec
-	ready   chan struct{}
+	opener  *mintproto.Opener
+	// keyReply is the key subject's answer, the same for every request.
+	keyReply []byte
+	mints    *prometheus.CounterVec
+	ready    chan struct{}
 }
 
 // mintResults label kubeclip_broker_mints_total: "ok" and the codes of mintproto.
@@ -80,13 +90,21 @@ func NewMint(o MintOptions) (*Mint, error) {
 	case len(o.Bindings) == 0:
 		return nil, errors.New("brokersvc.MintOptions.Bindings must name at least one brokered key")
 	}
+	opener, err := mintproto.NewOpener(o.Key)
+	if err != nil {
+		return nil, fmt.Errorf("brokersvc.MintOptions.Key: %w", err)
+	}
+	keyReply, err := json.Marshal(mintproto.KeyReply{PublicKey: base64.StdEncoding.EncodeToString(opener.PublicKey().Bytes())})
+	if err != nil {
+		return nil, err
+	}
 	if o.Timeout <= 0 {
 		o.Timeout = DefaultMintTimeout
 	}
 	if o.Concurrency <= 0 {
 		o.Concurrency = DefaultMintConcurrency
 	}
-	m := &Mint{o: o, subject: mintproto.NewSubjects(o.Subjects), ready: make(chan struct{})}
+	m := &Mint{o: o, subject: mintproto.NewSubjects(o.Subjects), opener: opener, keyReply: keyReply, ready: make(chan struct{})}
 	m.mints = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "kubeclip_broker_mints_total",
 		Help: "Mint requests the credential broker answered, by result (ok, invalid_request, unknown_key, quota_exceeded, unavailable; unanswerable: a reply subject outside the client inboxes, dropped).",
@@ -113,9 +131,16 @@ func (m *Mint) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("subscribing to %s: %w", m.subject.MintFilter(), err)
 	}
-	// The server has the subscription once a flush returns: from then on no request is lost.
+	// The key's answer is constant and costs nothing: served on the connection's own goroutine.
+	keySub, err := m.o.NATS.QueueSubscribe(m.subject.Key(), MintQueue, m.serveKey)
+	if err != nil {
+		_ = sub.Unsubscribe()
+		return fmt.Errorf("subscribing to %s: %w", m.subject.Key(), err)
+	}
+	// The server has the subscriptions once a flush returns: from then on no request is lost.
 	if err := m.o.NATS.FlushTimeout(m.o.Timeout); err != nil {
 		_ = sub.Unsubscribe()
+		_ = keySub.Unsubscribe()
 		return fmt.Errorf("subscribing to %s: %w", m.subject.MintFilter(), err)
 	}
 	close(m.ready)
@@ -138,8 +163,20 @@ func (m *Mint) Run(ctx context.Context) error {
 	// Stop taking requests; those already delivered to this replica but not started get no
 	// answer, and their clients retry (another replica, the same grant).
 	_ = sub.Unsubscribe()
+	_ = keySub.Unsubscribe()
 	wg.Wait()
 	return nil
+}
+
+// serveKey answers the broker's public key, into an allowed inbox only (as serve).
+func (m *Mint) serveKey(msg *nats.Msg) {
+	if !m.o.Replies.Allows(msg.Reply) {
+		m.o.Log.Warn().Str(events.LogKeySubject, msg.Subject).Msg("a key request's reply subject is not an inbox the broker answers; dropped")
+		return
+	}
+	if err := msg.Respond(m.keyReply); err != nil {
+		m.o.Log.Warn().Err(err).Str(events.LogKeySubject, msg.Subject).Msg("answering a key request failed")
+	}
 }
 
 // serve answers one request.
@@ -197,7 +234,16 @@ func (m *Mint) mint(ctx context.Context, log zerolog.Logger, msg *nats.Msg) mint
 	if !ok {
 		return fail(&mintproto.Error{Code: mintproto.CodeUnknownKey, Field: "key", Message: fmt.Sprintf("%q is not a brokered key (the broker's --bindings)", req.Key)})
 	}
-	br := broker.MintRequest{Company: company, Run: run, Lease: req.LeaseID, Key: req.Key, Binding: binding, Peer: req.Peer(), Value: req.Value}
+	value, err := m.opener.Open(req, mintproto.AAD(company, run, req.LeaseID, req.Key))
+	if err != nil {
+		var e *mintproto.Error
+		if errors.As(err, &e) {
+			return fail(e)
+		}
+		return fail(mintproto.Invalid("ciphertext", "does not open"))
+	}
+	br := broker.MintRequest{Company: company, Run: run, Lease: req.LeaseID, Key: req.Key, Binding: binding, Peer: req.Peer(), Value: string(value)}
+	clear(value)
 	if err := br.Validate(); err != nil {
 		return fail(invalid(err))
 	}
@@ -235,6 +281,9 @@ func mintField(f string) string {
 		return "leaseId"
 	case "company", "run":
 		return "subject"
+	case "value":
+		// The value's own rules (printable ASCII, its bound, no placeholder): it came sealed.
+		return "ciphertext"
 	}
 	return f
 }

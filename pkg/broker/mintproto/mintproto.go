@@ -3,18 +3,31 @@
 // carries instead. It is the one description of the subject and the JSON both sides follow, so
 // the plugin (plugins/paperclip) can be written against it.
 //
-// The plugin sends a core NATS request (not JetStream: a real value is never stored in a
-// stream) to <prefix>.broker.<companyId>.<runId>.mint with a MintRequest; the broker answers a
-// MintReply into the request's inbox, and only into a client inbox (pkg/inbox: a request whose
-// reply subject is anything else gets no answer). The company and run come from the subject
-// alone, as on the exec subjects (pkg/execproto): that is what NATS permissions can restrict.
+// A requester (the plugin; the dispatcher for a run's Secret, pkg/broker/mintclient) first asks
+// the broker's public key, a core NATS request to <prefix>.broker.key answered with a KeyReply,
+// then sends a core NATS request (not JetStream: a value is never stored in a stream) to
+// <prefix>.broker.<companyId>.<runId>.mint with a MintRequest whose value is sealed to that key
+// (seal.go); the broker answers a MintReply into the request's inbox, and only into an inbox it
+// answers (pkg/inbox: a request whose reply subject is anything else gets no answer). The
+// company and run come from the subject alone, as on the exec subjects (pkg/execproto): that is
+// what NATS permissions can restrict.
 //
-// The request carries a secret; the reply carries a placeholder. Neither is ever logged, put in
-// an error, or stored anywhere but the grant (sealed): errors name fields, never values.
+// Why the key is asked over NATS and not set by the operator on every requester: only the
+// broker's NATS user may subscribe to the key subject (nats-auth.conf; tests/natsauth pins it),
+// the same trust that already decides who receives mint requests, so whoever answers the key
+// request is whoever would receive the mint anyway; and the key follows the broker's sealing key
+// (broker.Sealer.MintKey) through a rotation with no second setting to keep in step. A requester
+// asks it before its mints (one round trip), never caching it past them, so a rotated key is
+// never stale.
+//
+// The request carries a sealed secret; the reply carries a placeholder. Neither is ever logged,
+// put in an error, or stored anywhere but the grant (sealed): errors name fields, never values.
 package mintproto
 
 import (
 	"bytes"
+	"crypto/ecdh"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -28,6 +41,9 @@ import (
 // OpMint is the mint subject's last token.
 const OpMint = "mint"
 
+// OpKey is the key subject's last token: <prefix>.broker.key.
+const OpKey = "key"
+
 // Subjects builds and parses the broker's subjects of one prefix.
 type Subjects struct{ prefix string }
 
@@ -37,6 +53,9 @@ func NewSubjects(s events.Subjects) Subjects { return Subjects{prefix: s.Prefix(
 // MintFilter matches every mint request: <prefix>.broker.*.*.mint (the broker's queue
 // subscription, and its NATS user's subscribe permission).
 func (s Subjects) MintFilter() string { return s.prefix + ".broker.*.*." + OpMint }
+
+// Key returns <prefix>.broker.key, where the broker answers its public key (KeyReply).
+func (s Subjects) Key() string { return s.prefix + ".broker." + OpKey }
 
 // Mint returns <prefix>.broker.<companyId>.<runId>.mint.
 func (s Subjects) Mint(companyID, runID string) (string, error) {
@@ -59,7 +78,7 @@ func (s Subjects) ParseMint(subject string) (companyID, runID string, err error)
 }
 
 // MaxRequestBytes bounds a mint request's JSON: a value of at most broker.MaxValueBytes (4 KiB)
-// and a few ids fit with room.
+// sealed and in base64 (4/3 of it, plus the tag), a key, a nonce and a few ids fit with room.
 const MaxRequestBytes = 16 << 10
 
 // MintRequest asks for the placeholder of one brokered key of one lease:
@@ -71,16 +90,21 @@ type MintRequest struct {
 	// Key is the brokered key's name (ANTHROPIC_API_KEY); the operator's bindings say where
 	// it may go.
 	Key string `json:"key"`
-	// Value is the key's real value. Secret: never logged, never quoted.
-	Value string `json:"value"`
+	// EphemeralKey, Nonce and Ciphertext are the key's real value sealed to the broker (Seal,
+	// with AAD of the subject's company and run, LeaseID and Key), each base64. There is no
+	// field for the value in clear: a value never crosses NATS readable.
+	EphemeralKey string `json:"ephemeralKey"`
+	Nonce        string `json:"nonce"`
+	Ciphertext   string `json:"ciphertext"`
 	// PeerIP is the lease's pod IP when the plugin knows it (the grant then resolves only
 	// from that pod); empty: bound later.
 	PeerIP string `json:"peerIp,omitempty"`
 }
 
-// String redacts the value, so a request formatted by mistake gives nothing away.
+// String leaves the sealed value out: it opens only under the broker's key, but a log has no
+// use for it.
 func (r MintRequest) String() string {
-	return fmt.Sprintf("mint{leaseId:%q key:%q value:[redacted] peerIp:%q}", r.LeaseID, r.Key, r.PeerIP)
+	return fmt.Sprintf("mint{leaseId:%q key:%q value:[sealed] peerIp:%q}", r.LeaseID, r.Key, r.PeerIP)
 }
 
 // Peer is PeerIP parsed (the zero Addr when empty). Call it after Validate.
@@ -99,8 +123,8 @@ func (r MintRequest) Validate() error {
 	if r.Key == "" {
 		return Invalid("key", "must name a brokered key")
 	}
-	if r.Value == "" {
-		return Invalid("value", "must not be empty")
+	if _, err := r.sealed(); err != nil {
+		return err
 	}
 	if r.PeerIP != "" {
 		if _, err := netip.ParseAddr(r.PeerIP); err != nil {
@@ -136,12 +160,44 @@ func Decode(data []byte) (MintRequest, error) {
 			return MintRequest{}, Invalid(typeErr.Field, "must be a %s", typeErr.Type)
 		case strings.HasPrefix(err.Error(), "json: unknown field "):
 			// encoding/json's only way to say it; the field's name is the client's key, no value.
-			return MintRequest{}, Invalid(strings.Trim(strings.TrimPrefix(err.Error(), "json: unknown field "), `"`), "is not a field of a mint request")
+			field := strings.Trim(strings.TrimPrefix(err.Error(), "json: unknown field "), `"`)
+			if field == "value" {
+				return MintRequest{}, Invalid(field, "a value is never sent in clear: seal it to the broker's key (%s) and send ephemeralKey, nonce and ciphertext", "mintproto.Seal")
+			}
+			return MintRequest{}, Invalid(field, "is not a field of a mint request")
 		default:
 			return MintRequest{}, Invalid("", "request is not a JSON object")
 		}
 	}
 	return r, nil
+}
+
+// KeyReply is the broker's answer on the key subject: its X25519 public key, or an error.
+type KeyReply struct {
+	// PublicKey is the key mint values are sealed to, base64 (standard) of KeyLen bytes.
+	PublicKey string `json:"publicKey,omitempty"`
+	Error     *Error `json:"error,omitempty"`
+}
+
+// ParseKeyReply reads the broker's key answer: its public key, or the broker's refusal (an
+// *Error), or an error saying the answer is malformed.
+func ParseKeyReply(data []byte) (*ecdh.PublicKey, error) {
+	var r KeyReply
+	if err := json.Unmarshal(data, &r); err != nil {
+		return nil, errors.New("the broker's key answer is not JSON")
+	}
+	if r.Error != nil {
+		return nil, r.Error
+	}
+	raw, err := base64.StdEncoding.DecodeString(r.PublicKey)
+	if err != nil || len(raw) != KeyLen {
+		return nil, errors.New("the broker's key answer holds no X25519 public key")
+	}
+	k, err := ecdh.X25519().NewPublicKey(raw)
+	if err != nil {
+		return nil, errors.New("the broker's key answer holds no X25519 public key")
+	}
+	return k, nil
 }
 
 // MintReply is the broker's answer: the placeholder, or an error.

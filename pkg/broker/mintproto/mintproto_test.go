@@ -1,6 +1,7 @@
 package mintproto_test
 
 import (
+	"encoding/base64"
 	"errors"
 	"strings"
 	"testing"
@@ -34,17 +35,19 @@ func TestSubjects(t *testing.T) {
 // TestDecode: every refusal is an *Error naming the field, and none quotes the document.
 func TestDecode(t *testing.T) {
 	const secret = "sk-SECRET-VALUE"
+	sealed := `"ephemeralKey":"` + b64(32) + `","nonce":"` + b64(12) + `","ciphertext":"` + b64(40) + `"`
 	for _, tc := range []struct {
 		name, doc, wantField, wantMessage string
 	}{
-		{"not JSON", `{"value":"` + secret, "", "not a valid JSON object"},
+		{"not JSON", `{"ciphertext":"` + secret, "", "not a valid JSON object"},
 		{"not an object", `["` + secret + `"]`, "", "not a JSON object"},
-		{"two values", `{"leaseId":"l","key":"K","value":"` + secret + `"} {}`, "", "not a valid JSON object"},
-		{"key twice", `{"leaseId":"l","key":"K","value":"a","value":"` + secret + `"}`, "value", ""},
-		{"another case", `{"leaseId":"l","Key":"K","value":"` + secret + `"}`, "Key", ""},
-		{"unknown field", `{"leaseId":"l","key":"K","value":"` + secret + `","extra":true}`, "extra", "not a field"},
-		{"wrong type", `{"leaseId":"l","key":"K","value":["` + secret + `"]}`, "value", "must be a string"},
-		{"too large", `{"value":"` + strings.Repeat("v", mintproto.MaxRequestBytes) + `"}`, "", "limit"},
+		{"two values", `{"leaseId":"l","key":"K",` + sealed + `} {}`, "", "not a valid JSON object"},
+		{"key twice", `{"leaseId":"l","key":"K",` + sealed + `,"ciphertext":"` + secret + `"}`, "ciphertext", ""},
+		{"another case", `{"leaseId":"l","Key":"K",` + sealed + `}`, "Key", ""},
+		{"unknown field", `{"leaseId":"l","key":"K",` + sealed + `,"extra":"` + secret + `"}`, "extra", "not a field"},
+		{"the value in clear", `{"leaseId":"l","key":"K","value":"` + secret + `"}`, "value", "never sent in clear"},
+		{"wrong type", `{"leaseId":"l","key":"K","ciphertext":["` + secret + `"]}`, "ciphertext", "must be a string"},
+		{"too large", `{"ciphertext":"` + strings.Repeat("v", mintproto.MaxRequestBytes) + `"}`, "", "limit"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := mintproto.Decode([]byte(tc.doc))
@@ -57,18 +60,22 @@ func TestDecode(t *testing.T) {
 			}
 		})
 	}
-	r, err := mintproto.Decode([]byte(`{"leaseId":"lease-1","key":"ANTHROPIC_API_KEY","value":"` + secret + `","peerIp":"::ffff:10.0.0.1"}`))
+	r, err := mintproto.Decode([]byte(`{"leaseId":"lease-1","key":"ANTHROPIC_API_KEY",` + sealed + `,"peerIp":"::ffff:10.0.0.1"}`))
 	if err != nil || r.Validate() != nil || r.Peer().String() != "10.0.0.1" {
 		t.Fatalf("a good request: %+v, %v", r, err)
 	}
-	if strings.Contains(r.String(), secret) || strings.Contains((&r).String(), secret) {
-		t.Errorf("a request prints its value: %s", r)
+	if strings.Contains(r.String(), r.Ciphertext) {
+		t.Errorf("a request prints its sealed value: %s", r)
 	}
+	good := mintproto.MintRequest{LeaseID: "l", Key: "K", EphemeralKey: b64(32), Nonce: b64(12), Ciphertext: b64(40)}
+	with := func(f func(*mintproto.MintRequest)) mintproto.MintRequest { r := good; f(&r); return r }
 	for field, bad := range map[string]mintproto.MintRequest{
-		"leaseId": {LeaseID: "a*b", Key: "K", Value: "v"},
-		"key":     {LeaseID: "l", Value: "v"},
-		"value":   {LeaseID: "l", Key: "K"},
-		"peerIp":  {LeaseID: "l", Key: "K", Value: "v", PeerIP: "pod-7"},
+		"leaseId":      with(func(r *mintproto.MintRequest) { r.LeaseID = "a*b" }),
+		"key":          with(func(r *mintproto.MintRequest) { r.Key = "" }),
+		"ephemeralKey": with(func(r *mintproto.MintRequest) { r.EphemeralKey = b64(31) }),
+		"nonce":        with(func(r *mintproto.MintRequest) { r.Nonce = "not base64!" }),
+		"ciphertext":   with(func(r *mintproto.MintRequest) { r.Ciphertext = b64(16) }), // a tag and no value
+		"peerIp":       with(func(r *mintproto.MintRequest) { r.PeerIP = "pod-7" }),
 	} {
 		var e *mintproto.Error
 		if err := bad.Validate(); !errors.As(err, &e) || e.Field != field {
@@ -76,3 +83,6 @@ func TestDecode(t *testing.T) {
 		}
 	}
 }
+
+// b64 is the base64 of n bytes.
+func b64(n int) string { return base64.StdEncoding.EncodeToString(make([]byte, n)) }

@@ -1,16 +1,34 @@
 import assert from "node:assert/strict";
-import { randomBytes } from "node:crypto";
+import { createDecipheriv, createPrivateKey, createPublicKey, diffieHellman, generateKeyPairSync, hkdfSync, randomBytes, type KeyObject } from "node:crypto";
 import { after, before, beforeEach, describe, it } from "node:test";
 import type { PluginEnvironmentLease } from "@paperclipai/plugin-sdk";
 import { connect, type Subscription } from "@nats-io/transport-node";
 import { harnessed, startEnv, type Env, type Harnessed } from "../test/support/harness.js";
-import { BROKERED_LEASES_PER_COMPANY, Placeholders, isPlaceholder } from "./broker.js";
+import { BROKERED_LEASES_PER_COMPANY, Placeholders, isPlaceholder, mintAAD, rawPublicKey, sealValue, x25519PublicKey } from "./broker.js";
 
 // The plugin against a real nats-server (the fake kubeclip and exec replica of the other suites)
 // and a tiny mint responder standing in for cmd/credential-broker: it answers
-// paperclip.broker.<c>.<r>.mint as pkg/broker/mintproto says, one placeholder per company,
-// lease and key, as the real broker's idempotent Mint does. Every message on the server is
-// tapped, so what crossed the wire is inspected, not assumed.
+// paperclip.broker.key with its X25519 public key and paperclip.broker.<c>.<r>.mint as
+// pkg/broker/mintproto says, opening the sealed value as the broker does (openValue), one
+// placeholder per company, lease and key, as the real broker's idempotent Mint does. Every
+// message on the server is tapped, so what crossed the wire is inspected, not assumed: the
+// real value is on no subject at all, the mint's included.
+
+/** Opens a value sealed by sealValue, as pkg/broker/mintproto.Opener does. */
+function openValue(broker: KeyObject, aad: Buffer, s: { ephemeralKey: string; nonce: string; ciphertext: string }): string {
+  const eph = Buffer.from(s.ephemeralKey, "base64");
+  const shared = diffieHellman({ privateKey: broker, publicKey: x25519PublicKey(eph) });
+  const key = Buffer.from(hkdfSync("sha256", shared, Buffer.concat([eph, rawPublicKey(createPublicKey(broker))]), "kubeclip credential broker mint v1", 32));
+  const ct = Buffer.from(s.ciphertext, "base64");
+  const d = createDecipheriv("aes-256-gcm", key, Buffer.from(s.nonce, "base64"));
+  d.setAAD(aad);
+  d.setAuthTag(ct.subarray(ct.length - 16));
+  return Buffer.concat([d.update(ct.subarray(0, ct.length - 16)), d.final()]).toString("utf8");
+}
+
+/** An X25519 private key of a raw 32-byte scalar (PKCS #8 around it). */
+const x25519Private = (raw: Buffer): KeyObject =>
+  createPrivateKey({ key: Buffer.concat([Buffer.from("302e020100300506032b656e04220420", "hex"), raw]), format: "der", type: "pkcs8" });
 
 const C = "7d2f1c9e-3b4a-4e8d-a6f1-0c5b9e2d7a13";
 let n = 0;
@@ -23,6 +41,8 @@ interface Mint {
   subject: string;
   leaseId: string;
   key: string;
+  /** The value the responder opened, as the broker would. */
+  value: string;
 }
 
 describe("brokered keys", () => {
@@ -31,6 +51,8 @@ describe("brokered keys", () => {
   let tap: { subject: string; data: string }[];
   let mints: Mint[];
   let mintSub: Subscription | undefined;
+  let keySub: Subscription | undefined;
+  const brokerKey = generateKeyPairSync("x25519");
   let tapSub: Subscription | undefined;
   /** What the responder answers; default: a placeholder, the same for a lease's key. */
   let answer: (req: Mint) => Record<string, unknown>;
@@ -45,15 +67,29 @@ describe("brokered keys", () => {
   };
 
   const startMinter = (): void => {
+    keySub = env.nc.subscribe("paperclip.broker.key", {
+      callback: (_err, m) => {
+        assert.ok(m.reply?.startsWith("_INBOX_paperclip."), `the key's reply goes to the plugin's inbox, not ${m.reply}`);
+        m.respond(JSON.stringify({ publicKey: rawPublicKey(brokerKey.publicKey).toString("base64") }));
+      },
+    });
     mintSub = env.nc.subscribe("paperclip.broker.*.*.mint", {
       callback: (_err, m) => {
-        const req = JSON.parse(new TextDecoder().decode(m.data)) as { leaseId: string; key: string; value: string };
+        const req = JSON.parse(new TextDecoder().decode(m.data)) as { leaseId: string; key: string; ephemeralKey: string; nonce: string; ciphertext: string };
         assert.ok(m.reply?.startsWith("_INBOX_paperclip."), `the mint's reply goes to the plugin's inbox, not ${m.reply}`);
-        const r: Mint = { subject: m.subject, leaseId: req.leaseId, key: req.key };
+        assert.deepEqual(Object.keys(req).sort(), ["ciphertext", "ephemeralKey", "key", "leaseId", "nonce"], "a mint request carries the value sealed, never in clear");
+        const [, , companyId, runId] = m.subject.split(".");
+        const value = openValue(brokerKey.privateKey, mintAAD(companyId as string, runId as string, req.leaseId, req.key), req);
+        const r: Mint = { subject: m.subject, leaseId: req.leaseId, key: req.key, value };
         mints.push(r);
         m.respond(JSON.stringify(answer(r)));
       },
     });
+  };
+  const stopMinter = (): void => {
+    mintSub?.unsubscribe();
+    keySub?.unsubscribe();
+    mintSub = keySub = undefined;
   };
 
   before(async () => {
@@ -90,8 +126,8 @@ describe("brokered keys", () => {
     return harness.harness.execute({ driverKey: "kubernetes", companyId: C, environmentId: "env-1", config, lease, command: "env", timeoutMs: 10_000, env: envVars });
   }
 
-  /** Messages holding the real value on any subject but the broker's mint subject. */
-  const leaked = (value: string): string[] => tap.filter((m) => m.data.includes(value) && !/^paperclip\.broker\.[^.]+\.[^.]+\.mint$/.test(m.subject)).map((m) => m.subject);
+  /** Messages holding the real value (or its base64) on any subject, the mint's included. */
+  const leaked = (value: string): string[] => tap.filter((m) => m.data.includes(value) || m.data.includes(Buffer.from(value).toString("base64"))).map((m) => m.subject);
 
   it("replaces the values in every execute's env, minting once per lease and key", async () => {
     const lease = await acquire(newRun());
@@ -109,12 +145,14 @@ describe("brokered keys", () => {
     }
     assert.deepEqual(mints.map((m) => m.key).sort(), ["ANTHROPIC_API_KEY", "OPENAI_API_KEY"], "one mint per lease and key for 4 executes");
     assert.deepEqual(new Set(mints.map((m) => m.leaseId)), new Set([lease.providerLeaseId]));
+    assert.deepEqual(mints.map((m) => m.value).sort(), [ANTHROPIC, OPENAI].sort(), "the broker's key opens what was sealed");
     // A changed value (the operator rotated the key) is minted again; the broker keeps the grant.
     await execute(lease, { ...vars, ANTHROPIC_API_KEY: `${ANTHROPIC}-rotated` });
     assert.equal(mints.length, 3);
     const starts = tap.filter((m) => /^paperclip\.exec\./.test(m.subject) && m.data.includes('"env"'));
     assert.ok(starts.length >= 5, `exec starts with env tapped: ${starts.length}`);
-    assert.deepEqual(leaked(ANTHROPIC), [], "the real value crossed NATS only to the broker");
+    assert.ok(tap.some((m) => /^paperclip\.broker\.[^.]+\.[^.]+\.mint$/.test(m.subject)), "the tap sees the mint requests");
+    assert.deepEqual(leaked(ANTHROPIC), [], "the real value crossed NATS on no subject, the broker's own included");
     assert.deepEqual(leaked(OPENAI), []);
     assert.ok(!JSON.stringify(h.harness.logs).includes(ANTHROPIC), "never logged");
     console.log(`wire: messages=${tap.length} execStartsWithEnv=${starts.length} mints=${mints.length} leaks=${leaked(ANTHROPIC).length + leaked(OPENAI).length}`);
@@ -129,8 +167,7 @@ describe("brokered keys", () => {
 
   it("fails an execute naming the key when no broker answers, and sends nothing", async () => {
     const lease = await acquire(newRun());
-    mintSub?.unsubscribe();
-    mintSub = undefined;
+    stopMinter();
     await env.nc.flush();
     tap = [];
     await assert.rejects(execute(lease, { ANTHROPIC_API_KEY: ANTHROPIC, HOME: "/workspace" }), (err: Error) => {
@@ -248,8 +285,7 @@ describe("brokered keys", () => {
       assert.equal(BROKERED_LEASES_PER_COMPANY, 1_000, "the bound the README states");
       // No subscriber at all (the tap and the responder gone): NATS says no responders at once.
       tapSub?.unsubscribe();
-      mintSub?.unsubscribe();
-      mintSub = undefined;
+      stopMinter();
       await env.nc.flush();
       const t0 = Date.now();
       await assert.rejects(mint("l9"), (err: Error) => {
@@ -266,5 +302,27 @@ describe("brokered keys", () => {
       await env.nc.flush();
       await nc.close();
     }
+  });
+
+  it("seals as pkg/broker/mintproto opens: the vector Go's TestOpensThePluginsSeal opens", () => {
+    // Fixed broker key, ephemeral key and nonce: the bytes are pinned here and opened in Go.
+    const broker = x25519Private(Buffer.from("a0".repeat(16) + "5b".repeat(16), "hex"));
+    const ephemeral = x25519Private(Buffer.from("11".repeat(8) + "c3".repeat(24), "hex"));
+    const aad = mintAAD("company-a", "run-1", "lease-1", "ANTHROPIC_API_KEY");
+    const value = "sk-ant-api03-SEALED-VALUE-0123456789";
+    const s = sealValue(createPublicKey(broker), aad, value, { ephemeral, nonce: Buffer.from("000102030405060708090a0b", "hex") });
+    assert.deepEqual(s, {
+      ephemeralKey: "1CkY2ltKyzXbE+34W9WkckNz+92QT4wk6Tk96DKCrmE=",
+      nonce: "AAECAwQFBgcICQoL",
+      ciphertext: "vMaIK4DAjGQxGCiert0QZjFs3i6/TbKHi5VKFUdrbFScZ6iqR7mELIJEEniT4USuQ11qMQ==",
+    });
+    assert.equal(openValue(broker, aad, s), value);
+    // Sealed for another lease, it does not open.
+    assert.throws(() => openValue(broker, mintAAD("company-a", "run-1", "lease-2", "ANTHROPIC_API_KEY"), s));
+    // A fresh seal of the same value shares nothing with it.
+    const fresh = sealValue(createPublicKey(broker), aad, value);
+    assert.notEqual(fresh.ciphertext, s.ciphertext);
+    assert.notEqual(fresh.ephemeralKey, s.ephemeralKey);
+    assert.ok(!JSON.stringify(fresh).includes(value) && !JSON.stringify(fresh).includes(Buffer.from(value).toString("base64")));
   });
 });

@@ -1,16 +1,20 @@
 // Brokered keys (issue 27): the operator names the keys kubeclip's credential broker holds
 // (settings.brokeredKeys); before the plugin publishes an execute's environment it replaces each
 // one's real value with the lease's placeholder, minted by the broker over core NATS
-// (pkg/broker/mintproto: <prefix>.broker.<companyId>.<runId>.mint, {leaseId, key, value} →
-// {placeholder, grantId, hosts, error}, answered into the plugin's inbox). The pod gets the
-// placeholder; the broker swaps the real value in only on the way to the key's bound hosts.
+// (pkg/broker/mintproto): it asks the broker's X25519 public key (<prefix>.broker.key →
+// {publicKey}), seals the value to it (sealValue), and sends
+// <prefix>.broker.<companyId>.<runId>.mint {leaseId, key, ephemeralKey, nonce, ciphertext} →
+// {placeholder, grantId, hosts, error}, answered into the plugin's inbox. The value never
+// crosses NATS readable: only the broker's key opens it, and only for that company, run, lease
+// and key. The pod gets the placeholder; the broker swaps the real value in only on the way to
+// the key's bound hosts.
 //
 // It fails closed: a broker that is down, slow or refuses fails the execute with an error naming
 // the key and the reason, and the real value is never sent instead. The value is never logged,
 // never put in an error, and not kept after its mint: the cache holds a keyed hash of it (to see
 // a changed value, which the broker re-mints into the same grant) and the placeholder.
 
-import { createHmac, randomBytes } from "node:crypto";
+import { createCipheriv, createHmac, createPublicKey, diffieHellman, generateKeyPairSync, hkdfSync, randomBytes, type KeyObject } from "node:crypto";
 import { errors, type NatsConnection } from "@nats-io/transport-node";
 import { isObject } from "./json.js";
 import { leaseKey } from "./leases.js";
@@ -24,6 +28,70 @@ export const BROKERED_LEASES_PER_COMPANY = 1_000;
 /** The most of a broker's refusal message an error carries. */
 const MAX_REASON_CHARS = 300;
 
+/** HKDF's info, as pkg/broker/mintproto.SealInfo. */
+const SEAL_INFO = "kubeclip credential broker mint v1";
+/** The additional data's label, as pkg/broker/mintproto's aadLabel. */
+const AAD_LABEL = "kubeclip mint v1";
+/** An X25519 public key's length, and the AES-GCM nonce's. */
+const KEY_LEN = 32;
+const NONCE_LEN = 12;
+
+/**
+ * The additional data of a value sealed for one grant (pkg/broker/mintproto.AAD): the label,
+ * then company, run, lease and key, each as a 4-byte big-endian length and its UTF-8 bytes.
+ */
+export function mintAAD(companyId: string, runId: string, leaseId: string, key: string): Buffer {
+  const parts: Buffer[] = [Buffer.from(AAD_LABEL)];
+  for (const s of [companyId, runId, leaseId, key]) {
+    const b = Buffer.from(s, "utf8");
+    const n = Buffer.alloc(4);
+    n.writeUInt32BE(b.length);
+    parts.push(n, b);
+  }
+  return Buffer.concat(parts);
+}
+
+/** A value sealed to the broker: the mint request's three fields, base64. */
+export interface SealedValue {
+  ephemeralKey: string;
+  nonce: string;
+  ciphertext: string;
+}
+
+/** The raw 32 bytes of an X25519 public key. */
+export function rawPublicKey(k: KeyObject): Buffer {
+  const x = k.export({ format: "jwk" }).x;
+  if (typeof x !== "string") throw new Error("not an X25519 public key");
+  return Buffer.from(x, "base64url");
+}
+
+/** The X25519 public key of raw bytes (the broker's key answer). */
+export function x25519PublicKey(raw: Buffer): KeyObject {
+  if (raw.length !== KEY_LEN) throw new Error("not an X25519 public key");
+  return createPublicKey({ key: { kty: "OKP", crv: "X25519", x: raw.toString("base64url") }, format: "jwk" });
+}
+
+/**
+ * value sealed to the broker's public key for the grant aad names, as pkg/broker/mintproto.Seal:
+ * a fresh ephemeral X25519 key pair, the shared secret through HKDF-SHA256 (salt: the ephemeral
+ * public key then the broker's; info SEAL_INFO) to an AES-256-GCM key, a random nonce, aad as
+ * additional data; the ciphertext carries the tag last, as Go's GCM does. `fixed` pins the
+ * ephemeral key and nonce (tests: the vector Go's TestOpensThePluginsSeal opens).
+ */
+export function sealValue(broker: KeyObject, aad: Buffer, value: string, fixed?: { ephemeral: KeyObject; nonce: Buffer }): SealedValue {
+  const ephemeral = fixed?.ephemeral ?? generateKeyPairSync("x25519").privateKey;
+  const ephemeralPub = rawPublicKey(createPublicKey(ephemeral));
+  const shared = diffieHellman({ privateKey: ephemeral, publicKey: broker });
+  const key = Buffer.from(hkdfSync("sha256", shared, Buffer.concat([ephemeralPub, rawPublicKey(broker)]), SEAL_INFO, 32));
+  shared.fill(0);
+  const nonce = fixed?.nonce ?? randomBytes(NONCE_LEN);
+  const cipher = createCipheriv("aes-256-gcm", key, nonce);
+  key.fill(0);
+  cipher.setAAD(aad);
+  const ct = Buffer.concat([cipher.update(value, "utf8"), cipher.final(), cipher.getAuthTag()]);
+  return { ephemeralKey: ephemeralPub.toString("base64"), nonce: nonce.toString("base64"), ciphertext: ct.toString("base64") };
+}
+
 /** Whether v is a placeholder already (the broker refuses to mint one, and it is no secret). */
 export function isPlaceholder(v: string): boolean {
   return PLACEHOLDER_RE.test(v);
@@ -36,6 +104,16 @@ export class BrokerError extends Error {
   constructor(key: string, reason: string) {
     super(`env.${key}: is brokered (settings.brokeredKeys) but the credential broker gave no placeholder for it: ${reason}; nothing was sent (a brokered key never leaves the plugin as its real value)`);
     this.key = key;
+  }
+}
+
+/** The broker's public key could not be had; reason names no value. */
+class KeyUnavailable extends Error {
+  override name = "KeyUnavailable";
+  readonly reason: string;
+  constructor(reason: string) {
+    super(reason);
+    this.reason = reason;
   }
 }
 
@@ -94,7 +172,11 @@ export class Placeholders {
     });
     if (todo.length === 0) return env;
     const out = { ...env };
-    const got = await Promise.allSettled(todo.map((k) => this.placeholder(nc, prefix, ref, k, env[k] as string)));
+    // The broker's key is asked once per call, and only if a mint is needed (a cached
+    // placeholder needs none); never kept past the call, so a rotated key is never stale.
+    let brokerKey: Promise<KeyObject> | undefined;
+    const keyOf = (): Promise<KeyObject> => (brokerKey ??= this.brokerKey(nc, prefix));
+    const got = await Promise.allSettled(todo.map((k) => this.placeholder(nc, prefix, ref, k, env[k] as string, keyOf)));
     const byValue = new Map<string, string>();
     for (const [i, g] of got.entries()) {
       const k = todo[i] as string;
@@ -127,7 +209,7 @@ export class Placeholders {
     return this.byCompany.get(companyId)?.get(leaseKey(companyId, providerLeaseId))?.byKey.size ?? 0;
   }
 
-  private placeholder(nc: NatsConnection, prefix: string, ref: LeaseRef, key: string, value: string): Promise<string> {
+  private placeholder(nc: NatsConnection, prefix: string, ref: LeaseRef, key: string, value: string, brokerKey: () => Promise<KeyObject>): Promise<string> {
     const hash = createHmac("sha256", this.hashKey).update(value).digest("hex");
     const lk = leaseKey(ref.companyId, ref.providerLeaseId);
     let leases = this.byCompany.get(ref.companyId);
@@ -144,7 +226,7 @@ export class Placeholders {
     const byKey = lease.byKey;
     const cached = byKey.get(key);
     if (cached && cached.hash === hash) return cached.placeholder;
-    const placeholder = this.mint(nc, prefix, ref, key, value);
+    const placeholder = this.mint(nc, prefix, ref, key, value, brokerKey);
     const entry: Minted = { hash, placeholder };
     byKey.set(key, entry);
     // A failed mint is not cached: the next execute asks again.
@@ -154,14 +236,44 @@ export class Placeholders {
     return placeholder;
   }
 
-  private async mint(nc: NatsConnection, prefix: string, ref: LeaseRef, key: string, value: string): Promise<string> {
+  /** The broker's public key (pkg/broker/mintproto: <prefix>.broker.key); rejects with a BrokerError-ready reason. */
+  private async brokerKey(nc: NatsConnection, prefix: string): Promise<KeyObject> {
+    let data: Uint8Array;
+    try {
+      data = (await nc.request(`${prefix}.broker.key`, "", { timeout: this.timeoutMs })).data;
+    } catch (err) {
+      throw new KeyUnavailable(this.requestFailure(err));
+    }
+    let reply: unknown;
+    try {
+      reply = JSON.parse(new TextDecoder().decode(data));
+    } catch {
+      throw new KeyUnavailable("the broker's key answer is not JSON");
+    }
+    if (!isObject(reply) || typeof reply.publicKey !== "string") throw new KeyUnavailable("the broker's key answer holds no public key");
+    try {
+      return x25519PublicKey(Buffer.from(reply.publicKey, "base64"));
+    } catch {
+      throw new KeyUnavailable("the broker's key answer holds no X25519 public key");
+    }
+  }
+
+  private async mint(nc: NatsConnection, prefix: string, ref: LeaseRef, key: string, value: string, brokerKey: () => Promise<KeyObject>): Promise<string> {
     const subject = `${prefix}.broker.${ref.companyId}.${ref.runId}.mint`;
+    let sealed: SealedValue;
+    try {
+      sealed = sealValue(await brokerKey(), mintAAD(ref.companyId, ref.runId, ref.providerLeaseId, key), value);
+    } catch (err) {
+      // The key's reasons name no value; a failed seal says only that it failed.
+      throw new BrokerError(key, err instanceof KeyUnavailable ? err.reason : "sealing the value to the broker's key failed");
+    }
     this.mints++;
     let data: Uint8Array;
     try {
-      // Core NATS request/reply, never JetStream: a real value is never stored in a stream. The
-      // reply comes to the connection's inbox prefix (_INBOX_paperclip).
-      const m = await nc.request(subject, JSON.stringify({ leaseId: ref.providerLeaseId, key, value }), { timeout: this.timeoutMs });
+      // Core NATS request/reply, never JetStream: a value is never stored in a stream, and it
+      // goes sealed (only the broker's key opens it). The reply comes to the connection's inbox
+      // prefix (_INBOX_paperclip).
+      const m = await nc.request(subject, JSON.stringify({ leaseId: ref.providerLeaseId, key, ...sealed }), { timeout: this.timeoutMs });
       data = m.data;
     } catch (err) {
       // Classified by the client's error types; its message is not passed on (it could name the
