@@ -149,10 +149,11 @@ func (c *Common) natsNeeds(component string, s events.Subjects) natsNeeds {
 	var n natsNeeds
 	if component == "credential-broker" {
 		// Its own user: no ping service, and answers into the plugin's inbox only (the CLI
-		// does not mint). Its mint subscription, its bucket and its one consumer.
+		// does not mint). Its mint subscription, its buckets (grants; budgets) and its one consumer.
 		n.subscribe = append(n.subscribe, mintproto.NewSubjects(s).MintFilter(), InboxPrefix(component)+".self-check")
 		n.publish = append(n.publish, inbox.PaperclipPrefix+".self-check",
 			jetstream.DefaultAPIPrefix+"STREAM.INFO."+kvStream(broker.Bucket),
+			jetstream.DefaultAPIPrefix+"STREAM.INFO."+kvStream(events.BudgetBucket),
 			jetstream.DefaultAPIPrefix+"CONSUMER.INFO."+s.RunStream()+"."+events.BrokerReleaseConsumer)
 		return n
 	}

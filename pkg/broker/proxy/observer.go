@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"strconv"
 	"sync"
+	"time"
 
 	"github.com/kubeclip/kubeclip/pkg/broker"
 )
@@ -54,6 +55,13 @@ type Exchange interface {
 type Rejection struct {
 	Status  int
 	Message string
+	// Quota says a spend budget refused the call (no call passes before RetryAfter, hours
+	// away), not a rate (retry shortly). OpenAI's clients tell the two apart by the error's
+	// type: insufficient_quota, which they do not retry, or rate_limit_exceeded.
+	Quota bool
+	// RetryAfter is when the budget allows calls again (0: not said); the answer carries it as
+	// Retry-After (whole seconds, rounded up) and retry-after-ms, which the model SDKs honour.
+	RetryAfter time.Duration
 }
 
 func (r *Rejection) Error() string { return strconv.Itoa(r.Status) + " " + r.Message }
