@@ -443,12 +443,16 @@ func TestFullBudgetStoreFailsOpen(t *testing.T) {
 	}
 	r := e.replica(t, brokersvc.BudgetOptions{TokensPerDay: 400, Flush: 10 * time.Millisecond})
 	within := e.mint(t, "within", "ANTHROPIC_API_KEY", anthropic)
-	for i := range 2 {
+	for i := range 2 { // 300 tokens of 400
 		if a := e.call(t, r, anthropicHost, "/v1/messages", anthropicKey(within)); a.status != http.StatusOK {
 			t.Fatalf("call %d of a company within its budget, the bucket full: %d %s, want 200", i+1, a.status, a.body)
 		}
 	}
 	eventually(t, "the failed writes to be counted", func() bool { return r.failures.Load() > 0 })
+	// Its own spend could not be written: its next call still goes through.
+	if a := e.call(t, r, anthropicHost, "/v1/messages", anthropicKey(within)); a.status != http.StatusOK {
+		t.Fatalf("a call of a company within its budget whose spend the full bucket refused: %d %s, want 200", a.status, a.body)
+	}
 	over := e.mint(t, "over", "ANTHROPIC_API_KEY", anthropic)
 	statuses := []int{}
 	for range 4 {
@@ -471,8 +475,7 @@ func (c *clock) advance(d time.Duration) { c.ns.Add(int64(d)) }
 
 // TestBudgetsReadAgainAfterIdle: a replica that counted a company's calls a while ago does not
 // trust what it knew once the company was idle for two Refreshes: its next call reads the
-// shared counter first, and is refused when another replica spent the rest meanwhile. And the
-// counter's largest value fits the bucket with the largest compare-and-set header.
+// shared counter first, and is refused when another replica spent the rest meanwhile.
 func TestBudgetsReadAgainAfterIdle(t *testing.T) {
 	_, _, js := natstest.Start(t)
 	kv, err := events.EnsureBucket(t.Context(), js, events.BudgetBucketConfig(1, 0, 0))
@@ -521,11 +524,28 @@ func TestBudgetsReadAgainAfterIdle(t *testing.T) {
 	if rej == nil || !strings.Contains(rej.Message, "has used 450 tokens") {
 		t.Fatalf("B's call after two idle Refreshes: %+v, want refused on the 450 tokens of both", rej)
 	}
+}
 
-	// The largest counter, written with a compare-and-set of a 20-digit revision, fits.
-	largest := events.Spend{Requests: 1<<63 - 1, Tokens: 1<<63 - 1}.Encode()
-	header := len("NATS/1.0\r\nNats-Expected-Last-Subject-Sequence: 18446744073709551615\r\n\r\n")
-	if len(largest)+header > events.BudgetMaxValueSize {
-		t.Errorf("a spend of %d bytes and a header of %d do not fit %d", len(largest), header, events.BudgetMaxValueSize)
+// TestFailingBudgetStoreFailsOpen: the budgets bucket is gone (NATS answers every read and
+// write of it with an error), so the replica can neither read nor write a counter: the company
+// still gets its calls within its budget on the replica's own count, every failure is counted,
+// and its call past the budget is refused.
+func TestFailingBudgetStoreFailsOpen(t *testing.T) {
+	e := newBudgetEnv(t, 0)
+	r := e.replica(t, brokersvc.BudgetOptions{TokensPerDay: 400, Flush: 10 * time.Millisecond})
+	if err := e.js.DeleteKeyValue(t.Context(), events.BudgetBucket); err != nil {
+		t.Fatal(err)
 	}
+	acme := e.mint(t, "acme", "ANTHROPIC_API_KEY", anthropic)
+	statuses := []int{}
+	for range 4 {
+		statuses = append(statuses, e.call(t, r, anthropicHost, "/v1/messages", anthropicKey(acme)).status)
+	}
+	if want := []int{200, 200, 200, 429}; fmt.Sprint(statuses) != fmt.Sprint(want) {
+		t.Errorf("calls with the budgets bucket gone: %v, want %v (admitted, then refused on the replica's own count)", statuses, want)
+	}
+	if r.failures.Load() == 0 {
+		t.Error("no failed read or write of the budgets bucket was counted")
+	}
+	t.Logf("bucket gone: calls %v, failed reads and writes counted %d", statuses, r.failures.Load())
 }
