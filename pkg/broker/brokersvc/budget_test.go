@@ -300,8 +300,8 @@ func openaiError(t *testing.T, body string) (typ, code, message string) {
 // TestBudgetExceededIsTheAgentsClear429: over real TLS, through the proxy as a pod calls it, a
 // company's calls pass until the tokens its upstream stated reach its budget of the day; then
 // the agent gets 429 in the API's own shape (Anthropic rate_limit_error, OpenAI
-// insufficient_quota), naming the budget's flag and when it resets, with Retry-After, and the
-// call never reaches the upstream. Another company is not affected. A request rate per replica
+// insufficient_quota), naming the budget's flag and when it resets, with Retry-After and
+// X-Should-Retry: false, and the call never reaches the upstream. Another company is not affected. A request rate per replica
 // answers 429 rate_limit_error / rate_limit_exceeded with the wait. Each refusal is counted by
 // budget, with no company label.
 func TestBudgetExceededIsTheAgentsClear429(t *testing.T) {
@@ -327,8 +327,8 @@ func TestBudgetExceededIsTheAgentsClear429(t *testing.T) {
 		t.Errorf("the call past the budget: %d %s %q,\nwant 429 rate_limit_error %q", a.status, typ, msg, wantMsg)
 	}
 	retry, err := strconv.Atoi(a.header.Get("Retry-After"))
-	if err != nil || retry <= 0 || retry > 86400 {
-		t.Errorf("Retry-After %q, want the seconds until midnight UTC", a.header.Get("Retry-After"))
+	if err != nil || retry <= 0 || retry > 86400 || a.header.Get("X-Should-Retry") != "false" {
+		t.Errorf("Retry-After %q, X-Should-Retry %q; want the seconds until midnight UTC, and false", a.header.Get("Retry-After"), a.header.Get("X-Should-Retry"))
 	}
 	o := e.call(t, r, openaiHost, "/v1/chat/completions", openaiKey(acmeOpenAI))
 	otyp, ocode, omsg := openaiError(t, o.body)
@@ -356,7 +356,7 @@ func TestBudgetExceededIsTheAgentsClear429(t *testing.T) {
 	g := e.call(t, rate, openaiHost, "/v1/chat/completions", openaiKey(gamma))
 	gtyp, gcode, gmsg := openaiError(t, g.body)
 	wantPrefix := "kubeclip broker: company budget of 1 requests per second per broker replica (" + requestsFlag + ") exceeded by company gamma; it allows the next call in "
-	if g.status != http.StatusTooManyRequests || gtyp != "rate_limit_exceeded" || gcode != "rate_limit_exceeded" || !strings.HasPrefix(gmsg, wantPrefix) || g.header.Get("Retry-After") != "1" {
+	if g.status != http.StatusTooManyRequests || gtyp != "rate_limit_exceeded" || gcode != "rate_limit_exceeded" || !strings.HasPrefix(gmsg, wantPrefix) || g.header.Get("Retry-After") != "1" || g.header.Get("X-Should-Retry") != "" {
 		t.Errorf("the second call within a second: %d %s/%s %q Retry-After %q,\nwant 429 rate_limit_exceeded %q… Retry-After 1", g.status, gtyp, gcode, gmsg, g.header.Get("Retry-After"), wantPrefix)
 	}
 	if n := rate.metric(t, "kubeclip_broker_budget_exceeded_total", brokersvc.BudgetRequestsPerSecond); n != 1 {

@@ -360,7 +360,7 @@ func (e *exchange) End(err error) {
 	if r.Format != meter.FormatNone {
 		tokens = r.InputTokens + r.OutputTokens
 	}
-	e.u.spent(e.grant.Company, tokens) // before the call is counted: a test's next call sees it
+	e.u.spent(e.grant.Company, tokens) // before the call is counted: who sees the count sees the spend
 	e.u.calls.WithLabelValues(format, outcome).Inc()
 	if r.Format != meter.FormatNone {
 		e.u.tokens.WithLabelValues(format, TokensInput).Add(float64(r.InputTokens))

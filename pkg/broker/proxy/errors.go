@@ -21,8 +21,8 @@ const (
 	ErrorsGoogle
 )
 
-// OpenAI's error types (and codes) of a 429: a spent quota, which its clients do not retry, and
-// a rate limit, which they retry after Retry-After.
+// OpenAI's error types (and codes) of a 429: a spent quota, and a rate limit, which its clients
+// retry after Retry-After.
 const (
 	openAIQuota     = "insufficient_quota"
 	openAIRateLimit = "rate_limit_exceeded"

@@ -56,8 +56,9 @@ type Rejection struct {
 	Status  int
 	Message string
 	// Quota says a spend budget refused the call (no call passes before RetryAfter, hours
-	// away), not a rate (retry shortly). OpenAI's clients tell the two apart by the error's
-	// type: insufficient_quota, which they do not retry, or rate_limit_exceeded.
+	// away), not a rate (retry shortly): the answer says X-Should-Retry: false, which the
+	// OpenAI and Anthropic SDKs honour rather than retrying a 429, and OpenAI's error type is
+	// insufficient_quota rather than rate_limit_exceeded.
 	Quota bool
 	// RetryAfter is when the budget allows calls again (0: not said); the answer carries it as
 	// Retry-After (whole seconds, rounded up) and retry-after-ms, which the model SDKs honour.

@@ -363,9 +363,10 @@ func writeRejection(w http.ResponseWriter, format ErrorFormat, rej *Rejection) {
 	openAIType := ""
 	if rej.Status == http.StatusTooManyRequests {
 		openAIType = openAIRateLimit
-		if rej.Quota {
-			openAIType = openAIQuota
-		}
+	}
+	if rej.Quota {
+		openAIType = openAIQuota
+		w.Header().Set("X-Should-Retry", "false")
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")
