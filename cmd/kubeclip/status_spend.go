@@ -23,7 +23,7 @@ const (
 
 // spendSummary is what each company spent through the credential broker on Day (UTC), as the
 // broker's replicas counted it in their shared counters: the calls that ended and the tokens
-// (input plus output) their upstreams stated. A replica writes its share every 100 ms.
+// (input plus output) their upstreams stated. A replica writes its share every second.
 type spendSummary struct {
 	// Day is the UTC date counted ("2026-12-07"); the counters turn over at midnight UTC.
 	Day string `json:"day"`

@@ -76,8 +76,10 @@ const (
 // Defaults of BudgetOptions.
 const (
 	// DefaultBudgetFlush is how long a company's spend gathers in a replica before it is
-	// written: one write per company with calls per 100 ms per replica, whatever its call rate.
-	DefaultBudgetFlush = 100 * time.Millisecond
+	// written: one write per second per company with calls per replica, whatever its call rate
+	// (a model call takes seconds; at 100 ms, a hundred busy companies cost a thousand KV writes
+	// a second per replica). What the other replicas see of a replica's spend is that late.
+	DefaultBudgetFlush = time.Second
 	// DefaultBudgetRefresh is how often a replica reads again the counter of a company making
 	// calls that it has not written meanwhile, and so how late it sees the other replicas'.
 	DefaultBudgetRefresh = time.Second
