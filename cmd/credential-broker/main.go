@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"os"
 	"time"
@@ -44,6 +45,10 @@ type settings struct {
 	GrantsPerCompany int
 	UsageFlush       time.Duration
 	UsageRuns        int
+	// The operator's per-company budgets (brokersvc.Budgets): 0 is none.
+	CompanyRequestsPerSecond float64
+	CompanyRequestBurst      int
+	CompanyTokensPerDay      int
 }
 
 func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout, stderr io.Writer) error {
@@ -63,6 +68,9 @@ func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout,
 	fs.Int(&s.GrantsPerCompany, "grants-per-company", "KUBECLIP_BROKER_GRANTS_PER_COMPANY", 0, "grants one company may hold at once; 0: the grants bucket's share of --store-bytes divided among --store-companies at a grant's largest size, the most that fits (and the most allowed)")
 	fs.Duration(&s.UsageFlush, "usage-flush", "KUBECLIP_BROKER_USAGE_FLUSH", brokersvc.DefaultUsageFlush, "how often a run's usage event is published at most (and at once when its grant is released); the events carry deltas, so their sum is the upstreams' totals")
 	fs.Int(&s.UsageRuns, "usage-runs", "KUBECLIP_BROKER_USAGE_RUNS", brokersvc.DefaultUsageRuns, "runs whose usage one replica holds in memory until published; a call of one more run is refused (503)")
+	fs.Float(&s.CompanyRequestsPerSecond, "company-requests-per-second", "KUBECLIP_BROKER_COMPANY_REQUESTS_PER_SECOND", 0, "most model API calls one company may start per second ON EACH broker replica (counted per replica: a shared rate would put a NATS round trip before every call), so set the company's rate divided by the replicas; past it a call gets 429 in the API's shape; 0: no limit")
+	fs.Int(&s.CompanyRequestBurst, "company-request-burst", "KUBECLIP_BROKER_COMPANY_REQUEST_BURST", 0, "calls one company may start at once on a replica within --company-requests-per-second; 0: the rate rounded up")
+	fs.Int(&s.CompanyTokensPerDay, "company-tokens-per-day", "KUBECLIP_BROKER_COMPANY_TOKENS_PER_DAY", 0, "most tokens (input plus output, as the model APIs stated them) one company may spend per UTC day, across all replicas (KUBECLIP_BUDGETS); once reached its calls get 429 until midnight UTC (the calls in flight finish); 0: no limit")
 	if err := fs.Parse(args); err != nil {
 		fs.Usage(stdout, summary)
 		return app.Usage(err)
@@ -108,8 +116,21 @@ func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout,
 	if err != nil {
 		return err
 	}
+	counters, err := events.EnsureBucket(ctx, js, events.BudgetBucketConfig(s.Streams.Replicas, 0, int64(s.Streams.StoreBytes)))
+	if err != nil {
+		return fmt.Errorf("opening KV bucket %s: %w", events.BudgetBucket, err)
+	}
+	budgets, err := brokersvc.NewBudgets(brokersvc.BudgetOptions{
+		KV: counters, RequestsPerSecond: s.CompanyRequestsPerSecond, RequestBurst: s.CompanyRequestBurst, TokensPerDay: int64(s.CompanyTokensPerDay),
+		RequestsBudget: fs.Names("company-requests-per-second"), TokensBudget: fs.Names("company-tokens-per-day"),
+		StoreFailures: events.NewStoreFailures(log, events.BudgetBucket, opsSrv.Metrics.StoreWriteFailed),
+		Registerer:    opsSrv.Registry, Log: log,
+	})
+	if err != nil {
+		return err
+	}
 	usage, err := brokersvc.NewUsage(brokersvc.UsageOptions{
-		Publisher: publisher, Registerer: opsSrv.Registry, Log: log, FlushInterval: s.UsageFlush, MaxRuns: s.UsageRuns,
+		Publisher: publisher, Budgets: budgets, Registerer: opsSrv.Registry, Log: log, FlushInterval: s.UsageFlush, MaxRuns: s.UsageRuns,
 	})
 	if err != nil {
 		return err
@@ -149,7 +170,7 @@ func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout,
 	// mint, so no end of a lease minted here is missed. Shutdown runs the other way: the proxy
 	// drains its calls while the cache still resolves, and then usage publishes what they spent.
 	ready := func() { opsSrv.Ready(nc, nil, ops.Check{Name: "grants", Func: cacheLive(cache)}) }
-	return app.Serve(ctx, ready, cache, usage, releaser, mint, &proxyServer{proxy: px, ln: ln, certs: cfg.issuer})
+	return app.Serve(ctx, ready, cache, budgets, usage, releaser, mint, &proxyServer{proxy: px, ln: ln, certs: cfg.issuer})
 }
 
 // cacheLive is /readyz's check of the grant cache: it fails once the cache's watch ended.
@@ -211,6 +232,18 @@ func (s *settings) load(fs *config.Set) (loaded, error) {
 	}
 	if s.UsageRuns <= 0 {
 		errs = append(errs, fmt.Errorf("%s must be > 0", fs.Names("usage-runs")))
+	}
+	if s.CompanyRequestsPerSecond < 0 || math.IsNaN(s.CompanyRequestsPerSecond) || math.IsInf(s.CompanyRequestsPerSecond, 0) {
+		errs = append(errs, fmt.Errorf("%s must be a number ≥ 0 (0: no limit)", fs.Names("company-requests-per-second")))
+	}
+	if s.CompanyRequestBurst < 0 {
+		errs = append(errs, fmt.Errorf("%s must be ≥ 0 (0: the rate rounded up)", fs.Names("company-request-burst")))
+	}
+	if s.CompanyRequestBurst > 0 && s.CompanyRequestsPerSecond == 0 {
+		errs = append(errs, fmt.Errorf("%s needs %s", fs.Names("company-request-burst"), fs.Names("company-requests-per-second")))
+	}
+	if s.CompanyTokensPerDay < 0 {
+		errs = append(errs, fmt.Errorf("%s must be ≥ 0 (0: no limit)", fs.Names("company-tokens-per-day")))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return l, err

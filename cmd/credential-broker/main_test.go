@@ -120,6 +120,9 @@ func TestSettings(t *testing.T) {
 		{name: "a host's shapes disagree", args: bad(`{"A_KEY": {"hosts": ["api.openai.com"], "headers": ["authorization"], "errors": "openai"}, "B_KEY": {"hosts": ["api.openai.com"], "headers": ["authorization"], "errors": "anthropic"}}`).args(), wantCode: 2, wantErr: "B_KEY.hosts[0]: api.openai.com is bound by A_KEY too"},
 		{name: "key not an env name", args: bad(`{"1KEY": {"hosts": ["api.openai.com"], "headers": ["authorization"], "errors": "openai"}}`).args(), wantCode: 2, wantErr: `"1KEY": "1KEY" must be an environment variable name`},
 		{name: "no keys", args: bad(`{}`).args(), wantCode: 2, wantErr: "no brokered key"},
+		{name: "negative request rate", args: append(good.args(), "--company-requests-per-second", "-1"), wantCode: 2, wantErr: "--company-requests-per-second (KUBECLIP_BROKER_COMPANY_REQUESTS_PER_SECOND) must be a number ≥ 0"},
+		{name: "burst without a rate", args: append(good.args(), "--company-request-burst", "5"), wantCode: 2, wantErr: "--company-request-burst (KUBECLIP_BROKER_COMPANY_REQUEST_BURST) needs --company-requests-per-second (KUBECLIP_BROKER_COMPANY_REQUESTS_PER_SECOND)"},
+		{name: "negative token budget", args: append(good.args(), "--company-tokens-per-day", "-5"), wantCode: 2, wantErr: "--company-tokens-per-day (KUBECLIP_BROKER_COMPANY_TOKENS_PER_DAY) must be ≥ 0"},
 		{name: "quota past the store", args: append(good.args(), "--grants-per-company", "100000"), wantCode: 2, wantErr: "--grants-per-company (KUBECLIP_BROKER_GRANTS_PER_COMPANY) is 100000 grants per company"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -118,6 +118,9 @@ func runStatus(ctx context.Context, args []string, lookupEnv config.LookupEnv, s
 	for {
 		r, err := collectStatus(ctx, src, o)
 		if err != nil {
+			if o.Watch && ctx.Err() != nil {
+				return nil // Ctrl-C during a draw ends a watch as it does between draws
+			}
 			return err
 		}
 		if clear {

@@ -1,14 +1,22 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+
+	"github.com/kubeclip/kubeclip/internal/natstest"
 	"github.com/kubeclip/kubeclip/pkg/api"
+	"github.com/kubeclip/kubeclip/pkg/broker/brokersvc"
 	"github.com/kubeclip/kubeclip/pkg/events"
+	"github.com/kubeclip/kubeclip/pkg/inbox"
 	"github.com/kubeclip/kubeclip/pkg/lease"
 )
 
@@ -90,6 +98,9 @@ func TestStatusAsTheStatusUser(t *testing.T) {
 		}
 	}
 
+	// The credential broker, on its own user, makes the budgets bucket and counts acme's calls.
+	spendAsTheBroker(t, in.url, "acme", 120, 30)
+
 	start := time.Now()
 	out, err := in.kubeclip(ctx, "status", "status", "-o", "json", "--timeout", "8s")
 	took := time.Since(start)
@@ -113,10 +124,55 @@ func TestStatusAsTheStatusUser(t *testing.T) {
 	if l := r.Leases; l.Error != "" || !l.Complete || l.Scanned != records {
 		t.Errorf("leases: error %q, complete %v, scanned %d, want every one of %d records", l.Error, l.Complete, l.Scanned, records)
 	}
+	if sp := r.Spend; sp.Error != "" || !sp.Complete || len(sp.Companies) != 1 || sp.Companies[0] != (companySpend{Company: "acme", Requests: 2, Tokens: 150}) {
+		t.Errorf("spend: %+v, want acme's 2 calls and 150 tokens, complete", sp)
+	}
 	// A request the user may not make goes unanswered: it waits statusRequestTimeout, or
 	// deleteConsumerTimeout for the scan's consumer.
 	if took >= deleteConsumerTimeout {
 		t.Errorf("status took %s: some request went unanswered", took)
 	}
 	t.Logf("status as the status user took %s", took)
+}
+
+// spendAsTheBroker runs the credential broker's budgets on the shipped broker user: it creates
+// KUBECLIP_BUDGETS (as cmd/credential-broker does) and counts one call of company per tokens
+// value, written before it returns.
+func spendAsTheBroker(t *testing.T, url, company string, tokens ...int64) {
+	t.Helper()
+	nc, err := nats.Connect(url, natstest.User("broker"), nats.CustomInboxPrefix(inbox.BrokerPrefix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv, err := events.EnsureBucket(t.Context(), js, events.BudgetBucketConfig(1, 0, 0))
+	if err != nil {
+		t.Fatalf("the broker user making %s: %v", events.BudgetBucket, err)
+	}
+	failed := 0
+	b, err := brokersvc.NewBudgets(brokersvc.BudgetOptions{KV: kv, TokensPerDay: 1 << 40,
+		StoreFailures: events.NewStoreFailures(zerolog.New(zerolog.NewTestWriter(t)), events.BudgetBucket, func(string) { failed++ })})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- b.Run(ctx) }()
+	for _, n := range tokens {
+		if rej := b.Admit(t.Context(), company); rej != nil {
+			t.Fatal(rej.Message)
+		}
+		b.Spent(company, n)
+	}
+	cancel() // the last flush writes the spend
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if failed > 0 {
+		t.Fatalf("the broker user's reads or writes of its counters failed %d times", failed)
+	}
 }

@@ -53,6 +53,8 @@ type statusReport struct {
 	Leases    leaseSummary     `json:"leases"`
 	Consumers []consumerStatus `json:"consumers"`
 	Streams   []streamStatus   `json:"streams"`
+	// Spend is what each company spent through the credential broker today (UTC).
+	Spend spendSummary `json:"spend"`
 	// Metrics is false when no --metrics-url was given: the exec sessions and the self-checks are
 	// then unknown, not zero.
 	Metrics bool           `json:"metrics"`
@@ -186,8 +188,11 @@ func collectStatus(ctx context.Context, src statusSource, o statusOptions) (stat
 	for i := range r.Consumers {
 		oldestPending(&r.Consumers[i], queues, queuesErr, now)
 	}
-	// After the streams' info: the scan's own consumer is not one of the lease bucket's.
+	// After the streams' info: the scans' own consumers are not the buckets'.
+	// The two scans at once, each on its own bucket.
+	wg.Go(func() { r.Spend = scanSpend(ctx, src.JS, o, now, !src.KeepScanConsumer) })
 	r.Leases = scanLeases(ctx, src.JS, o, now, !src.KeepScanConsumer)
+	wg.Wait()
 	for _, w := range r.Workers {
 		r.ExecStreams += w.ExecStreams
 	}
@@ -312,7 +317,7 @@ func scanLeases(ctx context.Context, js jetstream.JetStream, o statusOptions, no
 	// after it (a record's earlier states too), not each record's last.
 	createCtx, cancel := context.WithTimeout(ctx, statusRequestTimeout)
 	defer cancel()
-	cons, err := createScanConsumer(createCtx, js, jetstream.ConsumerConfig{
+	cons, err := createScanConsumer(createCtx, js, leaseStream, jetstream.ConsumerConfig{
 		FilterSubject:     subjects,
 		DeliverPolicy:     jetstream.DeliverLastPerSubjectPolicy,
 		AckPolicy:         jetstream.AckNonePolicy,
@@ -412,19 +417,19 @@ func isKVMarker(h nats.Header) bool {
 	return h.Get("KV-Operation") != "" || h.Get(jetstream.MarkerReasonHeader) != ""
 }
 
-// createScanConsumer creates the lease scan's consumer through JetStream's ephemeral-only
+// createScanConsumer creates a scan's consumer on stream (the lease scan's, the spend scan's) through JetStream's ephemeral-only
 // endpoint, CONSUMER.CREATE.<stream> (the server refuses a durable there), rather than the named
 // one jetstream.CreateConsumer calls, whose subject cannot tell a durable from an ephemeral: so
 // the status user may create only ephemeral consumers (nats-auth.conf).
-func createScanConsumer(ctx context.Context, js jetstream.JetStream, cfg jetstream.ConsumerConfig) (jetstream.Consumer, error) {
+func createScanConsumer(ctx context.Context, js jetstream.JetStream, stream string, cfg jetstream.ConsumerConfig) (jetstream.Consumer, error) {
 	req, err := json.Marshal(struct {
 		Stream string                   `json:"stream_name"`
 		Config jetstream.ConsumerConfig `json:"config"`
-	}{leaseStream, cfg})
+	}{stream, cfg})
 	if err != nil {
 		return nil, err
 	}
-	msg, err := js.Conn().RequestWithContext(ctx, jetstream.DefaultAPIPrefix+"CONSUMER.CREATE."+leaseStream, req)
+	msg, err := js.Conn().RequestWithContext(ctx, jetstream.DefaultAPIPrefix+"CONSUMER.CREATE."+stream, req)
 	if err != nil {
 		return nil, err
 	}
@@ -438,7 +443,7 @@ func createScanConsumer(ctx context.Context, js jetstream.JetStream, cfg jetstre
 	if resp.Error != nil {
 		return nil, resp.Error
 	}
-	return js.Consumer(ctx, leaseStream, resp.Name)
+	return js.Consumer(ctx, stream, resp.Name)
 }
 
 // deleteScanConsumer removes a finished scan's consumer; where the user may not, the server
@@ -450,7 +455,7 @@ func deleteScanConsumer(js jetstream.JetStream, cons jetstream.Consumer) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), deleteConsumerTimeout)
 	defer cancel()
-	_ = js.DeleteConsumer(ctx, leaseStream, info.Name)
+	_ = js.DeleteConsumer(ctx, info.Stream, info.Name)
 }
 
 // count adds rec to its company's counters, or to OtherCompanies past maxStatusCompanies.

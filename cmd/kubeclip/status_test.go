@@ -27,6 +27,7 @@ import (
 	"github.com/kubeclip/kubeclip/internal/natstest"
 	"github.com/kubeclip/kubeclip/internal/ops"
 	"github.com/kubeclip/kubeclip/pkg/api"
+	"github.com/kubeclip/kubeclip/pkg/broker/brokersvc"
 	"github.com/kubeclip/kubeclip/pkg/dispatch"
 	"github.com/kubeclip/kubeclip/pkg/events"
 	"github.com/kubeclip/kubeclip/pkg/inbox"
@@ -169,6 +170,8 @@ func TestStatusGolden(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	spendThroughBroker(t, js)
+
 	metrics := workerMetrics(t)
 	client := &http.Client{}
 	t.Cleanup(client.CloseIdleConnections)
@@ -208,6 +211,47 @@ func TestStatusGolden(t *testing.T) {
 	}
 	golden(t, "status.json.golden", jsonOut.Bytes())
 	golden(t, "status.txt.golden", textOut.Bytes())
+}
+
+// spendThroughBroker has the credential broker's budgets (two replicas, as two processes
+// would) count brokered calls at statusNow: acme 3 calls and 1,500 tokens, beta 1 call and 42
+// tokens, and a call of acme's the day before, which today's report leaves out.
+func spendThroughBroker(t *testing.T, js jetstream.JetStream) {
+	t.Helper()
+	kv, err := events.EnsureBucket(t.Context(), js, events.BudgetBucketConfig(1, 0, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	type call struct {
+		company string
+		tokens  int64
+	}
+	for _, c := range []struct {
+		now   time.Time
+		calls []call
+	}{
+		{statusNow, []call{{"acme", 1000}, {"acme", 400}, {"beta", 42}}},
+		{statusNow, []call{{"acme", 100}}},
+		{statusNow.Add(-24 * time.Hour), []call{{"acme", 9999}}},
+	} {
+		b, err := brokersvc.NewBudgets(brokersvc.BudgetOptions{KV: kv, Now: func() time.Time { return c.now }, Log: zerolog.New(zerolog.NewTestWriter(t))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan error, 1)
+		go func() { done <- b.Run(ctx) }()
+		for _, call := range c.calls {
+			if rej := b.Admit(t.Context(), call.company); rej != nil {
+				t.Fatalf("admitting %s: %s", call.company, rej.Message)
+			}
+			b.Spent(call.company, call.tokens)
+		}
+		cancel() // its last flush writes the spend
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
 }
 
 // golden compares got with testdata/name, or rewrites it with -update.

@@ -54,6 +54,8 @@ func (r statusReport) writeText(out io.Writer) error {
 		}
 	}
 
+	r.Spend.writeText(w)
+
 	fmt.Fprintln(w, "\nCONSUMERS")
 	fmt.Fprintln(w, "WORKER\tSTREAM\tCONSUMER\tPENDING\tACK PENDING\tREDELIVERED\tWAITING\tOLDEST PENDING")
 	for _, c := range r.Consumers {
@@ -134,4 +136,35 @@ func orDash(s string) string {
 		return "-"
 	}
 	return s
+}
+
+// writeText prints the spend section: calls and tokens per company today.
+func (s spendSummary) writeText(w io.Writer) {
+	title := "MODEL API SPEND on " + s.Day + " (UTC, counted by the credential broker)"
+	if s.Company != "" {
+		title += " of company " + s.Company
+	}
+	switch {
+	case s.Error != "":
+		fmt.Fprintf(w, "\n%s: %s\n", title, s.Error)
+		return
+	case !s.Complete:
+		title += " (partial: stopped at the --timeout)"
+	}
+	fmt.Fprintf(w, "\n%s\n", title)
+	if s.Undecodable > 0 {
+		fmt.Fprintf(w, "not spend counters: %d (value of another shape)\n", s.Undecodable)
+	}
+	rows := s.Companies
+	if s.OtherCompanies != nil {
+		rows = append(slices.Clip(rows), *s.OtherCompanies)
+	}
+	if len(rows) == 0 {
+		fmt.Fprintln(w, "no brokered calls today")
+		return
+	}
+	fmt.Fprintln(w, "COMPANY\tREQUESTS\tTOKENS")
+	for _, c := range rows {
+		fmt.Fprintf(w, "%s\t%d\t%d\n", c.Company, c.Requests, c.Tokens)
+	}
 }

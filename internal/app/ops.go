@@ -123,8 +123,8 @@ func (o *Ops) watchJetStream(component string, js jetstream.JetStream, s events.
 // watchedStores are the stores a worker reports: those its NATS user may read
 // (deploy/kustomize/base/nats-auth.conf; a refused info waits out the scrape's bound and reads
 // as JetStream not answering). The exec-worker's user reads the start-up streams and its own
-// buckets; the credential broker's its bucket and the run stream; the other workers' user every
-// store but the exec-worker's recorded execs and the broker's grants.
+// buckets; the credential broker's its grants, the budgets bucket and the run stream; the other
+// workers' user every store but the exec-worker's recorded execs and the broker's grants.
 func watchedStores(component string, s events.Subjects) []string {
 	execs, grants := events.BucketStream(execsvc.RecordedBucket), events.BucketStream(broker.Bucket)
 	switch component {
@@ -132,7 +132,7 @@ func watchedStores(component string, s events.Subjects) []string {
 		return []string{s.LeaseStream(), s.RunStream(), events.WorkStream, events.BucketStream(lease.Bucket),
 			events.BucketStream(lease.TenantBucket), execs, events.BucketStream(events.BudgetBucket)}
 	case "credential-broker":
-		return []string{s.RunStream(), grants}
+		return []string{s.RunStream(), grants, events.BucketStream(events.BudgetBucket)}
 	}
 	return slices.DeleteFunc(s.StreamNames(), func(name string) bool { return name == execs || name == grants })
 }

@@ -152,11 +152,12 @@ func (c *Common) natsNeeds(component string, s events.Subjects) natsNeeds {
 	if component == "credential-broker" {
 		// Its own user: no ping service, and answers into the plugin's inbox and the
 		// dispatcher's mint inbox only (the CLI does not mint). Its mint and key
-		// subscriptions, its bucket and its one consumer.
+		// subscriptions, its buckets (grants; budgets) and its one consumer.
 		ms := mintproto.NewSubjects(s)
 		n.subscribe = append(n.subscribe, ms.MintFilter(), ms.Key(), InboxPrefix(component)+".self-check")
 		n.publish = append(n.publish, inbox.PaperclipPrefix+".self-check", inbox.WorkersMintPrefix+".self-check",
 			jetstream.DefaultAPIPrefix+"STREAM.INFO."+kvStream(broker.Bucket),
+			jetstream.DefaultAPIPrefix+"STREAM.INFO."+kvStream(events.BudgetBucket),
 			jetstream.DefaultAPIPrefix+"CONSUMER.INFO."+s.RunStream()+"."+events.BrokerReleaseConsumer)
 		return n
 	}

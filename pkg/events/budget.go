@@ -58,6 +58,11 @@ const (
 	budgetStoreRetry = 5 * time.Second
 )
 
+// BudgetMaxValueSize bounds a message of BudgetBucket, its headers included: the largest
+// counter (a Spend of two 19-digit counts, 61 bytes) beside the largest compare-and-set header
+// (71 bytes), with room to spare.
+const BudgetMaxValueSize = 256
+
 // BudgetBucketConfig is KUBECLIP_BUDGETS, its share of a store of storeBytes (0: the default).
 // Its TTL is the run stream's age (what a company's bytes occupy the store for), so a run's
 // counter lives as long as its events.
@@ -69,11 +74,15 @@ func BudgetBucketConfig(replicas int, ttl time.Duration, storeBytes int64) jetst
 		ttl = DefaultRunMaxAge
 	}
 	return jetstream.KeyValueConfig{
-		Bucket:       BudgetBucket,
-		Description:  "kubeclip byte budgets of what each run and company writes to the run stream",
-		History:      1,
-		TTL:          ttl,
-		MaxValueSize: 64,
+		Bucket:      BudgetBucket,
+		Description: "kubeclip byte budgets of what each run and company writes to the run stream",
+		History:     1,
+		TTL:         ttl,
+		// The server counts a message's headers against it (hdr+msg ≤ MaxMsgSize), and a
+		// compare-and-set carries "Nats-Expected-Last-Subject-Sequence: <revision>" (51 bytes
+		// and up to 20 digits). At 64, an 8-digit counter failed once the bucket's revisions
+		// reached 6 digits, and the broker's spend (events.Spend, up to 61 bytes) never fit.
+		MaxValueSize: BudgetMaxValueSize,
 		// A counter is about 150 bytes with its headers, history 1: the default store's share
 		// (65 MiB) holds some 400,000 counters within the TTL.
 		MaxBytes: StoreLimit(storeBytes, StoreBudgets),

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"net/netip"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -284,4 +285,60 @@ func eventually(t *testing.T, what string, cond func() bool) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// TestBrokerBudgetCounters: the broker user makes KUBECLIP_BUDGETS as the other workers do and
+// counts each company's spend under broker.> (brokersvc.Budgets: a read, then compare-and-set
+// writes); it may not touch the other workers' counters (exec, log, lease) nor purge the bucket.
+// The status user reads the counters through its ephemeral scan (cmd/kubeclip
+// TestStatusAsTheStatusUser), and may write none.
+func TestBrokerBudgetCounters(t *testing.T) {
+	srv := authServer(t)
+	install(t, srv)
+	ctx := t.Context()
+	b := connect(t, srv, "broker")
+	kv, err := events.EnsureBucket(ctx, b.js, events.BudgetBucketConfig(1, 0, 0))
+	if err != nil {
+		t.Fatalf("the broker user making %s: %v", events.BudgetBucket, err)
+	}
+	var failed atomic.Int64
+	budgets, err := brokersvc.NewBudgets(brokersvc.BudgetOptions{KV: kv, TokensPerDay: 1000,
+		StoreFailures: events.NewStoreFailures(zerolog.New(zerolog.NewTestWriter(t)), events.BudgetBucket, func(string) { failed.Add(1) })})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runWorker(t, "the budgets", budgets)
+	if rej := budgets.Admit(ctx, "acme"); rej != nil {
+		t.Fatal(rej.Message)
+	}
+	budgets.Spent("acme", 70)
+	key := events.SpendKey("acme", events.SpendDay(time.Now()))
+	eventually(t, "acme's spend in its counter", func() bool {
+		e, err := kv.Get(ctx, key)
+		if err != nil {
+			return false
+		}
+		s, err := events.DecodeSpend(e.Value())
+		return err == nil && s == events.Spend{Requests: 1, Tokens: 70}
+	})
+	if n := failed.Load(); n > 0 {
+		t.Errorf("%d of the broker user's reads or writes of its counters failed", n)
+	}
+	for _, subj := range []string{
+		"$KV." + events.BudgetBucket + ".log.company.acme.1",
+		"$KV." + events.BudgetBucket + ".exec.run.acme.r1",
+		"$KV." + events.BudgetBucket + ".lease.company.acme.1",
+		"$JS.API.STREAM.PURGE.KV_" + events.BudgetBucket,
+		"$JS.API.DIRECT.GET.KV_" + events.BudgetBucket + ".$KV." + events.BudgetBucket + ".log.company.acme.1",
+	} {
+		if err := b.Publish(subj, []byte("1")); err != nil {
+			t.Fatal(err)
+		}
+		b.refused(t, "broker publishing", subj)
+	}
+	status := connect(t, srv, "status")
+	if err := status.Publish("$KV."+key, []byte("{}")); err != nil {
+		t.Fatal(err)
+	}
+	status.refused(t, "status writing a spend counter", "$KV."+key)
 }

@@ -25,8 +25,8 @@ import (
 // company, run, lease and key in the debug log; and, with a Publisher, per run on the run
 // stream (events.RunUsageEvent): the calls' usage is coalesced per run in memory (ledger) and
 // published at most once per run per flush interval, and at once when the run's grant is
-// released (Released). It refuses a call only when it could not account for it (the ledger
-// full); budgets are next.
+// released (Released). It refuses a call when its company's budget is used up (Budgets: 429,
+// before the call is forwarded), and when it could not account for it (the ledger full: 503).
 type Usage struct {
 	tokens *prometheus.CounterVec
 	calls  *prometheus.CounterVec
@@ -35,6 +35,7 @@ type Usage struct {
 	log    zerolog.Logger
 
 	pub     UsagePublisher // nil: metrics and log only
+	budgets *Budgets       // nil: none
 	ledger  *ledger
 	flush   time.Duration
 	timeout time.Duration
@@ -74,6 +75,9 @@ const (
 type UsageOptions struct {
 	// Publisher publishes the usage events (nil: none; metrics and the log only).
 	Publisher UsagePublisher
+	// Budgets admit each call before it is forwarded and are charged when it ends (nil: none).
+	// Run does not run them: the caller runs Budgets.Run beside Usage.Run.
+	Budgets *Budgets
 	// Registerer gets the usage metrics (nil: not registered).
 	Registerer prometheus.Registerer
 	// Log gets each call's usage at debug, and publishes that failed.
@@ -161,6 +165,7 @@ func NewUsage(o UsageOptions) (*Usage, error) {
 		}, []string{"result"}),
 		log:     o.Log,
 		pub:     o.Publisher,
+		budgets: o.Budgets,
 		ledger:  newLedger(o.MaxRuns, usageIdleFlushes, o.NewMeter, o.Now),
 		flush:   o.FlushInterval,
 		timeout: o.PublishTimeout,
@@ -194,10 +199,15 @@ func NewUsage(o UsageOptions) (*Usage, error) {
 	return u, nil
 }
 
-// Begin follows one call. With a publisher it holds the run's count until the call ends, and
-// refuses the call (503) when the ledger has no room for one more run: a call the broker could
-// not account for is not forwarded.
-func (u *Usage) Begin(_ context.Context, call proxy.Call) (proxy.Exchange, error) {
+// Begin follows one call. A company over a budget is refused (429) first. With a publisher it
+// holds the run's count until the call ends, and refuses the call (503) when the ledger has no
+// room for one more run: a call the broker could not account for is not forwarded.
+func (u *Usage) Begin(ctx context.Context, call proxy.Call) (proxy.Exchange, error) {
+	if u.budgets != nil {
+		if rej := u.budgets.Admit(ctx, call.Grant.Company); rej != nil {
+			return nil, rej
+		}
+	}
 	ex := &exchange{u: u, grant: call.Grant, host: call.Host, format: meter.FormatOf(call.Request.URL.Path)}
 	if u.pub != nil {
 		if err := u.ledger.begin(events.Ref(call.Grant.Company, call.Grant.Run)); err != nil {
@@ -296,6 +306,14 @@ func (u *Usage) publish(ctx context.Context, evs []events.RunUsageEvent) {
 	wg.Wait()
 }
 
+// spent charges a call that ended to its company's budgets: the tokens budget counts input
+// and output tokens as the upstream stated them.
+func (u *Usage) spent(company string, tokens int64) {
+	if u.budgets != nil {
+		u.budgets.Spent(company, tokens)
+	}
+}
+
 // exchange meters one call. The proxy calls it from the call's goroutine, in order.
 type exchange struct {
 	u      *Usage
@@ -325,6 +343,7 @@ func (e *exchange) End(err error) {
 		Str("lease", e.grant.Lease).Str("key", e.grant.Key).Str("host", e.host).Str("format", format)
 	ref, row := events.Ref(e.grant.Company, e.grant.Run), usageRow{key: e.grant.Key, host: e.host, format: format}
 	if e.m == nil { // the upstream never answered
+		e.u.spent(e.grant.Company, 0)
 		e.u.calls.WithLabelValues(format, OutcomeFailed).Inc()
 		if e.held {
 			e.u.ledger.end(ref, row, callUsage{outcome: OutcomeFailed})
@@ -337,6 +356,11 @@ func (e *exchange) End(err error) {
 	if !r.Metered {
 		outcome = string(r.Reason)
 	}
+	var tokens int64 // a path not metered states nothing
+	if r.Format != meter.FormatNone {
+		tokens = r.InputTokens + r.OutputTokens
+	}
+	e.u.spent(e.grant.Company, tokens) // before the call is counted: who sees the count sees the spend
 	e.u.calls.WithLabelValues(format, outcome).Inc()
 	if r.Format != meter.FormatNone {
 		e.u.tokens.WithLabelValues(format, TokensInput).Add(float64(r.InputTokens))

@@ -21,9 +21,22 @@ const (
 	ErrorsGoogle
 )
 
+// OpenAI's error types (and codes) of a 429: a spent quota, and a rate limit, which its clients
+// retry after Retry-After.
+const (
+	openAIQuota     = "insufficient_quota"
+	openAIRateLimit = "rate_limit_exceeded"
+)
+
 // errorBody is an error answer's body in format f: status, the broker's code (the refusal's
 // reason, "budget", "upstream") and the message.
 func (f ErrorFormat) errorBody(status int, code, message string) []byte {
+	return f.errorBodyAs(status, code, message, "")
+}
+
+// errorBodyAs is errorBody with OpenAI's own type and code for the error when openAIType is
+// set (a budget's 429: insufficient_quota or rate_limit_exceeded, as OpenAI answers them).
+func (f ErrorFormat) errorBodyAs(status int, code, message, openAIType string) []byte {
 	var v any
 	switch f {
 	case ErrorsOpenAI:
@@ -33,7 +46,11 @@ func (f ErrorFormat) errorBody(status int, code, message string) []byte {
 			Param   *string `json:"param"`
 			Code    string  `json:"code"`
 		}
-		v = map[string]body{"error": {Message: message, Type: openAIType(status), Code: "kubeclip_" + code}}
+		b := body{Message: message, Type: openAIErrorType(status), Code: "kubeclip_" + code}
+		if openAIType != "" {
+			b.Type, b.Code = openAIType, openAIType
+		}
+		v = map[string]body{"error": b}
 	case ErrorsGoogle:
 		type body struct {
 			Code    int    `json:"code"`
@@ -76,7 +93,7 @@ func anthropicType(status int) string {
 	return "invalid_request_error"
 }
 
-func openAIType(status int) string {
+func openAIErrorType(status int) string {
 	switch {
 	case status == http.StatusTooManyRequests:
 		return "rate_limit_error"

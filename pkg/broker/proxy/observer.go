@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"strconv"
 	"sync"
+	"time"
 
 	"github.com/kubeclip/kubeclip/pkg/broker"
 )
@@ -54,6 +55,14 @@ type Exchange interface {
 type Rejection struct {
 	Status  int
 	Message string
+	// Quota says a spend budget refused the call (no call passes before RetryAfter, hours
+	// away), not a rate (retry shortly): the answer says X-Should-Retry: false, which the
+	// OpenAI and Anthropic SDKs honour rather than retrying a 429, and OpenAI's error type is
+	// insufficient_quota rather than rate_limit_exceeded.
+	Quota bool
+	// RetryAfter is when the budget allows calls again (0: not said); the answer carries it as
+	// Retry-After (whole seconds, rounded up) and retry-after-ms, which the model SDKs honour.
+	RetryAfter time.Duration
 }
 
 func (r *Rejection) Error() string { return strconv.Itoa(r.Status) + " " + r.Message }

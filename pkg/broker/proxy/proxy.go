@@ -19,6 +19,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/netip"
+	"strconv"
 	"strings"
 	"time"
 
@@ -200,7 +201,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		var rej *Rejection
 		switch {
 		case errors.As(err, &rej):
-			writeError(w, route.Errors, rej.Status, "budget", rej.Message)
+			writeRejection(w, route.Errors, rej)
 			return
 		case err != nil:
 			p.log.Error().Err(err).Str("host", route.Host).Msg("the broker's observer failed a call")
@@ -350,6 +351,27 @@ func writeError(w http.ResponseWriter, format ErrorFormat, status int, code, mes
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(status)
 	_, _ = w.Write(format.errorBody(status, code, message))
+}
+
+// writeRejection answers an observer's rejection: its status and message in the API's shape,
+// with when to retry.
+func writeRejection(w http.ResponseWriter, format ErrorFormat, rej *Rejection) {
+	if rej.RetryAfter > 0 {
+		w.Header().Set("Retry-After", strconv.FormatInt(int64((rej.RetryAfter+time.Second-1)/time.Second), 10))
+		w.Header().Set("Retry-After-Ms", strconv.FormatInt(int64((rej.RetryAfter+time.Millisecond-1)/time.Millisecond), 10))
+	}
+	openAIType := ""
+	if rej.Status == http.StatusTooManyRequests {
+		openAIType = openAIRateLimit
+	}
+	if rej.Quota {
+		openAIType = openAIQuota
+		w.Header().Set("X-Should-Retry", "false")
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(rej.Status)
+	_, _ = w.Write(format.errorBodyAs(rej.Status, "budget", rej.Message, openAIType))
 }
 
 // DefaultDrainTimeout is how long Serve waits for calls in flight once its context ends. A
