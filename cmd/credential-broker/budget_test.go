@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"crypto/tls"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -15,7 +14,7 @@ import (
 
 	"github.com/kubeclip/kubeclip/internal/natstest"
 	"github.com/kubeclip/kubeclip/pkg/broker/ca"
-	"github.com/kubeclip/kubeclip/pkg/broker/mintproto"
+	"github.com/kubeclip/kubeclip/pkg/broker/mintclient"
 	"github.com/kubeclip/kubeclip/pkg/events"
 	"github.com/kubeclip/kubeclip/pkg/inbox"
 )
@@ -70,18 +69,17 @@ func TestBudgetFlags(t *testing.T) {
 	})
 
 	client, _ := connectAs(t, srv.ClientURL(), "paperclip", inbox.PaperclipPrefix)
-	subject, err := mintproto.NewSubjects(events.Subjects{}).Mint("company-a", "run-1")
+	minter, err := mintclient.New(mintclient.Options{NATS: client, InboxPrefix: inbox.PaperclipPrefix})
 	if err != nil {
 		t.Fatal(err)
 	}
-	body, _ := json.Marshal(mintproto.MintRequest{LeaseID: "lease-1", Key: "ANTHROPIC_API_KEY", Value: realValue})
-	msg, err := client.Request(subject, body, 5*time.Second)
+	brokerKey, err := minter.Key(ctx)
+	if err != nil {
+		t.Fatalf("the broker's key: %v", err)
+	}
+	reply, err := minter.Mint(ctx, brokerKey, mintclient.Lease{CompanyID: "company-a", RunID: "run-1", LeaseID: "lease-1"}, "ANTHROPIC_API_KEY", realValue)
 	if err != nil {
 		t.Fatalf("mint: %v", err)
-	}
-	var reply mintproto.MintReply
-	if err := json.Unmarshal(msg.Data, &reply); err != nil || reply.Error != nil {
-		t.Fatalf("mint: %s (%v)", msg.Data, err)
 	}
 	authority, err := ca.Parse(mustRead(t, f.caCert), mustRead(t, f.caKey))
 	if err != nil {
