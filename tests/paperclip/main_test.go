@@ -41,8 +41,16 @@ func TestMain(m *testing.M) {
 		fmt.Fprintf(os.Stderr, "paperclip: installing the plugin's dependencies (make plugin-deps): %v\n", err)
 		os.Exit(1)
 	}
+	// The credential broker (broker_test.go): every pod of the suite resolves api.anthropic.com
+	// to it; only TestPaperclipBroker's company has its key brokered.
+	broker, err := suiteBroker()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "paperclip: the credential broker: %v\n", err)
+		os.Exit(1)
+	}
 	os.Exit(pt.Main(m, pt.Options{
 		Name: "paperclip", ExecWorkers: 2, ClusterLock: true,
-		Args: map[string][]string{pt.Dispatcher: {"--lease-idle-window", leaseIdleWindow.String()}},
+		Args:   map[string][]string{pt.Dispatcher: {"--lease-idle-window", leaseIdleWindow.String()}},
+		Broker: broker,
 	}, &env))
 }
