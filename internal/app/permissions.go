@@ -98,6 +98,8 @@ func KubernetesAccesses(component, rbacNameSuffix string) []Access {
 		add("", "serviceaccounts", "", false, "create", "patch")
 		add("", "resourcequotas", "", false, "create", "patch")
 		add("", "limitranges", "", false, "create", "patch")
+		// The credential broker's CA certificate (policy.BrokerCAConfigMap), with --broker-address.
+		add("", "configmaps", "", false, "create", "patch")
 		add(groupRBAC, "rolebindings", "", false, "create", "patch")
 		add(groupNetwork, "networkpolicies", "", false, "create", "patch", "delete")
 		add(groupCilium, "ciliumnetworkpolicies", "", false, "create", "patch", "delete")

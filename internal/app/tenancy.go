@@ -2,6 +2,7 @@ package app
 
 import (
 	"fmt"
+	"os"
 	"strings"
 
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -35,6 +36,11 @@ type Tenancy struct {
 	LeaseVolumeSize         string
 	LeaseVolumeMinSize      string
 	LeaseVolumeMaxSize      string
+
+	// The credential broker's wiring of every tenant pod (issue 27; policy.Broker).
+	BrokerAddress string
+	BrokerHosts   string
+	BrokerCAFile  string
 }
 
 // Bind registers the tenancy settings on s.
@@ -77,6 +83,31 @@ func (t *Tenancy) Bind(s *config.Set) {
 		"smallest volume claim size a company may ask for")
 	s.String(&t.LeaseVolumeMaxSize, "lease-volume-max-size", "KUBECLIP_LEASE_VOLUME_MAX_SIZE", def.MaxSize.String(),
 		"largest volume claim size a company may ask for")
+
+	// The credential broker (issue 27; policy.Broker). The tenant-worker puts the CA in every
+	// tenant namespace and opens egress to the broker; the dispatcher wires every pod it makes.
+	s.String(&t.BrokerAddress, "broker-address", "KUBECLIP_BROKER_ADDRESS", "",
+		"IP the bound hosts resolve to in every tenant pod (hostAliases): the credential broker Service's ClusterIP (the kustomize base passes CREDENTIAL_BROKER_SERVICE_HOST); tenant egress then reaches the bound hosts only through it. Empty: no broker wiring")
+	s.String(&t.BrokerHosts, "broker-hosts", "KUBECLIP_BROKER_HOSTS", "",
+		"comma-separated bound hosts, exactly the credential broker's (its --bindings, or its defaults api.anthropic.com,api.openai.com,generativelanguage.googleapis.com); needs --broker-address")
+	s.String(&t.BrokerCAFile, "broker-ca-file", "KUBECLIP_BROKER_CA_FILE", "",
+		"PEM file of the installation CA's certificate (public; never its key), which tenant pods trust for the bound hosts (NODE_EXTRA_CA_CERTS); its name constraints must cover --broker-hosts; needs --broker-address")
+}
+
+// broker reads the broker wiring, the CA file included; errors name the flags.
+func (t Tenancy) broker(s *config.Set) (policy.Broker, error) {
+	b := policy.Broker{Address: strings.TrimSpace(t.BrokerAddress), Hosts: splitList(t.BrokerHosts)}
+	if path := strings.TrimSpace(t.BrokerCAFile); path != "" {
+		pem, err := os.ReadFile(path)
+		if err != nil {
+			return policy.Broker{}, fmt.Errorf("%s: %w", s.Names("broker-ca-file"), err)
+		}
+		b.CACert = string(pem)
+	}
+	if err := b.Validate(); err != nil {
+		return policy.Broker{}, fmt.Errorf("%s, %s, %s: %w", s.Names("broker-address"), s.Names("broker-hosts"), s.Names("broker-ca-file"), err)
+	}
+	return b, nil
 }
 
 // Operator returns the policy the settings describe; errors name the flag.
@@ -96,6 +127,11 @@ func (t Tenancy) Operator(s *config.Set) (policy.Operator, error) {
 		ImageAllowList:               splitList(t.ImageAllowList),
 		PreloadedImages:              splitList(t.PreloadedImages),
 	}
+	broker, err := t.broker(s)
+	if err != nil {
+		return policy.Operator{}, err
+	}
+	op.Broker = broker
 	quota, err := policy.ParseResourceList(t.TenantQuota)
 	if err != nil {
 		return policy.Operator{}, fmt.Errorf("%s: %w", s.Names("tenant-quota"), err)

@@ -80,6 +80,8 @@ type Options struct {
 	// the workers made the streams, and the suite's directory keeps its log. Its files are
 	// removed with the suite's.
 	Broker *Broker
+	// BrokerPods wires every tenant pod to a credential broker (zero: no broker wiring).
+	BrokerPods BrokerPods
 }
 
 // Env is a running pipeline: JetStream, the workers, and a client connection.

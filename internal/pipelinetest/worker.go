@@ -87,6 +87,7 @@ func (e *Env) StartWorker(kind string, extra ...string) (*Worker, error) {
 		// finished. The route is the binary's default unless Args set it.
 		args = append(args, "--replica-id", id, "--sandbox-key-file", e.SandboxKeyFile, "--shutdown-timeout", "2s")
 	}
+	args = append(args, e.opts.BrokerPods.args(kind)...)
 	args = append(args, e.opts.Args[kind]...)
 	args = append(args, extra...)
 

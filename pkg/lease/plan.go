@@ -127,6 +127,9 @@ func (p Plan) RunSpec(workloadName string) policy.RunSpec {
 		// pod's credentials, not another company's that brought the image to the node.
 		ImagePullPolicy: p.Operator.PullPolicy(p.Image),
 		Config:          p.Config,
+		// Every pod of the installation is wired to the credential broker alike, when the
+		// operator deployed one: the tenant-worker applied its CA with the tenant.
+		Broker: p.Operator.Broker,
 	}
 	if p.Deadline != nil {
 		secs := p.Deadline.ActiveDeadlineSeconds

@@ -134,8 +134,12 @@ func EgressGrantEnv(g EgressGrant) map[string]string {
 // an empty grant. It selects the run's pods by paperclip.io/run-id, has no DNS or server rules
 // (the tenant policy has them), and is owned (not controlled) by the workload so it goes with
 // it. Standard mode: a NetworkPolicy with one rule per CIDR, or public IPv4 on 80/443 when only
-// FQDNs are granted. Cilium mode: a CiliumNetworkPolicy with toFQDNs and toCIDRSet.
+// FQDNs are granted. Cilium mode: a CiliumNetworkPolicy with toFQDNs and toCIDRSet. A pod
+// wired to the credential broker (spec.Broker) is never granted a bound host directly: the
+// grant's FQDNs lose them as the tenant's do (RenderTenant), and a grant of bound hosts alone
+// renders no policy.
 func RenderScopedEgress(spec RunSpec, grant EgressGrant, owner metav1.OwnerReference) (*unstructured.Unstructured, error) {
+	grant.AllowFqdns = spec.Broker.unbound(grant.AllowFqdns)
 	if grant.Empty() {
 		return nil, nil
 	}

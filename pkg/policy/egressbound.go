@@ -110,6 +110,9 @@ var globalIPv6 = netip.MustParsePrefix("2000::/3")
 // owns names it can point at 10.0.0.1 or 169.254.169.254. Cilium has no except for FQDN rules,
 // but its deny rules take precedence over every allow rule, and a CIDR selector selects the
 // addresses an FQDN rule learned (their identities carry the enclosing prefixes' cidr labels).
+//
+// The broker's address (Operator.Broker) is left out too: it is a ClusterIP or another private
+// address, and the tenant policy allows it on port 443 (deny would win over that allow).
 func (o Operator) EgressDenyCIDRs() []string {
 	var allowed []netip.Prefix
 	for _, c := range o.PrivateEgressCIDRs {
@@ -117,13 +120,16 @@ func (o Operator) EgressDenyCIDRs() []string {
 			allowed = append(allowed, p.Masked())
 		}
 	}
+	if p, err := netip.ParsePrefix(o.Broker.addressCIDR()); o.Broker.Enabled() && err == nil {
+		allowed = append(allowed, p)
+	}
 	var out []string
 	for _, r := range reservedIPv4 {
 		for _, p := range subtractPrefixes(r, allowed) {
 			out = append(out, p.String())
 		}
 	}
-	for _, p := range subtractPrefixes(netip.MustParsePrefix("::/0"), []netip.Prefix{globalIPv6}) {
+	for _, p := range subtractPrefixes(netip.MustParsePrefix("::/0"), append([]netip.Prefix{globalIPv6}, allowed...)) {
 		out = append(out, p.String())
 	}
 	return out

@@ -41,6 +41,9 @@ type egressInput struct {
 	owner       *metav1.OwnerReference
 	// denyCIDRs are ranges a Cilium policy denies outright (Operator.EgressDenyCIDRs).
 	denyCIDRs []string
+	// broker, when set, is the credential broker the pods reach (Broker.egress); fqdns hold no
+	// bound host then (Broker.unbound).
+	broker *brokerEgress
 }
 
 func managedByLabels() map[string]string {
@@ -91,7 +94,14 @@ func port(proto corev1.Protocol, n int32) networkingv1.NetworkPolicyPort {
 // egressNetworkPolicy renders the standard-mode egress allow policy. Kubernetes NetworkPolicy
 // cannot name FQDNs, so when FQDNs are wanted and no CIDR is given it allows public IPv4 on
 // TCP 443 and 80 (the fallback upstream added when standard mode blocked LLM APIs, paperclip#5790).
-// CIDR rules are not port-scoped.
+// CIDR rules are not port-scoped. Pods wired to the credential broker may reach its pods on the
+// proxy's port and its address on 443 (after the DNS and server rules).
+//
+// Standard mode cannot refuse a bound host by name: what keeps its pods from api.anthropic.com
+// is that the bound hosts are dropped from the FQDNs, so a tenant whose other FQDNs are all bound
+// hosts gets no public-IPv4 fallback at all; one with other FQDNs or CIDRs can reach the bound
+// hosts' addresses, and only the cilium mode refuses them (the placeholder a pod holds is
+// worthless there anyway: only the broker swaps it).
 func egressNetworkPolicy(in egressInput) *networkingv1.NetworkPolicy {
 	var rules []networkingv1.NetworkPolicyEgressRule
 	if in.includeBase {
@@ -109,6 +119,21 @@ func egressNetworkPolicy(in egressInput) *networkingv1.NetworkPolicy {
 					PodSelector:       &metav1.LabelSelector{MatchLabels: cloneMap(in.serverPods)},
 				}},
 				Ports: []networkingv1.NetworkPolicyPort{port(corev1.ProtocolTCP, paperclipServerPort)},
+			},
+		)
+	}
+	if b := in.broker; b != nil {
+		rules = append(rules,
+			networkingv1.NetworkPolicyEgressRule{
+				To: []networkingv1.NetworkPolicyPeer{{
+					NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"kubernetes.io/metadata.name": b.namespace}},
+					PodSelector:       &metav1.LabelSelector{MatchLabels: b.podLabels()},
+				}},
+				Ports: []networkingv1.NetworkPolicyPort{port(corev1.ProtocolTCP, BrokerPodPort)},
+			},
+			networkingv1.NetworkPolicyEgressRule{
+				To:    []networkingv1.NetworkPolicyPeer{{IPBlock: &networkingv1.IPBlock{CIDR: b.cidr}}},
+				Ports: []networkingv1.NetworkPolicyPort{port(corev1.ProtocolTCP, BrokerPort)},
 			},
 		)
 	}
@@ -141,8 +166,9 @@ func egressNetworkPolicy(in egressInput) *networkingv1.NetworkPolicy {
 }
 
 // ciliumPolicy renders the cilium-mode egress policy (cilium.io/v2 CiliumNetworkPolicy):
-// kube-dns with DNS inspection, the FQDNs on TCP 443, the Paperclip server on TCP 3100, and
-// the CIDRs (any port), in that order; then, as egressDeny, the denied ranges. The deny rule
+// kube-dns with DNS inspection, the FQDNs on TCP 443, the Paperclip server on TCP 3100, the
+// credential broker (its pods on the proxy's port, its address on 443) when pods are wired to
+// one, and the CIDRs (any port), in that order; then, as egressDeny, the denied ranges. The deny rule
 // binds every policy that selects the same pods (deny wins over allow in Cilium), the run's
 // scoped egress policies included, and it does not touch the kube-dns and server rules: CIDR
 // selectors never select the cluster's own endpoints.
@@ -187,6 +213,20 @@ func ciliumPolicy(in egressInput) *unstructured.Unstructured {
 			"toEndpoints": []any{map[string]any{"matchLabels": server}},
 			"toPorts":     []any{map[string]any{"ports": []any{map[string]any{"port": "3100", "protocol": "TCP"}}}},
 		})
+	}
+	if b := in.broker; b != nil {
+		broker := stringMapToAny(b.podLabels())
+		broker["k8s:io.kubernetes.pod.namespace"] = b.namespace
+		egress = append(egress,
+			map[string]any{
+				"toEndpoints": []any{map[string]any{"matchLabels": broker}},
+				"toPorts":     []any{map[string]any{"ports": []any{map[string]any{"port": brokerPodPortString, "protocol": "TCP"}}}},
+			},
+			map[string]any{
+				"toCIDRSet": []any{map[string]any{"cidr": b.cidr}},
+				"toPorts":   []any{map[string]any{"ports": []any{map[string]any{"port": brokerPortString, "protocol": "TCP"}}}},
+			},
+		)
 	}
 	if len(in.cidrs) > 0 {
 		set := make([]any, 0, len(in.cidrs))

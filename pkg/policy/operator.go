@@ -68,6 +68,11 @@ type Operator struct {
 	TenantQuota corev1.ResourceList
 	// LeaseVolume bounds reusable leases' volume claims (default DefaultLeaseVolume).
 	LeaseVolume LeaseVolume
+
+	// Broker wires every tenant pod to the credential broker (issue 27): hostAliases, the
+	// installation CA, and egress to the bound hosts through the broker only. The zero Broker
+	// wires nothing.
+	Broker Broker
 }
 
 // DefaultTenantQuota is a tenant's ResourceQuota when the operator sets none: 20 pods, 10/20
@@ -233,6 +238,7 @@ func (o Operator) Validate() error {
 	if o.MaxNamespacesPerCompany < 1 {
 		errs = append(errs, errors.New("the namespace cap per company must be at least 1"))
 	}
+	errs = append(errs, o.Broker.Validate())
 	return errors.Join(errs...)
 }
 

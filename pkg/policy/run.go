@@ -65,6 +65,9 @@ type RunSpec struct {
 	// Sandbox's controller makes it from RenderSandbox's volumeClaimTemplate). Nil for any other
 	// lease.
 	VolumeClaim *corev1.PersistentVolumeClaim
+	// Broker wires the pod to the credential broker (Operator.Broker, the same for every run of
+	// the installation); the zero Broker wires nothing. The tenant holds its CA (RenderTenant).
+	Broker Broker
 }
 
 // Validate checks the fields the rendered objects need, naming each bad one (runId, agentId,
@@ -200,10 +203,8 @@ func (s RunSpec) podTemplate() corev1.PodTemplateSpec {
 			Image:           s.Image,
 			ImagePullPolicy: pull,
 			Command:         append([]string(nil), jobCommand...),
-			// Agent runtimes exit 0 without output when HOME is unwritable; the root
-			// filesystem is read-only, so HOME is an emptyDir.
-			Env:     []corev1.EnvVar{{Name: "HOME", Value: agentHome}},
-			EnvFrom: []corev1.EnvFromSource{{SecretRef: &corev1.SecretEnvSource{LocalObjectReference: corev1.LocalObjectReference{Name: SecretName(s.WorkloadName)}}}},
+			Env:             s.baseEnv(),
+			EnvFrom:         []corev1.EnvFromSource{{SecretRef: &corev1.SecretEnvSource{LocalObjectReference: corev1.LocalObjectReference{Name: SecretName(s.WorkloadName)}}}},
 			SecurityContext: &corev1.SecurityContext{
 				RunAsNonRoot:             ptrTo(true),
 				RunAsUser:                ptrTo[int64](agentUID),
@@ -227,6 +228,7 @@ func (s RunSpec) podTemplate() corev1.PodTemplateSpec {
 			emptyDir("tmp", "2Gi"),
 		},
 	}
+	s.Broker.wirePod(&spec)
 	if cfg.RuntimeClassName != "" {
 		spec.RuntimeClassName = ptrTo(cfg.RuntimeClassName)
 	}
@@ -237,6 +239,13 @@ func (s RunSpec) podTemplate() corev1.PodTemplateSpec {
 		ObjectMeta: metav1.ObjectMeta{Labels: podLabels, Annotations: s.annotations()},
 		Spec:       spec,
 	}
+}
+
+// baseEnv is the agent container's environment before the run's: HOME, and the broker's
+// (Broker.env). Agent runtimes exit 0 without output when HOME is unwritable; the root
+// filesystem is read-only, so HOME is an emptyDir.
+func (s RunSpec) baseEnv() []corev1.EnvVar {
+	return append([]corev1.EnvVar{{Name: "HOME", Value: agentHome}}, s.Broker.env()...)
 }
 
 func emptyDir(name, size string) corev1.Volume {

@@ -42,7 +42,10 @@ type Tenant struct {
 	// WorkerBindings grant kubeclip's workers what they do in this namespace, and only here
 	// (the per-tenant half of their RBAC; see deploy/kustomize/base/rbac-*.yaml).
 	WorkerBindings []*rbacv1.RoleBinding
-	DenyAll        *networkingv1.NetworkPolicy
+	// BrokerCA is the installation CA's certificate that pods wired to the credential broker
+	// mount (Operator.Broker; BrokerCAConfigMap); nil without the wiring.
+	BrokerCA *corev1.ConfigMap
+	DenyAll  *networkingv1.NetworkPolicy
 	// SandboxdIngress admits kubeclip's exec-workers and dispatchers, and nothing else, to
 	// sandboxd's port.
 	SandboxdIngress *networkingv1.NetworkPolicy
@@ -90,7 +93,11 @@ const (
 // (at least the config's default adapter); the variadic form lets callers pass one.
 //
 // op names the namespace kubeclip runs in: the tenant binds the workers' ServiceAccounts there
-// and admits sandboxd traffic from its exec-workers only.
+// and admits sandboxd traffic from its exec-workers only. When op wires pods to the credential
+// broker (op.Broker), the tenant holds the installation CA's certificate (BrokerCA), its egress
+// policy admits the broker, and the bound hosts are left out of its FQDNs (so the cilium mode
+// never allows them directly, and a pattern covering one is left out whole: Cilium would allow
+// whatever a DNS query for the bound host returns); the pods reach them through the broker.
 func RenderTenant(cfg Config, companyID string, op Operator, adapters ...AdapterDefaults) (Tenant, error) {
 	if err := cfg.Validate(); err != nil {
 		return Tenant{}, err
@@ -108,7 +115,7 @@ func RenderTenant(cfg Config, companyID string, op Operator, adapters ...Adapter
 	for _, a := range adapters {
 		fqdns = appendUnique(fqdns, a.AllowFqdns...)
 	}
-	fqdns = appendUnique(fqdns, cfg.EgressAllowFqdns...)
+	fqdns = op.Broker.unbound(appendUnique(fqdns, cfg.EgressAllowFqdns...))
 
 	t := Tenant{
 		Namespace: &corev1.Namespace{
@@ -144,6 +151,7 @@ func RenderTenant(cfg Config, companyID string, op Operator, adapters ...Adapter
 				DefaultRequest: withEphemeralStorage(cpuMem(limitRangeDefRq), limitRangeDefRqEphemeral),
 			}, op.claimLimits()}},
 		},
+		BrokerCA:        op.Broker.caConfigMap(ns),
 		DenyAll:         denyAllPolicy(ns),
 		SandboxdIngress: sandboxdIngressPolicy(ns, op.KubeclipNamespace),
 	}
@@ -164,6 +172,7 @@ func RenderTenant(cfg Config, companyID string, op Operator, adapters ...Adapter
 		serverNS:    cfg.PaperclipServerNamespace,
 		serverPods:  cfg.PaperclipServerPodLabels,
 		denyCIDRs:   op.EgressDenyCIDRs(),
+		broker:      op.Broker.egress(op.KubeclipNamespace),
 	}
 	if cfg.EgressMode == EgressCilium {
 		in.name = EgressFQDNPolicyName
@@ -176,7 +185,7 @@ func RenderTenant(cfg Config, companyID string, op Operator, adapters ...Adapter
 }
 
 // Objects returns the tenant's objects in apply order (Namespace, ServiceAccount, the workers'
-// RoleBindings, ResourceQuota, LimitRange, deny-all, sandboxd
+// RoleBindings, ResourceQuota, LimitRange, the broker's CA when wired, deny-all, sandboxd
 // ingress, egress policy), with apiVersion and kind set, ready for server-side apply. They are
 // copies.
 func (t Tenant) Objects() ([]*unstructured.Unstructured, error) {
@@ -184,7 +193,11 @@ func (t Tenant) Objects() ([]*unstructured.Unstructured, error) {
 	for _, b := range t.WorkerBindings {
 		typed = append(typed, b)
 	}
-	typed = append(typed, t.ResourceQuota, t.LimitRange, t.DenyAll)
+	typed = append(typed, t.ResourceQuota, t.LimitRange)
+	if t.BrokerCA != nil {
+		typed = append(typed, t.BrokerCA)
+	}
+	typed = append(typed, t.DenyAll)
 	if t.SandboxdIngress != nil {
 		typed = append(typed, t.SandboxdIngress)
 	}

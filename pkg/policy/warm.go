@@ -49,6 +49,9 @@ func WarmSpec(spec RunSpec) RunSpec {
 		// adapterType is a label of the run, set at bind; the rendered pod does not depend on it.
 		Image: spec.Image, ImagePullPolicy: spec.ImagePullPolicy,
 		Config: spec.Config, SandboxdImage: spec.SandboxdImage,
+		// The broker wiring is the installation's, present from the pod's creation: a pod's
+		// hostAliases and volumes cannot change at bind.
+		Broker: spec.Broker,
 	}
 }
 
@@ -71,7 +74,7 @@ func RenderWarmPod(spec RunSpec, name string, seed []byte) (*corev1.Pod, *corev1
 	}
 	pod.Spec.ActiveDeadlineSeconds = nil
 	agent := &pod.Spec.Containers[0]
-	agent.Env = []corev1.EnvVar{{Name: "HOME", Value: agentHome}}
+	agent.Env = spec.baseEnv()
 	agent.Command = append(agent.Command, "--unbound")
 	init := &pod.Spec.InitContainers[0]
 	init.Env = []corev1.EnvVar{{Name: execspec.SeedEnv, ValueFrom: &corev1.EnvVarSource{SecretKeyRef: &corev1.SecretKeySelector{
@@ -91,7 +94,8 @@ func RenderWarmPod(spec RunSpec, name string, seed []byte) (*corev1.Pod, *corev1
 
 // WarmShape is the shape of the pods spec renders: a hash of the warm pod rendered under a
 // placeholder name, so two acquires whose pods would differ in anything but the run's identity
-// (image, pull policy, resources, runtime class, pull secrets, sandboxd's image) never share a
+// (image, pull policy, resources, runtime class, pull secrets, sandboxd's image, the broker
+// wiring) never share a
 // pool. Only the namespace is left out of the hash (a pool is a namespace's).
 func WarmShape(spec RunSpec) string {
 	spec = WarmSpec(spec)

@@ -18,6 +18,7 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	"github.com/kubeclip/kubeclip/internal/clustertest"
 	"github.com/kubeclip/kubeclip/pkg/broker/ca"
@@ -376,7 +377,7 @@ func TestSecretsScriptMakesBrokerSecret(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the broker does not load the Secret's CA: %v", err)
 	}
-	for _, h := range []string{"api.anthropic.com", "api.openai.com", "generativelanguage.googleapis.com"} {
+	for _, h := range builtinBoundHosts {
 		if !authority.Permits(h) {
 			t.Errorf("the CA does not cover %s, a built-in binding's host (it covers %v)", h, authority.Hosts())
 		}
@@ -413,5 +414,107 @@ func TestSecretsScriptMakesBrokerSecret(t *testing.T) {
 	}
 	if _, ok := read()["sealing.key"]; ok {
 		t.Error("secrets.sh added a sealing key to an existing kubeclip-broker")
+	}
+}
+
+// builtinBoundHosts are the hosts of the credential broker's built-in bindings
+// (cmd/credential-broker defaultBindings), which the base's KUBECLIP_BROKER_HOSTS must list.
+var builtinBoundHosts = []string{"api.anthropic.com", "api.openai.com", "generativelanguage.googleapis.com"}
+
+// serviceLinkHost is the variable Kubernetes gives pods for a Service's ClusterIP (service
+// links): the name upper-cased, '-' as '_', plus _SERVICE_HOST.
+func serviceLinkHost(service string) string {
+	return strings.ToUpper(strings.ReplaceAll(service, "-", "_")) + "_SERVICE_HOST"
+}
+
+// TestWorkersWireTenantPodsToTheBroker renders both overlays and checks the broker wiring of the
+// workers that render tenant objects (issue 27; pkg/policy.Broker): the tenant-worker and the
+// dispatcher read the broker Service's ClusterIP from its service-links variable (no ClusterIP
+// is fixed), the installation CA's certificate from the Secret kubeclip-broker, that item only
+// (never the CA's key or the sealing key), and the bound hosts from the tenancy ConfigMap: the
+// built-in bindings' hosts, which a CA made for them covers (what the workers check at start).
+// The broker's pods are where tenant egress policies admit them: labelled
+// policy.BrokerAppLabel, the proxy on policy.BrokerPodPort behind the Service's policy.BrokerPort.
+func TestWorkersWireTenantPodsToTheBroker(t *testing.T) {
+	t.Parallel()
+	for _, overlay := range []string{"dev", "production"} {
+		t.Run(overlay, func(t *testing.T) {
+			objs := render(t, rendering{overlay: overlay})
+			deployments := map[string]*appsv1.Deployment{}
+			var hosts string
+			var service *corev1.Service
+			for _, o := range objs {
+				switch {
+				case o.GetKind() == "Deployment":
+					d := &appsv1.Deployment{}
+					convert(t, o, d)
+					deployments[d.Name] = d
+				case o.GetKind() == "Service" && o.GetName() == broker:
+					service = &corev1.Service{}
+					convert(t, o, service)
+				case o.GetKind() == "ConfigMap" && strings.HasPrefix(o.GetName(), "kubeclip-tenancy"):
+					hosts, _, _ = unstructured.NestedString(o.Object, "data", "KUBECLIP_BROKER_HOSTS")
+				}
+			}
+			if service == nil || deployments[broker] == nil {
+				t.Fatalf("no %s Service or Deployment", broker)
+			}
+
+			bp := deployments[broker].Spec.Template
+			if got := bp.Labels["app.kubernetes.io/name"]; got != policy.BrokerAppLabel {
+				t.Errorf("the broker's pods are app.kubernetes.io/name=%q, tenant egress admits %q", got, policy.BrokerAppLabel)
+			}
+			if got := containerPort(bp.Spec.Containers[0], service.Spec.Ports[0].TargetPort.String()); got != policy.BrokerPodPort {
+				t.Errorf("the Service reaches the broker's container port %d, tenant egress admits %d", got, policy.BrokerPodPort)
+			}
+			if got := service.Spec.Ports[0].Port; got != policy.BrokerPort {
+				t.Errorf("the Service's port is %d, pods call %d", got, policy.BrokerPort)
+			}
+
+			for _, w := range []string{"tenant-worker", "dispatcher"} {
+				d := deployments[w]
+				if d == nil {
+					t.Fatalf("no %s Deployment", w)
+				}
+				spec := d.Spec.Template.Spec
+				c := spec.Containers[0]
+				if got, want := envValue(c.Env, "KUBECLIP_BROKER_ADDRESS"), "$("+serviceLinkHost(service.Name)+")"; got != want {
+					t.Errorf("%s: KUBECLIP_BROKER_ADDRESS=%q, want %q (the Service's ClusterIP)", w, got, want)
+				}
+				if spec.EnableServiceLinks != nil && !*spec.EnableServiceLinks {
+					t.Errorf("%s: enableServiceLinks false: KUBECLIP_BROKER_ADDRESS would not expand", w)
+				}
+				file := envValue(c.Env, "KUBECLIP_BROKER_CA_FILE")
+				if got := mountedSecret(spec, c, file); got != "kubeclip-broker/ca.crt" {
+					t.Errorf("%s: KUBECLIP_BROKER_CA_FILE=%q is %q, want the Secret's kubeclip-broker/ca.crt", w, file, got)
+				}
+				for _, v := range spec.Volumes {
+					if v.Secret == nil || v.Secret.SecretName != "kubeclip-broker" {
+						continue
+					}
+					for _, it := range v.Secret.Items {
+						if it.Key != "ca.crt" {
+							t.Errorf("%s mounts kubeclip-broker's %s: only the broker holds it", w, it.Key)
+						}
+					}
+					if len(v.Secret.Items) == 0 {
+						t.Errorf("%s mounts all of kubeclip-broker, the CA's key and the sealing key with it", w)
+					}
+				}
+			}
+
+			got := strings.Split(hosts, ",")
+			if !slices.Equal(got, builtinBoundHosts) {
+				t.Errorf("KUBECLIP_BROKER_HOSTS=%q, want the broker's built-in bindings' hosts %v", hosts, builtinBoundHosts)
+			}
+			authority, err := ca.Generate(ca.Options{Hosts: builtinBoundHosts})
+			if err != nil {
+				t.Fatal(err)
+			}
+			b := policy.Broker{Address: "10.96.0.42", Hosts: got, CACert: string(authority.CertPEM())}
+			if err := b.Validate(); err != nil {
+				t.Errorf("the workers would refuse the overlay's broker wiring: %v", err)
+			}
+		})
 	}
 }

@@ -135,6 +135,11 @@ func render(t *testing.T, r rendering) []*unstructured.Unstructured {
 			if r.suffix != "" && strings.HasPrefix(o.GetName(), "kubeclip-tenant-worker") {
 				suffixBindNames(t, o, r.suffix)
 			}
+		case "Deployment":
+			// Nor are service links' variable names: read the suffixed broker Service's address.
+			if r.suffix != "" {
+				suffixServiceLinks(t, o, r.suffix)
+			}
 		}
 	}
 	return objs
@@ -161,6 +166,29 @@ func installPolicyIn(t *testing.T, policy *unstructured.Unstructured, namespace,
 		if err := unstructured.SetNestedSlice(policy.Object, items, "spec", field); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// brokerServiceHost is the service-links variable the workers read the credential broker's
+// ClusterIP from (deploy/kustomize/base/dispatcher.yaml), as an env value references it.
+const brokerServiceHost = "$(CREDENTIAL_BROKER_SERVICE_HOST)"
+
+// suffixServiceLinks points the workers' references to the broker Service's variable at the
+// suffixed Service's (what an operator's overlay with a nameSuffix patches).
+func suffixServiceLinks(t *testing.T, d *unstructured.Unstructured, suffix string) {
+	t.Helper()
+	suffixed := "$(CREDENTIAL_BROKER" + strings.ToUpper(strings.ReplaceAll(suffix, "-", "_")) + "_SERVICE_HOST)"
+	containers, _, _ := unstructured.NestedSlice(d.Object, "spec", "template", "spec", "containers")
+	for _, c := range containers {
+		env, _ := c.(map[string]any)["env"].([]any)
+		for _, e := range env {
+			if v, _ := e.(map[string]any)["value"].(string); v == brokerServiceHost {
+				e.(map[string]any)["value"] = suffixed
+			}
+		}
+	}
+	if err := unstructured.SetNestedSlice(d.Object, containers, "spec", "template", "spec", "containers"); err != nil {
+		t.Fatal(err)
 	}
 }
 

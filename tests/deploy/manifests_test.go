@@ -99,8 +99,15 @@ func TestOverlaysWireSecretsAndUsers(t *testing.T) {
 
 				keyFile := envValue(c.Env, "KUBECLIP_SANDBOX_KEY_FILE")
 				if w != "dispatcher" && w != "exec-worker" {
-					if keyFile != "" || len(d.Spec.Template.Spec.Volumes) > 0 {
-						t.Errorf("%s is given the sandbox key or a volume; only the dispatcher and the exec-worker need it", w)
+					// The tenant-worker's one volume is the broker's CA certificate
+					// (TestWorkersWireTenantPodsToTheBroker).
+					for _, v := range d.Spec.Template.Spec.Volumes {
+						if v.Secret == nil || v.Secret.SecretName != "kubeclip-broker" || w != "tenant-worker" {
+							t.Errorf("%s is given volume %s; only the dispatcher and the exec-worker need one (the sandbox key), and the tenant-worker the broker's CA", w, v.Name)
+						}
+					}
+					if keyFile != "" {
+						t.Errorf("%s is given the sandbox key; only the dispatcher and the exec-worker need it", w)
 					}
 					continue
 				}
