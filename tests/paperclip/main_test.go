@@ -42,7 +42,8 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	// The credential broker (broker_test.go): every pod of the suite resolves api.anthropic.com
-	// to it; only TestPaperclipBroker's company has its key brokered.
+	// to it and trusts its CA (BrokerPods); only TestPaperclipBroker's company has its key
+	// brokered.
 	broker, err := suiteBroker()
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "paperclip: the credential broker: %v\n", err)
@@ -50,7 +51,8 @@ func TestMain(m *testing.M) {
 	}
 	os.Exit(pt.Main(m, pt.Options{
 		Name: "paperclip", ExecWorkers: 2, ClusterLock: true,
-		Args:   map[string][]string{pt.Dispatcher: {"--lease-idle-window", leaseIdleWindow.String()}},
-		Broker: broker,
+		Args:       map[string][]string{pt.Dispatcher: {"--lease-idle-window", leaseIdleWindow.String()}},
+		Broker:     broker,
+		BrokerPods: pt.BrokerPods{Address: broker.Address, Hosts: broker.Hosts, CAFile: broker.CAFile},
 	}, &env))
 }
