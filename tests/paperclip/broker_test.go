@@ -16,10 +16,12 @@ import (
 	"encoding/json"
 	"encoding/pem"
 	"fmt"
+	"io"
 	"math/big"
 	mrand "math/rand/v2"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -54,6 +56,9 @@ const (
 	// releaser reads the released event and publishes at once (--usage-flush bounds the rest).
 	usageTimeout = 15 * time.Second
 )
+
+// credBroker is the suite's credential broker (TestMain).
+var credBroker *pt.Broker
 
 // upstream is the suite's stand-in for api.anthropic.com: its address and certificate are fixed
 // in TestMain (the broker's bindings and --upstream-ca name them before the broker starts); a
@@ -271,6 +276,7 @@ func TestPaperclipBroker(t *testing.T) {
 	pc.useEnvironment(t, brokered.ID)
 	pc.setAgentEnv(t, map[string]string{brokeredKey: key, stubModelCall: "1", stubSecretSearch: needleOf(key)})
 
+	refusedBefore := brokerRefusals(t)
 	wire := watchWire(t)
 	runStart := time.Now()
 	runID := pc.invoke(t)
@@ -335,6 +341,41 @@ func TestPaperclipBroker(t *testing.T) {
 	if diff := cmp.Diff([]events.ModelUsage{call.Usage}, usage); diff != "" {
 		t.Errorf("run %s: the broker's usage (%d events) differs from the stand-in's (-stand-in +broker):\n%s", runID, usageEvents, diff)
 	}
+	// The one call was swapped, not refused.
+	if refused := brokerRefusals(t) - refusedBefore; refused != 0 {
+		t.Errorf("the broker refused %v calls during the run, want none", refused)
+	}
+}
+
+// brokerRefusals is the broker's kubeclip_broker_refusals_total, all reasons.
+func brokerRefusals(t *testing.T) float64 {
+	t.Helper()
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, credBroker.OpsURL+"/metrics", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("reading the broker's metrics: %v", err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("reading the broker's metrics: %v", err)
+	}
+	var sum float64
+	for _, line := range strings.Split(string(body), "\n") {
+		if !strings.HasPrefix(line, "kubeclip_broker_refusals_total") {
+			continue
+		}
+		fields := strings.Fields(line)
+		v, err := strconv.ParseFloat(fields[len(fields)-1], 64)
+		if err != nil {
+			t.Fatalf("the broker's metric line %q: %v", line, err)
+		}
+		sum += v
+	}
+	return sum
 }
 
 // secretSearch is the stub's one search report among lines.

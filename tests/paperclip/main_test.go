@@ -44,7 +44,7 @@ func TestMain(m *testing.M) {
 	// The credential broker (broker_test.go): every pod of the suite resolves api.anthropic.com
 	// to it and trusts its CA (BrokerPods); only TestPaperclipBroker's company has its key
 	// brokered.
-	broker, err := suiteBroker()
+	credBroker, err = suiteBroker()
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "paperclip: the credential broker: %v\n", err)
 		os.Exit(1)
@@ -52,7 +52,7 @@ func TestMain(m *testing.M) {
 	os.Exit(pt.Main(m, pt.Options{
 		Name: "paperclip", ExecWorkers: 2, ClusterLock: true,
 		Args:       map[string][]string{pt.Dispatcher: {"--lease-idle-window", leaseIdleWindow.String()}},
-		Broker:     broker,
-		BrokerPods: pt.BrokerPods{Address: broker.Address, Hosts: broker.Hosts, CAFile: broker.CAFile},
+		Broker:     credBroker,
+		BrokerPods: pt.BrokerPods{Address: credBroker.Address, Hosts: credBroker.Hosts, CAFile: credBroker.CAFile},
 	}, &env))
 }
