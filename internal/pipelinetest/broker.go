@@ -138,11 +138,12 @@ func (b *Broker) write(o BrokerOptions) error {
 	if err != nil {
 		return err
 	}
-	files := []struct {
+	type file struct {
 		path string
 		data []byte
 		mode os.FileMode
-	}{
+	}
+	files := []file{
 		{b.CAFile, authority.CertPEM(), 0o644},
 		{b.caKeyFile, keyPEM, 0o600},
 		{b.sealingKeyFile, sealing, 0o600},
@@ -150,11 +151,7 @@ func (b *Broker) write(o BrokerOptions) error {
 	}
 	if len(o.UpstreamCA) > 0 {
 		b.upstreamCAFile = filepath.Join(b.Dir, "upstream-ca.pem")
-		files = append(files, struct {
-			path string
-			data []byte
-			mode os.FileMode
-		}{b.upstreamCAFile, o.UpstreamCA, 0o644})
+		files = append(files, file{b.upstreamCAFile, o.UpstreamCA, 0o644})
 	}
 	for _, f := range files {
 		if err := os.WriteFile(f.path, f.data, f.mode); err != nil {

@@ -266,7 +266,7 @@ func (s *session) run(ctx context.Context, cfg config, prompt string, environ []
 	var reply *modelReply
 	var modelErr error
 	if cfg.model {
-		r, err := s.callModel(ctx, prompt, getenv)
+		r, err := s.askModel(ctx, prompt, getenv)
 		if err != nil {
 			modelErr = err
 		} else {
@@ -312,8 +312,8 @@ func (s *session) run(ctx context.Context, cfg config, prompt string, environ []
 	return s.result(ctx, false, summary)
 }
 
-// callModel makes the model call and reports the answer as an assistant line.
-func (s *session) callModel(ctx context.Context, prompt string, getenv func(string) string) (modelReply, error) {
+// askModel makes the model call and reports the answer as an assistant line.
+func (s *session) askModel(ctx context.Context, prompt string, getenv func(string) string) (modelReply, error) {
 	client, err := newModelClient(getenv)
 	if err != nil {
 		return modelReply{}, err
