@@ -76,6 +76,10 @@ type Options struct {
 	// it is built with the race detector and shares the CPUs and garbage collector of the
 	// suite's clients: for a suite that measures latency through the server.
 	NATSProcess bool
+	// Broker, when set, is the suite's credential broker (NewBroker): Setup starts it once
+	// the workers made the streams, and the suite's directory keeps its log. Its files are
+	// removed with the suite's.
+	Broker *Broker
 	// BrokerPods wires every tenant pod to a credential broker (zero: no broker wiring).
 	BrokerPods BrokerPods
 }
@@ -137,6 +141,9 @@ func Main(m *testing.M, opts Options, env **Env) int {
 		fmt.Fprintf(os.Stderr, "%s: worker logs kept in %s\n", opts.Name, e.LogDir)
 	} else {
 		_ = os.RemoveAll(e.Dir)
+	}
+	if opts.Broker != nil {
+		_ = os.RemoveAll(opts.Broker.Dir)
 	}
 	if err := goleak.Find(LeakOptions()...); err != nil {
 		fmt.Fprintf(os.Stderr, "%s: leaked goroutines: %v\n", opts.Name, err)
@@ -231,7 +238,10 @@ func Setup(opts Options) (*Env, error) {
 			_, err = e.JS.KeyValue(ctx, runwatch.OwnershipBucket)
 		}
 		if err == nil {
-			return e, nil
+			_, err = e.JS.Stream(ctx, e.Subjects.RunStream())
+		}
+		if err == nil {
+			break
 		}
 		select {
 		case <-ctx.Done():
@@ -239,6 +249,14 @@ func Setup(opts Options) (*Env, error) {
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
+	// The broker reads the run stream (a lease's end releases its grants), which the workers
+	// create: it starts after them, and before any test can mint.
+	if opts.Broker != nil {
+		if err := e.startBroker(opts.Broker); err != nil {
+			return e, fmt.Errorf("starting the credential broker: %w", err)
+		}
+	}
+	return e, nil
 }
 
 // Close stops every live worker with SIGTERM and expects a clean exit, then closes the
@@ -302,7 +320,7 @@ func Binaries() (string, error) {
 
 // hasBinaries reports whether dir holds every binary a suite may start.
 func hasBinaries(dir string) bool {
-	for _, b := range append(Kinds(), ExecWorker, CLI) {
+	for _, b := range append(Kinds(), ExecWorker, CredentialBroker, CLI) {
 		if _, err := os.Stat(filepath.Join(dir, b)); err != nil {
 			return false
 		}

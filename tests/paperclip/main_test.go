@@ -41,8 +41,18 @@ func TestMain(m *testing.M) {
 		fmt.Fprintf(os.Stderr, "paperclip: installing the plugin's dependencies (make plugin-deps): %v\n", err)
 		os.Exit(1)
 	}
+	// The credential broker (broker_test.go): every pod of the suite resolves api.anthropic.com
+	// to it and trusts its CA (BrokerPods); only TestPaperclipBroker's company has its key
+	// brokered.
+	credBroker, err = suiteBroker()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "paperclip: the credential broker: %v\n", err)
+		os.Exit(1)
+	}
 	os.Exit(pt.Main(m, pt.Options{
 		Name: "paperclip", ExecWorkers: 2, ClusterLock: true,
-		Args: map[string][]string{pt.Dispatcher: {"--lease-idle-window", leaseIdleWindow.String()}},
+		Args:       map[string][]string{pt.Dispatcher: {"--lease-idle-window", leaseIdleWindow.String()}},
+		Broker:     credBroker,
+		BrokerPods: pt.BrokerPods{Address: credBroker.Address, Hosts: credBroker.Hosts, CAFile: credBroker.CAFile},
 	}, &env))
 }

@@ -42,6 +42,15 @@
 //	                            many bytes of PAX headers into the archive of the working directory
 //	                            that the next `sandboxd tar` sends (sync out), and the 32 MiB of
 //	                            files it needs to find its place (hostile.go; default 0: none)
+//	KUBECLIP_STUB_MODEL_CALL    non-empty: after the Paperclip calls, one streamed Anthropic Messages
+//	                            call to $ANTHROPIC_BASE_URL (default https://api.anthropic.com) with
+//	                            x-api-key $ANTHROPIC_API_KEY, trusting $NODE_EXTRA_CA_CERTS as Node
+//	                            does; its answer becomes an assistant line and part of the result
+//	                            (model.go)
+//	KUBECLIP_STUB_SECRET_SEARCH <sha256 hex>:<length>:<prefix> of a credential the stub must not
+//	                            know: then one system/kubeclip_secret_search line counting where
+//	                            it found it (its environment, every readable file, /proc/*/environ
+//	                            and /proc/*/cmdline) and the broker placeholders it saw (search.go)
 //
 // Installed as sh (argv[0] "sh"), the stub is the sh wrapper instead: see envdump.go.
 //

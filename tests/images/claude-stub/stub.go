@@ -117,6 +117,8 @@ type config struct {
 	filler   int64 // KUBECLIP_STUB_FILLER_BYTES
 	links    bool  // KUBECLIP_STUB_LINKS
 	paxFlood int64 // KUBECLIP_STUB_PAX_FLOOD
+	model    bool  // KUBECLIP_STUB_MODEL_CALL
+	search   *needle
 }
 
 // maxFiller bounds KUBECLIP_STUB_FILLER_BYTES.
@@ -154,6 +156,14 @@ func loadConfig(getenv func(string) string) (config, error) {
 			return c, &usageError{fmt.Sprintf("%s=%q: want a byte count from 0 to %d", paxFloodVar, v, int64(maxFlood))}
 		}
 		c.paxFlood = n
+	}
+	c.model = getenv(modelCallVar) != ""
+	if v := getenv(secretSearchVar); v != "" {
+		nd, err := parseNeedle(v)
+		if err != nil {
+			return c, err
+		}
+		c.search = &nd
 	}
 	return c, nil
 }
@@ -253,6 +263,32 @@ func (s *session) run(ctx context.Context, cfg config, prompt string, environ []
 			return err
 		}
 	}
+	var reply *modelReply
+	var modelErr error
+	if cfg.model {
+		r, err := s.askModel(ctx, prompt, getenv)
+		if err != nil {
+			modelErr = err
+		} else {
+			reply = &r
+		}
+	}
+	// The search runs after the model call, failed or not: whatever the call left behind is
+	// searched too, and a failed call still reports what the pod holds.
+	if cfg.search != nil {
+		start := time.Now()
+		ev := searchPod(*cfg.search, environ, "/", "/proc")
+		ev.SearchDurationMS = time.Since(start).Milliseconds()
+		if err := s.write(ev); err != nil {
+			return err
+		}
+	}
+	if modelErr != nil {
+		if emitErr := s.result(ctx, true, modelErr.Error()); emitErr != nil {
+			return errors.Join(modelErr, emitErr)
+		}
+		return modelErr
+	}
 	if err := s.say(ctx, "Done."); err != nil {
 		return err
 	}
@@ -270,7 +306,24 @@ func (s *session) run(ctx context.Context, cfg config, prompt string, environ []
 	if cfg.filler > 0 {
 		summary = fmt.Sprintf("The stub read a prompt of %d bytes, printed %d bytes of filler and finished.", len(prompt), cfg.filler)
 	}
+	if reply != nil {
+		summary = fmt.Sprintf("The stub read a prompt of %d bytes, the model (%s) answered %q, and it finished.", len(prompt), reply.ID, reply.Text)
+	}
 	return s.result(ctx, false, summary)
+}
+
+// askModel makes the model call and reports the answer as an assistant line.
+func (s *session) askModel(ctx context.Context, prompt string, getenv func(string) string) (modelReply, error) {
+	client, err := newModelClient(getenv)
+	if err != nil {
+		return modelReply{}, err
+	}
+	defer client.CloseIdleConnections()
+	r, err := callModel(ctx, client, getenv, s.model, prompt)
+	if err != nil {
+		return r, err
+	}
+	return r, s.say(ctx, fmt.Sprintf("The model (%s) answered: %s", r.ID, r.Text))
 }
 
 // reportEnv prints the stub's own environment report, then the sh wrapper's, with no pauses.
