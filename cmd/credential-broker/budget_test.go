@@ -40,33 +40,9 @@ func TestBudgetFlags(t *testing.T) {
 	listen, opsAddr := net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[0])), net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[1]))
 	args := append(f.args(), "--nats-url", srv.ClientURL(), "--nats-user", "broker", "--listen", listen, "--ops-addr", opsAddr,
 		"--upstream-ca", upstreamCA, "--store-bytes", strconv.Itoa(1<<30), "--company-tokens-per-day", "100")
-	brokerCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() {
-		env := map[string]string{"KUBECLIP_NATS_PASSWORD": "pw-broker"}
-		done <- run(brokerCtx, args, func(k string) (string, bool) { v, ok := env[k]; return v, ok }, io.Discard, io.Discard)
-	}()
-	t.Cleanup(func() {
-		stop()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("the broker returned %v", err)
-			}
-		case <-time.After(40 * time.Second):
-			t.Errorf("the broker did not stop 40 s after its context ended")
-		}
-	})
+	startBroker(t, args, opsAddr, io.Discard)
 	opsClient := &http.Client{Timeout: 2 * time.Second}
 	defer opsClient.CloseIdleConnections()
-	eventually(t, "the broker to be ready", 20*time.Second, func() bool {
-		resp, err := opsClient.Get("http://" + opsAddr + "/readyz")
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK
-	})
 
 	client, _ := connectAs(t, srv.ClientURL(), "paperclip", inbox.PaperclipPrefix)
 	minter, err := mintclient.New(mintclient.Options{NATS: client, InboxPrefix: inbox.PaperclipPrefix})

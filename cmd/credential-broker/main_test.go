@@ -298,33 +298,9 @@ func TestEndToEnd(t *testing.T) {
 	args := append(f.args(), "--nats-url", srv.ClientURL(), "--nats-user", "broker", "--listen", listen, "--ops-addr", opsAddr,
 		"--upstream-ca", upstreamCA, "--store-bytes", strconv.Itoa(1<<30), "--log-level", "debug", "--usage-flush", usageFlush.String())
 	var stderr lockedBuffer
-	brokerCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() {
-		env := map[string]string{"KUBECLIP_NATS_PASSWORD": "pw-broker"} // natstest's password of the broker user
-		done <- run(brokerCtx, args, func(k string) (string, bool) { v, ok := env[k]; return v, ok }, io.Discard, &stderr)
-	}()
-	t.Cleanup(func() {
-		stop()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("the broker returned %v", err)
-			}
-		case <-time.After(40 * time.Second):
-			t.Errorf("the broker did not stop 40 s after its context ended")
-		}
-	})
+	startBroker(t, args, opsAddr, &stderr)
 	opsClient := &http.Client{Timeout: 2 * time.Second}
 	defer opsClient.CloseIdleConnections()
-	eventually(t, "the broker to be ready", 20*time.Second, func() bool {
-		resp, err := opsClient.Get("http://" + opsAddr + "/readyz")
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK
-	})
 	ready := time.Since(start)
 
 	// Mint, as the plugin does: the broker's key, then the value sealed to it, core NATS
