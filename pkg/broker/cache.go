@@ -131,6 +131,9 @@ func (c *Cache) Run(ctx context.Context) error {
 
 // apply folds one entry of the bucket into the cache.
 func (c *Cache) apply(e jetstream.KeyValueEntry) {
+	if isPeerKey(e.Key()) {
+		return // a run's remembered peer (Store.BindRun): its grants carry it
+	}
 	id, ok := keyGrantID(e.Key())
 	if !ok {
 		c.log.Warn().Str("key", e.Key()).Msg("the grants bucket holds a key that names no grant; ignored")

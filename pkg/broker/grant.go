@@ -106,8 +106,9 @@ type Grant struct {
 	// Key is the brokered key's name (ANTHROPIC_API_KEY).
 	Key     string
 	Binding Binding
-	// Peer is the IP of the pod the grant is bound to; the zero Addr until BindPeer (a grant
-	// is minted before its pod has an address), and then any peer may use it.
+	// Peer is the IP of the pod the grant is bound to; the zero Addr until its run's pod is
+	// known (Store.BindRun; a grant minted after that is born bound), and until then any peer
+	// may use it.
 	Peer    netip.Addr
 	Created time.Time
 }

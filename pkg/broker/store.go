@@ -96,6 +96,12 @@ func (s *Store) Mint(ctx context.Context, r MintRequest) (Placeholder, Grant, er
 	}
 	id := s.sealer.grantID(r.Company, r.Lease, r.Key)
 	key := grantKey(r.Company, r.Lease, id)
+	if !r.Peer.IsValid() {
+		// The run's pod is known (BindRun): the grant is born bound to it.
+		if r.Peer, err = s.bornPeer(ctx, r.Company, r.Run); err != nil {
+			return Placeholder{}, Grant{}, fmt.Errorf("minting a grant: %w", err)
+		}
+	}
 	for range mintAttempts {
 		e, err := s.kv.Get(ctx, key)
 		switch {
@@ -131,6 +137,16 @@ func (s *Store) Mint(ctx context.Context, r MintRequest) (Placeholder, Grant, er
 		_, err = s.kv.Create(ctx, key, data)
 		switch {
 		case err == nil:
+			if !g.Peer.IsValid() {
+				// A BindRun that listed the run's grants before this one was stored remembered
+				// the peer first: look again, and bind the grant if it did.
+				if g.Peer, err = s.bornPeer(ctx, r.Company, r.Run); err == nil && g.Peer.IsValid() {
+					_, err = s.bind(ctx, key, g.Peer)
+				}
+				if err != nil {
+					return Placeholder{}, Grant{}, fmt.Errorf("binding grant %s to its run's pod: %w", id, err)
+				}
+			}
 			return p, g, nil
 		case errors.Is(err, jetstream.ErrKeyExists): // a concurrent mint of the same grant won: answer with its
 			continue
@@ -274,17 +290,21 @@ func (s *Store) Release(ctx context.Context, company, lease string) (int, error)
 	return n, errors.Join(errs...)
 }
 
-// ReleaseRun deletes every grant minted for the run (whatever its lease) and returns how many it
-// deleted: a run's result, or its acquire's failure, ends the grants of its run when the lease's
-// id is not in the event. It reads each of the company's grants (a listing and a get each, at
-// most the company's quota), so it is for the end of a run, not for a request's path. Like
-// Release it is idempotent and deletes what it can on errors.
+// ReleaseRun deletes every grant minted for the run (whatever its lease), and the run's
+// remembered peer (BindRun), and returns how many grants it deleted: a run's result, or its
+// acquire's failure, ends the grants of its run when the lease's id is not in the event. It
+// reads each of the company's grants (a listing and a get each, at most the company's quota),
+// so it is for the end of a run, not for a request's path. Like Release it is idempotent and
+// deletes what it can on errors.
 func (s *Store) ReleaseRun(ctx context.Context, company, run string) (int, error) {
 	keys, err := s.list(ctx, companyFilter(company))
 	if err != nil {
 		return 0, fmt.Errorf("listing the grants of company %q: %w", company, err)
 	}
 	var errs []error
+	if err := s.forgetPeer(ctx, company, run); err != nil {
+		errs = append(errs, err)
+	}
 	n := 0
 	for _, k := range keys {
 		e, err := s.kv.Get(ctx, k)
@@ -309,7 +329,8 @@ func (s *Store) ReleaseRun(ctx context.Context, company, run string) (int, error
 }
 
 // BindPeer binds every grant of the lease to its pod's IP: from then on only a request from
-// peer resolves them. The pod's address is known only after the grants were minted (they are
+// peer resolves them. The broker's flow binds by run instead (BindRun, from the run stream's
+// status events, which name runs, not leases). The pod's address is known only after the grants were minted (they are
 // in the Secret the pod starts with), so binding is a step of its own; binding again (a pod
 // that came back with another address) replaces the address. It returns how many grants it
 // bound; a grant released meanwhile is skipped.

@@ -46,8 +46,8 @@ func TestConsumerConfigs(t *testing.T) {
 			return c
 		}},
 		{"broker-release", events.BrokerReleaseConsumerConfig(s), func(c jetstream.ConsumerConfig) jetstream.ConsumerConfig {
-			c.Durable, c.Description = "broker-release", "kubeclip credential broker: the ends of leases and runs, which release their grants"
-			c.FilterSubjects = []string{"paperclip.run.*.*.released", "paperclip.run.*.*.result", "paperclip.run.*.*.failed"}
+			c.Durable, c.Description = "broker-release", "kubeclip credential broker: run pods' addresses and the ends of leases and runs, which bind and release their grants"
+			c.FilterSubjects = []string{"paperclip.run.*.*.status", "paperclip.run.*.*.released", "paperclip.run.*.*.result", "paperclip.run.*.*.failed"}
 			c.DeliverPolicy = jetstream.DeliverNewPolicy
 			return c
 		}},

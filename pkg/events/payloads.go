@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"net/netip"
 	"slices"
 	"time"
 	"unicode"
@@ -422,6 +423,11 @@ type RunStatusEvent struct {
 	Reason    string    `json:"reason,omitempty"`
 	Message   string    `json:"message,omitempty"`
 	PodName   string    `json:"podName,omitempty"`
+	// PodIP is the run's pod's IP once Kubernetes assigned one: the credential broker binds the
+	// run's grants to it (pkg/broker/brokersvc.Releaser), so a placeholder carried out of the
+	// pod is refused from any other address. A status whose phase and reason did not change is
+	// published again when the IP first becomes known or changes.
+	PodIP string `json:"podIp,omitempty"`
 }
 
 // Type implements Event.
@@ -430,9 +436,10 @@ func (RunStatusEvent) Type() string { return runType(KindStatus) }
 // IDs implements Event.
 func (e RunStatusEvent) IDs() (string, string) { return e.CompanyID, e.RunID }
 
-// address: the message id is <runId>.status.<phase>, plus .<reason> when there is one, so a
-// Pending run that starts failing to pull its image is reported although its phase did not
-// change, while a republished status is deduplicated.
+// address: the message id is <runId>.status.<phase>, plus .<reason> when there is one, plus
+// .ip-<podIp> when the pod's IP is known, so a Pending run that starts failing to pull its image
+// (or whose pod got its IP) is reported although its phase did not change, while a republished
+// status is deduplicated.
 func (e RunStatusEvent) address(s Subjects) (address, error) {
 	if !e.Phase.valid() {
 		return address{}, InvalidRequest("phase", "must be one of Pending, Running, Succeeded, Failed, got %q", e.Phase)
@@ -440,6 +447,12 @@ func (e RunStatusEvent) address(s Subjects) (address, error) {
 	id := Ref(e.CompanyID, e.RunID).MsgID("status." + string(e.Phase))
 	if e.Reason != "" {
 		id += "." + idSafe(e.Reason)
+	}
+	if e.PodIP != "" {
+		if _, err := netip.ParseAddr(e.PodIP); err != nil {
+			return address{}, InvalidRequest("podIp", "must be an IP address, got %q", e.PodIP)
+		}
+		id += ".ip-" + idSafe(e.PodIP)
 	}
 	return runAddress(s, e.CompanyID, e.RunID, KindStatus, id, 0)
 }

@@ -42,6 +42,8 @@ func samples() []sample {
 		{ev: events.RunCreatedEvent{RunID: "r1", CompanyID: "c1", At: eventAt, ProviderLeaseID: "pc-1", Namespace: "paperclip-c1", WorkloadName: "pc-1", SecretName: "pc-1-env", Backend: "job", Phase: events.PhasePending}, wantSubject: "paperclip.run.c1.r1.created", wantID: "c1.r1.created", wantType: "io.paperclip.run.created.v1", wantTime: eventAt},
 		{ev: events.RunStatusEvent{RunID: "r1", CompanyID: "c1", Phase: events.PhasePending, Reason: events.ReasonImagePullBackOff}, wantSubject: "paperclip.run.c1.r1.status", wantID: "c1.r1.status.Pending.ImagePullBackOff", wantType: "io.paperclip.run.status.v1", wantTime: fixedNow},
 		{ev: events.RunStatusEvent{RunID: "r1", CompanyID: "c1", Phase: events.PhaseRunning}, wantSubject: "paperclip.run.c1.r1.status", wantID: "c1.r1.status.Running", wantType: "io.paperclip.run.status.v1", wantTime: fixedNow},
+		{ev: events.RunStatusEvent{RunID: "r1", CompanyID: "c1", Phase: events.PhaseRunning, PodIP: "10.244.0.17"}, wantSubject: "paperclip.run.c1.r1.status", wantID: "c1.r1.status.Running.ip-10_244_0_17", wantType: "io.paperclip.run.status.v1", wantTime: fixedNow},
+		{ev: events.RunStatusEvent{RunID: "r1", CompanyID: "c1", Phase: events.PhaseRunning, Reason: events.ReasonReady, PodIP: "fd00::11"}, wantSubject: "paperclip.run.c1.r1.status", wantID: "c1.r1.status.Running.Ready.ip-fd00__11", wantType: "io.paperclip.run.status.v1", wantTime: fixedNow},
 		{ev: events.RunLogEvent{RunID: "r1", CompanyID: "c1", At: eventAt, Seq: 7, Pod: "p", Container: "agent", Lines: []events.LogLine{{TS: "2026-08-24T10:29:59.123456789Z", Text: "hello <world> & more"}}}, wantSubject: "paperclip.run.c1.r1.log", wantID: "c1.r1.log.7", wantType: "io.paperclip.run.log.v1", wantTime: eventAt, wantSeq: "00000000000000000007"},
 		{ev: events.RunResultEvent{RunID: "r1", CompanyID: "c1", Outcome: events.OutcomeFailed, ExitCode: ptr(137), Reason: events.ReasonOOMKilled, Agent: &events.AgentResult{SessionID: "s", Model: "m", IsError: true, ErrorCode: "claude_truncated"}}, wantSubject: "paperclip.run.c1.r1.result", wantID: "c1.r1.result", wantType: "io.paperclip.run.result.v1", wantTime: fixedNow},
 		{ev: events.RunReleasedEvent{RunID: "r1", CompanyID: "c1", ProviderLeaseID: "pc-1", State: events.ReleaseDestroyed}, wantSubject: "paperclip.run.c1.r1.released", wantID: "c1.r1.released.destroyed", wantType: "io.paperclip.run.released.v1", wantTime: fixedNow},
@@ -151,6 +153,7 @@ func TestPublisherRejectsInvalidEvents(t *testing.T) {
 		{"acquire without agent", events.AcquireRequest{RunID: "r1", CompanyID: "c1", EnvironmentID: "e", Config: json.RawMessage(`{}`)}, "agentId"},
 		{"log without seq", events.RunLogEvent{RunID: "r1", CompanyID: "c1"}, "seq"},
 		{"status with a bad phase", events.RunStatusEvent{RunID: "r1", CompanyID: "c1", Phase: "Unknown"}, "phase"},
+		{"status with a pod IP that is none", events.RunStatusEvent{RunID: "r1", CompanyID: "c1", Phase: events.PhaseRunning, PodIP: "pod-1"}, "podIp"},
 		{"result with a bad outcome", events.RunResultEvent{RunID: "r1", CompanyID: "c1", Outcome: "ok"}, "outcome"},
 		{"released with a bad state", events.RunReleasedEvent{RunID: "r1", CompanyID: "c1"}, "state"},
 		{"failed with a bad code", events.RunFailedEvent{RunID: "r1", CompanyID: "c1", Code: "oops"}, "code"},
@@ -295,7 +298,7 @@ func TestPublishStoresHeadersAndDeduplicates(t *testing.T) {
 		}
 	}
 	// One stored message per distinct id, whatever was republished.
-	for stream, want := range map[string]uint64{s.LeaseStream(): 3, s.RunStream(): 14, events.WorkStream: 1} {
+	for stream, want := range map[string]uint64{s.LeaseStream(): 3, s.RunStream(): 16, events.WorkStream: 1} {
 		st, err := js.Stream(ctx, stream)
 		if err != nil {
 			t.Fatal(err)

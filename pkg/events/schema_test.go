@@ -49,7 +49,7 @@ func schemaCases() []schemaCase {
 		{file: "lease-resume.json", full: events.ResumeRequest{RunID: "r1", CompanyID: "c1", ProviderLeaseID: "pc-1", ResumeID: "x1"}, zero: events.ResumeRequest{}},
 		{file: "kubeclip-dispatch.json", full: events.DispatchRequest{AcquireRequest: fullAcquire(), Namespace: "paperclip-c1"}, zero: events.DispatchRequest{}},
 		{file: "run-created.json", full: events.RunCreatedEvent{RunID: "r1", CompanyID: "c1", At: at, ProviderLeaseID: "pc-1", Namespace: "n", WorkloadName: "pc-1", SecretName: "pc-1-env", Backend: "job", PodName: "p", Phase: events.PhaseRunning, ExpiresAt: &at, Warm: true}, zero: events.RunCreatedEvent{}},
-		{file: "run-status.json", full: events.RunStatusEvent{RunID: "r1", CompanyID: "c1", At: at, Phase: events.PhasePending, Reason: "Unschedulable", Message: "0/1 nodes", PodName: "p"}, zero: events.RunStatusEvent{}},
+		{file: "run-status.json", full: events.RunStatusEvent{RunID: "r1", CompanyID: "c1", At: at, Phase: events.PhasePending, Reason: "Unschedulable", Message: "0/1 nodes", PodName: "p", PodIP: "10.244.0.17"}, zero: events.RunStatusEvent{}},
 		{file: "run-log.json", full: events.RunLogEvent{RunID: "r1", CompanyID: "c1", At: at, Seq: 1, Pod: "p", Container: "c", Lines: []events.LogLine{line}, LogStopped: events.BudgetRun}, zero: events.RunLogEvent{}},
 		{file: "run-log.json", path: []string{"lines", "items"}, full: line, zero: events.LogLine{}},
 		{file: "run-result.json", full: events.RunResultEvent{RunID: "r1", CompanyID: "c1", At: at, Outcome: events.OutcomeFailed, ExitCode: ptr(1), Reason: "OOMKilled", Message: "m", Agent: &agent}, zero: events.RunResultEvent{}},

@@ -50,6 +50,8 @@ func isWrongLastSequence(err error) bool {
 type statusLine struct {
 	phase  events.Phase
 	reason string
+	// podIP is the pod IP the last status event carried ("" none).
+	podIP string
 	// seq is the stream sequence of the run's last status event (0: none yet).
 	seq uint64
 }
@@ -66,7 +68,7 @@ func (s *statusLine) load(ctx context.Context, stream runStream, subjects events
 		return fmt.Errorf("reading the last published status: %w", err)
 	}
 	if last.Ours {
-		s.phase, s.reason = last.Event.Phase, last.Event.Reason
+		s.phase, s.reason, s.podIP = last.Event.Phase, last.Event.Reason, last.Event.PodIP
 	}
 	s.seq = last.Seq
 	return nil
@@ -76,11 +78,20 @@ func (s *statusLine) load(ctx context.Context, stream runStream, subjects events
 // the log: the publish expects the run's last status to be the one this replica knows, so a
 // replica that lost the run without noticing (paused, cut off) cannot append a stale status
 // after the new owner's (errFenced).
-func (s *statusLine) publish(ctx context.Context, pub publisher, ref events.RunRef, phase events.Phase, reason, message, podName string) error {
-	if phase == s.phase && reason == s.reason {
+//
+// The pod's IP counts as something said: a status is published again, same phase and reason,
+// when podIP first becomes known or changes (a Job reported Running before the informer saw
+// its pod's IP; a suspended lease's next pod), because the credential broker binds the run's
+// grants to the address the stream names (pkg/broker/brokersvc.Releaser). An IP that goes away
+// (the pod is gone) is not news: the grants stay bound to the last one.
+func (s *statusLine) publish(ctx context.Context, pub publisher, ref events.RunRef, phase events.Phase, reason, message, podName, podIP string) error {
+	if podIP == "" {
+		podIP = s.podIP
+	}
+	if phase == s.phase && reason == s.reason && podIP == s.podIP {
 		return nil
 	}
-	ev := events.RunStatusEvent{RunID: ref.RunID, CompanyID: ref.CompanyID, Phase: phase, Reason: reason, Message: message, PodName: podName}
+	ev := events.RunStatusEvent{RunID: ref.RunID, CompanyID: ref.CompanyID, Phase: phase, Reason: reason, Message: message, PodName: podName, PodIP: podIP}
 	ack, err := pub.Publish(ctx, ev, jetstream.WithExpectLastSequencePerSubject(s.seq))
 	if isWrongLastSequence(err) {
 		return fmt.Errorf("publishing status %s: %w", phase, errFenced)
@@ -88,7 +99,7 @@ func (s *statusLine) publish(ctx context.Context, pub publisher, ref events.RunR
 	if err != nil {
 		return err
 	}
-	s.seq, s.phase, s.reason = ack.Sequence, phase, reason
+	s.seq, s.phase, s.reason, s.podIP = ack.Sequence, phase, reason, podIP
 	return nil
 }
 

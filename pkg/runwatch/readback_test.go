@@ -55,7 +55,7 @@ func TestLoadsLookPastForeignMessages(t *testing.T) {
 	if status.phase != events.PhasePending || status.reason != "" || status.seq != statusSeq {
 		t.Errorf("status loaded = %q %q at %d; want the new line's Pending at the foreign message %d", status.phase, status.reason, status.seq, statusSeq)
 	}
-	if err := status.publish(ctx, h.pub, ref, events.PhaseSucceeded, "Completed", "", "p"); err != nil {
+	if err := status.publish(ctx, h.pub, ref, events.PhaseSucceeded, "Completed", "", "p", ""); err != nil {
 		t.Errorf("publishing a status after the foreign message: %v", err)
 	}
 

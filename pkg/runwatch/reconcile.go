@@ -132,7 +132,7 @@ func reportLost(ctx context.Context, d *deps, rec lease.Record) bool {
 		}
 		end = verdict.Released(r)
 	}
-	if err := status.publish(ctx, d.pub, ref, end.Phase(), end.Reason, end.Message, ""); err != nil {
+	if err := status.publish(ctx, d.pub, ref, end.Phase(), end.Reason, end.Message, "", ""); err != nil {
 		log.Warn().Err(err).Msg("reconcile: publishing status failed")
 		return false
 	}

@@ -177,7 +177,8 @@ func TestTrackerStepRelease(t *testing.T) {
 			}
 
 			for i := range tc.wantStatus {
-				tc.wantStatus[i].RunID, tc.wantStatus[i].CompanyID = runID, testCompany
+				// Every status names the pod's IP, the last one known once the pod is gone.
+				tc.wantStatus[i].RunID, tc.wantStatus[i].CompanyID, tc.wantStatus[i].PodIP = runID, testCompany, "10.0.0.7"
 			}
 			gotStatus := runEvents[events.RunStatusEvent](t, h, runID, events.KindStatus)
 			if diff := cmp.Diff(tc.wantStatus, gotStatus, cmpopts.IgnoreFields(events.RunStatusEvent{}, "At", "PodName")); diff != "" {

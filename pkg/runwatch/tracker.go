@@ -428,12 +428,12 @@ func (t *tracker) decide(job *batchv1.Job, pod *corev1.Pod, release *verdict.Rel
 // publishStatus publishes the run's status as decided, fenced on the last one this replica
 // knows.
 func (t *tracker) publishStatus(ctx context.Context, d verdict.Decision, pod *corev1.Pod) error {
-	podName := ""
+	podName, podIP := "", ""
 	if pod != nil {
-		podName = pod.Name
+		podName, podIP = pod.Name, pod.Status.PodIP
 	}
 	before := t.status.seq
-	if err := t.status.publish(ctx, t.d.pub, t.ref, d.Phase, d.Reason, d.Message, podName); err != nil {
+	if err := t.status.publish(ctx, t.d.pub, t.ref, d.Phase, d.Reason, d.Message, podName, podIP); err != nil {
 		return err
 	}
 	if t.status.seq != before {

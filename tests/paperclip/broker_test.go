@@ -29,6 +29,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/kubeclip/kubeclip/internal/clustertest"
 	pt "github.com/kubeclip/kubeclip/internal/pipelinetest"
@@ -129,6 +130,8 @@ type upstreamCall struct {
 	// Usage is what the stand-in's response stated.
 	Usage events.ModelUsage
 	Text  string
+	// At is when the call reached the stand-in.
+	At time.Time
 }
 
 // modelUpstream serves the Anthropic Messages API's streamed shape: each call gets random
@@ -174,6 +177,7 @@ func (u *modelUpstream) serve(w http.ResponseWriter, r *http.Request) {
 			CacheReadTokens: mrand.Int64N(500), CacheWriteTokens: mrand.Int64N(50),
 		},
 		Text: "upstream reply " + rand.Text()[:12],
+		At:   time.Now(),
 	}
 	u.mu.Lock()
 	u.calls = append(u.calls, call)
@@ -277,6 +281,7 @@ func TestPaperclipBroker(t *testing.T) {
 	pc.setAgentEnv(t, map[string]string{brokeredKey: key, stubModelCall: "1", stubSecretSearch: needleOf(key)})
 
 	refusedBefore := brokerRefusals(t)
+	grants := watchGrants(t)
 	wire := watchWire(t)
 	runStart := time.Now()
 	runID := pc.invoke(t)
@@ -344,6 +349,119 @@ func TestPaperclipBroker(t *testing.T) {
 	// The one call was swapped, not refused.
 	if refused := brokerRefusals(t) - refusedBefore; refused != 0 {
 		t.Errorf("the broker refused %v calls during the run, want none", refused)
+	}
+	checkGrantsBound(t, pc, runID, lease.Metadata.Kubeclip.CompanyID, lease.Metadata.Kubeclip.RunID, grants, call.At)
+}
+
+// grantWrite is one write of a grant to KUBECLIP_GRANTS, as the test saw it: no value (those
+// are sealed, and not read here).
+type grantWrite struct {
+	Key, Company, Run, Peer string
+	At                      time.Time
+}
+
+// grantWatch records every grant written to KUBECLIP_GRANTS from now on (the suite's NATS has
+// one account: the test reads the bucket as the broker does).
+type grantWatch struct {
+	mu     sync.Mutex
+	writes []grantWrite
+}
+
+func watchGrants(t *testing.T) *grantWatch {
+	t.Helper()
+	js, err := jetstream.New(env.NC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv, err := js.KeyValue(t.Context(), "KUBECLIP_GRANTS")
+	if err != nil {
+		t.Fatalf("the grants bucket: %v", err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	w, err := kv.WatchAll(ctx, jetstream.UpdatesOnly())
+	if err != nil {
+		cancel()
+		t.Fatalf("watching the grants bucket: %v", err)
+	}
+	g := &grantWatch{}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for e := range w.Updates() {
+			if e == nil || e.Operation() != jetstream.KeyValuePut {
+				continue
+			}
+			var rec struct{ Company, Run, Peer string }
+			if json.Unmarshal(e.Value(), &rec) != nil {
+				continue
+			}
+			g.mu.Lock()
+			g.writes = append(g.writes, grantWrite{Key: e.Key(), Company: rec.Company, Run: rec.Run, Peer: rec.Peer, At: e.Created()})
+			g.mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		_ = w.Stop()
+		cancel()
+		<-done
+	})
+	return g
+}
+
+func (g *grantWatch) all() []grantWrite {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return append([]grantWrite(nil), g.writes...)
+}
+
+// checkGrantsBound checks the binding of the run's grants to its pod (issue 27: a placeholder
+// from another pod is refused): the run stream names the pod's IP, every grant written for the
+// run was bound to it before the stub's model call reached the stand-in (calledAt), and that
+// call was answered (the test's other checks: no refusal, the real key at the stand-in), so the
+// broker saw the call come from the pod's own address, not a node's masquerade.
+func checkGrantsBound(t *testing.T, pc *server, runID, company, run string, grants *grantWatch, calledAt time.Time) {
+	t.Helper()
+	r := follow(t, pc, runID)
+	pt.WaitKind[events.RunReleasedEvent](r, runTimeout)
+	podIP := ""
+	for _, e := range r.Events() {
+		if ev, ok := e.Event.(events.RunStatusEvent); ok && ev.PodIP != "" && podIP == "" {
+			podIP = ev.PodIP
+		}
+	}
+	if podIP == "" {
+		t.Errorf("run %s: no status event names its pod's IP\n%s", runID, pt.Describe(r.Events()))
+		return
+	}
+	boundBefore := map[string]bool{} // grant key → bound to the pod before the call
+	var unbound, elsewhere int
+	for _, w := range grants.all() {
+		if w.Company != company || w.Run != run {
+			continue
+		}
+		if _, ok := boundBefore[w.Key]; !ok {
+			boundBefore[w.Key] = false
+		}
+		switch {
+		case w.Peer == "":
+			unbound++
+		case w.Peer != podIP:
+			elsewhere++
+		case !w.At.After(calledAt):
+			boundBefore[w.Key] = true
+		}
+	}
+	bound := 0
+	for _, b := range boundBefore {
+		if b {
+			bound++
+		}
+	}
+	t.Logf("grant binding: pod IP %s, grants %d, bound to it before the model call %d, writes unbound %d, bound elsewhere %d",
+		podIP, len(boundBefore), bound, unbound, elsewhere)
+	if len(boundBefore) == 0 || bound != len(boundBefore) || elsewhere != 0 {
+		t.Errorf("run %s: %d grants, %d bound to its pod %s before the model call, %d writes bound to another address; want every grant bound to the pod first",
+			runID, len(boundBefore), bound, podIP, elsewhere)
 	}
 }
 

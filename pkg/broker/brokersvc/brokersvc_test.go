@@ -457,3 +457,81 @@ func TestKeyAnswers(t *testing.T) {
 		t.Errorf("a key request from the workers' own inbox: %v, %v; want no answer", m, err)
 	}
 }
+
+// TestReleaserBindsGrants: a status naming the pod's IP while the run goes on (Pending, Running)
+// binds the run's grants to it, and only the run's; a status without an IP, or one that ends the
+// run, binds nothing.
+func TestReleaserBindsGrants(t *testing.T) {
+	e := newEnv(t, 20)
+	ctx := t.Context()
+	if err := events.EnsureStreams(ctx, e.js, events.Options{StoreBytes: 1 << 30}); err != nil {
+		t.Fatal(err)
+	}
+	rel, err := brokersvc.NewReleaser(brokersvc.ReleaserOptions{JetStream: e.js, Store: e.store, Log: zerolog.New(zerolog.NewTestWriter(t))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, rel)
+	pod, other := netip.MustParseAddr("10.0.0.9"), netip.MustParseAddr("10.0.0.1")
+	mint := func(company, run string) broker.Placeholder {
+		p, _, err := e.store.Mint(ctx, broker.MintRequest{Company: company, Run: run, Lease: "lease-" + run, Key: "ANTHROPIC_API_KEY", Binding: anthropic, Value: realValue})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	reason := func(p broker.Placeholder, from netip.Addr) broker.Reason {
+		_, err := e.cache.Resolve(p.Reveal(), "api.anthropic.com", broker.HeaderXAPIKey, from)
+		if err == nil {
+			return ""
+		}
+		r, _ := broker.RefusalReason(err)
+		return r
+	}
+	pub, err := events.NewPublisher(events.PublisherOptions{JS: e.js})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name  string
+		phase events.Phase
+		ip    string
+		binds bool
+	}{
+		{"running with its IP", events.PhaseRunning, pod.String(), true},
+		{"pending with its IP", events.PhasePending, pod.String(), true},
+		{"running without an IP", events.PhaseRunning, "", false},
+		{"succeeded with its IP", events.PhaseSucceeded, pod.String(), false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := "run-" + strings.ReplaceAll(tc.name, " ", "-")
+			mine, others := mint("company-a", r), []broker.Placeholder{mint("company-a", r+"-other"), mint("company-b", r)}
+			eventually(t, "the grants to resolve", func() bool { return reason(mine, other) == "" })
+			if _, err := pub.Publish(ctx, events.RunStatusEvent{CompanyID: "company-a", RunID: r, Phase: tc.phase, PodIP: tc.ip}); err != nil {
+				t.Fatal(err)
+			}
+			// Published after it: once the marker's run ended, the status was handled.
+			marker := r + "-marker"
+			mp := mint("company-a", marker)
+			if _, err := pub.Publish(ctx, events.RunResultEvent{CompanyID: "company-a", RunID: marker, Outcome: events.OutcomeSucceeded}); err != nil {
+				t.Fatal(err)
+			}
+			eventually(t, "the marker run's grant to go", func() bool { return reason(mp, other) == broker.ReasonReleased })
+			want := broker.Reason("")
+			if tc.binds {
+				want = broker.ReasonWrongPeer
+			}
+			if got := reason(mine, other); got != want {
+				t.Errorf("the run's grant from another address: %q, want %q", got, want)
+			}
+			if got := reason(mine, pod); got != "" {
+				t.Errorf("the run's grant from its pod: %q", got)
+			}
+			for i, p := range others {
+				if got := reason(p, other); got != "" {
+					t.Errorf("another run's grant (%d) from another address: %q", i, got)
+				}
+			}
+		})
+	}
+}

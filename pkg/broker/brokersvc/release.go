@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/netip"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
@@ -17,6 +18,7 @@ import (
 type Ender interface {
 	Release(ctx context.Context, company, lease string) (int, error)
 	ReleaseRun(ctx context.Context, company, run string) (int, error)
+	BindRun(ctx context.Context, company, run string, peer netip.Addr) (int, error)
 }
 
 var _ Ender = (*broker.Store)(nil)
@@ -35,9 +37,20 @@ type ReleaserOptions struct {
 	Consume events.ConsumeOptions
 }
 
-// Releaser releases grants as the run stream reports the ends of leases and runs, through the
-// durable consumer every broker replica shares (events.BrokerReleaseConsumerConfig):
+// Releaser binds grants to their pods and releases them as the run stream reports the pods and
+// the ends of leases and runs, through the durable consumer every broker replica shares
+// (events.BrokerReleaseConsumerConfig):
 //
+//   - status, Pending or Running, naming the pod's IP (events.RunStatusEvent.PodIP): the run's
+//     grants are bound to it, and the run's grants minted later are born bound
+//     (Store.BindRun), so a placeholder carried out of its pod is refused from any other
+//     address (broker.ReasonWrongPeer). Every backend's run-watcher names its pod's IP: a Job's
+//     pod, an exec pod, a Sandbox's pod, a warm pod bound to the run. A reusable lease's events
+//     all go to the run that acquired it, whose id every mint of the lease names (the plugin's
+//     lease metadata keeps it across resumes), and a retained lease keeps its pod and the
+//     remembered peer across its releases; a lease suspended and resumed onto a new pod ends
+//     the run's watch (its result forgets the peer), so the grants of its later runs are
+//     unbound. A status that ends the run, or names no IP, binds nothing;
 //   - released: the lease's grants (Store.Release by the event's providerLeaseId), so a lease's
 //     placeholders stop resolving as soon as its release is confirmed;
 //   - result: the run's grants (Store.ReleaseRun): the run ended, whatever its lease (a
@@ -45,7 +58,7 @@ type ReleaserOptions struct {
 //   - failed, for an acquire: the run's grants, minted for a lease that never came to be. A
 //     failed release or resume leaves the lease, and its grants, as they were.
 //
-// Deletes are idempotent, so a redelivered event is harmless; a store error is retried by the
+// Binds and deletes are idempotent, so a redelivered event is harmless; a store error is retried by the
 // consume loop (events.Consume), and an event that does not decode is dropped as terminal.
 type Releaser struct {
 	o     ReleaserOptions
@@ -86,6 +99,8 @@ func (r *Releaser) handle(ctx context.Context, m jetstream.Msg) error {
 	log := r.o.Log.With().Str(events.LogKeyTenant, company).Str(events.LogKeyRunID, run).Str("kind", string(kind)).Logger()
 	var n int
 	switch kind {
+	case events.KindStatus:
+		return r.bind(ctx, log, m.Data(), company, run)
 	case events.KindReleased:
 		var ev struct {
 			ProviderLeaseID string `json:"providerLeaseId"`
@@ -120,5 +135,31 @@ func (r *Releaser) handle(ctx context.Context, m jetstream.Msg) error {
 	if n > 0 {
 		log.Info().Int("grants", n).Msg("released grants")
 	}
+	return nil
+}
+
+// bind binds the run's grants to the pod a status event names.
+func (r *Releaser) bind(ctx context.Context, log zerolog.Logger, data []byte, company, run string) error {
+	var ev struct {
+		Phase events.Phase `json:"phase"`
+		PodIP string       `json:"podIp"`
+	}
+	if err := json.Unmarshal(data, &ev); err != nil {
+		return events.Terminal(events.CodeInvalidRequest, "", fmt.Errorf("decoding a status event: %w", err))
+	}
+	if ev.PodIP == "" || (ev.Phase != events.PhasePending && ev.Phase != events.PhaseRunning) {
+		// No pod yet; or the run's end, whose result releases its grants: a bind now would
+		// only leave a remembered peer behind a redelivered result.
+		return nil
+	}
+	peer, err := netip.ParseAddr(ev.PodIP)
+	if err != nil {
+		return events.Terminal(events.CodeInvalidRequest, "podIp", fmt.Errorf("decoding a status event's podIp: %w", err))
+	}
+	n, err := r.o.Store.BindRun(ctx, company, run, peer)
+	if err != nil {
+		return fmt.Errorf("binding the run's grants to its pod: %w", err)
+	}
+	log.Info().Int("grants", n).Str("peer", peer.String()).Msg("bound the run's grants to its pod")
 	return nil
 }
