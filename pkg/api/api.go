@@ -165,6 +165,19 @@ func (o ServeOptions) answerable(service string, m *nats.Msg) bool {
 	return false
 }
 
+// registered returns sub once the server holds its interest, so that a service is answerable
+// from any connection as soon as its Serve function returns; err is QueueSubscribe's.
+func registered(nc *nats.Conn, sub *nats.Subscription, subject string, err error) (*nats.Subscription, error) {
+	if err != nil {
+		return nil, fmt.Errorf("subscribing to %s: %w", subject, err)
+	}
+	if err := nc.Flush(); err != nil {
+		_ = sub.Unsubscribe()
+		return nil, fmt.Errorf("registering %s with the server: %w", subject, err)
+	}
+	return sub, nil
+}
+
 // ServeValidate answers validate requests in the queue group until the subscription is drained
 // with the connection. A request that is not a JSON object with a config gets an error naming
 // the request's field; the config's content is never logged. A request whose reply subject is
@@ -184,10 +197,7 @@ func ServeValidate(nc *nats.Conn, o ServeOptions, op policy.Operator) (*nats.Sub
 			o.Logger.Warn().Err(err).Msg("answering a validate request failed")
 		}
 	})
-	if err != nil {
-		return nil, fmt.Errorf("subscribing to %s: %w", subject, err)
-	}
-	return sub, nil
+	return registered(nc, sub, subject, err)
 }
 
 func validateMsg(data []byte, op policy.Operator) ValidateReply {
@@ -260,8 +270,5 @@ func ServePing(nc *nats.Conn, o ServeOptions, reply PingReply) (*nats.Subscripti
 			_ = m.Respond(data)
 		}
 	})
-	if err != nil {
-		return nil, fmt.Errorf("subscribing to %s: %w", subject, err)
-	}
-	return sub, nil
+	return registered(nc, sub, subject, err)
 }

@@ -89,10 +89,7 @@ func ServeQueues(nc *nats.Conn, o ServeOptions, js jetstream.JetStream) (*nats.S
 		}
 		_ = m.Respond(data)
 	})
-	if err != nil {
-		return nil, fmt.Errorf("subscribing to %s: %w", subject, err)
-	}
-	return sub, nil
+	return registered(nc, sub, subject, err)
 }
 
 // oldestRequest reads c's info and, when it holds requests, the first message its filters take
