@@ -23,8 +23,8 @@ import (
 //
 // A pod reaches a bound host (api.anthropic.com) by the host's own name, so the agent's CLIs
 // work unchanged: its /etc/hosts (hostAliases) maps every bound host to Address, and it trusts
-// the installation CA the broker's leaves come from (BrokerCAFile, named by
-// NODE_EXTRA_CA_CERTS). The wiring is the same for every company and every pod, and present from
+// the installation CA the broker's leaves come from (BrokerCAFile, named by the variables of
+// BrokerCAEnv). The wiring is the same for every company and every pod, and present from
 // the pod's creation: a warm pod is rendered before the run (and its company's keys) binds it,
 // and neither hostAliases nor a pod's volumes can change afterwards. So with the wiring on,
 // every company's calls to a bound host go through the broker, which refuses one without a
@@ -53,10 +53,13 @@ const (
 	// BrokerCADir is where the agent container mounts it, read-only.
 	BrokerCADir  = "/etc/kubeclip/broker-ca"
 	BrokerCAFile = BrokerCADir + "/" + BrokerCAKey
-	// EnvNodeExtraCACerts names BrokerCAFile to Node, whose TLS then trusts the installation
-	// CA besides its own roots.
+	// EnvNodeExtraCACerts names BrokerCAFile to Node (and Bun), whose TLS then trusts the
+	// installation CA besides its own roots.
 	EnvNodeExtraCACerts = "NODE_EXTRA_CA_CERTS"
-	brokerCAVolume      = "kubeclip-broker-ca"
+	// EnvCodexCACertificate names it to Codex's native CLI, which adds it to the platform's
+	// roots (codex-rs's custom CA policy; it wins over SSL_CERT_FILE).
+	EnvCodexCACertificate = "CODEX_CA_CERTIFICATE"
+	brokerCAVolume        = "kubeclip-broker-ca"
 )
 
 // The broker's pods as kubeclip's manifests deploy them (deploy/kustomize/base/
@@ -169,21 +172,28 @@ func (b Broker) unbound(fqdns []string) []string {
 	return slices.DeleteFunc(slices.Clone(fqdns), b.bound)
 }
 
-// env is the agent container's environment for the wiring.
-//
-// Only NODE_EXTRA_CA_CERTS: it adds the installation CA to Node's own roots, and the adapters'
-// CLIs (Claude Code, Gemini, OpenCode's launcher) are Node. The variables other runtimes read,
-// SSL_CERT_FILE (OpenSSL, Go), REQUESTS_CA_BUNDLE (Python requests) and CURL_CA_BUNDLE, replace
-// their trust store instead of adding to it: pointed at a file of one name-constrained CA they
-// would break TLS to every host but the bound ones. A bundle of the system's roots plus the CA
-// would need the image's own roots, which only the image knows; an image whose client is not
-// Node adds BrokerCAFile to its store itself (update-ca-certificates at start, or its own
-// variable in the adapter's defaultEnv).
+// BrokerCAEnv are the variables that name BrokerCAFile in a wired agent container: the ones
+// that add a CA to a client's own roots, for the adapters' CLIs. Claude Code, Gemini and
+// OpenCode run on Node or Bun (NODE_EXTRA_CA_CERTS); Codex is a native binary with a variable of
+// its own (CODEX_CA_CERTIFICATE). The variables other runtimes read, SSL_CERT_FILE (OpenSSL, Go),
+// REQUESTS_CA_BUNDLE (Python requests) and CURL_CA_BUNDLE, replace their trust store instead
+// of adding to it: pointed at a file of one name-constrained CA they would break TLS to every
+// host but the bound ones. A bundle of the system's roots plus the CA would need the image's own
+// roots, which only the image knows; an image whose client reads none of these adds
+// BrokerCAFile to its store itself (update-ca-certificates at start, or its own variable in
+// the adapter's defaultEnv).
+func BrokerCAEnv() []string { return []string{EnvNodeExtraCACerts, EnvCodexCACertificate} }
+
+// env is the agent container's environment for the wiring: each of BrokerCAEnv names the CA.
 func (b Broker) env() []corev1.EnvVar {
 	if !b.Enabled() {
 		return nil
 	}
-	return []corev1.EnvVar{{Name: EnvNodeExtraCACerts, Value: BrokerCAFile}}
+	var env []corev1.EnvVar
+	for _, name := range BrokerCAEnv() {
+		env = append(env, corev1.EnvVar{Name: name, Value: BrokerCAFile})
+	}
+	return env
 }
 
 // wirePod adds the wiring to an agent pod's spec: the bound hosts in /etc/hosts (hostAliases),

@@ -110,13 +110,13 @@ func TestBrokerValidate(t *testing.T) {
 }
 
 // agentWiring is what a pod spec holds of the broker wiring: its hostAliases, the CA volume's
-// source, the agent container's mount of it and its NODE_EXTRA_CA_CERTS.
+// source, the agent container's mount of it and the variables that name it (NAME=value, in the
+// container's order, each time one is set).
 type agentWiring struct {
 	HostAliases []corev1.HostAlias
 	CAVolume    *corev1.ConfigMapVolumeSource
 	CAMount     *corev1.VolumeMount
-	NodeCAs     string
-	NodeCAsSet  int
+	CAEnv       []string
 }
 
 func wiringOf(spec corev1.PodSpec) agentWiring {
@@ -135,9 +135,8 @@ func wiringOf(spec corev1.PodSpec) agentWiring {
 		}
 	}
 	for _, e := range agent.Env {
-		if e.Name == policy.EnvNodeExtraCACerts {
-			w.NodeCAs = e.Value
-			w.NodeCAsSet++
+		if slices.Contains(policy.BrokerCAEnv(), e.Name) {
+			w.CAEnv = append(w.CAEnv, e.Name+"="+e.Value)
 		}
 	}
 	return w
@@ -155,9 +154,8 @@ func TestBrokerWiringOfEveryPod(t *testing.T) {
 			Items:                []corev1.KeyToPath{{Key: policy.BrokerCAKey, Path: policy.BrokerCAKey}},
 			DefaultMode:          &mode,
 		},
-		CAMount:    &corev1.VolumeMount{Name: "kubeclip-broker-ca", MountPath: policy.BrokerCADir, ReadOnly: true},
-		NodeCAs:    policy.BrokerCAFile,
-		NodeCAsSet: 1,
+		CAMount: &corev1.VolumeMount{Name: "kubeclip-broker-ca", MountPath: policy.BrokerCADir, ReadOnly: true},
+		CAEnv:   []string{"NODE_EXTRA_CA_CERTS=" + policy.BrokerCAFile, "CODEX_CA_CERTIFICATE=" + policy.BrokerCAFile},
 	}
 	if policy.BrokerCAFile != "/etc/kubeclip/broker-ca/ca.crt" {
 		t.Errorf("BrokerCAFile = %s", policy.BrokerCAFile)

@@ -261,8 +261,11 @@ func checkBrokerWiring(t *testing.T, c *cluster, ec *execclient.Client, l execcl
 			t.Errorf("the pod's /etc/hosts does not map %s to the broker's ClusterIP %s:\n%s", h, clusterIP, etcHosts)
 		}
 	}
-	if env := strings.Split(cat("/proc/self/environ"), "\x00"); !slices.Contains(env, policy.EnvNodeExtraCACerts+"="+policy.BrokerCAFile) {
-		t.Errorf("the pod's commands run without %s=%s", policy.EnvNodeExtraCACerts, policy.BrokerCAFile)
+	env := strings.Split(cat("/proc/self/environ"), "\x00")
+	for _, name := range policy.BrokerCAEnv() {
+		if !slices.Contains(env, name+"="+policy.BrokerCAFile) {
+			t.Errorf("the pod's commands run without %s=%s", name, policy.BrokerCAFile)
+		}
 	}
 	secret, err := c.cs.CoreV1().Secrets(ns).Get(t.Context(), "kubeclip-broker", metav1.GetOptions{})
 	if err != nil {

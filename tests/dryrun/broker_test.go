@@ -20,7 +20,7 @@ import (
 // TestBrokeredObjectsPassServerDryRun is TestRenderedObjectsPassServerDryRun for an
 // installation wired to the credential broker (issue 27): the tenant with the CA's ConfigMap
 // and both egress modes' policies admitting the broker and no bound host, and every backend's
-// pod with hostAliases, the CA mounted and NODE_EXTRA_CA_CERTS, judged by the API server, the
+// pod with hostAliases, the CA mounted and named (policy.BrokerCAEnv), judged by the API server, the
 // Cilium and agent-sandbox CRD schemas and Pod Security "restricted" (a real Pod is created).
 func TestBrokeredObjectsPassServerDryRun(t *testing.T) {
 	warnings := &warningRecorder{}
