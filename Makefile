@@ -30,9 +30,11 @@ vet:
 fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 
-# test: vet, gofmt, the Paperclip plugin's lint/typecheck and unit tests, then every Go test (unit,
-# embedded NATS, the local cluster, end to end: tests/paperclip runs the real Paperclip server
-# with the plugin and the worker binaries) with -race; then the Paperclip run figures.
+# test: vet, gofmt, golangci-lint (.golangci.yaml; its govet runs vet's analyzers again, and vet
+# stays as the quick check on its own), the Paperclip plugin's lint/typecheck and unit tests, then
+# every Go test (unit, embedded NATS, the local cluster, end to end: tests/paperclip runs the real
+# Paperclip server with the plugin and the worker binaries) with -race; then the Paperclip run
+# figures.
 # ALONE_TESTS run after every other package, with the machine to themselves: issue 26's noisy
 # neighbour compares company B's round trips beside company A with its own alone, a bound that
 # another suite's load on the same 2 cores would break (tests/isolation/noisy_test.go).
@@ -41,7 +43,7 @@ ALONE_TESTS := ^TestNoisyNeighbour$$
 # the whole output of a failing or skipped one); pipefail keeps go test's own exit status.
 test: SHELL := /bin/bash
 test: .SHELLFLAGS := -o pipefail -c
-test: vet fmt-check build plugin-lint plugin-test cluster-up
+test: vet fmt-check lint build plugin-lint plugin-test cluster-up
 	@rm -f $(BIN)/paperclip-e2e.txt
 	$(GO) build -o $(BIN)/testreport ./hack/testreport
 	{ KUBECLIP_BIN=$(BIN) KUBECLIP_CACHE=$(CACHE) KUBECLIP_PAPERCLIP_REPORT=$(BIN)/paperclip-e2e.txt $(GO) test $(TEST_FLAGS) -json -skip '$(ALONE_TESTS)' ./...; all=$$?; \
@@ -71,9 +73,11 @@ fuzz:
 lint: $(GOLANGCI_LINT)
 	$(GOLANGCI_LINT) run ./...
 
+# A cold build of golangci-lint compiles for minutes on 2 cores: go_progress says how far it is.
 $(GOLANGCI_LINT):
 	@mkdir -p $(dir $@)
-	GOBIN=$(CACHE)/tools/tmp $(GO) install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION)
+	@echo 'GOBIN=$(CACHE)/tools/tmp $(GO) install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION)'
+	@bash -c '$(GO_PROGRESS) "building golangci-lint $(GOLANGCI_LINT_VERSION)" . -- env GOBIN=$(CACHE)/tools/tmp $(GO) install -v github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION)'
 	mv $(CACHE)/tools/tmp/golangci-lint $@
 
 cluster-up:

@@ -44,7 +44,7 @@ const realValue = "sk-ant-api03-REALVALUE-0123456789abcdefghijklmnopqrstuvwxyz"
 
 // files writes what the broker reads: a CA for hosts, a sealing key, and bindings (when not
 // empty). It returns their paths.
-type files struct{ caCert, caKey, sealingKey, bindings, upstreamCA string }
+type files struct{ caCert, caKey, sealingKey, bindings string }
 
 func writeFiles(t *testing.T, hosts []string, bindingsJSON string) files {
 	t.Helper()

@@ -330,7 +330,7 @@ func scanLeases(ctx context.Context, js jetstream.JetStream, o statusOptions, no
 		return sum
 	}
 	if deleteConsumer {
-		defer deleteScanConsumer(js, cons)
+		defer deleteScanConsumer(ctx, js, cons)
 	}
 	if cons.CachedInfo().NumPending == 0 {
 		sum.Complete = true
@@ -447,13 +447,14 @@ func createScanConsumer(ctx context.Context, js jetstream.JetStream, stream stri
 }
 
 // deleteScanConsumer removes a finished scan's consumer; where the user may not, the server
-// does after leaseScanInactive.
-func deleteScanConsumer(js jetstream.JetStream, cons jetstream.Consumer) {
+// does after leaseScanInactive. It runs when the scan ends, often because ctx's deadline
+// passed, so it keeps ctx's values but not its end: deleteConsumerTimeout bounds it instead.
+func deleteScanConsumer(ctx context.Context, js jetstream.JetStream, cons jetstream.Consumer) {
 	info := cons.CachedInfo()
 	if info == nil {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), deleteConsumerTimeout)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), deleteConsumerTimeout)
 	defer cancel()
 	_ = js.DeleteConsumer(ctx, info.Stream, info.Name)
 }

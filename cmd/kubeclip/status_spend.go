@@ -77,7 +77,7 @@ func scanSpend(ctx context.Context, js jetstream.JetStream, o statusOptions, now
 		return sum
 	}
 	if deleteConsumer {
-		defer deleteScanConsumer(js, cons)
+		defer deleteScanConsumer(ctx, js, cons)
 	}
 	rows := map[string]*companySpend{}
 	defer func() { sum.finish(rows) }()

@@ -72,7 +72,7 @@ func setUpStatusNATS(t *testing.T, js jetstream.JetStream, s events.Subjects) {
 		}
 	}
 	replies := inbox.MustRule(append(inbox.DefaultClientPrefixes(), "_INBOX")...)
-	if _, err := api.ServeQueues(js.Conn(), api.ServeOptions{Subjects: s, Replies: replies, Logger: zerolog.New(zerolog.NewTestWriter(t))}, js); err != nil {
+	if _, err := api.ServeQueues(ctx, js.Conn(), api.ServeOptions{Subjects: s, Replies: replies, Logger: zerolog.New(zerolog.NewTestWriter(t))}, js); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -57,7 +57,7 @@ func (c *Common) StartOps(ctx context.Context, log zerolog.Logger) (*Ops, error)
 	if err != nil {
 		return nil, err
 	}
-	if err := reg.Register(srv.ReadyGauge()); err != nil {
+	if err := reg.Register(srv.ReadyGauge()); err != nil { //nolint:contextcheck // a scrape has no context to pass (ops.Server.ReadyGauge)
 		return nil, err
 	}
 	serveCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))

@@ -82,10 +82,13 @@ func (r *Registry) Exported() map[string]Kind {
 	out := map[string]Kind{}
 	for _, c := range cs {
 		kind := KindOther
+		// A single Histogram or Summary is left to collectedKinds: the two interfaces have the
+		// same methods, so a type switch takes a summary for a histogram, and each collects
+		// itself, which says which it is.
 		switch c.(type) {
-		case prometheus.Histogram, *prometheus.HistogramVec:
+		case *prometheus.HistogramVec:
 			kind = KindHistogram
-		case prometheus.Summary, *prometheus.SummaryVec:
+		case *prometheus.SummaryVec:
 			kind = KindSummary
 		}
 		for _, name := range describe(c) {

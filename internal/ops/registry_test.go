@@ -19,6 +19,9 @@ func TestRegistryExported(t *testing.T) {
 		prometheus.NewCounterVec(prometheus.CounterOpts{Name: "a_total", Help: "a"}, []string{"x"}),
 		prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "b_seconds", Help: "b"}, []string{"x"}),
 		prometheus.NewGauge(prometheus.GaugeOpts{Name: "c", Help: "c"}),
+		prometheus.NewSummaryVec(prometheus.SummaryOpts{Name: "e_seconds", Help: "e"}, []string{"x"}),
+		prometheus.NewHistogram(prometheus.HistogramOpts{Name: "f_seconds", Help: "f"}),
+		prometheus.NewSummary(prometheus.SummaryOpts{Name: "g_seconds", Help: "g"}),
 		collectors.NewGoCollector(),
 		ops.NewJetStreamCollector(), // watches nothing: collects nothing, still described
 	)
@@ -27,6 +30,9 @@ func TestRegistryExported(t *testing.T) {
 		"a_total":                   ops.KindOther,
 		"b_seconds":                 ops.KindHistogram,
 		"c":                         ops.KindOther,
+		"e_seconds":                 ops.KindSummary,
+		"f_seconds":                 ops.KindHistogram,
+		"g_seconds":                 ops.KindSummary, // a Histogram by its methods
 		"go_gc_duration_seconds":    ops.KindSummary,
 		"go_goroutines":             ops.KindOther,
 		"kubeclip_consumer_pending": ops.KindOther,

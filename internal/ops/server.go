@@ -196,7 +196,8 @@ func (s *Server) Ready(ctx context.Context) (ok bool, report string, checked boo
 }
 
 // ReadyGauge is kubeclip_ready: 1 while Ready, evaluated at scrape time, so an alert sees what
-// the kubelet's readiness probe sees.
+// the kubelet's readiness probe sees. Prometheus calls it at scrape time with no context, so
+// its checks are bounded by CheckTimeout alone.
 func (s *Server) ReadyGauge() prometheus.Collector {
 	return prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "kubeclip_ready",

@@ -119,7 +119,7 @@ func Main(m *testing.M, opts Options, env **Env) int {
 		}
 		defer unlock()
 	}
-	e, err := Setup(opts)
+	e, err := Setup(context.Background(), opts) // a TestMain has no context of its own
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "%s: %v\n", opts.Name, err)
 		if e != nil {
@@ -164,9 +164,10 @@ func LeakOptions() []goleak.Option {
 	}
 }
 
-// Setup starts JetStream and opts.Replicas processes of each worker. On error the returned Env
-// (possibly nil) holds whatever was started, for DumpLogs.
-func Setup(opts Options) (*Env, error) {
+// Setup starts JetStream and opts.Replicas processes of each worker, and waits (until ctx ends,
+// 30 s at most) for the streams and buckets they create. On error the returned Env (possibly
+// nil) holds whatever was started, for DumpLogs.
+func Setup(ctx context.Context, opts Options) (*Env, error) {
 	if opts.Name == "" {
 		opts.Name = "pipeline"
 	}
@@ -230,7 +231,7 @@ func Setup(opts Options) (*Env, error) {
 		}
 	}
 	// The streams exist once a worker started; wait for them so a test can publish at once.
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	for {
 		_, err := e.JS.Stream(ctx, events.WorkStream)

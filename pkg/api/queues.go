@@ -68,11 +68,13 @@ const queuesRequestTimeout = 3 * time.Second
 // queues service answers besides the clients'.
 var statusReplies = inbox.MustRule(inbox.StatusPrefix)
 
-// ServeQueues answers queues requests in the queue group until the connection is drained: for
-// each of QueueConsumers, its oldest unacknowledged request's sequence and time, read with js
-// (which may read those streams). A request whose reply subject is neither a client's inbox
-// (ServeOptions.Replies) nor the status user's is dropped.
-func ServeQueues(nc *nats.Conn, o ServeOptions, js jetstream.JetStream) (*nats.Subscription, error) {
+// ServeQueues answers queues requests in the queue group until ctx ends or the connection is
+// drained: for each of QueueConsumers, its oldest unacknowledged request's sequence and time,
+// read with js (which may read those streams). A request whose reply subject is neither a
+// client's inbox (ServeOptions.Replies) nor the status user's is dropped. Its reads are bounded
+// by ctx, so when ctx ends it unsubscribes: a request after that goes to another worker of the
+// queue group (or meets no responders), never to reads that fail at once.
+func ServeQueues(ctx context.Context, nc *nats.Conn, o ServeOptions, js jetstream.JetStream) (*nats.Subscription, error) {
 	subject := QueuesSubject(o.Subjects)
 	consumers := QueueConsumers(o.Subjects)
 	sub, err := nc.QueueSubscribe(subject, QueueGroup, func(m *nats.Msg) {
@@ -81,7 +83,7 @@ func ServeQueues(nc *nats.Conn, o ServeOptions, js jetstream.JetStream) (*nats.S
 		}
 		reply := QueuesReply{Oldest: make([]OldestRequest, len(consumers))}
 		for i, c := range consumers {
-			reply.Oldest[i] = oldestRequest(js, c)
+			reply.Oldest[i] = oldestRequest(ctx, js, c)
 		}
 		data, err := json.Marshal(reply)
 		if err != nil {
@@ -89,14 +91,19 @@ func ServeQueues(nc *nats.Conn, o ServeOptions, js jetstream.JetStream) (*nats.S
 		}
 		_ = m.Respond(data)
 	})
-	return registered(nc, sub, subject, err)
+	sub, err = registered(nc, sub, subject, err)
+	if err != nil {
+		return nil, err
+	}
+	context.AfterFunc(ctx, func() { _ = sub.Unsubscribe() })
+	return sub, nil
 }
 
 // oldestRequest reads c's info and, when it holds requests, the first message its filters take
 // after its ack floor, which is the oldest it has not acknowledged: one get per filter subject
 // (next_by_subj), whatever the backlog.
-func oldestRequest(js jetstream.JetStream, c QueueConsumer) OldestRequest {
-	ctx, cancel := context.WithTimeout(context.Background(), queuesRequestTimeout)
+func oldestRequest(ctx context.Context, js jetstream.JetStream, c QueueConsumer) OldestRequest {
+	ctx, cancel := context.WithTimeout(ctx, queuesRequestTimeout)
 	defer cancel()
 	out := OldestRequest{Stream: c.Stream, Consumer: c.Consumer}
 	cons, err := js.Consumer(ctx, c.Stream, c.Consumer)

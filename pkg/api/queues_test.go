@@ -1,7 +1,9 @@
 package api_test
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -32,7 +34,7 @@ func TestQueuesAnswersWhereTheOldestRequestStands(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := api.ServeQueues(js.Conn(), serveOptions(t), js); err != nil {
+	if _, err := api.ServeQueues(ctx, js.Conn(), serveOptions(t), js); err != nil {
 		t.Fatal(err)
 	}
 
@@ -76,5 +78,35 @@ func TestQueuesAnswersWhereTheOldestRequestStands(t *testing.T) {
 	t.Cleanup(other.Close)
 	if _, err := other.Request(api.QueuesSubject(s), nil, 500*time.Millisecond); err == nil {
 		t.Error("answered into _INBOX")
+	}
+}
+
+// TestQueuesEndsWithItsContext: the queues service's reads are bounded by the context it was
+// served with, so when that ends it stops answering rather than answer reads that fail at once:
+// a request then meets no responders (or another worker of the queue group).
+func TestQueuesEndsWithItsContext(t *testing.T) {
+	srv, _, js := natstest.Start(t)
+	ctx, cancel := context.WithCancel(t.Context())
+	if _, err := api.ServeQueues(ctx, js.Conn(), serveOptions(t), js); err != nil {
+		t.Fatal(err)
+	}
+	nc, err := nats.Connect(srv.ClientURL(), nats.CustomInboxPrefix(inbox.CLIPrefix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	subject := api.QueuesSubject(events.Subjects{})
+	if _, err := nc.Request(subject, nil, 5*time.Second); err != nil {
+		t.Fatalf("before the context ends: %v", err)
+	}
+	cancel()
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		_, err := nc.Request(subject, nil, time.Second)
+		if errors.Is(err, nats.ErrNoResponders) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after the context ended: %v, want %v", err, nats.ErrNoResponders)
+		}
 	}
 }

@@ -365,7 +365,7 @@ func TestReusableLeaseLife(t *testing.T) {
 	// answer of its own with the same count.
 	resume.ResumeID = "r2-retry"
 	e.publish(t, resume)
-	resumed, resSeq = e.next(t, ref, events.KindResumed, resSeq)
+	resumed, _ = e.next(t, ref, events.KindResumed, resSeq)
 	if resumed["resumeId"] != "r2-retry" || resumed["resumes"] != 2.0 || resumed["generation"] != 1.0 {
 		t.Errorf("the retried resume's answer: %v, want resumeId r2-retry, resumes 2, generation 1", resumed)
 	}

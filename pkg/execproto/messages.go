@@ -186,8 +186,8 @@ type Notice struct {
 	Message string `json:"message"`
 }
 
-// NoticeRecordingStopped: a budget stopped the exec's recording into the run's history; the
-// command goes on and its client still receives all of its output.
+// NoticeRecordingStopped is the Reason of a Notice that a budget stopped the exec's recording
+// into the run's history; the command goes on and its client still receives all of its output.
 const NoticeRecordingStopped = "recordingStopped"
 
 // StdinReply answers a stdin message: how many stdin bytes sandboxd has.

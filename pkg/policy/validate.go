@@ -289,10 +289,6 @@ func validateAdapterEntries(entries []AdapterEntry, errs *fieldErrors) {
 	}
 }
 
-func isSpace(r rune) bool {
-	return r == ' ' || r == '\t' || r == '\n' || r == '\r' || r == '\v' || r == '\f'
-}
-
 // Rules quoted in error messages.
 const (
 	dnsLabelRule     = "lowercase letters, digits and '-', starting and ending with a letter or digit, at most 63 characters"

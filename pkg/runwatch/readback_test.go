@@ -113,7 +113,6 @@ func (h *harness) storeCopy(t *testing.T, seq uint64, runID string, kind events.
 // still gets the run's result (issue 26, item 5): publishResult's refusal "wrong last sequence"
 // means "already published" only when the run's own result is there.
 func TestResultNotSuppressedByForeignMessages(t *testing.T) {
-	ctx := t.Context()
 	subjects := events.Subjects{}
 	end := verdict.End{Outcome: events.OutcomeSucceeded, Reason: "Completed"}
 	for name, store := range map[string]func(t *testing.T, h *harness, runID string){
@@ -132,6 +131,7 @@ func TestResultNotSuppressedByForeignMessages(t *testing.T) {
 		},
 	} {
 		t.Run(name, func(t *testing.T) {
+			ctx := t.Context() // the subtest's: it ends with the subtest, as its harness does
 			h := newHarness(t)
 			ref := events.Ref(testCompany, "r1")
 			store(t, h, ref.RunID)

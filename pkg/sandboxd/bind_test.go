@@ -417,9 +417,9 @@ func TestBindErrorsHoldNoSecrets(t *testing.T) {
 // already bound to the lease (a failed handshake, then the probe's handshake and info).
 func BenchmarkBind(b *testing.B) {
 	quiet := func(o *sandboxd.Options) { o.Logger = zerolog.Nop() }
-	ctx := context.Background()
 	env := map[string]string{"PAPERCLIP_RUN": "run-1", "PATH": "/usr/local/bin:/usr/bin:/bin"}
 	b.Run("first", func(b *testing.B) {
+		ctx := b.Context()
 		for b.Loop() {
 			b.StopTimer()
 			h := startUnbound(b, quiet)
@@ -433,6 +433,7 @@ func BenchmarkBind(b *testing.B) {
 		}
 	})
 	b.Run("retry", func(b *testing.B) {
+		ctx := b.Context()
 		h := startUnbound(b, quiet)
 		if err := sandboxd.Bind(ctx, sandboxd.DialTCP(h.addr), bindSeed, testSeed, env); err != nil {
 			b.Fatal(err)

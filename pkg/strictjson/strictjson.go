@@ -50,7 +50,7 @@ func CheckFields(data []byte, v any, root string) error {
 		return nil
 	}
 	w := walker{data: data, root: root}
-	w.walk(0, structType(v))
+	_ = w.walk(0, structType(v)) // a refused key is CheckKeys' to report, and data has passed it
 	if w.fieldErr != nil {
 		return w.fieldErr
 	}
@@ -64,7 +64,7 @@ func CheckFields(data []byte, v any, root string) error {
 // about as much as one json.Unmarshal of data.
 func Check(data []byte, v any, root string) error {
 	if !json.Valid(data) {
-		return fmt.Errorf("%w: %s", ErrMalformed, validityError(data))
+		return fmt.Errorf("%w: %w", ErrMalformed, validityError(data))
 	}
 	return CheckParsed(data, v, root)
 }
@@ -94,7 +94,7 @@ func CheckParsed(data []byte, v any, root string) error {
 // read it as that name. A document that is not valid JSON, or not an object, is ErrMalformed.
 func TopLevel(data []byte, names ...string) ([]json.RawMessage, error) {
 	if !json.Valid(data) {
-		return nil, fmt.Errorf("%w: %s", ErrMalformed, validityError(data))
+		return nil, fmt.Errorf("%w: %w", ErrMalformed, validityError(data))
 	}
 	w := walker{data: data}
 	w.space()

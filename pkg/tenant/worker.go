@@ -183,7 +183,7 @@ func (w *Worker) Run(ctx context.Context) error {
 		return err
 	}
 	// `kubeclip status` asks where the queue workers' oldest requests stand, never reading one.
-	if _, err := api.ServeQueues(js.Conn(), serve, js); err != nil {
+	if _, err := api.ServeQueues(ctx, js.Conn(), serve, js); err != nil {
 		return err
 	}
 	consume := events.ConsumeOptions{

@@ -324,7 +324,7 @@ func (r *brokerRig) waitReady(ctx context.Context) error {
 		select {
 		case err := <-r.exited:
 			r.exited <- err
-			return fmt.Errorf("the broker exited before it was ready (%v); its log: %s", err, r.logPath)
+			return fmt.Errorf("the broker exited before it was ready (%w); its log: %s", err, r.logPath)
 		case <-ctx.Done():
 			return fmt.Errorf("the broker was not ready within %s; its log: %s", brokerStartTimeout, r.logPath)
 		case <-tick.C:
@@ -472,7 +472,7 @@ func (r *brokerRig) close() error {
 			}
 		case <-time.After(brokerStopTimeout):
 			_ = r.cmd.Process.Kill()
-			<-r.exited
+			<-r.exited //nolint:errcheck // "signal: killed", by the Kill above; the error below says why
 			errs = append(errs, fmt.Errorf("the broker did not stop within %s of SIGTERM; its log: %s", brokerStopTimeout, r.logPath))
 		}
 	}

@@ -195,7 +195,7 @@ func (r *brokerRig) firstByte(ctx context.Context, c *http.Client, viaBroker boo
 	}
 	d := time.Since(start)
 	if n == 0 {
-		return 0, fmt.Errorf("answered %d with no body: %v", resp.StatusCode, err)
+		return 0, fmt.Errorf("answered %d with no body: %w", resp.StatusCode, err)
 	}
 	rest, err := io.ReadAll(resp.Body)
 	if err != nil {

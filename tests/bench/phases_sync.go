@@ -250,8 +250,11 @@ func (s *syncBench) base64Out(ctx context.Context, dir, archive string) (int64, 
 			return got, err
 		}
 		chunk, err := base64.StdEncoding.DecodeString(strings.Join(strings.Fields(out.String()), ""))
-		if err != nil || len(chunk) == 0 {
-			return got, fmt.Errorf("chunk %d does not decode: %v", i, err)
+		if err != nil {
+			return got, fmt.Errorf("chunk %d does not decode: %w", i, err)
+		}
+		if len(chunk) == 0 {
+			return got, fmt.Errorf("chunk %d is empty", i)
 		}
 		got += int64(len(chunk))
 	}

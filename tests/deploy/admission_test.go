@@ -301,8 +301,10 @@ func TestAdmissionPinsTenantSecurity(t *testing.T) {
 	// by each.
 	eventually(t, time.Minute, "the admission policies in force", func() error {
 		for _, tc := range []probe{refused[0], refused[5], refused[len(refused)-2]} {
-			if err := tc.do(); !apierrors.IsForbidden(err) {
-				return fmt.Errorf("%s: %v", tc.what, err)
+			if err := tc.do(); err == nil {
+				return fmt.Errorf("%s: allowed", tc.what)
+			} else if !apierrors.IsForbidden(err) {
+				return fmt.Errorf("%s: %w", tc.what, err)
 			}
 		}
 		return nil
@@ -344,6 +346,7 @@ func TestAdmissionPinsTenantSecurity(t *testing.T) {
 	// Tenants still work (item 20 too): as the tenant-worker, with its RBAC (no Role, no
 	// pods/log) and every policy above, a whole rendered tenant is server-side applied.
 	t.Run("tenant-worker provisions a tenant", func(t *testing.T) {
+		ctx := t.Context()
 		fresh, err := policy.RenderTenant(policy.DefaultConfig(), "new-"+id, op)
 		if err != nil {
 			t.Fatal(err)

@@ -163,6 +163,7 @@ func TestDevOverlayRunsALeaseInCluster(t *testing.T) {
 	// A command in an exec-capable lease's pod, through the deployed exec-worker; in a load run
 	// also as many concurrent commands as leases, each printing execLoadBytes.
 	t.Run("exec", func(t *testing.T) {
+		ctx := t.Context()
 		// The lease's pod is wired to the broker (issue 27) by the deployed tenant-worker and
 		// dispatcher: the address they read from the Service's service-links variable.
 		svc, err := c.cs.CoreV1().Services(ns).Get(ctx, "credential-broker"+suffix, metav1.GetOptions{})

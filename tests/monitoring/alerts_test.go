@@ -150,8 +150,8 @@ func TestAlertsFireWhenTheyShould(t *testing.T) {
 }
 
 type alert struct {
-	expr string
-	for_ time.Duration
+	expr    string
+	pending time.Duration // the rule's `for`: how long expr must hold before the alert fires
 }
 
 func alertsOf(t *testing.T) map[string]alert {
@@ -176,7 +176,7 @@ func alertsOf(t *testing.T) map[string]alert {
 					}
 					d = pd
 				}
-				out[name] = alert{expr: expr, for_: d}
+				out[name] = alert{expr: expr, pending: d}
 			}
 		}
 	}
@@ -195,7 +195,7 @@ func firing(t *testing.T, engine *promql.Engine, a alert, ss []series, at time.D
 	t.Helper()
 	start := time.Unix(0, 0)
 	q := queryable(t, ss, int(at/time.Minute))
-	for ts := at - a.for_; ts <= at; ts += time.Minute {
+	for ts := at - a.pending; ts <= at; ts += time.Minute {
 		query, err := engine.NewInstantQuery(context.Background(), q, nil, a.expr, start.Add(ts))
 		if err != nil {
 			t.Fatal(err)

@@ -123,7 +123,7 @@ func install(t *testing.T, srv *server.Server) *installation {
 	if _, err := api.ServePing(in.worker.Conn, serve, api.PingReply{Worker: "tenant-worker"}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := api.ServeQueues(in.worker.Conn, serve, js); err != nil {
+	if _, err := api.ServeQueues(ctx, in.worker.Conn, serve, js); err != nil {
 		t.Fatal(err)
 	}
 	kv, err := js.KeyValue(ctx, lease.Bucket)

@@ -203,11 +203,17 @@ func (f *fleet) waitReady(ctx context.Context) error {
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("%d of %d kwok nodes Ready after a minute (last error: %v)", ready, len(f.nodes), err)
+			if err != nil {
+				return fmt.Errorf("%d of %d kwok nodes Ready after a minute (last error: %w)", ready, len(f.nodes), err)
+			}
+			return fmt.Errorf("%d of %d kwok nodes Ready after a minute", ready, len(f.nodes))
 		}
 		select {
 		case err := <-f.done:
-			return fmt.Errorf("kwok exited: %v", err)
+			if err == nil {
+				err = errors.New("exit status 0") // as exec says any other
+			}
+			return fmt.Errorf("kwok exited: %w", err)
 		case <-ctx.Done():
 			return context.Cause(ctx)
 		case <-time.After(500 * time.Millisecond):
@@ -234,7 +240,7 @@ func (f *fleet) stop(ctx context.Context) error {
 	}
 	if f.cmd != nil && f.cmd.Process != nil {
 		_ = f.cmd.Process.Kill()
-		<-f.done
+		<-f.done //nolint:errcheck // "signal: killed", by the Kill above: the fleet is stopped on purpose
 	}
 	return errors.Join(errs...)
 }

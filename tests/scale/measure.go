@@ -145,7 +145,7 @@ func measureSize(ctx context.Context, s settings, backend string, n int, proxy *
 	}
 	// The workers reach the API server through the counting proxy.
 	os.Setenv(clustertest.KubeconfigEnv, proxyKubeconfig)
-	env, err := pipelinetest.Setup(pipelinetest.Options{Name: "scale", Args: args})
+	env, err := pipelinetest.Setup(ctx, pipelinetest.Options{Name: "scale", Args: args})
 	if err != nil {
 		if env != nil {
 			env.DumpLogs()
@@ -496,7 +496,10 @@ func waitReadyz(ctx context.Context, port string, timeout time.Duration) (time.D
 			}
 		}
 		if time.Since(start) > timeout {
-			return 0, fmt.Errorf("not ready after %s (last: %v)", timeout, err)
+			if err != nil {
+				return 0, fmt.Errorf("not ready after %s (last: %w)", timeout, err)
+			}
+			return 0, fmt.Errorf("not ready after %s", timeout)
 		}
 		if err := sleep(ctx, 50*time.Millisecond); err != nil {
 			return 0, err

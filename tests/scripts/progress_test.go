@@ -2,6 +2,7 @@
 package scripts
 
 import (
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -26,7 +27,8 @@ func progress(t *testing.T, dir, script string, env ...string) (string, int) {
 	cmd.Stderr = &stderr
 	err = cmd.Run()
 	code := 0
-	if exitErr, ok := err.(*exec.ExitError); ok {
+	var exitErr *exec.ExitError
+	if errors.As(err, &exitErr) {
 		code = exitErr.ExitCode()
 	} else if err != nil {
 		t.Fatal(err)

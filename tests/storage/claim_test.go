@@ -93,7 +93,10 @@ func TestLeaseClaimOutlivesItsPods(t *testing.T) {
 		if apierrors.IsNotFound(err) {
 			return nil
 		}
-		return fmt.Errorf("still there (%v)", err)
+		if err != nil {
+			return fmt.Errorf("reading it: %w", err)
+		}
+		return errors.New("still there")
 	})
 	if _, err := os.Lstat(dir); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("the volume is deleted but its directory %s is still on the node (%v)", dir, err)

@@ -196,6 +196,9 @@ func deletePod(t testing.TB, cs kubernetes.Interface, ns, name string) {
 		if apierrors.IsNotFound(err) {
 			return nil
 		}
-		return fmt.Errorf("still there (%v)", err)
+		if err != nil {
+			return fmt.Errorf("reading it: %w", err)
+		}
+		return errors.New("still there")
 	})
 }

@@ -309,9 +309,10 @@ func (s *scanner) feed(p []byte) {
 			case s.deepEsc:
 				s.deepEsc = false
 			case s.deepStr:
-				if c == '\\' {
+				switch c {
+				case '\\':
 					s.deepEsc = true
-				} else if c == '"' {
+				case '"':
 					s.deepStr = false
 				}
 			case c == '"':
@@ -383,11 +384,12 @@ func (s *scanner) beginValue(c byte, i int) {
 		s.strCap = leafField == fieldModel || leafField == fieldType
 	case c == '-' || (c >= '0' && c <= '9'):
 		s.st, s.numCap, s.numLen = sNumber, isCount, 0
-		if c == '-' {
+		switch c {
+		case '-':
 			s.num = nMinus
-		} else if c == '0' {
+		case '0':
 			s.num = nZero
-		} else {
+		default:
 			s.num = nInt
 		}
 		if s.numCap {
