@@ -146,6 +146,7 @@ func New(o Options) (*Proxy, error) {
 		Rewrite:        p.rewrite,
 		Transport:      p.transport,
 		FlushInterval:  -1, // every write reaches the client at once: SSE events as they come
+		BufferPool:     newBufferPool(),
 		ModifyResponse: p.modifyResponse,
 		ErrorHandler:   p.upstreamFailed,
 		ErrorLog:       p.errLog,
