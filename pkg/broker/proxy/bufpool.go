@@ -5,17 +5,19 @@ import (
 	"sync"
 )
 
-// copyBufferSize is the size of the buffers the ReverseProxy copies response bodies through:
-// its own default. A read fills at most one buffer before the write and flush that follow, so
-// an SSE event reaches the agent as soon as it is read whatever the size; 32 KiB keeps a large
-// JSON body to few reads.
-const copyBufferSize = 32 << 10
+// copyBufferSize is the size of the buffers the ReverseProxy copies response bodies through,
+// a quarter of its own default (32 KiB). A call holds its buffer for as long as its body
+// streams, so a held SSE stream holds one: at 8 KiB the broker's heap in use per open stream
+// fell from 71–73 KiB to 47–49 KiB at 1,000 open streams (docs/scale.md, the broker's bench).
+// A read fills at most one buffer before the write and flush that follow, so an SSE event
+// (well under 8 KiB) reaches the agent as soon as it is read; a large JSON body takes more,
+// smaller writes.
+const copyBufferSize = 8 << 10
 
 // bufferPool lends the ReverseProxy its copy buffers. Without one, every call allocates a new
 // 32 KiB buffer for its body and leaves it to the collector; pooled, a buffer returns when its
-// call's body is copied and the next call reuses it. A call holds its buffer while its body
-// streams, so open streams still hold one each: the pool saves the allocation per call, not
-// the memory of a stream in flight.
+// call's body is copied and the next call reuses it. Open streams still hold one each: the pool
+// saves the allocation per call, the smaller size the memory of a stream in flight.
 type bufferPool struct{ pool sync.Pool }
 
 var _ httputil.BufferPool = (*bufferPool)(nil)
