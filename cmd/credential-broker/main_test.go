@@ -37,7 +37,14 @@ import (
 	"github.com/kubeclip/kubeclip/pkg/inbox"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+// TestMain is also the broker's main when the test binary is started as a broker replica
+// (startBrokerProcess), so a test can SIGKILL a replica as a node or an OOM kill would.
+func TestMain(m *testing.M) {
+	if os.Getenv(brokerProcessEnv) == "1" {
+		os.Exit(app.Main(component, run))
+	}
+	goleak.VerifyTestMain(m)
+}
 
 // realValue is the brokered key's real value: the upstream must see it, and nothing else.
 const realValue = "sk-ant-api03-REALVALUE-0123456789abcdefghijklmnopqrstuvwxyz"
@@ -205,16 +212,9 @@ const upstreamStream = "event: message_start\n" +
 
 func startAnthropicUpstream(t *testing.T, dir string) (*anthropicUpstream, string) {
 	t.Helper()
-	authority, err := ca.Generate(ca.Options{Hosts: []string{"api.anthropic.com"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	issuer, err := ca.NewIssuer(ca.IssuerOptions{CA: authority, Hosts: []string{"api.anthropic.com"}})
-	if err != nil {
-		t.Fatal(err)
-	}
 	u := &anthropicUpstream{}
-	u.srv = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	var caFile string
+	u.srv, caFile = serveAsAnthropic(t, dir, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		u.mu.Lock()
 		u.keys = append(u.keys, r.Header.Get("X-Api-Key"))
 		u.mu.Unlock()
@@ -236,14 +236,31 @@ func startAnthropicUpstream(t *testing.T, dir string) (*anthropicUpstream, strin
 		addUsage(&u.stated, stated)
 		u.mu.Unlock()
 	}))
-	u.srv.TLS = &tls.Config{GetCertificate: issuer.GetCertificate, MinVersion: tls.VersionTLS12}
-	u.srv.StartTLS()
-	t.Cleanup(u.srv.Close)
+	return u, caFile
+}
+
+// serveAsAnthropic serves h over TLS on loopback with a certificate for api.anthropic.com from
+// a CA of its own, written to dir (the file the broker's --upstream-ca takes). The server is
+// closed when the test ends.
+func serveAsAnthropic(t *testing.T, dir string, h http.Handler) (*httptest.Server, string) {
+	t.Helper()
+	authority, err := ca.Generate(ca.Options{Hosts: []string{"api.anthropic.com"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	issuer, err := ca.NewIssuer(ca.IssuerOptions{CA: authority, Hosts: []string{"api.anthropic.com"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewUnstartedServer(h)
+	srv.TLS = &tls.Config{GetCertificate: issuer.GetCertificate, MinVersion: tls.VersionTLS12}
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
 	caFile := filepath.Join(dir, "upstream-ca.crt")
 	if err := os.WriteFile(caFile, authority.CertPEM(), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	return u, caFile
+	return srv, caFile
 }
 
 func (u *anthropicUpstream) statedUsage() tally {
