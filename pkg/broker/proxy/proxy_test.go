@@ -8,6 +8,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
+	"errors"
 	"io"
 	"net"
 	"net/http"
@@ -115,6 +116,7 @@ func (u *upstream) received() []http.Header {
 // the installation CA and its issuer, the proxy serving TLS, and the upstream.
 type env struct {
 	store     *broker.Store
+	cache     *broker.Cache
 	up        *upstream
 	upRoots   *x509.CertPool
 	install   *ca.CA
@@ -187,7 +189,7 @@ func newEnv(t testing.TB, obs proxy.Observer) *env {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the grant cache was not ready after 10 s")
 	}
-	return &env{store: store, up: up, upRoots: upRoots, install: install, proxyAddr: ln.Addr().String(), reg: reg}
+	return &env{store: store, cache: cache, up: up, upRoots: upRoots, install: install, proxyAddr: ln.Addr().String(), reg: reg}
 }
 
 // client is a pod's client: it trusts only the installation CA, and whatever host it calls
@@ -218,7 +220,18 @@ func (e *env) mint(t testing.TB, lease, keyName, value string, b broker.Binding,
 	if err != nil {
 		t.Fatalf("Mint: %v", err)
 	}
-	return p
+	// The proxy resolves through the cache, which learns the grant from its KV watcher a moment
+	// after the mint: a call made before then is refused as unknown.
+	var refused *broker.RefusedError
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		_, err := e.cache.Resolve(p.Reveal(), b.Hosts[0], b.Headers[0], addr)
+		if !errors.As(err, &refused) || refused.Reason != broker.ReasonUnknown {
+			return p
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the cache did not hold the grant of lease %s 10 s after its mint", lease)
+		}
+	}
 }
 
 // refusals is kubeclip_broker_refusals_total{reason}.
