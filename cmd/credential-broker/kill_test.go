@@ -63,7 +63,7 @@ func startBrokerProcess(t *testing.T, args []string, opsAddr string) *brokerProc
 	go func() { p.waited <- p.cmd.Wait() }()
 	t.Cleanup(func() {
 		_ = p.cmd.Process.Kill()
-		<-p.waited
+		<-p.waited //nolint:errcheck // the process is killed (or gone): its error says only that
 		if t.Failed() {
 			t.Logf("the broker process's log:\n%s", p.stderr.String())
 		}
