@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # cluster.sh: kubeclip's own single-node Kubernetes cluster for tests.
 #
-#   cluster.sh up          (re)start a fresh cluster, import the test images, install the test CRDs
+#   cluster.sh up          (re)start a fresh cluster, import the test images, install the test CRDs,
+#                          run the agent-sandbox controller
 #   cluster.sh down        stop everything, unmount, leave nothing running
 #   cluster.sh status      show what runs
 #   cluster.sh kubeconfig  print the admin kubeconfig path
@@ -12,7 +13,10 @@
 # kubelet (built from hack/k8s and cached under $KUBECLIP_CACHE), containerd (Debian) with its own
 # config, root, state and socket, and in the cluster a dynamic storage provisioner (rancher's
 # local-path-provisioner, StorageClass kubeclip-local, the default; volumes are directories under
-# $STATE/local-path). No systemd: every daemon is a background process with a pidfile
+# $STATE/local-path), and beside them agent-sandbox's controller (kubernetes-sigs/agent-sandbox,
+# the version AGENT_SANDBOX_VERSION pins, built from the Go module proxy and cached like the
+# Kubernetes binaries), run out of cluster with the admin kubeconfig, its CRDs installed from the
+# same module: the `sandbox-cr` backend's tests run against it. No systemd: every daemon is a background process with a pidfile
 # in $STATE/run and a log in $STATE/logs. Facts and gotchas behind the settings below:
 # ../shared/notes/local-kubernetes.md.
 #
@@ -20,8 +24,9 @@
 #   KUBECLIP_CLUSTER_DIR  state dir (default /var/lib/kubeclip/cluster). internal/clustertest
 #                         reads /var/lib/kubeclip/cluster/admin.kubeconfig: when you move the state
 #                         dir, point KUBECLIP_KUBECONFIG at $KUBECLIP_CLUSTER_DIR/admin.kubeconfig.
-#   KUBECLIP_CACHE        cache of built Kubernetes binaries and of the sandbox image's Debian
-#                         packages, node and tarball (default ~/.cache/kubeclip)
+#   KUBECLIP_CACHE        cache of built Kubernetes binaries, of the agent-sandbox controller and
+#                         its CRDs, and of the sandbox image's Debian packages, node and tarball
+#                         (default ~/.cache/kubeclip)
 #   KUBECLIP_KUBECONFIG   use that existing cluster instead: `up` only checks that it answers
 #                         (and loads nothing), `down` does nothing.
 #   KUBECLIP_NODE_IP      node address (default: the source address of the default route)
@@ -77,7 +82,20 @@ HELPER_IMAGE=kubeclip.local/local-path-helper:dev
 LOCAL_PATH_DIR=$STATE/local-path
 STORAGE_CLASS=kubeclip-local
 IMAGE_TARS=(pause agent-stub sandboxd sandbox local-path-provisioner local-path-helper)
-CRD_NAMES=(sandboxes.agents.x-k8s.io ciliumnetworkpolicies.cilium.io)
+# agent-sandbox: an exact version, because the module proxy serves only some (v1.0.1 and, asked by
+# exact version, v1.0.3; it refuses v1.0.2 and v1.0.4 and later). Its binary and CRDs are cached
+# together under $AGENT_SANDBOX_DIR.
+AGENT_SANDBOX_MODULE=sigs.k8s.io/agent-sandbox
+AGENT_SANDBOX_VERSION=v1.0.3
+AGENT_SANDBOX_DIR=$CACHE/agent-sandbox/$AGENT_SANDBOX_VERSION
+AGENT_SANDBOX_BIN=$AGENT_SANDBOX_DIR/bin/agent-sandbox-controller
+# The version stamped in as upstream's Makefile does, so its log and --version name it.
+AGENT_SANDBOX_LDFLAGS="-s -w -X $AGENT_SANDBOX_MODULE/internal/version.gitVersion=$AGENT_SANDBOX_VERSION"
+AGENT_SANDBOX_STAMP="$AGENT_SANDBOX_MODULE@$AGENT_SANDBOX_VERSION -trimpath $AGENT_SANDBOX_LDFLAGS"
+# Its health endpoint (/readyz), on loopback: `up` waits on it. Metrics are off.
+AGENT_SANDBOX_PROBE=127.0.0.1:10281
+CRD_NAMES=(sandboxes.agents.x-k8s.io sandboxclaims.extensions.agents.x-k8s.io sandboxtemplates.extensions.agents.x-k8s.io
+  sandboxwarmpools.extensions.agents.x-k8s.io ciliumnetworkpolicies.cilium.io)
 
 # Say where `up` stopped and where the logs are, instead of exiting silently under set -e.
 # shellcheck disable=SC2154 # rc is assigned inside the trap
@@ -169,6 +187,66 @@ ensure_k8s_binaries() {
   fi
   flock -u 9
   exec 9>&-
+}
+
+# ---------------------------------------------------------------------------------------------
+# The agent-sandbox controller
+
+agent_sandbox_cached() {
+  [[ -x $AGENT_SANDBOX_BIN && $(cat "$AGENT_SANDBOX_DIR/.stamp" 2>/dev/null) == "$AGENT_SANDBOX_STAMP" ]] &&
+    compgen -G "$AGENT_SANDBOX_DIR/crds/*.yaml" >/dev/null
+}
+
+# ensure_agent_sandbox builds the controller with `go install` of the pinned version (its own
+# go.mod and go.sum: nothing of it enters kubeclip's modules) and copies the CRDs of the same
+# module version beside it, so a cached controller never runs against another version's CRDs.
+# Cold: 11.6 min measured on 2 busy cores (load ~15; ~6 min on quiet ones); cached: nothing.
+ensure_agent_sandbox() {
+  agent_sandbox_cached && return 0
+  mkdir -p "$(dirname "$AGENT_SANDBOX_DIR")"
+  exec 6>"$(dirname "$AGENT_SANDBOX_DIR")/.build.lock"
+  flock 6
+  if ! agent_sandbox_cached; then
+    rm -rf "$AGENT_SANDBOX_DIR".tmp.*
+    log "building the agent-sandbox controller $AGENT_SANDBOX_VERSION into $AGENT_SANDBOX_DIR (cold: ~6-12 min on 2 cores)"
+    local tmp dir
+    tmp=$(mktemp -d "$AGENT_SANDBOX_DIR.tmp.XXXXXX")
+    # Outside any module (kubeclip's go.work or go.mod must not steer the build).
+    GOBIN=$tmp/bin CGO_ENABLED=0 GOWORK=off go_progress "building agent-sandbox $AGENT_SANDBOX_VERSION" "$tmp" -- \
+      go install -v -trimpath -ldflags="$AGENT_SANDBOX_LDFLAGS" "$AGENT_SANDBOX_MODULE/cmd/agent-sandbox-controller@$AGENT_SANDBOX_VERSION" ||
+      { rm -rf "$tmp"; die "building the agent-sandbox controller $AGENT_SANDBOX_VERSION failed"; }
+    dir=$(cd "$tmp" && GOWORK=off go mod download -json "$AGENT_SANDBOX_MODULE@$AGENT_SANDBOX_VERSION" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
+    [[ -n $dir && -d $dir/k8s/crds ]] || { rm -rf "$tmp"; die "no CRDs in the module $AGENT_SANDBOX_MODULE@$AGENT_SANDBOX_VERSION (looked in ${dir:-?}/k8s/crds)"; }
+    mkdir -p "$tmp/crds"
+    cp "$dir"/k8s/crds/*.yaml "$tmp/crds/"
+    chmod -R u+w "$tmp/crds" # the module cache is read-only
+    printf '%s' "$AGENT_SANDBOX_STAMP" >"$tmp/.stamp"
+    rm -rf "$AGENT_SANDBOX_DIR"
+    mv "$tmp" "$AGENT_SANDBOX_DIR"
+  fi
+  flock -u 6
+  exec 6>&-
+}
+
+# start_agent_sandbox_build starts ensure_agent_sandbox in the background (a cold build overlaps
+# the Kubernetes build and the cluster's start); await_agent_sandbox_build collects it.
+AGENT_SANDBOX_BUILD_PID=
+start_agent_sandbox_build() {
+  agent_sandbox_cached && return 0
+  mkdir -p "$CACHE/agent-sandbox"
+  ensure_agent_sandbox >"$CACHE/agent-sandbox/build.log" 2>&1 &
+  AGENT_SANDBOX_BUILD_PID=$!
+}
+await_agent_sandbox_build() {
+  if [[ -n $AGENT_SANDBOX_BUILD_PID ]]; then
+    if ! PROGRESS_TAIL=$CACHE/agent-sandbox/build.log with_heartbeat "building the agent-sandbox controller (log: $CACHE/agent-sandbox/build.log)" \
+      wait "$AGENT_SANDBOX_BUILD_PID"; then
+      tail -n 30 "$CACHE/agent-sandbox/build.log" >&2
+      die "building the agent-sandbox controller failed (log: $CACHE/agent-sandbox/build.log)"
+    fi
+    AGENT_SANDBOX_BUILD_PID=
+  fi
+  ensure_agent_sandbox
 }
 
 detect_node() {
@@ -337,6 +415,7 @@ stop_all() {
   [[ -d $STATE ]] || return 0
   # kubelet first so that it does not restart what we kill next; the control plane last so that
   # nothing reschedules in between (and none of it matters once etcd is wiped).
+  stop_procs agent-sandbox-controller 5
   stop_procs kubelet 5
   stop_containers
   stop_procs containerd 5
@@ -766,6 +845,50 @@ start_kubelet() {
     --v=1
 }
 
+# start_agent_sandbox runs agent-sandbox's controller out of cluster with the admin kubeconfig:
+# no leader election (one instance; a lease left by a killed one would hold the next back), no
+# metrics endpoint, its probes on loopback for `up` to wait on, and --extensions (the claim,
+# template and warm-pool controllers; their CRDs are installed).
+start_agent_sandbox() {
+  agent_sandbox_identity >"$RUN/agent-sandbox-controller.identity"
+  start_daemon agent-sandbox-controller "$AGENT_SANDBOX_BIN" \
+    --kubeconfig="$ADMIN_KUBECONFIG" \
+    --leader-elect=false \
+    --extensions \
+    --metrics-bind-address=0 \
+    --health-probe-bind-address="$AGENT_SANDBOX_PROBE"
+}
+agent_sandbox_ready() { curl -fsS "http://$AGENT_SANDBOX_PROBE/readyz"; }
+
+# agent_sandbox_identity: what the running controller must have been started with, the binary
+# and the cluster (its admin kubeconfig, new with every fresh `up`).
+agent_sandbox_identity() {
+  printf '%s %s\n' "$AGENT_SANDBOX_BIN" "$(sha256sum <"$ADMIN_KUBECONFIG" | cut -d' ' -f1)"
+}
+
+# agent_sandbox_current: the controller runs the pinned version's binary against this cluster. A
+# cluster started before the version changed restarts only its controller; one that a cluster.sh
+# which knows no controller restarted (a branch older than it) leaves one holding the previous
+# cluster's credentials, which is replaced.
+agent_sandbox_current() {
+  local pid
+  daemon_alive agent-sandbox-controller || return 1
+  pid=$(<"$RUN/agent-sandbox-controller.pid")
+  [[ $(readlink "/proc/$pid/exe" 2>/dev/null) == "$AGENT_SANDBOX_BIN" ]] || return 1
+  [[ $(cat "$RUN/agent-sandbox-controller.identity" 2>/dev/null) == "$(agent_sandbox_identity)" ]]
+}
+
+# ensure_agent_sandbox_running (re)starts the controller unless the current one runs, and waits
+# until it is ready. After the CRDs: its informers need them served. stop_procs also finds a
+# controller whose pidfile is gone (our_pids: its --kubeconfig names the state dir).
+ensure_agent_sandbox_running() {
+  if ! agent_sandbox_current; then
+    stop_procs agent-sandbox-controller 5
+    start_agent_sandbox
+  fi
+  await agent-sandbox-controller 60 "the agent-sandbox controller ($AGENT_SANDBOX_PROBE/readyz)" agent_sandbox_ready
+}
+
 # daemon_alive NAME: the pidfile's process still runs (fail fast instead of waiting a timeout out).
 daemon_alive() {
   local pid
@@ -805,10 +928,11 @@ crd_established() {
   [[ $(kubectl_admin get crd "$1" -o 'jsonpath={.status.conditions[?(@.type=="Established")].status}') == True ]]
 }
 
-# apply_test_crds installs the CRDs the tests render objects for and waits until they serve.
+# apply_test_crds installs the CRDs the tests render objects for and waits until they serve:
+# agent-sandbox's from its module (cached with the controller), Cilium's from hack/cluster/crds.
 apply_test_crds() {
   # Server-side apply: the Sandbox CRD is larger than the last-applied annotation allows.
-  kubectl_admin apply --server-side --force-conflicts -f "$ROOT/hack/cluster/crds/" >/dev/null
+  kubectl_admin apply --server-side --force-conflicts -f "$ROOT/hack/cluster/crds/" -f "$AGENT_SANDBOX_DIR/crds/" >/dev/null
   local crd
   for crd in "${CRD_NAMES[@]}"; do
     await kube-apiserver 60 "CRD $crd Established" crd_established "$crd"
@@ -894,8 +1018,11 @@ cmd_up() {
   if [[ -z ${KUBECLIP_CLUSTER_FRESH:-} ]] && cluster_healthy; then
     log "reusing the running cluster (KUBECLIP_CLUSTER_FRESH=1 restarts it)"
     detect_node
+    start_agent_sandbox_build
     cmd_images
+    await_agent_sandbox_build
     apply_test_crds
+    ensure_agent_sandbox_running
     apply_storage
     log "cluster ready in $((($(now_ms) - UP_START) / 1000)).$(((($(now_ms) - UP_START) % 1000) / 100)) s; kubeconfig: $ADMIN_KUBECONFIG"
     return 0
@@ -906,6 +1033,7 @@ cmd_up() {
   phase "cleanup of previous run"
   stop_all
   phase "kubernetes binaries"
+  start_agent_sandbox_build
   ensure_k8s_binaries
   phase "configuration and PKI"
   detect_node
@@ -944,8 +1072,12 @@ cmd_up() {
   await kubelet 90 "node $NODE_NAME Ready" node_ready
   await kube-controller-manager 60 "the default ServiceAccount" default_sa_exists
 
+  phase "agent-sandbox build"
+  await_agent_sandbox_build
   phase "test CRDs"
   apply_test_crds
+  phase "agent-sandbox controller"
+  ensure_agent_sandbox_running
   phase "storage provisioner"
   apply_storage
   phase "" # closes the last phase
@@ -967,7 +1099,7 @@ cmd_status() {
     return 0
   fi
   local name pids
-  for name in etcd containerd kube-apiserver kube-controller-manager kube-scheduler kubelet containerd-shim-runc-v2; do
+  for name in etcd containerd kube-apiserver kube-controller-manager kube-scheduler kubelet agent-sandbox-controller containerd-shim-runc-v2; do
     pids=$(our_pids "$name" | tr '\n' ' ')
     printf '%-26s %s\n' "$name" "${pids:-not running}"
   done

@@ -6,6 +6,8 @@ package clustertest
 
 import (
 	"context"
+	"fmt"
+	"net/http"
 	"os"
 	"testing"
 	"time"
@@ -58,4 +60,39 @@ func Clientset(t testing.TB) kubernetes.Interface {
 		t.Fatalf("building clientset: %v", err)
 	}
 	return cs
+}
+
+// SandboxControllerProbe is where the local cluster's agent-sandbox controller answers /readyz
+// (AGENT_SANDBOX_PROBE in hack/cluster/cluster.sh, which starts it).
+const SandboxControllerProbe = "127.0.0.1:10281"
+
+// RequireSandboxController fails t unless agent-sandbox's controller runs for the test cluster,
+// so that a sandbox-cr test says why instead of waiting out its timeout for a pod no one makes.
+// On the local cluster it asks the controller cluster.sh runs; on a cluster of
+// KUBECLIP_KUBECONFIG, whose controller runs where its operator put it, it checks that the
+// Sandbox API is served.
+func RequireSandboxController(t testing.TB) {
+	t.Helper()
+	if os.Getenv(KubeconfigEnv) != "" {
+		cs := Clientset(t)
+		if _, err := cs.Discovery().ServerResourcesForGroupVersion("agents.x-k8s.io/v1beta1"); err != nil {
+			t.Fatalf("the cluster of %s does not serve agent-sandbox's Sandbox (agents.x-k8s.io/v1beta1): %v\ninstall agent-sandbox (its CRDs and controller) there", KubeconfigEnv, err)
+		}
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+SandboxControllerProbe+"/readyz", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err == nil {
+		resp.Body.Close()
+		if resp.StatusCode == http.StatusOK {
+			return
+		}
+		err = fmt.Errorf("/readyz answered %s", resp.Status)
+	}
+	t.Fatalf("the local cluster's agent-sandbox controller is not ready at %s: %v\n`make cluster-up` (re)starts it (log: /var/lib/kubeclip/cluster/logs/agent-sandbox-controller.log)", SandboxControllerProbe, err)
 }

@@ -213,7 +213,8 @@ func testNamespace(ctx context.Context, t *testing.T, cs kubernetes.Interface) s
 }
 
 // createWorkload makes a backend's workload as kubeclip labels it: a suspended Job (no pod), a
-// bare Pod of the agent stub, a Sandbox (no controller here makes its pod).
+// bare Pod of the agent stub, a Sandbox (whose pod agent-sandbox's controller, which the local
+// cluster runs, makes; the pass decides on the Sandbox, not on its pod).
 func createWorkload(ctx context.Context, t *testing.T, cs kubernetes.Interface, dyn dynamic.Interface, backend policy.Backend, ns, name string, labels map[string]string) {
 	t.Helper()
 	tmpl := stubPodTemplate(labels)

@@ -1,7 +1,9 @@
 package policy_test
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -19,13 +21,24 @@ func typeMeta(apiVersion, kind string) metav1.TypeMeta {
 
 func typesUID(s string) types.UID { return types.UID(s) }
 
-// crdDir holds the CRDs the test cluster installs (hack/cluster/cluster.sh up).
-var crdDir = filepath.Join("..", "..", "hack", "cluster", "crds")
+// crdDir holds the CRDs the test cluster installs from the repo (hack/cluster/cluster.sh up);
+// testCRDDir the CRDs only these tests read: agent-sandbox v0.5.6's Sandbox, the last to serve
+// v1alpha1 too, which RenderSandbox still renders. The cluster installs agent-sandbox's CRDs
+// from the module of the controller it runs (v1.0.3: v1beta1 only), which tests/dryrun checks
+// v1beta1 against.
+var (
+	crdDir     = filepath.Join("..", "..", "hack", "cluster", "crds")
+	testCRDDir = filepath.Join("testdata", "crds")
+)
 
-// loadCRDSchemas returns the openAPIV3Schema of each version of a CRD in crdDir.
+// loadCRDSchemas returns the openAPIV3Schema of each version of a CRD in crdDir, or in
+// testCRDDir when it is not there.
 func loadCRDSchemas(t *testing.T, file string) map[string]map[string]any {
 	t.Helper()
 	data, err := os.ReadFile(filepath.Join(crdDir, file))
+	if errors.Is(err, fs.ErrNotExist) {
+		data, err = os.ReadFile(filepath.Join(testCRDDir, file))
+	}
 	if err != nil {
 		t.Fatalf("reading the CRD the test cluster installs: %v", err)
 	}

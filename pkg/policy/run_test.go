@@ -272,7 +272,7 @@ func TestExecPodsAreTheJobPodPlusSandboxd(t *testing.T) {
 
 // Every field the Sandbox sets exists in the agent-sandbox CRD schema of its version (so the
 // API server prunes nothing), with the right type, and required fields are present. The CRD is
-// agent-sandbox v0.5.6's, as the test cluster installs it.
+// agent-sandbox v0.5.6's (pkg/policy/testdata/crds), the last to serve both versions.
 func TestSandboxMatchesCRDSchema(t *testing.T) {
 	schemas := loadCRDSchemas(t, "agents.x-k8s.io_sandboxes.yaml")
 	for _, spec := range []policy.RunSpec{testRunSpec(policy.DefaultConfig()), overrideSpec(t)} {

@@ -24,7 +24,8 @@ import (
 // and pods it saw, so a Sandbox whose controller had not made its pod yet (the controller down
 // for a minute) was reported lost, and then deleted as a run that failed before its agent ran.
 // The pass now asks the lease's workload whether it is still there (a real Sandbox in the local
-// cluster, no controller): only once it is gone is the run lost.
+// cluster; the pass's caches are empty, so they hold no pod of it whether or not the cluster's
+// agent-sandbox controller made one): only once it is gone is the run lost.
 func TestReconcileWaitsForASandboxsPod(t *testing.T) {
 	ctx := t.Context()
 	cs, dyn := clusterClients(t)

@@ -108,7 +108,7 @@ func (c cluster) requireResource(t *testing.T, gvr schema.GroupVersionResource, 
 		}
 	}
 	t.Fatalf("the cluster does not serve %s (%v): the CRD is missing.\n"+
-		"hack/cluster/cluster.sh up installs it from hack/cluster/crds/%s; on another cluster apply that file with kubectl apply --server-side",
+		"hack/cluster/cluster.sh up installs it (%s; agent-sandbox's from the module of the controller it runs); on another cluster apply it with kubectl apply --server-side",
 		gvr, err, crdFile)
 }
 

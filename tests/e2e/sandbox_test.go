@@ -20,7 +20,6 @@ import (
 
 	"github.com/kubeclip/kubeclip/internal/clustertest"
 	pt "github.com/kubeclip/kubeclip/internal/pipelinetest"
-	"github.com/kubeclip/kubeclip/internal/sandboxtest"
 	"github.com/kubeclip/kubeclip/pkg/events"
 	"github.com/kubeclip/kubeclip/pkg/execspec"
 	"github.com/kubeclip/kubeclip/pkg/policy"
@@ -52,13 +51,12 @@ func TestPodLeaseServesSandboxd(t *testing.T) {
 	checkExecLease(t, cs, r, "pod")
 }
 
-// TestSandboxCRLease is the same on agent-sandbox's Sandbox. The agent-sandbox controller cannot
-// be installed here (no registry): internal/sandboxtest stands in for it, making the Sandbox's
-// pod as the controller does. The Sandbox CRD is upstream's.
+// TestSandboxCRLease is the same on agent-sandbox's Sandbox, whose pod agent-sandbox's own
+// controller makes (the pinned version hack/cluster/cluster.sh builds and runs).
 func TestSandboxCRLease(t *testing.T) {
 	t.Parallel()
 	cs := clustertest.Clientset(t)
-	standIn(t, cs)
+	clustertest.RequireSandboxController(t)
 
 	company := pt.NewID("co")
 	pt.CleanupTenant(t, cs, company)
@@ -66,29 +64,20 @@ func TestSandboxCRLease(t *testing.T) {
 	checkExecLease(t, cs, r, "sandbox-cr")
 }
 
-// standIn runs internal/sandboxtest, the agent-sandbox controller's stand-in, until the test
-// ends, and returns the dynamic client that reaches Sandboxes.
-func standIn(t *testing.T, cs kubernetes.Interface) dynamic.Interface {
+// sandboxClient checks that agent-sandbox's controller runs and returns the dynamic client that
+// reaches Sandboxes.
+func sandboxClient(t *testing.T) dynamic.Interface {
 	t.Helper()
+	clustertest.RequireSandboxController(t)
 	dyn, err := dynamic.NewForConfig(clustertest.Config(t))
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- sandboxtest.Run(ctx, cs, dyn) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Error(err)
-		}
-	})
 	return dyn
 }
 
 // TestSandboxCRReusableLease is issue 19's reusable lease on agent-sandbox's Sandbox, kept
-// through the controller's own operatingMode and volumeClaimTemplates (here its stand-in,
-// internal/sandboxtest): acquire (the claim is the controller's, owned by the Sandbox); files
+// through the controller's own operatingMode and volumeClaimTemplates: acquire (the claim is the controller's, owned by the Sandbox); files
 // written to /workspace and $HOME; release → retained, the same pod; resume at once; release,
 // the pod ends, resume → a new pod with the files; a release cancelling active work →
 // suspended: operatingMode Suspended, pod gone, claim kept; resume → a new pod on the same claim
@@ -96,7 +85,7 @@ func standIn(t *testing.T, cs kubernetes.Interface) dynamic.Interface {
 func TestSandboxCRReusableLease(t *testing.T) {
 	t.Parallel()
 	cs := clustertest.Clientset(t)
-	dyn := standIn(t, cs)
+	dyn := sandboxClient(t)
 	ctx := t.Context()
 
 	company := pt.NewID("co")
@@ -375,5 +364,123 @@ func runCommand(t *testing.T, c *sandboxd.Client, spec sandboxd.Spec) (string, *
 		case *execspec.Exit:
 			return stdout.String(), f
 		}
+	}
+}
+
+// TestSandboxCRNeverAdoptsAcrossNamespaces: a sandbox-cr lease is its own namespace's Sandbox
+// and pod, whatever another namespace holds. agent-sandbox v1.0.3 adopts an unowned pod named
+// after a Sandbox that carries its adoptable label or its name-hash label; a pod in another
+// namespace named like the lease's, with both and with every kubeclip label of the lease's run,
+// is not adopted by the lease's Sandbox (no owner, the Sandbox reports its own pod's address),
+// is not taken for the lease's pod by kubeclip (its failing and its deletion fail nothing: the
+// run-watcher follows the lease's namespace only), and the lease still serves and releases as
+// usual.
+func TestSandboxCRNeverAdoptsAcrossNamespaces(t *testing.T) {
+	t.Parallel()
+	cs := clustertest.Clientset(t)
+	dyn := sandboxClient(t)
+	ctx := t.Context()
+
+	company := pt.NewID("co")
+	pt.CleanupTenant(t, cs, company)
+	r := env.Acquire(t, company, pt.NewID("agent"), sandboxConfig("sandbox-cr"))
+	created := pt.WaitKind[events.RunCreatedEvent](r, runTimeout)
+	ns, name := created.Namespace, created.WorkloadName
+	pod := waitPodReady(t, cs, ns, name, "")
+	sb, err := dyn.Resource(policy.SandboxGVR(policy.SandboxAPIVersionV1beta1)).Namespace(ns).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("reading the lease's Sandbox: %v", err)
+	}
+	if !metav1.IsControlledBy(pod, sb) {
+		t.Fatalf("the lease's pod is controlled by %v, want its Sandbox %s", metav1.GetControllerOf(pod), sb.GetUID())
+	}
+
+	// The decoy: another namespace, the lease's name, labels and the controller's adoption labels.
+	decoyNS := "kubeclip-decoy-" + strings.ToLower(pt.NewID("ns"))
+	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: decoyNS}}, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("creating the decoy's namespace: %v", err)
+	}
+	t.Cleanup(func() {
+		_ = cs.CoreV1().Namespaces().Delete(context.Background(), decoyNS, metav1.DeleteOptions{})
+	})
+	labels := map[string]string{}
+	for k, v := range pod.Labels {
+		if strings.HasPrefix(k, "paperclip.io/") || strings.HasPrefix(k, "kubeclip.io/") || strings.HasPrefix(k, "app.kubernetes.io/") {
+			labels[k] = v
+		}
+	}
+	if labels[policy.LabelRunID] == "" || labels[policy.LabelCompanyID] != company {
+		t.Fatalf("the lease's pod labels %v lack the run's id or company", pod.Labels)
+	}
+	labels["agents.x-k8s.io/adoptable"] = "true"
+	labels["agents.x-k8s.io/sandbox-name-hash"] = pod.Labels["agents.x-k8s.io/sandbox-name-hash"]
+	if labels["agents.x-k8s.io/sandbox-name-hash"] == "" {
+		t.Fatalf("the lease's pod has no agent-sandbox name-hash label: %v", pod.Labels)
+	}
+	// It runs a moment and fails: a run-watcher that took it for the lease's pod would end the
+	// lease, as it would on its deletion.
+	decoy := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: decoyNS, Labels: labels},
+		Spec: corev1.PodSpec{
+			RestartPolicy: corev1.RestartPolicyNever,
+			Containers: []corev1.Container{{Name: "decoy", Image: sandboxImage, ImagePullPolicy: corev1.PullNever,
+				Command: []string{"sh", "-c", "sleep 3; exit 3"}}},
+		},
+	}
+	if _, err := cs.CoreV1().Pods(decoyNS).Create(ctx, decoy, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("creating the decoy pod: %v", err)
+	}
+	// Touch the Sandbox, so the controller reconciles it with the decoy in place.
+	patch := []byte(`{"metadata":{"annotations":{"kubeclip-test/poke":"1"}}}`)
+	if _, err := dyn.Resource(policy.SandboxGVR(policy.SandboxAPIVersionV1beta1)).Namespace(ns).Patch(ctx, name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		t.Fatalf("annotating the lease's Sandbox: %v", err)
+	}
+	pt.Eventually(t, runTimeout, "the decoy Failed", func() bool {
+		p, err := cs.CoreV1().Pods(decoyNS).Get(ctx, name, metav1.GetOptions{})
+		return err == nil && p.Status.Phase == corev1.PodFailed
+	})
+	time.Sleep(2 * time.Second) // reconciles of the Sandbox and the run-watcher's turn on the pods' events
+	got, err := cs.CoreV1().Pods(decoyNS).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("reading the decoy: %v", err)
+	}
+	if len(got.OwnerReferences) != 0 {
+		t.Errorf("the decoy in %s was adopted: owners %v", decoyNS, got.OwnerReferences)
+	}
+	sb, err = dyn.Resource(policy.SandboxGVR(policy.SandboxAPIVersionV1beta1)).Namespace(ns).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("reading the lease's Sandbox after the decoy failed: %v (did kubeclip take the decoy for the lease's pod and end the lease? failed events: %+v)",
+			err, pt.All[events.RunFailedEvent](r))
+	}
+	if ips, _, _ := unstructured.NestedStringSlice(sb.Object, "status", "podIPs"); len(ips) != 1 || ips[0] != pod.Status.PodIP {
+		t.Errorf("the Sandbox reports podIPs %v, want its own pod's %s (the decoy's is %s)", ips, pod.Status.PodIP, got.Status.PodIP)
+	}
+
+	// Deleting the decoy is nothing to the lease.
+	if err := cs.CoreV1().Pods(decoyNS).Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
+		t.Fatalf("deleting the decoy: %v", err)
+	}
+	pt.Eventually(t, runTimeout, "the decoy gone", func() bool {
+		_, err := cs.CoreV1().Pods(decoyNS).Get(ctx, name, metav1.GetOptions{})
+		return apierrors.IsNotFound(err)
+	})
+	time.Sleep(2 * time.Second) // the run-watcher's turn to (wrongly) see a deleted pod
+	if _, err := cs.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{}); err != nil {
+		t.Errorf("the lease's pod after the decoy's deletion: %v", err)
+	}
+	seed := execspec.DeriveSeed(env.SandboxKey, ns, name)
+	out, exit := runCommand(t, newSandboxdClient(t, pod.Status.PodIP+":7070", seed), sandboxd.Spec{ID: "after-decoy", Command: "echo", Args: []string{"still here"}})
+	if exit.ExitCode == nil || *exit.ExitCode != 0 || out != "still here\n" {
+		t.Errorf("exec after the decoy's deletion: %q, exit %+v", out, exit)
+	}
+	r.Release(created.ProviderLeaseID, false)
+	if released := pt.WaitKind[events.RunReleasedEvent](r, runTimeout); released.State != events.ReleaseStopped {
+		t.Errorf("released = %+v, want stopped", released)
+	}
+	if res := pt.WaitKind[events.RunResultEvent](r, runTimeout); res.Outcome != events.OutcomeReleased {
+		t.Errorf("result = %+v, want released (the decoy's deletion taken for the lease's pod?)", res)
+	}
+	for _, f := range pt.All[events.RunFailedEvent](r) {
+		t.Errorf("failed: %+v", f)
 	}
 }

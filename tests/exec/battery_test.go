@@ -15,11 +15,9 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/dynamic"
 
 	"github.com/kubeclip/kubeclip/internal/clustertest"
 	pt "github.com/kubeclip/kubeclip/internal/pipelinetest"
-	"github.com/kubeclip/kubeclip/internal/sandboxtest"
 	"github.com/kubeclip/kubeclip/pkg/events"
 	"github.com/kubeclip/kubeclip/pkg/execclient"
 	"github.com/kubeclip/kubeclip/pkg/execproto"
@@ -32,7 +30,7 @@ import (
 // exit codes, stderr apart from stdout, 8 MiB of stdin and 16 MiB of stdout byte for byte, a
 // signal, a timeout that kills a process tree, and 16 commands at once.
 func TestCommandBattery(t *testing.T) {
-	startSandboxController(t)
+	clustertest.RequireSandboxController(t)
 	for _, backend := range []string{"pod", "sandbox-cr"} {
 		for _, route := range []string{execsvc.RouteDaemon, execsvc.RouteKubeExec} {
 			t.Run(backend+"/"+route, func(t *testing.T) {
@@ -136,7 +134,7 @@ func battery(t *testing.T, c *execclient.Client, l *lease) {
 // destroy also deletes the run's Secret. An exec for the released lease, or for another
 // company's, is refused.
 func TestReleaseDuringACommand(t *testing.T) {
-	startSandboxController(t)
+	clustertest.RequireSandboxController(t)
 	execWorkers(t, execsvc.RouteDaemon, 1)
 	c := newClient(t)
 	cs := clustertest.Clientset(t)
@@ -246,26 +244,6 @@ func checkGone(t *testing.T, l *lease) {
 	if !apierrors.IsNotFound(err) {
 		t.Errorf("pod %s/%s after released: %v, want NotFound", l.created.Namespace, l.created.WorkloadName, err)
 	}
-}
-
-// startSandboxController runs the test stand-in of agent-sandbox's controller (it cannot be
-// installed here: no registry) until the test ends.
-func startSandboxController(t *testing.T) {
-	t.Helper()
-	dyn, err := dynamic.NewForConfig(clustertest.Config(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cs := clustertest.Clientset(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- sandboxtest.Run(ctx, cs, dyn) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Error(err)
-		}
-	})
 }
 
 type outcome struct {

@@ -2,7 +2,6 @@ package paperclip
 
 import (
 	"bytes"
-	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -19,12 +18,10 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/kubeclip/kubeclip/internal/clustertest"
 	pt "github.com/kubeclip/kubeclip/internal/pipelinetest"
-	"github.com/kubeclip/kubeclip/internal/sandboxtest"
 	"github.com/kubeclip/kubeclip/pkg/api"
 	"github.com/kubeclip/kubeclip/pkg/events"
 	"github.com/kubeclip/kubeclip/pkg/policy"
@@ -411,21 +408,8 @@ func TestPaperclip(t *testing.T) {
 	})
 
 	t.Run("SandboxCRBackend", func(t *testing.T) {
-		// The agent-sandbox controller cannot be installed here (no registry):
-		// internal/sandboxtest makes each Sandbox's pod as the controller does.
-		dyn, err := dynamic.NewForConfig(clustertest.Config(t))
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan error, 1)
-		go func() { done <- sandboxtest.Run(ctx, cs, dyn) }()
-		defer func() {
-			cancel()
-			if err := <-done; err != nil {
-				t.Errorf("the Sandbox stand-in: %v", err)
-			}
-		}()
+		// agent-sandbox's own controller (hack/cluster/cluster.sh runs it) makes the pod.
+		clustertest.RequireSandboxController(t)
 		sbx := pc.createEnvironment(t, "kubeclip-sandbox-cr", environmentConfig("sandbox-cr", false))
 		pc.useEnvironment(t, sbx.ID)
 		defer pc.useEnvironment(t, live.ID)

@@ -27,6 +27,7 @@ import (
 // made it, a redelivered dispatch is not refused for the room the lease's own claim takes.
 func TestReusableSandboxOverQuotaCreatesNothing(t *testing.T) {
 	cs := clustertest.Clientset(t)
+	clustertest.RequireSandboxController(t)
 	dyn, err := dynamic.NewForConfig(clustertest.Config(t))
 	if err != nil {
 		t.Fatal(err)
@@ -92,14 +93,19 @@ func TestReusableSandboxOverQuotaCreatesNothing(t *testing.T) {
 		t.Fatalf("the admitted lease's Sandbox: %v", err)
 	}
 
-	// The controller makes the claim (no controller here: made as it makes it), which fills
-	// the quota's storage; a redelivered dispatch of the same lease finds its Sandbox and claim
-	// and is not refused for the room its own claim takes.
-	pvc := spec.VolumeClaim.DeepCopy()
-	pvc.OwnerReferences = []metav1.OwnerReference{policy.OwnerReference(sb.GetAPIVersion(), sb.GetKind(), sb.GetName(), sb.GetUID())}
-	if _, err := cs.CoreV1().PersistentVolumeClaims(ns).Create(t.Context(), pvc, metav1.CreateOptions{}); err != nil {
-		t.Fatalf("making the controller's claim: %v", err)
-	}
+	// agent-sandbox's controller (the one hack/cluster/cluster.sh runs) makes the claim, owned
+	// by the Sandbox, which fills the quota's storage; a redelivered dispatch of the same lease
+	// finds its Sandbox and claim and is not refused for the room its own claim takes.
+	eventually(t, 30*time.Second, "the controller's claim", func() error {
+		pvc, err := cs.CoreV1().PersistentVolumeClaims(ns).Get(t.Context(), spec.VolumeClaim.Name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if !metav1.IsControlledBy(pvc, sb) {
+			return fmt.Errorf("claim %s is controlled by %v, not by the Sandbox", pvc.Name, metav1.GetControllerOf(pvc))
+		}
+		return nil
+	})
 	eventually(t, 30*time.Second, "the quota counting the claim", func() error {
 		q, err := cs.CoreV1().ResourceQuotas(ns).Get(t.Context(), policy.TenantResourceQuota, metav1.GetOptions{})
 		if err != nil {
