@@ -45,6 +45,7 @@ type settings struct {
 	GrantsPerCompany int
 	UsageFlush       time.Duration
 	UsageRuns        int
+	BindWait         time.Duration
 	// The operator's per-company budgets (brokersvc.Budgets): 0 is none.
 	CompanyRequestsPerSecond float64
 	CompanyRequestBurst      int
@@ -67,6 +68,7 @@ func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout,
 	fs.String(&s.UpstreamCA, "upstream-ca", "KUBECLIP_BROKER_UPSTREAM_CA", "", "PEM file of CA certificates trusted for the upstreams besides the system's (a private endpoint; tests)")
 	fs.Int(&s.GrantsPerCompany, "grants-per-company", "KUBECLIP_BROKER_GRANTS_PER_COMPANY", 0, "grants one company may hold at once; 0: the grants bucket's share of --store-bytes divided among --store-companies at a grant's largest size, the most that fits (and the most allowed)")
 	fs.Duration(&s.UsageFlush, "usage-flush", "KUBECLIP_BROKER_USAGE_FLUSH", brokersvc.DefaultUsageFlush, "how often a run's usage event is published at most (and at once when its grant is released); the events carry deltas, so their sum is the upstreams' totals")
+	fs.Duration(&s.BindWait, "bind-wait", "KUBECLIP_BROKER_BIND_WAIT", proxy.DefaultBindWait, "how long a call whose placeholder is not bound to its pod yet waits for the run-watcher to report the pod's address before it is refused (503 unbound); an unbound placeholder resolves from no address")
 	fs.Int(&s.UsageRuns, "usage-runs", "KUBECLIP_BROKER_USAGE_RUNS", brokersvc.DefaultUsageRuns, "runs whose usage one replica holds in memory until published; a call of one more run is refused (503)")
 	fs.Float(&s.CompanyRequestsPerSecond, "company-requests-per-second", "KUBECLIP_BROKER_COMPANY_REQUESTS_PER_SECOND", 0, "most model API calls one company may start per second ON EACH broker replica (counted per replica: a shared rate would put a NATS round trip before every call), so set the company's rate divided by the replicas; past it a call gets 429 in the API's shape; 0: no limit")
 	fs.Int(&s.CompanyRequestBurst, "company-request-burst", "KUBECLIP_BROKER_COMPANY_REQUEST_BURST", 0, "calls one company may start at once on a replica within --company-requests-per-second; 0: the rate rounded up")
@@ -139,7 +141,7 @@ func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout,
 	if err != nil {
 		return err
 	}
-	px, err := proxy.New(proxy.Options{Routes: cfg.bindings.routes, Resolver: cache, Observer: usage, RootCAs: cfg.upstreamRoots, Registerer: opsSrv.Registry, Log: log})
+	px, err := proxy.New(proxy.Options{Routes: cfg.bindings.routes, Resolver: cache, BindWait: s.BindWait, Observer: usage, RootCAs: cfg.upstreamRoots, Registerer: opsSrv.Registry, Log: log})
 	if err != nil {
 		return err
 	}
@@ -229,6 +231,9 @@ func (s *settings) load(fs *config.Set) (loaded, error) {
 	}
 	if s.UsageFlush <= 0 {
 		errs = append(errs, fmt.Errorf("%s must be > 0", fs.Names("usage-flush")))
+	}
+	if s.BindWait <= 0 {
+		errs = append(errs, fmt.Errorf("%s must be > 0", fs.Names("bind-wait")))
 	}
 	if s.UsageRuns <= 0 {
 		errs = append(errs, fmt.Errorf("%s must be > 0", fs.Names("usage-runs")))

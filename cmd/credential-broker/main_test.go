@@ -355,6 +355,8 @@ func TestEndToEnd(t *testing.T) {
 	if err != nil || len(keys) != 1 {
 		t.Fatalf("the grants bucket holds %v (%v), want the one grant", keys, err)
 	}
+	// The run-watcher names the run's pod, here the loopback address the agent calls from.
+	bindPod(t, js, "company-a", "run-1", "127.0.0.1")
 
 	// The call, as the claude CLI makes it: api.anthropic.com by its name (the pod's hosts file
 	// points it at the broker), trusting the installation CA.

@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/kubeclip/kubeclip/internal/natstest"
 	"github.com/kubeclip/kubeclip/pkg/broker/ca"
 	"github.com/kubeclip/kubeclip/pkg/broker/mintclient"
@@ -19,12 +21,42 @@ import (
 	"github.com/kubeclip/kubeclip/pkg/inbox"
 )
 
+// bindPod publishes what the run-watcher publishes once Kubernetes gave the run's pod its
+// address: a Running status naming it (through js, the kubeclip user's). The broker binds the
+// run's grants to it; until then they resolve from no address, and a call waits a moment for it
+// (--bind-wait).
+func bindPod(t *testing.T, js jetstream.JetStream, company, run, podIP string) time.Time {
+	t.Helper()
+	pub, err := events.NewPublisher(events.PublisherOptions{JS: js})
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := time.Now()
+	if _, err := pub.Publish(t.Context(), events.RunStatusEvent{RunID: run, CompanyID: company, Phase: events.PhaseRunning, PodName: "pc-" + run, PodIP: podIP}); err != nil {
+		t.Fatalf("publishing the status naming the pod's IP: %v", err)
+	}
+	return at
+}
+
+// answer is one call's answer: status, body, and when it came.
+type answer struct {
+	status int
+	body   string
+	err    error
+	at     time.Time
+}
+
 // TestGrantBoundToItsPod runs the bound flow as deployed: the broker on its own NATS user with
 // the shipped permissions, the run-watcher's status event naming the run's pod IP on the run
 // stream (as the kubeclip user publishes it), and agents calling from loopback addresses that
-// stand in for pods (127.0.0.3 the run's pod, 127.0.0.2 another tenant's). A placeholder minted
-// before the pod was known is bound once the status is seen, one minted after is born bound,
-// and from the other address both are refused with wrong_peer, counted.
+// stand in for pods (127.0.0.3 the run's pod, 127.0.0.2 another tenant's).
+//
+// A placeholder minted before the pod was known resolves from no address until the binding: a
+// copy of it used from another address in that window waits for the binding and is then refused
+// wrong_peer, while its own pod's call made in the same window waits and succeeds once the
+// binding arrives. One minted after is born bound. A grant whose pod is never reported is
+// refused unbound once --bind-wait is over. Every refusal is counted, and none reached the
+// upstream.
 func TestGrantBoundToItsPod(t *testing.T) {
 	srv := natstest.StartWithAuth(t, "../../"+natstest.ShippedAuthConf)
 	ctx := t.Context()
@@ -38,8 +70,9 @@ func TestGrantBoundToItsPod(t *testing.T) {
 		up.srv.Listener.Addr().String()))
 	ports := natstest.FreePorts(t, 2)
 	listen, opsAddr := net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[0])), net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[1]))
+	const bindWait = 3 * time.Second
 	args := append(f.args(), "--nats-url", srv.ClientURL(), "--nats-user", "broker", "--listen", listen, "--ops-addr", opsAddr,
-		"--upstream-ca", upstreamCA, "--store-bytes", strconv.Itoa(1<<30))
+		"--upstream-ca", upstreamCA, "--store-bytes", strconv.Itoa(1<<30), "--bind-wait", bindWait.String())
 	startBroker(t, args, opsAddr, io.Discard)
 
 	client, _ := connectAs(t, srv.ClientURL(), "paperclip", inbox.PaperclipPrefix)
@@ -51,9 +84,9 @@ func TestGrantBoundToItsPod(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the broker's key: %v", err)
 	}
-	mint := func(lease string) string {
+	mint := func(run, lease string) string {
 		t.Helper()
-		reply, err := minter.Mint(ctx, brokerKey, mintclient.Lease{CompanyID: "company-a", RunID: "run-1", LeaseID: lease}, "ANTHROPIC_API_KEY", realValue)
+		reply, err := minter.Mint(ctx, brokerKey, mintclient.Lease{CompanyID: "company-a", RunID: run, LeaseID: lease}, "ANTHROPIC_API_KEY", realValue)
 		if err != nil {
 			t.Fatalf("mint: %v", err)
 		}
@@ -63,11 +96,8 @@ func TestGrantBoundToItsPod(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// call makes one call from the source address from, on a new connection; oks counts the
-	// calls answered 200.
-	oks := 0
-	call := func(from, placeholder string) (int, string) {
-		t.Helper()
+	// send makes one call from the source address from, on a new connection.
+	send := func(from, placeholder string) answer {
 		agent := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
 			TLSClientConfig: &tls.Config{RootCAs: authority.Pool(), MinVersion: tls.VersionTLS12},
 			DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
@@ -81,59 +111,86 @@ func TestGrantBoundToItsPod(t *testing.T) {
 		req.Header.Set("Content-Type", "application/json")
 		resp, err := agent.Do(req)
 		if err != nil {
-			t.Fatalf("a call from %s: %v", from, err)
+			return answer{err: fmt.Errorf("a call from %s: %w", from, err), at: time.Now()}
 		}
 		defer resp.Body.Close()
 		body, _ := io.ReadAll(resp.Body)
-		if resp.StatusCode == http.StatusOK {
+		return answer{status: resp.StatusCode, body: string(body), at: time.Now()}
+	}
+	// call is send in the background.
+	call := func(from, placeholder string) <-chan answer {
+		ch := make(chan answer, 1)
+		go func() { ch <- send(from, placeholder) }()
+		return ch
+	}
+	oks := 0
+	get := func(what string, ch <-chan answer) answer {
+		t.Helper()
+		a := <-ch
+		if a.err != nil {
+			t.Fatalf("%s: %v", what, a.err)
+		}
+		if a.status == http.StatusOK {
 			oks++
 		}
-		return resp.StatusCode, string(body)
+		return a
 	}
 	const pod, other = "127.0.0.3", "127.0.0.2"
-	wrongPeer := `kubeclip_broker_refusals_total{reason="wrong_peer"}`
 	ops := &http.Client{Timeout: 2 * time.Second}
 	defer ops.CloseIdleConnections()
 
-	// Minted before the pod is known (the dispatcher's run Secret): unbound, from anywhere.
-	before := mint("lease-1")
-	if status, body := call(other, before); status != http.StatusOK {
-		t.Fatalf("an unbound placeholder from %s: %d %s", other, status, body)
-	}
-
-	pub, err := events.NewPublisher(events.PublisherOptions{JS: js})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := pub.Publish(ctx, events.RunStatusEvent{RunID: "run-1", CompanyID: "company-a", Phase: events.PhaseRunning, PodName: "pc-lease-1", PodIP: pod}); err != nil {
-		t.Fatal(err)
-	}
+	// Minted before the pod is known (the dispatcher's run Secret): a copy used from another
+	// address, and the pod's own call, both before the run-watcher names the pod.
+	before := mint("run-1", "lease-1")
 	began := time.Now()
-	var status int
-	var body string
-	eventually(t, "the placeholder minted before the status refused from another address", 10*time.Second, func() bool {
-		status, body = call(other, before)
-		return status == http.StatusForbidden
-	})
-	t.Logf("status event → grant bound: refused from %s after %v: %d %s", other, time.Since(began), status, body)
-	if !strings.Contains(body, "another pod") {
-		t.Errorf("the refusal says %s, want the wrong peer's message", body)
+	stolen, own := call(other, before), call(pod, before)
+	const pause = 300 * time.Millisecond
+	time.Sleep(pause) // both calls are at the broker, waiting for the binding
+	select {
+	case a := <-stolen:
+		t.Fatalf("the call from %s with a placeholder not yet bound was answered before its pod was known: %d %s", other, a.status, a.body)
+	case a := <-own:
+		t.Fatalf("the pod's call was answered before its pod was known: %d %s", a.status, a.body)
+	default:
 	}
-	if status, body := call(pod, before); status != http.StatusOK {
-		t.Errorf("the bound placeholder from its pod %s: %d %s", pod, status, body)
+	published := bindPod(t, js, "company-a", "run-1", pod)
+	ownA, stolenA := get("the pod's call", own), get("the stolen placeholder's call", stolen)
+	t.Logf("calls_made_before_binding\tpause\t%v\tstatus_published_to_pod_answered\t%v\tstatus_published_to_other_refused\t%v\tpod_call_total\t%v",
+		pause, ownA.at.Sub(published).Round(time.Millisecond), stolenA.at.Sub(published).Round(time.Millisecond), ownA.at.Sub(began).Round(time.Millisecond))
+	if ownA.status != http.StatusOK {
+		t.Errorf("the pod's call made before the binding: %d %s; want 200 once the binding arrived", ownA.status, ownA.body)
+	}
+	if stolenA.status != http.StatusForbidden || !strings.Contains(stolenA.body, "another pod") {
+		t.Errorf("the call from %s with the placeholder copied out before the binding: %d %s; want 403 wrong_peer", other, stolenA.status, stolenA.body)
 	}
 
 	// Minted after the status (the plugin's execute): born bound.
-	after := mint("lease-2")
-	eventually(t, "the placeholder minted after the status to resolve from its pod", 10*time.Second, func() bool {
-		status, _ := call(pod, after)
-		return status == http.StatusOK
-	})
-	if status, body := call(other, after); status != http.StatusForbidden {
-		t.Errorf("a placeholder minted after its run's status, from %s: %d %s; want 403 wrong_peer", other, status, body)
+	after := mint("run-1", "lease-2")
+	if a := get("the pod's call with a placeholder minted after the binding", call(pod, after)); a.status != http.StatusOK {
+		t.Errorf("a placeholder minted after its run's status, from its pod: %d %s", a.status, a.body)
 	}
-	if n := scrape(t, ops, opsAddr)[wrongPeer]; n < 2 {
-		t.Errorf("%s = %v, want at least 2", wrongPeer, n)
+	if a := get("another address's call", call(other, after)); a.status != http.StatusForbidden {
+		t.Errorf("a placeholder minted after its run's status, from %s: %d %s; want 403 wrong_peer", other, a.status, a.body)
+	}
+
+	// A run whose pod is never reported: refused, from its would-be pod too, after the wait.
+	never := mint("run-2", "lease-3")
+	start := time.Now()
+	a := get("a call with a placeholder never bound", call(pod, never))
+	t.Logf("never_bound_refused_after\t%v\tbind_wait\t%v", a.at.Sub(start).Round(time.Millisecond), bindWait)
+	if a.status != http.StatusServiceUnavailable || !strings.Contains(a.body, "not known to kubeclip yet") || !strings.Contains(a.body, `"type":"error"`) {
+		t.Errorf("a placeholder whose pod was never reported: %d %s; want 503 unbound in Anthropic's error shape", a.status, a.body)
+	}
+	if took := a.at.Sub(start); took < bindWait {
+		t.Errorf("refused unbound after %v, before --bind-wait %v", took, bindWait)
+	}
+
+	got := scrape(t, ops, opsAddr)
+	for reason, least := range map[string]float64{"wrong_peer": 2, "unbound": 1} {
+		name := `kubeclip_broker_refusals_total{reason="` + reason + `"}`
+		if got[name] < least {
+			t.Errorf("%s = %v, want at least %v", name, got[name], least)
+		}
 	}
 	if s := up.seen(); len(s) != oks {
 		t.Errorf("the upstream saw %d calls, want %d (those answered 200): a refused call reached it", len(s), oks)

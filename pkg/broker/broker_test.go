@@ -156,7 +156,9 @@ func TestResolve(t *testing.T) {
 	}{
 		{name: "bound grant from its pod", placeholder: bound.Reveal(), host: "api.anthropic.com", header: broker.HeaderXAPIKey, peer: podIP},
 		{name: "IPv4-mapped peer", placeholder: bound.Reveal(), host: "api.anthropic.com", header: broker.HeaderAuthorization, peer: netip.AddrFrom16(podIP.As16())},
-		{name: "unbound grant from any pod", placeholder: unbound.Reveal(), host: "api.anthropic.com", header: broker.HeaderXAPIKey, peer: otherIP},
+		{name: "unbound grant", placeholder: unbound.Reveal(), host: "api.anthropic.com", header: broker.HeaderXAPIKey, peer: podIP, want: broker.ReasonUnbound},
+		{name: "unbound grant from another pod", placeholder: unbound.Reveal(), host: "api.anthropic.com", header: broker.HeaderXAPIKey, peer: otherIP, want: broker.ReasonUnbound},
+		{name: "unbound grant to another bound host", placeholder: unbound.Reveal(), host: "api.openai.com", header: broker.HeaderXAPIKey, peer: podIP, want: broker.ReasonWrongHost},
 		{name: "another pod", placeholder: bound.Reveal(), host: "api.anthropic.com", header: broker.HeaderXAPIKey, peer: otherIP, want: broker.ReasonWrongPeer},
 		{name: "another bound host", placeholder: bound.Reveal(), host: "api.openai.com", header: broker.HeaderXAPIKey, peer: podIP, want: broker.ReasonWrongHost},
 		{name: "a header the binding does not allow", placeholder: bound.Reveal(), host: "api.anthropic.com", header: broker.HeaderGoogAPIKey, peer: podIP, want: broker.ReasonWrongHeader},

@@ -42,8 +42,12 @@ type Cache struct {
 	// cannot know what was deleted, and Resolve refuses (ReasonUnavailable), failing closed.
 	live atomic.Bool
 
-	mu       sync.RWMutex
-	grants   map[GrantID]cached
+	mu     sync.RWMutex
+	grants map[GrantID]cached
+	// changed is closed, and replaced, whenever a grant is stored or deleted, and when the
+	// watch ends: ResolveWait's requests wait on it for their grant's binding. One channel for
+	// every waiter, so a waiting request costs nothing beyond itself; each wakes to look again.
+	changed  chan struct{}
 	released map[GrantID]time.Time // when the delete marker arrived, kept for markerTTL
 	sweptAt  time.Time
 
@@ -87,6 +91,7 @@ func NewCache(o CacheOptions) (*Cache, error) {
 	return &Cache{
 		watch: o.KV, sealer: o.Sealer, log: o.Log, now: o.Now, onEnd: o.Released,
 		ready: make(chan struct{}), grants: map[GrantID]cached{}, released: map[GrantID]time.Time{},
+		changed: make(chan struct{}),
 	}, nil
 }
 
@@ -107,6 +112,7 @@ func (c *Cache) Run(ctx context.Context) error {
 		return fmt.Errorf("watching KV bucket %s: %w", Bucket, err)
 	}
 	defer func() { _ = w.Stop() }()
+	defer c.wake() // after live is false: a waiting request is refused at once (unavailable)
 	defer c.live.Store(false)
 	for {
 		select {
@@ -145,6 +151,7 @@ func (c *Cache) apply(e jetstream.KeyValueEntry) {
 		delete(c.grants, id)
 		c.released[id] = c.now()
 		c.sweep()
+		c.wakeLocked()
 		c.mu.Unlock()
 		if held && c.onEnd != nil {
 			c.onEnd(gone.grant)
@@ -158,11 +165,26 @@ func (c *Cache) apply(e jetstream.KeyValueEntry) {
 		// Fail closed: a grant that cannot be read resolves as unknown, even if an earlier
 		// revision could.
 		delete(c.grants, id)
+		c.wakeLocked()
 		c.log.Warn().Err(err).Str("key", e.Key()).Msg("a grant does not decode; it will not resolve")
 		return
 	}
 	c.grants[id] = entry
 	delete(c.released, id)
+	c.wakeLocked()
+}
+
+// wake wakes every request waiting in ResolveWait.
+func (c *Cache) wake() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.wakeLocked()
+}
+
+// wakeLocked is wake with c.mu held.
+func (c *Cache) wakeLocked() {
+	close(c.changed)
+	c.changed = make(chan struct{})
 }
 
 func decodeRecord(id GrantID, data []byte) (cached, error) {
@@ -225,7 +247,11 @@ type Resolved struct {
 // first rule the request breaks, in this order: malformed, unavailable, released (the id of a
 // grant released within markerTTL, whatever the secret: the cache no longer holds its hash, and
 // the id alone is no secret), unknown (no such grant, or a wrong secret: one answer), wrong
-// peer, wrong host, wrong header.
+// peer, wrong host, wrong header, unbound.
+//
+// A grant bound to no pod yet resolves from no address (ReasonUnbound): were it to resolve from
+// any, a placeholder copied out of its pod in the moments before the run-watcher reported the
+// pod's address would work from anywhere until then. ResolveWait waits for the binding instead.
 func (c *Cache) Resolve(placeholder, host string, header Header, peer netip.Addr) (Resolved, error) {
 	p, err := ParsePlaceholder(placeholder)
 	if err != nil {
@@ -255,6 +281,8 @@ func (c *Cache) Resolve(placeholder, host string, header Header, peer netip.Addr
 		return Resolved{}, refuse(ReasonWrongHost)
 	case !slices.Contains(e.grant.Binding.Headers, header):
 		return Resolved{}, refuse(ReasonWrongHeader)
+	case !e.grant.Peer.IsValid():
+		return Resolved{}, refuse(ReasonUnbound)
 	}
 	value, err := c.sealer.open(p.id, e.sealed)
 	if err != nil {
@@ -262,6 +290,40 @@ func (c *Cache) Resolve(placeholder, host string, header Header, peer netip.Addr
 		return Resolved{}, refuse(ReasonUnavailable)
 	}
 	return Resolved{Grant: e.grant, Value: Secret{v: string(value)}}, nil
+}
+
+// ResolveWait is Resolve for a request that may come before its grant is bound to its pod: an
+// unbound grant (ReasonUnbound) is looked at again each time a grant changes, for at most wait
+// and while ctx lasts, and resolved against the pod it is then bound to (so a request from
+// another address is refused as ReasonWrongPeer once the binding arrives). A grant that is
+// still unbound then is refused as ReasonUnbound. Every other answer is Resolve's, at once.
+//
+// The wait is short in practice: the run-watcher reports a pod's address as soon as Kubernetes
+// assigns it, before its agent can run anything, and its binding reaches every replica's cache
+// in milliseconds (cmd/credential-broker TestUnboundWaitsForItsPod); a request that comes
+// first is held, not refused. It costs one timer, and the waiting request's own goroutine.
+func (c *Cache) ResolveWait(ctx context.Context, wait time.Duration, placeholder, host string, header Header, peer netip.Addr) (Resolved, error) {
+	var deadline *time.Timer
+	for {
+		c.mu.RLock()
+		changed := c.changed // taken before Resolve looks: a change after it closes this one
+		c.mu.RUnlock()
+		res, err := c.Resolve(placeholder, host, header, peer)
+		if r, _ := RefusalReason(err); r != ReasonUnbound || wait <= 0 {
+			return res, err
+		}
+		if deadline == nil {
+			deadline = time.NewTimer(wait)
+			defer deadline.Stop()
+		}
+		select {
+		case <-changed:
+		case <-deadline.C:
+			return Resolved{}, err
+		case <-ctx.Done():
+			return Resolved{}, err
+		}
+	}
 }
 
 // logUnsealable logs a grant that does not open, at most once a minute: it means this replica

@@ -30,6 +30,11 @@ const (
 	ReasonWrongHeader Reason = "wrong_header"
 	// ReasonWrongPeer: the grant is bound to its pod's IP and the request came from another.
 	ReasonWrongPeer Reason = "wrong_peer"
+	// ReasonUnbound: the grant is bound to no pod yet (kubeclip has not seen its run's pod's
+	// address: Store.BindRun), and the binding did not arrive while the request waited for it.
+	// Until it is bound a grant resolves from no address at all, so a placeholder carried out
+	// of its pod before the binding is of no use elsewhere either.
+	ReasonUnbound Reason = "unbound"
 	// ReasonMixed: one request carries placeholders of different leases, so it belongs to no
 	// single run to meter it against.
 	ReasonMixed Reason = "mixed"
@@ -56,6 +61,7 @@ var refusals = map[Reason]refusal{
 	ReasonWrongHost:   {http.StatusForbidden, "the placeholder's key is not bound to this host"},
 	ReasonWrongHeader: {http.StatusForbidden, "the placeholder's key may not be sent in this header"},
 	ReasonWrongPeer:   {http.StatusForbidden, "the placeholder belongs to another pod"},
+	ReasonUnbound:     {http.StatusServiceUnavailable, "the placeholder's pod is not known to kubeclip yet (its run's pod address has not been reported); retry shortly"},
 	ReasonMixed:       {http.StatusForbidden, "the request carries placeholders of different leases"},
 	ReasonMisdirected: {http.StatusMisdirectedRequest, "the request's Host is not the server name its connection was made for"},
 	ReasonUnavailable: {http.StatusServiceUnavailable, "the broker cannot check placeholders right now; retry shortly"},
@@ -65,7 +71,7 @@ var refusals = map[Reason]refusal{
 func Reasons() []Reason {
 	return []Reason{
 		ReasonMalformed, ReasonMissing, ReasonUnknown, ReasonReleased, ReasonWrongHost,
-		ReasonWrongHeader, ReasonWrongPeer, ReasonMixed, ReasonMisdirected, ReasonUnavailable,
+		ReasonWrongHeader, ReasonWrongPeer, ReasonUnbound, ReasonMixed, ReasonMisdirected, ReasonUnavailable,
 	}
 }
 

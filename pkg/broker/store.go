@@ -374,6 +374,9 @@ func (s *Store) bind(ctx context.Context, key string, peer netip.Addr) (bool, er
 		if err := json.Unmarshal(e.Value(), &rec); err != nil {
 			return false, fmt.Errorf("decoding: %w", err)
 		}
+		if rec.Peer == peer.String() {
+			return true, nil // bound already (a redelivered event; a retained lease's resume)
+		}
 		rec.Peer = peer.String()
 		data, err := json.Marshal(rec)
 		if err != nil {

@@ -31,8 +31,8 @@ const brokeredValue = "sk-ant-api03-DISPATCH-REALVALUE-0123456789"
 
 // startBroker runs the credential broker's real mint service (pkg/broker/brokersvc) on its own
 // connection to the server js is on, answering the workers' mint inbox as cmd/credential-broker
-// does; the cache resolves what it mints.
-func startBroker(t *testing.T, js jetstream.JetStream) *broker.Cache {
+// does; the cache resolves what it mints, and the store binds it as the broker's releaser would.
+func startBroker(t *testing.T, js jetstream.JetStream) (*broker.Cache, *broker.Store) {
 	t.Helper()
 	ctx := t.Context()
 	nc, err := nats.Connect(js.Conn().ConnectedUrl())
@@ -94,7 +94,7 @@ func startBroker(t *testing.T, js jetstream.JetStream) *broker.Cache {
 			t.Fatal("a broker part is not ready after 10 s")
 		}
 	}
-	return cache
+	return cache, store
 }
 
 // wiretap records every message the server carries, as a capture of kubeclip's NATS traffic
@@ -157,7 +157,7 @@ func brokeredEnv(k string) (string, bool) {
 func TestRunSecretCarriesPlaceholders(t *testing.T) {
 	js, opts := unreachableOptions(t, nil)
 	w := tapAll(t, js)
-	cache := startBroker(t, js)
+	cache, store := startBroker(t, js)
 	minter, err := mintclient.New(mintclient.Options{NATS: js.Conn()})
 	if err != nil {
 		t.Fatal(err)
@@ -199,6 +199,10 @@ func TestRunSecretCarriesPlaceholders(t *testing.T) {
 	}
 	if bytes.Contains(doc, []byte(brokeredValue)) {
 		t.Fatal("the run Secret holds the brokered key's real value")
+	}
+	// The run-watcher reports the run's pod: its grants resolve from there only.
+	if _, err := store.BindRun(t.Context(), "acme", "run-brokered", netip.MustParseAddr("10.0.0.9")); err != nil {
+		t.Fatal(err)
 	}
 	var res broker.Resolved
 	eventually(t, "the Secret's placeholder to resolve", func() bool {

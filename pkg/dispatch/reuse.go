@@ -226,7 +226,7 @@ func (d *Dispatcher) handleResume(ctx context.Context, m jetstream.Msg) error {
 		return err
 	}
 	rctx, cancel := resumeContext(ctx, d.records, ref, d.opts.ReleaseTimeout)
-	made, err := w.Resume(rctx, rec.Namespace, rec.WorkloadName, rec.VolumeClaim)
+	resumed, err := w.Resume(rctx, rec.Namespace, rec.WorkloadName, rec.VolumeClaim)
 	cancel()
 	if err != nil {
 		if now, _, gerr := d.records.Get(ctx, ref); gerr == nil && now.State.Ended() {
@@ -255,11 +255,11 @@ func (d *Dispatcher) handleResume(ctx context.Context, m jetstream.Msg) error {
 	if _, err := d.publisher.Publish(ctx, events.RunResumedEvent{
 		RunID: rec.RunID, CompanyID: rec.CompanyID, ProviderLeaseID: rec.WorkloadName,
 		From: from, Generation: rec.Generation, Resumes: max(rec.Resumes, 1), ResumeID: req.ResumeID,
-		ExpiresAt: rec.ExpiresAt,
+		ExpiresAt: rec.ExpiresAt, PodIP: resumed.PodIP,
 	}); err != nil {
 		return fmt.Errorf("publishing resumed: %w", err)
 	}
-	log.Info().Str("from", string(from)).Int("generation", rec.Generation).Bool("new_pod", made).
+	log.Info().Str("from", string(from)).Int("generation", rec.Generation).Bool("new_pod", resumed.Made).
 		Dur("took", time.Since(start)).Msg("reusable lease resumed")
 	return nil
 }

@@ -79,15 +79,16 @@ func DispatcherResultConsumerConfig(s Subjects) jetstream.ConsumerConfig {
 }
 
 // BrokerReleaseConsumerConfig is the credential broker's durable consumer on the run stream for
-// the events that bind a run's grants to its pod, status (its IP once known), and those that
-// end them: released (the lease's release), result (the run's end) and failed (an acquire that
-// failed leaves no lease). Every broker replica shares it, so each event binds or releases
+// the events that bind a run's grants to its pod, status (its IP once known) and resumed (a
+// reusable lease's pod after a resume, which may be a new one), and those that
+// end them: released (the lease's release), result (the run's end), suspended (a reusable
+// lease's pod deleted) and failed (an acquire that failed leaves no lease). Every broker replica shares it, so each event binds or releases
 // once; one consumer for both keeps a run's bind before its release, as the stream ordered them. Only events from now on, as the dispatcher's result consumer: the
 // broker creates it before it mints anything, and a grant whose end was never seen expires
 // with the grants bucket's TTL (a lease's longest life).
 func BrokerReleaseConsumerConfig(s Subjects) jetstream.ConsumerConfig {
 	cfg := workerConsumer(BrokerReleaseConsumer, "kubeclip credential broker: run pods' addresses and the ends of leases and runs, which bind and release their grants")
-	cfg.FilterSubjects = []string{s.RunKindFilter(KindStatus), s.RunKindFilter(KindReleased), s.RunKindFilter(KindResult), s.RunKindFilter(KindFailed)}
+	cfg.FilterSubjects = []string{s.RunKindFilter(KindStatus), s.RunKindFilter(KindResumed), s.RunKindFilter(KindReleased), s.RunKindFilter(KindResult), s.RunKindFilter(KindSuspended), s.RunKindFilter(KindFailed)}
 	cfg.DeliverPolicy = jetstream.DeliverNewPolicy
 	return cfg
 }

@@ -47,7 +47,7 @@ func TestConsumerConfigs(t *testing.T) {
 		}},
 		{"broker-release", events.BrokerReleaseConsumerConfig(s), func(c jetstream.ConsumerConfig) jetstream.ConsumerConfig {
 			c.Durable, c.Description = "broker-release", "kubeclip credential broker: run pods' addresses and the ends of leases and runs, which bind and release their grants"
-			c.FilterSubjects = []string{"paperclip.run.*.*.status", "paperclip.run.*.*.released", "paperclip.run.*.*.result", "paperclip.run.*.*.failed"}
+			c.FilterSubjects = []string{"paperclip.run.*.*.status", "paperclip.run.*.*.resumed", "paperclip.run.*.*.released", "paperclip.run.*.*.result", "paperclip.run.*.*.suspended", "paperclip.run.*.*.failed"}
 			c.DeliverPolicy = jetstream.DeliverNewPolicy
 			return c
 		}},

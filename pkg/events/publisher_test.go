@@ -167,6 +167,7 @@ func TestPublisherRejectsInvalidEvents(t *testing.T) {
 		{"resumed from nowhere", events.RunResumedEvent{RunID: "r1", CompanyID: "c1", ProviderLeaseID: "pc-1", Resumes: 1}, "from"},
 		{"resumed with a negative generation", events.RunResumedEvent{RunID: "r1", CompanyID: "c1", ProviderLeaseID: "pc-1", From: events.ResumedFromSuspended, Generation: -1, Resumes: 1}, "generation"},
 		{"resumed without a resume", events.RunResumedEvent{RunID: "r1", CompanyID: "c1", ProviderLeaseID: "pc-1", From: events.ResumedFromRetained}, "resumes"},
+		{"resumed naming no IP as its pod's", events.RunResumedEvent{RunID: "r1", CompanyID: "c1", ProviderLeaseID: "pc-1", From: events.ResumedFromRetained, Resumes: 1, PodIP: "pc-1"}, "podIp"},
 		{"usage without a meter", usageWith(func(e *events.RunUsageEvent) { e.Meter = "" }), "meter"},
 		{"usage with a dotted meter", usageWith(func(e *events.RunUsageEvent) { e.Meter = "a.b" }), "meter"},
 		{"usage without seq", usageWith(func(e *events.RunUsageEvent) { e.Seq = 0 }), "seq"},

@@ -2,6 +2,7 @@ package events
 
 import (
 	"fmt"
+	"net/netip"
 	"time"
 )
 
@@ -81,6 +82,11 @@ type RunResumedEvent struct {
 	// use past it. It is what the plugin answers the host (expiresAt), as `created`'s is for the
 	// acquire. Absent for a lease with no run deadline (one acquired before kubeclip kept one).
 	ExpiresAt *time.Time `json:"expiresAt,omitempty"`
+	// PodIP is the IP of the pod that serves the lease now. The credential broker binds the
+	// grants of the lease's runs to it, as it binds them to a status event's podIp: a lease
+	// resumed onto a new pod gets no status event for it, since the run-watcher's watch of the
+	// run ended with its first pod (pkg/broker/brokersvc.Releaser).
+	PodIP string `json:"podIp,omitempty"`
 }
 
 // Type implements Event.
@@ -97,6 +103,11 @@ func (e RunResumedEvent) address(s Subjects) (address, error) {
 		return address{}, InvalidRequest("generation", "must be at least 0, got %d", e.Generation)
 	case e.Resumes < 1:
 		return address{}, InvalidRequest("resumes", "must be at least 1, got %d", e.Resumes)
+	}
+	if e.PodIP != "" {
+		if _, err := netip.ParseAddr(e.PodIP); err != nil {
+			return address{}, InvalidRequest("podIp", "must be an IP address, got %q", e.PodIP)
+		}
 	}
 	return runAddress(s, e.CompanyID, e.RunID, KindResumed, Ref(e.CompanyID, e.RunID).MsgID(withRequestID(fmt.Sprintf("resumed.%d", e.Resumes), e.ResumeID)), 0)
 }

@@ -64,7 +64,7 @@ func schemaCases() []schemaCase {
 		{file: "run-suspended.json", full: events.RunSuspendedEvent{RunID: "r1", CompanyID: "c1", At: at, ProviderLeaseID: "pc-1", Generation: 1, VolumeClaim: "pc-1-home"}, zero: events.RunSuspendedEvent{}},
 		{file: "run-usage.json", full: events.RunUsageEvent{RunID: "r1", CompanyID: "c1", At: at, Meter: "01K3M", Seq: 1, Usage: []events.ModelUsage{row}}, zero: events.RunUsageEvent{}},
 		{file: "run-usage.json", path: []string{"usage", "items"}, full: row, zero: events.ModelUsage{}},
-		{file: "run-resumed.json", full: events.RunResumedEvent{RunID: "r1", CompanyID: "c1", At: at, ProviderLeaseID: "pc-1", From: events.ResumedFromSuspended, Generation: 1, Resumes: 2, ResumeID: "x1", ExpiresAt: &at}, zero: events.RunResumedEvent{}},
+		{file: "run-resumed.json", full: events.RunResumedEvent{RunID: "r1", CompanyID: "c1", At: at, ProviderLeaseID: "pc-1", From: events.ResumedFromSuspended, Generation: 1, Resumes: 2, ResumeID: "x1", ExpiresAt: &at, PodIP: "10.244.0.23"}, zero: events.RunResumedEvent{}},
 	}
 }
 

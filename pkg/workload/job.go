@@ -77,6 +77,6 @@ func (w jobWorkload) Suspend(context.Context, string, string, k8s.RunDeleteOptio
 }
 
 // Resume refuses: the backend keeps no reusable lease.
-func (w jobWorkload) Resume(context.Context, string, string, string) (bool, error) {
-	return false, w.Reuse()
+func (w jobWorkload) Resume(context.Context, string, string, string) (Resumed, error) {
+	return Resumed{}, w.Reuse()
 }

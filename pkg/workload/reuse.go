@@ -138,32 +138,33 @@ func (w podWorkload) Suspend(ctx context.Context, namespace, name string, opts k
 // crash) or is being deleted is waited for until gone and then made again. It reports whether
 // it made a pod. A redelivered resume finds the pod it made (AlreadyExists, same run): no
 // second pod.
-func (w podWorkload) Resume(ctx context.Context, namespace, name, claimName string) (bool, error) {
+func (w podWorkload) Resume(ctx context.Context, namespace, name, claimName string) (Resumed, error) {
 	cs := w.d.Clientset
 	pods := cs.CoreV1().Pods(namespace)
 	pod, err := pods.Get(ctx, name, metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err):
 	case err != nil:
-		return false, fmt.Errorf("reading pod %s/%s: %w", namespace, name, err)
+		return Resumed{}, fmt.Errorf("reading pod %s/%s: %w", namespace, name, err)
 	case pod.DeletionTimestamp == nil && !podEnded(pod):
-		return false, waitReady(ctx, cs, namespace, name)
+		ip, err := waitReady(ctx, cs, namespace, name)
+		return Resumed{PodIP: ip}, err
 	default:
 		if err := k8s.DeletePodRun(ctx, cs, namespace, name, k8s.RunDeleteOptions{PodGracePeriod: 1}); err != nil {
-			return false, err
+			return Resumed{}, err
 		}
 	}
 	claim, err := cs.CoreV1().PersistentVolumeClaims(namespace).Get(ctx, claimName, metav1.GetOptions{})
 	if err != nil {
-		return false, fmt.Errorf("reading PersistentVolumeClaim %s/%s: %w", namespace, claimName, err)
+		return Resumed{}, fmt.Errorf("reading PersistentVolumeClaim %s/%s: %w", namespace, claimName, err)
 	}
 	tmpl, ok := claim.Annotations[PodTemplateAnnotation]
 	if !ok {
-		return false, events.Terminalf(events.CodeInternal, "", "PersistentVolumeClaim %s/%s records no pod (%s)", namespace, claimName, PodTemplateAnnotation)
+		return Resumed{}, events.Terminalf(events.CodeInternal, "", "PersistentVolumeClaim %s/%s records no pod (%s)", namespace, claimName, PodTemplateAnnotation)
 	}
 	var next corev1.Pod
 	if err := json.Unmarshal([]byte(tmpl), &next); err != nil || next.Name != name || next.Namespace != namespace {
-		return false, events.Terminalf(events.CodeInternal, "", "PersistentVolumeClaim %s/%s records no pod %s it can make (%s)", namespace, claimName, name, PodTemplateAnnotation)
+		return Resumed{}, events.Terminalf(events.CodeInternal, "", "PersistentVolumeClaim %s/%s records no pod %s it can make (%s)", namespace, claimName, name, PodTemplateAnnotation)
 	}
 	next.ResourceVersion, next.UID = "", ""
 	_, err = pods.Create(ctx, &next, metav1.CreateOptions{FieldManager: k8s.DefaultFieldManager})
@@ -171,9 +172,10 @@ func (w podWorkload) Resume(ctx context.Context, namespace, name, claimName stri
 		err = nil // a redelivered resume made it
 	}
 	if err != nil {
-		return false, fmt.Errorf("creating pod %s/%s: %w", namespace, name, err)
+		return Resumed{}, fmt.Errorf("creating pod %s/%s: %w", namespace, name, err)
 	}
-	return true, waitReady(ctx, cs, namespace, name)
+	ip, err := waitReady(ctx, cs, namespace, name)
+	return Resumed{Made: true, PodIP: ip}, err
 }
 
 // podEnded reports a pod that will run no more commands.
@@ -185,52 +187,53 @@ func podEnded(p *corev1.Pod) bool {
 var ErrPodEnded = errors.New("pod ended before it was ready")
 
 // waitReady watches the pod until its Ready condition holds (sandboxd serves), it ends or is
-// deleted (ErrPodEnded), or ctx is done.
-func waitReady(ctx context.Context, cs kubernetes.Interface, namespace, name string) error {
+// deleted (ErrPodEnded), or ctx is done. It returns the ready pod's IP.
+func waitReady(ctx context.Context, cs kubernetes.Interface, namespace, name string) (string, error) {
 	pods := cs.CoreV1().Pods(namespace)
 	sel := fields.OneTermEqualSelector("metadata.name", name).String()
 	for {
 		list, err := pods.List(ctx, metav1.ListOptions{FieldSelector: sel})
 		if err != nil {
-			return fmt.Errorf("reading pod %s/%s: %w", namespace, name, err)
+			return "", fmt.Errorf("reading pod %s/%s: %w", namespace, name, err)
 		}
 		if len(list.Items) == 0 {
-			return fmt.Errorf("pod %s/%s: %w (deleted)", namespace, name, ErrPodEnded)
+			return "", fmt.Errorf("pod %s/%s: %w (deleted)", namespace, name, ErrPodEnded)
 		}
 		if done, err := readiness(&list.Items[0]); done {
-			return err
+			return list.Items[0].Status.PodIP, err
 		}
 		wch, err := pods.Watch(ctx, metav1.ListOptions{FieldSelector: sel, ResourceVersion: list.ResourceVersion})
 		if err != nil {
-			return fmt.Errorf("watching pod %s/%s: %w", namespace, name, err)
+			return "", fmt.Errorf("watching pod %s/%s: %w", namespace, name, err)
 		}
-		done, err := watchReady(ctx, wch)
+		done, ip, err := watchReady(ctx, wch)
 		wch.Stop()
 		if done {
-			return err
+			return ip, err
 		}
 	}
 }
 
-// watchReady reads wch until the pod is ready or ended; done false: the watch closed, list again.
-func watchReady(ctx context.Context, wch watch.Interface) (bool, error) {
+// watchReady reads wch until the pod is ready (its IP) or ended; done false: the watch closed,
+// list again.
+func watchReady(ctx context.Context, wch watch.Interface) (done bool, podIP string, err error) {
 	for {
 		select {
 		case <-ctx.Done():
-			return true, fmt.Errorf("waiting for the pod to be ready: %w", context.Cause(ctx))
+			return true, "", fmt.Errorf("waiting for the pod to be ready: %w", context.Cause(ctx))
 		case ev, ok := <-wch.ResultChan():
 			if !ok {
-				return false, nil
+				return false, "", nil
 			}
 			p, isPod := ev.Object.(*corev1.Pod)
 			if !isPod {
 				continue
 			}
 			if ev.Type == watch.Deleted {
-				return true, fmt.Errorf("pod %s/%s: %w (deleted)", p.Namespace, p.Name, ErrPodEnded)
+				return true, "", fmt.Errorf("pod %s/%s: %w (deleted)", p.Namespace, p.Name, ErrPodEnded)
 			}
 			if done, err := readiness(p); done {
-				return true, err
+				return true, p.Status.PodIP, err
 			}
 		}
 	}

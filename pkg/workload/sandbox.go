@@ -221,23 +221,23 @@ func (w sandboxWorkload) Suspend(ctx context.Context, namespace, name string, op
 // controller keeps an ended pod and makes a new one only once it is gone. It reports whether it
 // woke a suspended Sandbox or replaced its pod. The claim argument is the pod backend's: the
 // Sandbox knows its own.
-func (w sandboxWorkload) Resume(ctx context.Context, namespace, name, _ string) (bool, error) {
+func (w sandboxWorkload) Resume(ctx context.Context, namespace, name, _ string) (Resumed, error) {
 	gvr, err := w.reusableGVR()
 	if err != nil {
-		return false, err
+		return Resumed{}, err
 	}
 	sb, err := w.d.Dynamic.Resource(gvr).Namespace(namespace).Get(ctx, name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		// Its claim went with it (the Sandbox owns it): nothing to resume, acquire afresh.
-		return false, events.Terminalf(events.CodeLeaseNotFound, "providerLeaseId", "lease %s has no Sandbox any more; acquire a new one", name)
+		return Resumed{}, events.Terminalf(events.CodeLeaseNotFound, "providerLeaseId", "lease %s has no Sandbox any more; acquire a new one", name)
 	}
 	if err != nil {
-		return false, fmt.Errorf("reading Sandbox %s/%s: %w", namespace, name, err)
+		return Resumed{}, fmt.Errorf("reading Sandbox %s/%s: %w", namespace, name, err)
 	}
 	made := false
 	if mode, _, _ := unstructured.NestedString(sb.Object, "spec", "operatingMode"); mode == modeSuspended {
 		if err := w.setMode(ctx, gvr, namespace, name, modeRunning); err != nil {
-			return false, err
+			return Resumed{}, err
 		}
 		made = true
 	}
@@ -245,14 +245,15 @@ func (w sandboxWorkload) Resume(ctx context.Context, namespace, name, _ string) 
 	switch {
 	case apierrors.IsNotFound(err):
 	case err != nil:
-		return false, fmt.Errorf("reading pod %s/%s: %w", namespace, name, err)
+		return Resumed{}, fmt.Errorf("reading pod %s/%s: %w", namespace, name, err)
 	case pod.DeletionTimestamp != nil || podEnded(pod):
 		if err := k8s.DeletePodRun(ctx, w.d.Clientset, namespace, name, k8s.RunDeleteOptions{PodGracePeriod: time.Second}); err != nil {
-			return false, err
+			return Resumed{}, err
 		}
 		made = true
 	}
-	return made, waitReady(ctx, w.d.Clientset, namespace, name)
+	ip, err := waitReady(ctx, w.d.Clientset, namespace, name)
+	return Resumed{Made: made, PodIP: ip}, err
 }
 
 // agent-sandbox's spec.operatingMode values (api/v1beta1 SandboxOperatingMode).

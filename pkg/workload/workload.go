@@ -84,8 +84,19 @@ type Workload interface {
 	// Secret stay for a resume.
 	Suspend(ctx context.Context, namespace, name string, opts k8s.RunDeleteOptions) error
 	// Resume makes sure a reusable lease has a pod on its claim, ready to run commands: the
-	// pod it has, or a new one as Create made it. It reports whether it made one.
-	Resume(ctx context.Context, namespace, name, claim string) (bool, error)
+	// pod it has, or a new one as Create made it. It reports whether it made one, and the
+	// ready pod's IP.
+	Resume(ctx context.Context, namespace, name, claim string) (Resumed, error)
+}
+
+// Resumed is what a resume left the lease with.
+type Resumed struct {
+	// Made: the resume made the pod (a suspended lease's, or one that had ended).
+	Made bool
+	// PodIP is the ready pod's IP. The dispatcher names it on the lease's resumed event, from
+	// which the credential broker binds the grants of the lease's runs to the pod: the
+	// run-watcher's status events name only the pod of the lease's first generation.
+	PodIP string
 }
 
 // Deps is what the backends reach the cluster with.

@@ -350,6 +350,20 @@ func (r *brokerRig) mint(ctx context.Context) (string, error) {
 	if !broker.LooksLikePlaceholder(reply.Placeholder) {
 		return "", errors.New("the mint reply holds no placeholder")
 	}
+	// The run-watcher's status naming the run's pod, here the loopback address the bench calls
+	// from: the broker binds the grant to it (an unbound grant resolves from no address). The
+	// warm-up's first call waits for the binding.
+	js, err := jetstream.New(r.nc)
+	if err != nil {
+		return "", err
+	}
+	pub, err := events.NewPublisher(events.PublisherOptions{JS: js})
+	if err != nil {
+		return "", err
+	}
+	if _, err := pub.Publish(ctx, events.RunStatusEvent{RunID: "run-bench", CompanyID: "bench-broker", Phase: events.PhaseRunning, PodName: "pc-bench", PodIP: "127.0.0.1"}); err != nil {
+		return "", fmt.Errorf("publishing the status naming the bench's pod address: %w", err)
+	}
 	return reply.Placeholder, nil
 }
 

@@ -137,6 +137,11 @@ func TestBrokerUser(t *testing.T) {
 		t.Fatalf("the dispatcher's mint gave no placeholder: %v", err)
 	}
 	pod := netip.MustParseAddr("10.0.0.7")
+	// The run-watcher reports the run's pod (here straight through the broker's store): its
+	// grants resolve from there only.
+	if _, err := store.BindRun(ctx, in.victim.CompanyID, in.victim.RunID, pod); err != nil {
+		t.Fatal(err)
+	}
 	resolves := func() bool {
 		_, err := cache.Resolve(reply.Placeholder, "api.anthropic.com", broker.HeaderXAPIKey, pod)
 		return err == nil

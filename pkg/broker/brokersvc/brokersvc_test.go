@@ -225,10 +225,14 @@ func TestMintAnswers(t *testing.T) {
 	if r.Error != nil || !strings.HasPrefix(r.Placeholder, broker.PlaceholderPrefix) || len(r.Hosts) != 1 || r.Hosts[0] != "api.anthropic.com" {
 		t.Fatalf("a good mint: %+v", r)
 	}
+	pod := netip.MustParseAddr("10.0.0.1")
+	if _, err := e.store.BindRun(t.Context(), "company-a", "run-1", pod); err != nil { // the run-watcher's status
+		t.Fatal(err)
+	}
 	var res broker.Resolved
 	eventually(t, "the placeholder to resolve", func() bool {
 		var err error
-		res, err = e.cache.Resolve(r.Placeholder, "api.anthropic.com", broker.HeaderXAPIKey, netip.MustParseAddr("10.0.0.1"))
+		res, err = e.cache.Resolve(r.Placeholder, "api.anthropic.com", broker.HeaderXAPIKey, pod)
 		return err == nil
 	})
 	if res.Value.Reveal() != realValue || res.Grant.Company != "company-a" || res.Grant.Run != "run-1" || res.Grant.Lease != "lease-1" {
@@ -286,6 +290,9 @@ func TestMintIsIdempotent(t *testing.T) {
 	if got := countKeys(t, e.kv); got != 1 {
 		t.Fatalf("%d concurrent mints made %d grants, want 1", n, got)
 	}
+	if _, err := e.store.BindRun(t.Context(), "company-a", "run-1", netip.MustParseAddr("10.0.0.1")); err != nil { // the run-watcher's status
+		t.Fatal(err)
+	}
 	rotated := request(t, nc, "paperclip.broker.company-a.run-1.mint", e.mintBody(t, "lease-1", "ANTHROPIC_API_KEY", realValue+"-ROTATED"))
 	if rotated.Error != nil || rotated.Placeholder != replies[0].Placeholder {
 		t.Fatalf("a mint with a rotated value: %+v, want the lease's placeholder", rotated)
@@ -317,7 +324,7 @@ func TestReleaserEndsGrants(t *testing.T) {
 	}
 	run(t, rel)
 	mint := func(company, run, lease string) broker.Placeholder {
-		p, _, err := e.store.Mint(ctx, broker.MintRequest{Company: company, Run: run, Lease: lease, Key: "ANTHROPIC_API_KEY", Binding: anthropic, Value: realValue})
+		p, _, err := e.store.Mint(ctx, broker.MintRequest{Company: company, Run: run, Lease: lease, Key: "ANTHROPIC_API_KEY", Binding: anthropic, Value: realValue, Peer: netip.MustParseAddr("10.0.0.1")})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -350,6 +357,9 @@ func TestReleaserEndsGrants(t *testing.T) {
 		}, true},
 		{"result", events.KindResult, func(c, r string) any {
 			return events.RunResultEvent{CompanyID: c, RunID: r, Outcome: events.OutcomeSucceeded}
+		}, true},
+		{"suspended", events.KindSuspended, func(c, r string) any {
+			return events.RunSuspendedEvent{CompanyID: c, RunID: r, ProviderLeaseID: "lease-" + r, Generation: 1, VolumeClaim: "lease-" + r + "-home"}
 		}, true},
 		{"failed acquire", events.KindFailed, func(c, r string) any {
 			return events.RunFailedEvent{CompanyID: c, RunID: r, Code: events.CodeInternal, Request: events.LeaseAcquire}
@@ -390,6 +400,7 @@ func TestReleaserEndsGrants(t *testing.T) {
 	}
 }
 
+// countKeys counts the grants in kv: not the runs' remembered peers (broker.Store.BindRun).
 func countKeys(t *testing.T, kv jetstream.KeyValue) int {
 	t.Helper()
 	keys, err := kv.Keys(t.Context())
@@ -399,7 +410,13 @@ func countKeys(t *testing.T, kv jetstream.KeyValue) int {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return len(keys)
+	n := 0
+	for _, k := range keys {
+		if !strings.HasPrefix(k, "_b64_=peer.") {
+			n++
+		}
+	}
+	return n
 }
 
 func counter(t *testing.T, reg *prometheus.Registry, name, label string) float64 {
@@ -460,7 +477,7 @@ func TestKeyAnswers(t *testing.T) {
 
 // TestReleaserBindsGrants: a status naming the pod's IP while the run goes on (Pending, Running)
 // binds the run's grants to it, and only the run's; a status without an IP, or one that ends the
-// run, binds nothing.
+// run, binds nothing, and the grants stay unbound: they resolve from no address.
 func TestReleaserBindsGrants(t *testing.T) {
 	e := newEnv(t, 20)
 	ctx := t.Context()
@@ -506,7 +523,7 @@ func TestReleaserBindsGrants(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			r := "run-" + strings.ReplaceAll(tc.name, " ", "-")
 			mine, others := mint("company-a", r), []broker.Placeholder{mint("company-a", r+"-other"), mint("company-b", r)}
-			eventually(t, "the grants to resolve", func() bool { return reason(mine, other) == "" })
+			eventually(t, "the cache to hold the grants, unbound", func() bool { return reason(mine, other) == broker.ReasonUnbound })
 			if _, err := pub.Publish(ctx, events.RunStatusEvent{CompanyID: "company-a", RunID: r, Phase: tc.phase, PodIP: tc.ip}); err != nil {
 				t.Fatal(err)
 			}
@@ -517,21 +534,137 @@ func TestReleaserBindsGrants(t *testing.T) {
 				t.Fatal(err)
 			}
 			eventually(t, "the marker run's grant to go", func() bool { return reason(mp, other) == broker.ReasonReleased })
-			want := broker.Reason("")
+			wantOther, wantPod := broker.ReasonUnbound, broker.ReasonUnbound
 			if tc.binds {
-				want = broker.ReasonWrongPeer
+				wantOther, wantPod = broker.ReasonWrongPeer, ""
 			}
-			if got := reason(mine, other); got != want {
-				t.Errorf("the run's grant from another address: %q, want %q", got, want)
+			if got := reason(mine, other); got != wantOther {
+				t.Errorf("the run's grant from another address: %q, want %q", got, wantOther)
 			}
-			if got := reason(mine, pod); got != "" {
-				t.Errorf("the run's grant from its pod: %q", got)
+			if got := reason(mine, pod); got != wantPod {
+				t.Errorf("the run's grant from its pod: %q, want %q", got, wantPod)
 			}
 			for i, p := range others {
-				if got := reason(p, other); got != "" {
-					t.Errorf("another run's grant (%d) from another address: %q", i, got)
+				if got := reason(p, pod); got != broker.ReasonUnbound {
+					t.Errorf("another run's grant (%d): %q, want it still unbound", i, got)
 				}
 			}
 		})
+	}
+}
+
+// TestReleaserBindsAResumedLease follows a reusable lease's grants through the run stream as
+// its life writes it: bound to its first pod by the status, kept across a retained resume, and
+// after a suspend (whose result ended the run's watch and its grants) bound to the new pod by
+// the resumed event that names it, the only event that does. Its old pod's address, which
+// Kubernetes may give another pod, is refused. Suspended again (no result this time), its
+// grants end with the suspended event, and the next resume binds the lease's new grants. A resumed event naming no pod (a dispatcher
+// before podIp) binds nothing: the lease's grants stay unbound and resolve from no address.
+func TestReleaserBindsAResumedLease(t *testing.T) {
+	e := newEnv(t, 20)
+	ctx := t.Context()
+	if err := events.EnsureStreams(ctx, e.js, events.Options{StoreBytes: 1 << 30}); err != nil {
+		t.Fatal(err)
+	}
+	rel, err := brokersvc.NewReleaser(brokersvc.ReleaserOptions{JetStream: e.js, Store: e.store, Log: zerolog.New(zerolog.NewTestWriter(t))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, rel)
+	pub, err := events.NewPublisher(events.PublisherOptions{JS: e.js})
+	if err != nil {
+		t.Fatal(err)
+	}
+	publish := func(ev events.Event) {
+		t.Helper()
+		if _, err := pub.Publish(ctx, ev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const company, acquirer, lease = "company-a", "run-acquire", "pc-reusable"
+	first, second, elsewhere := netip.MustParseAddr("10.0.0.7"), netip.MustParseAddr("10.0.0.8"), netip.MustParseAddr("10.0.0.1")
+	// Every mint of the lease names the run that acquired it (the plugin's lease metadata).
+	mint := func(key string) broker.Placeholder {
+		t.Helper()
+		p, _, err := e.store.Mint(ctx, broker.MintRequest{Company: company, Run: acquirer, Lease: lease, Key: key, Binding: anthropic, Value: realValue})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	reason := func(p broker.Placeholder, from netip.Addr) broker.Reason {
+		_, err := e.cache.Resolve(p.Reveal(), "api.anthropic.com", broker.HeaderXAPIKey, from)
+		r, _ := broker.RefusalReason(err)
+		return r
+	}
+	// boundTo waits until p resolves from pod and is refused wrong_peer from each other address.
+	boundTo := func(what string, p broker.Placeholder, pod netip.Addr, others ...netip.Addr) {
+		t.Helper()
+		start := time.Now()
+		eventually(t, what+" to resolve from "+pod.String(), func() bool { return reason(p, pod) == "" })
+		t.Logf("%s\tbound_to\t%s\tafter\t%v", what, pod, time.Since(start).Round(time.Millisecond))
+		for _, o := range others {
+			if got := reason(p, o); got != broker.ReasonWrongPeer {
+				t.Errorf("%s from %s: %q, want wrong_peer", what, o, got)
+			}
+		}
+	}
+
+	// The acquire: the dispatcher's mint, then the run-watcher's status naming the first pod.
+	p1 := mint("ANTHROPIC_API_KEY")
+	publish(events.RunStatusEvent{CompanyID: company, RunID: acquirer, Phase: events.PhaseRunning, PodIP: first.String()})
+	boundTo("the acquire's grant", p1, first, elsewhere)
+
+	// Released and retained (the pod stays); the next run resumes it at once and mints again.
+	publish(events.RunReleasedEvent{CompanyID: company, RunID: acquirer, ProviderLeaseID: lease, State: events.ReleaseStopped})
+	eventually(t, "the released lease's grant to go", func() bool { return reason(p1, first) == broker.ReasonReleased })
+	publish(events.RunResumedEvent{CompanyID: company, RunID: acquirer, ProviderLeaseID: lease, From: events.ResumedFromRetained, Generation: 0, Resumes: 1, PodIP: first.String()})
+	p2 := mint("ANTHROPIC_API_KEY")
+	boundTo("the retained resume's grant", p2, first, elsewhere)
+
+	// The idle window ends: the suspend deletes the pod, the run-watcher's result ends the
+	// run's watch and its grants.
+	publish(events.RunResultEvent{CompanyID: company, RunID: acquirer, Outcome: events.OutcomeSucceeded})
+	eventually(t, "the suspended lease's grant to go", func() bool { return reason(p2, first) == broker.ReasonReleased })
+
+	// A resume onto a new pod: a mint racing the resumed event, and one after it.
+	racing := mint("ANTHROPIC_API_KEY")
+	publish(events.RunResumedEvent{CompanyID: company, RunID: acquirer, ProviderLeaseID: lease, From: events.ResumedFromSuspended, Generation: 1, Resumes: 2, PodIP: second.String()})
+	boundTo("the grant minted as the lease resumed", racing, second, first, elsewhere)
+	after := mint("OPENAI_API_KEY")
+	boundTo("the grant minted after the resume", after, second, first, elsewhere)
+
+	// Suspended again: the run's watch is over, so no result; the suspended event ends the
+	// grants bound to the deleted pod, and forgets it: a mint before the next resume is
+	// unbound, and that resume, onto a third pod, binds it there.
+	publish(events.RunSuspendedEvent{CompanyID: company, RunID: acquirer, ProviderLeaseID: lease, Generation: 1, VolumeClaim: lease + "-home"})
+	eventually(t, "the suspended pod's grants to go", func() bool { return reason(after, second) == broker.ReasonReleased })
+	between := mint("ANTHROPIC_API_KEY")
+	eventually(t, "the grant minted while suspended in the cache", func() bool { return reason(between, second) != broker.ReasonUnknown })
+	if got := reason(between, second); got != broker.ReasonUnbound {
+		t.Errorf("a grant minted while the lease is suspended, from its deleted pod's address: %q, want unbound", got)
+	}
+	third := netip.MustParseAddr("10.0.0.9")
+	publish(events.RunResumedEvent{CompanyID: company, RunID: acquirer, ProviderLeaseID: lease, From: events.ResumedFromSuspended, Generation: 2, Resumes: 3, PodIP: third.String()})
+	boundTo("the grant after a second resume onto a new pod", between, third, second, first)
+
+	// A resumed event naming no pod binds nothing.
+	const other = "run-other"
+	unnamed, _, err := e.store.Mint(ctx, broker.MintRequest{Company: company, Run: other, Lease: "pc-other", Key: "ANTHROPIC_API_KEY", Binding: anthropic, Value: realValue})
+	if err != nil {
+		t.Fatal(err)
+	}
+	publish(events.RunResumedEvent{CompanyID: company, RunID: other, ProviderLeaseID: "pc-other", From: events.ResumedFromSuspended, Generation: 1, Resumes: 1})
+	// Published after it: once the marker's run ended, the resumed event was handled.
+	marker, _, err := e.store.Mint(ctx, broker.MintRequest{Company: company, Run: "run-marker", Lease: "lease-marker", Key: "ANTHROPIC_API_KEY", Binding: anthropic, Value: realValue})
+	if err != nil {
+		t.Fatal(err)
+	}
+	publish(events.RunResultEvent{CompanyID: company, RunID: "run-marker", Outcome: events.OutcomeSucceeded})
+	eventually(t, "the marker run's grant to go", func() bool { return reason(marker, second) == broker.ReasonReleased })
+	for _, from := range []netip.Addr{first, second, third, elsewhere} {
+		if got := reason(unnamed, from); got != broker.ReasonUnbound {
+			t.Errorf("a grant after a resumed event naming no pod, from %s: %q, want unbound", from, got)
+		}
 	}
 }

@@ -39,24 +39,35 @@ type ReleaserOptions struct {
 
 // Releaser binds grants to their pods and releases them as the run stream reports the pods and
 // the ends of leases and runs, through the durable consumer every broker replica shares
-// (events.BrokerReleaseConsumerConfig):
+// (events.BrokerReleaseConsumerConfig). It is the one place that decides a grant's pod:
 //
 //   - status, Pending or Running, naming the pod's IP (events.RunStatusEvent.PodIP): the run's
 //     grants are bound to it, and the run's grants minted later are born bound
-//     (Store.BindRun), so a placeholder carried out of its pod is refused from any other
-//     address (broker.ReasonWrongPeer). Every backend's run-watcher names its pod's IP: a Job's
-//     pod, an exec pod, a Sandbox's pod, a warm pod bound to the run. A reusable lease's events
-//     all go to the run that acquired it, whose id every mint of the lease names (the plugin's
-//     lease metadata keeps it across resumes), and a retained lease keeps its pod and the
-//     remembered peer across its releases; a lease suspended and resumed onto a new pod ends
-//     the run's watch (its result forgets the peer), so the grants of its later runs are
-//     unbound. A status that ends the run, or names no IP, binds nothing;
+//     (Store.BindRun). Every backend's run-watcher names its pod's IP as soon as Kubernetes
+//     assigns it, before the pod's agent can run anything: a Job's pod, an exec pod, a
+//     Sandbox's pod, a warm pod bound to the run (pkg/runwatch TestStatusCarriesThePodIP). A
+//     status that ends the run, or names no IP, binds nothing;
+//   - resumed, naming the pod that serves a reusable lease now (events.RunResumedEvent.PodIP):
+//     the same bind. A reusable lease's events all go to the run that acquired it, whose id
+//     every mint of the lease names (the plugin's lease metadata keeps it across resumes). A
+//     retained lease keeps its pod, and its resume names the same address; a lease suspended
+//     and resumed onto a new pod ended the run's watch with its first pod (its result released
+//     the run's grants and forgot the peer), so this event is the only one naming the new pod;
 //   - released: the lease's grants (Store.Release by the event's providerLeaseId), so a lease's
 //     placeholders stop resolving as soon as its release is confirmed;
 //   - result: the run's grants (Store.ReleaseRun): the run ended, whatever its lease (a
 //     reusable lease's next run mints its own);
+//   - suspended: the same, and the remembered peer with them: the reusable lease's pod is gone,
+//     and Kubernetes may give its address to another pod. A lease resumed onto a new pod and
+//     suspended again has no result to say so (the run's watch ended with its first pod). The
+//     next run's mints, after the resume, are bound to the pod its resumed event names;
 //   - failed, for an acquire: the run's grants, minted for a lease that never came to be. A
 //     failed release or resume leaves the lease, and its grants, as they were.
+//
+// A grant bound to no pod resolves from no address (broker.ReasonUnbound): a call that comes
+// before its binding waits for it a moment (proxy.Options.BindWait), so a placeholder carried
+// out of its pod before the binding is of no use elsewhere, and once bound a request from any
+// other address is refused (broker.ReasonWrongPeer).
 //
 // Binds and deletes are idempotent, so a redelivered event is harmless; a store error is retried by the
 // consume loop (events.Consume), and an event that does not decode is dropped as terminal.
@@ -99,8 +110,8 @@ func (r *Releaser) handle(ctx context.Context, m jetstream.Msg) error {
 	log := r.o.Log.With().Str(events.LogKeyTenant, company).Str(events.LogKeyRunID, run).Str("kind", string(kind)).Logger()
 	var n int
 	switch kind {
-	case events.KindStatus:
-		return r.bind(ctx, log, m.Data(), company, run)
+	case events.KindStatus, events.KindResumed:
+		return r.bind(ctx, log, kind, m.Data(), company, run)
 	case events.KindReleased:
 		var ev struct {
 			ProviderLeaseID string `json:"providerLeaseId"`
@@ -113,7 +124,7 @@ func (r *Releaser) handle(ctx context.Context, m jetstream.Msg) error {
 		} else {
 			n, err = r.o.Store.Release(ctx, company, ev.ProviderLeaseID)
 		}
-	case events.KindResult:
+	case events.KindResult, events.KindSuspended:
 		n, err = r.o.Store.ReleaseRun(ctx, company, run)
 	case events.KindFailed:
 		var ev struct {
@@ -138,23 +149,26 @@ func (r *Releaser) handle(ctx context.Context, m jetstream.Msg) error {
 	return nil
 }
 
-// bind binds the run's grants to the pod a status event names.
-func (r *Releaser) bind(ctx context.Context, log zerolog.Logger, data []byte, company, run string) error {
+// bind binds the run's grants to the pod a status or resumed event names.
+func (r *Releaser) bind(ctx context.Context, log zerolog.Logger, kind events.RunKind, data []byte, company, run string) error {
 	var ev struct {
 		Phase events.Phase `json:"phase"`
 		PodIP string       `json:"podIp"`
 	}
 	if err := json.Unmarshal(data, &ev); err != nil {
-		return events.Terminal(events.CodeInvalidRequest, "", fmt.Errorf("decoding a status event: %w", err))
+		return events.Terminal(events.CodeInvalidRequest, "", fmt.Errorf("decoding a %s event: %w", kind, err))
 	}
-	if ev.PodIP == "" || (ev.Phase != events.PhasePending && ev.Phase != events.PhaseRunning) {
-		// No pod yet; or the run's end, whose result releases its grants: a bind now would
-		// only leave a remembered peer behind a redelivered result.
+	if ev.PodIP == "" {
+		return nil // no pod yet (or a resumed event from a dispatcher before podIp)
+	}
+	if kind == events.KindStatus && ev.Phase != events.PhasePending && ev.Phase != events.PhaseRunning {
+		// The run's end, whose result releases its grants: a bind now would only leave a
+		// remembered peer behind a redelivered result.
 		return nil
 	}
 	peer, err := netip.ParseAddr(ev.PodIP)
 	if err != nil {
-		return events.Terminal(events.CodeInvalidRequest, "podIp", fmt.Errorf("decoding a status event's podIp: %w", err))
+		return events.Terminal(events.CodeInvalidRequest, "podIp", fmt.Errorf("decoding a %s event's podIp: %w", kind, err))
 	}
 	n, err := r.o.Store.BindRun(ctx, company, run, peer)
 	if err != nil {

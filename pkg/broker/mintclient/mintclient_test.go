@@ -187,6 +187,10 @@ func TestPlaceholdersThroughTheBroker(t *testing.T) {
 	if env["ANTHROPIC_API_KEY"] != realValue {
 		t.Error("Placeholders changed its argument")
 	}
+	// The run-watcher reports the run's pod: its grants resolve from there only.
+	if _, err := e.store.BindRun(t.Context(), lease.CompanyID, lease.RunID, netip.MustParseAddr("10.0.0.1")); err != nil {
+		t.Fatal(err)
+	}
 	var res broker.Resolved
 	eventually(t, "the placeholder to resolve", func() bool {
 		res, err = e.cache.Resolve(p, "api.anthropic.com", broker.HeaderXAPIKey, netip.MustParseAddr("10.0.0.1"))

@@ -32,8 +32,17 @@ import (
 
 // Resolver is the part of broker.Cache the proxy needs.
 type Resolver interface {
-	Resolve(placeholder, host string, header broker.Header, peer netip.Addr) (broker.Resolved, error)
+	ResolveWait(ctx context.Context, wait time.Duration, placeholder, host string, header broker.Header, peer netip.Addr) (broker.Resolved, error)
 }
+
+// DefaultBindWait is how long a request whose grant is not bound to its pod yet waits for the
+// binding before it is refused (broker.ReasonUnbound). The binding normally comes before the
+// agent's first call: the run-watcher reports the pod's address once Kubernetes assigns it,
+// while the pod is still starting, and the broker binds within milliseconds of the event. The
+// wait covers a call that races it, and a run-watcher or broker replica that is restarting,
+// without holding a stolen placeholder's request for long: 5 s is well inside every model
+// CLI's own timeout, and the refusal after it is a 503 the CLIs retry.
+const DefaultBindWait = 5 * time.Second
 
 var _ Resolver = (*broker.Cache)(nil)
 
@@ -63,6 +72,9 @@ type Options struct {
 	Routes []Route
 	// Resolver resolves placeholders. Required.
 	Resolver Resolver
+	// BindWait is how long a request whose grant is not bound to its pod yet waits for the
+	// binding (0: DefaultBindWait; negative: not at all).
+	BindWait time.Duration
 	// Observer sees every forwarded call (nil: none).
 	Observer Observer
 	// RootCAs verify the upstreams' certificates (nil: the system's roots).
@@ -78,6 +90,7 @@ type Options struct {
 type Proxy struct {
 	routes    map[string]Route
 	resolver  Resolver
+	bindWait  time.Duration
 	observer  Observer
 	transport *http.Transport
 	rp        *httputil.ReverseProxy
@@ -94,7 +107,10 @@ func New(o Options) (*Proxy, error) {
 	if len(o.Routes) == 0 {
 		return nil, errors.New("proxy.Options.Routes must name at least one bound host")
 	}
-	p := &Proxy{routes: map[string]Route{}, resolver: o.Resolver, observer: o.Observer, log: o.Log}
+	if o.BindWait == 0 {
+		o.BindWait = DefaultBindWait
+	}
+	p := &Proxy{routes: map[string]Route{}, resolver: o.Resolver, bindWait: o.BindWait, observer: o.Observer, log: o.Log}
 	for _, r := range o.Routes {
 		host, err := ca.CanonicalHost(r.Host)
 		if err != nil {
@@ -278,7 +294,7 @@ func (p *Proxy) swap(r *http.Request, host string, peer netip.Addr) (http.Header
 			if !ok || !broker.LooksLikePlaceholder(cred) {
 				continue
 			}
-			res, err := p.resolver.Resolve(cred, host, h, peer)
+			res, err := p.resolver.ResolveWait(r.Context(), p.bindWait, cred, host, h, peer)
 			if err != nil {
 				return nil, broker.Resolved{}, err
 			}
