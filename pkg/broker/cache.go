@@ -300,10 +300,15 @@ func (c *Cache) Resolve(placeholder, host string, header Header, peer netip.Addr
 //
 // The wait is short in practice: the run-watcher reports a pod's address as soon as Kubernetes
 // assigns it, before its agent can run anything, and its binding reaches every replica's cache
-// in milliseconds (cmd/credential-broker TestUnboundWaitsForItsPod); a request that comes
+// in milliseconds (cmd/credential-broker TestGrantBoundToItsPod); a request that comes
 // first is held, not refused. It costs one timer, and the waiting request's own goroutine.
 func (c *Cache) ResolveWait(ctx context.Context, wait time.Duration, placeholder, host string, header Header, peer netip.Addr) (Resolved, error) {
-	var deadline *time.Timer
+	var deadline *time.Timer // made at the first wait: a bound grant's request makes none
+	defer func() {
+		if deadline != nil {
+			deadline.Stop()
+		}
+	}()
 	for {
 		c.mu.RLock()
 		changed := c.changed // taken before Resolve looks: a change after it closes this one
@@ -314,7 +319,6 @@ func (c *Cache) ResolveWait(ctx context.Context, wait time.Duration, placeholder
 		}
 		if deadline == nil {
 			deadline = time.NewTimer(wait)
-			defer deadline.Stop()
 		}
 		select {
 		case <-changed:

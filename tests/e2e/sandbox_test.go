@@ -133,6 +133,11 @@ func TestSandboxCRReusableLease(t *testing.T) {
 	if got := waitPodReady(t, cs, ns, name, ""); got.UID != pod.UID {
 		t.Errorf("resume of the retained lease replaced its pod")
 	}
+	// Each resumed event names the pod that serves the lease now: the credential broker binds
+	// the lease's grants to it (a new pod has no status event naming it).
+	if resumed.PodIP != pod.Status.PodIP {
+		t.Errorf("resumed r1 names pod IP %q, want the retained pod's %s", resumed.PodIP, pod.Status.PodIP)
+	}
 
 	// A retained lease whose pod ended (its deadline, a crash; here sandboxd told to stop): the
 	// controller keeps an ended pod, so the resume deletes it and waits for the controller's
@@ -152,6 +157,9 @@ func TestSandboxCRReusableLease(t *testing.T) {
 		t.Errorf("resume of the retained lease whose pod ended: %+v, want from retained", resumed)
 	}
 	pod = waitPodReady(t, cs, ns, name, pod.UID)
+	if resumed.PodIP != pod.Status.PodIP {
+		t.Errorf("resumed r2 names pod IP %q, want the new pod's %s", resumed.PodIP, pod.Status.PodIP)
+	}
 	out, exit = runCommand(t, newSandboxdClient(t, pod.Status.PodIP+":7070", seed),
 		sandboxd.Spec{ID: "read-1", Command: "sh", Args: []string{"-c", "cat /workspace/kept $HOME/kept"}})
 	if exit.ExitCode == nil || *exit.ExitCode != 0 || out != "in-workspace\nin-home\n" {
@@ -188,6 +196,9 @@ func TestSandboxCRReusableLease(t *testing.T) {
 		t.Errorf("resume of the suspended lease: %+v, want from suspended, generation 1", resumed)
 	}
 	next := waitPodReady(t, cs, ns, name, pod.UID)
+	if resumed.PodIP != next.Status.PodIP {
+		t.Errorf("resumed r3 names pod IP %q, want the new pod's %s", resumed.PodIP, next.Status.PodIP)
+	}
 	out, exit = runCommand(t, newSandboxdClient(t, next.Status.PodIP+":7070", seed),
 		sandboxd.Spec{ID: "read-2", Command: "sh", Args: []string{"-c", "cat /workspace/kept $HOME/kept"}})
 	if exit.ExitCode == nil || *exit.ExitCode != 0 || out != "in-workspace\nin-home\n" {

@@ -276,7 +276,8 @@ func peerOf(r *http.Request) netip.Addr {
 // headers with the real values in their place. Values that are no placeholder (another
 // scheme's Authorization, a key of the agent's own beside a placeholder) stay as they are; a
 // request with no placeholder at all is refused (broker.ReasonMissing), and so is one whose
-// placeholders belong to different leases.
+// placeholders belong to different leases. A placeholder whose grant is not bound to its pod
+// yet waits for the binding, up to bindWait (broker.Cache.ResolveWait).
 func (p *Proxy) swap(r *http.Request, host string, peer netip.Addr) (http.Header, broker.Resolved, error) {
 	out := http.Header{}
 	var first broker.Resolved
