@@ -107,8 +107,8 @@ type Grant struct {
 	Key     string
 	Binding Binding
 	// Peer is the IP of the pod the grant is bound to; the zero Addr until its run's pod is
-	// known (Store.BindRun; a grant minted after that is born bound), and until then any peer
-	// may use it.
+	// known (Store.BindRun; a grant minted after that is born bound), and until then no peer
+	// may use it (Cache.Resolve: ReasonUnbound; Cache.ResolveWait waits for the binding).
 	Peer    netip.Addr
 	Created time.Time
 }

@@ -50,10 +50,12 @@ type peerRecord struct {
 // BindRun binds the run's grants to its pod's IP, and every grant minted for the run from now
 // on (Mint): from then on only a request from peer resolves them. The run-watcher names the
 // pod's IP on the run stream once Kubernetes assigned it (events.RunStatusEvent.PodIP), for
-// every backend; a grant minted before that, and used before it, is unbound until then (no
-// worse than before binding existed). Binding again with another address (a pod that came back
-// with another IP) moves the run's grants to it; binding again with the same address writes
-// nothing, so a redelivered event is harmless. It returns how many grants it bound.
+// every backend, and the dispatcher a resumed reusable lease's (events.RunResumedEvent.PodIP);
+// a grant minted before that is unbound until then, and resolves from no address (a request
+// waits for the binding: Cache.ResolveWait). Binding again with another address (a pod that
+// came back with another IP, a lease resumed onto a new pod) moves the run's grants to it;
+// binding again with the same address writes nothing, so a redelivered event is harmless. It
+// returns how many grants it bound.
 //
 // The peer is remembered before the grants are bound, and Mint looks for it after it stores a
 // grant: whichever of a bind and a concurrent mint comes second sees the other's write, so no
