@@ -40,7 +40,13 @@ func TestPaperclipReusableLease(t *testing.T) {
 	cs := clustertest.Clientset(t)
 	pc := startServer(t)
 	pt.CleanupTenant(t, cs, pc.CompanyID)
-	pc.configurePlugin(t, map[string]any{"natsUrl": env.NATS.URL()})
+	// The company's model key is brokered, and each run's agent calls the model through the
+	// credential broker: the grants its executes mint name the run that acquired the lease, and
+	// must be bound to the pod that serves the lease now, a new one after the suspend (the
+	// dispatcher's resumed event names it; no status does).
+	key := newAnthropicKey()
+	up := serveModelUpstream(t, key)
+	pc.configurePlugin(t, map[string]any{"natsUrl": env.NATS.URL(), "brokeredKeys": []string{brokeredKey}})
 
 	// Without this instance setting the host drops an issue's workspace preference, and every
 	// run gets a new execution workspace, so a new lease (host-rules.md §10).
@@ -52,7 +58,7 @@ func TestPaperclipReusableLease(t *testing.T) {
 		t.Fatalf("the stored environment config lost reuseLease: %v", reuse.Config)
 	}
 	pc.useEnvironment(t, reuse.ID)
-	pc.setAgentEnv(t, map[string]string{"KUBECLIP_STUB_STATE": "1"})
+	pc.setAgentEnv(t, map[string]string{"KUBECLIP_STUB_STATE": "1", brokeredKey: key, stubModelCall: "1"})
 
 	var project struct {
 		ID string `json:"id"`
@@ -146,6 +152,20 @@ func TestPaperclipReusableLease(t *testing.T) {
 	checkResumedExpiry(t, leaseC, resumedC)
 	checkClaim(t, cs, ns, claim)
 	pc.waitIdle(t, runTimeout)
+
+	// Every run's model call went through the broker with the real key: run C's from the pod
+	// the lease was resumed onto, with placeholders bound to it by the resumed event.
+	calls := up.seen()
+	realKey := 0
+	for _, c := range calls {
+		if c.RealKey && !c.Placeholder {
+			realKey++
+		}
+	}
+	t.Logf("model calls through the broker: %d, with the real key at the stand-in %d (runs A, B retained, C resumed onto pod generation %d)", len(calls), realKey, resumedC.Generation)
+	if len(calls) != 3 || realKey != 3 {
+		t.Errorf("the model API's stand-in saw %d calls, %d with the real key; want one per run, 3, each with the real key (run C's after the resume onto a new pod)", len(calls), realKey)
+	}
 
 	// What each run cost at the plugin's hooks: one line per release, in order, and the resumes.
 	released := pc.pluginLog(t, "lease released", a.id)
