@@ -19,6 +19,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/kubeclip/kubeclip/internal/natstest"
 	"github.com/kubeclip/kubeclip/pkg/broker"
 	"github.com/kubeclip/kubeclip/pkg/broker/ca"
@@ -266,19 +268,32 @@ func TestBrokerReplicaKilledMidStream(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	grant := func() (string, uint64) {
+	bindPod(t, js, "company-a", "run-1", "127.0.0.1") // the run-watcher names the agents' address
+	// grant is the one grant's key and its entry (the run's remembered peer is no grant).
+	grant := func() (string, jetstream.KeyValueEntry) {
 		t.Helper()
-		keys, err := kv.Keys(ctx)
+		all, err := kv.Keys(ctx)
+		var keys []string
+		for _, k := range all {
+			if !strings.HasPrefix(k, "_b64_=peer.") {
+				keys = append(keys, k)
+			}
+		}
 		if err != nil || len(keys) != 1 {
-			t.Fatalf("the grants bucket holds %v (%v), want the one grant", keys, err)
+			t.Fatalf("the grants bucket holds %v (%v), want the one grant", all, err)
 		}
 		e, err := kv.Get(ctx, keys[0])
 		if err != nil {
 			t.Fatalf("reading the grant: %v", err)
 		}
-		return keys[0], e.Revision()
+		return keys[0], e
 	}
-	grantKey, grantRev := grant()
+	eventually(t, "the grant bound to the agents' address", 10*time.Second, func() bool {
+		_, e := grant()
+		return strings.Contains(string(e.Value()), `"peer":"127.0.0.1"`)
+	})
+	grantKey, grantEntry := grant()
+	grantRev := grantEntry.Revision()
 
 	authority, err := ca.Parse(mustRead(t, f.caCert), mustRead(t, f.caKey))
 	if err != nil {
@@ -421,8 +436,8 @@ func TestBrokerReplicaKilledMidStream(t *testing.T) {
 	}
 
 	// Replica 2's grant cache: the grant is as it was, and replica 2 refused nothing.
-	if key, rev := grant(); key != grantKey || rev != grantRev {
-		t.Errorf("the grant is %s at revision %d after the kill, was %s at %d", key, rev, grantKey, grantRev)
+	if key, e := grant(); key != grantKey || e.Revision() != grantRev {
+		t.Errorf("the grant is %s at revision %d after the kill, was %s at %d", key, e.Revision(), grantKey, grantRev)
 	}
 	refusedAfter := refusals()
 	for series, v := range refusedAfter {

@@ -94,6 +94,7 @@ func TestBrokerDownAndRestarted(t *testing.T) {
 	if err != nil {
 		t.Fatalf("mint: %v", err)
 	}
+	bindPod(t, js, "company-a", "run-1", "127.0.0.1") // the run-watcher names the agent's address
 	authority, err := ca.Parse(mustRead(t, f.caCert), mustRead(t, f.caKey))
 	if err != nil {
 		t.Fatal(err)

@@ -1,15 +1,17 @@
 package proxy
 
 import (
+	"context"
 	"net/netip"
 	"testing"
+	"time"
 
 	"github.com/kubeclip/kubeclip/pkg/broker"
 )
 
 type noResolver struct{}
 
-func (noResolver) Resolve(string, string, broker.Header, netip.Addr) (broker.Resolved, error) {
+func (noResolver) ResolveWait(context.Context, time.Duration, string, string, broker.Header, netip.Addr) (broker.Resolved, error) {
 	return broker.Resolved{}, &broker.RefusedError{Reason: broker.ReasonUnknown}
 }
 
