@@ -35,10 +35,6 @@ fmt-check:
 # every Go test (unit, embedded NATS, the local cluster, end to end: tests/paperclip runs the real
 # Paperclip server with the plugin and the worker binaries) with -race; then the Paperclip run
 # figures.
-# ALONE_TESTS run after every other package, with the machine to themselves: issue 26's noisy
-# neighbour compares company B's round trips beside company A with its own alone, a bound that
-# another suite's load on the same 2 cores would break (tests/isolation/noisy_test.go).
-ALONE_TESTS := ^TestNoisyNeighbour$$
 # The log names every test that ran (hack/testreport over go test -json: a line per passing test,
 # the whole output of a failing or skipped one); pipefail keeps go test's own exit status.
 test: SHELL := /bin/bash
@@ -46,9 +42,7 @@ test: .SHELLFLAGS := -o pipefail -c
 test: vet fmt-check lint build plugin-lint plugin-test cluster-up
 	@rm -f $(BIN)/paperclip-e2e.txt
 	$(GO) build -o $(BIN)/testreport ./hack/testreport
-	{ KUBECLIP_BIN=$(BIN) KUBECLIP_CACHE=$(CACHE) KUBECLIP_PAPERCLIP_REPORT=$(BIN)/paperclip-e2e.txt $(GO) test $(TEST_FLAGS) -json -skip '$(ALONE_TESTS)' ./...; all=$$?; \
-	  KUBECLIP_BIN=$(BIN) KUBECLIP_CACHE=$(CACHE) $(GO) test $(TEST_FLAGS) -json -run '$(ALONE_TESTS)' ./tests/isolation; alone=$$?; \
-	  exit $$((all | alone)); } 2>&1 | $(BIN)/testreport
+	KUBECLIP_BIN=$(BIN) KUBECLIP_CACHE=$(CACHE) KUBECLIP_PAPERCLIP_REPORT=$(BIN)/paperclip-e2e.txt $(GO) test $(TEST_FLAGS) -json ./... 2>&1 | $(BIN)/testreport
 	@cat $(BIN)/paperclip-e2e.txt
 
 # unit: the tests that need neither a cluster nor the worker binaries (quick feedback while editing).
