@@ -194,8 +194,8 @@ func TestNoisyNeighbour(t *testing.T) {
 	// process of its own (Options.NATSProcess, as this suite runs) they took 9 to 14 ms against
 	// 7 to 10 in three runs on a quiet machine, 61 to 101 ms against 7 to 14 beside another
 	// suite, and 31.7 then 69.8 ms against 8.3 with the machine to this test alone (a fresh
-	// clone's make test, the test run after every other package): the run stream takes every
-	// company's publishes one at a time (the likely cause, not yet traced), and B's wait behind A's.
+	// clone's make test, the test run after every other package): the run stream's writes still
+	// stall as a whole beside A's flood, load or not (docs/boundary/fairness.md).
 	if m := median(execsBeside); m > execBound {
 		t.Errorf("company B's exec round trip took %s (median) beside company A, %s alone; want at most %s (twice)", m, median(execsAlone), execBound)
 	}
