@@ -9,7 +9,7 @@ GOLANGCI_LINT := $(CACHE)/tools/golangci-lint-$(GOLANGCI_LINT_VERSION)
 # Tests talk to a real nats-server and a real Kubernetes cluster; several run the worker binaries.
 TEST_FLAGS    ?= -race -count=1 -timeout 45m
 
-.PHONY: all build test unit fuzz vet fmt-check lint cluster-up cluster-down cluster-status images demo bench bench-scale clean \
+.PHONY: all build test unit fuzz vet fmt-check lint go-lint cluster-up cluster-down cluster-status images demo bench bench-scale clean \
 	images-prod images-import deploy-dev undeploy-dev compose-up compose-down \
 	plugin-deps plugin-build plugin-lint plugin-test plugin-pack plugin-e2e demo-paperclip
 
@@ -64,7 +64,10 @@ fuzz:
 	done; \
 	if [ -n "$$failed" ]; then echo "fuzz: failed:$$failed"; exit 1; fi
 
-lint: $(GOLANGCI_LINT)
+# lint: the Go code (golangci-lint, .golangci.yaml) and the Paperclip plugin (typecheck, ESLint).
+lint: go-lint plugin-lint
+
+go-lint: $(GOLANGCI_LINT)
 	$(GOLANGCI_LINT) run ./...
 
 # A cold build of golangci-lint compiles for minutes on 2 cores: go_progress says how far it is.
