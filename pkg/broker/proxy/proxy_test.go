@@ -225,7 +225,7 @@ func (e *env) mint(t testing.TB, lease, keyName, value string, b broker.Binding,
 	var refused *broker.RefusedError
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
 		_, err := e.cache.Resolve(p.Reveal(), b.Hosts[0], b.Headers[0], addr)
-		if !errors.As(err, &refused) || refused.Reason != broker.ReasonUnknown {
+		if !errors.As(err, &refused) || refused.Reason != broker.ReasonUnknown && refused.Reason != broker.ReasonReleased {
 			return p
 		}
 		if time.Now().After(deadline) {
