@@ -3,6 +3,7 @@ package failover
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -16,6 +17,7 @@ import (
 	"github.com/kubeclip/kubeclip/internal/clustertest"
 	pt "github.com/kubeclip/kubeclip/internal/pipelinetest"
 	"github.com/kubeclip/kubeclip/pkg/events"
+	"github.com/kubeclip/kubeclip/pkg/lease"
 	"github.com/kubeclip/kubeclip/pkg/policy"
 )
 
@@ -36,6 +38,23 @@ func publishDispatch(t *testing.T, r *pt.Run, cfg json.RawMessage) {
 	if _, err := env.JS.Publish(ctx, subj, data); err != nil {
 		t.Fatalf("publishing a dispatch copy: %v", err)
 	}
+}
+
+// awaitLeaseRecord waits until the tenant-worker has recorded the run's lease.
+func awaitLeaseRecord(t *testing.T, r *pt.Run) {
+	t.Helper()
+	kv, err := env.JS.KeyValue(t.Context(), lease.Bucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	records := lease.Records{KV: kv}
+	pt.Eventually(t, time.Minute, "the lease record of run "+r.RunID, func() bool {
+		_, _, err := records.Get(t.Context(), events.Ref(r.CompanyID, r.RunID))
+		if err != nil && !errors.Is(err, lease.ErrNotFound) {
+			t.Fatal(err)
+		}
+		return err == nil
+	})
 }
 
 func dispatchesHandled(t *testing.T, r *pt.Run) (map[string]int, int) {
@@ -80,6 +99,10 @@ func TestRedeliveredAcquireMakesOneJob(t *testing.T) {
 	for range replicas {
 		r.PublishAcquire(cfg, false)
 	}
+	// A dispatch copy is a redelivery, and a redelivery only exists once the tenant-worker
+	// has recorded the lease and dispatched it: a copy ahead of the record is a dispatch no
+	// tenant-worker sent, which the dispatcher fails for good.
+	awaitLeaseRecord(t, r)
 	var handled map[string]int
 	for round := 1; ; round++ {
 		_, before := dispatchesHandled(t, r)
