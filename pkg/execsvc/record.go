@@ -213,13 +213,20 @@ type recording struct {
 	lines lineParser
 }
 
-// startRecording reads the exec's progress entry: what a previous session of it recorded. An
-// exec without an entry is one whose recording is complete (its final event stored and its entry
-// dropped since its attach looked): nil, nothing to record. Unless its start could not write the
-// entry (unnoted: the start went on without it, Service.start): then the recording starts from
-// nothing and writes the entry with its first event.
-func startRecording(ctx context.Context, deps recordingDeps, ref events.RunRef, execID string, unnoted recordedExec) (*recording, error) {
+// startRecording starts from the exec's progress entry: what a previous session of it recorded.
+// noted is the entry as the session's request wrote or read it (the start's put, the attach's
+// get), taken as it is: every newer write moves the revision, so the recording's first write
+// finds out (errRecordingTakenOver) whether another session recorded since, as it would after
+// a read here, and the recorded round trip pays one NATS round trip less. Without it the entry
+// is read. An exec without an entry is one whose recording is complete (its final event stored
+// and its entry dropped since its attach looked): nil, nothing to record. Unless its start could
+// not write the entry (unnoted: the start went on without it, Service.start): then the
+// recording starts from nothing and writes the entry with its first event.
+func startRecording(ctx context.Context, deps recordingDeps, ref events.RunRef, execID string, noted *notedExec, unnoted recordedExec) (*recording, error) {
 	deps.limits = deps.limits.withDefaults()
+	if noted != nil {
+		return newRecording(deps, ref, execID, noted.entry, noted.rev), nil
+	}
 	rec, rev, ok, err := deps.progress.get(ctx, ref, execID)
 	if err != nil {
 		return nil, err
@@ -230,10 +237,14 @@ func startRecording(ctx context.Context, deps recordingDeps, ref events.RunRef, 
 	if !ok {
 		rec = unnoted
 	}
+	return newRecording(deps, ref, execID, rec, rev), nil
+}
+
+func newRecording(deps recordingDeps, ref events.RunRef, execID string, rec recordedExec, rev uint64) *recording {
 	return &recording{
 		deps: deps, ref: ref, execID: execID, command: rec.Command, progress: rec, rev: rev, execUsed: rec.Used,
 		lines: lineParser{max: deps.limits.MaxLine, mem: deps.lineMem},
-	}, nil
+	}
 }
 
 // chunk records c: fed to the agent-result parser, then held, coalesced or published.
@@ -444,16 +455,20 @@ func (r *recording) exit(ctx context.Context, e *execspec.Exit) error {
 		}
 		ev.Agent = r.lines.parser.ResultWithExitCode(code)
 	}
-	if err := r.publish(ctx, ev); err != nil {
-		return err
-	}
-	// The recording is complete: its entry goes. A takeover from here finds no entry and
-	// records nothing (startRecording); the final event it would republish is stored. A drop
-	// that fails leaves the entry to the bucket's TTL.
+	return r.publish(ctx, ev)
+}
+
+// complete drops the entry of a recording whose final event is stored (exit): a takeover from
+// here finds no entry and records nothing (startRecording); the final event it would republish
+// is stored. The session calls it once the client has its exit, which waits for nothing but
+// the final event; the client's close may end the session's context meanwhile, so the drop
+// runs on a context of its own. A drop that fails leaves the entry to the bucket's TTL.
+func (r *recording) complete(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), dropTimeout)
+	defer cancel()
 	if err := r.deps.progress.drop(ctx, r.ref, r.execID); err != nil {
 		r.deps.progress.failures.Failed(err)
 	}
-	return nil
 }
 
 // stop ends the timer of a recording whose session ends.

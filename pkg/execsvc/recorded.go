@@ -22,7 +22,7 @@ import (
 // (another inbox) publishes nothing.
 //
 // An entry lives as long as its exec's recording: it is written before the command starts and
-// purged once the exec's final event is stored (recording.exit), so the bucket holds the
+// purged once the exec's final event is stored (recording.complete), so the bucket holds the
 // recorded execs in progress, not every exec of the TTL (294,337 ended execs filled it and
 // refused every company's starts, issue 26). What the TTL still collects: the entry of an exec
 // whose final event no session published (its client went away before the exit and never
@@ -76,13 +76,22 @@ type recordedExec struct {
 
 func recordedKey(ref events.RunRef, execID string) string { return ref.Key() + "." + execID }
 
-// put notes that the exec is recorded for the client at inbox, before its command starts.
-func (r recordedExecs) put(ctx context.Context, ref events.RunRef, execID, command, inbox string) error {
-	data, _ := json.Marshal(recordedExec{Command: command, Inbox: inbox})
-	if _, err := r.kv.Put(ctx, recordedKey(ref, execID), data); err != nil {
-		return fmt.Errorf("noting that exec %s is recorded: %w", execID, err)
+// put notes that the exec is recorded for the client at inbox, before its command starts, and
+// returns what it wrote: the session starts its recording from it without reading it back.
+func (r recordedExecs) put(ctx context.Context, ref events.RunRef, execID, command, inbox string) (notedExec, error) {
+	entry := recordedExec{Command: command, Inbox: inbox}
+	data, _ := json.Marshal(entry)
+	rev, err := r.kv.Put(ctx, recordedKey(ref, execID), data)
+	if err != nil {
+		return notedExec{}, fmt.Errorf("noting that exec %s is recorded: %w", execID, err)
 	}
-	return nil
+	return notedExec{entry: entry, rev: rev}, nil
+}
+
+// notedExec is an exec's entry as a request wrote or read it, at its revision.
+type notedExec struct {
+	entry recordedExec
+	rev   uint64
 }
 
 // get returns what was noted of a recorded exec and its revision; ok is false for an exec that

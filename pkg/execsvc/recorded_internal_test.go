@@ -42,12 +42,17 @@ func TestAdvanceAfterATakeover(t *testing.T) {
 			ctx := t.Context()
 			r := recordedExecs{kv: tc.kv}
 			ref, execID := events.Ref("acme", "r1"), "x-"+tc.name[:3]
-			if err := r.put(ctx, ref, execID, "claude", "_INBOX.a"); err != nil {
-				t.Fatal(err)
-			}
-			_, rev, _, err := r.get(ctx, ref, execID)
+			noted, err := r.put(ctx, ref, execID, "claude", "_INBOX.a")
 			if err != nil {
 				t.Fatal(err)
+			}
+			entry, rev, _, err := r.get(ctx, ref, execID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// The session starts from what the start wrote, without this read (startRecording).
+			if noted.rev != rev || noted.entry != entry {
+				t.Fatalf("put noted %+v at revision %d; the bucket holds %+v at %d", noted.entry, noted.rev, entry, rev)
 			}
 			if _, err := r.advance(ctx, ref, execID, recordedExec{Command: "claude", Inbox: "_INBOX.b", From: 1, To: 1}, rev); err != nil {
 				t.Fatalf("the new session's advance: %v", err)

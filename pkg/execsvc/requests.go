@@ -106,8 +106,9 @@ func (s *Service) start(ctx context.Context, r *request) {
 		return
 	}
 	record := notRecorded
+	var noted *notedExec
 	if req.Record {
-		record = s.noteRecorded(ctx, r, req.ExecID, execproto.CommandName(req.Command))
+		record, noted = s.noteRecorded(ctx, r, req.ExecID, execproto.CommandName(req.Command))
 		if ctx.Err() != nil {
 			s.refuse(r, ctx.Err())
 			return
@@ -144,8 +145,12 @@ func (s *Service) start(ctx context.Context, r *request) {
 		// has a line naming it wherever its start was answered.
 		r.log.Info().Bool("record", req.Record).Msg("exec start found it running")
 	}
-	s.serveRequest(ctx, r, session, rec, pod, client, req.ExecID, execproto.CommandName(req.Command), record, 1, started)
+	s.serveRequest(ctx, r, session, rec, pod, client, req.ExecID, execproto.CommandName(req.Command), record, noted, 1, started)
 }
+
+// dropTimeout bounds the drop of a RecordedBucket entry, which runs whether or not the request
+// that owns it is still wanted.
+const dropTimeout = 10 * time.Second
 
 // forgetRecorded drops the entry noteRecorded wrote for a start that is refused: the client
 // that starts the exec again writes it again.
@@ -153,7 +158,7 @@ func (s *Service) forgetRecorded(ctx context.Context, r *request, execID string,
 	if record != recorded {
 		return
 	}
-	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), dropTimeout)
 	defer cancel()
 	if err := s.recorded.drop(dctx, r.ref, execID); err != nil {
 		s.recorded.failures.Failed(err)
@@ -171,15 +176,16 @@ func (s *Service) forgetRecorded(ctx context.Context, r *request, execID string,
 // exec's tail and final event). Refusing the start instead refused every company's agent
 // commands once one company filled the bucket (issue 26); a company's recordings are bounded by
 // its budgets, and the entries by the recordings in progress (each is dropped at its exec's end).
-func (s *Service) noteRecorded(ctx context.Context, r *request, execID, command string) recordMode {
-	if err := s.recorded.put(ctx, r.ref, execID, command, r.msg.Reply); err != nil {
+func (s *Service) noteRecorded(ctx context.Context, r *request, execID, command string) (recordMode, *notedExec) {
+	noted, err := s.recorded.put(ctx, r.ref, execID, command, r.msg.Reply)
+	if err != nil {
 		if ctx.Err() == nil {
 			s.recorded.failures.Failed(err)
 		}
-		return recordedUnnoted
+		return recordedUnnoted, nil
 	}
 	s.recorded.failures.Wrote()
-	return recorded
+	return recorded, &noted
 }
 
 func (s *Service) attach(ctx context.Context, r *request) {
@@ -212,16 +218,17 @@ func (s *Service) attach(ctx context.Context, r *request) {
 	started := execproto.Started{ExecID: req.ExecID, Replica: s.opts.Replica, StdinOffset: offset, StdinClosed: closed}
 	// An attach does not repeat the start's spec: whether the exec is recorded, and under
 	// which command name, is in RecordedBucket. Only its own client's stream records.
-	noted, _, isRecorded, err := s.recorded.get(ctx, r.ref, req.ExecID)
+	entry, rev, isRecorded, err := s.recorded.get(ctx, r.ref, req.ExecID)
 	if err != nil {
 		s.refuse(r, err)
 		return
 	}
 	record := notRecorded
-	if isRecorded && noted.Inbox == r.msg.Reply {
-		record = recorded
+	var noted *notedExec
+	if isRecorded && entry.Inbox == r.msg.Reply {
+		record, noted = recorded, &notedExec{entry: entry, rev: rev}
 	}
-	s.serveRequest(ctx, r, session, rec, pod, client, req.ExecID, noted.Command, record, req.FromSeq, started)
+	s.serveRequest(ctx, r, session, rec, pod, client, req.ExecID, entry.Command, record, noted, req.FromSeq, started)
 }
 
 // admit checks the request's lease (checkLease).
@@ -241,7 +248,7 @@ func (s *Service) admit(ctx context.Context, r *request, providerLeaseID string)
 }
 
 // serve runs the exec's session on this request's goroutine.
-func (s *Service) serveRequest(ctx context.Context, r *request, id string, rec lease.Record, pod Pod, client *sandboxd.Client, execID, command string, record recordMode, from uint64, started execproto.Started) {
+func (s *Service) serveRequest(ctx context.Context, r *request, id string, rec lease.Record, pod Pod, client *sandboxd.Client, execID, command string, record recordMode, noted *notedExec, from uint64, started execproto.Started) {
 	ioSubj, err := s.subjects.IO(r.ref.CompanyID, r.ref.RunID, execID, id)
 	if err != nil {
 		s.refuse(r, err)
@@ -255,7 +262,7 @@ func (s *Service) serveRequest(ctx context.Context, r *request, id string, rec l
 	}
 	s.serve(ctx, sessionSpec{
 		id: id, ref: r.ref, rec: rec, pod: pod, client: client, execID: execID, command: command,
-		record: record, reply: r.msg.Reply, ioSubj: ioSubj, ctlSubj: ctlSubj, from: from, started: started,
+		record: record, noted: noted, reply: r.msg.Reply, ioSubj: ioSubj, ctlSubj: ctlSubj, from: from, started: started,
 	}, r.log)
 }
 

@@ -88,6 +88,7 @@ type sessionSpec struct {
 	execID  string
 	command string // base name, for logs and recorded events
 	record  recordMode
+	noted   *notedExec // the exec's entry as the request wrote or read it; nil: read it
 	reply   string
 	ioSubj  string // this session's: stdin, acks, close
 	ctlSubj string // the exec's: takeovers
@@ -244,7 +245,7 @@ func (s *session) relayOutput(ctx context.Context) (*execspec.Exit, error) {
 			unnoted = recordedExec{Command: s.command, Inbox: s.reply}
 		}
 		var err error
-		if rec, err = startRecording(ctx, s.recordingDeps(), s.ref, s.execID, unnoted); err != nil {
+		if rec, err = startRecording(ctx, s.recordingDeps(), s.ref, s.execID, s.noted, unnoted); err != nil {
 			return nil, err
 		}
 		if rec != nil {
@@ -324,7 +325,11 @@ func (s *session) pump(ctx context.Context, stream *sandboxd.OutputStream, rec *
 			}
 			s.log.Info().Uint64(logKeyLastSeq, f.LastSeq).Any(logKeyExitCode, f.ExitCode).Any(logKeySignal, f.Signal).
 				Bool(logKeyTimedOut, f.TimedOut).Int64(logKeyBytes, f.StdoutBytes+f.StderrBytes).Msg("exec exited")
-			if err := s.sendJSON(execproto.KindExit, f); err != nil {
+			err := s.sendJSON(execproto.KindExit, f)
+			if rec != nil {
+				rec.complete(ctx)
+			}
+			if err != nil {
 				return nil, err
 			}
 			return f, nil

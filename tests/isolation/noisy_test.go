@@ -57,9 +57,10 @@ const (
 	// quietExecCount is how many short unrecorded exec round trips B makes alone, then beside
 	// A's execs: the kind the plugin runs some 90 times a run (probes, uploads, bridge polls),
 	// whose latency an agent waits on. quietRecorded is how many recorded ones (the agent's own
-	// command, one a run) B makes in each phase, whose history is checked whole.
+	// command, one a run) B makes in each phase, whose history is checked whole: enough for a
+	// median that a few slow ones do not move.
 	quietExecCount = 20
-	quietRecorded  = 5
+	quietRecorded  = 100
 )
 
 // TestNoisyNeighbour is issue 26's acceptance test: company A fills what it can of what every
@@ -176,26 +177,28 @@ func TestNoisyNeighbour(t *testing.T) {
 		t.Logf("company B's exec round trip beside company A: %v (median %s), over the bound %s: measuring again", execsBeside, median(execsBeside), execBound)
 		execsBeside, _ = quietExecs(t, quietClient, quietPod, "beside-again", quietExecCount, false)
 	}
+	probe := probeRunStream(t, quiet)
 	recordedBeside, printedBeside := quietExecs(t, quietClient, quietPod, "beside-recorded", quietRecorded, true)
+	probed := probe()
 	endedBeside := execFlood.Ended() - endedBefore
 	inProgress := len(bucketKeys(t, execsvc.RecordedBucket, noisy))
 	maps.Copy(printed, printedBeside)
 	t.Logf("company B's exec round trip alone: %v (median %s, p90 %s); beside company A's execs (%d of them ended meanwhile, %d at a time, and its loud exec): %v (median %s, p90 %s)",
 		execsAlone, median(execsAlone), percentile(execsAlone, 0.9), endedBeside, noisyConcurrency, execsBeside, median(execsBeside), percentile(execsBeside, 0.9))
-	t.Logf("company B's recorded exec round trip alone: %v (median %s); beside company A's execs: %v (median %s)",
-		recordedAlone, median(recordedAlone), recordedBeside, median(recordedBeside))
+	t.Logf("company B's recorded exec round trip alone: %v (median %s, p90 %s); beside company A's execs: %v (median %s, p90 %s)",
+		recordedAlone, median(recordedAlone), percentile(recordedAlone, 0.9), recordedBeside, median(recordedBeside), percentile(recordedBeside, 0.9))
+	t.Logf("meanwhile a quiet client's publish to %s took median %s, p90 %s, max %s (n=%d); to a stream of its own median %s, p90 %s, max %s",
+		env.Subjects.RunStream(), median(probed.run), percentile(probed.run, 0.9), slices.Max(probed.run), len(probed.run),
+		median(probed.own), percentile(probed.own, 0.9), slices.Max(probed.own))
 	// B's short execs stay within twice their figure alone, or execFloor above it. Its recorded
-	// execs are reported, not bounded: each waits for its two publishes to the run stream, whose
-	// writes stall as a whole beside A's flood (no publish of either exec-worker completes for
-	// 20 ms to 1.3 s, KV writes do; a per-company gate on the publishes in flight did not help:
-	// docs/boundary/fairness.md). With the suite's nats-server inside the test process (built
-	// with -race) they took 7 to 37 times their figure alone (38 to 335 ms against 6 to 13 ms),
-	// the more the busier the machine. With the suite's nats-server as a
-	// process of its own (Options.NATSProcess, as this suite runs) they took 9 to 14 ms against
-	// 7 to 10 in three runs on a quiet machine, 61 to 101 ms against 7 to 14 beside another
-	// suite, and 31.7 then 69.8 ms against 8.3 with the machine to this test alone (a fresh
-	// clone's make test, the test run after every other package): the run stream's writes still
-	// stall as a whole beside A's flood, load or not (docs/boundary/fairness.md).
+	// execs are reported, not bounded. Each is six NATS round trips in a row from the
+	// exec-worker (the lease record, the exec's entry, the budget charge, the entry's advance,
+	// the output and final events), and A's flood leaves the 2-core machine no idle CPU, so
+	// every hop waits to be scheduled: the run stream itself answers a quiet client as fast
+	// beside A as a stream of its own (the probe above), B's plain execs slow too, and the
+	// recorded ones slow by the number of their hops, the more the busier the machine
+	// (docs/boundary/fairness.md). Beside another suite, as make test runs this one, they took
+	// 61 to 101 ms against 7 to 14 alone; a bound would measure the machine.
 	if m := median(execsBeside); m > execBound {
 		t.Errorf("company B's exec round trip took %s (median) beside company A, %s alone; want at most %s (twice)", m, median(execsAlone), execBound)
 	}
@@ -211,7 +214,7 @@ func TestNoisyNeighbour(t *testing.T) {
 	checkLoudExec(t, noisyPod, loudGot)
 	checkRecorded(t, quietPod, printed)
 
-	// A's ended execs left no entry: each is purged at its final event (pkg/execsvc recorded.go).
+	// A's ended execs left no entry: each is purged after its final event (pkg/execsvc recorded.go).
 	// At the default --store-bytes (8 GiB) the bucket's share is 68,719,472 bytes, which no test
 	// fills by count in its time: before issue 26 the old 64 MiB bucket refused every company's
 	// starts after 294,337 ended execs of one company, about 300,000 at today's share. So the

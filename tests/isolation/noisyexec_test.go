@@ -360,3 +360,68 @@ func percentile(d []time.Duration, p float64) time.Duration {
 	i := int(float64(len(s))*p+0.999999) - 1
 	return s[max(0, min(i, len(s)-1))]
 }
+
+// probed is what probeRunStream measured: a quiet client's publish round trips to the run
+// stream, and to a stream of its own beside it.
+type probed struct{ run, own []time.Duration }
+
+// probeRunStream publishes, every 5 ms until the returned func is called, one small message to
+// the run stream (on a subject of company's that names no run of it) and one to a scratch
+// stream of its own, each from a connection of the probe's own, and returns their round
+// trips. Alike, they say the run stream keeps up and a slower exec waits elsewhere; the run
+// stream's far slower would say it is the stream.
+func probeRunStream(t *testing.T, company string) func() probed {
+	t.Helper()
+	nc, err := nats.Connect(env.NATS.URL(), nats.Name("noisy-neighbour-probe"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const scratch = "NOISY_PROBE"
+	if _, err := js.CreateOrUpdateStream(t.Context(), jetstream.StreamConfig{
+		Name: scratch, Subjects: []string{"noisyprobe.>"}, Storage: jetstream.FileStorage, MaxMsgs: 10_000,
+	}); err != nil {
+		t.Fatal(err)
+	}
+	runSubj := env.Subjects.Prefix() + ".run." + company + "." + pt.NewID("run") + ".probe"
+	var got probed
+	done, finished := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(finished)
+		tick := time.NewTicker(5 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-tick.C:
+			}
+			for _, p := range []struct {
+				subj string
+				into *[]time.Duration
+			}{{runSubj, &got.run}, {"noisyprobe.x", &got.own}} {
+				start := time.Now()
+				if _, err := js.Publish(t.Context(), p.subj, []byte("probe")); err != nil {
+					t.Errorf("probe publish to %s: %v", p.subj, err)
+					return
+				}
+				*p.into = append(*p.into, time.Since(start))
+			}
+		}
+	}()
+	return func() probed {
+		close(done)
+		<-finished
+		if err := js.DeleteStream(context.WithoutCancel(t.Context()), scratch); err != nil {
+			t.Errorf("deleting the probe's stream: %v", err)
+		}
+		nc.Close()
+		if len(got.run) == 0 {
+			t.Fatal("the probe published nothing")
+		}
+		return got
+	}
+}
