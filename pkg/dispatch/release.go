@@ -107,7 +107,8 @@ func (d *Dispatcher) answerRelease(ctx context.Context, log zerolog.Logger, rec 
 // the lease the request named, and nothing else is done: no record is written or read beyond
 // the company's own key, so another company's lease of the same run or lease id is not touched.
 // Paperclip's host releases every lease its own restart stranded and keeps a lease it got no
-// receipt for pending cleanup, retrying it for good; a receipt that nothing is there ends that.
+// receipt for pending cleanup: destroyed again on each sweep, five times, then left for an
+// operator (heartbeat.js sweepPendingCleanupLeases). A receipt that nothing is there ends that.
 // Repeating it is harmless (the same message id: JetStream keeps the first, which answers the
 // repeat too). A request that names no lease is refused as before, lease_not_found naming runId:
 // a receipt names the lease it is for, and such a request names none.

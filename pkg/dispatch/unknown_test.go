@@ -19,7 +19,8 @@ import (
 // lease_not_found naming runId, each with its request's id. Nothing anywhere changes: no record
 // is written for the unknown run, and A's lease stays created with its pod, with no released of
 // its own. Paperclip's host sweeps the leases its own restart stranded and releases or destroys
-// each; an answer that is not a receipt leaves its lease pending cleanup, retried for ever.
+// each; an answer that is not a receipt leaves its lease pending cleanup, retried and then left for
+// an operator.
 func TestUnknownLeaseRequests(t *testing.T) {
 	e := startReuseEnv(t)
 	victim := e.acquire(t, "pod")

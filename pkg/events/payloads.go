@@ -554,7 +554,7 @@ type RunReleasedEvent struct {
 	// (no lease for the run: never acquired, another company's, or its record expired): nothing
 	// was there, so nothing was ended, and ProviderLeaseID is the request's, echoed. State is
 	// then destroyed: no lease of that run can be resumed. Paperclip's host releases the leases
-	// its own restart stranded, and needs a receipt for each to stop retrying.
+	// its own restart stranded, and keeps one it got no receipt for pending cleanup.
 	Unknown bool `json:"unknown,omitempty"`
 }
 

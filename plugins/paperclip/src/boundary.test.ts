@@ -274,7 +274,7 @@ describe("the tenant boundary", () => {
       );
       assert.equal(env.sandbox.startRequests.length, starts, "no exec request left");
       const releases = env.kubeclip.requests.length;
-      // Issue 29: Paperclip's host keeps a lease it got no receipt for pending cleanup for good;
+      // Issue 29: Paperclip's host keeps a lease it got no receipt for pending cleanup;
       // nothing of this company's runs under it, and nothing of the other company's is asked for.
       const receipt = await h.harness.releaseLease({ driverKey: "kubernetes", companyId: C, environmentId: "env-1", config: cfg, providerLeaseId: lease.providerLeaseId, leaseMetadata: forged.metadata });
       assert.deepEqual(receipt, { providerLeaseId: lease.providerLeaseId, state: "destroyed" });

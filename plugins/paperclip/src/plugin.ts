@@ -109,7 +109,8 @@ export interface KubeclipLeaseMetadata {
  * metadata kubeclip never wrote (no kubeclip.runId), one of another company, or one kubeclip has
  * no lease for (its `released` says unknown). Paperclip's host sweeps the leases its own restart
  * stranded and releases or destroys each; it keeps a lease it got no receipt for pending cleanup
- * and retries it for good (environment-runtime.js releasePluginBackedSandboxLease), and takes a
+ * and retries it, five times, then leaves it for an operator (environment-runtime.js
+ * releasePluginBackedSandboxLease, heartbeat.js sweepPendingCleanupLeases), and takes a
  * receipt only when it names the lease's own id (remote-execution-termination.js). `destroyed`:
  * nothing under that id can be resumed for this company.
  */

@@ -1,10 +1,10 @@
 // Issue 29: Paperclip's host sweeps the leases its own restart stranded and releases or destroys
-// each; a lease it gets no receipt for stays pending cleanup, retried for good. So a release or
-// destroy of a lease nothing of the company's runs under is answered at once with a receipt that
-// nothing is there, and touches nothing: one whose metadata kubeclip never wrote, one of another
-// company (neither asks kubeclip anything), and one kubeclip answers `released` unknown for (its
-// id may be one of the company's live leases, misnamed: its commands go on). A resume of one is
-// refused clearly, naming the field.
+// each; a lease it gets no receipt for stays pending cleanup, retried and then left for an
+// operator. So a release or destroy of a lease nothing of the company's runs under is answered at
+// once with a receipt that nothing is there, and touches nothing: one whose metadata kubeclip
+// never wrote, one of another company (neither asks kubeclip anything), and one kubeclip answers
+// `released` unknown for (its id may be one of the company's live leases, misnamed: its commands
+// go on). A resume of one is refused clearly, naming the field.
 
 import assert from "node:assert/strict";
 import { after, before, describe, it } from "node:test";
