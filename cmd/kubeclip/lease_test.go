@@ -84,6 +84,8 @@ func TestLeaseAnswers(t *testing.T) {
 		{"destroyed", releaseAnswer(destroy), events.RunReleasedEvent{State: events.ReleaseDestroyed}, true, false},
 		{"stopped is no destroy's answer", releaseAnswer(destroy), events.RunReleasedEvent{State: events.ReleaseStopped, ReleaseID: "rel-1"}, false, false},
 		{"destroy refused", releaseAnswer(destroy), failed(events.LeaseDestroy, ""), true, true},
+		{"an unknown lease's receipt answers a destroy", releaseAnswer(destroy), events.RunReleasedEvent{State: events.ReleaseDestroyed, Unknown: true}, true, false},
+		{"an unknown lease's receipt answers a named release", releaseAnswer(release), events.RunReleasedEvent{State: events.ReleaseDestroyed, ReleaseID: "rel-2", Unknown: true}, true, false},
 		{"a resume refused is no destroy's", releaseAnswer(destroy), failed(events.LeaseResume, "res-2"), false, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

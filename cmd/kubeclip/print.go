@@ -71,6 +71,10 @@ func (p printer) print(r events.Received) {
 			}
 		}
 	case events.RunReleasedEvent:
+		if ev.Unknown {
+			p.line("released", "lease %s %s: the company has no such lease; nothing was ended", ev.ProviderLeaseID, ev.State)
+			break
+		}
 		p.line("released", "lease %s %s", ev.ProviderLeaseID, ev.State)
 	case events.RunSuspendedEvent:
 		p.line("suspended", "lease %s: pod of generation %d deleted, volume %s kept", ev.ProviderLeaseID, ev.Generation, ev.VolumeClaim)

@@ -18,3 +18,14 @@ func TestPrintUsage(t *testing.T) {
 		t.Errorf("printed %q, want %q", b.String(), want)
 	}
 }
+
+// TestPrintUnknownReceipt: the receipt of a release of a lease the company does not have says
+// that nothing was ended, so an operator does not read it as a lease destroyed.
+func TestPrintUnknownReceipt(t *testing.T) {
+	var b strings.Builder
+	printer{w: &b}.print(events.Received{Event: events.RunReleasedEvent{RunID: "r1", CompanyID: "c1", ProviderLeaseID: "pc-1", State: events.ReleaseDestroyed, Unknown: true}})
+	want := "[released] lease pc-1 destroyed: the company has no such lease; nothing was ended\n"
+	if b.String() != want {
+		t.Errorf("printed %q, want %q", b.String(), want)
+	}
+}

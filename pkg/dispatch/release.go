@@ -19,7 +19,8 @@ import (
 // is gone, and only then publishes `released`.
 //
 // The run is the one of the subject's company: a release for another company's run, or for a
-// run with no lease, finds no record and is refused without changing anything. A lease caught
+// run with no lease, finds no record and is answered without changing anything (answerUnknown).
+// A lease caught
 // while its dispatch is creating the workload is left releasing: the dispatch, which sees that
 // when it tries to mark the lease created, deletes what it made and publishes `released`
 // itself, so the pod is gone before `released` whoever finishes first.
@@ -32,7 +33,7 @@ func (d *Dispatcher) handleRelease(ctx context.Context, m jetstream.Msg) error {
 	log := d.log.With().Str(events.LogKeyRunID, req.RunID).Str(events.LogKeyTenant, req.CompanyID).Logger()
 	rec, _, err := d.records.Get(ctx, ref)
 	if errors.Is(err, lease.ErrNotFound) {
-		return events.Terminalf(events.CodeLeaseNotFound, "runId", "company %s has no lease for run %s", req.CompanyID, req.RunID)
+		return d.answerUnknown(ctx, log, req)
 	}
 	if err != nil {
 		return err
@@ -98,6 +99,30 @@ func (d *Dispatcher) answerRelease(ctx context.Context, log zerolog.Logger, rec 
 		return fmt.Errorf("publishing released: %w", err)
 	}
 	log.Info().Str("state", string(state)).Msg("lease released")
+	return nil
+}
+
+// answerUnknown answers a release or destroy of a run the subject's company has no lease for
+// (never acquired, another company's, its record expired): `released` destroyed, unknown, naming
+// the lease the request named, and nothing else is done: no record is written or read beyond
+// the company's own key, so another company's lease of the same run or lease id is not touched.
+// Paperclip's host releases every lease its own restart stranded and keeps a lease it got no
+// receipt for pending cleanup: destroyed again on each sweep, five times, then left for an
+// operator (heartbeat.js sweepPendingCleanupLeases). A receipt that nothing is there ends that.
+// Repeating it is harmless (the same message id: JetStream keeps the first, which answers the
+// repeat too). A request that names no lease is refused as before, lease_not_found naming runId:
+// a receipt names the lease it is for, and such a request names none.
+func (d *Dispatcher) answerUnknown(ctx context.Context, log zerolog.Logger, req events.ReleaseRequest) error {
+	if req.ProviderLeaseID == "" {
+		return events.Terminalf(events.CodeLeaseNotFound, "runId", "company %s has no lease for run %s", req.CompanyID, req.RunID)
+	}
+	if _, err := d.publisher.Publish(ctx, events.RunReleasedEvent{
+		RunID: req.RunID, CompanyID: req.CompanyID, ProviderLeaseID: req.ProviderLeaseID,
+		State: events.ReleaseDestroyed, ReleaseID: req.ReleaseID, Unknown: true,
+	}); err != nil {
+		return fmt.Errorf("publishing released: %w", err)
+	}
+	log.Info().Str("request", string(req.Kind())).Msg("release of a lease the company does not have: answered that nothing is there")
 	return nil
 }
 

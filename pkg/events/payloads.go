@@ -550,6 +550,12 @@ type RunReleasedEvent struct {
 	// ReleaseID is the release request's releaseId, when it named itself (a reusable lease is
 	// released once per run): the answer to that release.
 	ReleaseID string `json:"releaseId,omitempty"`
+	// Unknown marks the receipt of a release or destroy of a lease the company does not have
+	// (no lease for the run: never acquired, another company's, or its record expired): nothing
+	// was there, so nothing was ended, and ProviderLeaseID is the request's, echoed. State is
+	// then destroyed: no lease of that run can be resumed. Paperclip's host releases the leases
+	// its own restart stranded, and keeps one it got no receipt for pending cleanup.
+	Unknown bool `json:"unknown,omitempty"`
 }
 
 // Type implements Event.

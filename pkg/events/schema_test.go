@@ -55,7 +55,7 @@ func schemaCases() []schemaCase {
 		{file: "run-result.json", full: events.RunResultEvent{RunID: "r1", CompanyID: "c1", At: at, Outcome: events.OutcomeFailed, ExitCode: ptr(1), Reason: "OOMKilled", Message: "m", Agent: &agent}, zero: events.RunResultEvent{}},
 		{file: "run-result.json", path: []string{"agent"}, full: agent, zero: events.AgentResult{}},
 		{file: "run-result.json", path: []string{"agent", "usage"}, full: usage, zero: events.AgentUsage{}},
-		{file: "run-released.json", full: events.RunReleasedEvent{RunID: "r1", CompanyID: "c1", At: at, ProviderLeaseID: "pc-1", State: events.ReleaseStopped, ReleaseID: "x1"}, zero: events.RunReleasedEvent{}},
+		{file: "run-released.json", full: events.RunReleasedEvent{RunID: "r1", CompanyID: "c1", At: at, ProviderLeaseID: "pc-1", State: events.ReleaseStopped, ReleaseID: "x1", Unknown: true}, zero: events.RunReleasedEvent{}},
 		{file: "run-failed.json", full: events.RunFailedEvent{RunID: "r1", CompanyID: "c1", At: at, Code: events.CodeInternal, Message: "m", Field: "f", Request: events.LeaseRelease, RequestID: "x1"}, zero: events.RunFailedEvent{}},
 		{file: "run-exec.json", full: events.RunExecEvent{RunID: "r1", CompanyID: "c1", At: at, ExecID: "01K3", Seq: 2, Command: "claude", Stream: events.ExecStdout, Text: "x", Exit: &exit, RecordingStopped: events.BudgetRun, Agent: &agent}, zero: events.RunExecEvent{}},
 		{file: "run-exec.json", path: []string{"exit"}, full: exit, zero: events.ExecExit{}},

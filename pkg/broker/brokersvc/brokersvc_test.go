@@ -367,6 +367,11 @@ func TestReleaserEndsGrants(t *testing.T) {
 		{"failed release", events.KindFailed, func(c, r string) any {
 			return events.RunFailedEvent{CompanyID: c, RunID: r, Code: events.CodeInternal, Request: events.LeaseRelease}
 		}, false},
+		// The receipt of a release of a lease the company did not have names the lease the
+		// request named, which may be a live one of the company's: it ends nothing.
+		{"unknown released", events.KindReleased, func(c, r string) any {
+			return events.RunReleasedEvent{CompanyID: c, RunID: r, ProviderLeaseID: "lease-" + r, State: events.ReleaseDestroyed, Unknown: true}
+		}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := "run-" + strings.ReplaceAll(tc.name, " ", "-")

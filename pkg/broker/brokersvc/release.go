@@ -115,9 +115,15 @@ func (r *Releaser) handle(ctx context.Context, m jetstream.Msg) error {
 	case events.KindReleased:
 		var ev struct {
 			ProviderLeaseID string `json:"providerLeaseId"`
+			Unknown         bool   `json:"unknown"`
 		}
 		if err := json.Unmarshal(m.Data(), &ev); err != nil {
 			return events.Terminal(events.CodeInvalidRequest, "", fmt.Errorf("decoding a released event: %w", err))
+		}
+		if ev.Unknown {
+			// The receipt of a release of a lease the company did not have: nothing ended, and
+			// the lease id it echoes may be one of the company's live leases, misnamed.
+			return nil
 		}
 		if events.ValidateToken("providerLeaseId", ev.ProviderLeaseID) != nil {
 			n, err = r.o.Store.ReleaseRun(ctx, company, run) // no lease to name: the run's

@@ -81,6 +81,8 @@ export interface CreatedEvent {
 export interface ReleasedEvent {
   providerLeaseId: string;
   state: "stopped" | "destroyed";
+  /** kubeclip had no lease of the company for the run: a receipt that nothing was there. */
+  unknown?: true;
 }
 
 export interface WaitOptions {
@@ -331,7 +333,7 @@ function decodeReleased(ev: JsonObject): ReleasedEvent {
   const f = new Fields(ev, "released event");
   const state = f.str("state");
   if (state !== "stopped" && state !== "destroyed") throw new ProtocolError(`released event: state ${state} is not stopped or destroyed`);
-  return { providerLeaseId: f.str("providerLeaseId"), state };
+  return { providerLeaseId: f.str("providerLeaseId"), state, ...(ev.unknown === true ? { unknown: true as const } : {}) };
 }
 
 /** Whether ev answers the request named id (undefined: a request that named itself not). */

@@ -234,7 +234,7 @@ describe("plugin hooks", () => {
       assert.deepEqual(receipt, { providerLeaseId: lease.providerLeaseId, state: "destroyed" });
     });
 
-    it("throws a failed release, and refuses a lease it did not acquire", async () => {
+    it("throws a failed release, and answers one of a lease it did not acquire with a receipt that nothing is there", async () => {
       const runId = newRun();
       const lease = await acquire(runId);
       env.kubeclip.onRelease = () => ({ kind: "failed", code: "backend_unavailable", message: "Kubernetes API unreachable" });
@@ -246,9 +246,10 @@ describe("plugin hooks", () => {
       } finally {
         env.kubeclip.onRelease = (req) => ({ kind: "released", state: req.kind === "destroy" ? "destroyed" : "stopped" });
       }
-      await assert.rejects(
-        h.harness.releaseLease({ driverKey: "kubernetes", companyId: C, environmentId: "env-1", config: cfg, providerLeaseId: "pc-x", leaseMetadata: { root: "/x" } }),
-        /leaseMetadata\.kubeclip\.runId: missing/,
+      // Issue 29 (unknown.test.ts): Paperclip's host retries a lease it got no receipt for.
+      assert.deepEqual(
+        await h.harness.releaseLease({ driverKey: "kubernetes", companyId: C, environmentId: "env-1", config: cfg, providerLeaseId: "pc-x", leaseMetadata: { root: "/x" } }),
+        { providerLeaseId: "pc-x", state: "destroyed" },
       );
     });
 

@@ -6,7 +6,9 @@
 //   realizeWorkspace → nothing to do: the pod's /workspace is the workspace
 //   execute          → the exec protocol (exec.ts) on core NATS, output streamed live
 //   syncIn/syncOut   → sandboxd untar/tar over the same exec protocol, tar streams (sync.ts)
-//   release/destroy  → JetStream lease request, wait for `released`/`failed` (the receipt)
+//   release/destroy  → JetStream lease request, wait for `released`/`failed` (the receipt);
+//                      a lease kubeclip or the plugin does not know: a receipt that nothing is
+//                      there (unknownLeaseReceipt)
 //   onLoginPty*      → a login command on a terminal exec in a lease's pod (loginpty.ts)
 //
 // Logs carry run and lease ids only: never config values, env, stdin or credentials.
@@ -100,6 +102,20 @@ export interface KubeclipLeaseMetadata {
   reusable?: boolean;
   /** How often it was resumed; names each run's release (releaseId). */
   resumes?: number;
+}
+
+/**
+ * The receipt of a release or destroy of a lease nothing of this company's runs under: one whose
+ * metadata kubeclip never wrote (no kubeclip.runId), one of another company, or one kubeclip has
+ * no lease for (its `released` says unknown). Paperclip's host sweeps the leases its own restart
+ * stranded and releases or destroys each; it keeps a lease it got no receipt for pending cleanup
+ * and retries it, five times, then leaves it for an operator (environment-runtime.js
+ * releasePluginBackedSandboxLease, heartbeat.js sweepPendingCleanupLeases), and takes a
+ * receipt only when it names the lease's own id (remote-execution-termination.js). `destroyed`:
+ * nothing under that id can be resumed for this company.
+ */
+export function unknownLeaseReceipt(providerLeaseId: string): PluginEnvironmentTerminationReceipt {
+  return { providerLeaseId, state: "destroyed" };
 }
 
 export function createPlugin(options: PluginOptions = {}): PaperclipPlugin {
@@ -249,7 +265,21 @@ export function createPlugin(options: PluginOptions = {}): PaperclipPlugin {
   ): Promise<PluginEnvironmentTerminationReceipt | undefined> {
     const providerLeaseId = params.providerLeaseId;
     if (!providerLeaseId) return undefined; // nothing was acquired
-    const meta = leaseMetadata(params.leaseMetadata, "leaseMetadata");
+    if (!params.companyId) throw new Error("companyId: Paperclip sent no company id; refused");
+    const log = context().logger;
+    // A lease the plugin cannot map to a run of this company is answered at once, and nothing of
+    // anyone's is touched: no request to kubeclip, no command cancelled, nothing forgotten.
+    const nothingHere = (why: string, runId?: string): PluginEnvironmentTerminationReceipt => {
+      log.warn(`lease ${kind}: nothing of this company's runs under this lease; answered with a receipt`, { providerLeaseId, ...(runId ? { runId } : {}), reason: why });
+      return unknownLeaseReceipt(providerLeaseId);
+    };
+    let meta: KubeclipLeaseMetadata;
+    try {
+      meta = leaseMetadata(params.leaseMetadata, "leaseMetadata");
+    } catch {
+      return nothingHere("the lease metadata has no kubeclip.runId: kubeclip's plugin did not acquire it");
+    }
+    if (meta.companyId && meta.companyId !== params.companyId) return nothingHere("the lease metadata names another company", meta.runId);
     const companyId = companyOf(meta, params.companyId, "leaseMetadata");
     const cancel = params.cancelActiveWork === true;
     // A reusable lease the host cannot resume (its lease has no reuse scope: a run without an
@@ -263,7 +293,6 @@ export function createPlugin(options: PluginOptions = {}): PaperclipPlugin {
     const key = leaseKey(companyId, providerLeaseId);
     const conn = await connectionFor(params.config, params.companyId);
     const leases = leasesOn(await pool.get(conn), conn.prefix);
-    const log = context().logger;
     log.info(`lease ${kind} requested`, { runId: meta.runId, providerLeaseId, cancelActiveWork: cancel });
     const t0 = Date.now();
     try {
@@ -272,6 +301,9 @@ export function createPlugin(options: PluginOptions = {}): PaperclipPlugin {
         kind,
         { timeoutMs: conn.timeoutMs ?? DEFAULT_RPC_BUDGET_MS, display: conn.display },
       );
+      // kubeclip has no lease of this company for the run: the id may still be one of the
+      // company's live leases, misnamed, whose commands and state must stay.
+      if (released.unknown) return nothingHere("kubeclip has no lease of this company for the run", meta.runId);
       // kubeclip answered for this company's lease: only now are its commands cancelled and
       // its login lease forgotten (a refused release ends nothing of the plugin's either).
       if (cancel) {

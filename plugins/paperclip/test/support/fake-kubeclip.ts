@@ -17,7 +17,7 @@ export interface LeaseRequest {
 export type Answer =
   | { kind: "created"; extra?: JsonObject }
   | { kind: "failed"; code: string; message: string; field?: string }
-  | { kind: "released"; state?: "stopped" | "destroyed" }
+  | { kind: "released"; state?: "stopped" | "destroyed"; unknown?: boolean }
   | { kind: "resumed"; from?: "retained" | "suspended"; generation?: number; resumes?: number; expiresAt?: string }
   | { kind: "silent" }
   | { kind: "events"; events: { kind: string; payload: JsonObject }[] };
@@ -144,6 +144,7 @@ export class FakeKubeclip {
         await this.publishRun(companyId, runId, "released", {
           providerLeaseId: String(payload.providerLeaseId),
           state: answer.state ?? "stopped",
+          ...(answer.unknown ? { unknown: true } : {}),
           // As kubeclip (pkg/dispatch release.go): only a reusable lease's release names its
           // answer; a destroy's answer is the lease's one `released {destroyed}`.
           ...(typeof payload.releaseId === "string" && kind === "release" ? { releaseId: payload.releaseId } : {}),
