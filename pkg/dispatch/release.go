@@ -20,10 +20,9 @@ import (
 //
 // The run is the one of the subject's company: a release for another company's run, or for a
 // run with no lease, finds no record and is answered without changing anything (answerUnknown).
-// A lease caught
-// while its dispatch is creating the workload is left releasing: the dispatch, which sees that
-// when it tries to mark the lease created, deletes what it made and publishes `released`
-// itself, so the pod is gone before `released` whoever finishes first.
+// A lease caught while its dispatch is creating the workload is left releasing: the dispatch,
+// which sees that when it tries to mark the lease created, deletes what it made and publishes
+// `released` itself, so the pod is gone before `released` whoever finishes first.
 func (d *Dispatcher) handleRelease(ctx context.Context, m jetstream.Msg) error {
 	req, err := d.opts.Subjects.DecodeRelease(m.Subject(), m.Data())
 	if err != nil {
