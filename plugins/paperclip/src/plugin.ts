@@ -5,6 +5,8 @@
 //   acquireLease     → JetStream lease request `acquire`, wait for `created`/`failed`
 //   realizeWorkspace → nothing to do: the pod's /workspace is the workspace
 //   execute          → the exec protocol (exec.ts) on core NATS, output streamed live
+//   cancelExecution  → that one execute's exec killed (SIGKILL through the exec service), when
+//                      the installed SDK knows the method (cancel.ts)
 //   syncIn/syncOut   → sandboxd untar/tar over the same exec protocol, tar streams (sync.ts)
 //   release/destroy  → JetStream lease request, wait for `released`/`failed` (the receipt);
 //                      a lease kubeclip or the plugin does not know: a receipt that nothing is
@@ -55,6 +57,7 @@ import {
   type Connection,
   type PluginKeys,
 } from "./config.js";
+import { Executions, checkCancel, executionIdOf, servesCancelExecution, type CancelExecutionResult } from "./cancel.js";
 import { EnvPolicy } from "./envpolicy.js";
 import { ConfigError, KubeclipError, TimeoutError, UnreachableError, errorMessage, scrub } from "./errors.js";
 import { runExec, type ExecOptions, type ExecResult, type ExecSpec } from "./exec.js";
@@ -88,6 +91,11 @@ export interface PluginOptions {
   reusableLeases?: boolean;
   /** How long a brokered key's mint may take (default broker.MINT_TIMEOUT_MS; tests shorten it). */
   mintTimeoutMs?: number;
+  /**
+   * Whether the worker serves environmentCancelExecution (default: whether the installed SDK
+   * knows the method, cancel.ts servesCancelExecution; tests force it on).
+   */
+  cancelExecution?: boolean;
 }
 
 /** kubeclip's state in lease metadata: one key, because metadata keys override config keys. */
@@ -121,6 +129,9 @@ export function unknownLeaseReceipt(providerLeaseId: string): PluginEnvironmentT
 export function createPlugin(options: PluginOptions = {}): PaperclipPlugin {
   const pool = new ConnectionPool();
   const reusableLeases = options.reusableLeases ?? REUSABLE_LEASES;
+  const cancels = options.cancelExecution ?? servesCancelExecution();
+  /** Executes in flight by the host's exact identity, for environmentCancelExecution. */
+  const executions = new Executions();
   /**
    * In-flight executes per company and lease (leaseKey), aborted by that company's release with
    * cancelActiveWork once kubeclip answered it.
@@ -410,7 +421,7 @@ export function createPlugin(options: PluginOptions = {}): PaperclipPlugin {
   }
 
   /** One execute call: the command through kubeclip's exec service, output forwarded live. */
-  async function execute(params: PluginEnvironmentExecuteParams, providerLeaseId: string): Promise<PluginEnvironmentExecuteResult> {
+  async function execute(params: PluginEnvironmentExecuteParams, providerLeaseId: string, signal: AbortSignal): Promise<PluginEnvironmentExecuteResult> {
     const meta = leaseMetadata(params.lease.metadata, "lease.metadata");
     const companyId = companyOf(meta, params.companyId, "lease.metadata");
     const s = await settings(companyId);
@@ -447,12 +458,15 @@ export function createPlugin(options: PluginOptions = {}): PaperclipPlugin {
     const forward = (stream: "stdout" | "stderr", chunk: string): void => {
       live.write(stream, chunk);
     };
+    // Cancelled (environmentCancelExecution) before anything was sent: nothing to stop.
+    if (signal.aborted) return { exitCode: null, signal: null, timedOut: false, stdout: "", stderr: "", metadata: { cancelled: true } };
+    // The spec names its fields: the host's executionId never reaches kubeclip or the command.
     const r = await runOnLease(
       nc,
       conn,
       s,
       { companyId, runId: meta.runId, providerLeaseId, command, args, cwd: params.cwd, env: sent, stdin: params.stdin, timeoutMs, record },
-      { onOutput: forward, holdBytes: s.maxExecuteOutputBytes ?? DEFAULT_EXECUTE_OUTPUT_BYTES },
+      { onOutput: forward, holdBytes: s.maxExecuteOutputBytes ?? DEFAULT_EXECUTE_OUTPUT_BYTES, signal },
     );
     live.finish();
     if (record || r.exitCode !== 0 || r.metadata.truncated) {
@@ -512,6 +526,23 @@ export function createPlugin(options: PluginOptions = {}): PaperclipPlugin {
     } finally {
       leaseStats.sync(execs, bytes);
     }
+  }
+
+  /**
+   * environmentCancelExecution: stops the execute of exactly this company, environment, lease
+   * and executionId, and answers once it has ended; anything else is answered cancelled: false
+   * and nothing is touched.
+   */
+  async function cancelExecution(params: unknown): Promise<CancelExecutionResult> {
+    const p = checkCancel(params);
+    const providerLeaseId = p.lease.providerLeaseId;
+    const t0 = Date.now();
+    const cancelled =
+      providerLeaseId !== null &&
+      (await executions.cancel({ companyId: p.companyId, environmentId: p.environmentId, providerLeaseId, executionId: p.executionId }));
+    // Neither the executionId nor the reason is logged: both are the host's, opaque to kubeclip.
+    context().logger.info(cancelled ? "execute cancelled" : "execute cancel: no such command in flight", { providerLeaseId, cancelled, cancelMs: Date.now() - t0 });
+    return { executionId: p.executionId, cancelled };
   }
 
   /**
@@ -751,12 +782,33 @@ export function createPlugin(options: PluginOptions = {}): PaperclipPlugin {
         return { exitCode: 1, timedOut: false, stdout: "", stderr: "No provider lease ID available for execution." };
       }
       const t0 = Date.now();
+      // Tracked before anything is awaited: a cancel that comes while the execute still reads
+      // its settings or connects finds it, and stops it before anything is sent.
+      const controller = new AbortController();
+      let ended!: () => void;
+      const done = new Promise<void>((resolve) => {
+        ended = resolve;
+      });
+      const executionId = cancels ? executionIdOf(params) : undefined;
+      const untrack =
+        executionId === undefined
+          ? undefined
+          : executions.track({ companyId: params.companyId, environmentId: params.environmentId, providerLeaseId, executionId }, async () => {
+              // The same stop as a release's cancelActiveWork: the exec killed through kubeclip's
+              // exec service (exec.ts giveUp); acknowledged once the execute has ended.
+              controller.abort();
+              await done;
+            });
       try {
-        return await execute(params, providerLeaseId);
+        return await execute(params, providerLeaseId, controller.signal);
       } finally {
+        untrack?.();
+        ended();
         stats.of(leaseKey(params.companyId, providerLeaseId)).execute(Date.now() - t0);
       }
     },
+
+    ...(cancels ? { onEnvironmentCancelExecution: cancelExecution } : {}),
 
     async onEnvironmentSyncIn(params): Promise<PluginEnvironmentSyncResult> {
       return sync(params, "in");

@@ -10,7 +10,7 @@ import { PassThrough } from "node:stream";
 import { after, before, describe, it } from "node:test";
 import { runWorker } from "@paperclipai/plugin-sdk";
 import manifest from "../src/manifest.js";
-import { createPlugin } from "../src/plugin.js";
+import { createPlugin, type PluginOptions } from "../src/plugin.js";
 import { startEnv, type Env } from "./support/harness.js";
 
 interface RpcMessage {
@@ -30,8 +30,8 @@ class Host {
   private nextId = 1;
   private buf = "";
 
-  constructor() {
-    runWorker(createPlugin({ exec: { silenceMs: 500, graceMs: 2_000 } }), "file:///not-the-entrypoint.js", { stdin: this.toWorker, stdout: this.fromWorker });
+  constructor(options: PluginOptions = {}) {
+    runWorker(createPlugin({ exec: { silenceMs: 500, graceMs: 2_000 }, ...options }), "file:///not-the-entrypoint.js", { stdin: this.toWorker, stdout: this.fromWorker });
     this.fromWorker.on("data", (b: Buffer) => {
       this.buf += b.toString("utf8");
       let i;
@@ -192,6 +192,24 @@ describe("worker protocol", () => {
       process.env.PATH = savedPath;
       rmSync(bin, { recursive: true, force: true });
       rmSync(sessionHome, { recursive: true, force: true });
+    }
+  });
+
+  it("with an SDK that does not know environmentCancelExecution, neither advertises nor serves it, even with the hook defined", async () => {
+    // The installed SDK (2026.916.1) advertises only the methods it knows; the host never calls
+    // one a worker does not advertise. Its RPC host answers the method as unknown.
+    const forced = new Host({ cancelExecution: true });
+    forced.settings = { natsUrl: env.server.url };
+    try {
+      const init = await forced.call("initialize", { manifest, config: {}, instanceInfo: { instanceId: "test", hostVersion: "2026.916.1" }, apiVersion: 1 });
+      assert.equal(init.error, undefined, JSON.stringify(init.error));
+      const advertised = (init.result as { supportedMethods: string[] }).supportedMethods;
+      assert.equal(advertised.includes("environmentCancelExecution"), false, JSON.stringify(advertised));
+      assert.ok(advertised.includes("environmentExecute"));
+      const r = await forced.call("environmentCancelExecution", { driverKey: "kubernetes", companyId: C, environmentId: "e", config: {}, lease: { providerLeaseId: "x" }, executionId: "e-1", reason: "test" });
+      assert.equal(r.error?.code, -32601, JSON.stringify(r));
+    } finally {
+      await forced.call("shutdown", {});
     }
   });
 
