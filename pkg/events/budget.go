@@ -198,10 +198,16 @@ func (e *BudgetExceededError) Budget() string {
 	return fmt.Sprintf("company %s's %s budget per %s of %d bytes%s", e.Company, what, e.Kind, e.Limit, per)
 }
 
-// Charge counts n bytes against ref's run and company, the run first. A *BudgetExceededError
-// says which budget n does not fit. When the company's refuses, the run keeps the n bytes it was
-// charged: its recording or log stops anyway. A run's counter is written at once (one writer
-// follows a run); a company's gathers for budgetCompanyFlush.
+// Charge counts n bytes against ref's run and company. A *BudgetExceededError says which
+// budget n does not fit, the run's when both refuse. When the company's refuses, the run keeps
+// the n bytes it was charged: its recording or log stops anyway. A run's counter is written at
+// once (one writer follows a run); a company's gathers for budgetCompanyFlush.
+//
+// The two are charged at once, each its own counter, so a charge that writes both costs its
+// caller one NATS round trip, not two in a row (a recorded exec waits for it before its event
+// is published: issue 26). When the run's refuses, the company's takes its n bytes back unless
+// they were written meanwhile: then the company is counted n bytes it did not store, once per
+// run that reaches its budget.
 //
 // A charge the bucket cannot count (it is full, or NATS does not answer) fails open: it is
 // admitted on what this process counted (its bytes wait in the process and are written with a
@@ -211,10 +217,29 @@ func (e *BudgetExceededError) Budget() string {
 // as this process's own count says so. Only ctx's end and cas.ErrContended (other replicas
 // moving the counter: the caller retries) are returned as errors.
 func (b *Budgets) Charge(ctx context.Context, ref RunRef, n int64) error {
-	if err := b.add(ctx, b.runKey(ref), n, b.opts.RunBytes, ref, BudgetRun, 0); err != nil {
-		return err
+	company := b.companyKey(ref)
+	var companyErr error
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		companyErr = b.add(ctx, company, n, b.opts.CompanyBytes, ref, BudgetCompany, budgetCompanyFlush)
+	})
+	runErr := b.add(ctx, b.runKey(ref), n, b.opts.RunBytes, ref, BudgetRun, 0)
+	wg.Wait()
+	if runErr != nil {
+		if companyErr == nil {
+			b.takeBack(company, n)
+		}
+		return runErr
 	}
-	return b.chargeCompany(ctx, ref, n)
+	return companyErr
+}
+
+// takeBack withdraws n bytes charged to key and not yet written; bytes written already stay.
+func (b *Budgets) takeBack(key string, n int64) {
+	c := b.counter(key)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.pending -= min(n, c.pending)
 }
 
 // ChargeCompany counts n against companyID's counter of the current window alone (the lease
@@ -226,9 +251,13 @@ func (b *Budgets) ChargeCompany(ctx context.Context, companyID string, n int64) 
 
 // chargeCompany counts n against ref's company's counter of the current window.
 func (b *Budgets) chargeCompany(ctx context.Context, ref RunRef, n int64) error {
+	return b.add(ctx, b.companyKey(ref), n, b.opts.CompanyBytes, ref, BudgetCompany, budgetCompanyFlush)
+}
+
+// companyKey is ref's company's counter of the current window.
+func (b *Budgets) companyKey(ref RunRef) string {
 	window := b.opts.Now().UnixNano() / int64(b.opts.Window)
-	company := b.opts.Source + ".company." + keyPart(ref.CompanyID) + "." + strconv.FormatInt(window, 10)
-	return b.add(ctx, company, n, b.opts.CompanyBytes, ref, BudgetCompany, budgetCompanyFlush)
+	return b.opts.Source + ".company." + keyPart(ref.CompanyID) + "." + strconv.FormatInt(window, 10)
 }
 
 func (b *Budgets) runKey(ref RunRef) string { return b.opts.Source + ".run." + ref.Key() }

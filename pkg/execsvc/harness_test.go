@@ -75,6 +75,8 @@ type env struct {
 	clientNC  *nats.Conn
 	// replicaOpts are the replicas' connection options (credentials).
 	replicaOpts []nats.Option
+	// replicaSrv is where replicas started from now on connect (nil: srv), e.g. a delayProxy.
+	replicaSrv natsServer
 	// record is the replicas' recording limits (zero: the defaults).
 	record execsvc.RecordLimits
 	// tune changes the replicas' service options, when set.
@@ -190,7 +192,11 @@ func (e *env) startReplica() *replica {
 	e.mu.Lock()
 	name := fmt.Sprintf("replica-%d", len(e.replicas)+1)
 	e.mu.Unlock()
-	nc, err := nats.Connect(e.srv.ClientURL(), append(e.replicaOpts, nats.Name(name))...)
+	srv := e.srv
+	if e.replicaSrv != nil {
+		srv = e.replicaSrv
+	}
+	nc, err := nats.Connect(srv.ClientURL(), append(e.replicaOpts, nats.Name(name))...)
 	if err != nil {
 		t.Fatal(err)
 	}

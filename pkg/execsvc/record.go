@@ -338,31 +338,52 @@ func (r *recording) flush(ctx context.Context, live bool) error {
 		RunID: r.ref.RunID, CompanyID: r.ref.CompanyID, ExecID: r.execID, Seq: to,
 		Command: r.command, Stream: stream, Text: r.text(st, data),
 	}
-	if live && r.deps.budgets != nil {
-		// The run and company are charged what the event stores, envelope and all: output
-		// dribbled a byte at a time pays per event.
-		cost, err := events.StoredBytes(r.deps.subjects, ev)
-		if err != nil {
-			return err
-		}
-		err = retrying(ctx, r.deps.onRetry, func() error { return r.deps.budgets.Charge(ctx, r.ref, cost) })
-		var be *events.BudgetExceededError
-		if errors.As(err, &be) {
-			r.dropPending()
-			return r.stopAt(ctx, &sandboxd.Chunk{Seq: from, Stream: st}, be)
-		}
-		if err != nil {
-			return err
-		}
-	}
 	if live {
-		if err := r.announce(ctx, recordedExec{Command: r.command, Inbox: r.progress.Inbox, From: from, To: to, Used: r.execUsed}); err != nil {
+		if err := r.chargeAndAnnounce(ctx, ev, recordedExec{Command: r.command, Inbox: r.progress.Inbox, From: from, To: to, Used: r.execUsed}); err != nil {
+			var be *events.BudgetExceededError
+			if errors.As(err, &be) {
+				r.dropPending()
+				return r.stopAt(ctx, &sandboxd.Chunk{Seq: from, Stream: st}, be)
+			}
 			return err
 		}
 	}
 	r.execUsed += eventCost(len(data))
 	r.dropPending()
 	return r.publish(ctx, ev)
+}
+
+// chargeAndAnnounce charges a new event to the run's and company's budgets and writes its seqs
+// to the progress entry (announce), the two at once: they are independent writes to two
+// buckets, and each NATS round trip in a recorded exec's path costs milliseconds on a machine
+// another company's flood leaves no idle CPU (issue 26). A takeover of the entry ends the
+// recording whatever the charge said; otherwise a budget the charge finds used up is returned
+// (a *events.BudgetExceededError: the caller stops the recording there, and the stop's own
+// announce replaces this one).
+//
+// What the two at once cost: a session that dies between this announce and that stop's leaves
+// the entry naming an event the budget refused, and the session that takes over publishes it,
+// uncharged: one event (at most FlushBytes of output) past the budget, once per such death.
+func (r *recording) chargeAndAnnounce(ctx context.Context, ev events.RunExecEvent, next recordedExec) error {
+	var charged error
+	var wg sync.WaitGroup
+	if r.deps.budgets != nil {
+		// The run and company are charged what the event stores, envelope and all: output
+		// dribbled a byte at a time pays per event.
+		cost, err := events.StoredBytes(r.deps.subjects, ev)
+		if err != nil {
+			return err
+		}
+		wg.Go(func() {
+			charged = retrying(ctx, r.deps.onRetry, func() error { return r.deps.budgets.Charge(ctx, r.ref, cost) })
+		})
+	}
+	announced := r.announce(ctx, next)
+	wg.Wait()
+	if announced != nil {
+		return announced
+	}
+	return charged
 }
 
 // dropPending empties the batch; a buffer grown past two batches is released.

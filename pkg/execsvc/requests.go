@@ -105,21 +105,14 @@ func (s *Service) start(ctx context.Context, r *request) {
 		s.refuse(r, err)
 		return
 	}
-	record := notRecorded
-	var noted *notedExec
-	if req.Record {
-		record, noted = s.noteRecorded(ctx, r, req.ExecID, execproto.CommandName(req.Command))
-		if ctx.Err() != nil {
-			s.refuse(r, ctx.Err())
-			return
-		}
-	}
+	noting := s.noteRecordedAsync(ctx, r, req)
 	stop := s.heartbeatWhileWaiting(r)
 	wait := s.opts.ReadyTimeout
 	if t := time.Duration(req.TimeoutMs) * time.Millisecond; t > 0 && t < wait {
 		wait = t
 	}
 	pod, client, res, err := s.startExec(ctx, r, rec, sandboxdSpec(req), wait)
+	record, noted := noting()
 	if err != nil {
 		stop()
 		s.forgetRecorded(ctx, r, req.ExecID, record)
@@ -165,7 +158,7 @@ func (s *Service) forgetRecorded(ctx context.Context, r *request, execID string,
 	}
 }
 
-// noteRecorded writes the recorded exec's RecordedBucket entry before its command starts.
+// noteRecorded writes the recorded exec's RecordedBucket entry as its command starts.
 //
 // A write that fails (the bucket full, NATS not answering) does not refuse the start. The entry
 // is not needed for the command to run, nor for its recording while this session serves it:
@@ -176,6 +169,13 @@ func (s *Service) forgetRecorded(ctx context.Context, r *request, execID string,
 // exec's tail and final event). Refusing the start instead refused every company's agent
 // commands once one company filled the bucket (issue 26); a company's recordings are bounded by
 // its budgets, and the entries by the recordings in progress (each is dropped at its exec's end).
+//
+// The entry is written while the command starts, not before: neither waits for the other, and
+// a recorded exec's client gets its `started` one NATS round trip sooner (on a machine another
+// company's flood leaves no idle CPU, each round trip costs milliseconds: issue 26). What the
+// order cost is unchanged: a replica that dies between the two leaves a running exec without an
+// entry, as a write that fails does, and the client's start sent again writes it (a repeated
+// start finds the command running and records it from seq 1).
 func (s *Service) noteRecorded(ctx context.Context, r *request, execID, command string) (recordMode, *notedExec) {
 	noted, err := s.recorded.put(ctx, r.ref, execID, command, r.msg.Reply)
 	if err != nil {
@@ -186,6 +186,27 @@ func (s *Service) noteRecorded(ctx context.Context, r *request, execID, command 
 	}
 	s.recorded.failures.Wrote()
 	return recorded, &noted
+}
+
+// noteRecordedAsync starts noteRecorded for a recorded start (nothing for another) and returns
+// the wait for its outcome.
+func (s *Service) noteRecordedAsync(ctx context.Context, r *request, req execproto.StartRequest) func() (recordMode, *notedExec) {
+	if !req.Record {
+		return func() (recordMode, *notedExec) { return notRecorded, nil }
+	}
+	var (
+		record recordMode
+		noted  *notedExec
+		done   = make(chan struct{})
+	)
+	go func() {
+		defer close(done)
+		record, noted = s.noteRecorded(ctx, r, req.ExecID, execproto.CommandName(req.Command))
+	}()
+	return func() (recordMode, *notedExec) {
+		<-done
+		return record, noted
+	}
 }
 
 func (s *Service) attach(ctx context.Context, r *request) {
