@@ -184,7 +184,7 @@ $(NATS_SERVER_BIN): go.mod
 
 # bench-scale: 1,000, 3,000 and 10,000 concurrent leases of each of SCALE_BACKENDS (pod, job)
 # through the worker binaries on a fleet of fake nodes kwok simulates on the local cluster
-# (hack/kwok; tests/scale, docs/scale.md); the table (one column set per backend), plot (scale.svg)
+# (hack/kwok; tests/scale, docs/performance.md); the table (one column set per backend), plot (scale.svg)
 # and JSON go to $(SCALE_OUT). The bench's API proxy and the job backend's log server get their
 # certificates from the cluster's CA (the pki directory beside its kubeconfig). Not part of `make test`: the three pod
 # sizes took about 30 min on this 2-core machine (10,000: 18 min), with other work on it.

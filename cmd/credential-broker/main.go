@@ -98,7 +98,7 @@ func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout,
 	}
 	defer app.Drain(nc, log)
 	opsSrv.WatchJetStream(component, js, subjects)
-	// The start-up self-check (docs/selfcheck.md), NATS only: the broker has no Kubernetes
+	// The start-up self-check (docs/monitoring.md, Start-up self-check), NATS only: the broker has no Kubernetes
 	// client. /readyz fails naming what its user lacks until it holds everything.
 	stopSelfCheck, err := s.CheckNATSPermissions(ctx, opsSrv, log, component, subjects)
 	if err != nil {

@@ -46,7 +46,7 @@ type settings struct {
 	Record          recordSettings
 }
 
-// recordSettings bound recorded execs (execsvc.RecordLimits, docs/boundary/budgets.md).
+// recordSettings bound recorded execs (execsvc.RecordLimits, docs/security.md, Budgets).
 type recordSettings struct {
 	MaxLine, ExecBytes, RunBytes, CompanyBytes int
 	CompanyWindow                              time.Duration

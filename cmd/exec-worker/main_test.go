@@ -48,7 +48,7 @@ func TestSettings(t *testing.T) {
 		{name: "no self-check interval", args: []string{"--sandbox-key-file", key, "--self-check-interval", "0s"}, wantCode: 2, wantErr: "--self-check-interval (KUBECLIP_SELF_CHECK_INTERVAL) must be > 0"},
 		{name: "no ready wait", args: []string{"--sandbox-key-file", key, "--ready-timeout", "0s"}, wantCode: 2, wantErr: "--ready-timeout (KUBECLIP_EXEC_READY_TIMEOUT) must be > 0"},
 		// The old default, 1 GiB a company a day, does not fit the run stream for the 4 companies
-		// the default 8 GiB store is sized for (docs/boundary/budgets.md).
+		// the default 8 GiB store is sized for (docs/security.md, Budgets).
 		{name: "company budget past the store", args: []string{"--sandbox-key-file", key, "--record-company-budget", "1073741824"}, wantCode: 2, wantErr: "--record-company-budget (KUBECLIP_RECORD_COMPANY_BUDGET) is 1073741824 bytes per 24h0m0s, but 4 companies"},
 		{name: "companies past the store", args: []string{"--sandbox-key-file", key, "--record-company-budget", "34359733", "--store-companies", "5"}, wantCode: 2, wantErr: "fit the run stream's 5153960400 bytes only at 27487786 or less"},
 	} {

@@ -35,7 +35,7 @@ func (p printer) print(r events.Received) {
 		p.line("status", "%s%s%s", ev.Phase, detail, pod)
 	case events.RunLogEvent:
 		if ev.LogStopped != "" {
-			p.line(fmt.Sprintf("log %d", ev.Seq), "log stopped: the %s budget is used up (docs/boundary/budgets.md)", ev.LogStopped)
+			p.line(fmt.Sprintf("log %d", ev.Seq), "log stopped: the %s budget is used up (docs/security.md, Budgets)", ev.LogStopped)
 		}
 		for _, l := range ev.Lines {
 			ts := l.TS
@@ -116,7 +116,7 @@ func (p printer) exec(ev events.RunExecEvent) {
 		return
 	}
 	if ev.RecordingStopped != "" {
-		p.line("exec", "%s %s recording stopped: the %s budget is used up (docs/boundary/budgets.md)", ev.ExecID, ev.Command, ev.RecordingStopped)
+		p.line("exec", "%s %s recording stopped: the %s budget is used up (docs/security.md, Budgets)", ev.ExecID, ev.Command, ev.RecordingStopped)
 		return
 	}
 	for _, l := range strings.Split(strings.TrimSuffix(ev.Text, "\n"), "\n") {

@@ -18,7 +18,7 @@ const statusSummary = `status shows one screen of the installation, read from NA
 streams, the workers' consumers) and from the workers' /metrics pages (--metrics-url, repeatable):
 leases per company and state, live exec sessions, the oldest pending request and the lag of each
 worker's consumer, stream usage against its limits, and the permissions the workers' self-checks
-found missing. docs/status.md explains each section and the -o json shape.`
+found missing. docs/monitoring.md (kubeclip status) explains each section and the -o json shape.`
 
 // Defaults of the status bounds. Each is explained where statusOptions documents its field.
 const (
@@ -44,7 +44,7 @@ type statusOptions struct {
 	Timeout time.Duration
 	// LeaseScanLimit bounds the lease records one collection reads; the scan stops there and
 	// says it is partial. Memory does not grow with it (the scan keeps counts and the few oldest
-	// live leases), only time does: about 1 s per 100,000 records (docs/status.md).
+	// live leases), only time does: about 1 s per 100,000 records (docs/monitoring.md, `kubeclip status`).
 	LeaseScanLimit int
 	// OldestLive is how many of the oldest live leases are listed by id.
 	OldestLive int
@@ -83,7 +83,7 @@ func runStatus(ctx context.Context, args []string, lookupEnv config.LookupEnv, s
 	c.bind(fs)
 	fs.String(&o.Company, "company", "KUBECLIP_COMPANY", "", "show only this company's leases")
 	fs.Strings(&o.MetricsURLs, "metrics-url", "", "KUBECLIP_METRICS_URLS", "a worker's /metrics URL, e.g. http://dispatcher:8080/metrics; the variable holds one per line")
-	fs.String(&o.Output, "output", "KUBECLIP_OUTPUT", "text", "text, or json (also -o json; docs/status.md has its shape)")
+	fs.String(&o.Output, "output", "KUBECLIP_OUTPUT", "text", "text, or json (also -o json; docs/monitoring.md has its shape)")
 	fs.Bool(&o.Watch, "watch", "KUBECLIP_WATCH", false, "redraw every --interval until interrupted")
 	fs.Duration(&o.Interval, "interval", "KUBECLIP_STATUS_INTERVAL", defaultStatusInterval, "how often --watch redraws")
 	fs.Duration(&o.Timeout, "timeout", "KUBECLIP_STATUS_TIMEOUT", defaultStatusTimeout, "bound on one collection (NATS, the scrapes, the lease scan, which is partial past it)")

@@ -23,7 +23,7 @@ import (
 // TestStatusAsTheCLIUser runs `kubeclip status` as the shipped cli user, which may read the lease
 // and run streams' info and nothing else of the workers' (nats-auth.conf): the command still
 // answers within its bound, with what it could read, and every row it could not read names what
-// failed. A report under this user is partial by design; docs/status.md says which
+// failed. A report under this user is partial by design; docs/monitoring.md, `kubeclip status` says which
 // permissions a full one needs.
 func TestStatusAsTheCLIUser(t *testing.T) {
 	in := install(t)

@@ -20,7 +20,7 @@ import (
 	"github.com/kubeclip/kubeclip/pkg/lease"
 )
 
-// Fixed bounds of one collection (docs/status.md).
+// Fixed bounds of one collection (docs/monitoring.md, `kubeclip status`).
 const (
 	// maxStatusCompanies bounds the per-company lease counts one report holds: past it, further
 	// companies' leases are counted together under otherCompanies, so a bucket of a million
@@ -254,7 +254,7 @@ func consumerLag(ctx context.Context, js jetstream.JetStream, wc api.QueueConsum
 
 // askQueues asks the tenant-worker's queues service where each work consumer's oldest
 // request stands (pkg/api.ServeQueues): the requests are the companies', which the status user
-// does not read (docs/status.md).
+// does not read (docs/monitoring.md, `kubeclip status`).
 func askQueues(ctx context.Context, src statusSource) (api.QueuesReply, error) {
 	ctx, cancel := context.WithTimeout(ctx, statusRequestTimeout)
 	defer cancel()
@@ -375,14 +375,14 @@ func scanLeases(ctx context.Context, js jetstream.JetStream, o statusOptions, no
 	}
 }
 
-// The lease scan's settings (docs/status.md).
+// The lease scan's settings (docs/monitoring.md, `kubeclip status`).
 const (
 	leaseStream    = "KV_" + lease.Bucket
 	leaseKeyPrefix = "$KV." + lease.Bucket + "."
 	// leaseScanBatch is how many records one fetch holds: a record is a few hundred bytes, so a
 	// batch is about 64 KiB (16 MiB at the bucket's 64 KiB value bound, which no record nears).
 	// Bigger batches are not faster: 100,000 records take about 1 s at 256, 1,024 or 4,096
-	// (docs/status.md).
+	// (docs/monitoring.md, `kubeclip status`).
 	leaseScanBatch = 256
 	// leaseScanInactive lets the server remove a scan's consumer soon after the scan ends, when
 	// the user may not delete it itself (neither the cli nor the status user may,

@@ -472,7 +472,7 @@ func (b *lockedBuffer) String() string {
 
 // BenchmarkStatusLeaseScan measures one collection over a lease bucket of 10,000 and 100,000
 // records (3 states, 500 companies) on an in-process server; the CLI's own memory is measured
-// as the binary's peak RSS (docs/status.md), since the server shares this process's heap.
+// as the binary's peak RSS (docs/monitoring.md, `kubeclip status`), since the server shares this process's heap.
 func BenchmarkStatusLeaseScan(b *testing.B) {
 	for _, n := range []int{10_000, 100_000} {
 		b.Run(fmt.Sprintf("records=%d", n), func(b *testing.B) {

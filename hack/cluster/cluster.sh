@@ -807,7 +807,7 @@ start_controller_manager() {
   # --kube-api-qps/--kube-api-burst: each controller's client-side rate (each has its own client,
   # --use-service-account-credentials). The default, 20/30, held the Job controller to
   # about 7.6 pods/s (a pod POST, Job status updates and an event per pod): 22 min for the 10,000
-  # Job leases of `make bench-scale` (docs/scale/jobscale.md). A setting of this test cluster, not
+  # Job leases of `make bench-scale` (docs/performance.md). A setting of this test cluster, not
   # a recommendation: a real cluster's operator sizes their own.
   start_daemon kube-controller-manager "$BIN/kube-controller-manager" \
     --kubeconfig="$STATE/controller-manager.kubeconfig" \

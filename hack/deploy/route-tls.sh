@@ -11,7 +11,7 @@
 #
 # The CA's key is made in a private temporary directory and removed at the end: nothing can sign
 # another route certificate for this CA, so a peer that is not one of these servers never routes.
-# A new CA per call: a rotation starts with one (docs/natscluster.md, Route authentication).
+# A new CA per call: a rotation starts with one (docs/operators.md, Route authentication).
 # hack/deploy/secrets.sh calls it with the StatefulSet's names; tests/natscluster with loopback's.
 # Needs openssl (3.0 or later: Debian 12's).
 set -Eeuo pipefail
@@ -20,7 +20,7 @@ set -Eeuo pipefail
 command -v openssl >/dev/null || { echo "route-tls.sh: openssl is missing (apt-get install openssl)" >&2; exit 1; }
 out=$1
 shift
-# Ten years, as hack/cluster/cluster.sh's CA; rotating is the operator's (docs/natscluster.md).
+# Ten years, as hack/cluster/cluster.sh's CA; rotating is the operator's (docs/operators.md, A 3-node NATS cluster).
 days=3650
 
 sans=()

@@ -14,7 +14,7 @@
 #                          certificate its servers present to each other (hack/deploy/route-tls.sh,
 #                          for the StatefulSet's names in NAMESPACE), read by the production
 #                          overlay's nats-server; the CA's key is not kept. One missing a key is
-#                          refused: delete it and run this again (docs/natscluster.md, rotation)
+#                          refused: delete it and run this again (docs/operators.md, rotation)
 #   kubeclip-broker        keys ca.crt, ca.key: the installation CA, name-constrained to the bound
 #                          hosts (made by `credential-broker ca`, kubeclip's own code: the built-in
 #                          bindings' hosts, or those of the file KUBECLIP_BROKER_BINDINGS names);

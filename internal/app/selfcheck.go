@@ -10,7 +10,7 @@ import (
 	"github.com/kubeclip/kubeclip/pkg/events"
 )
 
-// CheckPermissions starts the worker's start-up self-check (docs/selfcheck.md): it asks
+// CheckPermissions starts the worker's start-up self-check (docs/monitoring.md, Start-up self-check): it asks
 // the API server about each cluster-wide access of KubernetesAccesses, and NATS about each
 // subject of natsNeeds, all at once (bounded), then every --self-check-interval (30 s) about
 // what is missing, until the worker holds everything. Until then /readyz fails its "permissions" check naming what is

@@ -31,7 +31,7 @@ type Tenancy struct {
 	PreloadedImages              string
 	TenantQuota                  string
 
-	// Reusable leases' volume claims (issue 19; docs/reuse/storage.md).
+	// Reusable leases' volume claims (issue 19; docs/reuse.md, Storage for reusable leases).
 	LeaseVolumeStorageClass string
 	LeaseVolumeSize         string
 	LeaseVolumeMinSize      string
@@ -60,7 +60,7 @@ func (t *Tenancy) Bind(s *config.Set) {
 	s.Int(&t.MaxNamespaces, "max-namespaces-per-company", "KUBECLIP_MAX_NAMESPACES_PER_COMPANY", policy.DefaultMaxNamespacesPerCompany,
 		"how many tenant namespaces one company may claim")
 
-	// Bounds on company knobs and tenant resources (issue 15 items 9, 10; docs/boundary/policy.md).
+	// Bounds on company knobs and tenant resources (issue 15 items 9, 10; docs/security.md, The operator's bounds on company knobs).
 	s.String(&t.RuntimeClasses, "runtime-classes", "KUBECLIP_RUNTIME_CLASSES", "",
 		"comma-separated runtimeClassName values a company's config may choose (default none: a company cannot opt out of --default-runtime-class)")
 	s.String(&t.DefaultRuntimeClass, "default-runtime-class", "KUBECLIP_DEFAULT_RUNTIME_CLASS", "",

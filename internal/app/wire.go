@@ -38,7 +38,7 @@ func (st *Streams) Bind(s *config.Set) {
 	s.Int(&st.Replicas, "stream-replicas", "KUBECLIP_STREAM_REPLICAS", events.DefaultReplicas, "replicas of every stream and KV bucket (1 in development, 3 on a 3-node NATS cluster)")
 	s.Duration(&st.LeaseRetention, "lease-retention", "KUBECLIP_LEASE_RETENTION", events.DefaultLeaseMaxAge, "how long lease requests are kept")
 	s.Duration(&st.RunRetention, "run-retention", "KUBECLIP_RUN_RETENTION", events.DefaultRunMaxAge, "how long run events (logs included) are kept")
-	s.Int(&st.StoreBytes, "store-bytes", "KUBECLIP_STORE_BYTES", events.DefaultStoreBytes, "the NATS server's JetStream max_file_store in bytes: every stream's and KV bucket's byte limit is its share of it (run events 60%, the table in docs/boundary/budgets.md)")
+	s.Int(&st.StoreBytes, "store-bytes", "KUBECLIP_STORE_BYTES", events.DefaultStoreBytes, "the NATS server's JetStream max_file_store in bytes: every stream's and KV bucket's byte limit is its share of it (run events 60%, the table in docs/security.md, Budgets)")
 	s.Int(&st.Companies, "store-companies", "KUBECLIP_STORE_COMPANIES", events.DefaultStoreCompanies, "how many companies the store is sized for: each company's daily budgets and lease-record quota are the stores' shares divided among them, so that many companies at their budgets evict nobody's history before --run-retention")
 }
 

@@ -10,7 +10,7 @@ import (
 
 // ShippedAuthConf is the accounts, users and permissions file kubeclip ships, from the module
 // root: the workers' users in KUBECLIP (which holds JetStream), paperclip and cli in CLIENTS,
-// status in STATUS, each client account importing what it uses (docs/boundary/natsauth.md).
+// status in STATUS, each client account importing what it uses (docs/security.md, NATS accounts, users, inboxes and replies).
 const ShippedAuthConf = "deploy/kustomize/base/nats-auth.conf"
 
 // authPasswordVars are the shipped users' password variables (KUBECLIP_NATS_PASSWORD_<var>).

@@ -15,7 +15,7 @@ import (
 )
 
 // The queues service: where each queue worker's oldest unacknowledged request stands, for
-// `kubeclip status` (docs/status.md). The requests themselves are the companies' (an acquire's
+// `kubeclip status` (docs/monitoring.md, `kubeclip status`). The requests themselves are the companies' (an acquire's
 // config carries its environment, the run stream the runs' output), so the status user reads
 // none of them (issue 26, item 11): a worker that may reads the first message each consumer's
 // filters take after its ack floor and answers its sequence and time only.

@@ -18,7 +18,7 @@ import (
 )
 
 // A reusable lease (an acquire with reuseLease, backend pod) serves its agent's runs one after
-// another (docs/reuse/host-rules.md, docs/reuse/wire.md). Its life, every step a pkg/lease
+// another (docs/reuse.md: the host's rules, a reusable lease's life in kubeclip). Its life, every step a pkg/lease
 // transition:
 //
 //   - the host's release keeps it: retained, its pod up for the operator's idle window
@@ -34,7 +34,7 @@ import (
 //   - a destroy, from any state, deletes pod, Secret and claim;
 //   - a lease suspended for longer than the operator's maximum age (Options.LeaseMaxAge) is
 //     collected by the sweep: destroyed, `released` (destroyed) published. The host never
-//     destroys some leases (host-rules.md §6): this is what frees them.
+//     destroys some leases (docs/reuse.md, the host's rules §6): this is what frees them.
 
 // Defaults of the reusable lease options.
 const (
@@ -187,7 +187,7 @@ func (d *Dispatcher) suspend(ctx context.Context, log zerolog.Logger, rec lease.
 // The refusals are the release's: another company's run, or a run with no lease, finds no
 // record (lease_not_found); a lease name that is not the run's is invalid. A lease that is gone
 // (destroyed, collected, failed, its pod ended on its own) is lease_not_found too: the plugin
-// answers the host so that it acquires afresh (docs/reuse/host-rules.md §3). The lease moves
+// answers the host so that it acquires afresh (docs/reuse.md, the host's rules §3). The lease moves
 // first (lease.Resume), then its pod is made ready: a redelivered resume finds the lease
 // resuming (or created) and the pod it made, and makes no second one.
 func (d *Dispatcher) handleResume(ctx context.Context, m jetstream.Msg) error {
@@ -269,7 +269,7 @@ func (d *Dispatcher) handleResume(ctx context.Context, m jetstream.Msg) error {
 // whose expiry is over, frees it), for its run deadline plus agentGuardMargin. While another
 // run holds the agent the resume is refused with agent_busy and the lease left as it was: the
 // plugin makes the host retry the resume rather than destroy a lease that is only waiting
-// (docs/reuse/resumeexpiry.md). A lease that cannot be resumed (ended, not reusable) takes
+// (docs/reuse.md, A resumed lease's expiry). A lease that cannot be resumed (ended, not reusable) takes
 // nothing: its resume is refused next.
 func (d *Dispatcher) resumeAgent(ctx context.Context, rec lease.Record) error {
 	resumable := rec.State.Kept() || rec.State == lease.StateResuming || rec.State == lease.StateCreated

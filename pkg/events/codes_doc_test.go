@@ -12,12 +12,12 @@ import (
 	"github.com/kubeclip/kubeclip/pkg/events"
 )
 
-// TestDocumentedCodesHaveProducers holds docs/events.md's failure-code table to the code: it
+// TestDocumentedCodesHaveProducers holds docs/contract.md's failure-code table to the code: it
 // lists exactly events.Codes(), and each row names a package whose non-test source produces the
 // code and a test whose body triggers it. A code documented without a producer, or a producer
 // without a test, fails here.
 func TestDocumentedCodesHaveProducers(t *testing.T) {
-	doc, err := os.ReadFile("../../docs/events.md")
+	doc, err := os.ReadFile("../../docs/contract.md")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -27,7 +27,7 @@ func TestDocumentedCodesHaveProducers(t *testing.T) {
 		documented = append(documented, r.code)
 	}
 	if diff := cmp.Diff(events.Codes(), documented); diff != "" {
-		t.Errorf("docs/events.md's codes differ from events.Codes() (-code +doc):\n%s", diff)
+		t.Errorf("docs/contract.md's codes differ from events.Codes() (-code +doc):\n%s", diff)
 	}
 	for _, r := range rows {
 		constant := "Code" + camel(string(r.code))
@@ -69,7 +69,7 @@ func codeRows(t *testing.T, doc string) []codeRow {
 	t.Helper()
 	_, section, ok := strings.Cut(doc, "\n### failed\n")
 	if !ok {
-		t.Fatal(`docs/events.md has no "### failed" section`)
+		t.Fatal(`docs/contract.md has no "### failed" section`)
 	}
 	section, _, _ = strings.Cut(section, "\n#")
 	var rows []codeRow
@@ -88,7 +88,7 @@ func codeRows(t *testing.T, doc string) []codeRow {
 		rows = append(rows, r)
 	}
 	if len(rows) == 0 {
-		t.Fatal("docs/events.md: no rows in the failure-code table")
+		t.Fatal("docs/contract.md: no rows in the failure-code table")
 	}
 	return rows
 }

@@ -6,7 +6,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// What a company's events cost the store is charged to its budgets (docs/boundary/budgets.md):
+// What a company's events cost the store is charged to its budgets (docs/security.md, Budgets):
 // the text it printed and the envelope around it. The envelope is no small change: a one-byte
 // event grows the run stream by about 900 bytes, 1.5 KiB with ids of MaxTokenLen bytes, so a
 // command that prints a byte every millisecond stores some 45× its output (an event per 100 ms,

@@ -3,7 +3,7 @@
 // The contract: the subjects and their parsers, the payload types Paperclip and kubeclip
 // exchange (the contract's own types), the CloudEvents headers and message ids every message
 // carries, the failure codes and the terminal error that carries one, strict decoding, and the
-// JSON Schemas in docs/schemas. docs/events.md describes it for consumers in other languages.
+// JSON Schemas in docs/schemas. docs/contract.md describes it for consumers in other languages.
 //
 // The plumbing: the settings of the contract's streams and of every durable consumer, the
 // Publisher, Follow, and the consume loop with the one classifier that decides each message's

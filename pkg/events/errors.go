@@ -23,7 +23,7 @@ const (
 	CodeInternal            Code = "internal"
 )
 
-// Codes lists every Code, in the order docs/events.md documents them.
+// Codes lists every Code, in the order docs/contract.md documents them.
 func Codes() []Code {
 	return []Code{
 		CodeInvalidConfig, CodeInvalidRequest, CodeUnknownAdapter, CodeImageNotAllowed,

@@ -173,7 +173,7 @@ type AcquireRequest struct {
 	// Config is the provider config object, validated by pkg/policy.
 	Config json.RawMessage `json:"config"`
 	// ReuseLease asks for a reusable lease: the host's environment config says reuseLease
-	// (docs/reuse/host-rules.md), and the lease keeps its workspace and the agent's home on a
+	// (docs/reuse.md, The host's rules), and the lease keeps its workspace and the agent's home on a
 	// volume of its own between the agent's runs. Only backend pod keeps one.
 	ReuseLease bool `json:"reuseLease,omitempty"`
 }

@@ -209,7 +209,7 @@ func TestHeaderValueEncoding(t *testing.T) {
 		if got != tc.want {
 			t.Errorf("EncodeHeaderValue(%q) = %q, want %q", tc.in, got, tc.want)
 		}
-		// A reader percent-decodes the value (docs/events.md).
+		// A reader percent-decodes the value (docs/contract.md).
 		back, err := url.PathUnescape(got)
 		if err != nil || back != tc.in {
 			t.Errorf("decoding %q = %q, %v; want %q", got, back, err, tc.in)

@@ -6,7 +6,7 @@ import (
 	"time"
 )
 
-// A reusable lease serves its agent's runs one after another (docs/reuse/host-rules.md): the
+// A reusable lease serves its agent's runs one after another (docs/reuse.md, The host's rules): the
 // host's release keeps it, and the host resumes it for the next run. Its events go to the run
 // that acquired it, whose id names the lease for as long as it lives: suspended when its idle
 // window is over, resumed for each later run.

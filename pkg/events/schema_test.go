@@ -215,10 +215,10 @@ func TestEverySchemaIsCovered(t *testing.T) {
 
 var exampleRE = regexp.MustCompile("(?s)<!-- example: ([a-z-]+) -->\n```json\n(.*?)\n```")
 
-// TestDocExamples checks every example in docs/events.md against its schema's property names
+// TestDocExamples checks every example in docs/contract.md against its schema's property names
 // and decodes it with the decoder a consumer would use.
 func TestDocExamples(t *testing.T) {
-	data, err := os.ReadFile("../../docs/events.md")
+	data, err := os.ReadFile("../../docs/contract.md")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -270,7 +270,7 @@ func TestDocExamples(t *testing.T) {
 	}
 	for _, f := range eventSchemas(t) {
 		if name := strings.TrimSuffix(filepath.Base(f), ".json"); !seen[name] {
-			t.Errorf("docs/events.md has no example for %s", name)
+			t.Errorf("docs/contract.md has no example for %s", name)
 		}
 	}
 }

@@ -31,7 +31,7 @@ const (
 
 // StoreShare is one row of the table: a store, its name on the server (the streams' names
 // with the default prefix; a bucket's stream is "KV_" + its name), its share of the store in
-// thousandths, and what bounds one company in it (docs/boundary/budgets.md).
+// thousandths, and what bounds one company in it (docs/security.md, Budgets).
 type StoreShare struct {
 	Store      Store
 	Name       string
@@ -115,7 +115,7 @@ func StoreLimit(storeBytes int64, s Store) int64 {
 }
 
 // The per-company bounds of what a company writes, sized so the companies the store is sized
-// for all fit their shares for the whole retention (docs/boundary/budgets.md).
+// for all fit their shares for the whole retention (docs/security.md, Budgets).
 const (
 	// DefaultStoreCompanies is how many companies the store is sized for (the workers'
 	// --store-companies): each may write its full budgets every day of the retention without

@@ -29,7 +29,7 @@ func TestStoreSharesLeaveHeadroom(t *testing.T) {
 		t.Errorf("the shares add up to %d‰, more than %d‰", sum, events.StoreSharedPermille)
 	}
 	t.Logf("the %d stores take %d‰ of the store", len(events.Stores()), sum)
-	// The shipped store's limits (docs/boundary/budgets.md lists them).
+	// The shipped store's limits (docs/security.md, Budgets lists them).
 	for _, tc := range []struct {
 		store events.Store
 		want  int64

@@ -166,7 +166,7 @@ func (o Options) LeaseStreamConfig() jetstream.StreamConfig {
 	s := o.subjects()
 	return jetstream.StreamConfig{
 		Name:        s.LeaseStream(),
-		Description: "Paperclip lease requests (acquire, release, destroy); see docs/events.md",
+		Description: "Paperclip lease requests (acquire, release, destroy); see docs/contract.md",
 		Subjects:    []string{s.LeaseAll()},
 		// Limits, not work-queue: two consumers read it (the tenant-worker takes acquires, the
 		// dispatcher takes release and destroy) and operators replay it, so acked requests
@@ -195,7 +195,7 @@ func (o Options) RunStreamConfig() jetstream.StreamConfig {
 	s := o.subjects()
 	return jetstream.StreamConfig{
 		Name:        s.RunStream(),
-		Description: "kubeclip run events (created, status, log, result, released, failed); see docs/events.md",
+		Description: "kubeclip run events (created, status, log, result, released, failed); see docs/contract.md",
 		Subjects:    []string{s.RunAll()},
 		// Limits: every reader (Paperclip, the CLI, dashboards) replays a run's history with
 		// its own ordered or durable consumer.
@@ -203,7 +203,7 @@ func (o Options) RunStreamConfig() jetstream.StreamConfig {
 		// Full, it drops its oldest events, the runs of about RunMaxAge ago whose readers are
 		// long done: a new result is always stored. DiscardNew would refuse every company's
 		// results once the stream filled. What one company may write is bounded upstream,
-		// per exec, run and company (KUBECLIP_BUDGETS, docs/boundary/budgets.md), each
+		// per exec, run and company (KUBECLIP_BUDGETS, docs/security.md, Budgets), each
 		// company's daily budget sized so the companies the store is sized for fit the whole
 		// RunMaxAge (CompanyBudget): only more companies than that evict history early.
 		Discard:  jetstream.DiscardOld,

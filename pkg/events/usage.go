@@ -6,7 +6,7 @@ import (
 )
 
 // KindUsage carries what a run's model API calls spent, as the credential broker read it from
-// the upstreams' own responses (issue 27; docs/events.md#usage): usage the agent cannot forge,
+// the upstreams' own responses (issue 27; docs/contract.md#usage): usage the agent cannot forge,
 // unlike the cost it prints on its stdout (AgentResult).
 const KindUsage RunKind = "usage"
 

@@ -8,7 +8,7 @@ import (
 	"github.com/kubeclip/kubeclip/pkg/execproto"
 )
 
-// What a replica's memory holds (docs/boundary/execsvc.md, "Sessions and buffers"): its own
+// What a replica's memory holds (docs/security.md, "Sessions and buffers"): its own
 // reserve, a fixed cost per live session, and one byte budget for every session's buffers,
 // taken as they grow (frames read from pods, stdin queued for sandboxd, the recorder's line).
 const (
@@ -57,7 +57,7 @@ func splitBuffers(total int64) (io, lines int64) {
 	return total - lines, lines
 }
 
-// admits is the admission rule of every fairPool (docs/boundary/fairness.md, "Exec streams
+// admits is the admission rule of every fairPool (docs/security.md, "Exec streams
 // and buffers"): n more of a pool of capacity, of which used are taken, mine by the asking
 // company; companies is how many companies hold some, the asker counted. Work-conserving: anyone
 // may take what leaves the reserve whole, so a company alone holds all but the reserve. Max-min

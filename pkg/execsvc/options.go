@@ -94,8 +94,8 @@ type Options struct {
 	Record RecordLimits
 	// Observer is told about requests and streams (metrics); nil means none.
 	Observer Observer
-	// Replies are the inboxes the service answers into (docs/architecture.md, "The tenant
-	// boundary"): a request whose reply subject is not one is dropped without a word, because a
+	// Replies are the inboxes the service answers into (docs/security.md, "NATS
+	// accounts, users, inboxes and replies"): a request whose reply subject is not one is dropped without a word, because a
 	// reply is published with the exec-worker's permissions wherever the requester says. The
 	// zero Rule allows nothing.
 	Replies inbox.Rule

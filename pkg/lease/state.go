@@ -22,7 +22,7 @@ import (
 // destroyed are final for the acquire: a replayed acquire of such a lease does nothing.
 //
 // A reusable lease (Record.Reusable) outlives its run: Paperclip's host resumes it for the
-// agent's next run (docs/reuse/host-rules.md). The host's release keeps its pod for an idle
+// agent's next run (docs/reuse.md, The host's rules). The host's release keeps its pod for an idle
 // window and its volume until a destroy:
 //
 //	created ──Release──▶ retained ──BeginSuspend──▶ suspending ──Suspended──▶ suspended
@@ -371,7 +371,7 @@ func Suspended(now time.Time, generation int) func(*Record) (bool, error) {
 // resumes within one run too, and retries). A resume clears the previous run's cancelActiveWork.
 // A lease that ended, failed or whose pod ended on its own is refused with ErrEnded, ErrFailed
 // or ErrFinished: the plugin answers so that the host acquires afresh
-// (docs/reuse/host-rules.md).
+// (docs/reuse.md, The host's rules).
 func Resume(now time.Time) func(*Record) (bool, error) {
 	return func(r *Record) (bool, error) {
 		if !r.Reusable {

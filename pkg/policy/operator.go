@@ -45,7 +45,8 @@ type Operator struct {
 	PrivateEgressCIDRs []string
 
 	// The operator's bounds on a company's isolation knobs and on what one tenant may use
-	// (issue 15 items 9 and 10); docs/boundary/policy.md lists each with its flag.
+	// (issue 15 items 9 and 10); docs/security.md (the operator's bounds)
+	// says why each exists; docs/operators.md (Configuration) lists each with its flag.
 
 	// RuntimeClasses are the runtimeClassName values a company's config may choose (default
 	// none). DefaultRuntimeClass is the runtime class of every tenant pod whose config names

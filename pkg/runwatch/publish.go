@@ -109,7 +109,7 @@ func (s *statusLine) publish(ctx context.Context, pub publisher, ref events.RunR
 // refused. That refusal means the run is done only when what is there is kubeclip's result of
 // this run (events.ResultPublished): a message anything else stored there (an installation's
 // run stream from before the clients had their own NATS account, where JetStream stored a
-// client's answers on the subject it named: docs/boundary/natsauth.md) never suppresses the
+// client's answers on the subject it named: docs/security.md, NATS accounts, users, inboxes and replies) never suppresses the
 // result, which is then published fenced on that message.
 func publishResult(ctx context.Context, pub publisher, stream runStream, subjects events.Subjects, log zerolog.Logger, ref events.RunRef, end verdict.End, agent *events.AgentResult) error {
 	ev := events.RunResultEvent{

@@ -19,7 +19,7 @@ import (
 	"github.com/kubeclip/kubeclip/pkg/policy"
 )
 
-// A reusable lease (docs/reuse/host-rules.md) outlives its run: its workspace and the agent's
+// A reusable lease (docs/reuse.md, The host's rules) outlives its run: its workspace and the agent's
 // home are on a volume claim of its own (policy.RenderLeaseClaim), its pod is deleted when it
 // has been idle for the operator's window (suspend) and made again on the same claim when the
 // host resumes it. This file is backend pod's way; sandbox-cr keeps one through agent-sandbox's

@@ -112,7 +112,7 @@ type leaseTimes struct {
 	// created is to its created event, firstExec to the exit 0 of a `true` sent as soon as the
 	// created event arrived (the exec-worker holds it until the pod is ready), ready to its
 	// status Running/Ready event, or to created when that came later (a warm pod is Ready
-	// before its lease is announced, docs/events.md Ordering): ready to run commands needs both.
+	// before its lease is announced, docs/contract.md Ordering): ready to run commands needs both.
 	created, firstExec, ready time.Duration
 	// warm is the created event's: the lease bound a warm pod of the company's pool.
 	warm bool

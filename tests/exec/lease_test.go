@@ -138,7 +138,7 @@ func TestCLILease(t *testing.T) {
 	}
 	// On the new pod, claude --resume finds the first pod's session in $HOME and continues it.
 	// (Paperclip's claude_local adapter does not ask for it on a resumed lease: a host rule,
-	// docs/reuse/host-rules.md; tests/paperclip pins the host's refusal.)
+	// docs/reuse.md, The host's rules; tests/paperclip pins the host's refusal.)
 	resumedSession, note := claude("run-b", "--resume", firstSession)
 	if want := "claude-stub: resumed session " + firstSession + " from $HOME (1 earlier runs); other sessions in $HOME: []; workspace runs before: [run-a]; home runs before: [run-a]"; resumedSession != firstSession || note != want {
 		t.Errorf("claude --resume on the resumed lease's new pod: session %s, said %q; want session %s, %q", resumedSession, note, firstSession, want)

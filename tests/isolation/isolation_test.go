@@ -512,7 +512,7 @@ func TestQuotaRefusalFailsTheRun(t *testing.T) {
 
 // TestRequestFailuresNameTheField triggers, through the real workers, each failure code that
 // blames the request: one `failed` naming the field, and no namespace, Job or lease left behind.
-// docs/events.md points here for these codes.
+// docs/contract.md points here for these codes.
 func TestRequestFailuresNameTheField(t *testing.T) {
 	cs := clustertest.Clientset(t)
 	for _, tc := range []struct {

@@ -44,7 +44,7 @@ func TestMain(m *testing.M) {
 		// The suite's nats-server a process of its own, as in production, not a -race server
 		// inside the test process: TestNoisyNeighbour measures company B beside company A's
 		// flood, and in-process B's acquire → created took 169-532 ms beside A (27-183 ms as a
-		// process; docs/boundary/fairness.md).
+		// process; docs/security.md, Fairness, admission and tenant RBAC).
 		NATSProcess: true,
 	}, &env))
 }

@@ -125,7 +125,7 @@ func TestNoisyNeighbour(t *testing.T) {
 		}
 		for range noisyFailing / quietRuns {
 			// Not followed one consumer each (Collect): the answers are read at the end through
-			// one consumer, as Paperclip's plugin reads its answers (docs/follow.md). Creating
+			// one consumer, as Paperclip's plugin reads its answers (docs/architecture.md, Following thousands of leases). Creating
 			// 400 consumers per round on the run stream stalled its writes for everybody,
 			// company B's `created` among them (0.7-0.9 s a publish in the round after).
 			r := env.NewRun(t, noisy, pt.NewID("agent"))
@@ -197,7 +197,7 @@ func TestNoisyNeighbour(t *testing.T) {
 	// every hop waits to be scheduled: the run stream itself answers a quiet client as fast
 	// beside A as a stream of its own (the probe above), B's plain execs slow too, and the
 	// recorded ones slow by the number of their hops, the more the busier the machine
-	// (docs/boundary/fairness.md). Beside another suite, as make test runs this one, they took
+	// (docs/security.md, Fairness, admission and tenant RBAC). Beside another suite, as make test runs this one, they took
 	// 61 to 101 ms against 7 to 14 alone; a bound would measure the machine.
 	if m := median(execsBeside); m > execBound {
 		t.Errorf("company B's exec round trip took %s (median) beside company A, %s alone; want at most %s (twice)", m, median(execsAlone), execBound)

@@ -67,7 +67,7 @@ func TestShippedConfigsRaiseDefaultMaxConsumers(t *testing.T) {
 // TestRunStreamTakes1100OrderedConsumers runs the base's server config (nats.conf and its
 // nats-auth.conf): the workers create the run stream, and Paperclip's user opens 1,100 ordered
 // consumers on it, one per run followed (the CLI's way; the plugin shares one among all the
-// leases it waits on, docs/follow.md); the 1,001st was refused.
+// leases it waits on, docs/architecture.md, Following thousands of leases); the 1,001st was refused.
 func TestRunStreamTakes1100OrderedConsumers(t *testing.T) {
 	opts := loadConfig(t, shippedConfigs[0])
 	opts.Host, opts.Port, opts.HTTPPort, opts.PidFile = "127.0.0.1", -1, 0, ""

@@ -103,7 +103,7 @@ func TestProductionRoutesRefuseUnauthenticatedPeers(t *testing.T) {
 	}
 }
 
-// TestProductionRouteTLSRotates walks the rotation docs/natscluster.md gives (Route
+// TestProductionRouteTLSRotates walks the rotation docs/operators.md gives (Route
 // authentication) on the production overlay's nats.conf: a new CA and certificate from
 // hack/deploy/route-tls.sh; then, each step followed by a restart of the three servers one at a
 // time (files rewritten in place, as the mounted Secret changes), trust both CAs, present the new

@@ -739,7 +739,7 @@ func checkRunStream(t *testing.T, evs []events.Received, lease leaseRecord, rele
 			order = append(order, "released")
 		}
 	}
-	// A status may precede created (docs/events.md, Ordering): a warm pod is Ready when an
+	// A status may precede created (docs/contract.md, Ordering): a warm pod is Ready when an
 	// acquire binds it, and the run-watcher may see it bound before the dispatcher publishes.
 	if len(order) >= 2 && order[0] == "ready" && order[1] == "created" {
 		order[0], order[1] = order[1], order[0]

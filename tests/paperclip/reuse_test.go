@@ -30,7 +30,7 @@ const leaseIdleWindow = 30 * time.Second
 const suspendTimeout = leaseIdleWindow + 30*time.Second + 2*time.Minute
 
 // TestPaperclipReusableLease runs one agent's issue three times through the real host on an
-// environment with reuseLease, as docs/reuse/host-rules.md §9 says the host does: the first run
+// environment with reuseLease, as docs/reuse.md (the host's rules §9) says the host does: the first run
 // acquires a reusable lease, the second (right after) resumes its pod, the third (after the idle
 // window) resumes it suspended: a new pod on the same volume. Each run finds what the earlier
 // ones left in the workspace and in $HOME, the stub's earlier sessions among it (the host asks
@@ -49,7 +49,7 @@ func TestPaperclipReusableLease(t *testing.T) {
 	pc.configurePlugin(t, map[string]any{"natsUrl": env.NATS.URL(), "brokeredKeys": []string{brokeredKey}})
 
 	// Without this instance setting the host drops an issue's workspace preference, and every
-	// run gets a new execution workspace, so a new lease (host-rules.md §10).
+	// run gets a new execution workspace, so a new lease (docs/reuse.md, the host's rules §10).
 	pc.must(t, http.MethodPatch, "/instance/settings/experimental", map[string]any{"enableIsolatedWorkspaces": true}, nil)
 	cfg := environmentConfig("pod", false)
 	cfg["reuseLease"] = true
@@ -104,7 +104,7 @@ func TestPaperclipReusableLease(t *testing.T) {
 	// The host starts a fresh Claude session on a resumed lease: claude_local resumes a session
 	// only on the same host lease row (adapter-utils execution-target.js
 	// adapterExecutionTargetSessionMatches compares leaseId, the row's id), and a resume makes a
-	// new row (host-rules.md §4). The earlier session is kept under $HOME all the same.
+	// new row (docs/reuse.md, the host's rules §4). The earlier session is kept under $HOME all the same.
 	sessionB := deref(recB.SessionIDAfter)
 	b.hostRefusedSession(t, pc, sessionA)
 	b.wantState(t, pc, fmt.Sprintf("new session %s; other sessions in $HOME: [%s]; workspace runs before: [%s]; home runs before: [%s]", sessionB, sessionA, a.id, a.id))

@@ -114,7 +114,7 @@ func acquireOf(t *testing.T, pc *server, runID string, st runStats) acquireStats
 	case readyAt.IsZero():
 		t.Errorf("run %s (warm %t): no status Running/Ready in its stream", runID, created.Warm)
 	default:
-		// A warm pod's ready may be stored before created (docs/events.md, Ordering): the lease
+		// A warm pod's ready may be stored before created (docs/contract.md, Ordering): the lease
 		// is ready to run commands once both are out.
 		a.toReady = st.acquire + max(0, readyAt.Sub(createdAt))
 	}

@@ -137,8 +137,8 @@ func startFleet(ctx context.Context, cs kubernetes.Interface, kwok, stages, kube
 // whenever a node is not Ready: when kwok's Lease renewals lag on a busy machine, the node
 // lifecycle controller marks the node's Ready Unknown (each node once within five minutes of
 // the stopped 3,000 job size). A node without its address is one the API server cannot reach
-// the log server through: every Job lease's log follow on it fails (docs/scale/jobscale.md,
-// "3,000: stopped"; hack/kwok/stages.yaml). The check marks each node Unknown as that
+// the log server through: every Job lease's log follow on it fails (hack/kwok/stages.yaml
+// says why). The check marks each node Unknown as that
 // controller does and waits for kwok to make it Ready again.
 func (f *fleet) checkReinitialized(ctx context.Context, kubeletPort string) error {
 	nodes := f.cs.CoreV1().Nodes()

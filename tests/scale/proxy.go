@@ -30,7 +30,7 @@ import (
 // HTTP/1.1, one connection per request in flight: every Job lease's log follow held a connection
 // in the run-watcher and one in the bench, 10,500 each at the 10,000 job size, which with the
 // log server's 10,500 passed the bench's open-file limit (20,000 on this machine, not raisable
-// without CAP_SYS_RESOURCE) and inflated the run-watcher's RSS per lease (docs/scale/jobscale.md).
+// without CAP_SYS_RESOURCE) and inflated the run-watcher's RSS per lease.
 type apiProxy struct {
 	srv *http.Server
 	ln  net.Listener

@@ -99,7 +99,7 @@ func (o *demoOutput) await(t *testing.T, re *regexp.Regexp, timeout time.Duratio
 	}
 }
 
-// statusReport is the part of `kubeclip status -o json` the test reads (docs/status.md).
+// statusReport is the part of `kubeclip status -o json` the test reads (docs/monitoring.md, `kubeclip status`).
 type statusReport struct {
 	Leases struct {
 		Complete  bool `json:"complete"`

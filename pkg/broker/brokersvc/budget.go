@@ -41,7 +41,7 @@ import (
 //     admitted within a Refresh.
 //
 // A counter the bucket cannot read or write (it is full, NATS does not answer) fails open, as
-// the other budgets' (docs/boundary/budgets.md): the call is admitted on what this replica
+// the other budgets' (docs/security.md, Budgets): the call is admitted on what this replica
 // counted, its spend waits in memory and is written once the bucket takes writes again, and
 // StoreFailures is told (kubeclip_store_write_errors_total{bucket="KUBECLIP_BUDGETS"}). Refusing
 // instead would stop every company's model calls whenever the shared bucket filled; a company

@@ -8,7 +8,7 @@ import (
 // copyBufferSize is the size of the buffers the ReverseProxy copies response bodies through,
 // a quarter of its own default (32 KiB). A call holds its buffer for as long as its body
 // streams, so a held SSE stream holds one: at 8 KiB the broker's heap in use per open stream
-// fell from 71–73 KiB to 47–49 KiB at 1,000 open streams (docs/scale.md, the broker's bench).
+// fell from 71–73 KiB to 47–49 KiB at 1,000 open streams (KUBECLIP_BENCH_PHASES=p make bench; docs/performance.md).
 // A read fills at most one buffer before the write and flush that follow, so an SSE event
 // (well under 8 KiB) reaches the agent as soon as it is read; a large JSON body takes more,
 // smaller writes.

@@ -3,7 +3,7 @@
 // (`<prefix>.run.*.*.created|released|resumed|failed`), its messages handed to the waiters of
 // their run in this process. A consumer per waiting request would cost the run stream one
 // server-side consumer per lease in flight, and nats-server refuses a stream's 1,001st consumer
-// unless its config raises `default_max_consumers` (docs/follow.md).
+// unless its config raises `default_max_consumers` (docs/architecture.md, Following thousands of leases).
 //
 // The consumer starts after the stream's last message at the time it is created, and a waiter
 // registers (and waits for it to exist) before its request is published: every answer to that
@@ -24,7 +24,7 @@ import { DeliverPolicy, jetstreamManager, type ConsumerMessages, type JetStreamM
 import type { MsgHdrs, NatsConnection } from "@nats-io/transport-node";
 import { jetstream } from "@nats-io/jetstream";
 
-/** The run events that answer lease requests (docs/events.md). */
+/** The run events that answer lease requests (docs/contract.md). */
 export const ANSWER_KINDS = ["created", "released", "resumed", "failed"] as const;
 export type AnswerKind = (typeof ANSWER_KINDS)[number];
 

@@ -1,4 +1,4 @@
-// Lease requests on JetStream (docs/events.md): publish acquire/release/destroy/resume to
+// Lease requests on JetStream (docs/contract.md): publish acquire/release/destroy/resume to
 // `<prefix>.lease.<companyId>.<kind>` and wait for kubeclip's answer among the run's events.
 //
 // Every request of a Leases shares one consumer of the runs' answers (answers.ts): a request

@@ -294,7 +294,7 @@ export function createPlugin(options: PluginOptions = {}): PaperclipPlugin {
     const companyId = companyOf(meta, params.companyId, "leaseMetadata");
     const cancel = params.cancelActiveWork === true;
     // A reusable lease the host cannot resume (its lease has no reuse scope: a run without an
-    // execution workspace, docs/reuse/host-rules.md §1) is destroyed, not kept. Each of its
+    // execution workspace, docs/reuse.md, the host's rules §1) is destroyed, not kept. Each of its
     // releases names itself by the resume it follows: a retried one is the same request. A
     // destroy names nothing: a lease is destroyed once, and its answer is the lease's one
     // `released {destroyed}`, whoever ended it (this destroy, an earlier one, kubeclip's
@@ -370,7 +370,7 @@ export function createPlugin(options: PluginOptions = {}): PaperclipPlugin {
   /**
    * Resumes a reusable lease for the agent's next run, answering the expiry the resume renewed.
    * A lease kubeclip no longer has (destroyed, collected, not reusable) is answered with no
-   * lease, so the host destroys it and acquires afresh (docs/reuse/host-rules.md §3); anything
+   * lease, so the host destroys it and acquires afresh (docs/reuse.md, the host's rules §3); anything
    * else that goes wrong is thrown, as an error the host retries when the lease is only busy.
    */
   async function resumeLease(params: PluginEnvironmentResumeLeaseParams): Promise<PluginEnvironmentLease> {
@@ -406,13 +406,13 @@ export function createPlugin(options: PluginOptions = {}): PaperclipPlugin {
       }
       if (err instanceof KubeclipError && err.code === "agent_busy") {
         // Another run of the agent holds it: the lease is kept, only not now. The host retries
-        // a resume within its minute when the message reads as transient (host-rules.md §3);
+        // a resume within its minute when the message reads as transient (docs/reuse.md, the host's rules §3);
         // answering "no lease" would make it destroy the agent's workspace and home instead.
         log.info("lease's agent busy; the host retries the resume", { runId: meta.runId, providerLeaseId: params.providerLeaseId });
         throw new KubeclipError(err.code, `${err.message.replace(/^agent_busy: /, "")}: service unavailable until that run ends`, err.field);
       }
       // The host retries a resume within its minute only when the error reads as transient
-      // (host-rules.md §3); a retry continues the same resume (a new pod is waited for, not made
+      // (docs/reuse.md, the host's rules §3); a retry continues the same resume (a new pod is waited for, not made
       // twice).
       if (err instanceof TimeoutError) throw new TimeoutError(`resume of lease ${params.providerLeaseId} timed out: ${err.message}`);
       log.warn("lease resume failed", { runId: meta.runId, providerLeaseId: params.providerLeaseId, error: scrub(errorMessage(err), conn.secrets) });
@@ -721,7 +721,7 @@ export function createPlugin(options: PluginOptions = {}): PaperclipPlugin {
       // A brokered key's real value would reach the run's Secret through defaultEnv: refused.
       const unbrokered = brokeredDefaults(split.provider, s.brokeredKeys ?? []);
       if (unbrokered.length > 0) throw new Error(unbrokered.join("; "));
-      // Reusable only when declared and the host can find the lease again (host-rules.md §1).
+      // Reusable only when declared and the host can find the lease again (docs/reuse.md, the host's rules §1).
       const reuse = reusableLeases && params.config.reuseLease === true && !!params.executionWorkspaceId && !!params.agentId;
       const leases = leasesOn(await pool.get(conn), conn.prefix);
       const log = context().logger;

@@ -2,7 +2,7 @@
 // default limits, which refuses a stream's 1,001st consumer: every one is answered, and the run
 // stream holds one consumer while they wait (the plugin's, shared: answers.ts). With a consumer
 // per waiting lease, 501 of them failed (maximum consumers limit reached). The 5,000 figure and
-// the memory are the driver's (test/load/follow-load.ts, docs/follow.md).
+// the memory are the driver's (test/load/follow-load.ts, docs/architecture.md, Following thousands of leases).
 //
 // A file of its own: node --test runs each file in its own process.
 

@@ -1,6 +1,6 @@
 // The follow load driver: node build/test/load/follow-load.js [leases...] (default 1000 5000).
 // Each size runs in its own process (VmHWM is per process): it re-runs itself with one size.
-// Prints one line of raw columns per size (docs/follow.md).
+// Prints one line of raw columns per size (docs/architecture.md, Following thousands of leases).
 
 import { execFileSync } from "node:child_process";
 import { fileURLToPath } from "node:url";

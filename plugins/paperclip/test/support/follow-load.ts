@@ -4,7 +4,7 @@
 // is published and waiting before kubeclip answers any of them. Measured at that moment: the run
 // stream's consumers and this process's RSS (the plugin under the SDK's harness, and the
 // driver's own calls). Used by follow-load.test.ts (a CI size) and the load/follow-load.ts driver
-// (docs/follow.md).
+// (docs/architecture.md, Following thousands of leases).
 
 import { spawn } from "node:child_process";
 import { readFileSync } from "node:fs";
