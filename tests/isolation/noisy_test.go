@@ -191,14 +191,14 @@ func TestNoisyNeighbour(t *testing.T) {
 		env.Subjects.RunStream(), median(probed.run), percentile(probed.run, 0.9), slices.Max(probed.run), len(probed.run),
 		median(probed.own), percentile(probed.own, 0.9), slices.Max(probed.own))
 	// B's short execs stay within twice their figure alone, or execFloor above it. Its recorded
-	// execs are reported, not bounded. Each is six NATS round trips in a row from the
-	// exec-worker (the lease record, the exec's entry, the budget charge, the entry's advance,
-	// the output and final events), and A's flood leaves the 2-core machine no idle CPU, so
-	// every hop waits to be scheduled: the run stream itself answers a quiet client as fast
-	// beside A as a stream of its own (the probe above), B's plain execs slow too, and the
-	// recorded ones slow by the number of their hops, the more the busier the machine
-	// (docs/security.md, Fairness, admission and tenant RBAC). Beside another suite, as make test runs this one, they took
-	// 61 to 101 ms against 7 to 14 alone; a bound would measure the machine.
+	// execs are reported, not bounded. Each waits for four NATS round trips in a row from the
+	// exec-worker beyond an unrecorded one's (pkg/execsvc TestRecordedExecRoundTrips counts
+	// them), and A's flood leaves the 2-core machine no idle CPU, so every hop waits to be
+	// scheduled: the run stream itself answers a quiet client as fast beside A as a stream of
+	// its own (the probe above), B's plain execs slow too, and the recorded ones slow by the
+	// number of their hops, the more the busier the machine (docs/security.md, "Recorded execs
+	// beside a flood"). Beside another suite, as make test runs this one, they take several
+	// times their figure alone; a bound would measure the machine.
 	if m := median(execsBeside); m > execBound {
 		t.Errorf("company B's exec round trip took %s (median) beside company A, %s alone; want at most %s (twice)", m, median(execsAlone), execBound)
 	}
