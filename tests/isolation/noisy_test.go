@@ -180,9 +180,16 @@ func TestNoisyNeighbour(t *testing.T) {
 	probe := probeRunStream(t, quiet)
 	recordedBeside, printedBeside := quietExecs(t, quietClient, quietPod, "beside-recorded", quietRecorded, true)
 	probed := probe()
+	maps.Copy(printed, printedBeside)
+	// B's recorded execs, the agent's own command, are bounded as its short ones are.
+	recordedBound := max(2*median(recordedAlone), median(recordedAlone)+execFloor)
+	if median(recordedBeside) > recordedBound {
+		t.Logf("company B's recorded exec round trip beside company A: %v (median %s), over the bound %s: measuring again", recordedBeside, median(recordedBeside), recordedBound)
+		recordedBeside, printedBeside = quietExecs(t, quietClient, quietPod, "beside-recorded-again", quietRecorded, true)
+		maps.Copy(printed, printedBeside)
+	}
 	endedBeside := execFlood.Ended() - endedBefore
 	inProgress := len(bucketKeys(t, execsvc.RecordedBucket, noisy))
-	maps.Copy(printed, printedBeside)
 	t.Logf("company B's exec round trip alone: %v (median %s, p90 %s); beside company A's execs (%d of them ended meanwhile, %d at a time, and its loud exec): %v (median %s, p90 %s)",
 		execsAlone, median(execsAlone), percentile(execsAlone, 0.9), endedBeside, noisyConcurrency, execsBeside, median(execsBeside), percentile(execsBeside, 0.9))
 	t.Logf("company B's recorded exec round trip alone: %v (median %s, p90 %s); beside company A's execs: %v (median %s, p90 %s)",
@@ -190,17 +197,21 @@ func TestNoisyNeighbour(t *testing.T) {
 	t.Logf("meanwhile a quiet client's publish to %s took median %s, p90 %s, max %s (n=%d); to a stream of its own median %s, p90 %s, max %s",
 		env.Subjects.RunStream(), median(probed.run), percentile(probed.run, 0.9), slices.Max(probed.run), len(probed.run),
 		median(probed.own), percentile(probed.own, 0.9), slices.Max(probed.own))
-	// B's short execs stay within twice their figure alone, or execFloor above it. Its recorded
-	// execs are reported, not bounded. Each waits for four NATS round trips in a row from the
-	// exec-worker beyond an unrecorded one's (pkg/execsvc TestRecordedExecRoundTrips counts
-	// them), and A's flood leaves the 2-core machine no idle CPU, so every hop waits to be
-	// scheduled: the run stream itself answers a quiet client as fast beside A as a stream of
-	// its own (the probe above), B's plain execs slow too, and the recorded ones slow by the
-	// number of their hops, the more the busier the machine (docs/security.md, "Recorded execs
-	// beside a flood"). Beside another suite, as make test runs this one, they take several
-	// times their figure alone; a bound would measure the machine.
+	// B's execs, short and recorded, stay within twice their figure alone, or execFloor above
+	// it. A recorded one waits for four NATS round trips in a row from the exec-worker beyond an
+	// unrecorded one's (pkg/execsvc TestRecordedExecRoundTrips counts them), and A's flood leaves
+	// the 2-core machine no idle CPU, so every hop waits to be scheduled: the run stream itself
+	// answers a quiet client as fast beside A as a stream of its own (the probe above), B's plain
+	// execs slow too, and the recorded ones slow by the number of their hops, the more the busier
+	// the machine (docs/security.md, "Recorded execs beside a flood"). So they need the floor
+	// more than the short ones do: beside another suite, as make test runs this one, they took
+	// several times their figure alone, yet far less than A's own round trip (logged below),
+	// which a B exec served behind A's would take.
 	if m := median(execsBeside); m > execBound {
-		t.Errorf("company B's exec round trip took %s (median) beside company A, %s alone; want at most %s (twice)", m, median(execsAlone), execBound)
+		t.Errorf("company B's exec round trip took %s (median) beside company A, %s alone; want at most %s (twice that, or %s above it)", m, median(execsAlone), execBound, execFloor)
+	}
+	if m := median(recordedBeside); m > recordedBound {
+		t.Errorf("company B's recorded exec round trip took %s (median) beside company A, %s alone; want at most %s (twice that, or %s above it)", m, median(recordedAlone), recordedBound, execFloor)
 	}
 	pt.Eventually(t, 3*time.Minute, fmt.Sprintf("%d of company A's execs to end", noisyExecs), func() bool { return execFlood.Ended() >= noisyExecs })
 	tally := execFlood.Stop()
