@@ -18,7 +18,7 @@ import (
 // holds every byte roundTripDelay/2 each way, so each round trip the replica waits for costs
 // the client roundTripDelay, and the difference of the two medians, in round trips, is the
 // count. On a 2-core machine another company's flood leaves without idle CPU, each of those
-// round trips costs milliseconds (issue 26; docs/boundary/fairness.md), so the count is what a
+// round trips costs milliseconds (issue 26; docs/security.md, "Recorded execs beside a flood"), so the count is what a
 // recorded exec beside a flood pays for.
 //
 // Four: the exec's entry (written while the command starts, which the local sandboxd here does

@@ -434,337 +434,464 @@ export function decodeStdinReply(data: Uint8Array): StdinReply {
  * (`<code>: <message>`); a timeout or an abort is a result (timedOut / cancelled), not a throw.
  */
 export async function runExec(nc: NatsConnection, prefix: string, spec: ExecSpec, opts: ExecOptions = {}): Promise<ExecResult> {
-  const execId = newExecId();
-  const base = `${prefix}.exec.${spec.companyId}.${spec.runId}`;
-  const silenceMs = opts.silenceMs ?? 3_000;
-  const graceMs = opts.graceMs ?? 5_000;
-  const maxLog = opts.maxLogChars ?? MAX_LOG_CHARS;
-  const noResponderMs = opts.noResponderMs ?? 10_000;
-  const unavailableMs = opts.unavailableMs ?? 120_000;
-  const retryMs = opts.retryMs ?? 1_000;
-  const cap = opts.maxOutputBytes ?? DEFAULT_MAX_OUTPUT_BYTES;
-  if (spec.tty && !spec.stdinStream) throw new Error("tty: a terminal needs stdinStream (stdinBytes -1)");
-  const stdin = new StdinFeed(spec.stdinStream ?? spec.stdin, spec.tty !== undefined);
-  const hold = opts.holdBytes ?? DEFAULT_HOLD_BYTES;
-  const budget = opts.outputBudget ? { bytes: opts.outputBudget, company: spec.companyId } : undefined;
-  const out = { stdout: new Output(hold, budget), stderr: new Output(hold, budget) };
-  const emit = (stream: Stream, text: string): void => {
-    if (!opts.onOutput || text === "") return;
-    for (const piece of splitText(text, maxLog)) opts.onOutput(stream, piece);
-  };
+  return new ExecRun(nc, prefix, spec, opts).run();
+}
 
-  const inbox = new Inbox();
-  const replyTo = createInbox(opts.inboxPrefix ?? DEFAULT_INBOX_PREFIX);
-  const sub = nc.subscribe(replyTo, {
-    callback: (err, msg) => {
-      inbox.push(err ?? msg);
-    },
-  });
+/**
+ * Where one exec stands; ExecRun moves between them only in its named transitions.
+ *
+ *   starting  → no `started` yet: a request is a start (a repeated start is an attach from seq 1,
+ *               the same exec id, never a second run)
+ *   streaming → a session started: a request is an attach from the next seq the client needs
+ *   stopping  → the client gave up (cancelled, its own deadline, a failed stdin source or stdout
+ *               sink) and sent SIGKILL: the exit is waited for KILL_WAIT_MS, and the stream
+ *               ending without one (an error, no exec-worker) ends the exec
+ *   ended     → the exit arrived (with every chunk before it), or the stream ended while stopping
+ *
+ * Giving up before any `started` stops with no session: a request then is still a start.
+ */
+type Phase = "starting" | "streaming" | "stopping" | "ended";
 
-  let started = false;
-  let ioSubject = "";
-  let replica: string | undefined;
-  let next = 1; // the next seq the client needs
-  let acked = 0;
-  let unackedBytes = 0;
-  let attaches = 0;
-  let lastHeard = Date.now();
-  let lastResume = Date.now();
-  let pendingExit: ExitFrame | undefined;
-  let exit: ExitFrame | undefined;
-  let stdinGen = 0;
-  let killSentAt = 0;
-  let cancelled = false;
-  let clientTimeout = false;
-  let ended = false; // the stream ended without an exit while the client was giving up
-  let failure: FailMarker | undefined;
-  let noResponderSince = 0;
-  let unavailableSince = 0;
-  const deadline = Date.now() + spec.timeoutMs + graceMs;
+/**
+ * One exec of runExec as an explicit state machine (the shape of nats.js's
+ * OrderedPullConsumerImpl and nats.go's jetstream/ordered.go): a phase, the stream's position,
+ * and one method per transition. run() waits for the next inbox item or timer tick and hands it
+ * to the transition that owns it.
+ */
+class ExecRun {
+  private phase: Phase = "starting";
+  private readonly execId = newExecId();
+  /** `<prefix>.exec.<companyId>.<runId>`: start, attach and signal subjects hang off it. */
+  private readonly base: string;
+  private readonly silenceMs: number;
+  private readonly maxLog: number;
+  private readonly noResponderMs: number;
+  private readonly unavailableMs: number;
+  private readonly retryMs: number;
+  private readonly stdin: StdinFeed;
+  private readonly out: Record<Stream, Output>;
+  private readonly inbox = new Inbox();
+  private readonly replyTo: string;
+  private readonly startPayload: Uint8Array;
+  /** The command's timeout plus the grace for its exit frame. */
+  private readonly deadline: number;
+  /** The latest `started`'s session: where stdin, acks and close go. */
+  private session: { ioSubject: string; replica: string | undefined } | undefined;
+  /** The next seq the client needs. */
+  private next = 1;
+  private acked = 0;
+  private unackedBytes = 0;
+  private attaches = 0;
+  private lastHeard = Date.now();
+  private lastResume = Date.now();
+  /** An exit that came before chunks it names as sent: it ends the exec once they arrive. */
+  private pendingExit: ExitFrame | undefined;
+  private exit: ExitFrame | undefined;
+  /** The generation of the stdin sender: the latest `started` owns stdin. */
+  private stdinGen = 0;
+  /** When SIGKILL was sent (0: never). */
+  private killSentAt = 0;
+  private cancelled = false;
+  private clientTimeout = false;
+  private failure: FailMarker | undefined;
+  private noResponderSince = 0;
+  private unavailableSince = 0;
 
-  const startPayload = encode({
-    execId,
-    providerLeaseId: spec.providerLeaseId,
-    command: spec.command,
-    args: spec.args,
-    cwd: spec.cwd ?? "",
-    env: spec.env,
-    timeoutMs: spec.timeoutMs,
-    // Paperclip's stdin is a string of known length; native sync streams a tar (-1: unknown).
-    stdinBytes: stdin.length,
-    record: spec.record,
-    maxOutputBytes: cap,
-    ...(spec.tty ? { tty: { rows: spec.tty.rows, cols: spec.tty.cols } } : {}),
-  });
-  const request = (): void => {
-    lastResume = Date.now();
-    lastHeard = lastResume;
-    // Before `started` nothing may be running yet: a repeated start is an attach from seq 1
-    // (same exec id, never a second run).
-    if (!started) {
-      nc.publish(`${base}.start`, startPayload, { reply: replyTo });
-      return;
+  constructor(
+    private readonly nc: NatsConnection,
+    prefix: string,
+    private readonly spec: ExecSpec,
+    private readonly opts: ExecOptions,
+  ) {
+    this.base = `${prefix}.exec.${spec.companyId}.${spec.runId}`;
+    this.silenceMs = opts.silenceMs ?? 3_000;
+    this.maxLog = opts.maxLogChars ?? MAX_LOG_CHARS;
+    this.noResponderMs = opts.noResponderMs ?? 10_000;
+    this.unavailableMs = opts.unavailableMs ?? 120_000;
+    this.retryMs = opts.retryMs ?? 1_000;
+    const cap = opts.maxOutputBytes ?? DEFAULT_MAX_OUTPUT_BYTES;
+    if (spec.tty && !spec.stdinStream) throw new Error("tty: a terminal needs stdinStream (stdinBytes -1)");
+    this.stdin = new StdinFeed(spec.stdinStream ?? spec.stdin, spec.tty !== undefined);
+    const hold = opts.holdBytes ?? DEFAULT_HOLD_BYTES;
+    const budget = opts.outputBudget ? { bytes: opts.outputBudget, company: spec.companyId } : undefined;
+    this.out = { stdout: new Output(hold, budget), stderr: new Output(hold, budget) };
+    this.replyTo = createInbox(opts.inboxPrefix ?? DEFAULT_INBOX_PREFIX);
+    this.deadline = Date.now() + spec.timeoutMs + (opts.graceMs ?? 5_000);
+    this.startPayload = encode({
+      execId: this.execId,
+      providerLeaseId: spec.providerLeaseId,
+      command: spec.command,
+      args: spec.args,
+      cwd: spec.cwd ?? "",
+      env: spec.env,
+      timeoutMs: spec.timeoutMs,
+      // Paperclip's stdin is a string of known length; native sync streams a tar (-1: unknown).
+      stdinBytes: this.stdin.length,
+      record: spec.record,
+      maxOutputBytes: cap,
+      ...(spec.tty ? { tty: { rows: spec.tty.rows, cols: spec.tty.cols } } : {}),
+    });
+  }
+
+  async run(): Promise<ExecResult> {
+    const sub = this.nc.subscribe(this.replyTo, {
+      callback: (err, msg) => {
+        this.inbox.push(err ?? msg);
+      },
+    });
+    const onAbort = (): void => {
+      this.inbox.push(new AbortMarker());
+    };
+    this.opts.signal?.addEventListener("abort", onAbort, { once: true });
+    try {
+      this.request();
+      while (await this.step()) {
+        // each step is one transition
+      }
+    } finally {
+      this.stdinGen++;
+      this.opts.signal?.removeEventListener("abort", onAbort);
+      sub.unsubscribe();
+      await this.stdin.close().catch(() => undefined);
+      // Given back as the result is built: nothing awaits from here to the return.
+      this.out.stdout.release();
+      this.out.stderr.release();
     }
-    nc.publish(`${base}.attach`, encode({ execId, providerLeaseId: spec.providerLeaseId, fromSeq: next }), { reply: replyTo });
-  };
-  const resume = (): void => {
-    attaches++;
-    request();
-  };
-  /** Attach again soon: now if the last request is a second old, else once it is. */
-  const resumeSoon = (): void => {
-    if (Date.now() - lastResume >= Math.min(1_000, silenceMs)) resume();
-    else lastHeard = Math.min(lastHeard, lastResume + Math.min(1_000, silenceMs) - silenceMs);
-  };
-  /** Send the request again after retryMs (the silence check fires then). */
-  const retryLater = (): void => {
-    lastHeard = Date.now() - silenceMs + retryMs;
-  };
-  const giveUp = (): void => {
-    killSentAt = Date.now();
+    return this.result();
+  }
+
+  /** Waits for one inbox item or timer tick and makes its transition; false once the exec is over. */
+  private async step(): Promise<boolean> {
+    if (this.opts.signal?.aborted && !this.cancelled) this.cancel();
+    if (this.phase === "ended") return false;
+    const now = Date.now();
+    if (this.phase === "stopping" && now - this.killSentAt >= KILL_WAIT_MS) {
+      this.phase = "ended"; // no exit came after the kill: the result says SIGKILL
+      return false;
+    }
+    if (this.phase !== "stopping" && now >= this.deadline) {
+      this.timeOut();
+      return true;
+    }
+    const until = this.phase === "stopping" ? this.killSentAt + KILL_WAIT_MS : this.deadline;
+    const item = await this.inbox.next(Math.min(500, until - now));
+    if (item === undefined) this.onQuiet();
+    else if (item instanceof AbortMarker) return true; // taken at the top of the next step
+    else if (item instanceof FailMarker) this.onFail(item);
+    else if (item instanceof ResumeMarker) this.resumeSoon();
+    else if (item instanceof Error) throw new KubeclipError("unavailable", `exec ${this.execId}: ${errorMessage(item)}`);
+    else await this.onMessage(item);
+    return true;
+  }
+
+  // ---- transitions of the phase ----
+
+  /** The caller aborted: the command is killed (once), and the result says cancelled. */
+  private cancel(): void {
+    this.cancelled = true;
+    if (!this.killSentAt) this.giveUp();
+  }
+
+  /** The client's own deadline passed with no exit: the command is killed. */
+  private timeOut(): void {
+    this.clientTimeout = true;
+    this.giveUp();
+  }
+
+  /** starting|streaming → stopping: SIGKILL sent. */
+  private giveUp(): void {
+    this.killSentAt = Date.now();
+    if (this.phase !== "ended") this.phase = "stopping";
     // Answered by one `signaled` on the inbox, which is no part of the stream: the exit still
     // comes (signal SIGKILL) and the loop waits for it a little.
-    nc.publish(`${base}.signal`, encode({ execId, providerLeaseId: spec.providerLeaseId, signal: "SIGKILL" }), { reply: replyTo });
-  };
-  const io = (kind: string, extra: Record<string, string> = {}, data?: Uint8Array): void => {
+    this.nc.publish(`${this.base}.signal`, encode({ execId: this.execId, providerLeaseId: this.spec.providerLeaseId, signal: "SIGKILL" }), { reply: this.replyTo });
+  }
+
+  /** → ended, with the exit when one came. */
+  private end(exit?: ExitFrame): void {
+    this.exit = exit;
+    this.phase = "ended";
+  }
+
+  /** The stdin source or the stdout sink failed: kill the command; run() rethrows the failure. */
+  private onFail(item: FailMarker): void {
+    this.failure ??= item;
+    if (this.phase !== "stopping") this.giveUp();
+    this.end();
+  }
+
+  /** Nothing arrived for a while: after silenceMs of it, attach again. */
+  private onQuiet(): void {
+    if (Date.now() - this.lastHeard >= this.silenceMs) this.resume();
+  }
+
+  // ---- requests ----
+
+  /** A start before any `started`, an attach from the next needed seq after. */
+  private request(): void {
+    this.lastResume = Date.now();
+    this.lastHeard = this.lastResume;
+    // Before `started` nothing may be running yet: a repeated start is an attach from seq 1
+    // (same exec id, never a second run).
+    if (!this.session) {
+      this.nc.publish(`${this.base}.start`, this.startPayload, { reply: this.replyTo });
+      return;
+    }
+    this.nc.publish(`${this.base}.attach`, encode({ execId: this.execId, providerLeaseId: this.spec.providerLeaseId, fromSeq: this.next }), { reply: this.replyTo });
+  }
+
+  private resume(): void {
+    this.attaches++;
+    this.request();
+  }
+
+  /** Attach again soon: now if the last request is a second old, else once it is. */
+  private resumeSoon(): void {
+    const pause = Math.min(1_000, this.silenceMs);
+    if (Date.now() - this.lastResume >= pause) this.resume();
+    else this.lastHeard = Math.min(this.lastHeard, this.lastResume + pause - this.silenceMs);
+  }
+
+  /** Send the request again after retryMs (the silence check fires then). */
+  private retryLater(): void {
+    this.lastHeard = Date.now() - this.silenceMs + this.retryMs;
+  }
+
+  // ---- messages on the inbox ----
+
+  private async onMessage(msg: Msg): Promise<void> {
+    this.lastHeard = Date.now();
+    const h = msg.headers;
+    if (h && h.hasError && h.code === 503) {
+      this.onNoResponders();
+      return;
+    }
+    this.noResponderSince = 0;
+    switch (h?.get(H_KIND) ?? "") {
+      case "started":
+        this.onStarted(msg);
+        break;
+      case "out":
+        await this.onOut(msg);
+        break;
+      case "heartbeat":
+        this.onHeartbeat(msg);
+        break;
+      case "exit":
+        this.onExit(msg);
+        break;
+      case "signaled":
+        // The answer to giveUp's SIGKILL (delivered, or `exited`): the exit, if any, follows.
+        break;
+      case "notice":
+        this.onNotice(msg);
+        break;
+      case "error":
+        this.onError(msg);
+        break;
+      default:
+        break; // unknown kinds are for newer clients
+    }
+  }
+
+  /** No exec-worker subscribed (yet): ask again in a moment, for at most noResponderMs. */
+  private onNoResponders(): void {
+    this.noResponderSince ||= Date.now();
+    if (Date.now() - this.noResponderSince <= this.noResponderMs) {
+      this.retryLater();
+      return;
+    }
+    if (this.phase === "stopping") {
+      this.end();
+      return;
+    }
+    throw new KubeclipError("unavailable", `no kubeclip exec-worker answers ${this.base}.${this.session ? "attach" : "start"}`);
+  }
+
+  /** starting → streaming: a session; it owns stdin from the offset sandboxd holds. */
+  private onStarted(msg: Msg): void {
+    const f = new Fields(parseObject(msg.data, "started"), "started");
+    if (f.str("execId") !== this.execId) return; // not this exec's (never sent by kubeclip)
+    this.session = { ioSubject: f.str("ioSubject"), replica: f.optStr("replica") };
+    if (this.phase === "starting") this.phase = "streaming";
+    this.unavailableSince = 0;
+    // The latest `started` owns stdin: an older sender stops at its next step.
+    const gen = ++this.stdinGen;
+    const offset = f.optInt("stdinOffset") ?? 0;
+    if (this.stdin.length !== 0 && !f.bool("stdinClosed") && !this.stdin.pastEnd(offset)) {
+      void this.sendStdin(this.session.ioSubject, offset, gen);
+    }
+  }
+
+  /** One chunk of output: taken in seq order; a gap attaches again from the first missing one. */
+  private async onOut(msg: Msg): Promise<void> {
+    const seq = Number(msg.headers?.get(H_SEQ));
+    const stream = msg.headers?.get(H_STREAM);
+    if (!Number.isSafeInteger(seq) || seq < 1 || (stream !== "stdout" && stream !== "stderr")) {
+      throw new ProtocolError(`exec ${this.execId}: out message without a valid seq or stream`);
+    }
+    if (seq < this.next) return; // a duplicate after a resume
+    if (seq > this.next) {
+      this.resumeSoon(); // a gap: attach from the first missing seq
+      return;
+    }
+    this.next++;
+    if (stream === "stdout" && this.opts.stdoutSink) {
+      try {
+        await this.opts.stdoutSink(msg.data);
+      } catch (err) {
+        this.inbox.push(new FailMarker(err));
+      }
+    } else this.emit(stream, this.out[stream].add(msg.data));
+    this.unackedBytes += msg.data.byteLength;
+    if (this.unackedBytes >= ACK_BYTES) this.ack();
+    if (this.pendingExit && this.next > this.pendingExit.lastSeq) this.end(this.pendingExit);
+  }
+
+  /** A heartbeat names the last seq its session sent: one this client lacks was lost. */
+  private onHeartbeat(msg: Msg): void {
+    const last = msg.headers?.get(H_SEQ) ?? "";
+    if (last !== "" && Number(last) >= this.next) this.resumeSoon();
+    if (this.unackedBytes > 0) this.ack();
+  }
+
+  /** → ended, or, with chunks still missing, waits for them first. */
+  private onExit(msg: Msg): void {
+    const frame = decodeExit(msg.data);
+    if (frame.lastSeq >= this.next) {
+      this.pendingExit = frame;
+      this.resumeSoon();
+    } else this.end(frame);
+  }
+
+  /**
+   * What kubeclip says about the exec beside its output (exec-notice.json: a budget stopped its
+   * recording into the run's history): one line in the live log, so the run's log in Paperclip
+   * says why; never in the result, whose stdout the agent's adapter parses.
+   */
+  private onNotice(msg: Msg): void {
+    const f = new Fields(parseObject(msg.data, "notice"), "notice");
+    const message = f.optStr("message");
+    if (message) this.opts.onOutput?.("stderr", `\n[kubeclip: ${message}]\n`);
+  }
+
+  /** An `error` frame: thrown, retried while `unavailable`, or the end of a stopping exec. */
+  private onError(msg: Msg): void {
+    const f = new Fields(parseObject(msg.data, "exec error"), "exec error");
+    const code = f.optStr("code") ?? "internal";
+    if (this.phase === "stopping") {
+      // Giving up already (cancelled, timed out; the lease may be ending under it): the
+      // result says so, whatever ended the stream.
+      this.end();
+      return;
+    }
+    if (code === "unavailable") {
+      // The replica could not serve it; the same request again is safe (same exec id).
+      this.unavailableSince ||= Date.now();
+      if (Date.now() - this.unavailableSince <= this.unavailableMs) {
+        this.retryLater();
+        return;
+      }
+    }
+    const field = f.optStr("field");
+    const message = f.optStr("message") ?? "exec failed";
+    throw new KubeclipError(code, field && !message.includes(field) ? `${field}: ${message}` : message, field);
+  }
+
+  // ---- the session's io subject ----
+
+  private io(kind: string, extra: Record<string, string> = {}, data?: Uint8Array): void {
+    const ioSubject = this.session?.ioSubject;
     if (!ioSubject) return;
     const h = headers();
     h.set(H_KIND, kind);
     for (const [k, v] of Object.entries(extra)) h.set(k, v);
-    nc.publish(ioSubject, data ?? new Uint8Array(0), { headers: h });
-  };
-  const ack = (): void => {
-    if (next - 1 > acked && ioSubject) {
-      acked = next - 1;
-      unackedBytes = 0;
-      io("ack", { [H_SEQ]: String(acked) });
+    this.nc.publish(ioSubject, data ?? new Uint8Array(0), { headers: h });
+  }
+
+  private ack(): void {
+    if (this.next - 1 > this.acked && this.session?.ioSubject) {
+      this.acked = this.next - 1;
+      this.unackedBytes = 0;
+      this.io("ack", { [H_SEQ]: String(this.acked) });
     }
-  };
+  }
 
   /**
    * Sends stdin from offset to the session on subject, one chunk at a time, each answered with
    * how much stdin sandboxd holds; a newer generation (a later `started`) supersedes this one.
    */
-  const sendStdin = async (subject: string, from: number, gen: number): Promise<void> => {
+  private async sendStdin(subject: string, from: number, gen: number): Promise<void> {
     let offset = from;
-    while (gen === stdinGen) {
+    while (gen === this.stdinGen) {
       let piece: { data: Uint8Array; eof: boolean };
       try {
-        piece = await stdin.read(offset, STDIN_CHUNK_BYTES);
+        piece = await this.stdin.read(offset, STDIN_CHUNK_BYTES);
       } catch (err) {
-        if (gen === stdinGen) inbox.push(new FailMarker(err));
+        if (gen === this.stdinGen) this.inbox.push(new FailMarker(err));
         return;
       }
-      if (gen !== stdinGen) return;
+      if (gen !== this.stdinGen) return;
       const h = headers();
       h.set(H_KIND, "stdin");
       h.set(H_OFFSET, String(offset));
       if (piece.eof) h.set(H_EOF, "1");
       let reply: StdinReply;
       try {
-        const m = await nc.request(subject, piece.data, { headers: h, timeout: opts.stdinTimeoutMs ?? 10_000 });
+        const m = await this.nc.request(subject, piece.data, { headers: h, timeout: this.opts.stdinTimeoutMs ?? 10_000 });
         reply = decodeStdinReply(m.data);
       } catch {
         // No answer (the replica died, or the write failed in transport), or a malformed one:
         // attach again; the new `started` says where sandboxd is.
-        if (gen === stdinGen) inbox.push(new ResumeMarker());
+        if (gen === this.stdinGen) this.inbox.push(new ResumeMarker());
         return;
       }
       // closed: sandboxd takes no more (eof went through, or the command stopped reading and
       // exited, say `head -c 10`): send nothing more.
       const end = offset + piece.data.byteLength;
       if (reply.closed || (piece.eof && reply.offset === end)) return;
-      if (reply.offset > end || stdin.pastEnd(reply.offset)) {
-        if (gen === stdinGen) inbox.push(new ResumeMarker());
+      if (reply.offset > end || this.stdin.pastEnd(reply.offset)) {
+        if (gen === this.stdinGen) this.inbox.push(new ResumeMarker());
         return;
       }
       offset = reply.offset;
     }
-  };
+  }
 
-  const onAbort = (): void => {
-    inbox.push(new AbortMarker());
-  };
-  opts.signal?.addEventListener("abort", onAbort, { once: true });
+  // ---- the result ----
 
-  try {
-    request();
-    for (;;) {
-      if (opts.signal?.aborted && !cancelled) {
-        cancelled = true;
-        if (!killSentAt) giveUp();
-      }
-      if (exit || ended) break;
-      const now = Date.now();
-      if (killSentAt && now - killSentAt >= KILL_WAIT_MS) break;
-      if (!killSentAt && now >= deadline) {
-        clientTimeout = true;
-        giveUp();
-        continue;
-      }
-      const until = killSentAt ? killSentAt + KILL_WAIT_MS : deadline;
-      const item = await inbox.next(Math.min(500, until - now));
-      if (item === undefined) {
-        if (Date.now() - lastHeard >= silenceMs) resume();
-        continue;
-      }
-      if (item instanceof AbortMarker) continue;
-      if (item instanceof FailMarker) {
-        failure ??= item;
-        if (!killSentAt) giveUp();
-        ended = true;
-        continue;
-      }
-      if (item instanceof ResumeMarker) {
-        resumeSoon();
-        continue;
-      }
-      if (item instanceof Error) {
-        throw new KubeclipError("unavailable", `exec ${execId}: ${errorMessage(item)}`);
-      }
-      lastHeard = Date.now();
-      const h = item.headers;
-      if (h && h.hasError && h.code === 503) {
-        // No exec-worker subscribed (yet): ask again in a moment, for at most noResponderMs.
-        noResponderSince ||= Date.now();
-        if (Date.now() - noResponderSince > noResponderMs) {
-          if (killSentAt) {
-            ended = true;
-            continue;
-          }
-          throw new KubeclipError("unavailable", `no kubeclip exec-worker answers ${base}.${started ? "attach" : "start"}`);
-        }
-        retryLater();
-        continue;
-      }
-      noResponderSince = 0;
-      const kind = h?.get(H_KIND) ?? "";
-      switch (kind) {
-        case "started": {
-          const f = new Fields(parseObject(item.data, "started"), "started");
-          if (f.str("execId") !== execId) break; // not this exec's (never sent by kubeclip)
-          ioSubject = f.str("ioSubject");
-          replica = f.optStr("replica");
-          started = true;
-          unavailableSince = 0;
-          // The latest `started` owns stdin: an older sender stops at its next step.
-          const gen = ++stdinGen;
-          const offset = f.optInt("stdinOffset") ?? 0;
-          if (stdin.length !== 0 && !f.bool("stdinClosed") && !stdin.pastEnd(offset)) {
-            void sendStdin(ioSubject, offset, gen);
-          }
-          break;
-        }
-        case "out": {
-          const seq = Number(h?.get(H_SEQ));
-          const stream = h?.get(H_STREAM);
-          if (!Number.isSafeInteger(seq) || seq < 1 || (stream !== "stdout" && stream !== "stderr")) {
-            throw new ProtocolError(`exec ${execId}: out message without a valid seq or stream`);
-          }
-          if (seq < next) break; // a duplicate after a resume
-          if (seq > next) {
-            resumeSoon(); // a gap: attach from the first missing seq
-            break;
-          }
-          next++;
-          if (stream === "stdout" && opts.stdoutSink) {
-            try {
-              await opts.stdoutSink(item.data);
-            } catch (err) {
-              inbox.push(new FailMarker(err));
-            }
-          } else emit(stream, out[stream].add(item.data));
-          unackedBytes += item.data.byteLength;
-          if (unackedBytes >= ACK_BYTES) ack();
-          if (pendingExit && next > pendingExit.lastSeq) exit = pendingExit;
-          break;
-        }
-        case "heartbeat": {
-          // A heartbeat names the last seq its session sent: one this client lacks was lost.
-          const last = h?.get(H_SEQ) ?? "";
-          if (last !== "" && Number(last) >= next) resumeSoon();
-          if (unackedBytes > 0) ack();
-          break;
-        }
-        case "exit": {
-          const frame = decodeExit(item.data);
-          if (frame.lastSeq >= next) {
-            pendingExit = frame; // chunks still missing: get them first
-            resumeSoon();
-          } else exit = frame;
-          break;
-        }
-        case "signaled":
-          // The answer to giveUp's SIGKILL (delivered, or `exited`): the exit, if any, follows.
-          break;
-        case "notice": {
-          // What kubeclip says about the exec beside its output (exec-notice.json: a budget
-          // stopped its recording into the run's history): one line in the live log, so the
-          // run's log in Paperclip says why; never in the result, whose stdout the agent's
-          // adapter parses.
-          const f = new Fields(parseObject(item.data, "notice"), "notice");
-          const message = f.optStr("message");
-          if (message) opts.onOutput?.("stderr", `\n[kubeclip: ${message}]\n`);
-          break;
-        }
-        case "error": {
-          const f = new Fields(parseObject(item.data, "exec error"), "exec error");
-          const code = f.optStr("code") ?? "internal";
-          if (killSentAt) {
-            // Giving up already (cancelled, timed out; the lease may be ending under it): the
-            // result says so, whatever ended the stream.
-            ended = true;
-            break;
-          }
-          if (code === "unavailable") {
-            // The replica could not serve it; the same request again is safe (same exec id).
-            unavailableSince ||= Date.now();
-            if (Date.now() - unavailableSince <= unavailableMs) {
-              retryLater();
-              break;
-            }
-          }
-          const field = f.optStr("field");
-          const message = f.optStr("message") ?? "exec failed";
-          throw new KubeclipError(code, field && !message.includes(field) ? `${field}: ${message}` : message, field);
-        }
-        default:
-          break; // unknown kinds are for newer clients
-      }
+  private emit(stream: Stream, text: string): void {
+    if (!this.opts.onOutput || text === "") return;
+    for (const piece of splitText(text, this.maxLog)) this.opts.onOutput(stream, piece);
+  }
+
+  /** The ended exec's result; a failed stdin source or stdout sink is thrown instead. */
+  private result(): ExecResult {
+    if (this.failure) throw this.failure.error;
+    const { out, exit } = this;
+    this.emit("stdout", out.stdout.flush());
+    this.emit("stderr", out.stderr.flush());
+    if (exit) {
+      this.ack();
+      // Only the exec's own client closes it: the stream ends and sandboxd drops the journal.
+      this.io("close", { [H_SEQ]: String(this.next - 1) });
     }
-  } finally {
-    stdinGen++;
-    opts.signal?.removeEventListener("abort", onAbort);
-    sub.unsubscribe();
-    await stdin.close().catch(() => undefined);
-    // Given back as the result is built: nothing awaits from here to the return.
-    out.stdout.release();
-    out.stderr.release();
+    const truncated = out.stdout.dropped > 0 || out.stderr.dropped > 0 || exit?.truncated === true;
+    const metadata: ExecResult["metadata"] = { execId: this.execId };
+    if (this.session?.replica) metadata.replica = this.session.replica;
+    if (truncated) metadata.truncated = true;
+    if (this.attaches > 0) metadata.attaches = this.attaches;
+    if (this.cancelled) metadata.cancelled = true;
+    if (this.clientTimeout) metadata.clientTimeout = true;
+    return {
+      exitCode: exit ? exit.exitCode : null,
+      signal: exit ? exit.signal : this.killSentAt ? "SIGKILL" : null,
+      timedOut: (exit?.timedOut ?? false) || this.clientTimeout,
+      stdout: out.stdout.text(),
+      stderr: out.stderr.text(),
+      metadata,
+    };
   }
-  if (failure) throw failure.error;
-
-  emit("stdout", out.stdout.flush());
-  emit("stderr", out.stderr.flush());
-  if (exit) {
-    ack();
-    // Only the exec's own client closes it: the stream ends and sandboxd drops the journal.
-    io("close", { [H_SEQ]: String(next - 1) });
-  }
-  const truncated = out.stdout.dropped > 0 || out.stderr.dropped > 0 || exit?.truncated === true;
-  const metadata: ExecResult["metadata"] = { execId };
-  if (replica) metadata.replica = replica;
-  if (truncated) metadata.truncated = true;
-  if (attaches > 0) metadata.attaches = attaches;
-  if (cancelled) metadata.cancelled = true;
-  if (clientTimeout) metadata.clientTimeout = true;
-  return {
-    exitCode: exit ? exit.exitCode : null,
-    signal: exit ? exit.signal : killSentAt ? "SIGKILL" : null,
-    timedOut: (exit?.timedOut ?? false) || clientTimeout,
-    stdout: out.stdout.text(),
-    stderr: out.stderr.text(),
-    metadata,
-  };
 }
 
 function decodeExit(data: Uint8Array): ExitFrame {

@@ -4,7 +4,7 @@
 // its end as one `loginPty.exit`.
 //
 //   open  {hostRouteId, companyId, providerLeaseId, loginCommandKey, sessionHome} → a terminal
-//         exec on the lease (plugin.ts finds the lease and checks its company), reply
+//         exec on the lease (commands.ts openLogin finds the lease and checks its company), reply
 //         {workerSessionId}
 //   input {workerSessionId, data} → the exec's stdin, in order, bounded
 //   stop  {workerSessionId}       → SIGKILL (idempotent; the exit follows)

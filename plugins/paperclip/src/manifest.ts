@@ -11,7 +11,7 @@ export const PLUGIN_VERSION = "0.1.0";
 export const DRIVER_KEY = "kubernetes";
 /**
  * Whether kubeclip declares reusable leases to the host: resume, a reusable release and destroy
- * (plugin.ts, leases.ts), run through the real host by tests/paperclip (reuse_test.go). The host
+ * (lifecycle.ts, leases.ts), run through the real host by tests/paperclip (reuse_test.go). The host
  * reuses a lease only for an environment with `reuseLease: true` and a run with an execution
  * workspace (docs/reuse.md, the host's rules §1); every other lease stays one run's pod.
  */
