@@ -516,10 +516,15 @@ func (d *Dispatcher) handleDispatch(ctx context.Context, m jetstream.Msg) error 
 	return nil
 }
 
-// warmEligible reports whether an acquire may get a warm pod: warm pools are on, its backend
-// is pod, and it is not a reusable lease (whose pod mounts the lease's own volume).
+// warmEligible reports whether an acquire may get a warm pod: warm pools are on, its workload
+// can be a warm pod (workload.Workload.Warmable: the backend's answer, not a name compared
+// here), and it is not a reusable lease (whose pod mounts the lease's own volume).
 func (d *Dispatcher) warmEligible(plan lease.Plan, rec lease.Record) bool {
-	return d.warm != nil && plan.Config.Backend == policy.BackendPod && !rec.Reusable
+	if d.warm == nil || rec.Reusable {
+		return false
+	}
+	w, err := workload.For(plan.Config.Backend, d.workloads)
+	return err == nil && w.Warmable()
 }
 
 // warmSpec is the run's spec as a warm pod of its shape is rendered from (policy.WarmSpec).
