@@ -212,3 +212,9 @@ func (d *Dispatcher) handleResult(ctx context.Context, m jetstream.Msg) error {
 	}
 	return nil
 }
+
+// reportFailure publishes the run's failed event for a release or destroy that will not be
+// retried; nothing changed.
+func (d *Dispatcher) reportFailure(ctx context.Context, m jetstream.Msg, te *events.TerminalError) error {
+	return events.PublishFailure(ctx, d.publisher, d.log, m, te)
+}
