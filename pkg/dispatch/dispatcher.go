@@ -1,6 +1,13 @@
 // Package dispatch is the dispatcher: it turns dispatch requests into a run's workload (a Job,
 // a Pod or an agent-sandbox Sandbox, through pkg/workload) and its per-run Secret, keeps one
 // active run per agent, and carries out release and destroy requests.
+//
+// One idea per file: dispatcher.go is the Dispatcher and its consumers, options.go what
+// configures it; acquire.go takes a dispatch to `created` (runsecret.go renders the run's
+// Secret), agents.go and park.go keep one run per agent (a busy agent's dispatches wait parked);
+// release.go ends a lease; reuse.go is a reusable lease's life after its release (retain,
+// suspend, collect) and resume.go its resume; warm.go, warmclaim.go and warmpool.go are the warm
+// pools; reconcile.go finds workloads whose lease is gone.
 package dispatch
 
 import (
@@ -33,6 +40,7 @@ type Dispatcher struct {
 	// warm is the warm pools (warm.go); nil when they are off.
 	warm *warmPools
 
+	// The adapter key Secret's cache (adapterKeys).
 	secretMu      sync.Mutex
 	secretValues  map[string]string
 	secretFetched time.Time

@@ -15,6 +15,14 @@ import (
 	"github.com/kubeclip/kubeclip/pkg/workload"
 )
 
+// handleLease routes a lease request of the dispatcher's consumer by its kind.
+func (d *Dispatcher) handleLease(ctx context.Context, m jetstream.Msg) error {
+	if _, kind, err := d.opts.Subjects.ParseLeaseSubject(m.Subject()); err == nil && kind == events.LeaseResume {
+		return d.handleResume(ctx, m)
+	}
+	return d.handleRelease(ctx, m)
+}
+
 // handleRelease carries out a release or destroy: it deletes the workload, waits until its pod
 // is gone, and only then publishes `released`.
 //
