@@ -11,6 +11,7 @@ import (
 
 	"github.com/kubeclip/kubeclip/pkg/cas"
 	"github.com/kubeclip/kubeclip/pkg/events"
+	"github.com/kubeclip/kubeclip/pkg/lease"
 )
 
 // AgentBucket holds the agent guards: one key per agent whose value is the run holding it, so
@@ -89,5 +90,51 @@ func (g agentGuard) free(ctx context.Context, log zerolog.Logger, companyID, age
 	}
 	if err := cas.Free(ctx, g.kv, agentKey(companyID, agentID), []byte(runID)); err != nil {
 		log.Warn().Err(err).Str(events.LogKeyRunID, runID).Msg("freeing the agent guard failed; its TTL will")
+	}
+}
+
+// holdAgent takes the agent's guard for this run. While another run of the agent holds it, the
+// dispatch is parked (see park.go) and holdAgent reports held false: the caller acknowledges
+// the message. A dispatch that has waited AgentBusyTimeout since its acquire fails with
+// agent_busy.
+func (d *Dispatcher) holdAgent(ctx context.Context, log zerolog.Logger, m jetstream.Msg, plan lease.Plan) (held bool, err error) {
+	req := plan.Request
+	ttl := time.Duration(plan.Config.PodActivityDeadlineSec)*time.Second + agentGuardMargin
+	if plan.Deadline != nil {
+		ttl = time.Duration(plan.Deadline.ActiveDeadlineSeconds)*time.Second + agentGuardMargin
+	}
+	holder, err := d.agents.take(ctx, req.CompanyID, req.AgentID, req.RunID, ttl)
+	if err != nil {
+		return false, err
+	}
+	if holder == req.RunID {
+		return true, nil
+	}
+	queuedAt := queuedAt(m, d.opts.Now())
+	if waited := d.opts.Now().Sub(queuedAt); waited >= d.opts.AgentBusyTimeout {
+		return false, events.Terminalf(events.CodeAgentBusy, "agentId",
+			"agent %s is still running run %s after %s; one run per agent at a time", req.AgentID, holder, waited.Round(time.Second))
+	}
+	if err := d.park(ctx, log, m, req, queuedAt); err != nil {
+		return false, err
+	}
+	// The holder may have freed the agent between take and park, finding nothing to unpark.
+	if now, err := d.agents.holder(ctx, req.CompanyID, req.AgentID); err == nil && now == "" {
+		if err := d.unpark(ctx, req.CompanyID, req.AgentID); err != nil {
+			log.Warn().Err(err).Msg("unparking after the agent was freed failed; the sweep will")
+		}
+	}
+	return false, nil
+}
+
+// freeAgent frees the agent of runID and hands the agent's oldest parked dispatch back to the
+// work queue. Errors are logged: the guard's TTL frees the agent, the sweep unparks.
+func (d *Dispatcher) freeAgent(ctx context.Context, log zerolog.Logger, companyID, agentID, runID string) {
+	if agentID == "" {
+		return
+	}
+	d.agents.free(ctx, log, companyID, agentID, runID)
+	if err := d.unpark(ctx, companyID, agentID); err != nil {
+		log.Warn().Err(err).Msg("unparking the agent's next dispatch failed; the sweep will")
 	}
 }

@@ -247,3 +247,19 @@ func dispatchSubjectOf(data []byte) string {
 	subj, _ := events.DispatchSubject(ids.CompanyID, ids.RunID)
 	return subj
 }
+
+// queuedAt is when the acquire first reached the work queue: the header a parked dispatch
+// carries back, else the message's stream timestamp, so the wait for a busy agent counts from
+// the acquire, not from this delivery.
+func queuedAt(m jetstream.Msg, fallback time.Time) time.Time {
+	if h := m.Headers().Get(headerQueuedAt); h != "" {
+		if t, err := time.Parse(time.RFC3339Nano, h); err == nil {
+			return t
+		}
+	}
+	md, err := m.Metadata()
+	if err != nil {
+		return fallback
+	}
+	return md.Timestamp
+}

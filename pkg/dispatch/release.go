@@ -15,6 +15,14 @@ import (
 	"github.com/kubeclip/kubeclip/pkg/workload"
 )
 
+// handleLease routes a lease request of the dispatcher's consumer by its kind.
+func (d *Dispatcher) handleLease(ctx context.Context, m jetstream.Msg) error {
+	if _, kind, err := d.opts.Subjects.ParseLeaseSubject(m.Subject()); err == nil && kind == events.LeaseResume {
+		return d.handleResume(ctx, m)
+	}
+	return d.handleRelease(ctx, m)
+}
+
 // handleRelease carries out a release or destroy: it deletes the workload, waits until its pod
 // is gone, and only then publishes `released`.
 //
@@ -211,4 +219,10 @@ func (d *Dispatcher) handleResult(ctx context.Context, m jetstream.Msg) error {
 		log.Debug().Err(err).Msg("marking the lease finished failed")
 	}
 	return nil
+}
+
+// reportFailure publishes the run's failed event for a release or destroy that will not be
+// retried; nothing changed.
+func (d *Dispatcher) reportFailure(ctx context.Context, m jetstream.Msg, te *events.TerminalError) error {
+	return events.PublishFailure(ctx, d.publisher, d.log, m, te)
 }

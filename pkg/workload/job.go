@@ -65,6 +65,9 @@ func (w jobWorkload) Exists(ctx context.Context, namespace, name string) (bool, 
 	return len(list.Items) > 0, nil
 }
 
+// Warmable: a warm pod is a bare pod; a Job makes its own.
+func (jobWorkload) Warmable() bool { return false }
+
 // Reuse: a reusable lease needs backend pod (reuse.go).
 func (w jobWorkload) Reuse() error { return notReusable(w.Backend()) }
 

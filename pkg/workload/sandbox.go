@@ -144,6 +144,9 @@ func (w sandboxWorkload) served() (version string, ok bool, err error) {
 // kubeclip waits on the pod itself, not on the Sandbox's conditions: the pod is what the
 // exec-worker reaches, and waiting on it is the same for both backends.
 
+// Warmable: a Sandbox's controller makes its pod from the Sandbox; a warm pod is kubeclip's own.
+func (sandboxWorkload) Warmable() bool { return false }
+
 // Reuse: the Sandbox keeps a reusable lease where the cluster serves v1beta1 (operatingMode);
 // v1alpha1 (agent-sandbox before v0.5) has none, and a cluster serving no Sandbox API cannot run
 // the backend at all.

@@ -17,6 +17,9 @@ import (
 // Warm pods of backend pod (policy.RenderWarmPod): made ahead of demand, claimed by an acquire
 // with one update at the pod's resourceVersion, then the run's workload like any pod lease.
 
+// Warmable: a warm pod is a bare pod of this backend, bound instead of created (StartBound).
+func (podWorkload) Warmable() bool { return true }
+
 // ErrWarmTaken is a claim that lost: another acquire bound the pod first, or it is gone.
 var ErrWarmTaken = errors.New("warm pod taken or gone")
 

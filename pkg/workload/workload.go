@@ -71,6 +71,12 @@ type Workload interface {
 	// read-only list and watch suffice.
 	Exists(ctx context.Context, namespace, name string) (bool, error)
 
+	// Warmable reports whether a warm pod (policy.RenderWarmPod: a bare pod, sandboxd unbound,
+	// made ahead of demand) can be this backend's workload. The dispatcher's warm pools serve
+	// only the acquires whose workload says so: a warm pod given to a backend that cannot take
+	// one would be a run of the wrong kind (no Job, no Sandbox).
+	Warmable() bool
+
 	// Reuse is nil when the backend keeps reusable leases (reuse.go; sandbox.go where the
 	// cluster serves agent-sandbox's v1beta1), else the terminal backend_unavailable naming
 	// config.backend a reusable acquire fails with, before anything is created.

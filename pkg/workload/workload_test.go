@@ -56,6 +56,23 @@ func TestForChoosesEveryBackendOnce(t *testing.T) {
 	}
 }
 
+// TestOnlyPodIsWarmable: a warm pod is a bare pod (policy.RenderWarmPod), so only backend pod's
+// workload may be served by one; a Job or a Sandbox given a warm pod would be a run of the wrong
+// kind. The dispatcher's warm pools ask Warmable, never the backend's name.
+func TestOnlyPodIsWarmable(t *testing.T) {
+	want := map[policy.Backend]bool{policy.BackendJob: false, policy.BackendPod: true, policy.BackendSandboxCR: false}
+	for _, w := range All(Deps{}) {
+		wantWarm, known := want[w.Backend()]
+		if !known {
+			t.Errorf("backend %s: no answer in this test; say whether a warm pod can be its workload", w.Backend())
+			continue
+		}
+		if got := w.Warmable(); got != wantWarm {
+			t.Errorf("%s Warmable() = %t, want %t", w.Backend(), got, wantWarm)
+		}
+	}
+}
+
 // TestObservePicksTheRunsObjects: what the run-watcher's informers hold of a run, and which of
 // it each backend's verdict reads.
 func TestObservePicksTheRunsObjects(t *testing.T) {
