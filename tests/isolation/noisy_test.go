@@ -194,9 +194,12 @@ func TestNoisyNeighbour(t *testing.T) {
 		execsAlone, median(execsAlone), percentile(execsAlone, 0.9), endedBeside, noisyConcurrency, execsBeside, median(execsBeside), percentile(execsBeside, 0.9))
 	t.Logf("company B's recorded exec round trip alone: %v (median %s, p90 %s); beside company A's execs: %v (median %s, p90 %s)",
 		recordedAlone, median(recordedAlone), percentile(recordedAlone, 0.9), recordedBeside, median(recordedBeside), percentile(recordedBeside, 0.9))
-	t.Logf("meanwhile a quiet client's publish to %s took median %s, p90 %s, max %s (n=%d); to a stream of its own median %s, p90 %s, max %s",
-		env.Subjects.RunStream(), median(probed.run), percentile(probed.run, 0.9), slices.Max(probed.run), len(probed.run),
-		median(probed.own), percentile(probed.own, 0.9), slices.Max(probed.own))
+	for _, p := range []struct {
+		store string
+		took  []time.Duration
+	}{{env.Subjects.RunStream(), probed.run}, {execsvc.RecordedBucket, probed.execs}, {events.BudgetBucket, probed.budgets}, {"a stream of its own", probed.own}} {
+		t.Logf("meanwhile a quiet client's publish to %s took median %s, p90 %s, max %s (n=%d)", p.store, median(p.took), percentile(p.took, 0.9), slices.Max(p.took), len(p.took))
+	}
 	// B's execs, short and recorded, stay within twice their figure alone, or execFloor above
 	// it. A recorded one waits for four NATS round trips in a row from the exec-worker beyond an
 	// unrecorded one's (pkg/execsvc TestRecordedExecRoundTrips counts them), and A's flood leaves

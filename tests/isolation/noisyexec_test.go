@@ -362,14 +362,16 @@ func percentile(d []time.Duration, p float64) time.Duration {
 }
 
 // probed is what probeRunStream measured: a quiet client's publish round trips to the run
-// stream, and to a stream of its own beside it.
-type probed struct{ run, own []time.Duration }
+// stream, to the two buckets a recorded exec writes (KUBECLIP_EXECS, KUBECLIP_BUDGETS), and to
+// a stream of its own beside them.
+type probed struct{ run, execs, budgets, own []time.Duration }
 
 // probeRunStream publishes, every 5 ms until the returned func is called, one small message to
-// the run stream (on a subject of company's that names no run of it) and one to a scratch
-// stream of its own, each from a connection of the probe's own, and returns their round
-// trips. Alike, they say the run stream keeps up and a slower exec waits elsewhere; the run
-// stream's far slower would say it is the stream.
+// each store a recorded exec writes (the run stream on a subject of company's that names no run
+// of it, and a key of company's in each bucket) and one to a scratch stream of its own, each
+// from a connection of the probe's own, and returns their round trips. Alike, they say the
+// shared stores keep up beside another company's flood and a slower exec waits elsewhere; a
+// shared store far slower would say it is the store.
 func probeRunStream(t *testing.T, company string) func() probed {
 	t.Helper()
 	nc, err := nats.Connect(env.NATS.URL(), nats.Name("noisy-neighbour-probe"))
@@ -387,6 +389,8 @@ func probeRunStream(t *testing.T, company string) func() probed {
 		t.Fatal(err)
 	}
 	runSubj := env.Subjects.Prefix() + ".run." + company + "." + pt.NewID("run") + ".probe"
+	execsKey := "$KV." + execsvc.RecordedBucket + "." + company + ".probe"
+	budgetsKey := "$KV." + events.BudgetBucket + ".probe." + company
 	var got probed
 	done, finished := make(chan struct{}), make(chan struct{})
 	go func() {
@@ -402,7 +406,12 @@ func probeRunStream(t *testing.T, company string) func() probed {
 			for _, p := range []struct {
 				subj string
 				into *[]time.Duration
-			}{{runSubj, &got.run}, {"noisyprobe.x", &got.own}} {
+			}{
+				{runSubj, &got.run},
+				{execsKey, &got.execs},
+				{budgetsKey, &got.budgets},
+				{"noisyprobe.x", &got.own},
+			} {
 				start := time.Now()
 				if _, err := js.Publish(t.Context(), p.subj, []byte("probe")); err != nil {
 					t.Errorf("probe publish to %s: %v", p.subj, err)
@@ -415,8 +424,18 @@ func probeRunStream(t *testing.T, company string) func() probed {
 	return func() probed {
 		close(done)
 		<-finished
-		if err := js.DeleteStream(context.WithoutCancel(t.Context()), scratch); err != nil {
+		ctx := context.WithoutCancel(t.Context())
+		if err := js.DeleteStream(ctx, scratch); err != nil {
 			t.Errorf("deleting the probe's stream: %v", err)
+		}
+		for stream, key := range map[string]string{"KV_" + execsvc.RecordedBucket: execsKey, "KV_" + events.BudgetBucket: budgetsKey} {
+			st, err := js.Stream(ctx, stream)
+			if err == nil {
+				err = st.Purge(ctx, jetstream.WithPurgeSubject(key))
+			}
+			if err != nil {
+				t.Errorf("purging the probe's key %s: %v", key, err)
+			}
 		}
 		nc.Close()
 		if len(got.run) == 0 {
