@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -153,9 +154,9 @@ func spendAsTheBroker(t *testing.T, url, company string, tokens ...int64) {
 	if err != nil {
 		t.Fatalf("the broker user making %s: %v", events.BudgetBucket, err)
 	}
-	failed := 0
+	var failed atomic.Int64
 	b, err := brokersvc.NewBudgets(brokersvc.BudgetOptions{KV: kv, TokensPerDay: 1 << 40,
-		StoreFailures: events.NewStoreFailures(zerolog.New(zerolog.NewTestWriter(t)), events.BudgetBucket, func(string) { failed++ })})
+		StoreFailures: events.NewStoreFailures(zerolog.New(zerolog.NewTestWriter(t)), events.BudgetBucket, func(string) { failed.Add(1) })})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -172,7 +173,7 @@ func spendAsTheBroker(t *testing.T, url, company string, tokens ...int64) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	if failed > 0 {
-		t.Fatalf("the broker user's reads or writes of its counters failed %d times", failed)
+	if n := failed.Load(); n > 0 {
+		t.Fatalf("the broker user's reads or writes of its counters failed %d times", n)
 	}
 }
