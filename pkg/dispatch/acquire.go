@@ -95,7 +95,8 @@ func (d *Dispatcher) handleDispatch(ctx context.Context, m jetstream.Msg) error 
 	return nil
 }
 
-// readAcquire decodes the dispatch and derives its plan, and checks that the namespace the
+// readAcquire decodes the dispatch and the plan the tenant-worker decided for it (taken as it
+// is: the dispatcher derives no plan, lease.Decode), and checks that the namespace the
 // tenant-worker chose is this company's.
 func (d *Dispatcher) readAcquire(ctx context.Context, m jetstream.Msg) (*acquire, error) {
 	took := newStepTimer(d.opts.Now, queuedAt(m, time.Time{}))
@@ -107,11 +108,11 @@ func (d *Dispatcher) readAcquire(ctx context.Context, m jetstream.Msg) (*acquire
 		m: m, req: req, ref: events.Ref(req.CompanyID, req.RunID), took: took,
 		log: d.log.With().Str(events.LogKeyRunID, req.RunID).Str(events.LogKeyTenant, req.CompanyID).Logger(),
 	}
-	if a.plan, err = lease.New(req.AcquireRequest, d.opts.Now(), d.opts.Operator); err != nil {
+	if a.plan, err = lease.Decode(req.AcquireRequest, req.Plan, d.opts.Now(), d.opts.Operator); err != nil {
 		return nil, err
 	}
 	if a.plan.Namespace != req.Namespace {
-		return nil, events.Terminalf(events.CodeInternal, "namespace", "the tenant-worker chose namespace %s, the dispatcher %s", req.Namespace, a.plan.Namespace)
+		return nil, events.Terminalf(events.CodeInternal, "namespace", "the dispatch names namespace %s and its plan %s", req.Namespace, a.plan.Namespace)
 	}
 	// Defence in depth: the tenant-worker claimed the namespace for this company before it
 	// handed the lease over; a run never goes into a namespace another company owns.

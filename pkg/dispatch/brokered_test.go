@@ -272,7 +272,7 @@ func TestBrokeredDispatchFailsNamingTheKey(t *testing.T) {
 		RunID: ref.RunID, CompanyID: ref.CompanyID, EnvironmentID: "env", AgentID: "agent-1", Config: json.RawMessage(`{"backend":"job"}`),
 	}}
 	start := time.Now()
-	if _, err := pub.Publish(ctx, req); err != nil {
+	if _, err := pub.Publish(ctx, planned(t, req)); err != nil {
 		t.Fatal(err)
 	}
 	var failed events.RunFailedEvent

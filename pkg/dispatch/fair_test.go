@@ -111,7 +111,7 @@ func TestDispatchesAreServedPerCompany(t *testing.T) {
 		req := events.DispatchRequest{Namespace: "paperclip-" + companyID, AcquireRequest: events.AcquireRequest{
 			RunID: runID, CompanyID: companyID, EnvironmentID: "env", AgentID: "agent-1", Config: json.RawMessage(`{"backend":"job"}`),
 		}}
-		if _, err := pub.Publish(ctx, req); err != nil {
+		if _, err := pub.Publish(ctx, planned(t, req)); err != nil {
 			t.Fatal(err)
 		}
 	}

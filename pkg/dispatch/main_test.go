@@ -5,6 +5,10 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+
+	"github.com/kubeclip/kubeclip/pkg/events"
+	"github.com/kubeclip/kubeclip/pkg/lease"
+	"github.com/kubeclip/kubeclip/pkg/policy"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -21,4 +25,18 @@ func eventually(t *testing.T, what string, cond func() bool) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// planned is req with the plan the tenant-worker would decide for it under the default
+// operator policy: what a dispatch carries (lease.Plan.Encode).
+func planned(t *testing.T, req events.DispatchRequest) events.DispatchRequest {
+	t.Helper()
+	plan, err := lease.New(req.AcquireRequest, time.Now(), policy.DefaultOperator())
+	if err != nil {
+		t.Fatalf("planning run %s: %v", req.RunID, err)
+	}
+	if req.Plan, err = plan.Encode(); err != nil {
+		t.Fatal(err)
+	}
+	return req
 }

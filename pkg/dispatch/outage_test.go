@@ -40,7 +40,7 @@ func TestKubernetesOutageEndsBackendUnavailable(t *testing.T) {
 	req := events.DispatchRequest{Namespace: "paperclip-acme", AcquireRequest: events.AcquireRequest{
 		RunID: ref.RunID, CompanyID: ref.CompanyID, EnvironmentID: "env", AgentID: "agent-1", Config: json.RawMessage(`{"backend":"job"}`),
 	}}
-	if _, err := pub.Publish(ctx, req); err != nil {
+	if _, err := pub.Publish(ctx, planned(t, req)); err != nil {
 		t.Fatal(err)
 	}
 

@@ -153,6 +153,7 @@ func TestDecodeRelease(t *testing.T) {
 func TestDecodeDispatch(t *testing.T) {
 	m := validAcquire()
 	m["namespace"] = "paperclip-c1"
+	m["plan"] = map[string]any{"namespace": "paperclip-c1"}
 	got, err := events.DecodeDispatch("kubeclip.dispatch.c1.r1", encode(t, m))
 	if err != nil {
 		t.Fatal(err)
@@ -168,6 +169,13 @@ func TestDecodeDispatch(t *testing.T) {
 	_, err = events.DecodeDispatch("kubeclip.dispatch.c1.r1", encode(t, m))
 	if te, ok := events.AsTerminal(err); !ok || te.Field != "namespace" {
 		t.Errorf("bad namespace: got %v", err)
+	}
+	// A dispatch without the tenant-worker's plan is refused: the dispatcher derives none.
+	m["namespace"] = "paperclip-c1"
+	delete(m, "plan")
+	_, err = events.DecodeDispatch("kubeclip.dispatch.c1.r1", encode(t, m))
+	if te, ok := events.AsTerminal(err); !ok || te.Field != "plan" {
+		t.Errorf("no plan: got %v", err)
 	}
 }
 

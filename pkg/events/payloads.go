@@ -348,15 +348,23 @@ type DispatchRequest struct {
 	AcquireRequest
 	// Namespace is the tenant namespace the run goes into.
 	Namespace string `json:"namespace"`
+	// Plan is what the tenant-worker decided of the lease (pkg/lease Plan.Encode): the one
+	// authority for it, which the dispatcher takes as it is (lease.Decode) instead of deriving
+	// it again from the request. Opaque here: pkg/lease owns its shape.
+	Plan json.RawMessage `json:"plan"`
 }
 
-// Validate checks the embedded acquire and the namespace (a DNS-1123 label).
+// Validate checks the embedded acquire, the namespace (a DNS-1123 label) and that a plan is
+// there (an object; pkg/lease decodes it).
 func (r DispatchRequest) Validate() error {
 	if err := r.AcquireRequest.Validate(); err != nil {
 		return err
 	}
 	if !isDNSLabel(r.Namespace) {
 		return InvalidRequest("namespace", "must be a DNS-1123 label (lowercase alphanumerics and '-', at most 63), got %q", truncate(r.Namespace, 64))
+	}
+	if t := bytes.TrimSpace(r.Plan); len(t) == 0 || t[0] != '{' {
+		return InvalidRequest("plan", "must be the tenant-worker's plan, a JSON object")
 	}
 	return nil
 }

@@ -47,7 +47,7 @@ func schemaCases() []schemaCase {
 		{file: "lease-acquire.json", full: fullAcquire(), zero: events.AcquireRequest{}},
 		{file: "lease-release.json", full: events.ReleaseRequest{RunID: "r1", CompanyID: "c1", ProviderLeaseID: "pc-1", CancelActiveWork: true, ReleaseID: "x1", Destroy: true}, zero: events.ReleaseRequest{}},
 		{file: "lease-resume.json", full: events.ResumeRequest{RunID: "r1", CompanyID: "c1", ProviderLeaseID: "pc-1", ResumeID: "x1"}, zero: events.ResumeRequest{}},
-		{file: "kubeclip-dispatch.json", full: events.DispatchRequest{AcquireRequest: fullAcquire(), Namespace: "paperclip-c1"}, zero: events.DispatchRequest{}},
+		{file: "kubeclip-dispatch.json", full: events.DispatchRequest{AcquireRequest: fullAcquire(), Namespace: "paperclip-c1", Plan: json.RawMessage(`{"namespace":"paperclip-c1"}`)}, zero: events.DispatchRequest{}},
 		{file: "run-created.json", full: events.RunCreatedEvent{RunID: "r1", CompanyID: "c1", At: at, ProviderLeaseID: "pc-1", Namespace: "n", WorkloadName: "pc-1", SecretName: "pc-1-env", Backend: "job", PodName: "p", Phase: events.PhaseRunning, ExpiresAt: &at, Warm: true}, zero: events.RunCreatedEvent{}},
 		{file: "run-status.json", full: events.RunStatusEvent{RunID: "r1", CompanyID: "c1", At: at, Phase: events.PhasePending, Reason: "Unschedulable", Message: "0/1 nodes", PodName: "p", PodIP: "10.244.0.17"}, zero: events.RunStatusEvent{}},
 		{file: "run-log.json", full: events.RunLogEvent{RunID: "r1", CompanyID: "c1", At: at, Seq: 1, Pod: "p", Container: "c", Lines: []events.LogLine{line}, LogStopped: events.BudgetRun}, zero: events.RunLogEvent{}},

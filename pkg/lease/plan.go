@@ -1,7 +1,8 @@
 // Package lease turns an acquire request into a plan: the validated provider config, the run's
-// adapter, image, tenant namespace, egress grant and deadline. Both the tenant-worker and the
-// dispatcher derive the plan from the same request, so they can never disagree, and every
-// refusal is an events.TerminalError carrying the failed-event code and the offending field.
+// adapter, image, tenant namespace, egress grant and deadline. The plan is decided once, by the
+// tenant-worker where the acquire is accepted (New), and travels to the dispatcher with the
+// dispatch (Plan.Encode, Decode), which never derives it again; every refusal is an
+// events.TerminalError carrying the failed-event code and the offending field.
 package lease
 
 import (
@@ -72,17 +73,9 @@ func New(req events.AcquireRequest, now time.Time, op policy.Operator) (Plan, er
 	if err != nil {
 		return Plan{}, fieldError(events.CodeInvalidRequest, "", err)
 	}
-	deadline, err := policy.ComputeBoundedLeaseDeadline(req.RequestedExpiresAt, now)
+	deadline, err := leaseDeadline(req, cfg, now)
 	if err != nil {
-		return Plan{}, events.Terminal(events.CodeInvalidRequest, "requestedExpiresAt", err)
-	}
-	if deadline == nil && cfg.Backend.ExecCapable() {
-		// An exec-capable lease is a pod that lives until it is released, at most its
-		// activity deadline: that is its real expiry, and Paperclip is told so.
-		deadline = &policy.LeaseDeadline{
-			ActiveDeadlineSeconds: cfg.PodActivityDeadlineSec,
-			HardStopAt:            now.Truncate(time.Second).Add(time.Duration(cfg.PodActivityDeadlineSec) * time.Second).UTC(),
-		}
+		return Plan{}, err
 	}
 	p := Plan{
 		Request: req, Config: cfg, AdapterType: adapterType, Adapter: adapter,
@@ -93,6 +86,27 @@ func New(req events.AcquireRequest, now time.Time, op policy.Operator) (Plan, er
 		return Plan{}, fieldError(events.CodeInvalidRequest, "", err)
 	}
 	return p, nil
+}
+
+// leaseDeadline is the lease's hard stop seen from now: the expiry the request asked for,
+// bounded, or an exec-capable lease's activity deadline. The one rule for both the plan's
+// decision (New) and its dispatch (Decode): a deadline counts from the moment it is computed,
+// and a dispatch may come long after the acquire (an acquire parked behind its agent's run), so
+// the dispatcher computes it again from the same inputs at its own now.
+func leaseDeadline(req events.AcquireRequest, cfg policy.Config, now time.Time) (*policy.LeaseDeadline, error) {
+	deadline, err := policy.ComputeBoundedLeaseDeadline(req.RequestedExpiresAt, now)
+	if err != nil {
+		return nil, events.Terminal(events.CodeInvalidRequest, "requestedExpiresAt", err)
+	}
+	if deadline == nil && cfg.Backend.ExecCapable() {
+		// An exec-capable lease is a pod that lives until it is released, at most its
+		// activity deadline: that is its real expiry, and Paperclip is told so.
+		deadline = &policy.LeaseDeadline{
+			ActiveDeadlineSeconds: cfg.PodActivityDeadlineSec,
+			HardStopAt:            now.Truncate(time.Second).Add(time.Duration(cfg.PodActivityDeadlineSec) * time.Second).UTC(),
+		}
+	}
+	return deadline, nil
 }
 
 // Tenant renders the tenant objects the plan's run needs. The egress allow-list covers the

@@ -26,12 +26,12 @@ type AdapterEntry struct {
 // AdapterDefaults is what a run of one adapter type needs: its image, the host env keys
 // forwarded into the run's Secret, the FQDNs it must reach, and its probe command.
 type AdapterDefaults struct {
-	AdapterType  string
-	RuntimeImage string
-	EnvKeys      []string
-	AllowFqdns   []string
-	ProbeCommand []string
-	DefaultEnv   map[string]string
+	AdapterType  string            `json:"adapterType"`
+	RuntimeImage string            `json:"runtimeImage"`
+	EnvKeys      []string          `json:"envKeys"`
+	AllowFqdns   []string          `json:"allowFqdns"`
+	ProbeCommand []string          `json:"probeCommand"`
+	DefaultEnv   map[string]string `json:"defaultEnv"`
 }
 
 // builtinAdapters is adapter-defaults.ts's registry, exactly.

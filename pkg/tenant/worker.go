@@ -237,7 +237,13 @@ func (w *Worker) handle(ctx context.Context, m jetstream.Msg) error {
 	if err := w.ensureTenant(ctx, log, plan); err != nil {
 		return err
 	}
-	if _, err := w.publisher.Publish(ctx, events.DispatchRequest{AcquireRequest: req, Namespace: plan.Namespace}); err != nil {
+	// The plan travels with the dispatch: the dispatcher takes it as decided here, the one
+	// place an acquire's plan is derived (lease.Decode).
+	decided, err := plan.Encode()
+	if err != nil {
+		return err
+	}
+	if _, err := w.publisher.Publish(ctx, events.DispatchRequest{AcquireRequest: req, Namespace: plan.Namespace, Plan: decided}); err != nil {
 		return fmt.Errorf("handing the lease to the dispatcher: %w", err)
 	}
 	log.Debug().Str(events.LogKeyNamespace, plan.Namespace).Msg("lease handed to the dispatcher")

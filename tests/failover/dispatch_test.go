@@ -31,7 +31,17 @@ func publishDispatch(t *testing.T, r *pt.Run, cfg json.RawMessage) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	data, err := json.Marshal(events.DispatchRequest{AcquireRequest: r.Request(cfg), Namespace: pt.NamespaceOf(t, r.CompanyID)})
+	// With the plan the tenant-worker decides under the workers' (default) operator policy.
+	req := r.Request(cfg)
+	plan, err := lease.New(req, time.Now(), policy.DefaultOperator())
+	if err != nil {
+		t.Fatal(err)
+	}
+	decided, err := plan.Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := json.Marshal(events.DispatchRequest{AcquireRequest: req, Namespace: pt.NamespaceOf(t, r.CompanyID), Plan: decided})
 	if err != nil {
 		t.Fatal(err)
 	}
