@@ -82,6 +82,11 @@ export class RunAnswers {
     return `${this.prefix}.run.${companyId}.${runId}`;
   }
 
+  /** Whether the connection closed: no answer can come any more. */
+  get closed(): boolean {
+    return this.nc.isClosed();
+  }
+
   /** How many requests wait (tests, the load driver). */
   get waiting(): number {
     let n = 0;

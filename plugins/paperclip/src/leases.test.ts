@@ -305,6 +305,26 @@ describe("leases", () => {
     }
   });
 
+  it("fails at once when its connection closes while its publish is retried", async (t) => {
+    // No stream takes this prefix's requests: every publish is answered "no responders" and
+    // retried, as in a JetStream leader election, until the connection closes.
+    const jsm = await jetstreamManager(env.nc);
+    await jsm.streams.add({ name: "NOSTREAM_RUNS", subjects: ["nostream.run.>"] });
+    t.after(() => jsm.streams.delete("NOSTREAM_RUNS"));
+    const nc = await connect({ servers: env.server.url });
+    const own = new Leases(nc, "nostream");
+    const p = own.acquire({ runId: runId(), companyId: C, environmentId: "e", agentId: "a", config: {} }, { ...opts, timeoutMs: 30_000 });
+    p.catch(() => undefined);
+    await new Promise((resolve) => setTimeout(resolve, 300));
+    const t0 = Date.now();
+    await nc.close();
+    await assert.rejects(p, (err: unknown) => {
+      assert.ok(err instanceof UnreachableError, String(err));
+      return true;
+    });
+    assert.ok(Date.now() - t0 < 5_000, `failed after ${Date.now() - t0} ms`);
+  });
+
   it("stops waiting when its caller aborts", async () => {
     env.kubeclip.onAcquire = () => ({ kind: "silent" });
     try {

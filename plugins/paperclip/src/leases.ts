@@ -244,9 +244,15 @@ export class Leases {
       offer: (a) => void take(a),
       // The consumer ended; its successor brings what comes next, the history what came between.
       // None to be had (nats.js ends one only for a closed connection or a stream it could not
-      // find for long): the request fails now, not at its deadline.
+      // find for long): the request fails now, not at its deadline. The history read may be one
+      // already under way when the connection closed, which resolves without the answer: a
+      // closed connection fails the request after it.
       reset: () => {
-        void this.answers.ready().then(readHistory).catch((err: unknown) => {
+        const readOrFail = async (): Promise<void> => {
+          await readHistory();
+          if (!done && this.answers.closed) throw new Error("the NATS connection closed while the request waited");
+        };
+        void this.answers.ready().then(readOrFail).catch((err: unknown) => {
           if (done) return;
           done = true;
           reject(err);
@@ -300,7 +306,8 @@ export class Leases {
         });
         return;
       } catch (err) {
-        if (isPermanentPublishError(err) || Date.now() + 500 >= deadline) throw err;
+        // A closed connection never acknowledges: fail now, not at the deadline.
+        if (isPermanentPublishError(err) || this.answers.closed || Date.now() + 500 >= deadline) throw err;
         await new Promise((r) => setTimeout(r, Math.min(2_000, 100 * 2 ** attempt)));
       }
     }
