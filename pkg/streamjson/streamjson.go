@@ -14,6 +14,8 @@
 //     which in a Job's combined log are the CLI's own stderr. They are never matched against
 //     assistant prose or tool output inside JSON events: upstream learned that scanning the whole
 //     transcript flags runs whose agent merely talked about logins or rate limits.
+//   - The markers' regexps run on at most 1 MiB of a transcript's raw lines (markers.go): the
+//     output is the agent's, and a regexp costs the worker far more per byte than the pod.
 //   - claude_auth_required is only reported for a run that failed or produced no result event, for
 //     the same reason.
 //   - Assistant text blocks are not de-duplicated by (message id, block index) as the older
@@ -67,8 +69,10 @@ type Parser struct {
 	llmEmpty  bool // assistant event with stop_reason null and 0 output tokens, no result yet
 	truncated bool // assistant event with output tokens > 0, no result yet
 
-	// markers seen on raw (non-JSON) lines, usually the CLI's stderr.
-	raw markers
+	// markers seen on raw (non-JSON) lines, usually the CLI's stderr, and the bytes of those
+	// lines their regexps ran on (maxMarkerMatched).
+	raw        markers
+	rawMatched int
 }
 
 // markers records which text patterns were seen.
@@ -76,11 +80,25 @@ type markers struct {
 	login, modelNotFound, quota, transient bool
 }
 
-func (m *markers) scan(line string) {
-	m.login = m.login || authRequiredRE.MatchString(line)
-	m.modelNotFound = m.modelNotFound || modelNotFoundRE.MatchString(line)
-	m.quota = m.quota || providerQuotaRE.MatchString(line)
-	m.transient = m.transient || transientUpstreamRE.MatchString(line)
+// scan matches line against the markers not seen yet. Each regexp run adds len(line) to
+// *matched; none runs once it is past maxMarkerMatched (nil: no bound).
+func (m *markers) scan(line string, matched *int) {
+	folded := foldCase(line)
+	for _, k := range []struct {
+		seen *bool
+		m    marker
+	}{{&m.login, authRequired}, {&m.modelNotFound, modelNotFound}, {&m.quota, providerQuota}, {&m.transient, transientUpstream}} {
+		if *k.seen || !k.m.mayMatch(folded) {
+			continue
+		}
+		if matched != nil {
+			if *matched >= maxMarkerMatched {
+				return
+			}
+			*matched += len(line)
+		}
+		*k.seen = k.m.re.MatchString(line)
+	}
 }
 
 func (m markers) or(o markers) markers {
@@ -146,7 +164,7 @@ func (p *Parser) Feed(line []byte) {
 	}
 	var ev event
 	if line[0] != '{' || json.Unmarshal(line, &ev) != nil {
-		p.raw.scan(capString(string(line), maxMarkerLine))
+		p.raw.scan(capString(string(line), maxMarkerLine), &p.rawMatched)
 		return
 	}
 	switch asString(ev.Type) {
@@ -236,7 +254,7 @@ func (p *Parser) newFinal(ev *event) *finalResult {
 			continue
 		}
 		for _, line := range strings.Split(msg, "\n") {
-			f.terminalMark.scan(strings.TrimSpace(line))
+			f.terminalMark.scan(strings.TrimSpace(line), nil)
 		}
 		f.poisoned = f.poisoned || poisonedRE.MatchString(msg)
 		f.unknownSess = f.unknownSess || unknownSessionRE.MatchString(msg)
@@ -381,6 +399,9 @@ func modelUsageTotals(raw json.RawMessage) (events.AgentUsage, bool) {
 const (
 	maxErrorMessages = 16
 	maxMarkerLine    = 4 << 10
+	// maxMarkerMatched bounds the raw lines' bytes the marker regexps run on in one transcript
+	// (markers.go): about a second of one CPU. A CLI's own stderr is a few KiB.
+	maxMarkerMatched = 1 << 20
 )
 
 // errorMessages mirrors extractClaudeErrorMessages: strings as they are, objects by their
@@ -419,8 +440,14 @@ func errorMessages(raw []json.RawMessage) []string {
 	return out
 }
 
-// Markers, from Paperclip's claude-local parse.ts.
+// Markers, from Paperclip's claude-local parse.ts. The four matched on every raw line go
+// through a marker (markers.go): a line holding none of its words is not run through the regex.
 var (
+	authRequired      = marker{authRequiredRE, []string{"log", "auth"}}
+	modelNotFound     = marker{modelNotFoundRE, []string{"model"}}
+	providerQuota     = marker{providerQuotaRE, []string{"limit", "usage", "quota"}}
+	transientUpstream = marker{transientUpstreamRE, []string{"rate", "many", "429", "overload", "unavailable", "503", "529", "demand", "again", "throttl", "quota", "usage", "limit"}}
+
 	authRequiredRE = regexp.MustCompile(`(?i)(?:not\s+logged\s+in|please\s+log\s+in|please\s+run\s+` +
 		"`?claude\\s+login`?" + `|please\s+run\s+/login|login\s+required|requires\s+login|unauthorized|authentication\s+required|invalid\s+authentication\s+credentials|failed\s+to\s+authenticate|oauth\s+session\s+expired)`)
 	modelNotFoundRE     = regexp.MustCompile(`(?i)(?:model[\s_-]*(?:not[\s_-]*found|does not exist|unknown|invalid)|unknown[\s_-]*model)`)
