@@ -132,6 +132,9 @@ func run(ctx context.Context, args []string, lookupEnv config.LookupEnv, stdout,
 	if err := p.Ops.CountLeases(ctx, p.JS); err != nil {
 		return err
 	}
+	if warm.Enabled() {
+		p.Ops.CountWarmPools(p.JS)
+	}
 	return p.Serve(ctx, d)
 }
 

@@ -11,6 +11,7 @@ import (
 
 	"github.com/kubeclip/kubeclip/internal/ops"
 	"github.com/kubeclip/kubeclip/pkg/broker"
+	"github.com/kubeclip/kubeclip/pkg/dispatch"
 	"github.com/kubeclip/kubeclip/pkg/events"
 	"github.com/kubeclip/kubeclip/pkg/execsvc"
 	"github.com/kubeclip/kubeclip/pkg/lease"
@@ -151,6 +152,23 @@ func (o *Ops) CountLeases(ctx context.Context, js jetstream.JetStream) error {
 	}
 	o.Leases.Watch(kv, ops.LeaseCollectorOptions{})
 	return nil
+}
+
+// CountWarmPools has /metrics report the warm pools by company (kubeclip_warm_pool_acquires
+// from their records); the dispatcher calls it when warm pools are on.
+func (o *Ops) CountWarmPools(js jetstream.JetStream) {
+	o.Metrics.WarmPools().Watch(func(ctx context.Context) ([]ops.WarmPoolAcquires, error) {
+		kv, err := js.KeyValue(ctx, dispatch.WarmBucket)
+		if err != nil {
+			return nil, err
+		}
+		pools, err := dispatch.ReadWarmPools(ctx, kv)
+		out := make([]ops.WarmPoolAcquires, len(pools))
+		for i, p := range pools {
+			out[i] = ops.WarmPoolAcquires(p)
+		}
+		return out, err
+	}, ops.LeaseCollectorOptions{})
 }
 
 // Close stops the server and waits for it.

@@ -4,22 +4,15 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
-	"slices"
 	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kubeclip/kubeclip/pkg/events"
 	"github.com/kubeclip/kubeclip/pkg/lease"
 )
-
-// LeaseWatcher is the part of jetstream.KeyValue the lease collector needs.
-type LeaseWatcher interface {
-	WatchAll(ctx context.Context, opts ...jetstream.WatchOpt) (jetstream.KeyWatcher, error)
-}
-
-var _ LeaseWatcher = (jetstream.KeyValue)(nil)
 
 // Lease collector defaults.
 const (
@@ -43,15 +36,10 @@ const otherCompanies = "*"
 // DefaultJetStreamScrapeTimeout). Until Watch it collects nothing. Every dispatcher replica
 // reports the same counts: aggregate replicas with max, not sum.
 type LeaseCollector struct {
-	mu      sync.Mutex
-	kv      LeaseWatcher
-	top     int
-	refresh time.Duration
-	timeout time.Duration
-	now     func() time.Time
-	read    time.Time // of counts
-	counts  []leaseCount
-	ok      bool
+	mu sync.Mutex
+	kv events.KVWatcher
+	scrapeRead
+	counts []leaseCount
 
 	leases, up *prometheus.Desc
 }
@@ -67,7 +55,7 @@ var _ prometheus.Collector = (*LeaseCollector)(nil)
 // NewLeaseCollector returns a collector with nothing to read yet.
 func NewLeaseCollector() *LeaseCollector {
 	return &LeaseCollector{
-		top: DefaultLeaseTopCompanies, refresh: DefaultLeaseRefresh, timeout: DefaultJetStreamScrapeTimeout, now: time.Now,
+		scrapeRead: defaultScrapeRead(),
 		leases: prometheus.NewDesc("kubeclip_leases",
 			"Lease records by state and company. Only the 20 companies with the most live leases (then the most records) have series of their own; the others are summed under company=\"*\", so the series stay bounded whatever the number of companies. Records stay until the lease bucket's TTL.",
 			[]string{"company", "state"}, nil),
@@ -84,16 +72,11 @@ type LeaseCollectorOptions struct {
 }
 
 // Watch makes the collector count the records of kv (the KUBECLIP_LEASES bucket).
-func (c *LeaseCollector) Watch(kv LeaseWatcher, o LeaseCollectorOptions) {
+func (c *LeaseCollector) Watch(kv events.KVWatcher, o LeaseCollectorOptions) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.kv = kv
-	c.top = cmp.Or(o.TopCompanies, c.top)
-	c.refresh = cmp.Or(o.Refresh, c.refresh)
-	c.timeout = cmp.Or(o.Timeout, c.timeout)
-	if o.Now != nil {
-		c.now = o.Now
-	}
+	c.apply(o)
 }
 
 // Describe implements prometheus.Collector.
@@ -109,54 +92,33 @@ func (c *LeaseCollector) Collect(ch chan<- prometheus.Metric) {
 	if c.kv == nil {
 		return
 	}
-	if c.read.IsZero() || c.now().Sub(c.read) >= c.refresh {
-		counts, err := c.count()
-		c.ok = err == nil
-		if c.ok {
-			c.counts, c.read = counts, c.now()
+	c.refreshWith(func(ctx context.Context) error {
+		counts, err := c.count(ctx)
+		if err == nil {
+			c.counts = counts
 		}
-	}
+		return err
+	})
 	for _, lc := range c.counts {
 		ch <- prometheus.MustNewConstMetric(c.leases, prometheus.GaugeValue, float64(lc.n), lc.company, string(lc.state))
 	}
-	ok := 0.0
-	if c.ok {
-		ok = 1
-	}
-	ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, ok)
+	ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, c.okValue())
 }
 
-// count reads every record once (the watcher's initial values end with a nil entry) and keeps
-// the top companies.
-func (c *LeaseCollector) count() ([]leaseCount, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
-	defer cancel()
-	w, err := c.kv.WatchAll(ctx, jetstream.IgnoreDeletes())
-	if err != nil {
-		return nil, err
-	}
-	defer func() { _ = w.Stop() }()
+// count reads every record once and keeps the top companies.
+func (c *LeaseCollector) count(ctx context.Context) ([]leaseCount, error) {
 	type company struct {
 		live, total int
 		states      map[lease.State]int
 	}
 	byCompany := map[string]*company{}
-	for {
-		var e jetstream.KeyValueEntry
-		select {
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case e = <-w.Updates():
-		}
-		if e == nil {
-			break
-		}
+	err := events.ReadCurrent(ctx, c.kv, func(e jetstream.KeyValueEntry) {
 		var rec struct {
 			CompanyID string      `json:"companyId"`
 			State     lease.State `json:"state"`
 		}
 		if json.Unmarshal(e.Value(), &rec) != nil || rec.CompanyID == "" {
-			continue // not a lease record: nothing to count
+			return // not a lease record: nothing to count
 		}
 		co := byCompany[rec.CompanyID]
 		if co == nil {
@@ -168,24 +130,23 @@ func (c *LeaseCollector) count() ([]leaseCount, error) {
 			co.live++
 		}
 		co.states[rec.State]++
-	}
-	ids := make([]string, 0, len(byCompany))
-	for id := range byCompany {
-		ids = append(ids, id)
-	}
-	slices.SortFunc(ids, func(a, b string) int {
-		ca, cb := byCompany[a], byCompany[b]
-		return cmp.Or(cmp.Compare(cb.live, ca.live), cmp.Compare(cb.total, ca.total), cmp.Compare(a, b))
 	})
-	others := map[lease.State]int{}
+	if err != nil {
+		return nil, err
+	}
+	kept, rest := splitTop(byCompany, c.top, func(a, b *company) int {
+		return cmp.Or(cmp.Compare(b.live, a.live), cmp.Compare(b.total, a.total))
+	})
 	var out []leaseCount
-	for i, id := range ids {
+	for _, id := range kept {
 		for st, n := range byCompany[id].states {
-			if i < c.top {
-				out = append(out, leaseCount{company: id, state: st, n: n})
-			} else {
-				others[st] += n
-			}
+			out = append(out, leaseCount{company: id, state: st, n: n})
+		}
+	}
+	others := map[lease.State]int{}
+	for _, id := range rest {
+		for st, n := range byCompany[id].states {
+			others[st] += n
 		}
 	}
 	for st, n := range others {

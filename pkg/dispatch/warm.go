@@ -138,8 +138,8 @@ type Binder func(ctx context.Context, addr string, bindSeed, leaseSeed []byte, e
 type WarmObserver interface {
 	// WarmAcquire counts an eligible acquire: a hit got a warm pod, a miss was created cold.
 	WarmAcquire(hit bool)
-	// WarmPods reports the unbound warm pods the replica's cache holds.
-	WarmPods(n int)
+	// WarmPods reports the unbound warm pods the replica's cache holds, by company.
+	WarmPods(byCompany map[string]int)
 }
 
 // WarmBucketConfig is the KUBECLIP_WARM bucket: pool records (no TTL: a drained pool deletes
@@ -265,7 +265,7 @@ type noWarmObserver struct{}
 
 func (noWarmObserver) WarmAcquire(bool) {}
 
-func (noWarmObserver) WarmPods(int) {}
+func (noWarmObserver) WarmPods(map[string]int) {}
 
 // start fills the cache of warm pods and returns once it is synced; the cache runs until ctx
 // ends or run returns.

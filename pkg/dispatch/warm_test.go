@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"strconv"
 	"sync"
 	"testing"
@@ -200,6 +201,16 @@ func TestWarmAcquireBindsAReadyPod(t *testing.T) {
 	eventually(t, "the run Secret, owned by the bound pod", func() bool {
 		secret, err := e.cs.CoreV1().Secrets(ns).Get(t.Context(), rec.SecretName, metav1.GetOptions{})
 		return err == nil && len(secret.OwnerReferences) == 1 && secret.OwnerReferences[0].UID == pod.UID
+	})
+
+	// The pool's record counts the company's cold first acquire and its hit (ReadWarmPools:
+	// kubeclip_warm_pool_acquires).
+	eventually(t, "the pool's record counting one miss and one hit", func() bool {
+		pools, err := ReadWarmPools(t.Context(), e.d.warm.kv)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return slices.Contains(pools, WarmPoolStats{CompanyID: company, Hits: 1, Misses: 1})
 	})
 
 	refill := e.waitWarm(t, ns, 1)[0]

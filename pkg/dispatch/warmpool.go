@@ -81,9 +81,10 @@ func (p *warmPools) pass(ctx context.Context) {
 		}
 	}
 	now := p.now()
-	pods := p.pods.GetStore().List()
-	for _, obj := range pods {
+	byCompany := map[string]int{}
+	for _, obj := range p.pods.GetStore().List() {
 		pod := obj.(*corev1.Pod)
+		byCompany[pod.Labels[policy.LabelCompanyID]]++
 		key := poolKey(pod.Labels[policy.LabelCompanyID], pod.Labels[policy.LabelWarmPool])
 		if pools[key] || pod.DeletionTimestamp != nil || now.Sub(pod.CreationTimestamp.Time) < warmPendingTTL || !p.take(pod, now) {
 			continue
@@ -92,7 +93,7 @@ func (p *warmPools) pass(ctx context.Context) {
 			p.log.Warn().Err(err).Str("pool", key).Msg("evicting a warm pod of no pool failed")
 		}
 	}
-	p.observer.WarmPods(len(pods))
+	p.observer.WarmPods(byCompany)
 }
 
 // kick queues a pool's maintenance, once however often it is kicked before it runs.

@@ -73,3 +73,32 @@ func (f *StoreFailures) Wrote() {
 		f.log.Info().Str(LogKeyStream, BucketStream(f.bucket)).Msg("the shared bucket takes writes again")
 	}
 }
+
+// KVWatcher is the part of a KV bucket (jetstream.KeyValue) ReadCurrent needs.
+type KVWatcher interface {
+	WatchAll(ctx context.Context, opts ...jetstream.WatchOpt) (jetstream.KeyWatcher, error)
+}
+
+var _ KVWatcher = (jetstream.KeyValue)(nil)
+
+// ReadCurrent calls fn with every current entry of kv once, in one pass: a watch of the
+// bucket's last values (deletes left out), stopped at the nil entry that ends them. It is how a
+// scrape reads a whole bucket in one request instead of a get per key.
+func ReadCurrent(ctx context.Context, kv KVWatcher, fn func(jetstream.KeyValueEntry)) error {
+	w, err := kv.WatchAll(ctx, jetstream.IgnoreDeletes())
+	if err != nil {
+		return err
+	}
+	defer func() { _ = w.Stop() }()
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case e := <-w.Updates():
+			if e == nil {
+				return nil
+			}
+			fn(e)
+		}
+	}
+}

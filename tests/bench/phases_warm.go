@@ -462,7 +462,7 @@ func (wd *warmDispatcher) get(ctx context.Context, path string, w io.Writer) err
 }
 
 // warmMetricNames are the dispatcher's warm pool series the report quotes.
-var warmMetricNames = []string{"kubeclip_warm_acquires_total", "kubeclip_warm_pods"}
+var warmMetricNames = []string{"kubeclip_warm_acquires_total", "kubeclip_warm_pods", "kubeclip_warm_pool_pods", "kubeclip_warm_pool_acquires"}
 
 // metrics is the dispatcher's warm pool series, as its /metrics has them, or why not.
 func (wd *warmDispatcher) metrics(ctx context.Context) string {

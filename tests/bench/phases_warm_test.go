@@ -219,13 +219,15 @@ kubeclip_warm_acquires_total{result="hit"} 41
 kubeclip_warm_acquires_total{result="miss"} 20
 kubeclip_warm_pods 12
 kubeclip_warm_pods_other 3
+kubeclip_warm_pool_pods{company="c"} 12
+kubeclip_warm_pools_read_ok 1
 kubeclip_acquires_total 61
 `
-	want := `kubeclip_warm_acquires_total{result="hit"} 41, kubeclip_warm_acquires_total{result="miss"} 20, kubeclip_warm_pods 12`
+	want := `kubeclip_warm_acquires_total{result="hit"} 41, kubeclip_warm_acquires_total{result="miss"} 20, kubeclip_warm_pods 12, kubeclip_warm_pool_pods{company="c"} 12`
 	if got := warmSeries(exposition); got != want {
 		t.Errorf("warmSeries = %q, want %q", got, want)
 	}
-	if got := warmSeries("kubeclip_acquires_total 3\n"); got != "no kubeclip_warm_acquires_total or kubeclip_warm_pods series" {
+	if got := warmSeries("kubeclip_acquires_total 3\n"); got != "no kubeclip_warm_acquires_total or kubeclip_warm_pods or kubeclip_warm_pool_pods or kubeclip_warm_pool_acquires series" {
 		t.Errorf("warmSeries without warm series = %q", got)
 	}
 }
